@@ -1,0 +1,187 @@
+"""L0: the raw cuDNN 9 API, generated from cuDNN's own headers.
+
+Every C function declared in ``cudnn_graph.h``, ``cudnn_ops.h``, ``cudnn_cnn.h``
+and ``cudnn_adv.h`` is an attribute of this module with the C name, resolved
+lazily against the loaded libcudnn the first time it is used::
+
+    from cudnnkit import lib
+    import ctypes
+    desc = ctypes.c_void_p()
+    lib.cudnnCreateTensorDescriptor(ctypes.byref(desc))
+
+Functions returning ``cudnnStatus_t`` are checked: a failure raises the
+:class:`~cudnnkit.lib.errors.CudnnError` subclass for its category, with the
+function name, status name and ``cudnnGetLastErrorString``. Every enum is an
+``IntEnum`` (``lib.cudnnDataType_t``) and every enum member is also a module
+constant (``lib.CUDNN_DATA_FLOAT``). ``lib.FUNCTIONS`` holds the prototypes,
+``lib.DEPRECATED`` the names the headers mark deprecated.
+
+Nothing here allocates GPU memory or knows an array library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from . import _cudnn, _loader, errors
+from ._cudnn import (
+    CUDNN_DIM_MAX,
+    DEPRECATED,
+    ENUMS,
+    FUNCTIONS,
+    HEADER_VERSION,
+    HEADER_VERSION_STRING,
+    Prototype,
+    cudnnCallback_t,
+    cudnnDebug_t,
+    cudnnFraction_t,
+)
+from .errors import (
+    BadParamError,
+    CudnnError,
+    ExecutionFailedError,
+    InternalError,
+    LibraryNotFoundError,
+    NotInitializedError,
+    NotSupportedError,
+    SymbolNotFoundError,
+    UnsupportedVersionError,
+    check,
+)
+
+__all__ = [
+    "FUNCTIONS",
+    "DEPRECATED",
+    "ENUMS",
+    "HEADER_VERSION",
+    "HEADER_VERSION_STRING",
+    "CUDNN_DIM_MAX",
+    "Prototype",
+    "cudnnCallback_t",
+    "cudnnDebug_t",
+    "cudnnFraction_t",
+    "CudnnError",
+    "BadParamError",
+    "NotSupportedError",
+    "InternalError",
+    "ExecutionFailedError",
+    "NotInitializedError",
+    "LibraryNotFoundError",
+    "UnsupportedVersionError",
+    "SymbolNotFoundError",
+    "check",
+    "errors",
+    "load",
+    "version",
+    "version_tuple",
+    "path",
+    "source",
+    "loaded_sublibraries",
+    "last_error_string",
+    "function",
+]
+
+# Every enum type and every enum member as a module attribute.
+for _enum in ENUMS:
+    globals()[_enum.__name__] = _enum
+    for _member in _enum.__members__.values():
+        globals().setdefault(_member.name, _member)
+del _enum, _member
+
+_bind_lock = __import__("threading").Lock()
+
+
+def load() -> _loader.Loaded:
+    """Load libcudnn now (normally done on first use) and install the error-text reader."""
+    loaded = _loader.load()
+    if errors._last_error_reader is None:
+        raw = loaded.cdll.cudnnGetLastErrorString
+        raw.restype = None
+        raw.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+        def _read() -> str:
+            buf = ctypes.create_string_buffer(1024)
+            raw(buf, len(buf))
+            return buf.value.decode(errors="replace").strip()
+
+        errors._last_error_reader = _read
+    return loaded
+
+
+def version() -> int:
+    """``cudnnGetVersion()`` of the loaded library, e.g. 91900 for 9.19.0."""
+    return load().version
+
+
+def version_tuple() -> tuple[int, int, int]:
+    """(major, minor, patch) of the loaded library."""
+    return _loader.decode_version(load().version)
+
+
+def path() -> str:
+    """Resolved file path of the loaded ``libcudnn.so``."""
+    return load().path
+
+
+def source() -> str:
+    """Where the library came from: CUDNNKIT_LIBRARY, process, wheel:<dist> or system."""
+    return load().source
+
+
+def loaded_sublibraries() -> dict[str, str | None]:
+    """Sub-library name (graph, ops, cnn, adv, ...) -> mapped path, or None if not loaded yet."""
+    return _loader.loaded_sublibraries()
+
+
+def last_error_string() -> str:
+    """``cudnnGetLastErrorString`` for the calling thread."""
+    load()
+    assert errors._last_error_reader is not None
+    return errors._last_error_reader()
+
+
+def function(name: str) -> Any:
+    """The bound ctypes function for the C function ``name`` (checked if it returns a status)."""
+    fn = globals().get(name)
+    if fn is not None and name in FUNCTIONS:
+        return fn
+    return _bind(name)
+
+
+def _bind(name: str) -> Any:
+    proto = FUNCTIONS[name]
+    loaded = load()
+    with _bind_lock:
+        fn = globals().get(name)
+        if fn is not None:
+            return fn
+        try:
+            # a private function object, so prototypes set here never leak to other users of the CDLL
+            fn = loaded.cdll._FuncPtr((name, loaded.cdll))
+        except AttributeError:
+            major, minor, patch = _loader.decode_version(loaded.version)
+            raise SymbolNotFoundError(
+                f"{name} is declared by the cuDNN {HEADER_VERSION_STRING} headers but is not exported "
+                f"by the loaded cuDNN {major}.{minor}.{patch} at {loaded.path}"
+            ) from None
+        fn.restype = proto.restype
+        fn.argtypes = [t for _, t in proto.args]
+        if proto.returns_status:
+            fn.errcheck = errors.errcheck
+        fn.__name__ = name
+        fn.__doc__ = proto.c_decl + (" [deprecated]" if proto.deprecated else "")
+        globals()[name] = fn
+        return fn
+
+
+def __getattr__(name: str) -> Any:
+    if name in FUNCTIONS:
+        return _bind(name)
+    if hasattr(_cudnn, name):
+        return getattr(_cudnn, name)
+    raise AttributeError(f"module 'cudnnkit.lib' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(FUNCTIONS))

@@ -85,9 +85,9 @@ __all__ = [
 # Every enum type and every enum member as a module attribute.
 for _enum in ENUMS:
     globals()[_enum.__name__] = _enum
-    for _member in _enum.__members__.values():
-        globals().setdefault(_member.name, _member)
-del _enum, _member
+    for _name, _member in _enum.__members__.items():  # includes deprecated aliases
+        globals().setdefault(_name, _member)
+del _enum, _name, _member
 
 _bind_lock = __import__("threading").Lock()
 

@@ -1,0 +1,252 @@
+"""``python -m cudnnkit doctor``: what is installed, and does cuDNN work here.
+
+It prints the cuDNN version, path and loaded sub-libraries, the array libraries,
+each GPU with its compute capability; it runs host-side checks (descriptors,
+shape inference against cuDNN's own); and, where a CUDA GPU and an array
+library are present, a small real cuDNN call per op family and library,
+checked against NumPy. Exit status 0 when everything that can run here passed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import platform
+import sys
+import time
+import traceback
+from typing import Callable
+
+import numpy as np
+
+from . import __version__, lib
+from .runtime import adapters, shapes
+from .runtime.descriptors import tensor_descriptor
+from .runtime.dtypes import scaling
+from .runtime.launch import prepare
+
+Check = Callable[[], str]
+
+
+def _row(cols, widths) -> str:
+    return "  ".join(str(c).ljust(w) for c, w in zip(cols, widths))
+
+
+def _table(title: str, rows: list[tuple]) -> None:
+    print(f"\n{title}")
+    if not rows:
+        return
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  " + _row(r, widths))
+
+
+def _run(name: str, fn: Check, results: list[tuple], ok: list[bool]) -> None:
+    t = time.perf_counter()
+    try:
+        detail = fn()
+        results.append((name, "ok", f"{(time.perf_counter() - t) * 1e3:.1f} ms", detail))
+    except Exception as exc:  # report and continue
+        ok[0] = False
+        results.append((name, "FAILED", f"{(time.perf_counter() - t) * 1e3:.1f} ms", f"{type(exc).__name__}: {exc}"))
+        if "-v" in sys.argv:
+            traceback.print_exc()
+
+
+# ----------------------------------------------------------------- host checks
+
+
+def _host_checks() -> list[tuple[str, Check]]:
+    def tensor_desc() -> str:
+        d = tensor_descriptor("float16", (8, 16, 32, 32), (16384, 1, 512, 16))
+        dt, nb = ctypes.c_int(), ctypes.c_int()
+        dims, strides = (ctypes.c_int * 8)(), (ctypes.c_int * 8)()
+        lib.cudnnGetTensorNdDescriptor(d, 8, ctypes.byref(dt), ctypes.byref(nb), dims, strides)
+        got = tuple(dims[: nb.value]), tuple(strides[: nb.value])
+        assert got == ((8, 16, 32, 32), (16384, 1, 512, 16)), got
+        return "NHWC fp16 set/get round trip"
+
+    def conv_shape() -> str:
+        args = ((4, 6, 17, 23), (12, 3, 3, 5))
+        kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+        ours, theirs = shapes.conv_output_shape(*args, **kw), shapes.cudnn_conv_output_shape(*args, **kw)
+        assert ours == theirs, (ours, theirs)
+        return f"grouped dilated conv -> {ours} (matches cudnnGetConvolutionNdForwardOutputDim)"
+
+    def pool_shape() -> str:
+        ours = shapes.pool_output_shape((2, 3, 11, 9, 7), (3, 2, 2), stride=(2, 2, 1), padding=(1, 0, 1))
+        theirs = shapes.cudnn_pool_output_shape((2, 3, 11, 9, 7), (3, 2, 2), stride=(2, 2, 1), padding=(1, 0, 1))
+        assert ours == theirs, (ours, theirs)
+        return f"3-d pooling -> {ours} (matches cudnnGetPoolingNdForwardOutputDim)"
+
+    def backend_desc() -> str:
+        from .lib import backend
+
+        with backend.BackendDescriptor("CUDNN_BACKEND_TENSOR_DESCRIPTOR") as t:
+            t.set("CUDNN_ATTR_TENSOR_DATA_TYPE", lib.CUDNN_DATA_FLOAT)
+            t.set("CUDNN_ATTR_TENSOR_DIMENSIONS", [2, 3, 4, 5])
+            t.set("CUDNN_ATTR_TENSOR_STRIDES", [60, 20, 5, 1])
+            t.set("CUDNN_ATTR_TENSOR_UNIQUE_ID", 7)
+            t.set("CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT", 16)
+            t.finalize()
+            dims = t.get("CUDNN_ATTR_TENSOR_DIMENSIONS")
+            assert list(dims) == [2, 3, 4, 5], dims
+        return "backend tensor descriptor finalized and read back"
+
+    def error_text() -> str:
+        try:
+            tensor_descriptor("float32", (2, 3, 4, 5), (60, 20, 5, 1))  # fine
+            p = ctypes.c_void_p()
+            lib.cudnnCreateRNNDescriptor(ctypes.byref(p))
+            try:
+                lib.cudnnSetRNNDescriptor_v8(p, lib.CUDNN_RNN_ALGO_STANDARD, lib.CUDNN_LSTM, lib.CUDNN_RNN_DOUBLE_BIAS,
+                                             lib.CUDNN_UNIDIRECTIONAL, lib.CUDNN_LINEAR_INPUT, lib.CUDNN_DATA_FLOAT,
+                                             lib.CUDNN_DATA_FLOAT, lib.CUDNN_DEFAULT_MATH, 8, 0, 0, 1, None, 0)
+            finally:
+                lib.cudnnDestroyRNNDescriptor(p)
+        except lib.BadParamError as exc:
+            return f"bad call raises BadParamError with cuDNN's text ({exc.last_error or 'no text'})"
+        raise AssertionError("hiddenSize=0 was accepted")
+
+    return [
+        ("tensor descriptor", tensor_desc),
+        ("conv shape inference", conv_shape),
+        ("pool shape inference", pool_shape),
+        ("backend descriptor", backend_desc),
+        ("error reporting", error_text),
+    ]
+
+
+# ----------------------------------------------------------------- GPU checks
+# One small real call per op family available, for each array library.
+
+
+def _gpu_checks(ad, device: int) -> list[tuple[str, Check]]:
+    rng = np.random.default_rng(0)
+
+    def handle() -> str:
+        x = ad.from_numpy(np.zeros(4, np.float32), device)
+        launch, _ = prepare(("x", x))
+        got = ctypes.c_void_p()
+        lib.cudnnGetStream(launch.handle, ctypes.byref(got))
+        assert (got.value or 0) == launch.stream, (got.value, launch.stream)
+        return f"cudnnCreate ok, stream {launch.stream:#x}"
+
+    def set_tensor() -> str:
+        base = ad.from_numpy(np.full((4, 6, 5, 7), np.nan, np.float32), device)
+        view = base[:, ::2, 1:, :]  # strided
+        launch, (v,) = prepare(("y", view))
+        lib.cudnnSetTensor(launch.handle, tensor_descriptor(v.dtype, v.shape, v.strides), v.ptr,
+                           ctypes.byref(scaling(v.dtype, 2.5)))
+        got = ad.to_numpy(base)
+        want = np.full((4, 6, 5, 7), np.nan, np.float32)
+        want[:, ::2, 1:, :] = 2.5
+        assert np.array_equal(got, want, equal_nan=True), "cudnnSetTensor wrote the wrong elements"
+        return "cudnnSetTensor on a strided view"
+
+    def scale_tensor() -> str:
+        a = rng.standard_normal((3, 4, 5, 6)).astype(np.float64)
+        x = ad.from_numpy(a, device)
+        launch, (v,) = prepare(("x", x))
+        lib.cudnnScaleTensor(launch.handle, tensor_descriptor(v.dtype, v.shape, v.strides), v.ptr,
+                             ctypes.byref(scaling(v.dtype, -0.75)))
+        err = np.abs(ad.to_numpy(x) - a * -0.75).max()
+        assert err == 0, err
+        return "cudnnScaleTensor float64 exact"
+
+    def softmax() -> str:
+        a = rng.standard_normal((8, 10, 1, 1)).astype(np.float32)
+        x = ad.from_numpy(a, device)
+        launch, (vx,) = prepare(("x", x))
+        y, vy = launch.empty(vx.shape, vx.dtype)
+        d = tensor_descriptor(vx.dtype, vx.shape, vx.strides)
+        one, zero = scaling("float32", 1.0), scaling("float32", 0.0)
+        lib.cudnnSoftmaxForward(launch.handle, lib.CUDNN_SOFTMAX_ACCURATE, lib.CUDNN_SOFTMAX_MODE_INSTANCE,
+                                ctypes.byref(one), d, vx.ptr, ctypes.byref(zero), d, vy.ptr)
+        ref = np.exp(a.astype(np.float64) - a.max(axis=1, keepdims=True))
+        ref /= ref.sum(axis=1, keepdims=True)
+        rel = np.linalg.norm(ad.to_numpy(y) - ref) / np.linalg.norm(ref)
+        assert rel < 1e-6, rel
+        return f"cudnnSoftmaxForward rel err {rel:.1e}"
+
+    return [
+        ("handle", handle),
+        ("tensor: set", set_tensor),
+        ("tensor: scale", scale_tensor),
+        ("softmax", softmax),
+    ]
+
+
+# ----------------------------------------------------------------- entry
+
+
+def doctor() -> int:
+    ok = [True]
+    print(f"cudnnkit {__version__}  (Python {platform.python_version()}, {platform.machine()})")
+    try:
+        loaded = lib.load()
+    except ImportError as exc:
+        print(f"\ncuDNN: NOT LOADED\n  {exc}")
+        return 1
+    major, minor, patch = lib.version_tuple()
+    print(f"\ncuDNN {major}.{minor}.{patch} (cudnnGetVersion {loaded.version}), from {loaded.source}")
+    print(f"  path: {loaded.path}")
+    print(f"  bindings generated from headers {lib.HEADER_VERSION_STRING}; {len(lib.FUNCTIONS)} functions")
+    if loaded.version // 100 != lib.HEADER_VERSION // 100:
+        print("  note: loaded library and bindings differ in minor version; functions absent from it raise on use")
+    checks = []
+    for sub in ("Graph", "Ops", "Cnn", "Adv"):
+        fn = f"cudnn{sub}VersionCheck"
+        try:
+            lib.function(fn)()
+            checks.append((sub.lower(), "version check ok"))
+        except lib.CudnnError as exc:
+            checks.append((sub.lower(), f"{exc.status_name}"))
+            ok[0] = False
+    subs = lib.loaded_sublibraries()
+    _table("sub-libraries", [(n, subs.get(n) or "not loaded", c) for n, c in checks]
+           + [(n, p or "not loaded", "") for n, p in subs.items() if n not in dict(checks)])
+
+    libs = []
+    present = []
+    for name in adapters.names():
+        if importlib.util.find_spec(name) is None:
+            libs.append((name, "not installed", ""))
+            continue
+        try:
+            ad = adapters.get(name)
+            libs.append((name, ad.version(), f"{ad.device_count()} CUDA device(s)"))
+            present.append(ad)
+        except Exception as exc:
+            libs.append((name, "import failed", f"{type(exc).__name__}: {exc}"))
+    _table("array libraries", libs)
+
+    host: list[tuple] = []
+    for name, fn in _host_checks():
+        _run(name, fn, host, ok)
+    _table("host-side checks (no GPU needed)", host)
+
+    gpus_from = next((ad for ad in present if ad.device_count() > 0), None)
+    if gpus_from is None:
+        why = "no array library installed" if not present else "no CUDA device visible"
+        h = ctypes.c_void_p()
+        try:
+            lib.cudnnCreate(ctypes.byref(h))
+            lib.cudnnDestroy(h)
+        except lib.CudnnError as exc:
+            why += f"; cudnnCreate: {exc.status_name}: {exc.last_error}"
+        print(f"\nGPU: none. Execution needs a CUDA GPU ({why}).")
+        print("\nhealthy (host side)" if ok[0] else "\nPROBLEMS found (see FAILED above)")
+        return 0 if ok[0] else 1
+
+    gpus = [(i, *gpus_from.device_info(i)) for i in range(gpus_from.device_count())]
+    _table("GPUs", [(f"cuda:{i}", n, f"compute capability {cc[0]}.{cc[1]}") for i, n, cc in gpus])
+    results: list[tuple] = []
+    for ad in present:
+        if ad.device_count() == 0:
+            continue
+        for name, fn in _gpu_checks(ad, 0):
+            _run(f"{name} [{ad.name}]", fn, results, ok)
+    _table("GPU calls on cuda:0 (one per op family and array library)", results)
+    print("\nhealthy" if ok[0] else "\nPROBLEMS found (see FAILED above)")
+    return 0 if ok[0] else 1

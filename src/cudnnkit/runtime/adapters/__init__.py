@@ -1,0 +1,64 @@
+"""Array-library adapters: the only modules below the integrations that import CuPy or torch.
+
+Each adapter module (``_cupy``, ``_torch``) defines a module-level ``ADAPTER``
+object with this interface:
+
+* ``name``: the library name;
+* ``view(obj, name) -> ArrayView``: read an array of that library (rejects host arrays);
+* ``empty(shape, dtype, device, strides=None, stream=None)``: allocate an
+  output with the library's allocator (CuPy memory pool, torch caching allocator)
+  for use on ``stream`` (a ``cudaStream_t`` as int, default: the current stream);
+* ``current_stream(device) -> int``: the library's current stream on ``device``;
+* ``device_guard(device)``: a context manager making ``device`` current;
+* ``pointer_device(ptr) -> int | None``: the device of a device pointer, if the library can tell;
+* ``from_numpy(a, device)`` / ``to_numpy(arr)``: copies, for tests and the doctor;
+* ``version()``, ``device_count()``, ``device_info(i) -> (name, (major, minor))``, ``synchronize(device)``.
+
+The library is imported only when one of its arrays is seen (or when asked
+for explicitly), so importing cudnnkit never imports CuPy or torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+_MODULES = {"cupy": "cudnnkit.runtime.adapters._cupy", "torch": "cudnnkit.runtime.adapters._torch"}
+_loaded: dict[str, Any] = {}
+
+__all__ = ["get", "for_object", "available", "names"]
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_MODULES)
+
+
+def get(name: str) -> Any:
+    """The adapter for library ``name`` (imports the library)."""
+    ad = _loaded.get(name)
+    if ad is None:
+        if name not in _MODULES:
+            raise ValueError(f"no adapter for array library {name!r}; known: {sorted(_MODULES)}")
+        ad = _loaded[name] = importlib.import_module(_MODULES[name]).ADAPTER
+    return ad
+
+
+def for_object(obj: Any) -> Any | None:
+    """The adapter for ``obj``'s library, or None. Decided by the type's module, without importing anything."""
+    root = type(obj).__module__.partition(".")[0]
+    if root in _MODULES:
+        return get(root)
+    return None
+
+
+def available() -> list[Any]:
+    """Adapters whose library is installed (imports them)."""
+    out = []
+    for name in _MODULES:
+        if name in _loaded or importlib.util.find_spec(name) is not None:
+            try:
+                out.append(get(name))
+            except ImportError:
+                pass
+    return out

@@ -1,0 +1,97 @@
+"""CuPy adapter: views of cupy.ndarray, allocation from the CuPy memory pool, current stream.
+
+bfloat16 arrays come from ``ml_dtypes`` (CuPy 14 reads it); float8 likewise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy
+
+from ..arrays import ArrayView, _element_strides
+from ..dtypes import canonical, itemsize
+
+
+def _numpy_dtype(dtype: str):
+    import numpy
+
+    name = canonical(dtype)
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        import ml_dtypes
+
+        return numpy.dtype(getattr(ml_dtypes, name))
+    return numpy.dtype(name)
+
+
+class CupyAdapter:
+    name = "cupy"
+    module = cupy
+
+    def view(self, obj: Any, name: str) -> ArrayView:
+        if not isinstance(obj, cupy.ndarray):
+            raise TypeError(f"{name} must be a cupy.ndarray, got {type(obj).__name__}")
+        try:
+            dtype = canonical(obj.dtype)
+        except TypeError:
+            raise TypeError(f"{name} has dtype {obj.dtype}, which cuDNN does not support") from None
+        strides = _element_strides(obj.strides, itemsize(dtype), name)
+        return ArrayView(tuple(obj.shape), strides, dtype, obj.device.id, obj.data.ptr, obj, self, False)
+
+    def empty(self, shape, dtype: str, device: int, strides=None, stream: int | None = None) -> cupy.ndarray:
+        nd = _numpy_dtype(dtype)
+        with cupy.cuda.Device(device):
+            if stream is not None and stream != self.current_stream(device):
+                with cupy.cuda.ExternalStream(stream):
+                    return self._empty(shape, nd, strides)
+            return self._empty(shape, nd, strides)
+
+    @staticmethod
+    def _empty(shape, nd, strides):
+        if strides is None:
+            return cupy.empty(tuple(shape), dtype=nd)
+        extent = 1 + sum((d - 1) * s for d, s in zip(shape, strides) if d > 0) if all(shape) else 0
+        mem = cupy.cuda.alloc(max(extent, 1) * nd.itemsize)
+        return cupy.ndarray(tuple(shape), dtype=nd, memptr=mem, strides=tuple(s * nd.itemsize for s in strides))
+
+    def from_numpy(self, a, device: int) -> cupy.ndarray:
+        with cupy.cuda.Device(device):
+            return cupy.asarray(a)
+
+    def to_numpy(self, a: cupy.ndarray):
+        return cupy.asnumpy(a)
+
+    def current_stream(self, device: int) -> int:
+        with cupy.cuda.Device(device):
+            return cupy.cuda.get_current_stream().ptr
+
+    def device_guard(self, device: int):
+        return cupy.cuda.Device(device)
+
+    def pointer_device(self, ptr: int) -> int | None:
+        try:
+            return int(cupy.cuda.runtime.pointerGetAttributes(ptr).device)
+        except Exception:
+            return None
+
+    def version(self) -> str:
+        return cupy.__version__
+
+    def device_count(self) -> int:
+        try:
+            return cupy.cuda.runtime.getDeviceCount()
+        except Exception:
+            return 0
+
+    def device_info(self, i: int) -> tuple[str, tuple[int, int]]:
+        p = cupy.cuda.runtime.getDeviceProperties(i)
+        name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+        return name, (int(p["major"]), int(p["minor"]))
+
+    def synchronize(self, device: int) -> None:
+        with cupy.cuda.Device(device):
+            cupy.cuda.get_current_stream().synchronize()
+            cupy.cuda.runtime.deviceSynchronize()
+
+
+ADAPTER = CupyAdapter()

@@ -1,0 +1,102 @@
+"""torch adapter: views of CUDA tensors, allocation through the caching allocator, current stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..arrays import ArrayView
+from ..dtypes import canonical
+
+_TO_TORCH = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+for _n in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _n):
+        _TO_TORCH[_n] = getattr(torch, _n)
+
+
+class TorchAdapter:
+    name = "torch"
+    module = torch
+
+    def view(self, obj: Any, name: str) -> ArrayView:
+        if not isinstance(obj, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(obj).__name__}")
+        if obj.device.type != "cuda":
+            raise TypeError(
+                f"{name} is a torch tensor on {obj.device}; cudnnkit needs a CUDA tensor (move it with .cuda())"
+            )
+        if obj.is_sparse or obj.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense strided tensor, got layout {obj.layout}")
+        try:
+            dtype = canonical(obj.dtype)
+        except TypeError:
+            raise TypeError(f"{name} has dtype {obj.dtype}, which cuDNN does not support") from None
+        return ArrayView(
+            tuple(obj.shape), tuple(obj.stride()), dtype, obj.device.index, obj.data_ptr(), obj, self, False
+        )
+
+    def torch_dtype(self, dtype: str) -> torch.dtype:
+        return _TO_TORCH[canonical(dtype)]
+
+    def empty(self, shape, dtype: str, device: int, strides=None, stream: int | None = None) -> torch.Tensor:
+        dev = torch.device("cuda", device)
+        td = self.torch_dtype(dtype)
+        if stream is not None and stream != self.current_stream(device):
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=dev)):
+                return self._empty(shape, td, dev, strides)
+        return self._empty(shape, td, dev, strides)
+
+    @staticmethod
+    def _empty(shape, td, dev, strides):
+        if strides is None:
+            return torch.empty(tuple(shape), dtype=td, device=dev)
+        return torch.empty_strided(tuple(shape), tuple(strides), dtype=td, device=dev)
+
+    def from_numpy(self, a, device: int) -> torch.Tensor:
+        import numpy
+
+        a = numpy.asarray(a)
+        if a.dtype.name == "bfloat16":  # ml_dtypes: go through float32
+            return torch.from_numpy(a.astype(numpy.float32)).to(f"cuda:{device}", torch.bfloat16)
+        return torch.from_numpy(numpy.ascontiguousarray(a)).to(f"cuda:{device}")
+
+    def to_numpy(self, t: torch.Tensor):
+        t = t.detach()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        return t.cpu().numpy()
+
+    def current_stream(self, device: int) -> int:
+        return torch.cuda.current_stream(device).cuda_stream
+
+    def device_guard(self, device: int):
+        return torch.cuda.device(device)
+
+    def pointer_device(self, ptr: int) -> int | None:
+        return None  # torch has no public pointer-attribute query
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    def device_info(self, i: int) -> tuple[str, tuple[int, int]]:
+        return torch.cuda.get_device_name(i), tuple(torch.cuda.get_device_capability(i))
+
+    def synchronize(self, device: int) -> None:
+        torch.cuda.synchronize(device)
+
+
+ADAPTER = TorchAdapter()

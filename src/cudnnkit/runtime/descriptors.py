@@ -1,0 +1,165 @@
+"""Legacy cuDNN descriptors, cached by value.
+
+A descriptor is created once per distinct value (dtype, shape, strides,
+parameters) and reused. The cache is bounded (LRU), thread-safe and keyed by
+value, never by object identity. Descriptors that carry device state (dropout)
+include the device in their key. Eviction only drops the cache's reference: a
+descriptor still held by a caller stays valid until that caller lets go, and
+is destroyed when the last reference goes.
+
+Descriptor kinds are declared once each with :class:`DescriptorKind`; ops add
+their own kinds (pooling, LRN, dropout, RNN, ...) the same way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Hashable
+
+from .. import lib
+from .dtypes import canonical, cudnn_dtype
+
+__all__ = ["Descriptor", "DescriptorKind", "DescriptorCache", "tensor_descriptor", "TENSOR", "cache_info", "clear_caches"]
+
+_INT_MAX = 2**31 - 1
+
+
+class Descriptor:
+    """An owned cuDNN descriptor. ``int(d)`` / ctypes conversion give the raw pointer."""
+
+    __slots__ = ("ptr", "key", "_destroy", "__weakref__")
+
+    def __init__(self, ptr: int, key: Hashable, destroy: Callable[[int], Any]):
+        self.ptr = ptr
+        self.key = key
+        self._destroy = destroy
+
+    @property
+    def _as_parameter_(self) -> int:
+        return self.ptr
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def __del__(self) -> None:
+        if self.ptr:
+            try:
+                self._destroy(self.ptr)
+            except Exception:
+                pass
+            self.ptr = 0
+
+    def __repr__(self) -> str:
+        return f"<Descriptor {self.key!r} at {self.ptr:#x}>"
+
+
+class DescriptorKind:
+    """How to create, set and destroy one kind of legacy descriptor.
+
+    ``setter(ptr, *key)`` configures a fresh descriptor from its key.
+    """
+
+    def __init__(self, name: str, create: str, destroy: str, setter: Callable[..., None]):
+        self.name = name
+        self._create = create
+        self._destroy = destroy
+        self.setter = setter
+
+    def make(self, key: tuple) -> Descriptor:
+        p = ctypes.c_void_p()
+        lib.function(self._create)(ctypes.byref(p))
+        d = Descriptor(p.value, (self.name, *key), lib.function(self._destroy))
+        self.setter(d.ptr, *key)  # if it raises, d is collected and destroyed
+        return d
+
+
+class DescriptorCache:
+    """Bounded, thread-safe LRU of descriptors keyed by (kind, value)."""
+
+    def __init__(self, maxsize: int = 1024):
+        self.maxsize = maxsize
+        self._d: OrderedDict[tuple, Descriptor] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, kind: DescriptorKind, key: tuple) -> Descriptor:
+        full = (kind.name, *key)
+        with self._lock:
+            d = self._d.get(full)
+            if d is not None:
+                self._d.move_to_end(full)
+                self.hits += 1
+                return d
+        d = kind.make(key)  # outside the lock: cuDNN calls may be slow
+        with self._lock:
+            self.misses += 1
+            existing = self._d.get(full)
+            if existing is not None:  # another thread made it meanwhile
+                return existing
+            self._d[full] = d
+            while len(self._d) > self.maxsize:
+                self._d.popitem(last=False)
+        return d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self.hits = self.misses = 0
+
+
+_cache = DescriptorCache()
+
+
+def cache_info() -> dict[str, int]:
+    return {"size": len(_cache), "maxsize": _cache.maxsize, "hits": _cache.hits, "misses": _cache.misses}
+
+
+def clear_caches() -> None:
+    _cache.clear()
+
+
+def _int_array(values, what: str) -> ctypes.Array:
+    for v in values:
+        if not 0 <= v <= _INT_MAX:
+            raise ValueError(f"{what} value {v} does not fit cuDNN's int (0..{_INT_MAX})")
+    return (ctypes.c_int * len(values))(*values)
+
+
+def _set_tensor(ptr: int, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+    lib.cudnnSetTensorNdDescriptor(
+        ptr, cudnn_dtype(dtype), len(shape), _int_array(shape, "shape"), _int_array(strides, "stride")
+    )
+
+
+TENSOR = DescriptorKind("tensor", "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor", _set_tensor)
+
+
+def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> Descriptor:
+    """A cached ``cudnnTensorDescriptor_t`` (``cudnnSetTensorNdDescriptor``).
+
+    ``shape`` and ``strides`` (in elements) have 1 to 8 dims; fewer than 4 are
+    padded with trailing size-1 dims (stride 1), since cuDNN's Nd descriptor
+    wants at least 3 and its ops expect 4. Sizes must be positive and fit an int.
+    """
+    dtype = canonical(dtype)
+    shape, strides = tuple(int(d) for d in shape), tuple(int(s) for s in strides)
+    if len(shape) != len(strides):
+        raise ValueError(f"shape {shape} and strides {strides} differ in length")
+    if not 1 <= len(shape) <= lib.CUDNN_DIM_MAX:
+        raise ValueError(f"cuDNN tensors have 1 to {lib.CUDNN_DIM_MAX} dims, got {len(shape)}")
+    if any(d <= 0 for d in shape):
+        raise ValueError(f"cuDNN tensor dims must be positive, got shape {shape}")
+    while len(shape) < 4:
+        shape, strides = shape + (1,), strides + (1,)
+    return _cache.get(TENSOR, (dtype, shape, strides))
+
+
+def get_cached(kind: DescriptorKind, key: tuple) -> Descriptor:
+    """A cached descriptor of any kind (for ops that declare their own kinds)."""
+    return _cache.get(kind, key)

@@ -1,0 +1,75 @@
+"""Data types: canonical names, sizes, cuDNN data types, compute types and scaling factors.
+
+cudnnkit names dtypes by string (``"float32"``, ``"bfloat16"``, ...), so that no
+array library or ``ml_dtypes`` is needed below the adapters. Adapters translate
+their own dtype objects to these names.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from ..lib import cudnnDataType_t
+
+__all__ = ["DTYPES", "itemsize", "cudnn_dtype", "compute_dtype", "scaling", "canonical"]
+
+#: name -> (itemsize in bytes, cudnnDataType_t)
+DTYPES: dict[str, tuple[int, cudnnDataType_t]] = {
+    "float32": (4, cudnnDataType_t.CUDNN_DATA_FLOAT),
+    "float64": (8, cudnnDataType_t.CUDNN_DATA_DOUBLE),
+    "float16": (2, cudnnDataType_t.CUDNN_DATA_HALF),
+    "bfloat16": (2, cudnnDataType_t.CUDNN_DATA_BFLOAT16),
+    "int8": (1, cudnnDataType_t.CUDNN_DATA_INT8),
+    "uint8": (1, cudnnDataType_t.CUDNN_DATA_UINT8),
+    "int32": (4, cudnnDataType_t.CUDNN_DATA_INT32),
+    "int64": (8, cudnnDataType_t.CUDNN_DATA_INT64),
+    "bool": (1, cudnnDataType_t.CUDNN_DATA_BOOLEAN),
+    "float8_e4m3fn": (1, cudnnDataType_t.CUDNN_DATA_FP8_E4M3),
+    "float8_e5m2": (1, cudnnDataType_t.CUDNN_DATA_FP8_E5M2),
+}
+
+_ALIASES = {
+    "float": "float32",
+    "double": "float64",
+    "half": "float16",
+    "f4": "float32",
+    "f8": "float64",
+    "f2": "float16",
+    "bf16": "bfloat16",
+    "bool_": "bool",
+    "float8_e4m3": "float8_e4m3fn",
+}
+
+
+def canonical(dtype: object) -> str:
+    """Canonical dtype name for a string, NumPy/CuPy dtype or torch dtype (``torch.float16`` -> ``"float16"``)."""
+    name = getattr(dtype, "name", None) if not isinstance(dtype, str) else dtype
+    if name is None:
+        name = str(dtype)
+    name = str(name).removeprefix("torch.")
+    name = _ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise TypeError(f"dtype {dtype!r} is not a type cuDNN supports; expected one of {sorted(DTYPES)}")
+    return name
+
+
+def itemsize(dtype: str) -> int:
+    return DTYPES[canonical(dtype)][0]
+
+
+def cudnn_dtype(dtype: str) -> cudnnDataType_t:
+    """``cudnnDataType_t`` for a dtype name."""
+    return DTYPES[canonical(dtype)][1]
+
+
+def compute_dtype(dtype: str) -> str:
+    """The type cuDNN computes in for ``dtype``: float64 stays, every other float computes in float32."""
+    return "float64" if canonical(dtype) == "float64" else "float32"
+
+
+def scaling(dtype: str, value: float) -> ctypes.c_double | ctypes.c_float:
+    """A host alpha/beta for cuDNN's legacy API: ``double`` for float64 data, ``float`` otherwise.
+
+    Pass it with ``ctypes.byref``; cuDNN reads it before the call returns.
+    """
+    return ctypes.c_double(value) if canonical(dtype) == "float64" else ctypes.c_float(value)

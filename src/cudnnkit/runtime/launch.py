@@ -1,0 +1,52 @@
+"""Everything an op needs before its cuDNN call, in one place.
+
+``launch, (vx, vw) = prepare(("x", x), ("w", w), stream=stream)`` reads each
+array (rejecting host arrays and bad types with the argument's name), checks
+they share one device, takes the first array's library as the one that
+allocates outputs and workspace, resolves the stream (the library's current
+stream unless ``stream=`` is given) and returns this thread's handle for the
+device with that stream set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .arrays import ArrayView, as_view, contiguous_strides, same_device
+from .handle import Handle, get_handle, resolve_stream
+
+__all__ = ["Launch", "prepare"]
+
+
+@dataclass
+class Launch:
+    device: int
+    adapter: Any  # allocates outputs; None for arrays of a library without an adapter
+    stream: int
+    handle: Handle
+
+    def empty(self, shape, dtype: str, strides=None, name: str = "out") -> tuple[Any, ArrayView]:
+        """Allocate an output with the inputs' library on the launch's device and stream."""
+        if self.adapter is None:
+            raise TypeError(
+                f"cannot allocate {name}: the inputs come from a library without a cudnnkit adapter; pass {name}="
+            )
+        arr = self.adapter.empty(tuple(shape), dtype, self.device, strides, self.stream)
+        return arr, self.adapter.view(arr, name)
+
+    def workspace(self, nbytes: int) -> tuple[Any, int]:
+        """A device buffer of ``nbytes`` from the inputs' allocator; (owner, pointer). (None, 0) for 0 bytes."""
+        if nbytes <= 0:
+            return None, 0
+        arr, v = self.empty((int(nbytes),), "uint8", contiguous_strides((int(nbytes),)), name="workspace")
+        return arr, v.ptr
+
+
+def prepare(*named: tuple[str, Any], stream: Any = None) -> tuple[Launch, list[ArrayView | None]]:
+    """Views of the named arrays (None stays None) plus the :class:`Launch` they run with."""
+    views: list[ArrayView | None] = [None if a is None else as_view(a, n) for n, a in named]
+    device = same_device(*((n, v) for (n, _), v in zip(named, views)))
+    adapter = next((v.adapter for v in views if v is not None and v.adapter is not None), None)
+    s = resolve_stream(stream, adapter, device)
+    return Launch(device, adapter, s, get_handle(device, s, adapter)), views

@@ -1,0 +1,107 @@
+"""Scoped, thread-local settings: ``with cudnnkit.settings(deterministic=True): ...``.
+
+Fields (``None`` in a ``settings(...)`` call means "leave as is"):
+
+``deterministic`` (bool, default False)
+    Only algorithms/engines with deterministic results.
+``allow_tf32`` (bool, default True)
+    Allow TF32 tensor-core math for float32 data (as torch does for cuDNN convolutions).
+``workspace_limit`` (int bytes or None, default None = no limit)
+    Largest workspace an algorithm or engine may ask for.
+``autotune`` ("off" | "heuristics" | "exhaustive", default "heuristics")
+    How algorithms/plans are chosen: first heuristic choice, or timed candidates.
+``heuristic_mode`` ("instant" | "a" | "b" | "fallback", default "a")
+    Backend heuristics mode (``CUDNN_HEUR_MODE_*``; "instant" is an alias of "a" in cuDNN 9).
+``prefer`` ("auto" | "graph" | "legacy", default "auto")
+    Which cuDNN API an op uses where it has both.
+
+Settings nest; the innermost value wins and is restored on exit. They are
+per thread: another thread starts from the defaults.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+from typing import Iterator
+
+__all__ = ["Settings", "settings", "current_settings"]
+
+_AUTOTUNE = ("off", "heuristics", "exhaustive")
+_HEUR = ("instant", "a", "b", "fallback")
+_PREFER = ("auto", "graph", "legacy")
+
+
+@dataclass(frozen=True)
+class Settings:
+    deterministic: bool = False
+    allow_tf32: bool = True
+    workspace_limit: int | None = None
+    autotune: str = "heuristics"
+    heuristic_mode: str = "a"
+    prefer: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("deterministic", "allow_tf32"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"settings: {name} must be a bool, got {getattr(self, name)!r}")
+        wl = self.workspace_limit
+        if wl is not None and (isinstance(wl, bool) or not isinstance(wl, int) or wl < 0):
+            raise ValueError(f"settings: workspace_limit must be a non-negative int (bytes) or None, got {wl!r}")
+        for name, allowed in (("autotune", _AUTOTUNE), ("heuristic_mode", _HEUR), ("prefer", _PREFER)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"settings: {name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+    def key(self) -> tuple:
+        """A hashable key of every field, for plan and algorithm caches."""
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+class _Stack(threading.local):
+    def __init__(self) -> None:
+        self.current = Settings()
+
+
+_stack = _Stack()
+
+
+def current_settings() -> Settings:
+    """The settings in force on this thread."""
+    return _stack.current
+
+
+@contextmanager
+def settings(
+    *,
+    deterministic: bool | None = None,
+    allow_tf32: bool | None = None,
+    workspace_limit: int | None | type[...] = ...,
+    autotune: str | None = None,
+    heuristic_mode: str | None = None,
+    prefer: str | None = None,
+) -> Iterator[Settings]:
+    """Context manager that changes the given fields for this thread and restores them on exit.
+
+    ``workspace_limit=None`` removes a limit; leaving it out keeps the current one.
+    """
+    changes = {
+        k: v
+        for k, v in dict(
+            deterministic=deterministic,
+            allow_tf32=allow_tf32,
+            autotune=autotune,
+            heuristic_mode=heuristic_mode,
+            prefer=prefer,
+        ).items()
+        if v is not None
+    }
+    if workspace_limit is not ...:
+        changes["workspace_limit"] = workspace_limit
+    old = _stack.current
+    new = replace(old, **changes)  # validates
+    _stack.current = new
+    try:
+        yield new
+    finally:
+        _stack.current = old

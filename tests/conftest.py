@@ -1,0 +1,54 @@
+"""Test tiers: the CPU tier always runs; tests marked ``gpu`` need a CUDA device.
+
+Without one, every GPU test is skipped with the same stated reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import pytest
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_libraries() -> tuple[str, ...]:
+    """Array libraries that are installed and see a CUDA device."""
+    from cudnnkit.runtime import adapters
+
+    found = []
+    for name in adapters.names():
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            if adapters.get(name).device_count() > 0:
+                found.append(name)
+        except Exception:
+            pass
+    return tuple(found)
+
+
+def gpu_skip_reason() -> str | None:
+    if gpu_libraries():
+        return None
+    return "no CUDA device visible to CuPy or torch (GPU tier runs on a GPU machine: scripts/gpu-tests)"
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = gpu_skip_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=["cupy", "torch"])
+def xp(request):
+    """The adapter of each array library with a CUDA device (skips the ones missing)."""
+    if request.param not in gpu_libraries():
+        pytest.skip(f"{request.param} is not installed or sees no CUDA device")
+    from cudnnkit.runtime import adapters
+
+    return adapters.get(request.param)

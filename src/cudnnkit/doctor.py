@@ -29,7 +29,7 @@ Check = Callable[[], str]
 
 
 def _row(cols, widths) -> str:
-    return "  ".join(str(c).ljust(w) for c, w in zip(cols, widths))
+    return "  ".join(str(c).ljust(w) for c, w in zip(cols, widths)).rstrip()
 
 
 def _table(title: str, rows: list[tuple]) -> None:

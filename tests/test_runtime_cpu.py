@@ -1,0 +1,271 @@
+"""L1 runtime on the CPU: array views and their rejections, settings, descriptor cache, streams."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+import pytest
+
+import cudnnkit
+from cudnnkit import lib
+from cudnnkit.runtime import (
+    ArrayView,
+    DescriptorCache,
+    as_view,
+    canonical,
+    compute_dtype,
+    cudnn_dtype,
+    current_settings,
+    resolve_stream,
+    same_device,
+    scaling,
+    settings,
+    tensor_descriptor,
+)
+from cudnnkit.runtime import descriptors as D
+
+
+class FakeCAI:
+    """A device array as seen through __cuda_array_interface__ only (never dereferenced here)."""
+
+    def __init__(self, shape, typestr="<f4", strides=None, ptr=0x7F0000000000, device=0):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "strides": strides,
+                                         "data": (ptr, False), "version": 3}
+        self.device = device
+
+
+# ----------------------------------------------------------------- views
+
+
+def test_cai_view_contiguous_and_strided():
+    v = as_view(FakeCAI((2, 3, 4)), "x")
+    assert (v.shape, v.strides, v.dtype, v.device, v.ptr) == ((2, 3, 4), (12, 4, 1), "float32", 0, 0x7F0000000000)
+    assert v.is_contiguous() and v.nbytes == 96 and v.library == "unknown"
+    v = as_view(FakeCAI((2, 3), "<f2", strides=(2, 12)), "x")  # byte strides -> element strides
+    assert v.strides == (1, 6) and v.dtype == "float16" and not v.is_contiguous()
+
+
+def test_cai_bad_stride_and_dtype():
+    with pytest.raises(ValueError, match="x: byte stride 3 is not a multiple of the item size 4"):
+        as_view(FakeCAI((2, 3), strides=(12, 3)), "x")
+    with pytest.raises(TypeError, match="w: .*typestr '<c8' is not a type cuDNN supports"):
+        as_view(FakeCAI((2,), "<c8"), "w")
+
+
+def test_host_arrays_are_rejected_with_the_argument_name():
+    with pytest.raises(TypeError, match=r"^x is a host array \(numpy.ndarray\)"):
+        as_view(np.zeros((2, 3), np.float32), "x")
+    with pytest.raises(TypeError, match=r"^dy must be a CUDA array"):
+        as_view([1.0, 2.0], "dy")
+    with pytest.raises(TypeError, match=r"^w must be a CUDA array"):
+        as_view(3.0, "w")
+
+
+def test_cpu_dlpack_object_is_host():
+    class CpuDL:
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        def __dlpack__(self, stream=None):
+            raise AssertionError("must not be consumed")
+
+    with pytest.raises(TypeError, match="^x is a host array"):
+        as_view(CpuDL(), "x")
+
+
+def test_non_cuda_dlpack_device_is_rejected():
+    class RocmDL:
+        def __dlpack_device__(self):
+            return (10, 0)
+
+        def __dlpack__(self, stream=None):
+            raise AssertionError("must not be consumed")
+
+    with pytest.raises(TypeError, match="x: DLPack device type 10 is not CUDA"):
+        as_view(RocmDL(), "x")
+
+
+def test_torch_cpu_tensor_is_rejected():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"^x is a torch tensor on cpu; cudnnkit needs a CUDA tensor"):
+        as_view(torch.zeros(3), "x")
+    with pytest.raises(TypeError, match=r"^w is a torch tensor on cpu"):
+        as_view(torch.nn.Parameter(torch.zeros(3)), "w")
+
+
+def test_mixed_devices_name_both_arguments():
+    a, b = as_view(FakeCAI((2,), device=0), "x"), as_view(FakeCAI((2,), device=1), "w")
+    with pytest.raises(ValueError, match=r"w is on cuda:1 but x is on cuda:0"):
+        same_device(("x", a), ("w", b))
+    assert same_device(("x", a), ("bias", None), ("w", a)) == 0
+
+
+# ----------------------------------------------------------------- dtypes
+
+
+def test_dtype_names_and_scaling():
+    assert canonical("float") == "float32" and canonical("torch.bfloat16") == "bfloat16"
+    assert canonical(np.dtype(np.float16)) == "float16"
+    assert cudnn_dtype("bfloat16") == lib.CUDNN_DATA_BFLOAT16
+    assert compute_dtype("float16") == "float32" and compute_dtype("float64") == "float64"
+    assert isinstance(scaling("float64", 1.0), ctypes.c_double)
+    assert isinstance(scaling("bfloat16", 1.0), ctypes.c_float)
+    with pytest.raises(TypeError, match="complex64"):
+        canonical("complex64")
+
+
+# ----------------------------------------------------------------- settings
+
+
+def test_settings_nest_and_restore():
+    base = current_settings()
+    with cudnnkit.settings(deterministic=True, workspace_limit=1 << 20) as s1:
+        assert s1.deterministic and s1.workspace_limit == 1 << 20
+        with settings(autotune="exhaustive", workspace_limit=None) as s2:
+            assert s2.deterministic and s2.autotune == "exhaustive" and s2.workspace_limit is None
+        assert current_settings() == s1
+    assert current_settings() == base
+
+
+def test_settings_restore_after_exception():
+    base = current_settings()
+    with pytest.raises(RuntimeError):
+        with settings(allow_tf32=False):
+            raise RuntimeError
+    assert current_settings() == base
+
+
+def test_settings_are_thread_local():
+    seen = {}
+    with settings(deterministic=True):
+        t = threading.Thread(target=lambda: seen.setdefault("d", current_settings().deterministic))
+        t.start()
+        t.join()
+        assert current_settings().deterministic
+    assert seen["d"] is False
+
+
+@pytest.mark.parametrize(
+    "kw, exc, msg",
+    [
+        (dict(autotune="fast"), ValueError, "autotune must be one of"),
+        (dict(heuristic_mode="c"), ValueError, "heuristic_mode must be one of"),
+        (dict(prefer="cuda"), ValueError, "prefer must be one of"),
+        (dict(workspace_limit=-1), ValueError, "workspace_limit must be a non-negative int"),
+        (dict(deterministic=1), TypeError, "deterministic must be a bool"),
+    ],
+)
+def test_settings_validation(kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        with settings(**kw):
+            pass
+
+
+def test_settings_key_changes_with_each_field():
+    keys = {current_settings().key()}
+    for kw in (dict(deterministic=True), dict(allow_tf32=False), dict(workspace_limit=0), dict(autotune="off"),
+               dict(heuristic_mode="b"), dict(prefer="legacy")):
+        with settings(**kw):
+            keys.add(current_settings().key())
+    assert len(keys) == 7
+
+
+# ----------------------------------------------------------------- descriptors
+
+
+def _read_tensor_descriptor(d):
+    dt, nb = ctypes.c_int(), ctypes.c_int()
+    dims, strides = (ctypes.c_int * 8)(), (ctypes.c_int * 8)()
+    lib.cudnnGetTensorNdDescriptor(d, 8, ctypes.byref(dt), ctypes.byref(nb), dims, strides)
+    return dt.value, tuple(dims[: nb.value]), tuple(strides[: nb.value])
+
+
+def test_tensor_descriptor_is_set_from_value_and_cached():
+    a = tensor_descriptor("bfloat16", (8, 16, 32, 32), (16384, 1, 512, 16))
+    b = tensor_descriptor("bfloat16", [8, 16, 32, 32], [16384, 1, 512, 16])
+    assert a is b
+    assert _read_tensor_descriptor(a) == (lib.CUDNN_DATA_BFLOAT16, (8, 16, 32, 32), (16384, 1, 512, 16))
+    c = tensor_descriptor("bfloat16", (8, 16, 32, 32), (16384, 1024, 32, 1))
+    assert c is not a
+    assert tensor_descriptor("float16", (8, 16, 32, 32), (16384, 1, 512, 16)) is not a
+
+
+def test_tensor_descriptor_pads_to_4d():
+    d = tensor_descriptor("float32", (5, 7), (7, 1))
+    assert _read_tensor_descriptor(d)[1:] == ((5, 7, 1, 1), (7, 1, 1, 1))
+
+
+@pytest.mark.parametrize(
+    "shape, strides, msg",
+    [
+        ((2, 0, 3), (3, 3, 1), "dims must be positive"),
+        ((1,) * 9, (1,) * 9, "1 to 8 dims"),
+        ((2, 3), (3,), "differ in length"),
+        ((2**31, 1, 1, 1), (1, 1, 1, 1), "does not fit cuDNN's int"),
+    ],
+)
+def test_tensor_descriptor_rejects(shape, strides, msg):
+    with pytest.raises(ValueError, match=msg):
+        tensor_descriptor("float32", shape, strides)
+
+
+def test_cache_is_bounded_lru_and_eviction_keeps_held_descriptors_alive():
+    cache = DescriptorCache(maxsize=3)
+    held = cache.get(D.TENSOR, ("float32", (1, 1, 1, 1), (1, 1, 1, 1)))
+    for i in range(2, 6):
+        cache.get(D.TENSOR, ("float32", (i, 1, 1, 1), (1, 1, 1, 1)))
+    assert len(cache) == 3 and cache.misses == 5
+    assert _read_tensor_descriptor(held)[1] == (1, 1, 1, 1)  # evicted but still valid
+    again = cache.get(D.TENSOR, ("float32", (1, 1, 1, 1), (1, 1, 1, 1)))
+    assert again is not held and cache.misses == 6
+    cache.get(D.TENSOR, ("float32", (5, 1, 1, 1), (1, 1, 1, 1)))
+    assert cache.hits == 1
+
+
+def test_cache_is_thread_safe():
+    cache = DescriptorCache(maxsize=64)
+    out, barrier = [], threading.Barrier(8)
+
+    def work():
+        barrier.wait()
+        for i in range(50):
+            out.append(cache.get(D.TENSOR, ("float32", (i % 10 + 1, 2, 3, 4), (24, 12, 4, 1))))
+
+    ts = [threading.Thread(target=work) for _ in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    by_key = {}
+    for d in out:
+        by_key.setdefault(d.key, set()).add(id(d))
+    assert len(by_key) == 10 and all(len(ids) == 1 for ids in by_key.values())
+
+
+# ----------------------------------------------------------------- streams
+
+
+def test_resolve_stream_forms():
+    class CupyLike:
+        ptr = 0x1234
+
+    class TorchLike:
+        cuda_stream = 0x5678
+
+    class CoreLike:
+        def __cuda_stream__(self):
+            return (0, 0x9ABC)
+
+    assert resolve_stream(0x42, None, 0) == 0x42
+    assert resolve_stream(CupyLike(), None, 0) == 0x1234
+    assert resolve_stream(TorchLike(), None, 0) == 0x5678
+    assert resolve_stream(CoreLike(), None, 0) == 0x9ABC
+    assert resolve_stream(None, None, 0) == 0
+    with pytest.raises(TypeError, match="stream must be"):
+        resolve_stream("default", None, 0)
+
+
+def test_view_is_frozen():
+    v = ArrayView((2,), (1,), "float32", 0, 1, None)
+    with pytest.raises(AttributeError):
+        v.ptr = 2  # type: ignore[misc]

@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpu_libraries() -> tuple[str, ...]:
     """Array libraries that are installed and see a CUDA device."""
     from cudnnkit.runtime import adapters

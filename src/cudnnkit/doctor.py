@@ -15,7 +15,7 @@ import platform
 import sys
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -21,7 +21,8 @@ for ``CUDNN_TYPE_FRACTION``, ``bytes``/``str`` for ``CUDNN_TYPE_CHAR``.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from . import _cudnn
 from ._backend_table import ATTRIBUTES, DEPRECATED, VARIABLE

@@ -10,7 +10,7 @@ failure).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ._cudnn import cudnnStatus_t
 

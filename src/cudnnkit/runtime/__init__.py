@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from . import adapters, dtypes, shapes
 from .arrays import ArrayView, as_view, contiguous_strides, is_contiguous, same_device
-from .descriptors import Descriptor, DescriptorCache, DescriptorKind, cache_info, clear_caches, get_cached, tensor_descriptor
+from .descriptors import (
+    Descriptor,
+    DescriptorCache,
+    DescriptorKind,
+    cache_info,
+    clear_caches,
+    get_cached,
+    tensor_descriptor,
+)
 from .dtypes import canonical, compute_dtype, cudnn_dtype, scaling
 from .handle import Handle, get_handle, resolve_stream
 from .launch import Launch, prepare

@@ -16,7 +16,8 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from .. import lib
 from .dtypes import canonical, cudnn_dtype

@@ -22,9 +22,9 @@ per thread: another thread starts from the defaults.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
-from typing import Iterator
 
 __all__ = ["Settings", "settings", "current_settings"]
 

@@ -8,7 +8,7 @@ parameters raise ``ValueError`` naming the parameter.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["expand", "conv_output_shape", "pool_output_shape", "conv_transpose_output_shape"]
 

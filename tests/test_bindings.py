@@ -186,3 +186,10 @@ def test_structs_and_callback_types():
     fields = dict(lib.cudnnDebug_t._fields_)
     assert fields["reserved"]._length_ == 15
     assert lib.cudnnConvolutionFwdAlgoPerf_t._fields_[0][0] == "algo"
+
+
+def test_unknown_function_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="not a function declared"):
+        lib.function("cudnnNoSuchThing")
+    with pytest.raises(AttributeError):
+        lib.cudnnNoSuchThing  # noqa: B018

@@ -22,6 +22,8 @@ Nothing here allocates GPU memory or knows an array library.
 from __future__ import annotations
 
 import ctypes
+import logging
+import threading
 from typing import Any
 
 from . import _cudnn, _loader, errors
@@ -89,13 +91,15 @@ for _enum in ENUMS:
         globals().setdefault(_name, _member)
 del _enum, _name, _member
 
-_bind_lock = __import__("threading").Lock()
+_bind_lock = threading.Lock()
+_log = logging.getLogger("cudnnkit")
 
 
 def load() -> _loader.Loaded:
     """Load libcudnn now (normally done on first use) and install the error-text reader."""
     loaded = _loader.load()
     if errors._last_error_reader is None:
+        _log.debug("loaded cuDNN %s from %s (%s)", loaded.version, loaded.path, loaded.source)
         raw = loaded.cdll.cudnnGetLastErrorString
         raw.restype = None
         raw.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -150,7 +154,9 @@ def function(name: str) -> Any:
 
 
 def _bind(name: str) -> Any:
-    proto = FUNCTIONS[name]
+    proto = FUNCTIONS.get(name)
+    if proto is None:
+        raise AttributeError(f"{name!r} is not a function declared in the cuDNN {HEADER_VERSION_STRING} headers")
     loaded = load()
     with _bind_lock:
         fn = globals().get(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import logging
 import threading
 from typing import Any
 
@@ -19,6 +20,7 @@ from . import adapters
 __all__ = ["Handle", "get_handle", "resolve_stream"]
 
 _shutting_down = False
+_log = logging.getLogger("cudnnkit")
 
 
 @atexit.register
@@ -88,6 +90,7 @@ def get_handle(device: int, stream: int, adapter: Any = None) -> Handle:
     h = _local.handles.get(device)
     if h is None:
         h = _local.handles[device] = Handle(device, _guard(device, adapter))
+        _log.debug("created cuDNN handle %#x on cuda:%d for thread %d", h.ptr, device, h.thread)
     h.set_stream(stream)
     return h
 

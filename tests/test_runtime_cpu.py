@@ -265,7 +265,7 @@ def test_resolve_stream_forms():
         resolve_stream("default", None, 0)
 
 
-def test_view_is_frozen():
-    v = ArrayView((2,), (1,), "float32", 0, 1, None)
-    with pytest.raises(AttributeError):
-        v.ptr = 2  # type: ignore[misc]
+def test_view_is_slotted_and_complete():
+    v = ArrayView((2, 3), (3, 1), "float16", 0, 0x1000, None)
+    assert not hasattr(v, "__dict__")
+    assert (v.ndim, v.size, v.itemsize, v.nbytes, v.library, v.is_contiguous()) == (2, 6, 2, 12, "unknown", True)

@@ -25,9 +25,12 @@ from .dtypes import canonical, itemsize
 __all__ = ["ArrayView", "as_view", "same_device", "is_contiguous", "contiguous_strides"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ArrayView:
     """Shape, element strides, dtype name, device ordinal and data pointer of a CUDA array.
+
+    Read-only by convention (not frozen: it is built on every call, and a
+    frozen dataclass costs several times more to construct).
 
     ``owner`` keeps the underlying array (or DLPack capsule) alive; ``adapter``
     is the array library's adapter, or ``None`` for a library without one

@@ -86,14 +86,21 @@ class DescriptorCache:
         self.hits = 0
         self.misses = 0
 
-    def get(self, kind: DescriptorKind, key: tuple) -> Descriptor:
+    def lookup(self, kind: DescriptorKind, key: tuple) -> Descriptor | None:
+        """The cached descriptor for ``key``, or None (no creation). The per-call fast path."""
         full = (kind.name, *key)
         with self._lock:
             d = self._d.get(full)
             if d is not None:
                 self._d.move_to_end(full)
                 self.hits += 1
-                return d
+            return d
+
+    def get(self, kind: DescriptorKind, key: tuple) -> Descriptor:
+        d = self.lookup(kind, key)
+        if d is not None:
+            return d
+        full = (kind.name, *key)
         d = kind.make(key)  # outside the lock: cuDNN calls may be slow
         with self._lock:
             self.misses += 1
@@ -148,6 +155,14 @@ def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ..
     padded with trailing size-1 dims (stride 1), since cuDNN's Nd descriptor
     wants at least 3 and its ops expect 4. Sizes must be positive and fit an int.
     """
+    if type(shape) is tuple and type(strides) is tuple and len(shape) >= 4:
+        # fast path for already-normalised keys (what ArrayView gives): no validation on a hit
+        try:
+            d = _cache.lookup(TENSOR, (dtype, shape, strides))
+        except TypeError:  # unhashable element
+            d = None
+        if d is not None:
+            return d
     dtype = canonical(dtype)
     shape, strides = tuple(int(d) for d in shape), tuple(int(s) for s in strides)
     if len(shape) != len(strides):

@@ -62,8 +62,11 @@ class CupyAdapter:
         return cupy.asnumpy(a)
 
     def current_stream(self, device: int) -> int:
-        with cupy.cuda.Device(device):
-            return cupy.cuda.get_current_stream().ptr
+        try:
+            return cupy.cuda.get_current_stream(device).ptr
+        except TypeError:  # CuPy without the device_id argument
+            with cupy.cuda.Device(device):
+                return cupy.cuda.get_current_stream().ptr
 
     def device_guard(self, device: int):
         return cupy.cuda.Device(device)

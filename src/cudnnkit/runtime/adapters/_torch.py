@@ -25,6 +25,12 @@ for _n in ("float8_e4m3fn", "float8_e5m2"):
         _TO_TORCH[_n] = getattr(torch, _n)
 
 
+_FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
+
+# torch's raw current-stream query (what Triton uses): an int, without building a Stream object
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 class TorchAdapter:
     name = "torch"
     module = torch
@@ -32,19 +38,16 @@ class TorchAdapter:
     def view(self, obj: Any, name: str) -> ArrayView:
         if not isinstance(obj, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(obj).__name__}")
-        if obj.device.type != "cuda":
+        if not obj.is_cuda:
             raise TypeError(
                 f"{name} is a torch tensor on {obj.device}; cudnnkit needs a CUDA tensor (move it with .cuda())"
             )
-        if obj.is_sparse or obj.layout != torch.strided:
+        if obj.layout is not torch.strided:
             raise TypeError(f"{name} must be a dense strided tensor, got layout {obj.layout}")
-        try:
-            dtype = canonical(obj.dtype)
-        except TypeError:
-            raise TypeError(f"{name} has dtype {obj.dtype}, which cuDNN does not support") from None
-        return ArrayView(
-            tuple(obj.shape), tuple(obj.stride()), dtype, obj.device.index, obj.data_ptr(), obj, self, False
-        )
+        dtype = _FROM_TORCH.get(obj.dtype)
+        if dtype is None:
+            raise TypeError(f"{name} has dtype {obj.dtype}, which cuDNN does not support")
+        return ArrayView(tuple(obj.shape), obj.stride(), dtype, obj.get_device(), obj.data_ptr(), obj, self, False)
 
     def torch_dtype(self, dtype: str) -> torch.dtype:
         return _TO_TORCH[canonical(dtype)]
@@ -78,6 +81,8 @@ class TorchAdapter:
         return t.cpu().numpy()
 
     def current_stream(self, device: int) -> int:
+        if _raw_stream is not None:
+            return _raw_stream(device)
         return torch.cuda.current_stream(device).cuda_stream
 
     def device_guard(self, device: int):

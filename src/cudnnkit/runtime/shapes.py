@@ -34,6 +34,11 @@ def expand(value: int | Sequence[int], n: int, name: str, minimum: int = 0) -> t
     return out
 
 
+def _check_groups(groups: int) -> None:
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups!r}")
+
+
 def conv_output_shape(
     x_shape: Sequence[int],
     w_shape: Sequence[int],
@@ -55,8 +60,7 @@ def conv_output_shape(
     if len(w_shape) != len(x_shape):
         raise ValueError(f"w must have as many dims as x ({len(x_shape)}), got shape {w_shape}")
     nsp = len(x_shape) - 2
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"groups must be a positive int, got {groups!r}")
+    _check_groups(groups)
     s = expand(stride, nsp, "stride", 1)
     p = expand(padding, nsp, "padding", 0)
     d = expand(dilation, nsp, "dilation", 1)
@@ -107,8 +111,7 @@ def conv_transpose_output_shape(
     p = expand(padding, nsp, "padding", 0)
     d = expand(dilation, nsp, "dilation", 1)
     op = expand(output_padding, nsp, "output_padding", 0)
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"groups must be a positive int, got {groups!r}")
+    _check_groups(groups)
     if dy_shape[1] != w_shape[0]:
         raise ValueError(f"dy has {dy_shape[1]} channels but w has {w_shape[0]} output channels")
     out = [dy_shape[0], w_shape[1] * groups]

@@ -4,7 +4,7 @@
 array (rejecting host arrays and bad types with the argument's name), checks
 they share one device, takes the first array's library as the one that
 allocates outputs and workspace, resolves the stream (the library's current
-stream unless ``stream=`` is given) and returns this thread's handle for the
+stream unless ``stream=`` is given) and gives, on first use of ``launch.handle``, this thread's handle for the
 device with that stream set.
 """
 
@@ -24,7 +24,15 @@ class Launch:
     device: int
     adapter: Any  # allocates outputs; None for arrays of a library without an adapter
     stream: int
-    handle: Handle
+    _handle: Handle | None = None
+
+    @property
+    def handle(self) -> Handle:
+        """This thread's handle for the device with the stream set, created on first use, so an
+        op can validate everything before it touches cuDNN's device state."""
+        if self._handle is None:
+            self._handle = get_handle(self.device, self.stream, self.adapter)
+        return self._handle
 
     def empty(self, shape, dtype: str, strides=None, name: str = "out") -> tuple[Any, ArrayView]:
         """Allocate an output with the inputs' library on the launch's device and stream."""
@@ -49,4 +57,4 @@ def prepare(*named: tuple[str, Any], stream: Any = None) -> tuple[Launch, list[A
     device = same_device(*((n, v) for (n, _), v in zip(named, views)))
     adapter = next((v.adapter for v in views if v is not None and v.adapter is not None), None)
     s = resolve_stream(stream, adapter, device)
-    return Launch(device, adapter, s, get_handle(device, s, adapter)), views
+    return Launch(device, adapter, s), views

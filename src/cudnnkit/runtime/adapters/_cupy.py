@@ -61,6 +61,10 @@ class CupyAdapter:
     def to_numpy(self, a: cupy.ndarray):
         return cupy.asnumpy(a)
 
+    def contiguous(self, arr: cupy.ndarray) -> cupy.ndarray:
+        with arr.device:
+            return cupy.ascontiguousarray(arr)
+
     def current_stream(self, device: int) -> int:
         try:
             return cupy.cuda.get_current_stream(device).ptr

@@ -80,6 +80,9 @@ class TorchAdapter:
             t = t.float()
         return t.cpu().numpy()
 
+    def contiguous(self, arr: torch.Tensor) -> torch.Tensor:
+        return arr.contiguous()
+
     def current_stream(self, device: int) -> int:
         if _raw_stream is not None:
             return _raw_stream(device)

@@ -1,0 +1,230 @@
+"""Softmax and log-softmax, forward and backward (``cudnnSoftmaxForward``/``cudnnSoftmaxBackward``).
+
+Any ``axis`` (negative included) or a tuple of adjacent axes is reduced over.
+The array is described to cuDNN as a 4-d tensor ``(N, C, H, 1)`` where ``N``
+merges the axes before the reduced ones, ``C`` the reduced axes and ``H`` the
+axes after them, keeping the array's own strides (NCHW, NHWC and any other
+layout whose groups of axes can be merged are passed without a copy):
+
+* reduced axes trailing (``H == 1``): ``CUDNN_SOFTMAX_MODE_INSTANCE`` over ``(N, C, 1, 1)``;
+* otherwise: ``CUDNN_SOFTMAX_MODE_CHANNEL`` over ``(N, C, H, 1)``.
+
+Both modes are one cuDNN call. Where a group of axes cannot be merged (for
+example a slice with gaps inside the reduced axes) the input is copied to a
+contiguous array first, and the copy is logged on the ``cudnnkit`` logger at
+debug level. Which mapping was chosen is logged too.
+
+``algo`` is ``"accurate"`` (max-subtracted, ``CUDNN_SOFTMAX_ACCURATE``) or
+``"fast"`` (``CUDNN_SOFTMAX_FAST``, no max subtraction: can overflow);
+``log=True`` selects ``CUDNN_SOFTMAX_LOG``. The backward pass takes the
+forward output ``y`` and ``dy``, never ``x``: for softmax
+``dx = y * (dy - sum(dy * y))``, for log-softmax ``dx = dy - exp(y) * sum(dy)``.
+
+Dtypes: float16, bfloat16, float32, float64 (half types compute in float32).
+``alpha``/``beta`` blend into ``out``: ``out = alpha * result + beta * out``;
+``beta != 0`` needs ``out``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from .. import lib
+from ..runtime import prepare, scaling, tensor_descriptor
+from ..runtime.arrays import ArrayView, contiguous_strides
+
+__all__ = ["softmax_forward", "softmax_backward"]
+
+_log = logging.getLogger("cudnnkit")
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_ALGOS = {"accurate": lib.CUDNN_SOFTMAX_ACCURATE, "fast": lib.CUDNN_SOFTMAX_FAST}
+
+
+def _axes(axis: int | Sequence[int], ndim: int) -> tuple[int, int]:
+    """First and last reduced axis (normalised), checking types, range and adjacency."""
+    if isinstance(axis, int) and not isinstance(axis, bool):
+        items = [axis]
+    else:
+        try:
+            items = list(axis)  # type: ignore[arg-type]
+        except TypeError:
+            items = [axis]
+    if any(isinstance(a, bool) or not isinstance(a, int) for a in items):
+        raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
+    if not items:
+        raise ValueError("axis must name at least one axis")
+    norm = []
+    for a in items:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"axis {a} is out of range for an array with {ndim} dims")
+        norm.append(a % ndim)
+    norm.sort()
+    if len(set(norm)) != len(norm) or norm[-1] - norm[0] != len(norm) - 1:
+        raise ValueError(f"axis {axis!r} must name distinct adjacent axes")
+    return norm[0], norm[-1]
+
+
+def _is_dense(v: ArrayView) -> bool:
+    """True if ``v`` covers its memory exactly once in some axis order (C order, NHWC, ...)."""
+    order = sorted(range(v.ndim), key=lambda i: -v.strides[i])
+    shape = tuple(v.shape[i] for i in order)
+    return all(v.strides[i] == c for i, c, d in zip(order, contiguous_strides(shape), shape) if d != 1)
+
+
+def _merge(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | None:
+    """(size, stride) of a group of axes seen as one, or None if their strides do not allow it."""
+    dims = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    if not dims:
+        return 1, 1
+    size, stride = dims[-1]
+    for d, s in reversed(dims[:-1]):
+        if s != stride * size:
+            return None
+        size *= d
+    return size, stride
+
+
+def _as_4d(v: ArrayView, first: int, last: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    groups = (slice(0, first), slice(first, last + 1), slice(last + 1, v.ndim))
+    merged = [_merge(v.shape[g], v.strides[g]) for g in groups]
+    if any(m is None for m in merged):
+        return None
+    (n, sn), (c, sc), (h, sh) = merged  # type: ignore[misc]
+    # size-1 groups get a stride consistent with a dense layout (cuDNN checks them)
+    if n == 1:
+        sn = max(c * sc, h * sh, 1)
+    return (n, c, h, 1), (sn, sc, sh, 1)
+
+
+def _mode(h: int) -> int:
+    return lib.CUDNN_SOFTMAX_MODE_INSTANCE if h == 1 else lib.CUDNN_SOFTMAX_MODE_CHANNEL
+
+
+def _algo(algo: str, log: bool) -> int:
+    if algo not in _ALGOS:
+        raise ValueError(f"algo must be one of {sorted(_ALGOS)}, got {algo!r}")
+    if log:
+        if algo == "fast":
+            raise ValueError("log=True uses CUDNN_SOFTMAX_LOG; it cannot be combined with algo='fast'")
+        return lib.CUDNN_SOFTMAX_LOG
+    return _ALGOS[algo]
+
+
+def _check_float(v: ArrayView, name: str) -> None:
+    if v.dtype not in _FLOATS:
+        raise TypeError(f"{name} has dtype {v.dtype}; softmax needs one of {_FLOATS}")
+
+
+def _out(launch, like: ArrayView, out: Any, beta: float, name: str = "out") -> tuple[Any, ArrayView]:
+    if out is None:
+        if beta != 0:
+            raise ValueError("beta != 0 blends into an existing output: pass out=")
+        return launch.empty(like.shape, like.dtype, like.strides if _is_dense(like) else None, name=name)
+    _, (vo,) = prepare((name, out))
+    if vo.shape != like.shape or vo.dtype != like.dtype:
+        raise ValueError(f"{name} must have shape {like.shape} and dtype {like.dtype}, got {vo.shape} {vo.dtype}")
+    if vo.device != like.device:
+        raise ValueError(f"{name} is on cuda:{vo.device} but the input is on cuda:{like.device}")
+    return out, vo
+
+
+def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str):
+    got = _as_4d(v, first, last)
+    if got is None:
+        if launch.adapter is None:
+            raise ValueError(f"{name}'s strides cannot be described to cuDNN and its library has no adapter to copy it")
+        _log.debug("softmax: %s strides %s cannot be merged around axes %d..%d: copying", name, v.strides, first, last)
+        arr = launch.adapter.contiguous(arr)
+        v = launch.adapter.view(arr, name)
+        got = _as_4d(v, first, last)
+    shape, strides = got
+    return arr, v, tensor_descriptor(v.dtype, shape, strides), shape
+
+
+def softmax_forward(
+    x: Any,
+    *,
+    axis: int | Sequence[int] = -1,
+    algo: str = "accurate",
+    log: bool = False,
+    out: Any = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    stream: Any = None,
+) -> Any:
+    """Softmax (or log-softmax) of ``x`` over ``axis``; returns ``y`` (``out`` if given).
+
+    ``x``: any shape, float16/bfloat16/float32/float64, any strides. ``y`` has
+    ``x``'s shape and dtype (and its strides when ``x`` is dense). Calls
+    ``cudnnSoftmaxForward`` once.
+    """
+    launch, (vx,) = prepare(("x", x), stream=stream)
+    _check_float(vx, "x")
+    a = _algo(algo, log)
+    if vx.ndim == 0:
+        raise ValueError("x must have at least one dim")
+    first, last = _axes(axis, vx.ndim)
+    y, vy = _out(launch, vx, out, beta)
+    if vx.size == 0:
+        return y
+    x, vx, dx_desc, shape = _described(launch, x, vx, first, last, "x")
+    y_arr, vy2, dy_desc, _ = _described(launch, y, vy, first, last, "out")
+    if y_arr is not y:
+        raise ValueError("out's strides cannot be described to cuDNN; pass a contiguous out")
+    _log.debug("softmax_forward: axes %d..%d as %s, mode %s", first, last, shape,
+               "INSTANCE" if shape[2] == 1 else "CHANNEL")
+    lib.cudnnSoftmaxForward(
+        launch.handle, a, _mode(shape[2]), _ref(vx.dtype, alpha), dx_desc, vx.ptr, _ref(vx.dtype, beta), dy_desc,
+        vy2.ptr,
+    )
+    return y
+
+
+def softmax_backward(
+    dy: Any,
+    y: Any,
+    *,
+    axis: int | Sequence[int] = -1,
+    algo: str = "accurate",
+    log: bool = False,
+    out: Any = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    stream: Any = None,
+) -> Any:
+    """Gradient of softmax (or log-softmax) from its output ``y`` and ``dy``; returns ``dx``.
+
+    ``dy`` and ``y`` have the same shape and dtype; ``algo``/``log``/``axis``
+    must be the forward's. Calls ``cudnnSoftmaxBackward`` once; ``x`` is never needed.
+    """
+    launch, (vdy, vy) = prepare(("dy", dy), ("y", y), stream=stream)
+    _check_float(vdy, "dy")
+    if vy.shape != vdy.shape:
+        raise ValueError(f"y has shape {vy.shape} but dy has shape {vdy.shape}")
+    if vy.dtype != vdy.dtype:
+        raise TypeError(f"y has dtype {vy.dtype} but dy has dtype {vdy.dtype}")
+    a = _algo(algo, log)
+    if vdy.ndim == 0:
+        raise ValueError("dy must have at least one dim")
+    first, last = _axes(axis, vdy.ndim)
+    dx, vdx = _out(launch, vdy, out, beta)
+    if vdy.size == 0:
+        return dx
+    y, vy, y_desc, shape = _described(launch, y, vy, first, last, "y")
+    dy, vdy, dy_desc, _ = _described(launch, dy, vdy, first, last, "dy")
+    dx_arr, vdx2, dx_desc, _ = _described(launch, dx, vdx, first, last, "out")
+    if dx_arr is not dx:
+        raise ValueError("out's strides cannot be described to cuDNN; pass a contiguous out")
+    lib.cudnnSoftmaxBackward(
+        launch.handle, a, _mode(shape[2]), _ref(vy.dtype, alpha), y_desc, vy.ptr, dy_desc, vdy.ptr,
+        _ref(vy.dtype, beta), dx_desc, vdx2.ptr,
+    )
+    return dx
+
+
+def _ref(dtype: str, value: float) -> Any:
+    """A host alpha/beta in the compute type, by reference."""
+    return ctypes.byref(scaling(dtype, value))

@@ -43,9 +43,10 @@ def softmax_rows() -> list[Row]:
                                 bytes=2 * n))
                 if shape == SHAPES[0]:
                     bw = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
+                    kw = "out" if log else "grad_input"  # aten names the out argument differently
                     rows.append(Row(FAMILY, f"{name} bwd", s, dname,
                                     ours=lambda dy=dy, y=y, o=out, lg=log: softmax_backward(dy, y, axis=-1, log=lg,
                                                                                             out=o),
-                                    torch=lambda dy=dy, y=y, o=tout, b=bw: b.out(dy, y, -1, dy.dtype, out=o),
+                                    torch=lambda dy=dy, y=y, o=tout, b=bw, k=kw: b.out(dy, y, -1, dy.dtype, **{k: o}),
                                     bytes=3 * n))
     return rows

@@ -144,6 +144,14 @@ def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str)
     return arr, v, tensor_descriptor(v.dtype, shape, strides), shape
 
 
+def _out_descriptor(v: ArrayView, first: int, last: int) -> Any:
+    got = _as_4d(v, first, last)
+    if got is None:
+        raise ValueError(f"out's strides {v.strides} cannot be described to cuDNN around axes {first}..{last}; "
+                         "pass an out laid out like the input, or a contiguous one")
+    return tensor_descriptor(v.dtype, *got)
+
+
 def softmax_forward(
     x: Any,
     *,
@@ -167,18 +175,16 @@ def softmax_forward(
     if vx.ndim == 0:
         raise ValueError("x must have at least one dim")
     first, last = _axes(axis, vx.ndim)
-    y, vy = _out(launch, vx, out, beta)
     if vx.size == 0:
-        return y
+        return _out(launch, vx, out, beta)[0]
     x, vx, dx_desc, shape = _described(launch, x, vx, first, last, "x")
-    y_arr, vy2, dy_desc, _ = _described(launch, y, vy, first, last, "out")
-    if y_arr is not y:
-        raise ValueError("out's strides cannot be described to cuDNN; pass a contiguous out")
+    y, vy = _out(launch, vx, out, beta)  # like x after any copy, so its strides describe too
+    dy_desc = _out_descriptor(vy, first, last)
     _log.debug("softmax_forward: axes %d..%d as %s, mode %s", first, last, shape,
                "INSTANCE" if shape[2] == 1 else "CHANNEL")
     lib.cudnnSoftmaxForward(
         launch.handle, a, _mode(shape[2]), _ref(vx.dtype, alpha), dx_desc, vx.ptr, _ref(vx.dtype, beta), dy_desc,
-        vy2.ptr,
+        vy.ptr,
     )
     return y
 
@@ -210,17 +216,15 @@ def softmax_backward(
     if vdy.ndim == 0:
         raise ValueError("dy must have at least one dim")
     first, last = _axes(axis, vdy.ndim)
-    dx, vdx = _out(launch, vdy, out, beta)
     if vdy.size == 0:
-        return dx
+        return _out(launch, vdy, out, beta)[0]
     y, vy, y_desc, shape = _described(launch, y, vy, first, last, "y")
     dy, vdy, dy_desc, _ = _described(launch, dy, vdy, first, last, "dy")
-    dx_arr, vdx2, dx_desc, _ = _described(launch, dx, vdx, first, last, "out")
-    if dx_arr is not dx:
-        raise ValueError("out's strides cannot be described to cuDNN; pass a contiguous out")
+    dx, vdx = _out(launch, vdy, out, beta)
+    dx_desc = _out_descriptor(vdx, first, last)
     lib.cudnnSoftmaxBackward(
         launch.handle, a, _mode(shape[2]), _ref(vy.dtype, alpha), y_desc, vy.ptr, dy_desc, vdy.ptr,
-        _ref(vy.dtype, beta), dx_desc, vdx2.ptr,
+        _ref(vy.dtype, beta), dx_desc, vdx.ptr,
     )
     return dx
 

@@ -27,14 +27,13 @@ Dtypes: float16, bfloat16, float32, float64 (half types compute in float32).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 from .. import lib
-from ..runtime import prepare, scaling, tensor_descriptor
-from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime import prepare, scaling_ref, tensor_descriptor
+from ..runtime.arrays import ArrayView, like_strides
 
 __all__ = ["softmax_forward", "softmax_backward"]
 
@@ -65,13 +64,6 @@ def _axes(axis: int | Sequence[int], ndim: int) -> tuple[int, int]:
     if len(set(norm)) != len(norm) or norm[-1] - norm[0] != len(norm) - 1:
         raise ValueError(f"axis {axis!r} must name distinct adjacent axes")
     return norm[0], norm[-1]
-
-
-def _is_dense(v: ArrayView) -> bool:
-    """True if ``v`` covers its memory exactly once in some axis order (C order, NHWC, ...)."""
-    order = sorted(range(v.ndim), key=lambda i: -v.strides[i])
-    shape = tuple(v.shape[i] for i in order)
-    return all(v.strides[i] == c for i, c, d in zip(order, contiguous_strides(shape), shape) if d != 1)
 
 
 def _merge(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | None:
@@ -116,19 +108,6 @@ def _algo(algo: str, log: bool) -> int:
 def _check_float(v: ArrayView, name: str) -> None:
     if v.dtype not in _FLOATS:
         raise TypeError(f"{name} has dtype {v.dtype}; softmax needs one of {_FLOATS}")
-
-
-def _out(launch, like: ArrayView, out: Any, beta: float, name: str = "out") -> tuple[Any, ArrayView]:
-    if out is None:
-        if beta != 0:
-            raise ValueError("beta != 0 blends into an existing output: pass out=")
-        return launch.empty(like.shape, like.dtype, like.strides if _is_dense(like) else None, name=name)
-    _, (vo,) = prepare((name, out))
-    if vo.shape != like.shape or vo.dtype != like.dtype:
-        raise ValueError(f"{name} must have shape {like.shape} and dtype {like.dtype}, got {vo.shape} {vo.dtype}")
-    if vo.device != like.device:
-        raise ValueError(f"{name} is on cuda:{vo.device} but the input is on cuda:{like.device}")
-    return out, vo
 
 
 def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str):
@@ -176,14 +155,15 @@ def softmax_forward(
         raise ValueError("x must have at least one dim")
     first, last = _axes(axis, vx.ndim)
     if vx.size == 0:
-        return _out(launch, vx, out, beta)[0]
+        return launch.output(out, vx.shape, vx.dtype, beta=beta)[0]
     x, vx, dx_desc, shape = _described(launch, x, vx, first, last, "x")
-    y, vy = _out(launch, vx, out, beta)  # like x after any copy, so its strides describe too
+    # like x after any copy (dense layouts keep their strides), so y describes the same way
+    y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=beta)
     dy_desc = _out_descriptor(vy, first, last)
     _log.debug("softmax_forward: axes %d..%d as %s, mode %s", first, last, shape,
                "INSTANCE" if shape[2] == 1 else "CHANNEL")
     lib.cudnnSoftmaxForward(
-        launch.handle, a, _mode(shape[2]), _ref(vx.dtype, alpha), dx_desc, vx.ptr, _ref(vx.dtype, beta), dy_desc,
+        launch.handle, a, _mode(shape[2]), scaling_ref(vx.dtype, alpha), dx_desc, vx.ptr, scaling_ref(vx.dtype, beta), dy_desc,
         vy.ptr,
     )
     return y
@@ -217,18 +197,13 @@ def softmax_backward(
         raise ValueError("dy must have at least one dim")
     first, last = _axes(axis, vdy.ndim)
     if vdy.size == 0:
-        return _out(launch, vdy, out, beta)[0]
+        return launch.output(out, vdy.shape, vdy.dtype, beta=beta)[0]
     y, vy, y_desc, shape = _described(launch, y, vy, first, last, "y")
     dy, vdy, dy_desc, _ = _described(launch, dy, vdy, first, last, "dy")
-    dx, vdx = _out(launch, vdy, out, beta)
+    dx, vdx = launch.output(out, vdy.shape, vdy.dtype, strides=like_strides(vdy), beta=beta)
     dx_desc = _out_descriptor(vdx, first, last)
     lib.cudnnSoftmaxBackward(
-        launch.handle, a, _mode(shape[2]), _ref(vy.dtype, alpha), y_desc, vy.ptr, dy_desc, vdy.ptr,
-        _ref(vy.dtype, beta), dx_desc, vdx.ptr,
+        launch.handle, a, _mode(shape[2]), scaling_ref(vy.dtype, alpha), y_desc, vy.ptr, dy_desc, vdy.ptr,
+        scaling_ref(vy.dtype, beta), dx_desc, vdx.ptr,
     )
     return dx
-
-
-def _ref(dtype: str, value: float) -> Any:
-    """A host alpha/beta in the compute type, by reference."""
-    return ctypes.byref(scaling(dtype, value))

@@ -13,7 +13,7 @@ from .descriptors import (
     get_cached,
     tensor_descriptor,
 )
-from .dtypes import canonical, compute_dtype, cudnn_dtype, scaling
+from .dtypes import canonical, compute_dtype, cudnn_dtype, scaling, scaling_ref
 from .handle import Handle, get_handle, resolve_stream
 from .launch import Launch, prepare
 from .settings import Settings, current_settings, settings
@@ -38,6 +38,7 @@ __all__ = [
     "compute_dtype",
     "cudnn_dtype",
     "scaling",
+    "scaling_ref",
     "Handle",
     "get_handle",
     "resolve_stream",

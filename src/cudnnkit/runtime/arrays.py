@@ -22,7 +22,7 @@ from typing import Any
 from . import adapters
 from .dtypes import canonical, itemsize
 
-__all__ = ["ArrayView", "as_view", "same_device", "is_contiguous", "contiguous_strides"]
+__all__ = ["ArrayView", "as_view", "same_device", "is_contiguous", "is_dense", "like_strides", "contiguous_strides"]
 
 
 @dataclass(slots=True)
@@ -81,6 +81,18 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return all(s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)) if d != 1)
+
+
+def is_dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True if the array covers its memory exactly once in some axis order (C order, NHWC, ...)."""
+    order = sorted(range(len(shape)), key=lambda i: -strides[i])
+    perm = tuple(shape[i] for i in order)
+    return all(strides[i] == c for i, c, d in zip(order, contiguous_strides(perm), perm) if d != 1)
+
+
+def like_strides(v: ArrayView) -> tuple[int, ...] | None:
+    """Strides for an output laid out like ``v``: ``v``'s own if it is dense, else None (C order)."""
+    return v.strides if is_dense(v.shape, v.strides) else None
 
 
 # ------------------------------------------------------------------ CAI

@@ -11,7 +11,7 @@ import ctypes
 
 from ..lib import cudnnDataType_t
 
-__all__ = ["DTYPES", "itemsize", "cudnn_dtype", "compute_dtype", "scaling", "canonical"]
+__all__ = ["DTYPES", "itemsize", "cudnn_dtype", "compute_dtype", "scaling", "scaling_ref", "canonical"]
 
 #: name -> (itemsize in bytes, cudnnDataType_t)
 DTYPES: dict[str, tuple[int, cudnnDataType_t]] = {
@@ -73,3 +73,8 @@ def scaling(dtype: str, value: float) -> ctypes.c_double | ctypes.c_float:
     Pass it with ``ctypes.byref``; cuDNN reads it before the call returns.
     """
     return ctypes.c_double(value) if canonical(dtype) == "float64" else ctypes.c_float(value)
+
+
+def scaling_ref(dtype: str, value: float) -> object:
+    """``ctypes.byref(scaling(dtype, value))``: what cuDNN's ``alpha``/``beta`` parameters take."""
+    return ctypes.byref(scaling(dtype, value))

@@ -43,6 +43,26 @@ class Launch:
         arr = self.adapter.empty(tuple(shape), dtype, self.device, strides, self.stream)
         return arr, self.adapter.view(arr, name)
 
+    def output(
+        self, out: Any, shape, dtype: str, *, strides=None, name: str = "out", beta: float = 0.0
+    ) -> tuple[Any, ArrayView]:
+        """The array an op writes: ``out`` checked (shape, dtype, device), or a new one.
+
+        ``beta != 0`` blends into existing contents, so it needs ``out``. A new
+        array gets ``strides`` (elements) if given, else C-contiguous.
+        """
+        shape = tuple(shape)
+        if out is None:
+            if beta != 0:
+                raise ValueError(f"beta != 0 blends into an existing output: pass {name}=")
+            return self.empty(shape, dtype, strides, name=name)
+        v = as_view(out, name)
+        if v.shape != shape or v.dtype != dtype:
+            raise ValueError(f"{name} must have shape {shape} and dtype {dtype}, got {v.shape} {v.dtype}")
+        if v.device != self.device:
+            raise ValueError(f"{name} is on cuda:{v.device} but the inputs are on cuda:{self.device}")
+        return out, v
+
     def workspace(self, nbytes: int) -> tuple[Any, int]:
         """A device buffer of ``nbytes`` from the inputs' allocator; (owner, pointer). (None, 0) for 0 bytes."""
         if nbytes <= 0:

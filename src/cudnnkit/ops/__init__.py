@@ -8,6 +8,24 @@ a Python exception naming the argument before any GPU work.
 
 from __future__ import annotations
 
+from .dropout import DropoutState, default_state, dropout_backward, dropout_forward
+from .lrn import divisive_normalization_backward, divisive_normalization_forward, lrn_backward, lrn_forward
 from .softmax import softmax_backward, softmax_forward
+from .tensor import add_tensor, scale_tensor, set_tensor, transform_tensor
 
-__all__ = ["softmax_forward", "softmax_backward"]
+__all__ = [
+    "softmax_forward",
+    "softmax_backward",
+    "DropoutState",
+    "default_state",
+    "dropout_forward",
+    "dropout_backward",
+    "lrn_forward",
+    "lrn_backward",
+    "divisive_normalization_forward",
+    "divisive_normalization_backward",
+    "set_tensor",
+    "scale_tensor",
+    "add_tensor",
+    "transform_tensor",
+]

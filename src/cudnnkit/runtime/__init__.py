@@ -11,6 +11,7 @@ from .descriptors import (
     cache_info,
     clear_caches,
     get_cached,
+    owned_descriptor,
     tensor_descriptor,
 )
 from .dtypes import canonical, compute_dtype, cudnn_dtype, scaling, scaling_ref
@@ -33,6 +34,7 @@ __all__ = [
     "cache_info",
     "clear_caches",
     "get_cached",
+    "owned_descriptor",
     "tensor_descriptor",
     "canonical",
     "compute_dtype",

@@ -22,7 +22,17 @@ from typing import Any
 from .. import lib
 from .dtypes import canonical, cudnn_dtype
 
-__all__ = ["Descriptor", "DescriptorKind", "DescriptorCache", "tensor_descriptor", "TENSOR", "cache_info", "clear_caches"]
+__all__ = [
+    "Descriptor",
+    "DescriptorKind",
+    "DescriptorCache",
+    "tensor_descriptor",
+    "owned_descriptor",
+    "get_cached",
+    "TENSOR",
+    "cache_info",
+    "clear_caches",
+]
 
 _INT_MAX = 2**31 - 1
 
@@ -174,6 +184,14 @@ def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ..
     while len(shape) < 4:
         shape, strides = shape + (1,), strides + (1,)
     return _cache.get(TENSOR, (dtype, shape, strides))
+
+
+def owned_descriptor(create: str, destroy: str) -> Descriptor:
+    """A fresh, uncached descriptor (``create``/``destroy`` are the cuDNN function names),
+    for descriptors that belong to one object (a dropout state, an RNN) rather than to a value."""
+    p = ctypes.c_void_p()
+    lib.function(create)(ctypes.byref(p))
+    return Descriptor(p.value, create, lib.function(destroy))
 
 
 def get_cached(kind: DescriptorKind, key: tuple) -> Descriptor:

@@ -165,14 +165,9 @@ def pool_output_shape(
 
 
 def _owned(create: str, destroy: str):
-    import ctypes
+    from .descriptors import owned_descriptor
 
-    from .. import lib
-    from .descriptors import Descriptor
-
-    p = ctypes.c_void_p()
-    lib.function(create)(ctypes.byref(p))
-    return Descriptor(p.value, create, lib.function(destroy))
+    return owned_descriptor(create, destroy)
 
 
 def _ints(values):

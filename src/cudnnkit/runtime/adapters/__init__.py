@@ -9,6 +9,7 @@ object with this interface:
   output with the library's allocator (CuPy memory pool, torch caching allocator)
   for use on ``stream`` (a ``cudaStream_t`` as int, default: the current stream);
 * ``contiguous(arr)``: a C-contiguous copy (or ``arr`` itself if it already is);
+* ``copy(dst, src)``: device-to-device copy on the current stream;
 * ``current_stream(device) -> int``: the library's current stream on ``device``;
 * ``device_guard(device)``: a context manager making ``device`` current;
 * ``pointer_device(ptr) -> int | None``: the device of a device pointer, if the library can tell;

@@ -65,6 +65,9 @@ class CupyAdapter:
         with arr.device:
             return cupy.ascontiguousarray(arr)
 
+    def copy(self, dst: cupy.ndarray, src: cupy.ndarray) -> None:
+        cupy.copyto(dst, src)
+
     def current_stream(self, device: int) -> int:
         try:
             return cupy.cuda.get_current_stream(device).ptr

@@ -83,6 +83,9 @@ class TorchAdapter:
     def contiguous(self, arr: torch.Tensor) -> torch.Tensor:
         return arr.contiguous()
 
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
     def current_stream(self, device: int) -> int:
         if _raw_stream is not None:
             return _raw_stream(device)

@@ -1,0 +1,177 @@
+"""Dropout with cuDNN's RNG (``cudnnDropoutForward``/``cudnnDropoutBackward``).
+
+A :class:`DropoutState` holds cuDNN's random-number-generator states for one
+device: a buffer of ``cudnnDropoutGetStatesSize`` bytes, initialised from a
+seed by ``cudnnSetDropoutDescriptor`` (a GPU kernel, run once), and the
+dropout descriptor that points at it. Each forward call advances the states.
+The same seed on the same shapes gives the same masks; :meth:`DropoutState.snapshot`
+and :meth:`DropoutState.restore` save and put back the RNG position to replay masks.
+
+``dropout_forward(x, p, state=...)`` returns ``(y, reserve)``: ``y = x * mask / (1 - p)``,
+and ``reserve`` holds the mask (``cudnnDropoutGetReserveSpaceSize`` bytes).
+``dropout_backward(dy, reserve, p, state=...)`` applies the same mask and scale.
+``p`` is in ``[0, 1)``; changing it between calls re-points the descriptor with
+``cudnnRestoreDropoutDescriptor`` (no re-initialisation of the states).
+
+A state is not thread-safe: use one per thread (or lock around it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from .. import lib
+from ..runtime import owned_descriptor, prepare, tensor_descriptor
+from ..runtime.arrays import ArrayView, like_strides
+
+__all__ = ["DropoutState", "default_state", "dropout_forward", "dropout_backward"]
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+class DropoutState:
+    """cuDNN dropout RNG states on the device (and library) of ``like``.
+
+    ``like``: any CUDA array; its device is used and its library allocates the
+    states. ``seed``: 64-bit unsigned seed.
+    """
+
+    def __init__(self, like: Any, seed: int = 0, *, stream: Any = None):
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+        launch, _ = prepare(("like", like), stream=stream)
+        if launch.adapter is None:
+            raise TypeError("DropoutState needs an array of a library with a cudnnkit adapter (CuPy or torch)")
+        size = ctypes.c_size_t()
+        lib.cudnnDropoutGetStatesSize(launch.handle, ctypes.byref(size))
+        self.device = launch.device
+        self.adapter = launch.adapter
+        self.nbytes = size.value
+        self.states, vs = launch.empty((self.nbytes,), "uint8", name="states")
+        self._ptr = vs.ptr
+        self.desc = owned_descriptor("cudnnCreateDropoutDescriptor", "cudnnDestroyDropoutDescriptor")
+        self.p = 0.0
+        self.seed = seed
+        lib.cudnnSetDropoutDescriptor(self.desc, launch.handle, 0.0, self._ptr, self.nbytes, seed)
+
+    def reseed(self, seed: int, *, stream: Any = None) -> None:
+        """Re-initialise the RNG states from ``seed`` (``cudnnSetDropoutDescriptor``; a GPU kernel)."""
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+        launch, _ = prepare(("states", self.states), stream=stream)
+        lib.cudnnSetDropoutDescriptor(self.desc, launch.handle, self.p, self._ptr, self.nbytes, seed)
+        self.seed = seed
+
+    def snapshot(self) -> Any:
+        """A device copy of the RNG states (the current position in the random sequence)."""
+        copy, _ = prepare(("states", self.states))[0].empty((self.nbytes,), "uint8", name="snapshot")
+        self.adapter.copy(copy, self.states)
+        return copy
+
+    def restore(self, snapshot: Any) -> None:
+        """Put back states saved by :meth:`snapshot`: the next calls repeat the same masks."""
+        v = self.adapter.view(snapshot, "snapshot")
+        if v.shape != (self.nbytes,) or v.dtype != "uint8":
+            raise ValueError(f"snapshot must be a uint8 array of {self.nbytes} bytes from DropoutState.snapshot()")
+        self.adapter.copy(self.states, snapshot)
+
+    def _use(self, p: float, handle: Any) -> None:
+        if p != self.p:
+            lib.cudnnRestoreDropoutDescriptor(self.desc, handle, p, self._ptr, self.nbytes, self.seed)
+            self.p = p
+
+    def __repr__(self) -> str:
+        return f"<DropoutState cuda:{self.device} {self.adapter.name} seed={self.seed} {self.nbytes} bytes>"
+
+
+_defaults: dict[tuple[int, str, int], DropoutState] = {}
+_defaults_lock = threading.Lock()
+
+
+def default_state(like: Any) -> DropoutState:
+    """This thread's default state (seed 0) for ``like``'s device and library."""
+    v = prepare(("x", like))[1][0]
+    key = (v.device, v.library, threading.get_ident())
+    with _defaults_lock:
+        st = _defaults.get(key)
+    if st is None:
+        st = DropoutState(like, 0)
+        with _defaults_lock:
+            _defaults[key] = st
+    return st
+
+
+def _check_p(p: float) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"p must be a float in [0, 1), got {p!r}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"p must be in [0, 1), got {p}")
+    return float(p)
+
+
+def _check_state(state: DropoutState, v: ArrayView, name: str) -> None:
+    if not isinstance(state, DropoutState):
+        raise TypeError(f"state must be a DropoutState, got {type(state).__name__}")
+    if state.device != v.device:
+        raise ValueError(f"state is on cuda:{state.device} but {name} is on cuda:{v.device}")
+
+
+def _reserve_size(v: ArrayView) -> int:
+    n = ctypes.c_size_t()
+    lib.cudnnDropoutGetReserveSpaceSize(tensor_descriptor(v.dtype, v.shape, v.strides), ctypes.byref(n))
+    return n.value
+
+
+def dropout_forward(
+    x: Any, p: float, *, state: DropoutState | None = None, out: Any = None, stream: Any = None
+) -> tuple[Any, Any]:
+    """``(y, reserve)``: ``y = x * mask / (1 - p)`` with a fresh Bernoulli(1 - p) mask.
+
+    ``x``: any shape (1-8 dims), float16/bfloat16/float32/float64, any strides.
+    ``reserve``: a uint8 array holding the mask, for :func:`dropout_backward`.
+    ``state`` defaults to :func:`default_state` for ``x``. ``cudnnDropoutForward``.
+    """
+    p = _check_p(p)
+    launch, (vx,) = prepare(("x", x), stream=stream)
+    if vx.dtype not in _FLOATS:
+        raise TypeError(f"x has dtype {vx.dtype}; dropout needs one of {_FLOATS}")
+    y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx))
+    if vx.size == 0:
+        return y, launch.empty((0,), "uint8", name="reserve")[0]
+    state = default_state(x) if state is None else state
+    _check_state(state, vx, "x")
+    nres = _reserve_size(vx)
+    reserve, vr = launch.empty((nres,), "uint8", name="reserve")
+    state._use(p, launch.handle)
+    lib.cudnnDropoutForward(launch.handle, state.desc, tensor_descriptor(vx.dtype, vx.shape, vx.strides), vx.ptr,
+                            tensor_descriptor(vy.dtype, vy.shape, vy.strides), vy.ptr, vr.ptr, nres)
+    return y, reserve
+
+
+def dropout_backward(
+    dy: Any, reserve: Any, p: float, *, state: DropoutState | None = None, out: Any = None, stream: Any = None
+) -> Any:
+    """``dx = dy * mask / (1 - p)`` with the mask the forward stored in ``reserve``.
+
+    ``p`` must be the forward's. ``cudnnDropoutBackward``.
+    """
+    p = _check_p(p)
+    launch, (vdy, vr) = prepare(("dy", dy), ("reserve", reserve), stream=stream)
+    if vdy.dtype not in _FLOATS:
+        raise TypeError(f"dy has dtype {vdy.dtype}; dropout needs one of {_FLOATS}")
+    if vr.dtype != "uint8" or vr.ndim != 1:
+        raise TypeError(f"reserve must be the 1-d uint8 array dropout_forward returned, got {vr.dtype} {vr.shape}")
+    dx, vdx = launch.output(out, vdy.shape, vdy.dtype, strides=like_strides(vdy))
+    if vdy.size == 0:
+        return dx
+    nres = _reserve_size(vdy)
+    if vr.shape[0] != nres:
+        raise ValueError(f"reserve has {vr.shape[0]} bytes but dy's shape needs {nres}: not this dy's forward")
+    state = default_state(dy) if state is None else state
+    _check_state(state, vdy, "dy")
+    state._use(p, launch.handle)
+    lib.cudnnDropoutBackward(launch.handle, state.desc, tensor_descriptor(vdy.dtype, vdy.shape, vdy.strides),
+                             vdy.ptr, tensor_descriptor(vdx.dtype, vdx.shape, vdx.strides), vdx.ptr, vr.ptr, nres)
+    return dx

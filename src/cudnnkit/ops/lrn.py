@@ -1,0 +1,212 @@
+"""Local response normalization (cross-channel) and divisive normalization, forward and backward.
+
+LRN (``cudnnLRNCrossChannelForward``/``Backward``, ``CUDNN_LRN_CROSS_CHANNEL_DIM1``)::
+
+    y[n, c, ...] = x[n, c, ...] / (k + alpha / size * sum_{c'} x[n, c', ...]^2) ** beta
+
+where ``c'`` runs over the ``size`` channels ``c - (size - 1) // 2 ... c + size // 2``
+that exist (zero padding at the edges). This is torch's
+``LocalResponseNorm(size, alpha, beta, k)`` for every ``size``.
+
+Divisive normalization (``cudnnDivisiveNormalizationForward``/``Backward``,
+``CUDNN_DIVNORM_PRECOMPUTED_MEANS``) is cuDNN's spatial contrast
+normalization: ``x`` less ``means`` (zero when not given) divided by a
+statistic of its spatial neighbourhood, using the same four LRN parameters
+(the window is ``size`` x ``size`` in H and W). cuDNN computes the statistic;
+the GPU tests pin the formula against a float64 reference. The two temporary
+buffers cuDNN needs are allocated here, with the input's library.
+
+Parameters are checked against cuDNN's limits before any call:
+``1 <= size <= 16`` (``CUDNN_LRN_MIN_N``/``MAX_N``), ``k >= 1e-5``,
+``beta >= 0.01``. Tensors are 3-d to 8-d (N, C, spatial...), any strides;
+float16, bfloat16 (where cuDNN accepts it), float32, float64. The output
+blend is ``out = y_alpha * result + y_beta * out``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import lib
+from ..runtime import DescriptorKind, get_cached, prepare, scaling_ref, tensor_descriptor
+from ..runtime.arrays import ArrayView, like_strides
+
+__all__ = ["lrn_forward", "lrn_backward", "divisive_normalization_forward", "divisive_normalization_backward"]
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _set_lrn(ptr: int, n: int, alpha: float, beta: float, k: float) -> None:
+    lib.cudnnSetLRNDescriptor(ptr, n, alpha, beta, k)
+
+
+_LRN = DescriptorKind("lrn", "cudnnCreateLRNDescriptor", "cudnnDestroyLRNDescriptor", _set_lrn)
+
+
+def _lrn_desc(size: int, alpha: float, beta: float, k: float) -> Any:
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError(f"size must be an int, got {size!r}")
+    if not lib.CUDNN_LRN_MIN_N <= size <= lib.CUDNN_LRN_MAX_N:
+        raise ValueError(f"size must be in [{lib.CUDNN_LRN_MIN_N}, {lib.CUDNN_LRN_MAX_N}] (cuDNN's limit), got {size}")
+    if not k >= lib.CUDNN_LRN_MIN_K:
+        raise ValueError(f"k must be >= {lib.CUDNN_LRN_MIN_K} (cuDNN's limit), got {k}")
+    if not beta >= lib.CUDNN_LRN_MIN_BETA:
+        raise ValueError(f"beta must be >= {lib.CUDNN_LRN_MIN_BETA} (cuDNN's limit), got {beta}")
+    return get_cached(_LRN, (size, float(alpha), float(beta), float(k)))
+
+
+def _check(views: list[tuple[str, ArrayView]]) -> ArrayView:
+    name0, v0 = views[0]
+    if v0.dtype not in _FLOATS:
+        raise TypeError(f"{name0} has dtype {v0.dtype}; normalization needs one of {_FLOATS}")
+    if not 3 <= v0.ndim <= 8:
+        raise ValueError(f"{name0} must have 3 to 8 dims (N, C, spatial...), got shape {v0.shape}")
+    for name, v in views[1:]:
+        if v.shape != v0.shape:
+            raise ValueError(f"{name} has shape {v.shape} but {name0} has shape {v0.shape}")
+        if v.dtype != v0.dtype:
+            raise TypeError(f"{name} has dtype {v.dtype} but {name0} has dtype {v0.dtype}")
+    return v0
+
+
+def _d(v: ArrayView) -> Any:
+    return tensor_descriptor(v.dtype, v.shape, v.strides)
+
+
+def lrn_forward(
+    x: Any,
+    *,
+    size: int = 5,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
+    k: float = 2.0,
+    out: Any = None,
+    y_alpha: float = 1.0,
+    y_beta: float = 0.0,
+    stream: Any = None,
+) -> Any:
+    """Cross-channel LRN of ``x`` ``(N, C, ...)``; returns ``y`` of the same shape and dtype.
+
+    ``cudnnLRNCrossChannelForward``. The backward needs ``x`` and this ``y``.
+    """
+    desc = _lrn_desc(size, alpha, beta, k)
+    launch, (vx,) = prepare(("x", x), stream=stream)
+    _check([("x", vx)])
+    y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=y_beta)
+    if vx.size:
+        lib.cudnnLRNCrossChannelForward(launch.handle, desc, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
+                                        scaling_ref(vx.dtype, y_alpha), _d(vx), vx.ptr,
+                                        scaling_ref(vx.dtype, y_beta), _d(vy), vy.ptr)
+    return y
+
+
+def lrn_backward(
+    dy: Any,
+    y: Any,
+    x: Any,
+    *,
+    size: int = 5,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
+    k: float = 2.0,
+    out: Any = None,
+    dx_alpha: float = 1.0,
+    dx_beta: float = 0.0,
+    stream: Any = None,
+) -> Any:
+    """Gradient of :func:`lrn_forward`: ``dx`` from ``dy``, the forward's ``y`` and its input ``x``.
+
+    ``cudnnLRNCrossChannelBackward``; the LRN parameters must be the forward's.
+    """
+    desc = _lrn_desc(size, alpha, beta, k)
+    launch, (vdy, vy, vx) = prepare(("dy", dy), ("y", y), ("x", x), stream=stream)
+    _check([("dy", vdy), ("y", vy), ("x", vx)])
+    dx, vdx = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=dx_beta)
+    if vx.size:
+        lib.cudnnLRNCrossChannelBackward(launch.handle, desc, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
+                                         scaling_ref(vx.dtype, dx_alpha), _d(vy), vy.ptr, _d(vdy), vdy.ptr,
+                                         _d(vx), vx.ptr, scaling_ref(vx.dtype, dx_beta), _d(vdx), vdx.ptr)
+    return dx
+
+
+def _temps(launch, v: ArrayView) -> tuple[Any, Any, Any, Any]:
+    """The two scratch buffers of ``x``'s shape and layout that divisive normalization needs."""
+    t1, v1 = launch.empty(v.shape, v.dtype, like_strides(v), name="temp")
+    t2, v2 = launch.empty(v.shape, v.dtype, like_strides(v), name="temp2")
+    return t1, v1, t2, v2
+
+
+def divisive_normalization_forward(
+    x: Any,
+    means: Any = None,
+    *,
+    size: int = 5,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
+    k: float = 2.0,
+    out: Any = None,
+    y_alpha: float = 1.0,
+    y_beta: float = 0.0,
+    stream: Any = None,
+) -> Any:
+    """Spatial divisive normalization of ``x`` ``(N, C, H, W)`` (less ``means``, same shape, if given).
+
+    ``cudnnDivisiveNormalizationForward`` with ``CUDNN_DIVNORM_PRECOMPUTED_MEANS``;
+    ``means=None`` passes NULL (cuDNN then takes the means as zero).
+    """
+    desc = _lrn_desc(size, alpha, beta, k)
+    launch, (vx, vm) = prepare(("x", x), ("means", means), stream=stream)
+    _check([("x", vx)] + ([("means", vm)] if vm is not None else []))
+    if vm is not None and vm.strides != vx.strides:
+        raise ValueError(f"means must be laid out like x (strides {vx.strides}), got strides {vm.strides}")
+    y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=y_beta)
+    if vx.size:
+        t1, v1, t2, v2 = _temps(launch, vx)
+        lib.cudnnDivisiveNormalizationForward(
+            launch.handle, desc, lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS, scaling_ref(vx.dtype, y_alpha), _d(vx), vx.ptr,
+            vm.ptr if vm is not None else None, v1.ptr, v2.ptr, scaling_ref(vx.dtype, y_beta), _d(vy), vy.ptr,
+        )
+    return y
+
+
+def divisive_normalization_backward(
+    dy: Any,
+    x: Any,
+    means: Any = None,
+    *,
+    size: int = 5,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
+    k: float = 2.0,
+    dx_out: Any = None,
+    dmeans_out: Any = None,
+    dx_alpha: float = 1.0,
+    dx_beta: float = 0.0,
+    stream: Any = None,
+) -> tuple[Any, Any]:
+    """Gradients of :func:`divisive_normalization_forward`: ``(dx, dmeans)`` from one call.
+
+    ``cudnnDivisiveNormalizationBackward``. ``dmeans`` is ``None`` when ``means``
+    was not given (cuDNN is passed NULL and computes only ``dx``).
+    """
+    desc = _lrn_desc(size, alpha, beta, k)
+    launch, (vdy, vx, vm) = prepare(("dy", dy), ("x", x), ("means", means), stream=stream)
+    _check([("dy", vdy), ("x", vx)] + ([("means", vm)] if vm is not None else []))
+    strides = like_strides(vx)
+    dx, vdx = launch.output(dx_out, vx.shape, vx.dtype, strides=strides, name="dx_out", beta=dx_beta)
+    dm, vdm = (None, None)
+    if vm is not None:
+        dm, vdm = launch.output(dmeans_out, vx.shape, vx.dtype, strides=strides, name="dmeans_out", beta=dx_beta)
+    elif dmeans_out is not None:
+        raise ValueError("dmeans_out needs means: without means there is no dmeans")
+    for name, v in (("dy", vdy), ("dx_out", vdx), ("dmeans_out", vdm), ("means", vm)):
+        if v is not None and v.strides != vx.strides:
+            raise ValueError(f"{name} must be laid out like x (strides {vx.strides}), got strides {v.strides}")
+    if vx.size:
+        t1, v1, t2, v2 = _temps(launch, vx)
+        lib.cudnnDivisiveNormalizationBackward(
+            launch.handle, desc, lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS, scaling_ref(vx.dtype, dx_alpha), _d(vx), vx.ptr,
+            vm.ptr if vm is not None else None, vdy.ptr, v1.ptr, v2.ptr, scaling_ref(vx.dtype, dx_beta), _d(vdx),
+            vdx.ptr, vdm.ptr if vdm is not None else None,
+        )
+    return dx, dm

@@ -5,8 +5,10 @@ LRN (``cudnnLRNCrossChannelForward``/``Backward``, ``CUDNN_LRN_CROSS_CHANNEL_DIM
     y[n, c, ...] = x[n, c, ...] / (k + alpha / size * sum_{c'} x[n, c', ...]^2) ** beta
 
 where ``c'`` runs over the ``size`` channels ``c - (size - 1) // 2 ... c + size // 2``
-that exist (zero padding at the edges). This is torch's
-``LocalResponseNorm(size, alpha, beta, k)`` for every ``size``.
+that exist (zero padding at the edges), as cuDNN documents for ``lrnN``. For an
+odd ``size`` this is torch's ``LocalResponseNorm(size, alpha, beta, k)``; for
+an even ``size`` the window is one channel off: cuDNN looks one channel further
+ahead than behind, torch one further behind than ahead.
 
 Divisive normalization (``cudnnDivisiveNormalizationForward``/``Backward``,
 ``CUDNN_DIVNORM_PRECOMPUTED_MEANS``) is cuDNN's spatial contrast
@@ -192,13 +194,13 @@ def divisive_normalization_backward(
     desc = _lrn_desc(size, alpha, beta, k)
     launch, (vdy, vx, vm) = prepare(("dy", dy), ("x", x), ("means", means), stream=stream)
     _check([("dy", vdy), ("x", vx)] + ([("means", vm)] if vm is not None else []))
+    if vm is None and dmeans_out is not None:
+        raise ValueError("dmeans_out needs means: without means there is no dmeans")
     strides = like_strides(vx)
     dx, vdx = launch.output(dx_out, vx.shape, vx.dtype, strides=strides, name="dx_out", beta=dx_beta)
     dm, vdm = (None, None)
     if vm is not None:
         dm, vdm = launch.output(dmeans_out, vx.shape, vx.dtype, strides=strides, name="dmeans_out", beta=dx_beta)
-    elif dmeans_out is not None:
-        raise ValueError("dmeans_out needs means: without means there is no dmeans")
     for name, v in (("dy", vdy), ("dx_out", vdx), ("dmeans_out", vdm), ("means", vm)):
         if v is not None and v.strides != vx.strides:
             raise ValueError(f"{name} must be laid out like x (strides {vx.strides}), got strides {v.strides}")

@@ -1,0 +1,270 @@
+"""GPU tier: tensor helpers, LRN, divisive normalization and dropout against float64 references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudnnkit import ops
+
+from .test_runtime_gpu import np_dtype
+
+pytestmark = pytest.mark.gpu
+
+TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 3e-3, "bfloat16": 1.5e-2}
+
+
+def dev(xp, a, dtype="float64", layout="nchw"):
+    a = np.asarray(a)
+    if layout == "nhwc":
+        perm = xp.from_numpy(np.ascontiguousarray(np.moveaxis(a, 1, -1)).astype(np_dtype(dtype)), 0)
+        order = (0, a.ndim - 1, *range(1, a.ndim - 1))
+        return perm.permute(*order) if xp.name == "torch" else perm.transpose(order)
+    return xp.from_numpy(a.astype(np_dtype(dtype)), 0)
+
+
+def host(xp, arr):
+    return xp.to_numpy(arr).astype(np.float64)
+
+
+def seen(a, dtype):
+    """The values the GPU holds for ``a`` in ``dtype``, back in float64."""
+    return np.asarray(a).astype(np_dtype(dtype)).astype(np.float64)
+
+
+def rel(got, ref):
+    assert np.isfinite(got).all(), "non-finite output"
+    return np.linalg.norm(got - ref) / np.linalg.norm(ref)
+
+
+# ----------------------------------------------------------------- tensor helpers
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_scale_and_set_strided(xp, dtype):
+    rng = np.random.default_rng()
+    a = rng.standard_normal((3, 6, 5, 4))
+    base = dev(xp, a, dtype)
+    view = base[:, 1::2]
+    assert ops.scale_tensor(view, -2.5) is view
+    want = seen(a, dtype)
+    want[:, 1::2] = seen(want[:, 1::2] * -2.5, dtype)
+    assert rel(host(xp, base), want) < TOL[dtype]
+    ops.set_tensor(view, 0.5)
+    want[:, 1::2] = 0.5
+    assert rel(host(xp, base), want) < TOL[dtype]
+
+
+def test_set_tensor_integer(xp):
+    base = xp.from_numpy(np.full((4, 5, 3, 2), -7, np.int32), 0)
+    ops.set_tensor(base[:, ::2], 11)
+    got = xp.to_numpy(base)
+    assert (got[:, ::2] == 11).all() and (got[:, 1::2] == -7).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("bshape", [(1, 6, 1, 1), (1, 6, 5, 4), (3, 1, 5, 1), (3, 6, 5, 4)])
+def test_add_tensor_broadcasts(xp, dtype, bshape):
+    rng = np.random.default_rng()
+    a, c = rng.standard_normal(bshape), rng.standard_normal((3, 6, 5, 4))
+    cd = dev(xp, c, dtype)
+    assert ops.add_tensor(dev(xp, a, dtype), cd, alpha=1.5, beta=-0.5) is cd
+    assert rel(host(xp, cd), 1.5 * seen(a, dtype) - 0.5 * seen(c, dtype)) < TOL[dtype] * 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("src, layout", [("nchw", "nhwc"), ("nhwc", "nchw"), ("nchw", None)])
+def test_transform_layout(xp, dtype, src, layout):
+    a = np.random.default_rng().standard_normal((2, 5, 4, 3))
+    y = ops.transform_tensor(dev(xp, a, dtype, src), layout=layout)
+    v = xp.view(y, "y")
+    if layout == "nhwc":
+        assert v.strides == (60, 1, 15, 5)
+    elif layout == "nchw":
+        assert v.strides == (60, 12, 3, 1)
+    assert np.array_equal(host(xp, y), seen(a, dtype))
+
+
+def test_transform_padding(xp):
+    a = np.random.default_rng().standard_normal((2, 3, 4, 5)).astype(np.float32)
+    y = ops.transform_tensor(xp.from_numpy(a, 0), pad_before=(0, 0, 1, 2), pad_after=(0, 0, 2, 1))
+    want = np.pad(a.astype(np.float64), ((0, 0), (0, 0), (1, 2), (2, 1)))
+    assert host(xp, y).shape == (2, 3, 7, 8)
+    assert np.array_equal(host(xp, y), want)
+
+
+def test_transform_blend_into_out(xp):
+    rng = np.random.default_rng()
+    a, old = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 4, 5))
+    out = xp.from_numpy(old, 0)
+    ops.transform_tensor(xp.from_numpy(a, 0), out=out, alpha=2.0, beta=0.25)
+    assert rel(host(xp, out), 2 * a + 0.25 * old) < 1e-12
+
+
+# ----------------------------------------------------------------- LRN
+
+
+def ref_lrn(x, size, alpha, beta, k):
+    c = x.shape[1]
+    lo, hi = (size - 1) // 2, size // 2
+    sq = x**2
+    d = np.empty_like(x)
+    for i in range(c):
+        d[:, i] = k + alpha / size * sq[:, max(0, i - lo):min(c, i + hi + 1)].sum(axis=1)
+    return x * d**-beta, d
+
+
+def ref_lrn_backward(x, dy, size, alpha, beta, k):
+    c = x.shape[1]
+    lo, hi = (size - 1) // 2, size // 2
+    y, d = ref_lrn(x, size, alpha, beta, k)
+    dx = dy * d**-beta
+    t = dy * x * (-beta) * d ** (-beta - 1) * (alpha / size) * 2  # d y_i / d d_i, times d d_i/d x_j / x_j
+    for j in range(c):
+        # channels i whose window contains j: i - lo <= j <= i + hi
+        dx[:, j] += x[:, j] * t[:, max(0, j - hi):min(c, j + lo + 1)].sum(axis=1)
+    return dx
+
+
+LRN_P = dict(alpha=0.7, beta=0.6, k=1.3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("size", [1, 3, 4, 5])
+def test_lrn_forward_backward_reference(xp, dtype, layout, size):
+    rng = np.random.default_rng()
+    a, g = rng.standard_normal((3, 7, 5, 4)), rng.standard_normal((3, 7, 5, 4))
+    x = dev(xp, a, dtype, layout)
+    y = ops.lrn_forward(x, size=size, **LRN_P)
+    xa = seen(a, dtype)
+    y_ref, _ = ref_lrn(xa, size, **LRN_P)
+    assert rel(host(xp, y), y_ref) < TOL[dtype]
+    dx = ops.lrn_backward(dev(xp, g, dtype, layout), dev(xp, y_ref, dtype, layout), x, size=size, **LRN_P)
+    ref = ref_lrn_backward(xa, seen(g, dtype), size, **LRN_P)
+    assert rel(host(xp, dx), ref) < TOL[dtype] * (1 if dtype == "float64" else 10)
+
+
+def test_lrn_matches_torch_for_odd_sizes(xp):
+    torch = pytest.importorskip("torch")
+    a = np.random.default_rng().standard_normal((2, 9, 6, 5))
+    for size in (3, 5, 7):
+        want = torch.nn.LocalResponseNorm(size, alpha=0.7, beta=0.6, k=1.3)(torch.from_numpy(a)).numpy()
+        got = host(xp, ops.lrn_forward(xp.from_numpy(a, 0), size=size, **LRN_P))
+        assert rel(got, want) < 1e-12
+
+
+def test_lrn_5d_and_blend(xp):
+    rng = np.random.default_rng()
+    a, old = rng.standard_normal((2, 6, 3, 4, 5)), rng.standard_normal((2, 6, 3, 4, 5))
+    out = xp.from_numpy(old, 0)
+    ops.lrn_forward(xp.from_numpy(a, 0), size=3, **LRN_P, out=out, y_alpha=2.0, y_beta=0.5)
+    assert rel(host(xp, out), 2 * ref_lrn(a, 3, **LRN_P)[0] + 0.5 * old) < 1e-12
+
+
+def test_lrn_gradient_finite_differences(xp):
+    rng = np.random.default_rng()
+    a, w = rng.standard_normal((2, 5, 3, 2)), rng.standard_normal((2, 5, 3, 2))
+    f = lambda arr: float((host(xp, ops.lrn_forward(xp.from_numpy(arr, 0), size=3, **LRN_P)) * w).sum())  # noqa: E731
+    x = xp.from_numpy(a, 0)
+    dx = host(xp, ops.lrn_backward(xp.from_numpy(w, 0), ops.lrn_forward(x, size=3, **LRN_P), x, size=3, **LRN_P))
+    num = np.zeros_like(a)
+    for i in np.ndindex(a.shape):
+        p, m = a.copy(), a.copy()
+        p[i] += 1e-6
+        m[i] -= 1e-6
+        num[i] = (f(p) - f(m)) / 2e-6
+    assert rel(dx, num) < 1e-7
+
+
+# ----------------------------------------------------------------- divisive normalization
+
+
+DN = dict(size=3, alpha=0.7, beta=0.6, k=1.3)
+
+
+def test_divnorm_means_enter_as_x_minus_means(xp):
+    rng = np.random.default_rng()
+    a, m = rng.standard_normal((2, 3, 6, 5)), rng.standard_normal((2, 3, 6, 5))
+    y1 = host(xp, ops.divisive_normalization_forward(xp.from_numpy(a, 0), xp.from_numpy(m, 0), **DN))
+    y2 = host(xp, ops.divisive_normalization_forward(xp.from_numpy(a - m, 0), **DN))
+    assert rel(y1, y2) < 1e-12
+
+
+def test_divnorm_gradient_finite_differences(xp):
+    rng = np.random.default_rng()
+    a, m, w = (rng.standard_normal((2, 2, 4, 3)) for _ in range(3))
+    md = xp.from_numpy(m, 0)
+
+    def f(arr, mm=m):
+        return float((host(xp, ops.divisive_normalization_forward(xp.from_numpy(arr, 0), xp.from_numpy(mm, 0), **DN))
+                      * w).sum())
+
+    dx, dm = ops.divisive_normalization_backward(xp.from_numpy(w, 0), xp.from_numpy(a, 0), md, **DN)
+    dx, dm = host(xp, dx), host(xp, dm)
+    num = np.zeros_like(a)
+    for i in np.ndindex(a.shape):
+        p, q = a.copy(), a.copy()
+        p[i] += 1e-6
+        q[i] -= 1e-6
+        num[i] = (f(p) - f(q)) / 2e-6
+    assert rel(dx, num) < 1e-6
+    assert rel(dm, -num) < 1e-6  # y depends on x - means only
+
+
+# ----------------------------------------------------------------- dropout
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_statistics_scale_and_backward(xp, dtype, p):
+    rng = np.random.default_rng()
+    shape = (64, 32, 16, 16)
+    a = rng.uniform(0.5, 1.5, shape)  # never zero, so a zero in y is a dropped element
+    x = dev(xp, a, dtype)
+    st = ops.DropoutState(x, seed=int(rng.integers(2**63)))
+    y, reserve = ops.dropout_forward(x, p, state=st)
+    yh, xa = host(xp, y), seen(a, dtype)
+    kept = yh != 0
+    n = kept.size
+    frac = 1 - kept.mean()
+    assert abs(frac - p) < 5 * np.sqrt(p * (1 - p) / n), (frac, p)
+    assert rel(yh[kept], seen(xa[kept] / (1 - p), dtype)) < TOL[dtype] * 2
+    g = rng.standard_normal(shape)
+    dx = host(xp, ops.dropout_backward(dev(xp, g, dtype), reserve, p, state=st))
+    assert np.array_equal(dx != 0, kept)  # the same mask
+    assert rel(dx[kept], seen(g, dtype)[kept] / (1 - p)) < TOL[dtype] * 2
+
+
+def test_dropout_seed_reproducible_and_snapshot_restore(xp):
+    a = np.random.default_rng().uniform(0.5, 1.5, (8, 16, 32, 32))
+    x = xp.from_numpy(a.astype(np.float32), 0)
+    s1, s2, s3 = ops.DropoutState(x, seed=1234), ops.DropoutState(x, seed=1234), ops.DropoutState(x, seed=99)
+    y1 = host(xp, ops.dropout_forward(x, 0.3, state=s1)[0])
+    y2 = host(xp, ops.dropout_forward(x, 0.3, state=s2)[0])
+    y3 = host(xp, ops.dropout_forward(x, 0.3, state=s3)[0])
+    assert np.array_equal(y1, y2) and not np.array_equal(y1, y3)
+    snap = s1.snapshot()
+    y4 = host(xp, ops.dropout_forward(x, 0.3, state=s1)[0])
+    assert not np.array_equal(y1, y4)  # the states advanced
+    s1.restore(snap)
+    assert np.array_equal(host(xp, ops.dropout_forward(x, 0.3, state=s1)[0]), y4)
+    s1.reseed(1234)
+    assert np.array_equal(host(xp, ops.dropout_forward(x, 0.3, state=s1)[0]), y1)
+
+
+def test_dropout_p_zero_and_strided(xp):
+    a = np.random.default_rng().standard_normal((4, 6, 8, 8))
+    base = xp.from_numpy(a, 0)
+    view = base[:, ::2]
+    y, _ = ops.dropout_forward(view, 0.0)
+    assert np.array_equal(host(xp, y), a[:, ::2])
+    y, r = ops.dropout_forward(view, 0.5)
+    yh = host(xp, y)
+    kept = yh != 0
+    assert np.allclose(yh[kept], 2 * a[:, ::2][kept], rtol=1e-15)
+
+
+def test_dropout_empty(xp):
+    y, r = ops.dropout_forward(xp.from_numpy(np.zeros((0, 4), np.float32), 0), 0.5)
+    assert tuple(y.shape) == (0, 4)

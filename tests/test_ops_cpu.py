@@ -17,6 +17,8 @@ def x(shape=(2, 3, 4, 5), typestr="<f4", device=0):
 CASES = [
     # tensor helpers
     (lambda: ops.set_tensor(np.zeros(3), 1.0), TypeError, "^y is a host array"),
+    (lambda: ops.set_tensor(x(typestr="<i4"), 1), TypeError, "y has dtype int32; set_tensor needs"),
+    (lambda: ops.transform_tensor(x(typestr="|i1")), TypeError, "x has dtype int8; transform_tensor needs"),
     (lambda: ops.scale_tensor(x(typestr="<i4"), 2.0), TypeError, "y has dtype int32; scale_tensor needs"),
     (lambda: ops.add_tensor(x((1, 3, 1, 1), "<f8"), x()), TypeError, "a has dtype float64 but c has dtype float32"),
     (lambda: ops.add_tensor(x((3, 1, 1)), x()), ValueError, "a has 3 dims but c has 4"),

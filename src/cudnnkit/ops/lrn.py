@@ -12,11 +12,17 @@ ahead than behind, torch one further behind than ahead.
 
 Divisive normalization (``cudnnDivisiveNormalizationForward``/``Backward``,
 ``CUDNN_DIVNORM_PRECOMPUTED_MEANS``) is cuDNN's spatial contrast
-normalization: ``x`` less ``means`` (zero when not given) divided by a
-statistic of its spatial neighbourhood, using the same four LRN parameters
-(the window is ``size`` x ``size`` in H and W). cuDNN computes the statistic;
-the GPU tests pin the formula against a float64 reference. The two temporary
-buffers cuDNN needs are allocated here, with the input's library.
+normalization with the same four parameters, over a ``size`` x ``size``
+window in H and W of the same channel (offsets as LRN's, zero padding)::
+
+    y[n, c, h, w] = x[n, c, h, w] / (k + alpha / size**2 * sum_{h', w'} x[n, c, h', w']^2) ** beta
+
+This formula is not in cuDNN's documentation; it was identified on an H200
+(cuDNN 9.19) and matches to 1e-16, and the GPU tests hold cuDNN to it. With
+``means`` given, cuDNN's use of them is not documented and does not match
+``x - means`` in either place; cudnnkit passes them through, and the tests
+check that ``dx`` and ``dmeans`` are the derivatives of the forward. The two
+temporary buffers cuDNN needs are allocated here, with the input's library.
 
 Parameters are checked against cuDNN's limits before any call:
 ``1 <= size <= 16`` (``CUDNN_LRN_MIN_N``/``MAX_N``), ``k >= 1e-5``,

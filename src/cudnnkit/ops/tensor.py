@@ -5,9 +5,10 @@ All work in place on strided arrays or write a new array, on the input's
 library stream. ``scale_tensor``, ``add_tensor`` and ``transform_tensor`` use
 calls cuDNN 9 deprecates (still exported by 9.x); ``set_tensor`` is kept.
 
-Dtypes: float16, bfloat16, float32, float64, and the integer types cuDNN
-accepts for set/transform (int8, uint8, int32, int64). Tensors have 1 to 8
-dims (fewer than 4 are padded with trailing size-1 dims for cuDNN).
+Dtypes: float16, bfloat16, float32, float64 (cuDNN 9.19's ``cudnnSetTensor``
+returns NOT_SUPPORTED for int32, measured on an H200, so integer arrays are
+refused up front). Tensors have 1 to 8 dims (fewer than 4 are padded with
+trailing size-1 dims for cuDNN).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def set_tensor(y: Any, value: float, *, stream: Any = None) -> Any:
     ``cudnnSetTensor``. Elements outside ``y``'s view (gaps of a strided slice) are not touched.
     """
     launch, (v,) = prepare(("y", y), stream=stream)
+    _need_float(v, "y", "set_tensor")
     if v.size:
         lib.cudnnSetTensor(launch.handle, _desc(v), v.ptr, scaling_ref(v.dtype, value))
     return y
@@ -128,6 +130,7 @@ def transform_tensor(
     are deprecated in cuDNN 9. ``out`` may be any strided array of the output shape.
     """
     launch, (vx,) = prepare(("x", x), stream=stream)
+    _need_float(vx, "x", "transform_tensor")
     if layout is not None and layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(_LAYOUTS)} or None, got {layout!r}")
     if layout is not None and vx.ndim < 3:

@@ -1,0 +1,331 @@
+"""CTC loss, costs and gradients from one call (``cudnnCTCLoss_v8``).
+
+``costs, grads = ctc_loss(x, labels, label_lengths, input_lengths)``
+
+Shapes and dtypes
+    ``x``: ``(T, N, A)`` float32 (time, batch, alphabet incl. the blank), on
+    the device. Any strides are accepted; a non-C-contiguous ``x`` is copied
+    first (logged at debug level), since cuDNN's CTC is only relied on here for
+    packed ``(T, N, A)`` data. ``costs``: ``(N,)`` float32, the negative log
+    likelihood of each sample. ``grads``: ``(T, N, A)`` float32, C-contiguous.
+    cuDNN's CTC loss is float32 only (``CUDNN_STATUS_NOT_SUPPORTED`` for any
+    other compute or data type): other dtypes raise ``TypeError``.
+
+Labels and lengths
+    ``labels``: 1-d, the label sequences of all samples concatenated (packed),
+    ``sum(label_lengths)`` values, each in ``[1, A)``. ``label_lengths`` and
+    ``input_lengths``: 1-d, ``N`` values each. Each of the three may be a host
+    sequence or NumPy array (any integer dtype; copied to the device, in one
+    int32 buffer, by the library of ``x``), or a device array. A device array
+    of int32, contiguous, is handed to cuDNN as is; a device array of another
+    integer dtype is read back and converted like a host one. cuDNN takes all
+    three as int32 device arrays, but cudnnkit also needs their values on the
+    host to validate them and to set ``maxLabelLength``, so a device array is
+    copied to the host with its library's ``to_numpy``: that synchronizes with
+    the device. Pass host arrays to avoid the synchronization.
+
+Conventions (cuDNN 9, ``cudnn_adv.h`` and the cuDNN API reference)
+    * The blank is label 0; cuDNN has no blank parameter. ``blank`` other than
+      0 raises ``ValueError`` (move the blank class to index 0 of the alphabet axis).
+    * ``normalization="softmax"`` (``CUDNN_LOSS_NORMALIZATION_SOFTMAX``,
+      the default): ``x`` holds unnormalized activations (logits; log-softmax
+      output works too, since softmax is invariant to a per-row shift); cuDNN
+      applies the softmax over ``A`` itself and ``grads`` is the gradient of
+      each ``costs[n]`` with respect to ``x``: ``softmax(x) - gamma`` for
+      ``t < input_lengths[n]``, where ``gamma[t, n, k]`` is the posterior
+      occupancy of class ``k`` at ``t`` (sum over the CTC states labelled
+      ``k`` of ``alpha * beta / p(labels | x)``).
+    * ``normalization="none"`` (``CUDNN_LOSS_NORMALIZATION_NONE``): ``x``
+      holds probabilities (each ``x[t, n, :]`` already softmax-normalised);
+      cuDNN documents this mode as inconsistent: the gradient is still taken
+      with respect to the unnormalized activations before that softmax,
+      ``x - gamma``, not with respect to ``x``.
+    * ``algo``: ``"deterministic"`` (``CUDNN_CTC_LOSS_ALGO_DETERMINISTIC``,
+      bitwise-repeatable) or ``"non_deterministic"``
+      (``CUDNN_CTC_LOSS_ALGO_NON_DETERMINISTIC``). Under
+      ``cudnnkit.settings(deterministic=True)`` only the deterministic one is allowed.
+    * Limits checked before any GPU work, each with a ``ValueError`` naming the
+      argument: label lengths at most 255 (cuDNN refuses 256 and more), labels
+      in ``[1, A)``, ``1 <= input_lengths[n] <= T``, ``label_lengths[n] <=
+      input_lengths[n]`` (cuDNN reads out of bounds otherwise), and
+      ``sum(label_lengths) == len(labels)``.
+    * Repeated consecutive labels need a blank between them, so sample ``n``
+      needs ``label_lengths[n] + repeats[n]`` time steps, ``repeats[n]`` being
+      the number of ``i`` with ``labels[i] == labels[i - 1]`` inside its label.
+      A sample with ``label_lengths[n] <= input_lengths[n] < label_lengths[n] +
+      repeats[n]`` is not an error: no alignment exists, its cost is infinite
+      (cuDNN's value; expected ``inf``), and cuDNN calls it out of bounds (OOB):
+      ``oob_grads="zero"`` (``CUDNN_CTC_ZERO_OOB_GRADIENTS``, the default)
+      sets its gradient to zero, ``oob_grads="skip"``
+      (``CUDNN_CTC_SKIP_OOB_GRADIENTS``) leaves that sample's part of
+      ``grads`` as it was (only meaningful with ``grads_out=``).
+    * Time steps ``t >= input_lengths[n]`` do not enter ``costs[n]``; their
+      gradient is zero.
+    * No reduction: ``costs`` is per sample. A sum or mean over the batch (and
+      the matching scaling of ``grads``) belongs to the caller or the
+      framework integrations.
+
+cuDNN calls: ``cudnnSetCTCLossDescriptor_v9`` (float32, normMode, ctcGradMode,
+maxLabelLength = the batch's longest label; value-cached),
+``cudnnGetCTCLossWorkspaceSize_v8``, ``cudnnCTCLoss_v8``. The workspace comes
+from the library of ``x`` on the launch stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+import numpy as np
+
+from .. import lib
+from ..runtime import DescriptorKind, current_settings, get_cached, prepare
+from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime.descriptors import TENSOR
+
+__all__ = ["ctc_loss", "MAX_LABEL_LENGTH"]
+
+_log = logging.getLogger("cudnnkit")
+
+#: Longest label cuDNN's CTC loss accepts.
+MAX_LABEL_LENGTH = 255
+
+_INT32_MAX = 2**31 - 1
+_INT_P = ctypes.POINTER(ctypes.c_int)
+_NORMS = {"softmax": lib.CUDNN_LOSS_NORMALIZATION_SOFTMAX, "none": lib.CUDNN_LOSS_NORMALIZATION_NONE}
+_ALGOS = {"deterministic": lib.CUDNN_CTC_LOSS_ALGO_DETERMINISTIC,
+          "non_deterministic": lib.CUDNN_CTC_LOSS_ALGO_NON_DETERMINISTIC}
+_OOB = {"zero": lib.CUDNN_CTC_ZERO_OOB_GRADIENTS, "skip": lib.CUDNN_CTC_SKIP_OOB_GRADIENTS}
+
+
+def _set_ctc(ptr: int, dtype: str, norm: int, grad_mode: int, max_label_length: int) -> None:
+    lib.cudnnSetCTCLossDescriptor_v9(ptr, lib.CUDNN_DATA_FLOAT, norm, grad_mode, max_label_length)
+
+
+#: ``cudnnCTCLossDescriptor_t`` keyed by ("float32", normMode, ctcGradMode, maxLabelLength).
+CTC_LOSS = DescriptorKind("ctc_loss", "cudnnCreateCTCLossDescriptor", "cudnnDestroyCTCLossDescriptor", _set_ctc)
+
+
+def ctc_descriptor(normalization: str = "softmax", oob_grads: str = "zero", max_label_length: int = 1) -> Any:
+    """The cached CTC loss descriptor (``cudnnSetCTCLossDescriptor_v9``, float32 compute)."""
+    return get_cached(CTC_LOSS, ("float32", int(_NORMS[normalization]), int(_OOB[oob_grads]), int(max_label_length)))
+
+
+def _choice(value: Any, table: dict[str, int], name: str) -> str:
+    if not isinstance(value, str) or value not in table:
+        raise ValueError(f"{name} must be one of {sorted(table)}, got {value!r}")
+    return value
+
+
+def _on_device(obj: Any) -> bool:
+    """True for a CUDA array (CAI, a CUDA torch tensor, a CUDA DLPack object); False for host data."""
+    if isinstance(obj, (list, tuple, range)) or hasattr(obj, "__array_interface__"):
+        return False
+    try:
+        if hasattr(obj, "__cuda_array_interface__"):
+            return True
+    except Exception:  # e.g. a torch tensor that refuses CAI export: let as_view say why
+        return True
+    if getattr(obj, "is_cuda", False) is True:
+        return True
+    dev = getattr(obj, "__dlpack_device__", None)
+    if dev is not None:
+        try:
+            return int(dev()[0]) != 1  # kDLCPU
+        except Exception:
+            return False
+    return False
+
+
+def _host_ints(obj: Any, name: str) -> np.ndarray:
+    """A host sequence/array as a 1-d int64 NumPy array, checked."""
+    try:
+        a = np.asarray(obj)
+    except Exception as e:
+        raise TypeError(f"{name} must be a 1-d integer sequence or array, got {type(obj).__name__}") from e
+    if a.dtype.kind == "f" and a.size == 0:
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-d, got shape {a.shape}")
+    return a.astype(np.int64, copy=False)
+
+
+class _Index:
+    """One of labels / label_lengths / input_lengths: its host values and, if usable as is, its device pointer."""
+
+    __slots__ = ("name", "values", "ptr", "owner")
+
+    def __init__(self, name: str, values: np.ndarray, ptr: int | None = None, owner: Any = None):
+        self.name, self.values, self.ptr, self.owner = name, values, ptr, owner
+
+
+def _read_index(obj: Any, v: ArrayView | None, name: str) -> _Index:
+    if v is None:
+        return _Index(name, _host_ints(obj, name))
+    if v.dtype not in ("int32", "int64", "int8", "uint8"):
+        raise TypeError(f"{name} is a device array of dtype {v.dtype}; it must hold integers (int32 is used as is)")
+    if v.ndim != 1:
+        raise ValueError(f"{name} must be 1-d, got shape {v.shape}")
+    if v.adapter is None:
+        raise TypeError(
+            f"{name} is a device array of a library without a cudnnkit adapter, so cudnnkit cannot read it to check "
+            f"it; pass {name} as a host array (NumPy or a list) instead"
+        )
+    values = np.asarray(v.adapter.to_numpy(obj)).astype(np.int64, copy=False)  # synchronizes
+    if v.dtype == "int32" and (v.shape[0] <= 1 or v.strides[0] == 1) and v.ptr:
+        return _Index(name, values, v.ptr, obj)
+    return _Index(name, values)  # uploaded as int32 with the host ones
+
+
+def _repeats(lab: np.ndarray) -> int:
+    return int(np.count_nonzero(lab[1:] == lab[:-1])) if lab.size > 1 else 0
+
+
+def _validate(labels: np.ndarray, label_lengths: np.ndarray, input_lengths: np.ndarray, T: int, N: int, A: int) -> None:
+    for name, a in (("label_lengths", label_lengths), ("input_lengths", input_lengths)):
+        if a.shape[0] != N:
+            raise ValueError(f"{name} has {a.shape[0]} values but x has a batch of N={N}")
+    if N == 0:
+        if labels.size:
+            raise ValueError(f"labels has {labels.size} values but the batch is empty")
+        return
+    bad = np.flatnonzero(label_lengths < 0)
+    if bad.size:
+        raise ValueError(f"label_lengths[{bad[0]}] is {label_lengths[bad[0]]}; lengths cannot be negative")
+    bad = np.flatnonzero(label_lengths > MAX_LABEL_LENGTH)
+    if bad.size:
+        raise ValueError(f"label_lengths[{bad[0]}] is {label_lengths[bad[0]]}; cuDNN's CTC loss supports labels of at "
+                         f"most {MAX_LABEL_LENGTH}")
+    bad = np.flatnonzero((input_lengths < 1) | (input_lengths > T))
+    if bad.size:
+        raise ValueError(f"input_lengths[{bad[0]}] is {input_lengths[bad[0]]}; input lengths must be in [1, T={T}]")
+    bad = np.flatnonzero(label_lengths > input_lengths)
+    if bad.size:
+        i = bad[0]
+        raise ValueError(f"label_lengths[{i}] is {label_lengths[i]} but input_lengths[{i}] is {input_lengths[i]}; a "
+                         "label cannot be longer than its input (cuDNN reads out of bounds)")
+    total = int(label_lengths.sum())
+    if total != labels.shape[0]:
+        raise ValueError(f"labels has {labels.shape[0]} values but sum(label_lengths) is {total}; labels must be the "
+                         "label sequences of all samples concatenated")
+    bad = np.flatnonzero((labels < 1) | (labels >= A))
+    if bad.size:
+        i = bad[0]
+        what = "0, the blank" if labels[i] == 0 else str(labels[i])
+        raise ValueError(f"labels[{i}] is {what}; labels must be in [1, A={A}) (label 0 is cuDNN's blank)")
+
+
+def ctc_loss(
+    x: Any,
+    labels: Any,
+    label_lengths: Any,
+    input_lengths: Any,
+    *,
+    blank: int = 0,
+    normalization: str = "softmax",
+    algo: str = "deterministic",
+    oob_grads: str = "zero",
+    costs_out: Any = None,
+    grads_out: Any = None,
+    stream: Any = None,
+) -> tuple[Any, Any]:
+    """CTC loss of each sample and its gradient with respect to ``x``; returns ``(costs, grads)``.
+
+    ``x``: ``(T, N, A)`` float32 logits (``normalization="softmax"``) or
+    probabilities (``"none"``). ``labels``: 1-d packed labels in ``[1, A)``;
+    ``label_lengths``, ``input_lengths``: ``N`` values each (host or device
+    integers; see the module doc for the host copy of device ones).
+    ``costs``: ``(N,)`` float32; ``grads``: ``(T, N, A)`` float32,
+    C-contiguous (``costs_out``/``grads_out`` if given). ``blank`` must be 0.
+    Both come from one ``cudnnCTCLoss_v8`` call.
+    """
+    dev_labels, dev_ll, dev_il = _on_device(labels), _on_device(label_lengths), _on_device(input_lengths)
+    launch, (vx, vlab, vll, vil) = prepare(
+        ("x", x),
+        ("labels", labels if dev_labels else None),
+        ("label_lengths", label_lengths if dev_ll else None),
+        ("input_lengths", input_lengths if dev_il else None),
+        stream=stream,
+    )
+    if vx.dtype != "float32":
+        raise TypeError(f"x has dtype {vx.dtype}; cuDNN's CTC loss supports float32 only")
+    if vx.ndim != 3:
+        raise ValueError(f"x must have 3 dims (T, N, A), got shape {vx.shape}")
+    T, N, A = vx.shape
+    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)):
+        raise TypeError(f"blank must be an int, got {blank!r}")
+    if blank != 0:
+        raise ValueError(f"blank={blank}: cuDNN's CTC loss always uses label 0 as the blank; move the blank class to "
+                         "index 0 of x's last axis and pass blank=0")
+    norm = _choice(normalization, _NORMS, "normalization")
+    algo = _choice(algo, _ALGOS, "algo")
+    oob = _choice(oob_grads, _OOB, "oob_grads")
+    if algo == "non_deterministic" and current_settings().deterministic:
+        raise ValueError("algo='non_deterministic' is not allowed under cudnnkit.settings(deterministic=True)")
+    if N and (T == 0 or A == 0):
+        raise ValueError(f"x has shape {vx.shape}; CTC needs at least one time step and one class")
+
+    idx_lab = _read_index(labels, vlab, "labels")
+    idx_ll = _read_index(label_lengths, vll, "label_lengths")
+    idx_il = _read_index(input_lengths, vil, "input_lengths")
+    _validate(idx_lab.values, idx_ll.values, idx_il.values, T, N, A)
+
+    costs, vc = launch.output(costs_out, (N,), "float32", name="costs_out")
+    grads, vg = launch.output(grads_out, (T, N, A), "float32", name="grads_out")
+    if N == 0:
+        return costs, grads
+    if not vc.is_contiguous():
+        raise ValueError(f"costs_out must be contiguous, got strides {vc.strides}")
+    if not vg.is_contiguous():
+        raise ValueError(f"grads_out must be C-contiguous (T, N, A), got strides {vg.strides}")
+
+    if not vx.is_contiguous():
+        if launch.adapter is None:
+            raise ValueError("x is not C-contiguous and its library has no cudnnkit adapter to copy it")
+        _log.debug("ctc_loss: x strides %s are not C-contiguous: copying", vx.strides)
+        x = launch.adapter.contiguous(x)
+        vx = launch.adapter.view(x, "x")
+
+    # host-side values go to the device in one int32 buffer: [label_lengths, input_lengths, labels]
+    pending = [i for i in (idx_ll, idx_il, idx_lab) if i.ptr is None]
+    keep = None
+    other_stream = False
+    if pending:
+        if launch.adapter is None:
+            raise TypeError("x comes from a library without a cudnnkit adapter, so host labels and lengths cannot be "
+                            "copied to the device; pass labels, label_lengths and input_lengths as int32 device arrays")
+        parts = [i.values for i in pending]
+        if idx_lab.ptr is None and idx_lab.values.size == 0:
+            parts[-1] = np.ones(1, np.int64)  # never read (all lengths are 0), but a valid pointer
+        buf = np.concatenate(parts).astype(np.int32)
+        keep = launch.adapter.from_numpy(buf, launch.device)
+        base = launch.adapter.view(keep, "labels").ptr
+        off = 0
+        for i, part in zip(pending, parts):
+            i.ptr = base + 4 * off
+            off += part.shape[0]
+        # the copy runs on the library's current stream; cuDNN on launch.stream must see it finished
+        other_stream = launch.stream != launch.adapter.current_stream(launch.device)
+        if other_stream:
+            launch.adapter.synchronize(launch.device)
+
+    max_len = max(1, int(idx_ll.values.max()))
+    ctc = ctc_descriptor(norm, oob, max_len)
+    desc = get_cached(TENSOR, ("float32", (T, N, A), contiguous_strides((T, N, A))))
+    handle = launch.handle
+    size = ctypes.c_size_t()
+    lib.cudnnGetCTCLossWorkspaceSize_v8(handle, _ALGOS[algo], ctc, desc, desc, ctypes.byref(size))
+    ws, ws_ptr = launch.workspace(size.value)
+    lib.cudnnCTCLoss_v8(
+        handle, _ALGOS[algo], ctc, desc, vx.ptr,
+        ctypes.cast(idx_lab.ptr, _INT_P), ctypes.cast(idx_ll.ptr, _INT_P), ctypes.cast(idx_il.ptr, _INT_P),
+        vc.ptr, desc, vg.ptr, size.value, ws_ptr,
+    )
+    if other_stream:
+        # the uploaded buffer belongs to the current stream's allocator pool: keep it until cuDNN is done
+        launch.adapter.synchronize(launch.device)
+    del keep, ws
+    return costs, grads

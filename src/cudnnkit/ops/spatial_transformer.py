@@ -1,0 +1,381 @@
+"""Spatial transformer: affine grid generator and bilinear sampler, forward and backward.
+
+Four legacy cuDNN calls, all 2-d (cuDNN has no other spatial transformer):
+
+* :func:`affine_grid_forward` (``cudnnSpatialTfGridGeneratorForward``):
+  ``theta`` ``(N, 2, 3)`` -> ``grid`` ``(N, H, W, 2)``;
+* :func:`affine_grid_backward` (``cudnnSpatialTfGridGeneratorBackward``):
+  ``dgrid`` ``(N, H, W, 2)`` -> ``dtheta`` ``(N, 2, 3)``;
+* :func:`grid_sample_forward` (``cudnnSpatialTfSamplerForward``):
+  ``x`` ``(N, C, H_in, W_in)`` sampled at ``grid`` ``(N, H_out, W_out, 2)`` -> ``y`` ``(N, C, H_out, W_out)``;
+* :func:`grid_sample_backward` (``cudnnSpatialTfSamplerBackward``): ``dx`` and
+  ``dgrid`` from one call.
+
+Semantics (those of ``torch.nn.functional.affine_grid``/``grid_sample`` with
+``align_corners=True``, ``mode="bilinear"``, ``padding_mode="zeros"``):
+
+* ``grid[n, i, j] = (gx, gy)`` in normalized coordinates: ``gx`` runs along
+  W (the last axis of ``x``), ``gy`` along H. ``-1`` and ``+1`` are the centres
+  of the first and the last pixel: the sampled position in pixels is
+  ``u = (gx + 1) * (W_in - 1) / 2``, ``v = (gy + 1) * (H_in - 1) / 2``.
+* ``y[n, c, i, j]`` interpolates bilinearly between the four pixels around
+  ``(v, u)`` (``floor(u)``, ``floor(u) + 1`` by ``floor(v)``, ``floor(v) + 1``); a
+  pixel outside the image counts as zero, so a point less than one pixel
+  outside still gets part of the border value and one further out gets 0.
+* The affine grid is ``grid[n, i, j] = theta[n] @ (x_j, y_i, 1)`` with
+  ``x_j = -1 + 2 j / (W - 1)`` and ``y_i = -1 + 2 i / (H - 1)`` (``linspace(-1, 1)``).
+* ``dgrid`` is the gradient with respect to the normalized coordinates (it
+  includes the ``(W_in - 1) / 2`` and ``(H_in - 1) / 2`` factors), and
+  ``dtheta[n] = sum_ij dgrid[n, i, j]^T (x_j, y_i, 1)``.
+
+The GPU tests check all of this against an independent float64 NumPy
+implementation and against torch on the CPU in float64, with grid points
+inside, on and beyond the border, for H and W of at least 2. Bilinear sampling
+has no derivative where ``u`` or ``v`` is an integer; there cuDNN returns one
+of the one-sided derivatives, and the tests keep away from those points.
+
+Dtypes: float32, float64 and float16 (computing in float32), and nothing else:
+``cudnnSetSpatialTransformerNdDescriptor`` refuses every other data type
+(bfloat16 included; cuDNN 9.19's last error reads ``(dataType !=
+CUDNN_DATA_FLOAT) && (dataType != CUDNN_DATA_DOUBLE) && (dataType !=
+CUDNN_DATA_HALF)``). ``theta``, ``grid`` and the gradients have the same dtype
+as ``x``. ``alpha``/``beta`` (float for float16/float32, double for float64)
+blend as ``out = alpha * result + beta * out``; ``beta != 0`` needs ``out``.
+
+Layouts. ``theta``, ``grid`` and ``dgrid`` reach cuDNN as bare pointers, so
+they must be C-contiguous: an input that is not is copied (logged at debug
+level on the ``cudnnkit`` logger) and an ``out=`` that is not is refused.
+``x`` and ``dy`` are described with their own strides (NCHW, NHWC, slices);
+only a zero or negative stride (a broadcast or reversed view) is copied first.
+``y`` and ``dx`` are allocated C-contiguous (NCHW); an ``out=`` of another
+layout is described with its own strides.
+
+Sizes: only ``N`` may be 0 (every output is then empty and cuDNN is not
+called); ``C``, ``H`` and ``W`` must be positive, and no array may have more
+than ``2**31 - 1`` elements (cuDNN's 32-bit indexing; PyTorch applies the same
+limit before it calls this sampler).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+from .. import lib
+from ..runtime import DescriptorKind, cudnn_dtype, get_cached, prepare, scaling_ref, tensor_descriptor
+from ..runtime.arrays import ArrayView, contiguous_strides
+
+__all__ = ["affine_grid_forward", "affine_grid_backward", "grid_sample_forward", "grid_sample_backward"]
+
+_log = logging.getLogger("cudnnkit")
+#: what cudnnSetSpatialTransformerNdDescriptor accepts (it refuses bfloat16 and the rest with BAD_PARAM)
+_FLOATS = ("float16", "float32", "float64")
+_INT_MAX = 2**31 - 1
+
+
+# ----------------------------------------------------------------- descriptor
+
+
+def _set_spatial_transformer(ptr: int, dtype: str, dims: tuple[int, int, int, int]) -> None:
+    lib.cudnnSetSpatialTransformerNdDescriptor(
+        ptr, lib.CUDNN_SAMPLER_BILINEAR, cudnn_dtype(dtype), len(dims), (ctypes.c_int * len(dims))(*dims)
+    )
+
+
+_SPATIAL_TRANSFORMER = DescriptorKind(
+    "spatial_transformer",
+    "cudnnCreateSpatialTransformerDescriptor",
+    "cudnnDestroySpatialTransformerDescriptor",
+    _set_spatial_transformer,
+)
+
+
+def _st_descriptor(dtype: str, dims: tuple[int, int, int, int]) -> Any:
+    """The cached bilinear spatial transformer descriptor for ``dtype`` and the output dims ``(N, C, H, W)``."""
+    return get_cached(_SPATIAL_TRANSFORMER, (dtype, dims))
+
+
+# ----------------------------------------------------------------- checks
+
+
+def _check_float(v: ArrayView, name: str) -> str:
+    if v.dtype not in _FLOATS:
+        raise TypeError(
+            f"{name} has dtype {v.dtype}; cuDNN's spatial transformer supports only {_FLOATS} "
+            "(cudnnSetSpatialTransformerNdDescriptor refuses every other type, bfloat16 included)"
+        )
+    return v.dtype
+
+
+def _same_dtype(v: ArrayView, name: str, dtype: str, ref: str) -> None:
+    if v.dtype != dtype:
+        raise TypeError(f"{name} has dtype {v.dtype} but {ref} has dtype {dtype}; they must match")
+
+
+def _check_numel(shape: tuple[int, ...], name: str) -> None:
+    n = math.prod(shape)
+    if n > _INT_MAX:
+        raise ValueError(
+            f"{name} would have {n} elements; cuDNN's spatial transformer indexes with 32-bit ints "
+            f"(at most {_INT_MAX})"
+        )
+
+
+def _size(size: Sequence[int]) -> tuple[int, int, int, int]:
+    """``size`` as ``(N, C, H, W)`` ints: N >= 0, C, H, W > 0, each fitting cuDNN's int."""
+    try:
+        items = tuple(size)
+    except TypeError:
+        raise TypeError(f"size must be a sequence (N, C, H, W) of 4 ints, got {size!r}") from None
+    if len(items) != 4:
+        raise ValueError(f"size must be (N, C, H, W), 4 ints (cuDNN's spatial transformer is 2-d), got {size!r}")
+    out = []
+    for v in items:
+        if isinstance(v, bool):
+            raise TypeError(f"size must hold ints, got {v!r}")
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            raise TypeError(f"size must hold ints, got {v!r}") from None
+    n, c, h, w = out
+    if n < 0 or c < 1 or h < 1 or w < 1:
+        raise ValueError(f"size (N, C, H, W) needs N >= 0 and positive C, H and W, got {tuple(out)}")
+    if max(out) > _INT_MAX:
+        raise ValueError(f"size values must fit cuDNN's int (at most {_INT_MAX}), got {tuple(out)}")
+    return n, c, h, w
+
+
+def _check_nchw(v: ArrayView, name: str) -> tuple[int, int, int, int]:
+    if v.ndim != 4:
+        raise ValueError(f"{name} must be 4-d (N, C, H, W), got shape {v.shape}")
+    n, c, h, w = v.shape
+    if c < 1 or h < 1 or w < 1:
+        raise ValueError(f"{name} must have positive C, H and W (only N may be 0), got shape {v.shape}")
+    _check_numel(v.shape, name)
+    return n, c, h, w
+
+
+def _check_grid(v: ArrayView, name: str, n: int, n_from: str) -> tuple[int, int]:
+    """(H, W) of a grid-shaped array ``(N, H, W, 2)`` whose N must be ``n``."""
+    if v.ndim != 4 or v.shape[3] != 2:
+        raise ValueError(f"{name} must have shape (N, H, W, 2), got {v.shape}")
+    if v.shape[0] != n:
+        raise ValueError(f"{name} has N = {v.shape[0]} but {n_from} has N = {n}")
+    h, w = v.shape[1], v.shape[2]
+    if h < 1 or w < 1:
+        raise ValueError(f"{name} must have positive H and W (only N may be 0), got shape {v.shape}")
+    _check_numel(v.shape, name)
+    return h, w
+
+
+# ----------------------------------------------------------------- layouts
+
+
+def _packed(launch, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayView]:
+    """An input cuDNN reads through a bare pointer: C-contiguous, copied if it is not."""
+    if v.is_contiguous():
+        return arr, v
+    if launch.adapter is None:
+        raise ValueError(
+            f"{name} must be C-contiguous (cuDNN reads it as a packed array) and its library has no adapter to copy it"
+        )
+    _log.debug("spatial transformer: %s strides %s are not C-contiguous: copying", name, v.strides)
+    arr = launch.adapter.contiguous(arr)
+    return arr, launch.adapter.view(arr, name)
+
+
+def _packed_out(v: ArrayView, name: str) -> None:
+    if not v.is_contiguous():
+        raise ValueError(
+            f"{name} must be C-contiguous (cuDNN writes it as a packed array), got shape {v.shape} strides {v.strides}"
+        )
+
+
+def _overlaps(v: ArrayView) -> bool:
+    """True if a dim of size > 1 has a zero or negative stride (a broadcast or reversed view)."""
+    return any(s <= 0 and d > 1 for d, s in zip(v.shape, v.strides))
+
+
+def _strides(v: ArrayView) -> tuple[int, ...]:
+    """``v``'s strides for a tensor descriptor: canonical when C-contiguous, size-1 dims made positive otherwise."""
+    if v.is_contiguous():
+        return contiguous_strides(v.shape)
+    return tuple(s if d > 1 or s > 0 else 1 for d, s in zip(v.shape, v.strides))
+
+
+def _described(launch, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayView, Any]:
+    """An NCHW input with its own strides and its tensor descriptor; broadcast or reversed views are copied."""
+    if _overlaps(v):
+        if launch.adapter is None:
+            raise ValueError(
+                f"{name} has a zero or negative stride {v.strides}, which cuDNN cannot take, "
+                "and its library has no adapter to copy it"
+            )
+        _log.debug("spatial transformer: %s strides %s have a zero or negative stride: copying", name, v.strides)
+        arr = launch.adapter.contiguous(arr)
+        v = launch.adapter.view(arr, name)
+    return arr, v, tensor_descriptor(v.dtype, v.shape, _strides(v))
+
+
+def _out_descriptor(v: ArrayView, name: str) -> Any:
+    if _overlaps(v):
+        raise ValueError(f"{name} has a zero or negative stride {v.strides}: cuDNN cannot write it")
+    return tensor_descriptor(v.dtype, v.shape, _strides(v))
+
+
+# ----------------------------------------------------------------- grid generator
+
+
+def affine_grid_forward(theta: Any, *, size: Sequence[int], out: Any = None, stream: Any = None) -> Any:
+    """The sampling grid of a batch of 2-d affine transforms; returns ``grid`` (``out`` if given).
+
+    ``theta``: ``(N, 2, 3)``, float16/float32/float64. ``size``: the output
+    size ``(N, C, H, W)`` as for ``torch.nn.functional.affine_grid`` (``C`` is
+    not used). ``grid``: ``(N, H, W, 2)``, ``theta``'s dtype, C-contiguous, with
+    ``grid[n, i, j] = theta[n] @ (-1 + 2 j / (W - 1), -1 + 2 i / (H - 1), 1)``:
+    ``torch.nn.functional.affine_grid(theta, size, align_corners=True)``.
+
+    Calls ``cudnnSpatialTfGridGeneratorForward`` once (none when N is 0).
+    """
+    launch, (vt,) = prepare(("theta", theta), stream=stream)
+    dtype = _check_float(vt, "theta")
+    n, _, h, w = _size(size)
+    if vt.ndim != 3 or vt.shape[1:] != (2, 3):
+        raise ValueError(f"theta must have shape (N, 2, 3), got {vt.shape}")
+    if vt.shape[0] != n:
+        raise ValueError(f"theta has N = {vt.shape[0]} but size has N = {n}")
+    shape = (n, h, w, 2)
+    _check_numel(shape, "grid")
+    if n == 0:
+        return launch.output(out, shape, dtype)[0]
+    theta, vt = _packed(launch, theta, vt, "theta")
+    grid, vg = launch.output(out, shape, dtype)
+    _packed_out(vg, "out")
+    # C does not enter the grid: describe it as 1 so every C shares one descriptor
+    lib.cudnnSpatialTfGridGeneratorForward(launch.handle, _st_descriptor(dtype, (n, 1, h, w)), vt.ptr, vg.ptr)
+    return grid
+
+
+def affine_grid_backward(dgrid: Any, *, size: Sequence[int], out: Any = None, stream: Any = None) -> Any:
+    """Gradient of :func:`affine_grid_forward` with respect to ``theta``; returns ``dtheta``.
+
+    ``dgrid``: ``(N, H, W, 2)`` matching ``size`` ``(N, C, H, W)``, the
+    forward's. ``dtheta``: ``(N, 2, 3)``, ``dgrid``'s dtype,
+    ``dtheta[n] = sum_ij dgrid[n, i, j]^T (x_j, y_i, 1)``. ``out`` is
+    overwritten (cuDNN has no blend factors for this call).
+
+    Calls ``cudnnSpatialTfGridGeneratorBackward`` once (none when N is 0).
+    """
+    launch, (vd,) = prepare(("dgrid", dgrid), stream=stream)
+    dtype = _check_float(vd, "dgrid")
+    n, c, h, w = _size(size)
+    if vd.ndim != 4 or vd.shape[3] != 2:
+        raise ValueError(f"dgrid must have shape (N, H, W, 2), got {vd.shape}")
+    if vd.shape[:3] != (n, h, w):
+        raise ValueError(f"dgrid has shape {vd.shape} but size (N, C, H, W) = {(n, c, h, w)} needs {(n, h, w, 2)}")
+    _check_numel(vd.shape, "dgrid")
+    if n == 0:
+        return launch.output(out, (0, 2, 3), dtype)[0]
+    dgrid, vd = _packed(launch, dgrid, vd, "dgrid")
+    dtheta, vt = launch.output(out, (n, 2, 3), dtype)
+    _packed_out(vt, "out")
+    lib.cudnnSpatialTfGridGeneratorBackward(launch.handle, _st_descriptor(dtype, (n, 1, h, w)), vd.ptr, vt.ptr)
+    return dtheta
+
+
+# ----------------------------------------------------------------- sampler
+
+
+def grid_sample_forward(
+    x: Any,
+    grid: Any,
+    *,
+    out: Any = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    stream: Any = None,
+) -> Any:
+    """Bilinear sampling of ``x`` at ``grid``; returns ``y`` (``out`` if given).
+
+    ``x``: ``(N, C, H_in, W_in)``, float16/float32/float64, any strides.
+    ``grid``: ``(N, H_out, W_out, 2)``, ``x``'s dtype, normalized ``(gx, gy)``
+    with -1 and +1 at the centres of the border pixels and zeros outside:
+    ``torch.nn.functional.grid_sample(x, grid, mode="bilinear",
+    padding_mode="zeros", align_corners=True)``. ``y``: ``(N, C, H_out, W_out)``,
+    ``x``'s dtype; ``y = alpha * sample + beta * y``.
+
+    Calls ``cudnnSpatialTfSamplerForward`` once (none when N is 0).
+    """
+    launch, (vx, vg) = prepare(("x", x), ("grid", grid), stream=stream)
+    dtype = _check_float(vx, "x")
+    _same_dtype(vg, "grid", dtype, "x")
+    n, c, _, _ = _check_nchw(vx, "x")
+    ho, wo = _check_grid(vg, "grid", n, "x")
+    yshape = (n, c, ho, wo)
+    _check_numel(yshape, "y")
+    if n == 0:
+        return launch.output(out, yshape, dtype, beta=beta)[0]
+    a, b = scaling_ref(dtype, alpha), scaling_ref(dtype, beta)
+    x, vx, x_desc = _described(launch, x, vx, "x")
+    grid, vg = _packed(launch, grid, vg, "grid")
+    y, vy = launch.output(out, yshape, dtype, beta=beta)
+    y_desc = _out_descriptor(vy, "out")
+    lib.cudnnSpatialTfSamplerForward(launch.handle, _st_descriptor(dtype, yshape), a, x_desc, vx.ptr, vg.ptr, b,
+                                     y_desc, vy.ptr)
+    return y
+
+
+def grid_sample_backward(
+    x: Any,
+    grid: Any,
+    dy: Any,
+    *,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    alpha_dgrid: float = 1.0,
+    beta_dgrid: float = 0.0,
+    dx_out: Any = None,
+    dgrid_out: Any = None,
+    stream: Any = None,
+) -> tuple[Any, Any]:
+    """Gradients of :func:`grid_sample_forward`: ``(dx, dgrid)`` from one call.
+
+    ``x`` and ``grid`` are the forward's inputs; ``dy``: ``(N, C, H_out, W_out)``,
+    any strides. ``dx``: ``x``'s shape, C-contiguous unless ``dx_out`` is given,
+    ``dx = alpha * dL/dx + beta * dx``. ``dgrid``: ``grid``'s shape,
+    C-contiguous, the gradient with respect to the normalized coordinates,
+    ``dgrid = alpha_dgrid * dL/dgrid + beta_dgrid * dgrid``. All of ``x``'s dtype.
+
+    Calls ``cudnnSpatialTfSamplerBackward`` once (none when N is 0).
+    """
+    launch, (vx, vg, vdy) = prepare(("x", x), ("grid", grid), ("dy", dy), stream=stream)
+    dtype = _check_float(vx, "x")
+    _same_dtype(vg, "grid", dtype, "x")
+    _same_dtype(vdy, "dy", dtype, "x")
+    n, c, _, _ = _check_nchw(vx, "x")
+    ho, wo = _check_grid(vg, "grid", n, "x")
+    if vdy.shape != (n, c, ho, wo):
+        raise ValueError(f"dy must have shape (N, C, H_out, W_out) = {(n, c, ho, wo)}, got {vdy.shape}")
+    if beta_dgrid != 0 and dgrid_out is None:
+        raise ValueError("beta_dgrid != 0 blends into an existing output: pass dgrid_out=")
+    if n == 0:
+        dx = launch.output(dx_out, vx.shape, dtype, name="dx_out", beta=beta)[0]
+        return dx, launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid)[0]
+    a, b = scaling_ref(dtype, alpha), scaling_ref(dtype, beta)
+    ag, bg = scaling_ref(dtype, alpha_dgrid), scaling_ref(dtype, beta_dgrid)
+    x, vx, x_desc = _described(launch, x, vx, "x")
+    dy, vdy, dy_desc = _described(launch, dy, vdy, "dy")
+    grid, vg = _packed(launch, grid, vg, "grid")
+    dx, vdx = launch.output(dx_out, vx.shape, dtype, name="dx_out", beta=beta)
+    dx_desc = _out_descriptor(vdx, "dx_out")
+    dgrid, vdg = launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid)
+    _packed_out(vdg, "dgrid_out")
+    lib.cudnnSpatialTfSamplerBackward(
+        launch.handle, _st_descriptor(dtype, (n, c, ho, wo)), a, x_desc, vx.ptr, b, dx_desc, vdx.ptr, ag, dy_desc,
+        vdy.ptr, vg.ptr, bg, vdg.ptr,
+    )
+    return dx, dgrid

@@ -21,7 +21,10 @@ This formula is not in cuDNN's documentation; it was identified on an H200
 (cuDNN 9.19) and matches to 1e-16, and the GPU tests hold cuDNN to it. With
 ``means`` given, cuDNN's use of them is not documented and does not match
 ``x - means`` in either place; cudnnkit passes them through, and the tests
-check that ``dx`` and ``dmeans`` are the derivatives of the forward. The two
+check that ``dx`` and ``dmeans`` are the derivatives of the forward. For an
+even ``size``, cuDNN 9.19's backward sums over the forward's window rather
+than its mirror image, so its ``dx`` is not the exact gradient there (odd
+sizes are exact); prefer odd sizes when training. The two
 temporary buffers cuDNN needs are allocated here, with the input's library.
 
 Parameters are checked against cuDNN's limits before any call:

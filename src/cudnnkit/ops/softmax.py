@@ -27,6 +27,7 @@ Dtypes: float16, bfloat16, float32, float64 (half types compute in float32).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -110,7 +111,22 @@ def _check_float(v: ArrayView, name: str) -> None:
         raise TypeError(f"{name} has dtype {v.dtype}; softmax needs one of {_FLOATS}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _plan(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], first: int, last: int):
+    """(descriptor, 4-d shape) for a layout and reduced axes, or None if the strides do not merge.
+
+    Cached: a training loop calls softmax on the same layouts over and over.
+    """
+    got = _as_4d(ArrayView(shape, strides, dtype, 0, 0, None), first, last)
+    if got is None:
+        return None
+    return tensor_descriptor(dtype, *got), got[0]
+
+
 def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str):
+    planned = _plan(v.dtype, v.shape, v.strides, first, last)
+    if planned is not None:
+        return arr, v, planned[0], planned[1]
     got = _as_4d(v, first, last)
     if got is None:
         if launch.adapter is None:
@@ -124,11 +140,11 @@ def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str)
 
 
 def _out_descriptor(v: ArrayView, first: int, last: int) -> Any:
-    got = _as_4d(v, first, last)
-    if got is None:
+    planned = _plan(v.dtype, v.shape, v.strides, first, last)
+    if planned is None:
         raise ValueError(f"out's strides {v.strides} cannot be described to cuDNN around axes {first}..{last}; "
                          "pass an out laid out like the input, or a contiguous one")
-    return tensor_descriptor(v.dtype, *got)
+    return planned[0]
 
 
 def softmax_forward(

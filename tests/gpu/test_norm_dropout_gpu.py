@@ -55,7 +55,7 @@ def test_scale_and_set_strided(xp, dtype):
     assert rel(host(xp, base), want) < TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("bshape", [(1, 6, 1, 1), (1, 6, 5, 4), (3, 1, 5, 1), (3, 6, 5, 4)])
 def test_add_tensor_broadcasts(xp, dtype, bshape):
     rng = np.random.default_rng()
@@ -65,7 +65,7 @@ def test_add_tensor_broadcasts(xp, dtype, bshape):
     assert rel(host(xp, cd), 1.5 * seen(a, dtype) - 0.5 * seen(c, dtype)) < TOL[dtype] * 2
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("src, layout", [("nchw", "nhwc"), ("nhwc", "nchw"), ("nchw", None)])
 def test_transform_layout(xp, dtype, src, layout):
     a = np.random.default_rng().standard_normal((2, 5, 4, 3))
@@ -122,7 +122,7 @@ def ref_lrn_backward(x, dy, size, alpha, beta, k):
 LRN_P = dict(alpha=0.7, beta=0.6, k=1.3)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("size", [1, 3, 4, 5])
 def test_lrn_forward_backward_reference(xp, dtype, layout, size):
@@ -208,7 +208,7 @@ def ref_divnorm_backward(x, dy, size, alpha, beta, k, mirrored=True):
     return dy * d**-beta + x * window_sum(t, size, mirrored=mirrored)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("size", [2, 3, 4, 5])
 def test_divnorm_reference_without_means(xp, dtype, layout, size):

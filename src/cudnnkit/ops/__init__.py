@@ -8,6 +8,7 @@ a Python exception naming the argument before any GPU work.
 
 from __future__ import annotations
 
+from .ctc import ctc_loss
 from .dropout import DropoutState, default_state, dropout_backward, dropout_forward
 from .lrn import divisive_normalization_backward, divisive_normalization_forward, lrn_backward, lrn_forward
 from .softmax import softmax_backward, softmax_forward
@@ -16,6 +17,7 @@ from .tensor import add_tensor, scale_tensor, set_tensor, transform_tensor
 __all__ = [
     "softmax_forward",
     "softmax_backward",
+    "ctc_loss",
     "DropoutState",
     "default_state",
     "dropout_forward",

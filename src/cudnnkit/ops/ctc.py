@@ -91,7 +91,6 @@ _log = logging.getLogger("cudnnkit")
 #: Longest label cuDNN's CTC loss accepts.
 MAX_LABEL_LENGTH = 255
 
-_INT32_MAX = 2**31 - 1
 _INT_P = ctypes.POINTER(ctypes.c_int)
 _NORMS = {"softmax": lib.CUDNN_LOSS_NORMALIZATION_SOFTMAX, "none": lib.CUDNN_LOSS_NORMALIZATION_NONE}
 _ALGOS = {"deterministic": lib.CUDNN_CTC_LOSS_ALGO_DETERMINISTIC,
@@ -180,8 +179,15 @@ def _read_index(obj: Any, v: ArrayView | None, name: str) -> _Index:
     return _Index(name, values)  # uploaded as int32 with the host ones
 
 
-def _repeats(lab: np.ndarray) -> int:
-    return int(np.count_nonzero(lab[1:] == lab[:-1])) if lab.size > 1 else 0
+def _repeats(labels: np.ndarray, label_lengths: np.ndarray) -> np.ndarray:
+    """Per sample, the number of labels equal to the one before them (each needs an extra blank step)."""
+    if labels.size < 2:
+        return np.zeros(label_lengths.shape, np.int64)
+    cum = np.concatenate(([0], np.cumsum(labels[1:] == labels[:-1])))  # cum[k]: equal pairs (i-1, i) with i <= k
+    ends = np.cumsum(label_lengths)
+    starts = ends - label_lengths
+    last = np.clip(ends - 1, 0, labels.size - 1)
+    return np.where(label_lengths > 1, cum[last] - cum[np.clip(starts, 0, labels.size - 1)], 0)
 
 
 def _validate(labels: np.ndarray, label_lengths: np.ndarray, input_lengths: np.ndarray, T: int, N: int, A: int) -> None:
@@ -272,6 +278,11 @@ def ctc_loss(
     idx_ll = _read_index(label_lengths, vll, "label_lengths")
     idx_il = _read_index(input_lengths, vil, "input_lengths")
     _validate(idx_lab.values, idx_ll.values, idx_il.values, T, N, A)
+    if N and _log.isEnabledFor(logging.DEBUG):
+        short = np.flatnonzero(idx_ll.values + _repeats(idx_lab.values, idx_ll.values) > idx_il.values)
+        if short.size:
+            _log.debug("ctc_loss: samples %s have fewer input steps than label length + repeats: infinite cost, "
+                       "gradient per oob_grads=%r", short.tolist(), oob_grads)
 
     costs, vc = launch.output(costs_out, (N,), "float32", name="costs_out")
     grads, vg = launch.output(grads_out, (T, N, A), "float32", name="grads_out")
@@ -296,7 +307,8 @@ def ctc_loss(
     if pending:
         if launch.adapter is None:
             raise TypeError("x comes from a library without a cudnnkit adapter, so host labels and lengths cannot be "
-                            "copied to the device; pass labels, label_lengths and input_lengths as int32 device arrays")
+                            "copied to the device; pass them as int32 CuPy or torch device arrays, or pass x as a CuPy "
+                            "array or torch tensor")
         parts = [i.values for i in pending]
         if idx_lab.ptr is None and idx_lab.values.size == 0:
             parts[-1] = np.ones(1, np.int64)  # never read (all lengths are 0), but a valid pointer

@@ -12,6 +12,12 @@ from .ctc import ctc_loss
 from .dropout import DropoutState, default_state, dropout_backward, dropout_forward
 from .lrn import divisive_normalization_backward, divisive_normalization_forward, lrn_backward, lrn_forward
 from .softmax import softmax_backward, softmax_forward
+from .spatial_transformer import (
+    affine_grid_backward,
+    affine_grid_forward,
+    grid_sample_backward,
+    grid_sample_forward,
+)
 from .tensor import add_tensor, scale_tensor, set_tensor, transform_tensor
 
 __all__ = [
@@ -26,6 +32,10 @@ __all__ = [
     "lrn_backward",
     "divisive_normalization_forward",
     "divisive_normalization_backward",
+    "affine_grid_forward",
+    "affine_grid_backward",
+    "grid_sample_forward",
+    "grid_sample_backward",
     "set_tensor",
     "scale_tensor",
     "add_tensor",

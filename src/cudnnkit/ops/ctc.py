@@ -297,7 +297,7 @@ def ctc_loss(
         if launch.adapter is None:
             raise ValueError("x is not C-contiguous and its library has no cudnnkit adapter to copy it")
         _log.debug("ctc_loss: x strides %s are not C-contiguous: copying", vx.strides)
-        x = launch.adapter.contiguous(x)
+        x = launch.adapter.contiguous(x, launch.stream)
         vx = launch.adapter.view(x, "x")
 
     # host-side values go to the device in one int32 buffer: [label_lengths, input_lengths, labels]

@@ -132,7 +132,7 @@ def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str)
         if launch.adapter is None:
             raise ValueError(f"{name}'s strides cannot be described to cuDNN and its library has no adapter to copy it")
         _log.debug("softmax: %s strides %s cannot be merged around axes %d..%d: copying", name, v.strides, first, last)
-        arr = launch.adapter.contiguous(arr)
+        arr = launch.adapter.contiguous(arr, launch.stream)
         v = launch.adapter.view(arr, name)
         got = _as_4d(v, first, last)
     shape, strides = got

@@ -28,19 +28,26 @@ Semantics (those of ``torch.nn.functional.affine_grid``/``grid_sample`` with
   includes the ``(W_in - 1) / 2`` and ``(H_in - 1) / 2`` factors), and
   ``dtheta[n] = sum_ij dgrid[n, i, j]^T (x_j, y_i, 1)``.
 
-The GPU tests check all of this against an independent float64 NumPy
-implementation and against torch on the CPU in float64, with grid points
-inside, on and beyond the border, for H and W of at least 2. Bilinear sampling
-has no derivative where ``u`` or ``v`` is an integer; there cuDNN returns one
-of the one-sided derivatives, and the tests keep away from those points.
+Where this comes from, and what pins it. PyTorch sends exactly this
+configuration (bilinear, zeros, ``align_corners=True``, 4-d) to
+``cudnnSpatialTfSamplerForward``/``Backward``, and sets the descriptor to the
+output dims ``(N, C, H_out, W_out)`` as done here. The GPU tests
+(``tests/gpu/test_spatial_transformer_gpu.py``) compare every output with an
+independent float64 NumPy implementation of the formulas above and with torch
+on the CPU in float64, with grid points inside, in the one-pixel border band
+and fully outside, for H and W of at least 2; they also probe H or W of 1
+(torch puts that single row or column at 0) and C > 1024 (which older cuDNN
+refused). Bilinear sampling has no derivative where ``u`` or ``v`` is an
+integer; which one-sided value cuDNN returns there is not pinned.
 
-Dtypes: float32, float64 and float16 (computing in float32), and nothing else:
-``cudnnSetSpatialTransformerNdDescriptor`` refuses every other data type
-(bfloat16 included; cuDNN 9.19's last error reads ``(dataType !=
-CUDNN_DATA_FLOAT) && (dataType != CUDNN_DATA_DOUBLE) && (dataType !=
-CUDNN_DATA_HALF)``). ``theta``, ``grid`` and the gradients have the same dtype
-as ``x``. ``alpha``/``beta`` (float for float16/float32, double for float64)
-blend as ``out = alpha * result + beta * out``; ``beta != 0`` needs ``out``.
+Dtypes: float32, float64 and float16, and nothing else:
+``cudnnSetSpatialTransformerNdDescriptor`` refuses every other data type with
+``CUDNN_STATUS_BAD_PARAM`` (bfloat16 included; cuDNN 9.19's last error reads
+``(dataType != CUDNN_DATA_FLOAT) && (dataType != CUDNN_DATA_DOUBLE) &&
+(dataType != CUDNN_DATA_HALF)``, checked by the CPU tests). ``theta``,
+``grid`` and the gradients have the same dtype as ``x``. ``alpha``/``beta``
+(float for float16/float32, double for float64) blend as
+``out = alpha * result + beta * out``; ``beta != 0`` needs ``out``.
 
 Layouts. ``theta``, ``grid`` and ``dgrid`` reach cuDNN as bare pointers, so
 they must be C-contiguous: an input that is not is copied (logged at debug
@@ -120,7 +127,7 @@ def _check_numel(shape: tuple[int, ...], name: str) -> None:
     n = math.prod(shape)
     if n > _INT_MAX:
         raise ValueError(
-            f"{name} would have {n} elements; cuDNN's spatial transformer indexes with 32-bit ints "
+            f"{name} has {n} elements; cuDNN's spatial transformer indexes with 32-bit ints "
             f"(at most {_INT_MAX})"
         )
 
@@ -184,7 +191,7 @@ def _packed(launch, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayView]:
             f"{name} must be C-contiguous (cuDNN reads it as a packed array) and its library has no adapter to copy it"
         )
     _log.debug("spatial transformer: %s strides %s are not C-contiguous: copying", name, v.strides)
-    arr = launch.adapter.contiguous(arr)
+    arr = launch.adapter.contiguous(arr, launch.stream)
     return arr, launch.adapter.view(arr, name)
 
 
@@ -216,7 +223,7 @@ def _described(launch, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayVie
                 "and its library has no adapter to copy it"
             )
         _log.debug("spatial transformer: %s strides %s have a zero or negative stride: copying", name, v.strides)
-        arr = launch.adapter.contiguous(arr)
+        arr = launch.adapter.contiguous(arr, launch.stream)
         v = launch.adapter.view(arr, name)
     return arr, v, tensor_descriptor(v.dtype, v.shape, _strides(v))
 
@@ -252,9 +259,9 @@ def affine_grid_forward(theta: Any, *, size: Sequence[int], out: Any = None, str
     _check_numel(shape, "grid")
     if n == 0:
         return launch.output(out, shape, dtype)[0]
-    theta, vt = _packed(launch, theta, vt, "theta")
     grid, vg = launch.output(out, shape, dtype)
     _packed_out(vg, "out")
+    theta, vt = _packed(launch, theta, vt, "theta")
     # C does not enter the grid: describe it as 1 so every C shares one descriptor
     lib.cudnnSpatialTfGridGeneratorForward(launch.handle, _st_descriptor(dtype, (n, 1, h, w)), vt.ptr, vg.ptr)
     return grid
@@ -280,9 +287,9 @@ def affine_grid_backward(dgrid: Any, *, size: Sequence[int], out: Any = None, st
     _check_numel(vd.shape, "dgrid")
     if n == 0:
         return launch.output(out, (0, 2, 3), dtype)[0]
-    dgrid, vd = _packed(launch, dgrid, vd, "dgrid")
     dtheta, vt = launch.output(out, (n, 2, 3), dtype)
     _packed_out(vt, "out")
+    dgrid, vd = _packed(launch, dgrid, vd, "dgrid")
     lib.cudnnSpatialTfGridGeneratorBackward(launch.handle, _st_descriptor(dtype, (n, 1, h, w)), vd.ptr, vt.ptr)
     return dtheta
 
@@ -320,10 +327,10 @@ def grid_sample_forward(
     if n == 0:
         return launch.output(out, yshape, dtype, beta=beta)[0]
     a, b = scaling_ref(dtype, alpha), scaling_ref(dtype, beta)
-    x, vx, x_desc = _described(launch, x, vx, "x")
-    grid, vg = _packed(launch, grid, vg, "grid")
     y, vy = launch.output(out, yshape, dtype, beta=beta)
     y_desc = _out_descriptor(vy, "out")
+    x, vx, x_desc = _described(launch, x, vx, "x")
+    grid, vg = _packed(launch, grid, vg, "grid")
     lib.cudnnSpatialTfSamplerForward(launch.handle, _st_descriptor(dtype, yshape), a, x_desc, vx.ptr, vg.ptr, b,
                                      y_desc, vy.ptr)
     return y
@@ -367,13 +374,14 @@ def grid_sample_backward(
         return dx, launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid)[0]
     a, b = scaling_ref(dtype, alpha), scaling_ref(dtype, beta)
     ag, bg = scaling_ref(dtype, alpha_dgrid), scaling_ref(dtype, beta_dgrid)
-    x, vx, x_desc = _described(launch, x, vx, "x")
-    dy, vdy, dy_desc = _described(launch, dy, vdy, "dy")
-    grid, vg = _packed(launch, grid, vg, "grid")
     dx, vdx = launch.output(dx_out, vx.shape, dtype, name="dx_out", beta=beta)
     dx_desc = _out_descriptor(vdx, "dx_out")
     dgrid, vdg = launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid)
     _packed_out(vdg, "dgrid_out")
+    # outputs checked: only now copy inputs cuDNN cannot take as they are
+    x, vx, x_desc = _described(launch, x, vx, "x")
+    dy, vdy, dy_desc = _described(launch, dy, vdy, "dy")
+    grid, vg = _packed(launch, grid, vg, "grid")
     lib.cudnnSpatialTfSamplerBackward(
         launch.handle, _st_descriptor(dtype, (n, c, ho, wo)), a, x_desc, vx.ptr, b, dx_desc, vdx.ptr, ag, dy_desc,
         vdy.ptr, vg.ptr, bg, vdg.ptr,

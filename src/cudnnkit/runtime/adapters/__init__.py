@@ -8,7 +8,7 @@ object with this interface:
 * ``empty(shape, dtype, device, strides=None, stream=None)``: allocate an
   output with the library's allocator (CuPy memory pool, torch caching allocator)
   for use on ``stream`` (a ``cudaStream_t`` as int, default: the current stream);
-* ``contiguous(arr)``: a C-contiguous copy (or ``arr`` itself if it already is);
+* ``contiguous(arr, stream=None)``: a C-contiguous copy made on ``stream`` (or ``arr`` itself if it already is);
 * ``copy(dst, src)``: device-to-device copy on the current stream;
 * ``current_stream(device) -> int``: the library's current stream on ``device``;
 * ``device_guard(device)``: a context manager making ``device`` current;

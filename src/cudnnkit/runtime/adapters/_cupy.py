@@ -61,8 +61,11 @@ class CupyAdapter:
     def to_numpy(self, a: cupy.ndarray):
         return cupy.asnumpy(a)
 
-    def contiguous(self, arr: cupy.ndarray) -> cupy.ndarray:
+    def contiguous(self, arr: cupy.ndarray, stream: int | None = None) -> cupy.ndarray:
         with arr.device:
+            if stream is not None and stream != self.current_stream(arr.device.id):
+                with cupy.cuda.ExternalStream(stream):
+                    return cupy.ascontiguousarray(arr)
             return cupy.ascontiguousarray(arr)
 
     def copy(self, dst: cupy.ndarray, src: cupy.ndarray) -> None:

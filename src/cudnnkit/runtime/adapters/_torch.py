@@ -80,7 +80,10 @@ class TorchAdapter:
             t = t.float()
         return t.cpu().numpy()
 
-    def contiguous(self, arr: torch.Tensor) -> torch.Tensor:
+    def contiguous(self, arr: torch.Tensor, stream: int | None = None) -> torch.Tensor:
+        if stream is not None and stream != self.current_stream(arr.get_device()):
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=arr.device)):
+                return arr.contiguous()
         return arr.contiguous()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:

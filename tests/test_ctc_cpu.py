@@ -49,7 +49,7 @@ CASES = [
     (lambda: call(ll=[2, 1, 0]), ValueError, "label_lengths has 3 values but x has a batch of N=2"),
     (lambda: call(il=[6]), ValueError, "input_lengths has 1 values but x has a batch of N=2"),
     # label lengths
-    (lambda: call(ll=[3, -1, ]), ValueError, r"label_lengths\[1\] is -1; lengths cannot be negative"),
+    (lambda: call(ll=[3, -1, ]), ValueError, r"label_lengths\[1\] is -1; cuDNN's CTC loss needs at least one label"),
     (lambda: call(x((300, N, A)), labels=[1] * 257, ll=[256, 1], il=[300, 4]), ValueError,
      r"label_lengths\[0\] is 256; cuDNN's CTC loss supports labels of at most 255"),
     # input lengths
@@ -115,13 +115,18 @@ def test_valid_input_passes_validation():
     cases = [
         (T, dict()),  # lists
         (T, dict(labels=np.array(LAB, np.int64), ll=np.array(LL, np.uint8), il=(6, 4))),
-        (T, dict(labels=[1, 1], ll=[2, 0], il=[2, 1])),  # "1 1" needs 3 steps but has 2: infeasible, allowed
-        (T, dict(labels=[], ll=[0, 0], il=[1, 6])),  # empty labels
+        (T, dict(labels=[1, 1, 2], ll=[2, 1], il=[2, 1])),  # "1 1" needs 3 steps but has 2: infeasible, allowed
         (300, dict(labels=[1] * 256, ll=[MAX_LABEL_LENGTH, 1], il=[300, 4])),  # the longest label cuDNN takes
     ]
     for t, kw in cases:
         with pytest.raises(TypeError, match="host labels and lengths cannot be copied"):
             call(x((t, N, A)), **kw, **outs(t=t))
+
+
+def test_empty_labels_are_refused():
+    # cuDNN 9.19 returns a cost of 0 for an empty label (measured on an H200), not -log p(all blanks)
+    with pytest.raises(ValueError, match=r"label_lengths\[0\] is 0; cuDNN's CTC loss needs at least one label"):
+        call(labels=[2, 3], ll=[0, 2], il=[5, 6], **outs())
 
 
 def test_host_torch_tensors_are_host_arrays():

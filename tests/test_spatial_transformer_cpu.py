@@ -151,7 +151,7 @@ def test_size_accepts_integer_likes():
     torch = pytest.importorskip("torch")
     assert st._size(torch.Size([2, 3, 6, 7])) == (2, 3, 6, 7)
     assert st._size(np.array([2, 3, 6, 7])) == (2, 3, 6, 7)
-    assert st._size([0, 1, 1, 1]) == (0, 1, 1, 1)
+    assert st._size([0, 1, 2, 2]) == (0, 1, 2, 2)
 
 
 def test_empty_batch_never_calls_cudnn():
@@ -419,3 +419,16 @@ def test_inputs_cudnn_cannot_take_are_copied_and_logged(fake_library, caplog):
     affine_grid_forward(theta, size=SIZE)
     assert ad.copies[-1][0] is theta
     assert rec["cudnnSpatialTfGridGeneratorForward"].calls[0][2] == ad.copies[-1][1].__cuda_array_interface__["data"][0]
+
+
+def test_unit_size_grid_and_too_many_backward_channels_are_refused():
+    from cudnnkit.ops.spatial_transformer import affine_grid_backward, affine_grid_forward, grid_sample_backward
+
+    th = FakeCAI((2, 2, 3))
+    for size in ((2, 1, 1, 5), (2, 1, 4, 1)):
+        with pytest.raises(ValueError, match="size needs H >= 2 and W >= 2"):
+            affine_grid_forward(th, size=size)
+        with pytest.raises(ValueError, match="size needs H >= 2 and W >= 2"):
+            affine_grid_backward(FakeCAI((2, size[2], size[3], 2)), size=size)
+    with pytest.raises(ValueError, match="x has 1025 channels; cuDNN's sampler backward supports at most 1024"):
+        grid_sample_backward(FakeCAI((1, 1025, 3, 4)), FakeCAI((1, 2, 3, 2)), FakeCAI((1, 1025, 2, 3)))

@@ -36,10 +36,10 @@ Conventions (cuDNN 9, ``cudnn_adv.h`` and the cuDNN API reference)
       occupancy of class ``k`` at ``t`` (sum over the CTC states labelled
       ``k`` of ``alpha * beta / p(labels | x)``).
     * ``normalization="none"`` (``CUDNN_LOSS_NORMALIZATION_NONE``): ``x``
-      holds probabilities (each ``x[t, n, :]`` already softmax-normalised);
-      cuDNN documents this mode as inconsistent: the gradient is still taken
-      with respect to the unnormalized activations before that softmax,
-      ``x - gamma``, not with respect to ``x``.
+      holds probabilities (each ``x[t, n, :]`` already softmax-normalised) and
+      ``grads`` is the gradient with respect to those probabilities,
+      ``-gamma / x`` (measured on an H200 with cuDNN 9.19; cuDNN's own
+      documentation calls this mode inconsistent).
     * ``algo``: ``"deterministic"`` (``CUDNN_CTC_LOSS_ALGO_DETERMINISTIC``,
       bitwise-repeatable) or ``"non_deterministic"``
       (``CUDNN_CTC_LOSS_ALGO_NON_DETERMINISTIC``). Under
@@ -53,14 +53,18 @@ Conventions (cuDNN 9, ``cudnn_adv.h`` and the cuDNN API reference)
       needs ``label_lengths[n] + repeats[n]`` time steps, ``repeats[n]`` being
       the number of ``i`` with ``labels[i] == labels[i - 1]`` inside its label.
       A sample with ``label_lengths[n] <= input_lengths[n] < label_lengths[n] +
-      repeats[n]`` is not an error: no alignment exists, its cost is infinite
-      (cuDNN's value; expected ``inf``), and cuDNN calls it out of bounds (OOB):
+      repeats[n]`` is not an error: no alignment exists and its cost is
+      ``+inf`` (cuDNN itself reports 0 there; cudnnkit writes ``inf``, as
+      torch's ``ctc_loss`` gives). cuDNN calls such a sample out of bounds (OOB):
       ``oob_grads="zero"`` (``CUDNN_CTC_ZERO_OOB_GRADIENTS``, the default)
       sets its gradient to zero, ``oob_grads="skip"``
       (``CUDNN_CTC_SKIP_OOB_GRADIENTS``) leaves that sample's part of
       ``grads`` as it was (only meaningful with ``grads_out=``).
     * Time steps ``t >= input_lengths[n]`` do not enter ``costs[n]``; their
-      gradient is zero.
+      gradient is zero (cuDNN does not write them: cudnnkit zeroes them).
+    * Every sample needs at least one label: for an empty label cuDNN 9.19
+      returns a cost of 0 rather than ``-log p(all blanks)``, so
+      ``label_lengths[n] == 0`` is refused.
     * No reduction: ``costs`` is per sample. A sum or mean over the batch (and
       the matching scaling of ``grads``) belongs to the caller or the
       framework integrations.
@@ -80,7 +84,7 @@ from typing import Any
 import numpy as np
 
 from .. import lib
-from ..runtime import DescriptorKind, current_settings, get_cached, prepare
+from ..runtime import DescriptorKind, current_settings, get_cached, prepare, scaling_ref, tensor_descriptor
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.descriptors import TENSOR
 
@@ -198,9 +202,10 @@ def _validate(labels: np.ndarray, label_lengths: np.ndarray, input_lengths: np.n
         if labels.size:
             raise ValueError(f"labels has {labels.size} values but the batch is empty")
         return
-    bad = np.flatnonzero(label_lengths < 0)
+    bad = np.flatnonzero(label_lengths < 1)
     if bad.size:
-        raise ValueError(f"label_lengths[{bad[0]}] is {label_lengths[bad[0]]}; lengths cannot be negative")
+        raise ValueError(f"label_lengths[{bad[0]}] is {label_lengths[bad[0]]}; cuDNN's CTC loss needs at least one "
+                         "label per sample (for an empty label it returns a cost of 0, not -log p(all blanks))")
     bad = np.flatnonzero(label_lengths > MAX_LABEL_LENGTH)
     if bad.size:
         raise ValueError(f"label_lengths[{bad[0]}] is {label_lengths[bad[0]]}; cuDNN's CTC loss supports labels of at "
@@ -278,7 +283,8 @@ def ctc_loss(
     idx_ll = _read_index(label_lengths, vll, "label_lengths")
     idx_il = _read_index(input_lengths, vil, "input_lengths")
     _validate(idx_lab.values, idx_ll.values, idx_il.values, T, N, A)
-    if N and _log.isEnabledFor(logging.DEBUG):
+    short = np.empty(0, np.int64)
+    if N:
         short = np.flatnonzero(idx_ll.values + _repeats(idx_lab.values, idx_ll.values) > idx_il.values)
         if short.size:
             _log.debug("ctc_loss: samples %s have fewer input steps than label length + repeats: infinite cost, "
@@ -331,11 +337,26 @@ def ctc_loss(
     size = ctypes.c_size_t()
     lib.cudnnGetCTCLossWorkspaceSize_v8(handle, _ALGOS[algo], ctc, desc, desc, ctypes.byref(size))
     ws, ws_ptr = launch.workspace(size.value)
+    padded = np.flatnonzero(idx_il.values < T)
+    if padded.size and grads_out is None:
+        # cuDNN leaves the frames t >= input_lengths[n] unwritten: zero the new buffer first
+        lib.cudnnSetTensor(handle, desc, vg.ptr, scaling_ref("float32", 0.0))
+    elif padded.size:
+        # only the padded frames of each short sample, so oob_grads="skip" keeps the rest of grads_out
+        for n in padded.tolist():
+            t0 = int(idx_il.values[n])
+            frames = tensor_descriptor("float32", (T - t0, A), (N * A, 1))
+            lib.cudnnSetTensor(handle, frames, vg.ptr + 4 * (t0 * N * A + n * A), scaling_ref("float32", 0.0))
     lib.cudnnCTCLoss_v8(
         handle, _ALGOS[algo], ctc, desc, vx.ptr,
         ctypes.cast(idx_lab.ptr, _INT_P), ctypes.cast(idx_ll.ptr, _INT_P), ctypes.cast(idx_il.ptr, _INT_P),
         vc.ptr, desc, vg.ptr, size.value, ws_ptr,
     )
+    if short.size:
+        # cuDNN reports a cost of 0 for a sample with no possible alignment; its cost is +inf
+        one = get_cached(TENSOR, ("float32", (1, 1, 1, 1), (1, 1, 1, 1)))
+        for n in short.tolist():
+            lib.cudnnSetTensor(handle, one, vc.ptr + 4 * n, scaling_ref("float32", float("inf")))
     if other_stream:
         # the uploaded buffer belongs to the current stream's allocator pool: keep it until cuDNN is done
         launch.adapter.synchronize(launch.device)

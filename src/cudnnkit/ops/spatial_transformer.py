@@ -153,6 +153,10 @@ def _size(size: Sequence[int]) -> tuple[int, int, int, int]:
         raise ValueError(f"size (N, C, H, W) needs N >= 0 and positive C, H and W, got {tuple(out)}")
     if max(out) > _INT_MAX:
         raise ValueError(f"size values must fit cuDNN's int (at most {_INT_MAX}), got {tuple(out)}")
+    if h < 2 or w < 2:
+        # the grid spaces points as -1 + 2 i / (H - 1): undefined for one row or column, and cuDNN 9.19's
+        # values there differ from torch's centre-at-0 convention (measured on an H200)
+        raise ValueError(f"size needs H >= 2 and W >= 2 (the grid is -1 + 2 i / (H - 1)), got {tuple(out)}")
     return n, c, h, w
 
 
@@ -336,6 +340,10 @@ def grid_sample_forward(
     return y
 
 
+#: Most channels ``cudnnSpatialTfSamplerBackward`` accepts (cuDNN 9.19 refuses 1100).
+MAX_BACKWARD_CHANNELS = 1024
+
+
 def grid_sample_backward(
     x: Any,
     grid: Any,
@@ -369,6 +377,10 @@ def grid_sample_backward(
         raise ValueError(f"dy must have shape (N, C, H_out, W_out) = {(n, c, ho, wo)}, got {vdy.shape}")
     if beta_dgrid != 0 and dgrid_out is None:
         raise ValueError("beta_dgrid != 0 blends into an existing output: pass dgrid_out=")
+    if c > MAX_BACKWARD_CHANNELS:
+        raise ValueError(f"x has {c} channels; cuDNN's sampler backward supports at most {MAX_BACKWARD_CHANNELS} "
+                         "(cuDNN 9.19 returns NOT_SUPPORTED for 1100, measured on an H200; PyTorch avoids cuDNN "
+                         "above 1024 too)")
     if n == 0:
         dx = launch.output(dx_out, vx.shape, dtype, name="dx_out", beta=beta)[0]
         return dx, launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid)[0]

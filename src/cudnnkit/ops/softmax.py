@@ -9,7 +9,14 @@ layout whose groups of axes can be merged are passed without a copy):
 * reduced axes trailing (``H == 1``): ``CUDNN_SOFTMAX_MODE_INSTANCE`` over ``(N, C, 1, 1)``;
 * otherwise: ``CUDNN_SOFTMAX_MODE_CHANNEL`` over ``(N, C, H, 1)``.
 
-Both modes are one cuDNN call. Where a group of axes cannot be merged (for
+Both modes are one cuDNN call. The choice was measured on an H200 (cuDNN
+9.19, ``cudnnSoftmaxForward`` alone, same tensor described both ways): for a
+trailing axis INSTANCE over ``(N, C, 1, 1)`` is far faster than CHANNEL on the
+same shape for float32 4096x32000 (0.34 against 0.74 ms), within 3% of it for
+524288x2048 and 65536x128, and equal in bfloat16; so trailing axes use
+INSTANCE. A non-trailing axis has only the CHANNEL form without a copy.
+
+Where a group of axes cannot be merged (for
 example a slice with gaps inside the reduced axes) the input is copied to a
 contiguous array first, and the copy is logged on the ``cudnnkit`` logger at
 debug level. Which mapping was chosen is logged too.

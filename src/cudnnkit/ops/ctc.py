@@ -338,11 +338,12 @@ def ctc_loss(
     lib.cudnnGetCTCLossWorkspaceSize_v8(handle, _ALGOS[algo], ctc, desc, desc, ctypes.byref(size))
     ws, ws_ptr = launch.workspace(size.value)
     padded = np.flatnonzero(idx_il.values < T)
-    if padded.size and grads_out is None:
-        # cuDNN leaves the frames t >= input_lengths[n] unwritten: zero the new buffer first
-        lib.cudnnSetTensor(handle, desc, vg.ptr, scaling_ref("float32", 0.0))
+    if padded.size and (grads_out is None or oob == "zero"):
+        # cuDNN leaves the frames t >= input_lengths[n] unwritten: zero the buffer first (one pass)
+        whole = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)))
+        lib.cudnnSetTensor(handle, whole, vg.ptr, scaling_ref("float32", 0.0))
     elif padded.size:
-        # only the padded frames of each short sample, so oob_grads="skip" keeps the rest of grads_out
+        # oob_grads="skip" into grads_out: zero only each short sample's padded frames, keeping the rest
         for n in padded.tolist():
             t0 = int(idx_il.values[n])
             frames = tensor_descriptor("float32", (T - t0, A), (N * A, 1))

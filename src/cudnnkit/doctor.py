@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import __version__, lib
+from . import __version__, lib, ops
 from .runtime import adapters, shapes
 from .runtime.descriptors import tensor_descriptor
 from .runtime.dtypes import scaling
@@ -154,26 +154,62 @@ def _gpu_checks(ad, device: int) -> list[tuple[str, Check]]:
         assert err == 0, err
         return "cudnnScaleTensor float64 exact"
 
+    def rel(got, ref) -> float:
+        return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
     def softmax() -> str:
-        a = rng.standard_normal((8, 10, 1, 1)).astype(np.float32)
-        x = ad.from_numpy(a, device)
-        launch, (vx,) = prepare(("x", x))
-        y, vy = launch.empty(vx.shape, vx.dtype)
-        d = tensor_descriptor(vx.dtype, vx.shape, vx.strides)
-        one, zero = scaling("float32", 1.0), scaling("float32", 0.0)
-        lib.cudnnSoftmaxForward(launch.handle, lib.CUDNN_SOFTMAX_ACCURATE, lib.CUDNN_SOFTMAX_MODE_INSTANCE,
-                                ctypes.byref(one), d, vx.ptr, ctypes.byref(zero), d, vy.ptr)
-        ref = np.exp(a.astype(np.float64) - a.max(axis=1, keepdims=True))
+        a = rng.standard_normal((8, 10, 3)).astype(np.float32)
+        y = ad.to_numpy(ops.softmax_forward(ad.from_numpy(a, device), axis=1)).astype(np.float64)
+        ref = np.exp(a - a.max(axis=1, keepdims=True))
         ref /= ref.sum(axis=1, keepdims=True)
-        rel = np.linalg.norm(ad.to_numpy(y) - ref) / np.linalg.norm(ref)
-        assert rel < 1e-6, rel
-        return f"cudnnSoftmaxForward rel err {rel:.1e}"
+        err = rel(y, ref)
+        assert err < 1e-5, err
+        return f"softmax_forward over axis 1, rel err {err:.1e}"
+
+    def dropout() -> str:
+        a = rng.uniform(1, 2, (64, 1024)).astype(np.float32)
+        x = ad.from_numpy(a, device)
+        y, reserve = ops.dropout_forward(x, 0.25, state=ops.DropoutState(x, seed=7))
+        y = ad.to_numpy(y)
+        kept = y != 0
+        assert abs(1 - kept.mean() - 0.25) < 0.02 and np.allclose(y[kept], a[kept] / 0.75, rtol=1e-6)
+        return f"dropout_forward p=0.25, dropped {1 - kept.mean():.3f}"
+
+    def lrn() -> str:
+        a = rng.standard_normal((2, 7, 4, 4))
+        y = ad.to_numpy(ops.lrn_forward(ad.from_numpy(a, device), size=3, alpha=0.5, beta=0.75, k=2.0))
+        sq = np.pad(a**2, ((0, 0), (1, 1), (0, 0), (0, 0)))
+        ref = a / (2.0 + 0.5 / 3 * (sq[:, :-2] + sq[:, 1:-1] + sq[:, 2:])) ** 0.75
+        err = rel(y, ref)
+        assert err < 1e-12, err
+        return f"lrn_forward float64, rel err {err:.1e}"
+
+    def spatial_transformer() -> str:
+        theta = np.tile(np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), (2, 1, 1))
+        a = rng.standard_normal((2, 3, 5, 6))
+        grid = ops.affine_grid_forward(ad.from_numpy(theta, device), size=(2, 3, 5, 6))
+        y = ad.to_numpy(ops.grid_sample_forward(ad.from_numpy(a, device), grid))
+        err = rel(y, a)
+        assert err < 1e-12, err
+        return f"identity affine grid + bilinear sampler reproduce x, rel err {err:.1e}"
+
+    def ctc() -> str:
+        x = ad.from_numpy(rng.standard_normal((6, 2, 4)).astype(np.float32), device)
+        costs, grads = ops.ctc_loss(x, [1, 2, 3], [2, 1], [6, 4])
+        c = ad.to_numpy(costs)
+        g = ad.to_numpy(grads)
+        assert np.isfinite(c).all() and (c > 0).all() and np.allclose(g.sum(axis=2), 0, atol=1e-5)
+        return f"ctc_loss costs {np.round(c, 3).tolist()}"
 
     return [
         ("handle", handle),
         ("tensor: set", set_tensor),
         ("tensor: scale", scale_tensor),
         ("softmax", softmax),
+        ("dropout", dropout),
+        ("lrn", lrn),
+        ("spatial transformer", spatial_transformer),
+        ("ctc loss", ctc),
     ]
 
 

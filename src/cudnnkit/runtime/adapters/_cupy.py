@@ -24,6 +24,24 @@ def _numpy_dtype(dtype: str):
     return numpy.dtype(name)
 
 
+class _StreamPointer:
+    """A raw ``cudaStream_t`` offered through the CUDA stream protocol."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
+def _external(ptr: int):
+    """A CuPy stream object for a raw ``cudaStream_t`` (``Stream.from_external`` in CuPy 14, else ``ExternalStream``)."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamPointer(ptr))
+    return cupy.cuda.ExternalStream(ptr)
+
+
 class CupyAdapter:
     name = "cupy"
     module = cupy
@@ -42,7 +60,7 @@ class CupyAdapter:
         nd = _numpy_dtype(dtype)
         with cupy.cuda.Device(device):
             if stream is not None and stream != self.current_stream(device):
-                with cupy.cuda.ExternalStream(stream):
+                with _external(stream):
                     return self._empty(shape, nd, strides)
             return self._empty(shape, nd, strides)
 
@@ -64,7 +82,7 @@ class CupyAdapter:
     def contiguous(self, arr: cupy.ndarray, stream: int | None = None) -> cupy.ndarray:
         with arr.device:
             if stream is not None and stream != self.current_stream(arr.device.id):
-                with cupy.cuda.ExternalStream(stream):
+                with _external(stream):
                     return cupy.ascontiguousarray(arr)
             return cupy.ascontiguousarray(arr)
 

@@ -28,6 +28,8 @@ import pytest
 
 from cudnnkit.ops.ctc import MAX_LABEL_LENGTH, ctc_loss
 
+from ..numerics import finite_difference, host, rel
+
 pytestmark = pytest.mark.gpu
 
 TOL = 1e-4  # float32, relative
@@ -158,15 +160,6 @@ def valid_frames(il, shape):
     return (np.arange(T)[:, None] < np.asarray(il)[None, :])[:, :, None] & np.ones((1, 1, A), bool)
 
 
-def rel(got, ref):
-    assert np.isfinite(got).all(), "non-finite output"
-    return np.linalg.norm(got - ref) / np.linalg.norm(ref)
-
-
-def host(xp, arr):
-    return xp.to_numpy(arr).astype(np.float64)
-
-
 def as_index(xp, a, form):
     a = np.asarray(a)
     if form == "list":
@@ -216,13 +209,7 @@ def test_reference_gradient_by_finite_differences():
         return float(ctc_ref(a, labels, ll, il)[0] @ w)
 
     g = ctc_ref(x, labels, ll, il)[1] * w[None, :, None]
-    eps = 1e-6
-    num = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        p, m = x.copy(), x.copy()
-        p[i] += eps
-        m[i] -= eps
-        num[i] = (loss(p) - loss(m)) / (2 * eps)
+    num = finite_difference(loss, x)
     assert rel(g, num) < 1e-7
     assert np.all(num[~valid_frames(il, x.shape)] == 0)  # frames past an input length do not matter
 

@@ -7,34 +7,11 @@ import pytest
 
 from cudnnkit import ops
 
-from .test_runtime_gpu import np_dtype
+from ..numerics import dev, finite_difference, host, rel, seen
 
 pytestmark = pytest.mark.gpu
 
 TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 3e-3, "bfloat16": 1.5e-2}
-
-
-def dev(xp, a, dtype="float64", layout="nchw"):
-    a = np.asarray(a)
-    if layout == "nhwc":
-        perm = xp.from_numpy(np.ascontiguousarray(np.moveaxis(a, 1, -1)).astype(np_dtype(dtype)), 0)
-        order = (0, a.ndim - 1, *range(1, a.ndim - 1))
-        return perm.permute(*order) if xp.name == "torch" else perm.transpose(order)
-    return xp.from_numpy(a.astype(np_dtype(dtype)), 0)
-
-
-def host(xp, arr):
-    return xp.to_numpy(arr).astype(np.float64)
-
-
-def seen(a, dtype):
-    """The values the GPU holds for ``a`` in ``dtype``, back in float64."""
-    return np.asarray(a).astype(np_dtype(dtype)).astype(np.float64)
-
-
-def rel(got, ref):
-    assert np.isfinite(got).all(), "non-finite output"
-    return np.linalg.norm(got - ref) / np.linalg.norm(ref)
 
 
 # ----------------------------------------------------------------- tensor helpers
@@ -168,13 +145,7 @@ def test_lrn_gradient_finite_differences(xp):
     f = lambda arr: float((host(xp, ops.lrn_forward(xp.from_numpy(arr, 0), size=3, **LRN_P)) * w).sum())  # noqa: E731
     x = xp.from_numpy(a, 0)
     dx = host(xp, ops.lrn_backward(xp.from_numpy(w, 0), ops.lrn_forward(x, size=3, **LRN_P), x, size=3, **LRN_P))
-    num = np.zeros_like(a)
-    for i in np.ndindex(a.shape):
-        p, m = a.copy(), a.copy()
-        p[i] += 1e-6
-        m[i] -= 1e-6
-        num[i] = (f(p) - f(m)) / 2e-6
-    assert rel(dx, num) < 1e-7
+    assert rel(dx, finite_difference(f, a)) < 1e-7
 
 
 # ----------------------------------------------------------------- divisive normalization
@@ -245,14 +216,8 @@ def test_divnorm_gradients_with_means_by_finite_differences(xp):
         return float((host(xp, y) * w).sum())
 
     dx, dm = ops.divisive_normalization_backward(xp.from_numpy(w, 0), xp.from_numpy(a, 0), xp.from_numpy(m, 0), **DN)
-    num_x, num_m = np.zeros_like(a), np.zeros_like(m)
-    for i in np.ndindex(a.shape):
-        e = np.zeros_like(a)
-        e[i] = 1e-6
-        num_x[i] = (f(a + e, m) - f(a - e, m)) / 2e-6
-        num_m[i] = (f(a, m + e) - f(a, m - e)) / 2e-6
-    assert rel(host(xp, dx), num_x) < 1e-6
-    assert rel(host(xp, dm), num_m) < 1e-6
+    assert rel(host(xp, dx), finite_difference(lambda v: f(v, m), a)) < 1e-6
+    assert rel(host(xp, dm), finite_difference(lambda v: f(a, v), m)) < 1e-6
 
 
 # ----------------------------------------------------------------- dropout

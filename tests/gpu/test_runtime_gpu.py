@@ -14,26 +14,11 @@ import pytest
 from cudnnkit import lib
 from cudnnkit.runtime import as_view, prepare, scaling, tensor_descriptor
 
+from ..numerics import host, poisoned
+
 pytestmark = pytest.mark.gpu
 
 DTYPES = ["float32", "float64", "float16", "bfloat16"]
-
-
-def np_dtype(name):
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def host(xp, arr) -> np.ndarray:
-    a = xp.to_numpy(arr)
-    return a.astype(np.float64)
-
-
-def poisoned(xp, shape, dtype):
-    return xp.from_numpy(np.full(shape, np.nan, dtype=np_dtype(dtype)), 0)
 
 
 def set_tensor(arr, value, *, stream=None):

@@ -7,7 +7,7 @@ import pytest
 
 from cudnnkit.ops import softmax_backward, softmax_forward
 
-from .test_runtime_gpu import np_dtype
+from ..numerics import dev, finite_difference, host, np_dtype, rel
 
 pytestmark = pytest.mark.gpu
 
@@ -32,23 +32,6 @@ def axes_tuple(axis, ndim):
     return tuple(sorted(i % ndim for i in a))
 
 
-def rel(got, ref):
-    assert np.isfinite(got).all(), "non-finite output"
-    return np.linalg.norm(got - ref) / np.linalg.norm(ref)
-
-
-def to_device(xp, a, dtype, layout):
-    arr = xp.from_numpy(a.astype(np_dtype(dtype)), 0)
-    if layout == "nhwc":  # same logical shape, channels-last memory
-        perm = xp.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 3, 1)).astype(np_dtype(dtype)), 0)
-        arr = perm.permute(0, 3, 1, 2) if xp.name == "torch" else perm.transpose(0, 3, 1, 2)
-    return arr
-
-
-def host(xp, arr):
-    return xp.to_numpy(arr).astype(np.float64)
-
-
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("axis", [1, -1, (2, 3), (1, 2, 3)])
@@ -59,14 +42,14 @@ def test_forward_and_backward_match_float64_reference(xp, dtype, layout, axis, l
     a = rng.standard_normal(shape) * 2
     g = rng.standard_normal(shape)
     axes = axes_tuple(axis, 4)
-    x = to_device(xp, a, dtype, layout)
+    x = dev(xp, a, dtype, layout)
     xa = a.astype(np_dtype(dtype)).astype(np.float64)  # the values the GPU actually sees
     y = softmax_forward(x, axis=axis, log=log)
     y_ref = ref_softmax(xa, axes, log)
     assert rel(host(xp, y), y_ref) < TOL[dtype]
     # backward from the reference y (so it is tested independently of the forward)
-    yin = to_device(xp, y_ref, dtype, layout)
-    dy = to_device(xp, g, dtype, layout)
+    yin = dev(xp, y_ref, dtype, layout)
+    dy = dev(xp, g, dtype, layout)
     dx = softmax_backward(dy, yin, axis=axis, log=log)
     ya = y_ref.astype(np_dtype(dtype)).astype(np.float64)
     ga = g.astype(np_dtype(dtype)).astype(np.float64)
@@ -134,11 +117,4 @@ def test_gradient_by_finite_differences_float64(xp, log):
 
     y = softmax_forward(x, axis=1, log=log)
     dx = host(xp, softmax_backward(xp.from_numpy(w, 0), y, axis=1, log=log))
-    eps = 1e-6
-    num = np.zeros_like(a)
-    for i in np.ndindex(a.shape):
-        p, m = a.copy(), a.copy()
-        p[i] += eps
-        m[i] -= eps
-        num[i] = (loss(p) - loss(m)) / (2 * eps)
-    assert rel(dx, num) < 1e-7
+    assert rel(dx, finite_difference(loss, a)) < 1e-7

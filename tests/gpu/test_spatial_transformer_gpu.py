@@ -25,7 +25,7 @@ from cudnnkit.ops.spatial_transformer import (
     grid_sample_forward,
 )
 
-from .test_runtime_gpu import np_dtype
+from ..numerics import dev, finite_difference, host, np_dtype, permute, poisoned, rel
 
 pytestmark = pytest.mark.gpu
 
@@ -205,30 +205,9 @@ def theta_away_from_integers(rng, size, h: int, w: int, margin: float, dtype: st
 # ----------------------------------------------------------------- device helpers
 
 
-def dev(xp, a: np.ndarray, dtype: str):
-    return xp.from_numpy(np.ascontiguousarray(a).astype(np_dtype(dtype)), 0)
-
-
-def host(xp, arr) -> np.ndarray:
-    return xp.to_numpy(arr).astype(np.float64)
-
-
-def permute(xp, arr, axes):
-    return arr.permute(*axes) if xp.name == "torch" else arr.transpose(axes)
-
-
 def nchw_from_nhwc(xp, a: np.ndarray, dtype: str):
     """``a`` (N, C, H, W) as a channels-last (NHWC memory) view with the same logical shape."""
     return permute(xp, dev(xp, a.transpose(0, 2, 3, 1), dtype), (0, 3, 1, 2))
-
-
-def poisoned(xp, shape, dtype: str):
-    return xp.from_numpy(np.full(shape, np.nan, dtype=np_dtype(dtype)), 0)
-
-
-def rel(got: np.ndarray, ref: np.ndarray) -> float:
-    assert np.isfinite(got).all(), "non-finite output"
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
 def check(got: np.ndarray, np_ref: np.ndarray, torch_ref: np.ndarray | None, tol: float, what: str) -> None:
@@ -456,16 +435,6 @@ def test_many_channels(xp, rng):
 # ----------------------------------------------------------------- finite differences (float64)
 
 
-def _fd(f, a: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    g = np.zeros_like(a)
-    for i in np.ndindex(a.shape):
-        p, m = a.copy(), a.copy()
-        p[i] += eps
-        m[i] -= eps
-        g[i] = (f(p) - f(m)) / (2 * eps)
-    return g
-
-
 def test_gradients_by_finite_differences_float64(xp, rng):
     """dx and dgrid of loss = sum(wt * grid_sample(x, grid)), and dtheta of loss(theta) through the affine grid,
     against central differences of the cuDNN forward. Grid points stay >= 0.1 pixel from integer positions."""
@@ -478,8 +447,8 @@ def test_gradients_by_finite_differences_float64(xp, rng):
         return float((host(xp, grid_sample_forward(dev(xp, xa, "float64"), dev(xp, ga, "float64"))) * wt).sum())
 
     dx, dgrid = grid_sample_backward(dev(xp, x, "float64"), dev(xp, grid, "float64"), dev(xp, wt, "float64"))
-    assert rel(host(xp, dx), _fd(lambda a: loss(a, grid), x)) < 1e-7
-    assert rel(host(xp, dgrid), _fd(lambda g: loss(x, g), grid)) < 1e-7
+    assert rel(host(xp, dx), finite_difference(lambda a: loss(a, grid), x)) < 1e-7
+    assert rel(host(xp, dgrid), finite_difference(lambda g: loss(x, g), grid)) < 1e-7
 
     # dtheta through the grid: draw theta whose grid points stay away from integer pixel positions
     size = (n, c, ho, wo)
@@ -492,4 +461,4 @@ def test_gradients_by_finite_differences_float64(xp, rng):
     g = affine_grid_forward(dev(xp, theta, "float64"), size=size)
     _, dg = grid_sample_backward(dev(xp, x, "float64"), g, dev(xp, wt, "float64"))
     dtheta = host(xp, affine_grid_backward(dg, size=size))
-    assert rel(dtheta, _fd(loss_theta, theta)) < 1e-7
+    assert rel(dtheta, finite_difference(loss_theta, theta)) < 1e-7

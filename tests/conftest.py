@@ -7,8 +7,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 import pytest
+
+#: Set by scripts/gpu-tests: on a GPU machine, a library that fails to import or to see the GPU is an
+#: error, not a reason to skip the GPU tier.
+REQUIRE_GPU = os.environ.get("CUDNNKIT_REQUIRE_GPU") == "1"
+_problems: list[str] = []
 
 
 @functools.cache
@@ -19,12 +25,17 @@ def gpu_libraries() -> tuple[str, ...]:
     found = []
     for name in adapters.names():
         if importlib.util.find_spec(name) is None:
+            _problems.append(f"{name} is not installed")
             continue
         try:
-            if adapters.get(name).device_count() > 0:
-                found.append(name)
-        except Exception:
-            pass
+            n = adapters.get(name).device_count()
+        except Exception as exc:
+            _problems.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        if n > 0:
+            found.append(name)
+        else:
+            _problems.append(f"{name} sees no CUDA device")
     return tuple(found)
 
 
@@ -35,6 +46,11 @@ def gpu_skip_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    libs = gpu_libraries()
+    if REQUIRE_GPU and len(libs) < 2:
+        raise pytest.UsageError(
+            "CUDNNKIT_REQUIRE_GPU=1 but the GPU tier cannot run for both CuPy and torch: " + "; ".join(_problems)
+        )
     reason = gpu_skip_reason()
     if reason is None:
         return

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import gpu_libraries
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "cudnnkit"
@@ -50,19 +52,39 @@ def test_no_framework_imports_outside_adapters():
     assert not offenders, offenders
 
 
-def test_l0_does_not_import_upper_layers():
-    for p in (SRC / "lib").rglob("*.py"):
-        tree = ast.parse(p.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level >= 2:
-                raise AssertionError(f"{p.name} reaches above L0: from {'.' * node.level}{node.module}")
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cudnnkit.") and \
-                    not node.module.startswith("cudnnkit.lib"):
-                raise AssertionError(f"{p.name} imports {node.module}")
+def _cudnnkit_imports(path: Path) -> set[str]:
+    """Absolute names of the cudnnkit modules a file imports (relative imports resolved)."""
+    package = ["cudnnkit", *path.relative_to(SRC).parent.parts]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            mod = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            if not mod.startswith("cudnnkit"):
+                continue
+            if node.module is None or mod in ("cudnnkit",):
+                out |= {f"{mod}.{a.name}" for a in node.names}
+            else:
+                out.add(mod)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("cudnnkit")}
+    return out
+
+
+@pytest.mark.parametrize("layer, allowed", [
+    ("lib", ("cudnnkit.lib",)),
+    ("runtime", ("cudnnkit.lib", "cudnnkit.runtime")),
+    ("ops", ("cudnnkit.lib", "cudnnkit.runtime", "cudnnkit.ops")),
+])
+def test_imports_point_downward_only(layer, allowed):
+    for p in (SRC / layer).rglob("*.py"):
+        for mod in _cudnnkit_imports(p):
+            assert mod.startswith(allowed), f"{p.relative_to(SRC)} imports {mod}, above its layer"
 
 
 def test_importing_cudnnkit_imports_no_framework():
-    code = "import sys, cudnnkit, cudnnkit.runtime; print(sorted(m for m in ('torch','cupy','jax') if m in sys.modules))"
+    code = ("import sys, cudnnkit, cudnnkit.runtime, cudnnkit.ops; "
+            "print(sorted(m for m in ('torch','cupy','jax') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"
 

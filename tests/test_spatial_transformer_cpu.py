@@ -364,6 +364,9 @@ class _FakeAdapter:
         v.adapter = self
         return v
 
+    def current_device(self):
+        return 0
+
     def contiguous(self, arr, stream=None):
         if self.view(arr, "arr").is_contiguous():
             return arr

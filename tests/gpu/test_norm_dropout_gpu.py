@@ -7,7 +7,7 @@ import pytest
 
 from cudnnkit import ops
 
-from ..numerics import dev, finite_difference, host, rel, seen
+from ..numerics import dev, finite_difference, host, poisoned, rel, seen
 
 pytestmark = pytest.mark.gpu
 
@@ -57,7 +57,9 @@ def test_transform_layout(xp, dtype, src, layout):
 
 def test_transform_padding(xp):
     a = np.random.default_rng().standard_normal((2, 3, 4, 5)).astype(np.float32)
-    y = ops.transform_tensor(xp.from_numpy(a, 0), pad_before=(0, 0, 1, 2), pad_after=(0, 0, 2, 1))
+    out = poisoned(xp, (2, 3, 7, 8), "float32")  # the zero padding must be written, not left
+    y = ops.transform_tensor(xp.from_numpy(a, 0), pad_before=(0, 0, 1, 2), pad_after=(0, 0, 2, 1), out=out)
+    assert y is out
     want = np.pad(a.astype(np.float64), ((0, 0), (0, 0), (1, 2), (2, 1)))
     assert host(xp, y).shape == (2, 3, 7, 8)
     assert np.array_equal(host(xp, y), want)
@@ -106,7 +108,7 @@ def test_lrn_forward_backward_reference(xp, dtype, layout, size):
     rng = np.random.default_rng()
     a, g = rng.standard_normal((3, 7, 5, 4)), rng.standard_normal((3, 7, 5, 4))
     x = dev(xp, a, dtype, layout)
-    y = ops.lrn_forward(x, size=size, **LRN_P)
+    y = ops.lrn_forward(x, size=size, **LRN_P, out=poisoned(xp, a.shape, dtype))
     xa = seen(a, dtype)
     y_ref, _ = ref_lrn(xa, size, **LRN_P)
     assert rel(host(xp, y), y_ref) < TOL[dtype]
@@ -194,7 +196,7 @@ def test_divnorm_reference_without_means(xp, dtype, layout, size):
     a, g = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((2, 3, 7, 6))
     p = dict(DN, size=size)
     x = dev(xp, a, dtype, layout)
-    y = ops.divisive_normalization_forward(x, **p)
+    y = ops.divisive_normalization_forward(x, **p, out=poisoned(xp, a.shape, dtype))
     xa = seen(a, dtype)
     assert rel(host(xp, y), ref_divnorm(xa, **p)[0]) < TOL[dtype]
     dx, dm = ops.divisive_normalization_backward(dev(xp, g, dtype, layout), x, **p)
@@ -203,6 +205,19 @@ def test_divnorm_reference_without_means(xp, dtype, layout, size):
     # transpose, so it is not the exact gradient there (found on the H200); odd sizes are exact.
     ref = ref_divnorm_backward(xa, seen(g, dtype), **p, mirrored=size % 2 == 1)
     assert rel(host(xp, dx), ref) < TOL[dtype] * (1 if dtype == "float64" else 10)
+
+
+def test_divnorm_on_a_sliced_x(xp):
+    # cuDNN describes x and its scratch buffers with one descriptor: a gapped x is copied first
+    rng = np.random.default_rng()
+    base, g = rng.standard_normal((2, 3, 12, 6)), rng.standard_normal((2, 3, 6, 6))
+    full = xp.from_numpy(base, 0)
+    x = full[:, :, ::2]
+    y = ops.divisive_normalization_forward(x, **DN)
+    assert rel(host(xp, y), ref_divnorm(base[:, :, ::2], **DN)[0]) < 1e-12
+    dx, _ = ops.divisive_normalization_backward(xp.from_numpy(g, 0), x, **DN)
+    assert rel(host(xp, dx), ref_divnorm_backward(base[:, :, ::2], g, **DN)) < 1e-12
+    assert np.array_equal(host(xp, full), base)  # the input is untouched
 
 
 def test_divnorm_gradients_with_means_by_finite_differences(xp):
@@ -234,7 +249,7 @@ def test_dropout_statistics_scale_and_backward(xp, dtype, p):
     a = rng.uniform(0.5, 1.5, shape)  # never zero, so a zero in y is a dropped element
     x = dev(xp, a, dtype)
     st = ops.DropoutState(x, seed=int(rng.integers(2**63)))
-    y, reserve = ops.dropout_forward(x, p, state=st)
+    y, reserve = ops.dropout_forward(x, p, state=st, out=poisoned(xp, shape, dtype))  # NaN: unwritten shows
     yh, xa = host(xp, y), seen(a, dtype)
     kept = yh != 0
     n = kept.size
@@ -242,7 +257,7 @@ def test_dropout_statistics_scale_and_backward(xp, dtype, p):
     assert abs(frac - p) < 5 * np.sqrt(p * (1 - p) / n), (frac, p)
     assert rel(yh[kept], seen(xa[kept] / (1 - p), dtype)) < DROPOUT_TOL[dtype]
     g = rng.standard_normal(shape)
-    dx = host(xp, ops.dropout_backward(dev(xp, g, dtype), reserve, p, state=st))
+    dx = host(xp, ops.dropout_backward(dev(xp, g, dtype), reserve, p, state=st, out=poisoned(xp, shape, dtype)))
     assert np.array_equal(dx != 0, kept)  # the same mask
     assert rel(dx[kept], seen(g, dtype)[kept] / (1 - p)) < DROPOUT_TOL[dtype]
 

@@ -1,9 +1,12 @@
 """L2: array-level wrappers that mirror cuDNN's forward and backward calls.
 
 Each function takes CUDA arrays (CuPy, torch, or any ``__cuda_array_interface__``
-/ DLPack array) and keywords, allocates outputs with the input's library, runs
-on that library's current stream (or ``stream=``), and rejects bad input with
-a Python exception naming the argument before any GPU work.
+/ DLPack array) and keywords, runs on the array library's current stream (or
+``stream=``; the legacy default stream for arrays without an adapter), and
+rejects bad input with a Python exception naming the argument before any GPU
+work. Outputs are allocated with the input's library; arrays of a library
+without a cudnnkit adapter need ``out=`` (and ``DropoutState`` and host CTC
+labels need CuPy or torch).
 """
 
 from __future__ import annotations

@@ -86,7 +86,6 @@ import numpy as np
 from .. import lib
 from ..runtime import DescriptorKind, current_settings, get_cached, prepare, scaling_ref, tensor_descriptor
 from ..runtime.arrays import ArrayView, contiguous_strides
-from ..runtime.descriptors import TENSOR
 
 __all__ = ["ctc_loss", "MAX_LABEL_LENGTH"]
 
@@ -290,14 +289,19 @@ def ctc_loss(
             _log.debug("ctc_loss: samples %s have fewer input steps than label length + repeats: infinite cost, "
                        "gradient per oob_grads=%r", short.tolist(), oob_grads)
 
+    # given outputs are checked before anything is allocated
+    if costs_out is not None:
+        vc = launch.output(costs_out, (N,), "float32", name="costs_out")[1]
+        if N and not vc.is_contiguous():
+            raise ValueError(f"costs_out must be contiguous, got strides {vc.strides}")
+    if grads_out is not None:
+        vg = launch.output(grads_out, (T, N, A), "float32", name="grads_out")[1]
+        if N and not vg.is_contiguous():
+            raise ValueError(f"grads_out must be C-contiguous (T, N, A), got strides {vg.strides}")
     costs, vc = launch.output(costs_out, (N,), "float32", name="costs_out")
     grads, vg = launch.output(grads_out, (T, N, A), "float32", name="grads_out")
     if N == 0:
         return costs, grads
-    if not vc.is_contiguous():
-        raise ValueError(f"costs_out must be contiguous, got strides {vc.strides}")
-    if not vg.is_contiguous():
-        raise ValueError(f"grads_out must be C-contiguous (T, N, A), got strides {vg.strides}")
 
     if not vx.is_contiguous():
         if launch.adapter is None:
@@ -316,8 +320,6 @@ def ctc_loss(
                             "copied to the device; pass them as int32 CuPy or torch device arrays, or pass x as a CuPy "
                             "array or torch tensor")
         parts = [i.values for i in pending]
-        if idx_lab.ptr is None and idx_lab.values.size == 0:
-            parts[-1] = np.ones(1, np.int64)  # never read (all lengths are 0), but a valid pointer
         buf = np.concatenate(parts).astype(np.int32)
         keep = launch.adapter.from_numpy(buf, launch.device)
         base = launch.adapter.view(keep, "labels").ptr
@@ -332,32 +334,34 @@ def ctc_loss(
 
     max_len = max(1, int(idx_ll.values.max()))
     ctc = ctc_descriptor(norm, oob, max_len)
-    desc = get_cached(TENSOR, ("float32", (T, N, A), contiguous_strides((T, N, A))))
-    handle = launch.handle
-    size = ctypes.c_size_t()
-    lib.cudnnGetCTCLossWorkspaceSize_v8(handle, _ALGOS[algo], ctc, desc, desc, ctypes.byref(size))
-    ws, ws_ptr = launch.workspace(size.value)
-    padded = np.flatnonzero(idx_il.values < T)
-    if padded.size and (grads_out is None or oob == "zero"):
-        # cuDNN leaves the frames t >= input_lengths[n] unwritten: zero the buffer first (one pass)
-        whole = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)))
-        lib.cudnnSetTensor(handle, whole, vg.ptr, scaling_ref("float32", 0.0))
-    elif padded.size:
-        # oob_grads="skip" into grads_out: zero only each short sample's padded frames, keeping the rest
-        for n in padded.tolist():
-            t0 = int(idx_il.values[n])
-            frames = tensor_descriptor("float32", (T - t0, A), (N * A, 1))
-            lib.cudnnSetTensor(handle, frames, vg.ptr + 4 * (t0 * N * A + n * A), scaling_ref("float32", 0.0))
-    lib.cudnnCTCLoss_v8(
-        handle, _ALGOS[algo], ctc, desc, vx.ptr,
-        ctypes.cast(idx_lab.ptr, _INT_P), ctypes.cast(idx_ll.ptr, _INT_P), ctypes.cast(idx_il.ptr, _INT_P),
-        vc.ptr, desc, vg.ptr, size.value, ws_ptr,
-    )
-    if short.size:
-        # cuDNN reports a cost of 0 for a sample with no possible alignment; its cost is +inf
-        one = get_cached(TENSOR, ("float32", (1, 1, 1, 1), (1, 1, 1, 1)))
-        for n in short.tolist():
-            lib.cudnnSetTensor(handle, one, vc.ptr + 4 * n, scaling_ref("float32", float("inf")))
+    desc = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)), min_dims=3)
+    with launch.on_device():
+        handle = launch.handle
+        size = ctypes.c_size_t()
+        lib.cudnnGetCTCLossWorkspaceSize_v8(handle, _ALGOS[algo], ctc, desc, desc, ctypes.byref(size))
+        ws, ws_ptr = launch.workspace(size.value)
+        padded = np.flatnonzero(idx_il.values < T)
+        if grads_out is None or (padded.size and oob == "zero"):
+            # cuDNN leaves the frames t >= input_lengths[n] (and, with oob_grads="skip", an infeasible
+            # sample's frames) unwritten: a new buffer is zeroed first, in one pass
+            whole = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)))
+            lib.cudnnSetTensor(handle, whole, vg.ptr, scaling_ref("float32", 0.0))
+        elif padded.size:
+            # oob_grads="skip" into grads_out: zero only each short sample's padded frames, keeping the rest
+            for n in padded.tolist():
+                t0 = int(idx_il.values[n])
+                frames = tensor_descriptor("float32", (T - t0, A), (N * A, 1))
+                lib.cudnnSetTensor(handle, frames, vg.ptr + 4 * (t0 * N * A + n * A), scaling_ref("float32", 0.0))
+        lib.cudnnCTCLoss_v8(
+            handle, _ALGOS[algo], ctc, desc, vx.ptr,
+            ctypes.cast(idx_lab.ptr, _INT_P), ctypes.cast(idx_ll.ptr, _INT_P), ctypes.cast(idx_il.ptr, _INT_P),
+            vc.ptr, desc, vg.ptr, size.value, ws_ptr,
+        )
+        if short.size:
+            # cuDNN reports a cost of 0 for a sample with no possible alignment; its cost is +inf
+            one = tensor_descriptor("float32", (1,), (1,))
+            for n in short.tolist():
+                lib.cudnnSetTensor(handle, one, vc.ptr + 4 * n, scaling_ref("float32", float("inf")))
     if other_stream:
         # the uploaded buffer belongs to the current stream's allocator pool: keep it until cuDNN is done
         launch.adapter.synchronize(launch.device)

@@ -26,13 +26,19 @@ import threading
 from typing import Any
 
 from .. import lib
-from ..runtime import owned_descriptor, prepare, tensor_descriptor
+from ..runtime import check_dtype, owned_descriptor, prepare, tensor_descriptor, tensor_descriptor_of
 from ..runtime.arrays import ArrayView, like_strides
 
 __all__ = ["DropoutState", "default_state", "dropout_forward", "dropout_backward"]
 
 # cuDNN 9.19's dropout returns NOT_SUPPORTED for bfloat16 (measured on an H200)
-_FLOATS = ("float16", "float32", "float64")
+_DTYPES = ("float16", "float32", "float64")
+
+
+def _check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    return seed
 
 
 class DropoutState:
@@ -43,8 +49,7 @@ class DropoutState:
     """
 
     def __init__(self, like: Any, seed: int = 0, *, stream: Any = None):
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+        _check_seed(seed)
         launch, _ = prepare(("like", like), stream=stream)
         if launch.adapter is None:
             raise TypeError("DropoutState needs an array of a library with a cudnnkit adapter (CuPy or torch)")
@@ -58,28 +63,31 @@ class DropoutState:
         self.desc = owned_descriptor("cudnnCreateDropoutDescriptor", "cudnnDestroyDropoutDescriptor")
         self.p = 0.0
         self.seed = seed
-        lib.cudnnSetDropoutDescriptor(self.desc, launch.handle, 0.0, self._ptr, self.nbytes, seed)
+        with launch.on_device():
+            lib.cudnnSetDropoutDescriptor(self.desc, launch.handle, 0.0, self._ptr, self.nbytes, seed)
 
     def reseed(self, seed: int, *, stream: Any = None) -> None:
-        """Re-initialise the RNG states from ``seed`` (``cudnnSetDropoutDescriptor``; a GPU kernel)."""
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+        """Re-initialise the RNG states from ``seed`` (``cudnnSetDropoutDescriptor``; a GPU kernel on ``stream``)."""
+        _check_seed(seed)
         launch, _ = prepare(("states", self.states), stream=stream)
-        lib.cudnnSetDropoutDescriptor(self.desc, launch.handle, self.p, self._ptr, self.nbytes, seed)
+        with launch.on_device():
+            lib.cudnnSetDropoutDescriptor(self.desc, launch.handle, self.p, self._ptr, self.nbytes, seed)
         self.seed = seed
 
-    def snapshot(self) -> Any:
-        """A device copy of the RNG states (the current position in the random sequence)."""
-        copy, _ = prepare(("states", self.states))[0].empty((self.nbytes,), "uint8", name="snapshot")
-        self.adapter.copy(copy, self.states)
+    def snapshot(self, *, stream: Any = None) -> Any:
+        """A device copy of the RNG states (the current position in the random sequence), made on ``stream``."""
+        launch, _ = prepare(("states", self.states), stream=stream)
+        copy, _ = launch.empty((self.nbytes,), "uint8", name="snapshot")
+        self.adapter.copy(copy, self.states, launch.stream)
         return copy
 
-    def restore(self, snapshot: Any) -> None:
-        """Put back states saved by :meth:`snapshot`: the next calls repeat the same masks."""
+    def restore(self, snapshot: Any, *, stream: Any = None) -> None:
+        """Put back states saved by :meth:`snapshot` (on ``stream``): the next calls repeat the same masks."""
         v = self.adapter.view(snapshot, "snapshot")
         if v.shape != (self.nbytes,) or v.dtype != "uint8":
             raise ValueError(f"snapshot must be a uint8 array of {self.nbytes} bytes from DropoutState.snapshot()")
-        self.adapter.copy(self.states, snapshot)
+        launch, _ = prepare(("states", self.states), stream=stream)
+        self.adapter.copy(self.states, snapshot, launch.stream)
 
     def _use(self, p: float, handle: Any) -> None:
         if p != self.p:
@@ -94,14 +102,14 @@ _defaults: dict[tuple[int, str, int], DropoutState] = {}
 _defaults_lock = threading.Lock()
 
 
-def default_state(like: Any) -> DropoutState:
-    """This thread's default state (seed 0) for ``like``'s device and library."""
+def default_state(like: Any, *, stream: Any = None) -> DropoutState:
+    """This thread's default state (seed 0) for ``like``'s device and library, created on ``stream``."""
     v = prepare(("x", like))[1][0]
     key = (v.device, v.library, threading.get_ident())
     with _defaults_lock:
         st = _defaults.get(key)
     if st is None:
-        st = DropoutState(like, 0)
+        st = DropoutState(like, 0, stream=stream)
         with _defaults_lock:
             _defaults[key] = st
     return st
@@ -133,24 +141,25 @@ def dropout_forward(
 ) -> tuple[Any, Any]:
     """``(y, reserve)``: ``y = x * mask / (1 - p)`` with a fresh Bernoulli(1 - p) mask.
 
-    ``x``: any shape (1-8 dims), float16/bfloat16/float32/float64, any strides.
+    ``x``: any shape (1-8 dims), float16/float32/float64, any strides.
     ``reserve``: a uint8 array holding the mask, for :func:`dropout_backward`.
     ``state`` defaults to :func:`default_state` for ``x``. ``cudnnDropoutForward``.
     """
     p = _check_p(p)
     launch, (vx,) = prepare(("x", x), stream=stream)
-    if vx.dtype not in _FLOATS:
-        raise TypeError(f"x has dtype {vx.dtype}; dropout needs one of {_FLOATS}")
+    check_dtype(vx, "x", _DTYPES, "dropout")
+    if state is not None:
+        _check_state(state, vx, "x")
     y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx))
     if vx.size == 0:
         return y, launch.empty((0,), "uint8", name="reserve")[0]
-    state = default_state(x) if state is None else state
-    _check_state(state, vx, "x")
+    state = default_state(x, stream=launch.stream) if state is None else state
     nres = _reserve_size(vx)
     reserve, vr = launch.empty((nres,), "uint8", name="reserve")
-    state._use(p, launch.handle)
-    lib.cudnnDropoutForward(launch.handle, state.desc, tensor_descriptor(vx.dtype, vx.shape, vx.strides), vx.ptr,
-                            tensor_descriptor(vy.dtype, vy.shape, vy.strides), vy.ptr, vr.ptr, nres)
+    with launch.on_device():
+        state._use(p, launch.handle)
+        lib.cudnnDropoutForward(launch.handle, state.desc, tensor_descriptor_of(vx), vx.ptr,
+                                tensor_descriptor_of(vy), vy.ptr, vr.ptr, nres)
     return y, reserve
 
 
@@ -163,19 +172,21 @@ def dropout_backward(
     """
     p = _check_p(p)
     launch, (vdy, vr) = prepare(("dy", dy), ("reserve", reserve), stream=stream)
-    if vdy.dtype not in _FLOATS:
-        raise TypeError(f"dy has dtype {vdy.dtype}; dropout needs one of {_FLOATS}")
+    check_dtype(vdy, "dy", _DTYPES, "dropout")
     if vr.dtype != "uint8" or vr.ndim != 1:
         raise TypeError(f"reserve must be the 1-d uint8 array dropout_forward returned, got {vr.dtype} {vr.shape}")
+    if state is not None:
+        _check_state(state, vdy, "dy")
+    if vdy.size:
+        nres = _reserve_size(vdy)
+        if vr.shape[0] != nres:
+            raise ValueError(f"reserve has {vr.shape[0]} bytes but dy's shape needs {nres}: not this dy's forward")
     dx, vdx = launch.output(out, vdy.shape, vdy.dtype, strides=like_strides(vdy))
     if vdy.size == 0:
         return dx
-    nres = _reserve_size(vdy)
-    if vr.shape[0] != nres:
-        raise ValueError(f"reserve has {vr.shape[0]} bytes but dy's shape needs {nres}: not this dy's forward")
-    state = default_state(dy) if state is None else state
-    _check_state(state, vdy, "dy")
-    state._use(p, launch.handle)
-    lib.cudnnDropoutBackward(launch.handle, state.desc, tensor_descriptor(vdy.dtype, vdy.shape, vdy.strides),
-                             vdy.ptr, tensor_descriptor(vdx.dtype, vdx.shape, vdx.strides), vdx.ptr, vr.ptr, nres)
+    state = default_state(dy, stream=launch.stream) if state is None else state
+    with launch.on_device():
+        state._use(p, launch.handle)
+        lib.cudnnDropoutBackward(launch.handle, state.desc, tensor_descriptor_of(vdy), vdy.ptr,
+                                 tensor_descriptor_of(vdx), vdx.ptr, vr.ptr, nres)
     return dx

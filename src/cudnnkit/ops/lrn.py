@@ -36,16 +36,19 @@ blend is ``out = y_alpha * result + y_beta * out``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .. import lib
-from ..runtime import DescriptorKind, get_cached, prepare, scaling_ref, tensor_descriptor
-from ..runtime.arrays import ArrayView, like_strides
+from ..runtime import DescriptorKind, check_dtype, get_cached, prepare, scaling_ref, tensor_descriptor_of
+from ..runtime.arrays import ArrayView, contiguous_strides, is_dense, like_strides
+
+_log = logging.getLogger("cudnnkit")
 
 __all__ = ["lrn_forward", "lrn_backward", "divisive_normalization_forward", "divisive_normalization_backward"]
 
 # cuDNN 9.19 returns NOT_SUPPORTED for bfloat16 LRN and divisive normalization (measured on an H200)
-_FLOATS = ("float16", "float32", "float64")
+_DTYPES = ("float16", "float32", "float64")
 
 
 def _set_lrn(ptr: int, n: int, alpha: float, beta: float, k: float) -> None:
@@ -69,8 +72,7 @@ def _lrn_desc(size: int, alpha: float, beta: float, k: float) -> Any:
 
 def _check(views: list[tuple[str, ArrayView]]) -> ArrayView:
     name0, v0 = views[0]
-    if v0.dtype not in _FLOATS:
-        raise TypeError(f"{name0} has dtype {v0.dtype}; normalization needs one of {_FLOATS}")
+    check_dtype(v0, name0, _DTYPES, "normalization")
     if not 3 <= v0.ndim <= 8:
         raise ValueError(f"{name0} must have 3 to 8 dims (N, C, spatial...), got shape {v0.shape}")
     for name, v in views[1:]:
@@ -79,10 +81,6 @@ def _check(views: list[tuple[str, ArrayView]]) -> ArrayView:
         if v.dtype != v0.dtype:
             raise TypeError(f"{name} has dtype {v.dtype} but {name0} has dtype {v0.dtype}")
     return v0
-
-
-def _d(v: ArrayView) -> Any:
-    return tensor_descriptor(v.dtype, v.shape, v.strides)
 
 
 def lrn_forward(
@@ -106,9 +104,10 @@ def lrn_forward(
     _check([("x", vx)])
     y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=y_beta)
     if vx.size:
-        lib.cudnnLRNCrossChannelForward(launch.handle, desc, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
-                                        scaling_ref(vx.dtype, y_alpha), _d(vx), vx.ptr,
-                                        scaling_ref(vx.dtype, y_beta), _d(vy), vy.ptr)
+        with launch.on_device():
+            lib.cudnnLRNCrossChannelForward(launch.handle, desc, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
+                                            scaling_ref(vx.dtype, y_alpha), tensor_descriptor_of(vx), vx.ptr,
+                                            scaling_ref(vx.dtype, y_beta), tensor_descriptor_of(vy), vy.ptr)
     return y
 
 
@@ -135,17 +134,41 @@ def lrn_backward(
     _check([("dy", vdy), ("y", vy), ("x", vx)])
     dx, vdx = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=dx_beta)
     if vx.size:
-        lib.cudnnLRNCrossChannelBackward(launch.handle, desc, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
-                                         scaling_ref(vx.dtype, dx_alpha), _d(vy), vy.ptr, _d(vdy), vdy.ptr,
-                                         _d(vx), vx.ptr, scaling_ref(vx.dtype, dx_beta), _d(vdx), vdx.ptr)
+        with launch.on_device():
+            lib.cudnnLRNCrossChannelBackward(
+                launch.handle, desc, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1, scaling_ref(vx.dtype, dx_alpha),
+                tensor_descriptor_of(vy), vy.ptr, tensor_descriptor_of(vdy), vdy.ptr, tensor_descriptor_of(vx), vx.ptr,
+                scaling_ref(vx.dtype, dx_beta), tensor_descriptor_of(vdx), vdx.ptr)
     return dx
 
 
-def _temps(launch, v: ArrayView) -> tuple[Any, Any, Any, Any]:
-    """The two scratch buffers of ``x``'s shape and layout that divisive normalization needs."""
-    t1, v1 = launch.empty(v.shape, v.dtype, like_strides(v), name="temp")
-    t2, v2 = launch.empty(v.shape, v.dtype, like_strides(v), name="temp2")
+def _temps(launch, v: ArrayView) -> tuple[Any, ArrayView, Any, ArrayView]:
+    """The two scratch buffers divisive normalization needs, laid out exactly like ``v`` (which is dense)."""
+    t1, v1 = launch.empty(v.shape, v.dtype, v.strides, name="temp")
+    t2, v2 = launch.empty(v.shape, v.dtype, v.strides, name="temp2")
     return t1, v1, t2, v2
+
+
+def _shared_layout(launch, arrays: list[tuple[str, Any, ArrayView | None]]) -> list[tuple[Any, ArrayView | None]]:
+    """cuDNN describes these arrays with one descriptor (the first's): keep them if the first is dense and the
+    others share its strides, else copy all of them to C order (logged)."""
+    first = arrays[0][2]
+    assert first is not None
+    if is_dense(first.shape, first.strides) and all(v is None or v.strides == first.strides for _, _, v in arrays):
+        return [(a, v) for _, a, v in arrays]
+    if launch.adapter is None:
+        raise ValueError(f"{', '.join(n for n, _, v in arrays if v is not None)} must share one dense layout for "
+                         "cuDNN, and their library has no adapter to copy them")
+    _log.debug("divisive normalization: copying %s to C order (layouts %s)",
+               [n for n, _, v in arrays if v is not None], [v.strides for _, _, v in arrays if v is not None])
+    out = []
+    for name, a, v in arrays:
+        if v is None:
+            out.append((None, None))
+            continue
+        c = launch.adapter.contiguous(a, launch.stream)
+        out.append((c, launch.adapter.view(c, name)))
+    return out
 
 
 def divisive_normalization_forward(
@@ -161,23 +184,27 @@ def divisive_normalization_forward(
     y_beta: float = 0.0,
     stream: Any = None,
 ) -> Any:
-    """Spatial divisive normalization of ``x`` ``(N, C, H, W)`` (less ``means``, same shape, if given).
+    """Spatial divisive normalization of ``x`` ``(N, C, H, W)`` (with precomputed ``means``, same shape, if given).
 
     ``cudnnDivisiveNormalizationForward`` with ``CUDNN_DIVNORM_PRECOMPUTED_MEANS``;
-    ``means=None`` passes NULL (cuDNN then takes the means as zero).
+    ``means=None`` passes NULL. cuDNN describes ``x``, ``means`` and its two
+    scratch buffers with one descriptor, so ``x`` and ``means`` are copied to C
+    order when ``x`` has gaps or the two differ in layout; ``y`` (or ``out``)
+    may have any layout.
     """
     desc = _lrn_desc(size, alpha, beta, k)
     launch, (vx, vm) = prepare(("x", x), ("means", means), stream=stream)
     _check([("x", vx)] + ([("means", vm)] if vm is not None else []))
-    if vm is not None and vm.strides != vx.strides:
-        raise ValueError(f"means must be laid out like x (strides {vx.strides}), got strides {vm.strides}")
     y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=y_beta)
     if vx.size:
+        (x, vx), (means, vm) = _shared_layout(launch, [("x", x, vx), ("means", means, vm)])
         t1, v1, t2, v2 = _temps(launch, vx)
-        lib.cudnnDivisiveNormalizationForward(
-            launch.handle, desc, lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS, scaling_ref(vx.dtype, y_alpha), _d(vx), vx.ptr,
-            vm.ptr if vm is not None else None, v1.ptr, v2.ptr, scaling_ref(vx.dtype, y_beta), _d(vy), vy.ptr,
-        )
+        with launch.on_device():
+            lib.cudnnDivisiveNormalizationForward(
+                launch.handle, desc, lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS, scaling_ref(vx.dtype, y_alpha),
+                tensor_descriptor_of(vx), vx.ptr, vm.ptr if vm is not None else None, v1.ptr, v2.ptr,
+                scaling_ref(vx.dtype, y_beta), tensor_descriptor_of(vy), vy.ptr,
+            )
     return y
 
 
@@ -199,26 +226,33 @@ def divisive_normalization_backward(
     """Gradients of :func:`divisive_normalization_forward`: ``(dx, dmeans)`` from one call.
 
     ``cudnnDivisiveNormalizationBackward``. ``dmeans`` is ``None`` when ``means``
-    was not given (cuDNN is passed NULL and computes only ``dx``).
+    was not given (cuDNN is passed NULL and computes only ``dx``). ``x``,
+    ``means`` and ``dy`` share one descriptor in cuDNN (copied to C order when
+    they differ or have gaps); ``dx`` and ``dmeans`` share another, so a given
+    ``dmeans_out`` must be laid out like ``dx_out``.
     """
     desc = _lrn_desc(size, alpha, beta, k)
     launch, (vdy, vx, vm) = prepare(("dy", dy), ("x", x), ("means", means), stream=stream)
     _check([("dy", vdy), ("x", vx)] + ([("means", vm)] if vm is not None else []))
     if vm is None and dmeans_out is not None:
         raise ValueError("dmeans_out needs means: without means there is no dmeans")
-    strides = like_strides(vx)
-    dx, vdx = launch.output(dx_out, vx.shape, vx.dtype, strides=strides, name="dx_out", beta=dx_beta)
+    dense = like_strides(vx) or contiguous_strides(vx.shape)
+    dx, vdx = launch.output(dx_out, vx.shape, vx.dtype, strides=dense, name="dx_out", beta=dx_beta)
     dm, vdm = (None, None)
     if vm is not None:
-        dm, vdm = launch.output(dmeans_out, vx.shape, vx.dtype, strides=strides, name="dmeans_out", beta=dx_beta)
-    for name, v in (("dy", vdy), ("dx_out", vdx), ("dmeans_out", vdm), ("means", vm)):
-        if v is not None and v.strides != vx.strides:
-            raise ValueError(f"{name} must be laid out like x (strides {vx.strides}), got strides {v.strides}")
+        dm, vdm = launch.output(dmeans_out, vx.shape, vx.dtype, strides=vdx.strides, name="dmeans_out",
+                                beta=dx_beta)
+        if vdm.strides != vdx.strides:
+            raise ValueError(f"dmeans_out must be laid out like dx (strides {vdx.strides}), got {vdm.strides}")
     if vx.size:
+        (x, vx), (dy, vdy), (means, vm) = _shared_layout(
+            launch, [("x", x, vx), ("dy", dy, vdy), ("means", means, vm)])
         t1, v1, t2, v2 = _temps(launch, vx)
-        lib.cudnnDivisiveNormalizationBackward(
-            launch.handle, desc, lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS, scaling_ref(vx.dtype, dx_alpha), _d(vx), vx.ptr,
-            vm.ptr if vm is not None else None, vdy.ptr, v1.ptr, v2.ptr, scaling_ref(vx.dtype, dx_beta), _d(vdx),
-            vdx.ptr, vdm.ptr if vdm is not None else None,
-        )
+        with launch.on_device():
+            lib.cudnnDivisiveNormalizationBackward(
+                launch.handle, desc, lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS, scaling_ref(vx.dtype, dx_alpha),
+                tensor_descriptor_of(vx), vx.ptr, vm.ptr if vm is not None else None, vdy.ptr, v1.ptr, v2.ptr,
+                scaling_ref(vx.dtype, dx_beta), tensor_descriptor_of(vdx), vdx.ptr,
+                vdm.ptr if vdm is not None else None,
+            )
     return dx, dm

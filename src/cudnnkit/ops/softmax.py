@@ -40,13 +40,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import lib
-from ..runtime import prepare, scaling_ref, tensor_descriptor
+from ..runtime import FLOATS, check_dtype, prepare, register_cache, scaling_ref, tensor_descriptor
 from ..runtime.arrays import ArrayView, like_strides
 
 __all__ = ["softmax_forward", "softmax_backward"]
 
 _log = logging.getLogger("cudnnkit")
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
 _ALGOS = {"accurate": lib.CUDNN_SOFTMAX_ACCURATE, "fast": lib.CUDNN_SOFTMAX_FAST}
 
 
@@ -113,11 +112,6 @@ def _algo(algo: str, log: bool) -> int:
     return _ALGOS[algo]
 
 
-def _check_float(v: ArrayView, name: str) -> None:
-    if v.dtype not in _FLOATS:
-        raise TypeError(f"{name} has dtype {v.dtype}; softmax needs one of {_FLOATS}")
-
-
 @functools.lru_cache(maxsize=1024)
 def _plan(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], first: int, last: int):
     """(descriptor, 4-d shape) for a layout and reduced axes, or None if the strides do not merge.
@@ -128,6 +122,9 @@ def _plan(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], first: i
     if got is None:
         return None
     return tensor_descriptor(dtype, *got), got[0]
+
+
+register_cache(_plan.cache_clear)
 
 
 def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str):
@@ -172,23 +169,28 @@ def softmax_forward(
     ``cudnnSoftmaxForward`` once.
     """
     launch, (vx,) = prepare(("x", x), stream=stream)
-    _check_float(vx, "x")
+    check_dtype(vx, "x", FLOATS, "softmax")
     a = _algo(algo, log)
     if vx.ndim == 0:
         raise ValueError("x must have at least one dim")
     first, last = _axes(axis, vx.ndim)
     if vx.size == 0:
         return launch.output(out, vx.shape, vx.dtype, beta=beta)[0]
-    x, vx, dx_desc, shape = _described(launch, x, vx, first, last, "x")
-    # like x after any copy (dense layouts keep their strides), so y describes the same way
-    y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=beta)
-    dy_desc = _out_descriptor(vy, first, last)
+    if beta != 0 and out is None:
+        raise ValueError("beta != 0 blends into an existing output: pass out=")
+    if out is not None:  # checked before any copy of x
+        y, vy = launch.output(out, vx.shape, vx.dtype, beta=beta)
+        y_desc = _out_descriptor(vy, first, last)
+    x, vx, x_desc, shape = _described(launch, x, vx, first, last, "x")
+    if out is None:
+        # like x after any copy (dense layouts keep their strides), so y describes the same way
+        y, vy = launch.output(None, vx.shape, vx.dtype, strides=like_strides(vx))
+        y_desc = _out_descriptor(vy, first, last)
     _log.debug("softmax_forward: axes %d..%d as %s, mode %s", first, last, shape,
                "INSTANCE" if shape[2] == 1 else "CHANNEL")
-    lib.cudnnSoftmaxForward(
-        launch.handle, a, _mode(shape[2]), scaling_ref(vx.dtype, alpha), dx_desc, vx.ptr, scaling_ref(vx.dtype, beta), dy_desc,
-        vy.ptr,
-    )
+    with launch.on_device():
+        lib.cudnnSoftmaxForward(launch.handle, a, _mode(shape[2]), scaling_ref(vx.dtype, alpha), x_desc, vx.ptr,
+                                scaling_ref(vx.dtype, beta), y_desc, vy.ptr)
     return y
 
 
@@ -210,7 +212,7 @@ def softmax_backward(
     must be the forward's. Calls ``cudnnSoftmaxBackward`` once; ``x`` is never needed.
     """
     launch, (vdy, vy) = prepare(("dy", dy), ("y", y), stream=stream)
-    _check_float(vdy, "dy")
+    check_dtype(vdy, "dy", FLOATS, "softmax")
     if vy.shape != vdy.shape:
         raise ValueError(f"y has shape {vy.shape} but dy has shape {vdy.shape}")
     if vy.dtype != vdy.dtype:
@@ -221,12 +223,17 @@ def softmax_backward(
     first, last = _axes(axis, vdy.ndim)
     if vdy.size == 0:
         return launch.output(out, vdy.shape, vdy.dtype, beta=beta)[0]
+    if beta != 0 and out is None:
+        raise ValueError("beta != 0 blends into an existing output: pass out=")
+    if out is not None:  # checked before any copy of y or dy
+        dx, vdx = launch.output(out, vdy.shape, vdy.dtype, beta=beta)
+        dx_desc = _out_descriptor(vdx, first, last)
     y, vy, y_desc, shape = _described(launch, y, vy, first, last, "y")
     dy, vdy, dy_desc, _ = _described(launch, dy, vdy, first, last, "dy")
-    dx, vdx = launch.output(out, vdy.shape, vdy.dtype, strides=like_strides(vdy), beta=beta)
-    dx_desc = _out_descriptor(vdx, first, last)
-    lib.cudnnSoftmaxBackward(
-        launch.handle, a, _mode(shape[2]), scaling_ref(vy.dtype, alpha), y_desc, vy.ptr, dy_desc, vdy.ptr,
-        scaling_ref(vy.dtype, beta), dx_desc, vdx.ptr,
-    )
+    if out is None:
+        dx, vdx = launch.output(None, vdy.shape, vdy.dtype, strides=like_strides(vdy))
+        dx_desc = _out_descriptor(vdx, first, last)
+    with launch.on_device():
+        lib.cudnnSoftmaxBackward(launch.handle, a, _mode(shape[2]), scaling_ref(vy.dtype, alpha), y_desc, vy.ptr,
+                                 dy_desc, vdy.ptr, scaling_ref(vy.dtype, beta), dx_desc, vdx.ptr)
     return dx

@@ -35,9 +35,10 @@ output dims ``(N, C, H_out, W_out)`` as done here. The GPU tests
 (``tests/gpu/test_spatial_transformer_gpu.py``) compare every output with an
 independent float64 NumPy implementation of the formulas above and with torch
 on the CPU in float64, with grid points inside, in the one-pixel border band
-and fully outside, for H and W of at least 2; they also probe H or W of 1
-(torch puts that single row or column at 0) and C > 1024 (which older cuDNN
-refused). Bilinear sampling has no derivative where ``u`` or ``v`` is an
+and fully outside, for H and W of at least 2. A grid with H or W of 1 is
+refused (cuDNN's values there differ from torch's, which puts the single row
+or column at 0), and the sampler backward is refused above 1024 channels
+(cuDNN 9.19 returns NOT_SUPPORTED for 1100); the forward takes any C. Bilinear sampling has no derivative where ``u`` or ``v`` is an
 integer; which one-sided value cuDNN returns there is not pinned.
 
 Dtypes: float32, float64 and float16, and nothing else:
@@ -75,13 +76,14 @@ from typing import Any
 from .. import lib
 from ..runtime import DescriptorKind, cudnn_dtype, get_cached, prepare, scaling_ref, tensor_descriptor
 from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime.descriptors import INT_MAX
 
 __all__ = ["affine_grid_forward", "affine_grid_backward", "grid_sample_forward", "grid_sample_backward"]
 
 _log = logging.getLogger("cudnnkit")
 #: what cudnnSetSpatialTransformerNdDescriptor accepts (it refuses bfloat16 and the rest with BAD_PARAM)
 _FLOATS = ("float16", "float32", "float64")
-_INT_MAX = 2**31 - 1
+_INT_MAX = INT_MAX
 
 
 # ----------------------------------------------------------------- descriptor
@@ -267,7 +269,8 @@ def affine_grid_forward(theta: Any, *, size: Sequence[int], out: Any = None, str
     _packed_out(vg, "out")
     theta, vt = _packed(launch, theta, vt, "theta")
     # C does not enter the grid: describe it as 1 so every C shares one descriptor
-    lib.cudnnSpatialTfGridGeneratorForward(launch.handle, _st_descriptor(dtype, (n, 1, h, w)), vt.ptr, vg.ptr)
+    with launch.on_device():
+        lib.cudnnSpatialTfGridGeneratorForward(launch.handle, _st_descriptor(dtype, (n, 1, h, w)), vt.ptr, vg.ptr)
     return grid
 
 
@@ -294,7 +297,8 @@ def affine_grid_backward(dgrid: Any, *, size: Sequence[int], out: Any = None, st
     dtheta, vt = launch.output(out, (n, 2, 3), dtype)
     _packed_out(vt, "out")
     dgrid, vd = _packed(launch, dgrid, vd, "dgrid")
-    lib.cudnnSpatialTfGridGeneratorBackward(launch.handle, _st_descriptor(dtype, (n, 1, h, w)), vd.ptr, vt.ptr)
+    with launch.on_device():
+        lib.cudnnSpatialTfGridGeneratorBackward(launch.handle, _st_descriptor(dtype, (n, 1, h, w)), vd.ptr, vt.ptr)
     return dtheta
 
 
@@ -335,8 +339,9 @@ def grid_sample_forward(
     y_desc = _out_descriptor(vy, "out")
     x, vx, x_desc = _described(launch, x, vx, "x")
     grid, vg = _packed(launch, grid, vg, "grid")
-    lib.cudnnSpatialTfSamplerForward(launch.handle, _st_descriptor(dtype, yshape), a, x_desc, vx.ptr, vg.ptr, b,
-                                     y_desc, vy.ptr)
+    with launch.on_device():
+        lib.cudnnSpatialTfSamplerForward(launch.handle, _st_descriptor(dtype, yshape), a, x_desc, vx.ptr, vg.ptr, b,
+                                         y_desc, vy.ptr)
     return y
 
 
@@ -394,8 +399,9 @@ def grid_sample_backward(
     x, vx, x_desc = _described(launch, x, vx, "x")
     dy, vdy, dy_desc = _described(launch, dy, vdy, "dy")
     grid, vg = _packed(launch, grid, vg, "grid")
-    lib.cudnnSpatialTfSamplerBackward(
-        launch.handle, _st_descriptor(dtype, (n, c, ho, wo)), a, x_desc, vx.ptr, b, dx_desc, vdx.ptr, ag, dy_desc,
-        vdy.ptr, vg.ptr, bg, vdg.ptr,
-    )
+    with launch.on_device():
+        lib.cudnnSpatialTfSamplerBackward(
+            launch.handle, _st_descriptor(dtype, (n, c, ho, wo)), a, x_desc, vx.ptr, b, dx_desc, vdx.ptr, ag, dy_desc,
+            vdy.ptr, vg.ptr, bg, vdg.ptr,
+        )
     return dx, dgrid

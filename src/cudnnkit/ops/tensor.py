@@ -19,23 +19,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import lib
-from ..runtime import DescriptorKind, get_cached, prepare, scaling_ref, tensor_descriptor
+from ..runtime import FLOATS, DescriptorKind, check_dtype, get_cached, prepare, scaling_ref, tensor_descriptor_of
 from ..runtime.arrays import ArrayView, contiguous_strides, like_strides
 from ..runtime.shapes import expand
 
 __all__ = ["set_tensor", "scale_tensor", "add_tensor", "transform_tensor"]
 
 _log = logging.getLogger("cudnnkit")
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
-
-
-def _desc(v: ArrayView) -> Any:
-    return tensor_descriptor(v.dtype, v.shape, v.strides)
-
-
-def _need_float(v: ArrayView, name: str, what: str) -> None:
-    if v.dtype not in _FLOATS:
-        raise TypeError(f"{name} has dtype {v.dtype}; {what} needs one of {_FLOATS}")
 
 
 def set_tensor(y: Any, value: float, *, stream: Any = None) -> Any:
@@ -44,18 +34,20 @@ def set_tensor(y: Any, value: float, *, stream: Any = None) -> Any:
     ``cudnnSetTensor``. Elements outside ``y``'s view (gaps of a strided slice) are not touched.
     """
     launch, (v,) = prepare(("y", y), stream=stream)
-    _need_float(v, "y", "set_tensor")
+    check_dtype(v, "y", FLOATS, "set_tensor")
     if v.size:
-        lib.cudnnSetTensor(launch.handle, _desc(v), v.ptr, scaling_ref(v.dtype, value))
+        with launch.on_device():
+            lib.cudnnSetTensor(launch.handle, tensor_descriptor_of(v), v.ptr, scaling_ref(v.dtype, value))
     return y
 
 
 def scale_tensor(y: Any, alpha: float, *, stream: Any = None) -> Any:
     """``y *= alpha`` in place (any strides); returns ``y``. ``cudnnScaleTensor`` (deprecated in cuDNN 9)."""
     launch, (v,) = prepare(("y", y), stream=stream)
-    _need_float(v, "y", "scale_tensor")
+    check_dtype(v, "y", FLOATS, "scale_tensor")
     if v.size:
-        lib.cudnnScaleTensor(launch.handle, _desc(v), v.ptr, scaling_ref(v.dtype, alpha))
+        with launch.on_device():
+            lib.cudnnScaleTensor(launch.handle, tensor_descriptor_of(v), v.ptr, scaling_ref(v.dtype, alpha))
     return y
 
 
@@ -67,7 +59,7 @@ def add_tensor(a: Any, c: Any, *, alpha: float = 1.0, beta: float = 1.0, stream:
     ``(N, C, H, W)`` ``c``, for example). ``cudnnAddTensor`` (deprecated in cuDNN 9).
     """
     launch, (va, vc) = prepare(("a", a), ("c", c), stream=stream)
-    _need_float(vc, "c", "add_tensor")
+    check_dtype(vc, "c", FLOATS, "add_tensor")
     if va.dtype != vc.dtype:
         raise TypeError(f"a has dtype {va.dtype} but c has dtype {vc.dtype}")
     if va.ndim != vc.ndim:
@@ -78,8 +70,9 @@ def add_tensor(a: Any, c: Any, *, alpha: float = 1.0, beta: float = 1.0, stream:
         if da not in (dc, 1):
             raise ValueError(f"a's dim {i} is {da}; it must equal c's ({dc}) or be 1 to broadcast")
     if vc.size:
-        lib.cudnnAddTensor(launch.handle, scaling_ref(vc.dtype, alpha), _desc(va), va.ptr,
-                           scaling_ref(vc.dtype, beta), _desc(vc), vc.ptr)
+        with launch.on_device():
+            lib.cudnnAddTensor(launch.handle, scaling_ref(vc.dtype, alpha), tensor_descriptor_of(va), va.ptr,
+                               scaling_ref(vc.dtype, beta), tensor_descriptor_of(vc), vc.ptr)
     return c
 
 
@@ -130,7 +123,7 @@ def transform_tensor(
     are deprecated in cuDNN 9. ``out`` may be any strided array of the output shape.
     """
     launch, (vx,) = prepare(("x", x), stream=stream)
-    _need_float(vx, "x", "transform_tensor")
+    check_dtype(vx, "x", FLOATS, "transform_tensor")
     if layout is not None and layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(_LAYOUTS)} or None, got {layout!r}")
     if layout is not None and vx.ndim < 3:
@@ -139,20 +132,23 @@ def transform_tensor(
     before = _pads(pad_before, nd, "pad_before")
     after = _pads(pad_after, nd, "pad_after")
     shape = tuple(d + b + a for d, b, a in zip(vx.shape, before, after))
+    padded = any(before) or any(after)
+    if padded and nd not in (4, 5):
+        raise ValueError(f"padding through cudnnTransformTensorEx needs a 4-d or 5-d x, got {nd} dims")
     y, vy = launch.output(out, shape, vx.dtype, strides=_layout_strides(shape, layout, vx), beta=beta)
     if vx.size == 0 or vy.size == 0:
         return y
-    if not any(before) and not any(after):
-        lib.cudnnTransformTensor(launch.handle, scaling_ref(vx.dtype, alpha), _desc(vx), vx.ptr,
-                                 scaling_ref(vx.dtype, beta), _desc(vy), vy.ptr)
+    if not padded:
+        with launch.on_device():
+            lib.cudnnTransformTensor(launch.handle, scaling_ref(vx.dtype, alpha), tensor_descriptor_of(vx), vx.ptr,
+                                     scaling_ref(vx.dtype, beta), tensor_descriptor_of(vy), vy.ptr)
         return y
-    if nd not in (4, 5):
-        raise ValueError(f"padding through cudnnTransformTensorEx needs a 4-d or 5-d x, got {nd} dims")
     fmt = lib.CUDNN_TENSOR_NHWC if (layout == "nhwc" or (layout is None and _is_nhwc(vy))) else lib.CUDNN_TENSOR_NCHW
     tdesc = get_cached(_TRANSFORM, (nd, int(fmt), before, after))
     _log.debug("transform_tensor: %s -> %s with pads %s/%s", vx.shape, shape, before, after)
-    lib.cudnnTransformTensorEx(launch.handle, tdesc, scaling_ref(vx.dtype, alpha), _desc(vx), vx.ptr,
-                               scaling_ref(vx.dtype, beta), _desc(vy), vy.ptr)
+    with launch.on_device():
+        lib.cudnnTransformTensorEx(launch.handle, tdesc, scaling_ref(vx.dtype, alpha), tensor_descriptor_of(vx),
+                                   vx.ptr, scaling_ref(vx.dtype, beta), tensor_descriptor_of(vy), vy.ptr)
     return y
 
 

@@ -12,9 +12,11 @@ from .descriptors import (
     clear_caches,
     get_cached,
     owned_descriptor,
+    register_cache,
     tensor_descriptor,
+    tensor_descriptor_of,
 )
-from .dtypes import canonical, compute_dtype, cudnn_dtype, scaling, scaling_ref
+from .dtypes import FLOATS, canonical, check_dtype, compute_dtype, cudnn_dtype, scaling, scaling_ref
 from .handle import Handle, get_handle, resolve_stream
 from .launch import Launch, prepare
 from .settings import Settings, current_settings, settings
@@ -35,6 +37,10 @@ __all__ = [
     "clear_caches",
     "get_cached",
     "owned_descriptor",
+    "register_cache",
+    "tensor_descriptor_of",
+    "FLOATS",
+    "check_dtype",
     "tensor_descriptor",
     "canonical",
     "compute_dtype",

@@ -2,8 +2,9 @@
 
 A descriptor is created once per distinct value (dtype, shape, strides,
 parameters) and reused. The cache is bounded (LRU), thread-safe and keyed by
-value, never by object identity. Descriptors that carry device state (dropout)
-include the device in their key. Eviction only drops the cache's reference: a
+value, never by object identity. Descriptors that carry device state (dropout,
+RNN) are not value-cached: they belong to one object (a ``DropoutState``) and
+are made with :func:`owned_descriptor`. Eviction only drops the cache's reference: a
 descriptor still held by a caller stays valid until that caller lets go, and
 is destroyed when the last reference goes.
 
@@ -27,14 +28,18 @@ __all__ = [
     "DescriptorKind",
     "DescriptorCache",
     "tensor_descriptor",
+    "tensor_descriptor_of",
     "owned_descriptor",
+    "register_cache",
+    "INT_MAX",
     "get_cached",
     "TENSOR",
     "cache_info",
     "clear_caches",
 ]
 
-_INT_MAX = 2**31 - 1
+INT_MAX = 2**31 - 1  #: the largest value cuDNN's int parameters take
+_INT_MAX = INT_MAX
 
 
 class Descriptor:
@@ -134,12 +139,24 @@ class DescriptorCache:
 _cache = DescriptorCache()
 
 
+_other_caches: list[Callable[[], None]] = []
+
+
+def register_cache(clear: Callable[[], None]) -> None:
+    """Register the ``cache_clear`` of a cache that holds descriptors (an op's plan cache), so that
+    :func:`clear_caches` empties it too."""
+    _other_caches.append(clear)
+
+
 def cache_info() -> dict[str, int]:
     return {"size": len(_cache), "maxsize": _cache.maxsize, "hits": _cache.hits, "misses": _cache.misses}
 
 
 def clear_caches() -> None:
+    """Drop every cached descriptor (the value cache and the ops' plan caches)."""
     _cache.clear()
+    for clear in _other_caches:
+        clear()
 
 
 def _int_array(values, what: str) -> ctypes.Array:
@@ -158,14 +175,19 @@ def _set_tensor(ptr: int, dtype: str, shape: tuple[int, ...], strides: tuple[int
 TENSOR = DescriptorKind("tensor", "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor", _set_tensor)
 
 
-def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> Descriptor:
+def tensor_descriptor(
+    dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], *, min_dims: int = 4
+) -> Descriptor:
     """A cached ``cudnnTensorDescriptor_t`` (``cudnnSetTensorNdDescriptor``).
 
-    ``shape`` and ``strides`` (in elements) have 1 to 8 dims; fewer than 4 are
-    padded with trailing size-1 dims (stride 1), since cuDNN's Nd descriptor
-    wants at least 3 and its ops expect 4. Sizes must be positive and fit an int.
+    ``shape`` and ``strides`` (in elements) have 1 to 8 dims; fewer than
+    ``min_dims`` (4, what most cuDNN ops expect; at least 3, what the Nd
+    descriptor takes) are padded with trailing size-1 dims (stride 1). Sizes
+    must be positive and fit an int.
     """
-    if type(shape) is tuple and type(strides) is tuple and len(shape) >= 4:
+    if not 3 <= min_dims <= lib.CUDNN_DIM_MAX:
+        raise ValueError(f"min_dims must be in [3, {lib.CUDNN_DIM_MAX}], got {min_dims}")
+    if type(shape) is tuple and type(strides) is tuple and len(shape) >= min_dims:
         # fast path for already-normalised keys (what ArrayView gives): no validation on a hit
         try:
             d = _cache.lookup(TENSOR, (dtype, shape, strides))
@@ -175,13 +197,15 @@ def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ..
             return d
     dtype = canonical(dtype)
     shape, strides = tuple(int(d) for d in shape), tuple(int(s) for s in strides)
+    # a size-1 dim's stride never addresses memory, but cuDNN refuses 0 (a broadcast view) there
+    strides = tuple(s if d != 1 or s > 0 else 1 for d, s in zip(shape, strides))
     if len(shape) != len(strides):
         raise ValueError(f"shape {shape} and strides {strides} differ in length")
     if not 1 <= len(shape) <= lib.CUDNN_DIM_MAX:
         raise ValueError(f"cuDNN tensors have 1 to {lib.CUDNN_DIM_MAX} dims, got {len(shape)}")
     if any(d <= 0 for d in shape):
         raise ValueError(f"cuDNN tensor dims must be positive, got shape {shape}")
-    while len(shape) < 4:
+    while len(shape) < min_dims:
         shape, strides = shape + (1,), strides + (1,)
     return _cache.get(TENSOR, (dtype, shape, strides))
 
@@ -192,6 +216,11 @@ def owned_descriptor(create: str, destroy: str) -> Descriptor:
     p = ctypes.c_void_p()
     lib.function(create)(ctypes.byref(p))
     return Descriptor(p.value, create, lib.function(destroy))
+
+
+def tensor_descriptor_of(v: Any) -> Descriptor:
+    """The cached tensor descriptor of an :class:`~cudnnkit.runtime.ArrayView` (its dtype, shape, strides)."""
+    return tensor_descriptor(v.dtype, v.shape, v.strides)
 
 
 def get_cached(kind: DescriptorKind, key: tuple) -> Descriptor:

@@ -11,7 +11,20 @@ import ctypes
 
 from ..lib import cudnnDataType_t
 
-__all__ = ["DTYPES", "itemsize", "cudnn_dtype", "compute_dtype", "scaling", "scaling_ref", "canonical"]
+__all__ = [
+    "DTYPES",
+    "FLOATS",
+    "itemsize",
+    "cudnn_dtype",
+    "compute_dtype",
+    "scaling",
+    "scaling_ref",
+    "canonical",
+    "check_dtype",
+]
+
+#: the floating types cuDNN computes with (half types compute in float32)
+FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 #: name -> (itemsize in bytes, cudnnDataType_t)
 DTYPES: dict[str, tuple[int, cudnnDataType_t]] = {
@@ -78,3 +91,11 @@ def scaling(dtype: str, value: float) -> ctypes.c_double | ctypes.c_float:
 def scaling_ref(dtype: str, value: float) -> object:
     """``ctypes.byref(scaling(dtype, value))``: what cuDNN's ``alpha``/``beta`` parameters take."""
     return ctypes.byref(scaling(dtype, value))
+
+
+def check_dtype(v: object, name: str, allowed: tuple[str, ...] = FLOATS, what: str = "this op") -> str:
+    """``v.dtype`` if it is in ``allowed``, else ``TypeError`` naming the argument and the allowed types."""
+    dtype = v.dtype  # type: ignore[attr-defined]
+    if dtype not in allowed:
+        raise TypeError(f"{name} has dtype {dtype}; {what} needs one of {allowed}")
+    return dtype

@@ -10,6 +10,7 @@ device with that stream set.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,15 +25,20 @@ class Launch:
     device: int
     adapter: Any  # allocates outputs; None for arrays of a library without an adapter
     stream: int
-    _handle: Handle | None = None
-
     @property
     def handle(self) -> Handle:
-        """This thread's handle for the device with the stream set, created on first use, so an
-        op can validate everything before it touches cuDNN's device state."""
-        if self._handle is None:
-            self._handle = get_handle(self.device, self.stream, self.adapter)
-        return self._handle
+        """This thread's handle for the device, with this launch's stream set on it.
+
+        Created on first use (so an op validates everything before it touches
+        cuDNN's device state), and the stream is re-checked on every access:
+        another launch on this thread may have switched the shared handle."""
+        return get_handle(self.device, self.stream, self.adapter)
+
+    def on_device(self) -> Any:
+        """A context making the launch's device current for the cuDNN calls (a no-op when it already is)."""
+        if self.adapter is None or self.adapter.current_device() == self.device:
+            return contextlib.nullcontext()
+        return self.adapter.device_guard(self.device)
 
     def empty(self, shape, dtype: str, strides=None, name: str = "out") -> tuple[Any, ArrayView]:
         """Allocate an output with the inputs' library on the launch's device and stream."""
@@ -57,6 +63,8 @@ class Launch:
                 raise ValueError(f"beta != 0 blends into an existing output: pass {name}=")
             return self.empty(shape, dtype, strides, name=name)
         v = as_view(out, name)
+        if v.readonly:
+            raise ValueError(f"{name} is read-only")
         if v.shape != shape or v.dtype != dtype:
             raise ValueError(f"{name} must have shape {shape} and dtype {dtype}, got {v.shape} {v.dtype}")
         if v.device != self.device:

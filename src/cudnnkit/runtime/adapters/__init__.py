@@ -9,8 +9,9 @@ object with this interface:
   output with the library's allocator (CuPy memory pool, torch caching allocator)
   for use on ``stream`` (a ``cudaStream_t`` as int, default: the current stream);
 * ``contiguous(arr, stream=None)``: a C-contiguous copy made on ``stream`` (or ``arr`` itself if it already is);
-* ``copy(dst, src)``: device-to-device copy on the current stream;
+* ``copy(dst, src, stream=None)``: device-to-device copy on ``stream`` (default: the current stream);
 * ``current_stream(device) -> int``: the library's current stream on ``device``;
+* ``current_device()``: the library's current device;
 * ``device_guard(device)``: a context manager making ``device`` current;
 * ``pointer_device(ptr) -> int | None``: the device of a device pointer, if the library can tell;
 * ``from_numpy(a, device)`` / ``to_numpy(arr)``: copies, for tests and the doctor;

@@ -86,8 +86,13 @@ class CupyAdapter:
                     return cupy.ascontiguousarray(arr)
             return cupy.ascontiguousarray(arr)
 
-    def copy(self, dst: cupy.ndarray, src: cupy.ndarray) -> None:
-        cupy.copyto(dst, src)
+    def copy(self, dst: cupy.ndarray, src: cupy.ndarray, stream: int | None = None) -> None:
+        with dst.device:
+            if stream is not None and stream != self.current_stream(dst.device.id):
+                with _external(stream):
+                    cupy.copyto(dst, src)
+                return
+            cupy.copyto(dst, src)
 
     def current_stream(self, device: int) -> int:
         try:
@@ -95,6 +100,9 @@ class CupyAdapter:
         except TypeError:  # CuPy without the device_id argument
             with cupy.cuda.Device(device):
                 return cupy.cuda.get_current_stream().ptr
+
+    def current_device(self) -> int:
+        return cupy.cuda.runtime.getDevice()
 
     def device_guard(self, device: int):
         return cupy.cuda.Device(device)

@@ -86,13 +86,20 @@ class TorchAdapter:
                 return arr.contiguous()
         return arr.contiguous()
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: int | None = None) -> None:
+        if stream is not None and stream != self.current_stream(dst.get_device()):
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=dst.device)):
+                dst.copy_(src)
+            return
         dst.copy_(src)
 
     def current_stream(self, device: int) -> int:
         if _raw_stream is not None:
             return _raw_stream(device)
         return torch.cuda.current_stream(device).cuda_stream
+
+    def current_device(self) -> int:
+        return torch.cuda.current_device()
 
     def device_guard(self, device: int):
         return torch.cuda.device(device)

@@ -149,26 +149,36 @@ def _temps(launch, v: ArrayView) -> tuple[Any, ArrayView, Any, ArrayView]:
     return t1, v1, t2, v2
 
 
-def _shared_layout(launch, arrays: list[tuple[str, Any, ArrayView | None]]) -> list[tuple[Any, ArrayView | None]]:
-    """cuDNN describes these arrays with one descriptor (the first's): keep them if the first is dense and the
-    others share its strides, else copy all of them to C order (logged)."""
-    first = arrays[0][2]
+def _target_strides(views: list[ArrayView | None]) -> tuple[int, ...]:
+    """The one layout cuDNN's divisive normalization will see: the first view's if it is dense and the
+    others share it, else C order (the inputs are then copied)."""
+    first = views[0]
     assert first is not None
-    if is_dense(first.shape, first.strides) and all(v is None or v.strides == first.strides for _, _, v in arrays):
-        return [(a, v) for _, a, v in arrays]
-    if launch.adapter is None:
-        raise ValueError(f"{', '.join(n for n, _, v in arrays if v is not None)} must share one dense layout for "
-                         "cuDNN, and their library has no adapter to copy them")
-    _log.debug("divisive normalization: copying %s to C order (layouts %s)",
-               [n for n, _, v in arrays if v is not None], [v.strides for _, _, v in arrays if v is not None])
+    if is_dense(first.shape, first.strides) and all(v is None or v.strides == first.strides for v in views):
+        return first.strides
+    return contiguous_strides(first.shape)
+
+
+def _in_layout(launch, arrays: list[tuple[str, Any, ArrayView | None]], strides: tuple[int, ...]):
+    """Each array as is when it already has ``strides``, else a C-order copy (logged)."""
     out = []
     for name, a, v in arrays:
-        if v is None:
-            out.append((None, None))
+        if v is None or v.strides == strides:
+            out.append((a, v))
             continue
+        if launch.adapter is None:
+            raise ValueError(f"{name} must be laid out as {strides} for cuDNN and its library has no adapter to "
+                             "copy it")
+        _log.debug("divisive normalization: copying %s (strides %s) to C order", name, v.strides)
         c = launch.adapter.contiguous(a, launch.stream)
         out.append((c, launch.adapter.view(c, name)))
     return out
+
+
+def _check_out_layout(v: ArrayView | None, name: str, strides: tuple[int, ...]) -> None:
+    if v is not None and v.strides != strides:
+        raise ValueError(f"{name} must be laid out like the inputs as cuDNN sees them (strides {strides}), "
+                         f"got {v.strides}: cuDNN's divisive normalization takes one layout for all its tensors")
 
 
 def divisive_normalization_forward(
@@ -189,15 +199,18 @@ def divisive_normalization_forward(
     ``cudnnDivisiveNormalizationForward`` with ``CUDNN_DIVNORM_PRECOMPUTED_MEANS``;
     ``means=None`` passes NULL. cuDNN describes ``x``, ``means`` and its two
     scratch buffers with one descriptor, so ``x`` and ``means`` are copied to C
-    order when ``x`` has gaps or the two differ in layout; ``y`` (or ``out``)
-    may have any layout.
+    order when ``x`` has gaps or the two differ in layout; ``y`` must have that
+    same layout too (cuDNN 9.19 returns NOT_SUPPORTED otherwise), so a given
+    ``out`` is checked against it.
     """
     desc = _lrn_desc(size, alpha, beta, k)
     launch, (vx, vm) = prepare(("x", x), ("means", means), stream=stream)
     _check([("x", vx)] + ([("means", vm)] if vm is not None else []))
-    y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=y_beta)
+    strides = _target_strides([vx, vm])
+    y, vy = launch.output(out, vx.shape, vx.dtype, strides=strides, beta=y_beta)
+    _check_out_layout(vy, "out", strides)
     if vx.size:
-        (x, vx), (means, vm) = _shared_layout(launch, [("x", x, vx), ("means", means, vm)])
+        (x, vx), (means, vm) = _in_layout(launch, [("x", x, vx), ("means", means, vm)], strides)
         t1, v1, t2, v2 = _temps(launch, vx)
         with launch.on_device():
             lib.cudnnDivisiveNormalizationForward(
@@ -228,25 +241,23 @@ def divisive_normalization_backward(
     ``cudnnDivisiveNormalizationBackward``. ``dmeans`` is ``None`` when ``means``
     was not given (cuDNN is passed NULL and computes only ``dx``). ``x``,
     ``means`` and ``dy`` share one descriptor in cuDNN (copied to C order when
-    they differ or have gaps); ``dx`` and ``dmeans`` share another, so a given
-    ``dmeans_out`` must be laid out like ``dx_out``.
+    they differ or have gaps), and ``dx``/``dmeans`` must have that layout too.
     """
     desc = _lrn_desc(size, alpha, beta, k)
     launch, (vdy, vx, vm) = prepare(("dy", dy), ("x", x), ("means", means), stream=stream)
     _check([("dy", vdy), ("x", vx)] + ([("means", vm)] if vm is not None else []))
     if vm is None and dmeans_out is not None:
         raise ValueError("dmeans_out needs means: without means there is no dmeans")
-    dense = like_strides(vx) or contiguous_strides(vx.shape)
-    dx, vdx = launch.output(dx_out, vx.shape, vx.dtype, strides=dense, name="dx_out", beta=dx_beta)
+    strides = _target_strides([vx, vdy, vm])
+    dx, vdx = launch.output(dx_out, vx.shape, vx.dtype, strides=strides, name="dx_out", beta=dx_beta)
+    _check_out_layout(vdx, "dx_out", strides)
     dm, vdm = (None, None)
     if vm is not None:
-        dm, vdm = launch.output(dmeans_out, vx.shape, vx.dtype, strides=vdx.strides, name="dmeans_out",
-                                beta=dx_beta)
-        if vdm.strides != vdx.strides:
-            raise ValueError(f"dmeans_out must be laid out like dx (strides {vdx.strides}), got {vdm.strides}")
+        dm, vdm = launch.output(dmeans_out, vx.shape, vx.dtype, strides=strides, name="dmeans_out", beta=dx_beta)
+        _check_out_layout(vdm, "dmeans_out", strides)
     if vx.size:
-        (x, vx), (dy, vdy), (means, vm) = _shared_layout(
-            launch, [("x", x, vx), ("dy", dy, vdy), ("means", means, vm)])
+        (x, vx), (dy, vdy), (means, vm) = _in_layout(
+            launch, [("x", x, vx), ("dy", dy, vdy), ("means", means, vm)], strides)
         t1, v1, t2, v2 = _temps(launch, vx)
         with launch.on_device():
             lib.cudnnDivisiveNormalizationBackward(

@@ -37,9 +37,10 @@ Conventions (cuDNN 9, ``cudnn_adv.h`` and the cuDNN API reference)
       ``k`` of ``alpha * beta / p(labels | x)``).
     * ``normalization="none"`` (``CUDNN_LOSS_NORMALIZATION_NONE``): ``x``
       holds probabilities (each ``x[t, n, :]`` already softmax-normalised) and
-      ``grads`` is the gradient with respect to those probabilities,
-      ``-gamma / x`` (measured on an H200 with cuDNN 9.19; cuDNN's own
-      documentation calls this mode inconsistent).
+      ``grads`` is ``(x - gamma) / x``: the softmax-mode gradient divided by the
+      probabilities (measured on an H200 with cuDNN 9.19; cuDNN's own
+      documentation calls this mode inconsistent). It is neither the gradient
+      with respect to ``x`` (``-gamma / x``) nor to the logits.
     * ``algo``: ``"deterministic"`` (``CUDNN_CTC_LOSS_ALGO_DETERMINISTIC``,
       bitwise-repeatable) or ``"non_deterministic"``
       (``CUDNN_CTC_LOSS_ALGO_NON_DETERMINISTIC``). Under

@@ -36,11 +36,13 @@ Conventions (cuDNN 9, ``cudnn_adv.h`` and the cuDNN API reference)
       occupancy of class ``k`` at ``t`` (sum over the CTC states labelled
       ``k`` of ``alpha * beta / p(labels | x)``).
     * ``normalization="none"`` (``CUDNN_LOSS_NORMALIZATION_NONE``): ``x``
-      holds probabilities (each ``x[t, n, :]`` already softmax-normalised) and
-      ``grads`` is ``(x - gamma) / x``: the softmax-mode gradient divided by the
-      probabilities (measured on an H200 with cuDNN 9.19; cuDNN's own
-      documentation calls this mode inconsistent). It is neither the gradient
-      with respect to ``x`` (``-gamma / x``) nor to the logits.
+      holds probabilities (each ``x[t, n, :]`` already softmax-normalised).
+      cuDNN's own documentation calls this mode's gradient inconsistent, and
+      it is: measured on an H200 with cuDNN 9.19, ``grads[t, n, k]`` is
+      ``-gamma / x`` (the gradient with respect to ``x``) where class ``k``
+      has occupancy at step ``t``, and ``x`` itself where it has none (for
+      example classes outside the sample's label). Use the softmax mode for
+      training; this one is passed through as cuDNN computes it.
     * ``algo``: ``"deterministic"`` (``CUDNN_CTC_LOSS_ALGO_DETERMINISTIC``,
       bitwise-repeatable) or ``"non_deterministic"``
       (``CUDNN_CTC_LOSS_ALGO_NON_DETERMINISTIC``). Under

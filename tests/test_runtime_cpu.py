@@ -265,6 +265,19 @@ def test_resolve_stream_forms():
         resolve_stream("default", None, 0)
 
 
+def test_cai_producer_stream_is_used_for_arrays_without_an_adapter():
+    from cudnnkit.runtime import prepare
+
+    a = FakeCAI((2, 3))
+    a.__cuda_array_interface__["stream"] = 0x5000
+    launch, (v,) = prepare(("x", a))
+    assert v.stream == 0x5000 and launch.stream == 0x5000
+    assert prepare(("x", a), stream=0x6000)[0].stream == 0x6000  # an explicit stream= wins
+    assert prepare(("x", FakeCAI((2, 3))))[0].stream == 0  # no stream named: the legacy default stream
+    a.__cuda_array_interface__["stream"] = 1  # CAI's name for the legacy default stream
+    assert prepare(("x", a))[0].stream == 0
+
+
 def test_view_is_slotted_and_complete():
     v = ArrayView((2, 3), (3, 1), "float16", 0, 0x1000, None)
     assert not hasattr(v, "__dict__")

@@ -45,6 +45,8 @@ class ArrayView:
     owner: Any
     adapter: Any = None
     readonly: bool = False
+    #: the producer's stream from ``__cuda_array_interface__`` v3 (None when not given or not CAI)
+    stream: int | None = None
 
     @property
     def ndim(self) -> int:
@@ -130,7 +132,9 @@ def _from_cai(obj: Any, name: str) -> ArrayView:
     ptr, readonly = cai["data"]
     ptr = int(ptr or 0)
     device = _pointer_device(ptr, obj, name)
-    return ArrayView(shape, strides, dtype, device, ptr, obj, None, bool(readonly))
+    stream = cai.get("stream")
+    return ArrayView(shape, strides, dtype, device, ptr, obj, None, bool(readonly),
+                     None if stream is None else int(stream))
 
 
 def _element_strides(byte_strides, isz: int, name: str) -> tuple[int, ...]:

@@ -84,5 +84,11 @@ def prepare(*named: tuple[str, Any], stream: Any = None) -> tuple[Launch, list[A
     views: list[ArrayView | None] = [None if a is None else as_view(a, n) for n, a in named]
     device = same_device(*((n, v) for (n, _), v in zip(named, views)))
     adapter = next((v.adapter for v in views if v is not None and v.adapter is not None), None)
+    if stream is None and adapter is None:
+        # arrays of a library without an adapter: work on the stream their producer named
+        # (``__cuda_array_interface__`` v3 ``stream``; 1 means the legacy default stream, which is 0 to cuDNN)
+        stream = next((v.stream for v in views if v is not None and v.stream is not None), None)
+        if stream == 1:
+            stream = 0
     s = resolve_stream(stream, adapter, device)
     return Launch(device, adapter, s), views

@@ -74,7 +74,8 @@ def _cudnnkit_imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("layer, allowed", [
     ("lib", ("cudnnkit.lib",)),
     ("runtime", ("cudnnkit.lib", "cudnnkit.runtime")),
-    ("ops", ("cudnnkit.lib", "cudnnkit.runtime", "cudnnkit.ops")),
+    ("graph", ("cudnnkit.lib", "cudnnkit.runtime", "cudnnkit.graph")),
+    ("ops", ("cudnnkit.lib", "cudnnkit.runtime", "cudnnkit.graph", "cudnnkit.ops")),
 ])
 def test_imports_point_downward_only(layer, allowed):
     for p in (SRC / layer).rglob("*.py"):

@@ -294,15 +294,17 @@ def ctc_loss(
 
     # given outputs are checked before anything is allocated
     if costs_out is not None:
-        vc = launch.output(costs_out, (N,), "float32", name="costs_out")[1]
+        costs, vc = launch.output(costs_out, (N,), "float32", name="costs_out")
         if N and not vc.is_contiguous():
             raise ValueError(f"costs_out must be contiguous, got strides {vc.strides}")
     if grads_out is not None:
-        vg = launch.output(grads_out, (T, N, A), "float32", name="grads_out")[1]
+        grads, vg = launch.output(grads_out, (T, N, A), "float32", name="grads_out")
         if N and not vg.is_contiguous():
             raise ValueError(f"grads_out must be C-contiguous (T, N, A), got strides {vg.strides}")
-    costs, vc = launch.output(costs_out, (N,), "float32", name="costs_out")
-    grads, vg = launch.output(grads_out, (T, N, A), "float32", name="grads_out")
+    if costs_out is None:
+        costs, vc = launch.output(None, (N,), "float32", name="costs_out")
+    if grads_out is None:
+        grads, vg = launch.output(None, (T, N, A), "float32", name="grads_out")
     if N == 0:
         return costs, grads
 

@@ -86,9 +86,11 @@ def _merge(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | No
     return size, stride
 
 
-def _as_4d(v: ArrayView, first: int, last: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    groups = (slice(0, first), slice(first, last + 1), slice(last + 1, v.ndim))
-    merged = [_merge(v.shape[g], v.strides[g]) for g in groups]
+def _as_4d(shape: tuple[int, ...], strides: tuple[int, ...], first: int, last: int
+           ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The ``(N, C, H, 1)`` shape and strides of an array reduced over axes ``first..last``, or None."""
+    groups = (slice(0, first), slice(first, last + 1), slice(last + 1, len(shape)))
+    merged = [_merge(shape[g], strides[g]) for g in groups]
     if any(m is None for m in merged):
         return None
     (n, sn), (c, sc), (h, sh) = merged  # type: ignore[misc]
@@ -118,7 +120,7 @@ def _plan(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], first: i
 
     Cached: a training loop calls softmax on the same layouts over and over.
     """
-    got = _as_4d(ArrayView(shape, strides, dtype, 0, 0, None), first, last)
+    got = _as_4d(shape, strides, first, last)
     if got is None:
         return None
     return tensor_descriptor(dtype, *got), got[0]
@@ -128,19 +130,16 @@ register_cache(_plan.cache_clear)
 
 
 def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str):
+    """``arr`` (copied to C order if its strides do not merge around the axes), its view, descriptor and 4-d shape."""
     planned = _plan(v.dtype, v.shape, v.strides, first, last)
-    if planned is not None:
-        return arr, v, planned[0], planned[1]
-    got = _as_4d(v, first, last)
-    if got is None:
+    if planned is None:
         if launch.adapter is None:
             raise ValueError(f"{name}'s strides cannot be described to cuDNN and its library has no adapter to copy it")
         _log.debug("softmax: %s strides %s cannot be merged around axes %d..%d: copying", name, v.strides, first, last)
         arr = launch.adapter.contiguous(arr, launch.stream)
         v = launch.adapter.view(arr, name)
-        got = _as_4d(v, first, last)
-    shape, strides = got
-    return arr, v, tensor_descriptor(v.dtype, shape, strides), shape
+        planned = _plan(v.dtype, v.shape, v.strides, first, last)
+    return arr, v, planned[0], planned[1]
 
 
 def _out_descriptor(v: ArrayView, first: int, last: int) -> Any:

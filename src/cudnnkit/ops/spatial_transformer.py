@@ -66,7 +66,6 @@ limit before it calls this sampler).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import operator
@@ -74,16 +73,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import lib
-from ..runtime import DescriptorKind, cudnn_dtype, get_cached, prepare, scaling_ref, tensor_descriptor
+from ..runtime import DescriptorKind, check_dtype, cudnn_dtype, get_cached, prepare, scaling_ref, tensor_descriptor
 from ..runtime.arrays import ArrayView, contiguous_strides
-from ..runtime.descriptors import INT_MAX
+from ..runtime.descriptors import INT_MAX, int_array
 
 __all__ = ["affine_grid_forward", "affine_grid_backward", "grid_sample_forward", "grid_sample_backward"]
 
 _log = logging.getLogger("cudnnkit")
 #: what cudnnSetSpatialTransformerNdDescriptor accepts (it refuses bfloat16 and the rest with BAD_PARAM)
 _FLOATS = ("float16", "float32", "float64")
-_INT_MAX = INT_MAX
 
 
 # ----------------------------------------------------------------- descriptor
@@ -91,7 +89,7 @@ _INT_MAX = INT_MAX
 
 def _set_spatial_transformer(ptr: int, dtype: str, dims: tuple[int, int, int, int]) -> None:
     lib.cudnnSetSpatialTransformerNdDescriptor(
-        ptr, lib.CUDNN_SAMPLER_BILINEAR, cudnn_dtype(dtype), len(dims), (ctypes.c_int * len(dims))(*dims)
+        ptr, lib.CUDNN_SAMPLER_BILINEAR, cudnn_dtype(dtype), len(dims), int_array(dims, "size")
     )
 
 
@@ -112,12 +110,8 @@ def _st_descriptor(dtype: str, dims: tuple[int, int, int, int]) -> Any:
 
 
 def _check_float(v: ArrayView, name: str) -> str:
-    if v.dtype not in _FLOATS:
-        raise TypeError(
-            f"{name} has dtype {v.dtype}; cuDNN's spatial transformer supports only {_FLOATS} "
-            "(cudnnSetSpatialTransformerNdDescriptor refuses every other type, bfloat16 included)"
-        )
-    return v.dtype
+    return check_dtype(v, name, _FLOATS, "cuDNN's spatial transformer (cudnnSetSpatialTransformerNdDescriptor "
+                       "refuses every other type, bfloat16 included)")
 
 
 def _same_dtype(v: ArrayView, name: str, dtype: str, ref: str) -> None:
@@ -127,10 +121,10 @@ def _same_dtype(v: ArrayView, name: str, dtype: str, ref: str) -> None:
 
 def _check_numel(shape: tuple[int, ...], name: str) -> None:
     n = math.prod(shape)
-    if n > _INT_MAX:
+    if n > INT_MAX:
         raise ValueError(
             f"{name} has {n} elements; cuDNN's spatial transformer indexes with 32-bit ints "
-            f"(at most {_INT_MAX})"
+            f"(at most {INT_MAX})"
         )
 
 
@@ -153,8 +147,8 @@ def _size(size: Sequence[int]) -> tuple[int, int, int, int]:
     n, c, h, w = out
     if n < 0 or c < 1 or h < 1 or w < 1:
         raise ValueError(f"size (N, C, H, W) needs N >= 0 and positive C, H and W, got {tuple(out)}")
-    if max(out) > _INT_MAX:
-        raise ValueError(f"size values must fit cuDNN's int (at most {_INT_MAX}), got {tuple(out)}")
+    if max(out) > INT_MAX:
+        raise ValueError(f"size values must fit cuDNN's int (at most {INT_MAX}), got {tuple(out)}")
     if h < 2 or w < 2:
         # the grid spaces points as -1 + 2 i / (H - 1): undefined for one row or column, and cuDNN 9.19's
         # values there differ from torch's centre-at-0 convention (measured on an H200)

@@ -32,6 +32,7 @@ __all__ = [
     "owned_descriptor",
     "register_cache",
     "INT_MAX",
+    "int_array",
     "get_cached",
     "TENSOR",
     "cache_info",
@@ -39,7 +40,6 @@ __all__ = [
 ]
 
 INT_MAX = 2**31 - 1  #: the largest value cuDNN's int parameters take
-_INT_MAX = INT_MAX
 
 
 class Descriptor:
@@ -159,16 +159,17 @@ def clear_caches() -> None:
         clear()
 
 
-def _int_array(values, what: str) -> ctypes.Array:
+def int_array(values, what: str = "value") -> ctypes.Array:
+    """A C ``int[]`` of ``values``, each checked to fit cuDNN's int (``ValueError`` naming ``what``)."""
     for v in values:
-        if not 0 <= v <= _INT_MAX:
-            raise ValueError(f"{what} value {v} does not fit cuDNN's int (0..{_INT_MAX})")
+        if not 0 <= v <= INT_MAX:
+            raise ValueError(f"{what} value {v} does not fit cuDNN's int (0..{INT_MAX})")
     return (ctypes.c_int * len(values))(*values)
 
 
 def _set_tensor(ptr: int, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
     lib.cudnnSetTensorNdDescriptor(
-        ptr, cudnn_dtype(dtype), len(shape), _int_array(shape, "shape"), _int_array(strides, "stride")
+        ptr, cudnn_dtype(dtype), len(shape), int_array(shape, "shape"), int_array(strides, "stride")
     )
 
 

@@ -10,10 +10,11 @@ cuDNN version. :meth:`Graph.lower` turns the graph into finalized backend
 descriptors (tensors, operation nodes, the operation graph) through the
 reviewed attribute table; that needs no GPU.
 
-Not here yet (issue 5, next): heuristics and engine filters, plan build and
-the plan cache, execution with variant packs, CUDA-graph population,
-autotuning, and the remaining node kinds (resample, norm, genstats, rng,
-reshape, concat, SDPA).
+Heuristics, engine filters, plan build, the plan cache and execution live in
+``plan.py``. By-value constants made by :meth:`Graph.scalar` (epsilon, attention
+scale, mask fill values) are listed by :meth:`Graph.constants` and bound by the
+executor; :meth:`Graph.scratch` lists the device scratch tensors a graph needs
+(SDPA backward).
 
 Operations and the backend descriptors they lower to:
 
@@ -27,16 +28,33 @@ Operations and the backend descriptors they lower to:
 ``conv_dgrad(dy, w, x_dims)``   ... + ``OPERATION_CONVOLUTION_BACKWARD_DATA``
 ``conv_wgrad(x, dy, w_dims)``   ... + ``OPERATION_CONVOLUTION_BACKWARD_FILTER``
 ``reduction(x, dims, mode)``    ``REDUCTION_DESCRIPTOR`` + ``OPERATION_REDUCTION``
+``resample_forward(x)``         ``RESAMPLE_DESCRIPTOR`` + ``OPERATION_RESAMPLE_FWD``: max pooling (with
+                                the index tensor for training), average including/excluding padding
+``resample_backward(dy)``       ``RESAMPLE_DESCRIPTOR`` + ``OPERATION_RESAMPLE_BWD`` (index, or x and y)
+``norm_forward(mode, x, ...)``  ``OPERATION_NORM_FORWARD``: batch, layer, instance, RMS; training
+                                (saved mean/inv-variance, running statistics) and inference
+``norm_backward(mode, ...)``    ``OPERATION_NORM_BACKWARD``: dx, dscale, dbias
+``genstats(x)``                 ``OPERATION_GEN_STATS``: per-channel sum and sum of squares
+``rng(dims, seed=...)``         ``RNG_DESCRIPTOR`` + ``OPERATION_RNG``: Bernoulli, uniform, normal
+``reshape(x, dims | perm)``     ``OPERATION_RESHAPE``: new dims, or a transpose through strides
+``concat(inputs, axis)``        ``OPERATION_CONCATENATE`` (``CUDNN_BACKEND_OPERATION_CONCAT_DESCRIPTOR``)
+``sdpa_forward(q, k, v)``       attention forward: the fused-attention composite of matmul, pointwise,
+                                reduction (and rng) nodes that cuDNN's engines match, or one
+                                ``OPERATION_SDPA_FWD`` (``implementation="unified"``, no mask)
+``sdpa_backward(..., stats)``   attention backward: the composite (with reshape transposes and two
+                                float32 scratch tensors), or ``OPERATION_SDPA_BWD`` (``"unified"``;
+                                cuDNN 9.19's operation graph refuses it)
 ==============================  ===================================================================
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import lib
 from ..lib.backend import BackendDescriptor
@@ -44,7 +62,8 @@ from ..runtime import as_view, canonical, cudnn_dtype, current_settings
 from ..runtime.arrays import contiguous_strides
 from ..runtime.shapes import expand
 
-__all__ = ["Graph", "Tensor", "GraphError", "POINTWISE_ARITY"]
+__all__ = ["Graph", "Tensor", "GraphError", "POINTWISE_ARITY", "NormForward", "NormBackward", "SdpaForward",
+           "SdpaBackward"]
 
 
 class GraphError(ValueError):
@@ -82,6 +101,28 @@ _PW_PARAMS = {
 
 _REDUCTIONS = {m.name.removeprefix("CUDNN_REDUCE_TENSOR_").lower(): m for m in lib.cudnnReduceTensorOp_t}
 
+_RS = lib.cudnnResampleMode_t
+_RESAMPLE_MODES = {"max": _RS.CUDNN_RESAMPLE_MAXPOOL, "avg_include_padding": _RS.CUDNN_RESAMPLE_AVGPOOL_INCLUDE_PADDING,
+                   "avg_exclude_padding": _RS.CUDNN_RESAMPLE_AVGPOOL_EXCLUDE_PADDING}
+_PADDING_MODES = {"zero": lib.cudnnPaddingMode_t.CUDNN_ZERO_PAD, "neg_inf": lib.cudnnPaddingMode_t.CUDNN_NEG_INF_PAD,
+                  "edge": lib.cudnnPaddingMode_t.CUDNN_EDGE_VAL_PAD}
+_NM = lib.cudnnBackendNormMode_t
+_NORM_MODES = {"batch": _NM.CUDNN_BATCH_NORM, "layer": _NM.CUDNN_LAYER_NORM, "instance": _NM.CUDNN_INSTANCE_NORM,
+               "rms": _NM.CUDNN_RMS_NORM}
+_RNG = {m.name.removeprefix("CUDNN_RNG_DISTRIBUTION_").lower(): m for m in lib.cudnnRngDistribution_t}
+
+# tensor roles -> attribute suffixes of the ops whose roles do not spell their attribute names
+_NORM_FWD_ATTR = {"x": "XDESC", "scale": "SCALE_DESC", "bias": "BIAS_DESC", "epsilon": "EPSILON_DESC",
+                  "momentum": "EXP_AVG_FACTOR_DESC", "mean": "MEAN_DESC", "inv_variance": "INV_VARIANCE_DESC",
+                  "running_mean": "INPUT_RUNNING_MEAN_DESC", "running_var": "INPUT_RUNNING_VAR_DESC", "y": "YDESC",
+                  "next_running_mean": "OUTPUT_RUNNING_MEAN_DESC", "next_running_var": "OUTPUT_RUNNING_VAR_DESC"}
+_NORM_BWD_ATTR = {"x": "XDESC", "dy": "DYDESC", "scale": "SCALE_DESC", "mean": "MEAN_DESC",
+                  "inv_variance": "INV_VARIANCE_DESC", "epsilon": "EPSILON_DESC", "dx": "DXDESC",
+                  "dscale": "DSCALE_DESC", "dbias": "DBIAS_DESC"}
+_RESAMPLE_ATTR = {"x": "XDESC", "y": "YDESC", "index": "IDXDESC", "dy": "DYDESC", "dx": "DXDESC"}
+_SDPA_ATTR = {"q": "QDESC", "k": "KDESC", "v": "VDESC", "o": "ODESC", "stats": "STATSDESC", "scale": "SCALEDESC",
+              "do": "DODDESC", "dq": "DQDESC", "dk": "DKDESC", "dv": "DVDESC"}
+
 
 # ----------------------------------------------------------------- tensors and nodes
 
@@ -106,13 +147,47 @@ class Tensor:
 
 @dataclass(frozen=True)
 class _Node:
-    kind: str  # "pointwise", "matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "reduction"
+    kind: str  # "pointwise", "matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "reduction", "resample_fwd",
+    # "resample_bwd", "norm_fwd", "norm_bwd", "genstats", "rng", "reshape", "concat", "sdpa_fwd", "sdpa_bwd"
     attrs: tuple[tuple[str, Any], ...]
     inputs: tuple[tuple[str, int], ...]  # (role, uid)
     outputs: tuple[tuple[str, int], ...]
 
     def attr(self, name: str) -> Any:
         return dict(self.attrs)[name]
+
+
+class NormForward(NamedTuple):
+    """Outputs of :meth:`Graph.norm_forward` (``None`` where the mode or phase has none)."""
+
+    y: Tensor
+    mean: Tensor | None
+    inv_variance: Tensor | None
+    running_mean: Tensor | None
+    running_var: Tensor | None
+
+
+class NormBackward(NamedTuple):
+    """Outputs of :meth:`Graph.norm_backward`."""
+
+    dx: Tensor
+    dscale: Tensor
+    dbias: Tensor | None
+
+
+class SdpaForward(NamedTuple):
+    """Outputs of :meth:`Graph.sdpa_forward`: ``o`` and the softmax log-sum-exp ``stats`` (or ``None``)."""
+
+    o: Tensor
+    stats: Tensor | None
+
+
+class SdpaBackward(NamedTuple):
+    """Outputs of :meth:`Graph.sdpa_backward`."""
+
+    dq: Tensor
+    dk: Tensor
+    dv: Tensor
 
 
 def _dense_like(dims: tuple[int, ...], like: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -142,6 +217,15 @@ def _broadcast(dims: list[tuple[int, ...]], names: list[str]) -> tuple[int, ...]
     return tuple(out)
 
 
+def _set_descriptor(op: BackendDescriptor, name: str, value: BackendDescriptor) -> None:
+    """Set an attribute that also takes a descriptor where the table lists another type (RNG seed tensor)."""
+    arr = (ctypes.c_void_p * 1)(value.ptr)
+    lib.cudnnBackendSetAttribute(op.ptr, lib.cudnnBackendAttributeName_t[name],
+                                 lib.cudnnBackendAttributeType_t.CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                 ctypes.cast(arr, ctypes.c_void_p))
+    op._keep.append(value)
+
+
 _graph_ids = itertools.count(1)
 
 
@@ -167,6 +251,10 @@ class Graph:
         self._tensors: dict[int, Tensor] = {}
         self._nodes: list[_Node] = []
         self._uids = itertools.count(1)
+        self._constants: dict[int, float | int] = {}  # by-value constants: uid -> value
+        self._scratch: set[int] = set()  # non-virtual tensors the graph needs as scratch memory
+        self._described: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # uid -> lowered dims, strides
+        self._view_nodes: set[int] = set()  # nodes that read a tensor through its _described view
 
     # ------------------------------------------------------------- tensors
 
@@ -363,6 +451,694 @@ class Graph:
                   {"x": x}, {"y": y})
         return y
 
+    # ------------------------------------------------------------- constants and scratch
+
+    def scalar(self, value: float, dtype: str = "float32", ndim: int = 4, name: str = "") -> Tensor:
+        """A by-value constant: a host scalar whose value the graph fixes (part of :meth:`key`).
+
+        The executor passes it by value; :meth:`constants` lists each one's
+        uid, value and dtype. Operations that take scalars (epsilon, momentum,
+        attention scale, mask fill) make theirs through here when given numbers.
+        """
+        t = self.tensor((1,) * ndim, (1,) * ndim, dtype, by_value=True, name=name or "scalar")
+        v = float(value)
+        self._constants[t.uid] = int(v) if t.dtype in ("int8", "uint8", "int32", "int64", "bool") else v
+        return t
+
+    def constants(self) -> dict[int, tuple[float | int, str]]:
+        """``{uid: (value, dtype)}`` of the by-value constants made by :meth:`scalar`."""
+        return {uid: (v, self._tensors[uid].dtype) for uid, v in self._constants.items()}
+
+    def scratch(self) -> list[Tensor]:
+        """Non-virtual tensors the graph itself needs as device memory (contents in and out irrelevant).
+
+        ``sdpa_backward`` has two (the float32 row sums of ``dO * O`` and the
+        float32 ``dQ`` accumulator), as cuDNN's fused attention backward
+        requires; the executor allocates them (or the caller binds them).
+        """
+        return [self._tensors[uid] for uid in sorted(self._scratch)]
+
+    def _scalar_or(self, v: Tensor | float | None, role: str, ndim: int, dtype: str = "float32") -> Tensor | None:
+        if v is None or isinstance(v, Tensor):
+            if v is None:
+                return None
+            t = self._own(v, role)
+            if math.prod(t.dims) != 1 or t.ndim != ndim:
+                raise GraphError(f"{role} must be a one-element tensor of rank {ndim}, got dims {t.dims}")
+            return t
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{role} must be a number or a Tensor, got {type(v).__name__}")
+        return self.scalar(v, dtype, ndim, name=role)
+
+    def _describe_as(self, t: Tensor, dims: tuple[int, ...], strides: tuple[int, ...], role: str) -> None:
+        """Lower ``t`` with other dims/strides (a transposed view of the same memory) in this graph."""
+        old = self._described.get(t.uid)
+        if old is not None and old != (dims, strides):
+            raise GraphError(f"{role} (uid {t.uid}) is already described as {old} in this graph")
+        self._described[t.uid] = (dims, strides)
+
+    # ------------------------------------------------------------- resample (pooling)
+
+    def _resample_attrs(self, nsp: int, mode: str, window, stride, pre_padding, post_padding, padding_mode,
+                        nan_propagation: bool, compute_dtype: str | None) -> dict[str, Any]:
+        if mode not in _RESAMPLE_MODES:
+            raise GraphError(f"mode must be one of {sorted(_RESAMPLE_MODES)}, got {mode!r}")
+        if window is None:
+            raise GraphError("window is required (one size per spatial dim, or one int for all)")
+        window = expand(window, nsp, "window", 1)
+        attrs = {
+            "mode": mode,
+            "window": window,
+            "stride": expand(window if stride is None else stride, nsp, "stride", 1),
+            "pre_padding": expand(pre_padding, nsp, "pre_padding", 0),
+            "post_padding": expand(pre_padding if post_padding is None else post_padding, nsp, "post_padding", 0),
+            "padding_mode": padding_mode or ("neg_inf" if mode == "max" else "zero"),
+            "nan_propagation": bool(nan_propagation),
+            "compute_dtype": canonical(compute_dtype or self.compute_dtype),
+        }
+        if attrs["padding_mode"] not in _PADDING_MODES:
+            raise GraphError(f"padding_mode must be one of {sorted(_PADDING_MODES)}, got {padding_mode!r}")
+        for i, (p, q, w) in enumerate(zip(attrs["pre_padding"], attrs["post_padding"], window)):
+            if p >= w or q >= w:
+                raise GraphError(f"spatial dim {i}: padding ({p}, {q}) must be smaller than the window {w}")
+        return attrs
+
+    @staticmethod
+    def _resample_out(x_dims: tuple[int, ...], a: dict[str, Any]) -> tuple[int, ...]:
+        out = list(x_dims[:2])
+        for i, xi in enumerate(x_dims[2:]):
+            o = (xi + a["pre_padding"][i] + a["post_padding"][i] - a["window"][i]) // a["stride"][i] + 1
+            if o < 1:
+                raise GraphError(f"spatial dim {i}: input {xi} with its padding is smaller than the window "
+                                 f"{a['window'][i]}")
+            out.append(o)
+        return tuple(out)
+
+    def resample_forward(self, x: Tensor, *, mode: str = "max", window=None, stride=None, pre_padding=0,
+                         post_padding=None, padding_mode: str | None = None, nan_propagation: bool = False,
+                         index: bool = False, index_dtype: str = "int8", compute_dtype: str | None = None,
+                         dtype: str | None = None, name: str = "") -> Tensor | tuple[Tensor, Tensor]:
+        """Pooling: ``x`` ``(N, C, *spatial)`` -> ``y`` ``(N, C, *out)``, ``out = (in + pre + post - window) // stride + 1``.
+
+        ``mode``: ``"max"``, ``"avg_include_padding"``, ``"avg_exclude_padding"``.
+        ``window``, ``stride`` (default: the window), ``pre_padding`` and
+        ``post_padding`` (default: ``pre_padding``) take one int or one per
+        spatial dim; cuDNN's resample has no dilation. ``padding_mode``
+        (``"neg_inf"`` for max, ``"zero"`` for average by default; also
+        ``"edge"``). ``nan_propagation`` sets ``CUDNN_PROPAGATE_NAN``.
+        ``index=True`` (max pooling for training) also returns the argmax
+        index tensor (``index_dtype``, int8 by default) that
+        :meth:`resample_backward` can take instead of ``x`` and ``y``.
+
+        Makes ``CUDNN_BACKEND_RESAMPLE_DESCRIPTOR`` and
+        ``CUDNN_BACKEND_OPERATION_RESAMPLE_FWD_DESCRIPTOR``.
+        """
+        x = self._own(x, "x")
+        if x.ndim < 3:
+            raise GraphError(f"resample_forward needs x of rank >= 3 (N, C, *spatial), got {x.dims}")
+        a = self._resample_attrs(x.ndim - 2, mode, window, stride, pre_padding, post_padding, padding_mode,
+                                 nan_propagation, compute_dtype)
+        if index and mode != "max":
+            raise GraphError(f"index=True applies to max pooling, not {mode!r}")
+        dims = self._resample_out(x.dims, a)
+        y = self._out(dims, x, dtype or x.dtype, name or f"pool_{mode}")
+        outs = {"y": y}
+        if index:
+            outs["index"] = self._out(dims, x, index_dtype, (name or "pool") + "_index")
+        self._add("resample_fwd", a, {"x": x}, outs)
+        return (y, outs["index"]) if index else y
+
+    def resample_backward(self, dy: Tensor, *, x_dims: Sequence[int] | None = None, x: Tensor | None = None,
+                          y: Tensor | None = None, index: Tensor | None = None, mode: str = "max", window=None,
+                          stride=None, pre_padding=0, post_padding=None, padding_mode: str | None = None,
+                          nan_propagation: bool = False, compute_dtype: str | None = None, dtype: str | None = None,
+                          name: str = "") -> Tensor:
+        """Pooling backward: ``dx`` (dims of ``x``, or ``x_dims``) from ``dy`` and the forward's options.
+
+        Max pooling needs ``index`` (from ``resample_forward(index=True)``) or
+        both ``x`` and ``y``; average pooling needs only ``dy`` and the dims.
+        Makes ``CUDNN_BACKEND_RESAMPLE_DESCRIPTOR`` and
+        ``CUDNN_BACKEND_OPERATION_RESAMPLE_BWD_DESCRIPTOR``.
+        """
+        dy = self._own(dy, "dy")
+        ins = {"dy": dy}
+        for role, t in (("x", x), ("y", y), ("index", index)):
+            if t is not None:
+                ins[role] = self._own(t, role)
+        if x_dims is None:
+            if x is None:
+                raise GraphError("resample_backward needs x_dims or x")
+            x_dims = ins["x"].dims
+        x_dims = tuple(int(d) for d in x_dims)
+        if len(x_dims) != dy.ndim or len(x_dims) < 3:
+            raise GraphError(f"x_dims {x_dims} and dy {dy.dims} must have one rank >= 3")
+        a = self._resample_attrs(len(x_dims) - 2, mode, window, stride, pre_padding, post_padding, padding_mode,
+                                 nan_propagation, compute_dtype)
+        if self._resample_out(x_dims, a) != dy.dims:
+            raise GraphError(f"dy {dy.dims} is not the pooled shape {self._resample_out(x_dims, a)} of x {x_dims}")
+        if "x" in ins and ins["x"].dims != x_dims:
+            raise GraphError(f"x {ins['x'].dims} does not match x_dims {x_dims}")
+        for role in ("y", "index"):
+            if role in ins and ins[role].dims != dy.dims:
+                raise GraphError(f"{role} {ins[role].dims} must have dy's dims {dy.dims}")
+        if mode == "max" and "index" not in ins and not ("x" in ins and "y" in ins):
+            raise GraphError("max-pooling backward needs index= or both x= and y=")
+        dx = self._out(x_dims, ins.get("x", dy), dtype or dy.dtype, name or f"pool_{mode}_bwd")
+        self._add("resample_bwd", a, ins, {"dx": dx})
+        return dx
+
+    # ------------------------------------------------------------- normalization
+
+    def _norm_param_dims(self, mode: str, x: Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(scale/bias dims, saved-statistics dims) of a norm mode for x."""
+        n, c, rest = x.dims[0], x.dims[1], x.ndim - 2
+        if mode == "batch":
+            return (1, c, *(1,) * rest), (1, c, *(1,) * rest)
+        if mode == "instance":
+            return (1, c, *(1,) * rest), (n, c, *(1,) * rest)
+        # layer, rms: per-element affine over every dim but the batch, statistics per sample
+        return (1, *x.dims[1:]), (n, *(1,) * (x.ndim - 1))
+
+    def _check_dims(self, t: Tensor | None, dims: tuple[int, ...], role: str, mode: str) -> Tensor | None:
+        if t is None:
+            return None
+        t = self._own(t, role)
+        if t.dims != dims:
+            raise GraphError(f"{mode} norm: {role} must have dims {dims}, got {t.dims}")
+        return t
+
+    def norm_forward(self, mode: str, x: Tensor, scale: Tensor, bias: Tensor | None = None, *,
+                     phase: str = "training", epsilon: Tensor | float = 1e-5, momentum: Tensor | float | None = None,
+                     mean: Tensor | None = None, inv_variance: Tensor | None = None,
+                     running_mean: Tensor | None = None, running_var: Tensor | None = None,
+                     peer_stats: Sequence[Tensor] = (), stats_dtype: str = "float32", dtype: str | None = None,
+                     name: str = "") -> NormForward:
+        """Normalization forward: ``mode`` ``"batch"``, ``"layer"``, ``"instance"`` or ``"rms"``.
+
+        Tensors per mode (``x`` ``(N, C, *spatial)``; statistics float32):
+
+        - batch: ``scale``/``bias`` ``(1, C, 1...)``. Training returns the
+          saved ``mean`` and ``inv_variance`` ``(1, C, 1...)``; with
+          ``running_mean``/``running_var`` (and ``momentum``, the weight of the
+          new batch) it also returns the updated running statistics. Inference
+          takes ``mean`` and ``inv_variance`` as inputs. ``peer_stats``: the
+          other GPUs' statistics buffers for multi-GPU batch norm.
+        - instance: ``scale``/``bias`` ``(1, C, 1...)``; training returns
+          ``mean``/``inv_variance`` ``(N, C, 1...)``.
+        - layer: ``scale``/``bias`` ``(1, *x.dims[1:])``; training returns
+          ``mean``/``inv_variance`` ``(N, 1...)``.
+        - rms: like layer, ``bias`` optional, training returns ``inv_variance`` only.
+
+        ``epsilon`` and ``momentum`` are by-value scalars (numbers become
+        :meth:`scalar` constants). cuDNN's GROUP_NORM and ADA_LAYER_NORM modes
+        are not offered. Outputs are virtual until marked. Makes
+        ``CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR``.
+        """
+        if mode not in _NORM_MODES:
+            raise GraphError(f"mode must be one of {sorted(_NORM_MODES)}, got {mode!r}")
+        if phase not in ("training", "inference"):
+            raise GraphError(f"phase must be 'training' or 'inference', got {phase!r}")
+        x = self._own(x, "x")
+        if x.ndim < 2:
+            raise GraphError(f"norm_forward needs x of rank >= 2 (N, C, ...), got {x.dims}")
+        pdims, sdims = self._norm_param_dims(mode, x)
+        ins: dict[str, Tensor] = {"x": x, "scale": self._check_dims(scale, pdims, "scale", mode)}
+        if scale is None:
+            raise GraphError(f"{mode} norm needs scale")
+        if bias is None and mode != "rms":
+            raise GraphError(f"{mode} norm needs bias")
+        if bias is not None:
+            ins["bias"] = self._check_dims(bias, pdims, "bias", mode)
+        ins["epsilon"] = self._scalar_or(epsilon, "epsilon", x.ndim)
+        training = phase == "training"
+        if mode == "batch" and not training:
+            if mean is None or inv_variance is None:
+                raise GraphError("batch norm inference needs mean= and inv_variance= (the running statistics)")
+            ins["mean"] = self._check_dims(mean, sdims, "mean", mode)
+            ins["inv_variance"] = self._check_dims(inv_variance, sdims, "inv_variance", mode)
+        elif mean is not None or inv_variance is not None:
+            raise GraphError("mean=/inv_variance= are inputs only for batch norm inference; training outputs them")
+        running = running_mean is not None or running_var is not None
+        if running:
+            if mode != "batch" or not training:
+                raise GraphError("running_mean/running_var apply to batch norm training")
+            if running_mean is None or running_var is None or momentum is None:
+                raise GraphError("running statistics need running_mean=, running_var= and momentum=")
+            ins["running_mean"] = self._check_dims(running_mean, sdims, "running_mean", mode)
+            ins["running_var"] = self._check_dims(running_var, sdims, "running_var", mode)
+            ins["momentum"] = self._scalar_or(momentum, "momentum", x.ndim)
+        elif momentum is not None:
+            raise GraphError("momentum= needs running_mean= and running_var=")
+        peers = tuple(self._own(p, f"peer_stats[{i}]") for i, p in enumerate(peer_stats))
+        if peers and mode != "batch":
+            raise GraphError("peer_stats apply to batch norm")
+        for i, p in enumerate(peers):
+            ins[f"peer{i}"] = p
+        base = name or f"{mode}_norm"
+        outs = {"y": self._out(x.dims, x, dtype or x.dtype, base)}
+        if training:
+            if mode != "rms":
+                outs["mean"] = self._out(sdims, None, stats_dtype, base + "_mean")
+            outs["inv_variance"] = self._out(sdims, None, stats_dtype, base + "_inv_variance")
+            if running:
+                outs["next_running_mean"] = self._out(sdims, None, ins["running_mean"].dtype, base + "_running_mean")
+                outs["next_running_var"] = self._out(sdims, None, ins["running_var"].dtype, base + "_running_var")
+        self._add("norm_fwd", {"mode": mode, "phase": phase, "peers": len(peers)}, ins, outs)
+        return NormForward(outs["y"], outs.get("mean"), outs.get("inv_variance"), outs.get("next_running_mean"),
+                           outs.get("next_running_var"))
+
+    def norm_backward(self, mode: str, x: Tensor, dy: Tensor, scale: Tensor, *, mean: Tensor | None = None,
+                      inv_variance: Tensor, epsilon: Tensor | float | None = None, dbias: bool | None = None,
+                      peer_stats: Sequence[Tensor] = (), dtype: str | None = None, name: str = "") -> NormBackward:
+        """Normalization backward from the saved statistics: returns ``dx``, ``dscale`` and ``dbias``.
+
+        ``mean`` and ``inv_variance`` are the training forward's saved outputs
+        (RMS norm has no mean). ``dbias`` (default: on, off for rms) asks for
+        the bias gradient. ``epsilon`` is optional (cuDNN 9 does not need it).
+        Makes ``CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR``.
+        """
+        if mode not in _NORM_MODES:
+            raise GraphError(f"mode must be one of {sorted(_NORM_MODES)}, got {mode!r}")
+        x, dy = self._own(x, "x"), self._own(dy, "dy")
+        if dy.dims != x.dims:
+            raise GraphError(f"dy {dy.dims} must have x's dims {x.dims}")
+        pdims, sdims = self._norm_param_dims(mode, x)
+        ins = {"x": x, "dy": dy, "scale": self._check_dims(scale, pdims, "scale", mode)}
+        if scale is None:
+            raise GraphError(f"{mode} norm backward needs scale")
+        if mode == "rms":
+            if mean is not None:
+                raise GraphError("rms norm has no mean; pass inv_variance only")
+        else:
+            if mean is None:
+                raise GraphError(f"{mode} norm backward needs mean=")
+            ins["mean"] = self._check_dims(mean, sdims, "mean", mode)
+        if inv_variance is None:
+            raise GraphError(f"{mode} norm backward needs inv_variance=")
+        ins["inv_variance"] = self._check_dims(inv_variance, sdims, "inv_variance", mode)
+        if epsilon is not None:
+            ins["epsilon"] = self._scalar_or(epsilon, "epsilon", x.ndim)
+        peers = tuple(self._own(p, f"peer_stats[{i}]") for i, p in enumerate(peer_stats))
+        if peers and mode != "batch":
+            raise GraphError("peer_stats apply to batch norm")
+        for i, p in enumerate(peers):
+            ins[f"peer{i}"] = p
+        want_dbias = (mode != "rms") if dbias is None else bool(dbias)
+        base = name or f"{mode}_norm_bwd"
+        outs = {"dx": self._out(x.dims, x, dtype or x.dtype, base + "_dx"),
+                "dscale": self._out(pdims, None, ins["scale"].dtype, base + "_dscale")}
+        if want_dbias:
+            outs["dbias"] = self._out(pdims, None, ins["scale"].dtype, base + "_dbias")
+        self._add("norm_bwd", {"mode": mode, "peers": len(peers)}, ins, outs)
+        return NormBackward(outs["dx"], outs["dscale"], outs.get("dbias"))
+
+    def genstats(self, x: Tensor, *, compute_dtype: str | None = None, dtype: str = "float32",
+                 name: str = "") -> tuple[Tensor, Tensor]:
+        """Per-channel ``sum`` and ``sum of squares`` of ``x`` ``(N, C, *)``, each ``(1, C, 1...)``.
+
+        Makes ``CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR`` (``CUDNN_GENSTATS_SUM_SQSUM``).
+        """
+        x = self._own(x, "x")
+        if x.ndim < 2:
+            raise GraphError(f"genstats needs x of rank >= 2 (N, C, ...), got {x.dims}")
+        dims = (1, x.dims[1], *(1,) * (x.ndim - 2))
+        s = self._out(dims, None, dtype, name or "sum")
+        sq = self._out(dims, None, dtype, (name + "_" if name else "") + "sq_sum")
+        self._add("genstats", {"compute_dtype": canonical(compute_dtype or self.compute_dtype)}, {"x": x},
+                  {"sum": s, "sq_sum": sq})
+        return s, sq
+
+    # ------------------------------------------------------------- rng, reshape, concat
+
+    def rng(self, dims: Sequence[int], *, seed: Tensor | int, offset: Tensor | None = None,
+            distribution: str = "bernoulli", probability: float = 0.5, mean: float = 0.0, std: float = 1.0,
+            minimum: float = 0.0, maximum: float = 1.0, strides: Sequence[int] | None = None,
+            dtype: str | None = None, name: str = "") -> Tensor:
+        """Random numbers of ``dims``: ``"bernoulli"`` (1 with ``probability``, else 0), ``"uniform"``
+        (``minimum``..``maximum``) or ``"normal"`` (``mean``, ``std``).
+
+        ``seed`` is an int (fixed in the graph) or a one-element int64 device
+        tensor; ``offset`` (one-element int64 device tensor) goes with a seed
+        tensor. The same seed and offset give the same numbers. Makes
+        ``CUDNN_BACKEND_RNG_DESCRIPTOR`` and ``CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR``.
+        """
+        if distribution not in _RNG:
+            raise GraphError(f"distribution must be one of {sorted(_RNG)}, got {distribution!r}")
+        attrs: dict[str, Any] = {"distribution": distribution}
+        if distribution == "bernoulli":
+            if not 0.0 <= probability <= 1.0:
+                raise GraphError(f"probability must be within [0, 1], got {probability}")
+            attrs["probability"] = float(probability)
+        elif distribution == "uniform":
+            if not minimum < maximum:
+                raise GraphError(f"uniform needs minimum < maximum, got {minimum}, {maximum}")
+            attrs.update(minimum=float(minimum), maximum=float(maximum))
+        else:
+            if not std > 0:
+                raise GraphError(f"normal needs std > 0, got {std}")
+            attrs.update(mean=float(mean), std=float(std))
+        ins: dict[str, Tensor] = {}
+        if isinstance(seed, Tensor):
+            ins["seed"] = self._own(seed, "seed")
+        elif isinstance(seed, int) and not isinstance(seed, bool):
+            attrs["seed"] = int(seed)
+        else:
+            raise TypeError(f"seed must be an int or a Tensor, got {type(seed).__name__}")
+        if offset is not None:
+            if "seed" not in ins:
+                raise GraphError("offset= goes with a seed tensor (cuDNN takes both from device memory)")
+            ins["offset"] = self._own(offset, "offset")
+        elif "seed" in ins:
+            raise GraphError("a seed tensor needs an offset= tensor")
+        for role, t in ins.items():
+            if math.prod(t.dims) != 1 or t.dtype != "int64":
+                raise GraphError(f"{role} must be a one-element int64 tensor, got {t.dims} {t.dtype}")
+        dims = tuple(int(d) for d in dims)
+        y = self.tensor(dims, strides, dtype or self.intermediate_dtype, virtual=True, name=name or "rng")
+        self._add("rng", attrs, ins, {"y": y})
+        return y
+
+    def reshape(self, x: Tensor, dims: Sequence[int] | None = None, strides: Sequence[int] | None = None, *,
+                perm: Sequence[int] | None = None, dtype: str | None = None, name: str = "") -> Tensor:
+        """``y``: ``x``'s elements under new ``dims`` (and ``strides``; default C order).
+
+        ``perm`` gives a transpose instead: ``y.dims[i] = x.dims[perm[i]]`` and
+        ``y.strides[i] = x.strides[perm[i]]``, the same memory read in another
+        order (how attention's backward turns ``P`` into ``P^T``). Makes
+        ``CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR``.
+        """
+        x = self._own(x, "x")
+        if perm is not None:
+            if dims is not None or strides is not None:
+                raise GraphError("reshape takes dims/strides or perm, not both")
+            perm = tuple(int(p) for p in perm)
+            if sorted(perm) != list(range(x.ndim)):
+                raise GraphError(f"perm {perm} is not a permutation of {x.ndim} axes")
+            dims = tuple(x.dims[p] for p in perm)
+            strides = tuple(x.strides[p] for p in perm)
+        elif dims is None:
+            raise GraphError("reshape needs dims= or perm=")
+        dims = tuple(int(d) for d in dims)
+        if math.prod(dims) != math.prod(x.dims):
+            raise GraphError(f"reshape of {x.dims} ({math.prod(x.dims)} elements) to {dims} "
+                             f"({math.prod(dims)} elements)")
+        y = self.tensor(dims, strides, dtype or x.dtype, virtual=True, name=name or "reshape")
+        self._add("reshape", {"perm": perm}, {"x": x}, {"y": y})
+        return y
+
+    def concat(self, inputs: Sequence[Tensor], axis: int, *, inplace_index: int | None = None,
+               dtype: str | None = None, name: str = "") -> Tensor:
+        """Join ``inputs`` (one rank, dims equal but along ``axis``) along ``axis``.
+
+        ``inplace_index``: the input that already lies inside the output's
+        memory (cuDNN then skips copying it). Makes
+        ``CUDNN_BACKEND_OPERATION_CONCAT_DESCRIPTOR``.
+        """
+        ts = [self._own(t, f"inputs[{i}]") for i, t in enumerate(inputs)]
+        if not ts:
+            raise GraphError("concat needs at least one input")
+        nd = ts[0].ndim
+        if not -nd <= axis < nd:
+            raise GraphError(f"axis {axis} is out of range for rank {nd}")
+        axis %= nd
+        for i, t in enumerate(ts[1:], 1):
+            if t.ndim != nd or any(a != b for j, (a, b) in enumerate(zip(t.dims, ts[0].dims)) if j != axis):
+                raise GraphError(f"inputs[{i}] {t.dims} does not match inputs[0] {ts[0].dims} outside axis {axis}")
+        if inplace_index is not None and not 0 <= inplace_index < len(ts):
+            raise GraphError(f"inplace_index {inplace_index} is out of range for {len(ts)} inputs")
+        dims = list(ts[0].dims)
+        dims[axis] = sum(t.dims[axis] for t in ts)
+        y = self._out(tuple(dims), ts[0], dtype or ts[0].dtype, name or "concat")
+        self._add("concat", {"axis": axis, "inplace_index": inplace_index},
+                  {f"x{i}": t for i, t in enumerate(ts)}, {"y": y})
+        return y
+
+    # ------------------------------------------------------------- scaled dot-product attention
+
+    def _sdpa_check(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[int, ...]:
+        for role, t in (("q", q), ("k", k), ("v", v)):
+            if t.ndim != 4:
+                raise GraphError(f"{role} must be 4-d (B, H, S, D), got {t.dims}")
+            if t.strides[3] != 1:
+                raise GraphError(f"{role}'s last dim (the head dim) must have stride 1, got strides {t.strides}")
+            if t.dtype not in ("float16", "bfloat16"):
+                raise GraphError(f"{role} must be float16 or bfloat16, got {t.dtype}")
+        b, h, sq, d = q.dims
+        bk, hk, skv, dk = k.dims
+        bv, hv, skv2, dv = v.dims
+        if bk != b or bv != b:
+            raise GraphError(f"q, k, v must share the batch size; got {b}, {bk}, {bv}")
+        if dk != d:
+            raise GraphError(f"k's head dim {dk} must equal q's {d}")
+        if skv2 != skv:
+            raise GraphError(f"k and v must share the key length; got {skv} and {skv2}")
+        if h % hk or h % hv:
+            raise GraphError(f"q's {h} heads must be a multiple of k's {hk} and v's {hv} (grouped-query attention)")
+        if k.dtype != q.dtype or v.dtype != q.dtype:
+            raise GraphError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+        return b, h, sq, d, hk, hv, skv, dv
+
+    def _vt(self, dims, dtype, name) -> Tensor:
+        return self.tensor(dims, None, dtype, virtual=True, name=name)
+
+    def _pw(self, mode: str, x: Tensor, b: Tensor | None = None, t: Tensor | None = None, *, dtype=None,
+            compute=None, out: Tensor | None = None, name: str = "", **params) -> Tensor:
+        """A pointwise node on internal tensors (no public-argument checks; dims follow x)."""
+        if out is None:
+            out = self._vt(x.dims, dtype or self.intermediate_dtype, name or mode.lower())
+        ins = {"x": x}
+        if b is not None:
+            ins["b"] = b
+        if t is not None:
+            ins["t"] = t
+        attrs = {"mode": mode, "compute_dtype": canonical(compute or self.compute_dtype), "alpha1": 1.0,
+                 "alpha2": 1.0, **params}
+        self._add("pointwise", attrs, ins, {"y": out})
+        return out
+
+    def _mm(self, a: Tensor, b: Tensor, dims, *, dtype=None, out: Tensor | None = None, name: str = "") -> Tensor:
+        if out is None:
+            out = self._vt(dims, dtype or self.intermediate_dtype, name)
+        self._add("matmul", {"compute_dtype": "float32"}, {"a": a, "b": b}, {"c": out})
+        return out
+
+    def _red(self, x: Tensor, dims, *, dtype=None, out: Tensor | None = None, name: str = "") -> Tensor:
+        if out is None:
+            out = self._vt(dims, dtype or self.intermediate_dtype, name)
+        self._add("reduction", {"mode": "add", "compute_dtype": "float32"}, {"x": x}, {"y": out})
+        return out
+
+    def _mask(self, s: Tensor, left_bound: int | None, right_bound: int | None) -> Tensor:
+        """Diagonal band mask on scores ``(B, H, Sq, Skv)`` (top-left aligned): keep
+        ``row - left_bound < col <= row + right_bound``; the rest becomes -inf."""
+        if left_bound is None and right_bound is None:
+            return s
+        row = self._pw("GEN_INDEX", s, dtype="int32", name="row_index", axis=2)
+        col = self._pw("GEN_INDEX", s, dtype="int32", name="col_index", axis=3)
+        ninf = self.scalar(-math.inf, "float32", 4, name="neg_inf")
+        if right_bound is not None:
+            r = row
+            if right_bound:
+                r = self._pw("ADD", row, self.scalar(right_bound, "int32", 4, name="right_bound"), dtype="int32",
+                             compute="int32", name="row_plus_right_bound")
+            keep = self._pw("CMP_GE", r, col, dtype="bool", compute="bool", name="causal_keep")
+            s = self._pw("BINARY_SELECT", s, ninf, keep, name="causal_masked")
+        if left_bound is not None:
+            c = self._pw("ADD", col, self.scalar(float(left_bound), "float32", 4, name="left_bound"),
+                         dtype="float32", name="col_plus_left_bound")
+            keep = self._pw("CMP_GT", c, row, dtype="bool", compute="bool", name="window_keep")
+            s = self._pw("BINARY_SELECT", s, ninf, keep, name="window_masked")
+        return s
+
+    def _sdpa_common(self, q, k, v, scale, causal, left_bound, right_bound, implementation, dropout):
+        q, k, v = self._own(q, "q"), self._own(k, "k"), self._own(v, "v")
+        shape = self._sdpa_check(q, k, v)
+        if implementation not in ("composite", "unified"):
+            raise GraphError(f"implementation must be 'composite' or 'unified', got {implementation!r}")
+        if causal:
+            if right_bound not in (None, 0):
+                raise GraphError("causal=True is right_bound=0; do not pass another right_bound")
+            right_bound = 0
+        for role, bnd in (("left_bound", left_bound), ("right_bound", right_bound)):
+            if bnd is not None and (not isinstance(bnd, int) or isinstance(bnd, bool) or bnd < 0
+                                    or (role == "left_bound" and bnd < 1)):
+                raise GraphError(f"{role} must be a non-negative int (left_bound >= 1), got {bnd!r}")
+        p = float(dropout)
+        if not 0.0 <= p < 1.0:
+            raise GraphError(f"dropout must be within [0, 1), got {dropout}")
+        if implementation == "unified" and (left_bound is not None or right_bound is not None or p):
+            raise GraphError("the unified SDPA operation of cuDNN 9.19 takes no mask or dropout "
+                             "(cuDNN 9.21 adds them); use implementation='composite'")
+        sc = self._scalar_or(1.0 / math.sqrt(shape[3]) if scale is None else scale, "scale", 4)
+        return q, k, v, shape, sc, left_bound, right_bound, p
+
+    def _dropout_mask(self, dims, p: float, seed: Tensor | None, offset: Tensor | None) -> Tensor:
+        if seed is None or offset is None:
+            raise GraphError("dropout needs seed= and offset= (one-element int64 device tensors)")
+        return self.rng(dims, seed=seed, offset=offset, probability=1.0 - p, name="dropout_mask")
+
+    def sdpa_forward(self, q: Tensor, k: Tensor, v: Tensor, *, scale: float | Tensor | None = None,
+                     causal: bool = False, left_bound: int | None = None, right_bound: int | None = None,
+                     dropout: float = 0.0, seed: Tensor | None = None, offset: Tensor | None = None,
+                     stats: bool = True, o_strides: Sequence[int] | None = None,
+                     implementation: str = "composite", name: str = "") -> SdpaForward:
+        """Scaled dot-product attention forward: ``o = softmax(scale * q @ k^T + mask) @ v``.
+
+        ``q`` ``(B, H, Sq, D)``, ``k`` ``(B, Hk, Skv, D)``, ``v`` ``(B, Hv, Skv, Dv)``
+        (any strides with the head dim contiguous: BHSD or BSHD; ``H`` a
+        multiple of ``Hk`` and ``Hv`` for grouped-query attention), float16 or
+        bfloat16. ``scale`` defaults to ``1/sqrt(D)``. ``causal`` keeps
+        ``col <= row``; ``right_bound``/``left_bound`` give a diagonal band
+        ``row - left_bound < col <= row + right_bound`` (top-left aligned).
+        ``dropout`` (probability of dropping) needs ``seed``/``offset``
+        tensors. Returns ``o`` ``(B, H, Sq, Dv)`` (q's dtype, ``o_strides`` or
+        q's layout) and, with ``stats``, the float32 softmax log-sum-exp
+        ``(B, H, Sq, 1)`` that :meth:`sdpa_backward` needs; both virtual until
+        marked.
+
+        ``implementation="composite"`` (default) builds cuDNN's fused-attention
+        pattern from primitive nodes: ``OPERATION_MATMUL`` (q @ k^T, with k
+        described as its transpose), ``OPERATION_POINTWISE`` (scale, mask via
+        GEN_INDEX/CMP/BINARY_SELECT, softmax SUB/EXP/DIV/LOG/ADD, dropout MUL),
+        ``OPERATION_REDUCTION`` (row max, row sum), ``OPERATION_RNG`` (dropout)
+        and ``OPERATION_MATMUL`` (P @ v). ``"unified"`` makes one
+        ``CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR`` (cuDNN 9.19: no mask, no dropout).
+        """
+        q, k, v, shape, sc, lb, rb, p = self._sdpa_common(q, k, v, scale, causal, left_bound, right_bound,
+                                                         implementation, dropout)
+        b, h, sq, d, hk, hv, skv, dv = shape
+        odims = (b, h, sq, dv)
+        o = self.tensor(odims, _dense_like(odims, q.strides) if o_strides is None else o_strides, q.dtype,
+                        virtual=True, name=name or "o")
+        st = self._vt((b, h, sq, 1), "float32", (name + "_" if name else "") + "stats") if stats else None
+        if implementation == "unified":
+            outs = {"o": o, **({"stats": st} if st is not None else {})}
+            self._add("sdpa_fwd", {}, {"q": q, "k": k, "v": v, "scale": sc}, outs)
+            return SdpaForward(o, st)
+        self._describe_as(k, (b, hk, d, skv), (k.strides[0], k.strides[1], k.strides[3], k.strides[2]), "k")
+        s = self._mm(q, k, (b, h, sq, skv), name="qk")
+        self._view_nodes.add(len(self._nodes) - 1)
+        s = self._pw("MUL", s, sc, name="scaled")
+        s = self._mask(s, lb, rb)
+        mx = self._red(s, (b, h, sq, 1), name="row_max")
+        e = self._pw("EXP", self._pw("SUB", s, mx, name="minus_max"), name="exp")
+        sm = self._red(e, (b, h, sq, 1), name="row_sum")
+        if st is not None:
+            self._pw("ADD", mx, self._pw("LOG", sm, name="log_sum"), out=st)
+        pr = self._pw("DIV", e, sm, name="probs")
+        if p:
+            pr = self._pw("MUL", pr, self._dropout_mask((b, h, sq, skv), p, seed, offset), name="dropped")
+            pr = self._pw("MUL", pr, self.scalar(1.0 / (1.0 - p), "float32", 4, name="dropout_scale"),
+                          dtype=q.dtype, name="probs_scaled")
+        else:
+            pr = self._retype(pr, q.dtype)
+        self._mm(pr, v, odims, out=o)
+        return SdpaForward(o, st)
+
+    def _retype(self, t: Tensor, dtype: str) -> Tensor:
+        """The last internal virtual tensor ``t`` with another dtype (the matmul after it reads that type)."""
+        new = Tensor(t.uid, t.dims, t.strides, dtype, True, False, t.name, self._id)
+        self._tensors[t.uid] = new
+        return new
+
+    def sdpa_backward(self, q: Tensor, k: Tensor, v: Tensor, o: Tensor, do: Tensor, stats: Tensor, *,
+                      scale: float | Tensor | None = None, causal: bool = False, left_bound: int | None = None,
+                      right_bound: int | None = None, dropout: float = 0.0, seed: Tensor | None = None,
+                      offset: Tensor | None = None, dq_strides: Sequence[int] | None = None,
+                      dk_strides: Sequence[int] | None = None, dv_strides: Sequence[int] | None = None,
+                      implementation: str = "composite", name: str = "") -> SdpaBackward:
+        """Attention backward: ``dq``, ``dk``, ``dv`` from the forward's inputs, ``o``, ``do`` and ``stats``.
+
+        Options as in :meth:`sdpa_forward` (they must match the forward's).
+        ``o`` and ``do`` ``(B, H, Sq, Dv)``, ``stats`` the forward's float32
+        log-sum-exp ``(B, H, Sq, 1)``. Gradients take their input's dtype and
+        layout unless ``*_strides`` say otherwise; virtual until marked.
+
+        The composite (default) follows cuDNN's fused attention backward
+        pattern: ``rowsum(do * o)`` into a float32 scratch tensor, the scores
+        recomputed (matmul, scale, mask, ``exp(s - stats)``), ``dv = P^T @ do``
+        and ``dk = dS^T @ q`` through ``OPERATION_RESHAPE`` transposes,
+        ``dq = dS @ k`` into a float32 scratch accumulator then
+        ``IDENTITY`` into ``dq`` (see :meth:`scratch`); grouped-query heads are
+        summed by ``OPERATION_REDUCTION``. ``"unified"`` makes one
+        ``CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR`` (no mask, no dropout).
+        """
+        q, k, v, shape, sc, lb, rb, p = self._sdpa_common(q, k, v, scale, causal, left_bound, right_bound,
+                                                         implementation, dropout)
+        b, h, sq, d, hk, hv, skv, dv = shape
+        o, do, stats = self._own(o, "o"), self._own(do, "do"), self._own(stats, "stats")
+        for role, t in (("o", o), ("do", do)):
+            if t.dims != (b, h, sq, dv):
+                raise GraphError(f"{role} must have dims {(b, h, sq, dv)}, got {t.dims}")
+        if stats.dims != (b, h, sq, 1) or stats.dtype != "float32":
+            raise GraphError(f"stats must be float32 {(b, h, sq, 1)}, got {stats.dtype} {stats.dims}")
+        base = name or "sdpa_bwd"
+
+        def grad(t: Tensor, strides, role: str) -> Tensor:
+            return self.tensor(t.dims, t.strides if strides is None else strides, t.dtype, virtual=True,
+                               name=f"{base}_{role}")
+
+        dq, dk, dvt = grad(q, dq_strides, "dq"), grad(k, dk_strides, "dk"), grad(v, dv_strides, "dv")
+        if implementation == "unified":
+            self._add("sdpa_bwd", {}, {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats, "scale": sc},
+                      {"dq": dq, "dk": dk, "dv": dvt})
+            return SdpaBackward(dq, dk, dvt)
+        k_strides, v_strides = k.strides, v.strides
+        self._describe_as(k, (b, hk, d, skv), (k_strides[0], k_strides[1], k_strides[3], k_strides[2]), "k")
+        self._describe_as(v, (b, hv, dv, skv), (v_strides[0], v_strides[1], v_strides[3], v_strides[2]), "v")
+        # rowsum(do * o), kept in a float32 scratch tensor
+        dsum = self._red(self._pw("MUL", do, o, name="do_o"), (b, h, sq, 1), name="rowsum_do_o")
+        rsum = self.tensor((b, h, sq, 1), None, "float32", name="softmax_sum")
+        self._scratch.add(rsum.uid)
+        keep = self.scalar(1.0 - p, "float32", 4, name="dropout_keep" if p else "one")
+        self._pw("MUL", dsum, keep, out=rsum)
+        # the probabilities again: exp(scale * q @ k^T + mask - stats)
+        s = self._mm(q, k, (b, h, sq, skv), name="qk")
+        self._view_nodes.add(len(self._nodes) - 1)
+        s = self._pw("MUL", s, sc, name="scaled")
+        s = self._pw("SUB", s, stats, name="minus_stats")
+        s = self._mask(s, lb, rb)
+        e = self._pw("EXP", s, name="probs")
+        pr = e
+        if p:
+            mask = self._dropout_mask((b, h, sq, skv), p, seed, offset)
+            dscale = self.scalar(1.0 / (1.0 - p), "float32", 4, name="dropout_scale")
+            pr = self._pw("MUL", self._pw("MUL", e, mask, name="dropped"), dscale, name="probs_scaled")
+        tr = (h * sq * skv, sq * skv, 1, skv)
+        pt = self.tensor((b, h, skv, sq), tr, q.dtype, virtual=True, name="probs_t")
+        self._add("reshape", {"perm": (0, 1, 3, 2)}, {"x": pr}, {"y": pt})
+        self._grouped(self._mm, pt, do, (b, h, skv, dv), dvt, hv, "dv")
+        # dS = P * (do @ v^T - rowsum) * scale
+        dp = self._mm(do, v, (b, h, sq, skv), name="do_v")
+        self._view_nodes.add(len(self._nodes) - 1)
+        if p:
+            dp = self._pw("MUL", dp, mask, name="dp_dropped")
+        ds = self._pw("MUL", self._pw("SUB", dp, rsum, name="dp_minus_sum"), e, name="ds_raw")
+        if p:
+            ds = self._pw("MUL", ds, dscale, name="ds_dropout")
+        ds = self._pw("MUL", ds, sc, name="ds")
+        dst = self.tensor((b, h, skv, sq), tr, q.dtype, virtual=True, name="ds_t")
+        self._add("reshape", {"perm": (0, 1, 3, 2)}, {"x": ds}, {"y": dst})
+        self._grouped(self._mm, dst, q, (b, h, skv, d), dk, hk, "dk")
+        # dq = dS @ k through a float32 accumulator
+        kv = self.tensor((b, hk, skv, d), k_strides, k.dtype, virtual=True, name="k_view")
+        self._add("reshape", {"perm": (0, 1, 3, 2)}, {"x": k}, {"y": kv})
+        self._view_nodes.add(len(self._nodes) - 1)
+        acc = self.tensor((b, h, sq, d), None, "float32", name="dq_accum")
+        self._scratch.add(acc.uid)
+        self._mm(ds, kv, (b, h, sq, d), out=acc)
+        self._pw("IDENTITY", acc, out=dq)
+        return SdpaBackward(dq, dk, dvt)
+
+    def _grouped(self, mm, a: Tensor, b: Tensor, full_dims, out: Tensor, heads: int, role: str) -> None:
+        """``out = a @ b``, summing groups of query heads down to ``heads`` for grouped-query attention."""
+        if full_dims[1] == heads:
+            mm(a, b, full_dims, out=out)
+            return
+        full = self._vt(full_dims, out.dtype, f"{role}_full_heads")
+        mm(a, b, full_dims, out=full)
+        self._red(full, out.dims, out=out)
+
     # ------------------------------------------------------------- checks, key, lowering
 
     def validate(self) -> None:
@@ -381,13 +1157,21 @@ class Graph:
                 raise GraphError(f"{label} is virtual but no operation produces it")
         if not any(not self._tensors[uid].virtual for uid in produced):
             raise GraphError("the graph has no output: mark_output() at least one result")
+        for i, n in enumerate(self._nodes):
+            for role, uid in n.inputs:
+                if uid in self._described and i not in self._view_nodes:
+                    t = self._tensors[uid]
+                    raise GraphError(f"tensor {t.name or uid} (uid {uid}) is read by {n.kind} ({role}) but an SDPA "
+                                     f"composite describes it transposed in this graph; use separate graphs")
 
     def key(self) -> tuple:
         """Hashable signature of everything that decides a plan (see the module docstring)."""
         tensors = tuple((t.uid, t.dims, t.strides, t.dtype, t.virtual, t.by_value) for t in self._tensors.values())
         nodes = tuple((n.kind, n.attrs, n.inputs, n.outputs) for n in self._nodes)
+        extra = (tuple(sorted(self._constants.items())), tuple(sorted(self._described.items())),
+                 tuple(sorted(self._scratch)))
         return ("cudnnkit.graph/1", lib.version(), self.compute_dtype, self.intermediate_dtype, self.alignment,
-                tensors, nodes, current_settings().key())
+                tensors, nodes, extra, current_settings().key())
 
     def lower(self, handle: Any = None) -> Lowered:
         """Finalized backend descriptors for every tensor and node, and the operation graph.
@@ -409,8 +1193,9 @@ class Graph:
     def _lower_tensor(self, t: Tensor) -> BackendDescriptor:
         d = BackendDescriptor("CUDNN_BACKEND_TENSOR_DESCRIPTOR")
         d.set("CUDNN_ATTR_TENSOR_DATA_TYPE", cudnn_dtype(t.dtype))
-        d.set("CUDNN_ATTR_TENSOR_DIMENSIONS", list(t.dims))
-        d.set("CUDNN_ATTR_TENSOR_STRIDES", list(t.strides))
+        dims, strides = self._described.get(t.uid, (t.dims, t.strides))
+        d.set("CUDNN_ATTR_TENSOR_DIMENSIONS", list(dims))
+        d.set("CUDNN_ATTR_TENSOR_STRIDES", list(strides))
         d.set("CUDNN_ATTR_TENSOR_UNIQUE_ID", t.uid)
         d.set("CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT", self.alignment)
         d.set("CUDNN_ATTR_TENSOR_IS_VIRTUAL", t.virtual)
@@ -484,6 +1269,86 @@ class Graph:
             op.set("CUDNN_ATTR_OPERATION_REDUCTION_XDESC", T(ins["x"]))
             op.set("CUDNN_ATTR_OPERATION_REDUCTION_YDESC", T(outs["y"])).set("CUDNN_ATTR_OPERATION_REDUCTION_DESC", rd)
             return op.finalize(), rd
+        if n.kind in ("resample_fwd", "resample_bwd"):
+            rs = BackendDescriptor("CUDNN_BACKEND_RESAMPLE_DESCRIPTOR")
+            rs.set("CUDNN_ATTR_RESAMPLE_MODE", _RESAMPLE_MODES[a["mode"]])
+            rs.set("CUDNN_ATTR_RESAMPLE_COMP_TYPE", cudnn_dtype(a["compute_dtype"]))
+            rs.set("CUDNN_ATTR_RESAMPLE_NAN_PROPAGATION",
+                   lib.CUDNN_PROPAGATE_NAN if a["nan_propagation"] else lib.CUDNN_NOT_PROPAGATE_NAN)
+            rs.set("CUDNN_ATTR_RESAMPLE_PADDING_MODE", _PADDING_MODES[a["padding_mode"]])
+            rs.set("CUDNN_ATTR_RESAMPLE_SPATIAL_DIMS", len(a["window"]))
+            rs.set("CUDNN_ATTR_RESAMPLE_WINDOW_DIMS", list(a["window"]))
+            rs.set("CUDNN_ATTR_RESAMPLE_STRIDES", list(a["stride"]))
+            rs.set("CUDNN_ATTR_RESAMPLE_PRE_PADDINGS", list(a["pre_padding"]))
+            rs.set("CUDNN_ATTR_RESAMPLE_POST_PADDINGS", list(a["post_padding"]))
+            rs.finalize()
+            p = "FWD" if n.kind == "resample_fwd" else "BWD"
+            op = BackendDescriptor(f"CUDNN_BACKEND_OPERATION_RESAMPLE_{p}_DESCRIPTOR")
+            op.set(f"CUDNN_ATTR_OPERATION_RESAMPLE_{p}_DESC", rs)
+            for role, uid in (*n.inputs, *n.outputs):
+                op.set(f"CUDNN_ATTR_OPERATION_RESAMPLE_{p}_{_RESAMPLE_ATTR[role]}", T(uid))
+            return op.finalize(), rs
+        if n.kind in ("norm_fwd", "norm_bwd"):
+            fwd = n.kind == "norm_fwd"
+            p, table = ("FWD", _NORM_FWD_ATTR) if fwd else ("BWD", _NORM_BWD_ATTR)
+            op = BackendDescriptor(f"CUDNN_BACKEND_OPERATION_NORM_{'FORWARD' if fwd else 'BACKWARD'}_DESCRIPTOR")
+            op.set(f"CUDNN_ATTR_OPERATION_NORM_{p}_MODE", _NORM_MODES[a["mode"]])
+            if fwd:
+                op.set("CUDNN_ATTR_OPERATION_NORM_FWD_PHASE", lib.cudnnBackendNormFwdPhase_t.CUDNN_NORM_FWD_TRAINING
+                       if a["phase"] == "training" else lib.cudnnBackendNormFwdPhase_t.CUDNN_NORM_FWD_INFERENCE)
+            peers = []
+            for role, uid in (*n.inputs, *n.outputs):
+                if role.startswith("peer"):
+                    peers.append(T(uid))
+                else:
+                    op.set(f"CUDNN_ATTR_OPERATION_NORM_{p}_{table[role]}", T(uid))
+            if peers:
+                op.set(f"CUDNN_ATTR_OPERATION_NORM_{p}_PEER_STAT_DESCS", peers)
+            return op.finalize(), None
+        if n.kind == "genstats":
+            op = BackendDescriptor("CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR")
+            op.set("CUDNN_ATTR_OPERATION_GENSTATS_MODE", lib.cudnnGenStatsMode_t.CUDNN_GENSTATS_SUM_SQSUM)
+            op.set("CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC", cudnn_dtype(a["compute_dtype"]))
+            op.set("CUDNN_ATTR_OPERATION_GENSTATS_XDESC", T(ins["x"]))
+            op.set("CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC", T(outs["sum"]))
+            op.set("CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC", T(outs["sq_sum"]))
+            return op.finalize(), None
+        if n.kind == "rng":
+            rg = BackendDescriptor("CUDNN_BACKEND_RNG_DESCRIPTOR")
+            rg.set("CUDNN_ATTR_RNG_DISTRIBUTION", _RNG[a["distribution"]])
+            for key, attr in (("probability", "BERNOULLI_DIST_PROBABILITY"), ("minimum", "UNIFORM_DIST_MINIMUM"),
+                              ("maximum", "UNIFORM_DIST_MAXIMUM"), ("mean", "NORMAL_DIST_MEAN"),
+                              ("std", "NORMAL_DIST_STANDARD_DEVIATION")):
+                if key in a:
+                    rg.set(f"CUDNN_ATTR_RNG_{attr}", a[key])
+            rg.finalize()
+            op = BackendDescriptor("CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR")
+            op.set("CUDNN_ATTR_OPERATION_RNG_DESC", rg).set("CUDNN_ATTR_OPERATION_RNG_YDESC", T(outs["y"]))
+            if "seed" in ins:
+                _set_descriptor(op, "CUDNN_ATTR_OPERATION_RNG_SEED", T(ins["seed"]))
+                op.set("CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC", T(ins["offset"]))
+            else:
+                op.set("CUDNN_ATTR_OPERATION_RNG_SEED", a["seed"])
+            return op.finalize(), rg
+        if n.kind == "reshape":
+            op = BackendDescriptor("CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR")
+            op.set("CUDNN_ATTR_OPERATION_RESHAPE_XDESC", T(ins["x"])).set("CUDNN_ATTR_OPERATION_RESHAPE_YDESC",
+                                                                          T(outs["y"]))
+            return op.finalize(), None
+        if n.kind == "concat":
+            op = BackendDescriptor("CUDNN_BACKEND_OPERATION_CONCAT_DESCRIPTOR")
+            op.set("CUDNN_ATTR_OPERATION_CONCAT_AXIS", a["axis"])
+            op.set("CUDNN_ATTR_OPERATION_CONCAT_INPUT_DESCS", [T(uid) for _, uid in n.inputs])
+            if a["inplace_index"] is not None:
+                op.set("CUDNN_ATTR_OPERATION_CONCAT_INPLACE_INDEX", a["inplace_index"])
+            op.set("CUDNN_ATTR_OPERATION_CONCAT_OUTPUT_DESC", T(outs["y"]))
+            return op.finalize(), None
+        if n.kind in ("sdpa_fwd", "sdpa_bwd"):
+            p = "FWD" if n.kind == "sdpa_fwd" else "BWD"
+            op = BackendDescriptor(f"CUDNN_BACKEND_OPERATION_SDPA_{p}_DESCRIPTOR")
+            for role, uid in (*n.inputs, *n.outputs):
+                op.set(f"CUDNN_ATTR_OPERATION_SDPA_{p}_{_SDPA_ATTR[role]}", T(uid))
+            return op.finalize(), None
         raise AssertionError(n.kind)  # pragma: no cover
 
     def __repr__(self) -> str:
@@ -497,4 +1362,4 @@ class Lowered:
     tensors: dict[int, BackendDescriptor]
     ops: list[BackendDescriptor]
     op_graph: BackendDescriptor
-    op_params: list[BackendDescriptor]
+    op_params: list[BackendDescriptor | None]  # the op's parameter descriptor (pointwise, matmul, ...), if any

@@ -1,0 +1,431 @@
+"""Graph node kinds executed on the GPU against independent float64 NumPy references: pooling (max,
+average excluding padding), batch norm (training with running statistics, inference, backward), layer
+and RMS norm (forward and backward), genstats, RNG Bernoulli, reshape, concat, SDPA forward and
+backward (bf16, causal and not). Execution goes through ``Graph.execute`` (cudnnkit.graph.plan)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cudnnkit.graph import Graph
+
+from ..numerics import np_dtype, rel
+
+pytestmark = pytest.mark.gpu
+
+HALF_TOL = 1e-2
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def put(xp, a, t):
+    """A device array holding ``a`` (float64 host values) with tensor ``t``'s dims, strides and dtype."""
+    arr = xp.empty(t.dims, t.dtype, 0, t.strides)
+    xp.copy(arr, xp.from_numpy(np.asarray(a, dtype=np.float64).astype(np_dtype(t.dtype)), 0))
+    return arr
+
+
+def nan_like(xp, t):
+    """A device array for output ``t`` filled with NaN (or -1 for integer types), so unwritten elements show."""
+    fill = np.nan if t.dtype in ("float16", "bfloat16", "float32", "float64") else -1
+    return put(xp, np.full(t.dims, fill), t)
+
+
+def seen(a, dtype):
+    return np.asarray(a, dtype=np.float64).astype(np_dtype(dtype)).astype(np.float64)
+
+
+def got(xp, arr):
+    return xp.to_numpy(arr).astype(np.float64)
+
+
+def run(xp, g, inputs: dict, outputs: list):
+    """Bind host inputs (tensor -> float64 array) and NaN-poisoned outputs, execute, return host outputs."""
+    bind = {t: put(xp, a, t) for t, a in inputs.items()}
+    outs = {t: nan_like(xp, t) for t in outputs}
+    g.execute({**bind, **outs})
+    return [got(xp, outs[t]) for t in outputs]
+
+
+NHWC = lambda n, c, h, w: (c * h * w, 1, w * c, c)  # noqa: E731
+
+
+# ----------------------------------------------------------------- pooling
+
+
+def ref_pool(x, k, s, p, mode):
+    n, c, h, w = x.shape
+    ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    y = np.zeros((n, c, ho, wo))
+    for i in range(ho):
+        for j in range(wo):
+            r0, c0 = i * s - p, j * s - p
+            r1, c1 = max(r0, 0), max(c0, 0)
+            win = x[:, :, r1:min(r0 + k, h), c1:min(c0 + k, w)]
+            if mode == "max":
+                y[:, :, i, j] = win.max(axis=(2, 3))
+            elif mode == "avg_exclude_padding":
+                y[:, :, i, j] = win.mean(axis=(2, 3))
+            else:
+                y[:, :, i, j] = win.sum(axis=(2, 3)) / (k * k)
+    return y
+
+
+def ref_pool_backward(x, dy, k, s, p, mode):
+    n, c, h, w = x.shape
+    dx = np.zeros_like(x)
+    for i in range(dy.shape[2]):
+        for j in range(dy.shape[3]):
+            r0, c0 = i * s - p, j * s - p
+            r1, c1, r2, c2 = max(r0, 0), max(c0, 0), min(r0 + k, h), min(c0 + k, w)
+            win = x[:, :, r1:r2, c1:c2]
+            g = dy[:, :, i, j]
+            if mode == "max":
+                flat = win.reshape(n, c, -1).argmax(axis=2)
+                rr, cc = np.unravel_index(flat, win.shape[2:])
+                for a in range(n):
+                    for b in range(c):
+                        dx[a, b, r1 + rr[a, b], c1 + cc[a, b]] += g[a, b]
+            else:
+                cnt = (r2 - r1) * (c2 - c1) if mode == "avg_exclude_padding" else k * k
+                dx[:, :, r1:r2, c1:c2] += (g / cnt)[:, :, None, None]
+    return dx
+
+
+def distinct(shape, rng):
+    """Distinct values (no ties for max pooling), exact in float16: a shuffled ladder of eighths around 0."""
+    m = math.prod(shape)
+    assert m <= 4096  # |v| <= 256 keeps a step of 1/8 exact in float16
+    return rng.permutation((np.arange(m) - m // 2) / 8.0).reshape(shape)
+
+
+@pytest.mark.parametrize("mode", ["max", "avg_exclude_padding", "avg_include_padding"])
+def test_pooling_forward(xp, mode):
+    rng = np.random.default_rng(1)
+    n, c, h, w, k, s, p = 2, 16, 11, 11, 3, 2, 1
+    a = distinct((n, c, h, w), rng)
+    g = Graph()
+    x = g.tensor((n, c, h, w), NHWC(n, c, h, w), "float16", name="x")
+    y = g.mark_output(g.resample_forward(x, mode=mode, window=k, stride=s, pre_padding=p))
+    (out,) = run(xp, g, {x: a}, [y])
+    assert rel(out, ref_pool(a, k, s, p, mode)) < 1e-3
+
+
+@pytest.mark.parametrize("via", ["index", "xy"])
+def test_max_pooling_backward(xp, via):
+    rng = np.random.default_rng(2)
+    n, c, h, w, k, s, p = 2, 16, 11, 11, 3, 2, 1
+    a = distinct((n, c, h, w), rng)
+    ho = (h + 2 * p - k) // s + 1
+    dya = rng.standard_normal((n, c, ho, ho))
+    yref = ref_pool(a, k, s, p, "max")
+    kw = {"window": k, "stride": s, "pre_padding": p}
+    g = Graph()
+    dy = g.tensor((n, c, ho, ho), NHWC(n, c, ho, ho), "float16", name="dy")
+    if via == "index":
+        gf = Graph()
+        xf = gf.tensor((n, c, h, w), NHWC(n, c, h, w), "float16")
+        yf, idxf = gf.resample_forward(xf, index=True, **kw)
+        gf.mark_output(yf)
+        gf.mark_output(idxf)
+        xa = put(xp, a, xf)
+        ya, ia = nan_like(xp, yf), nan_like(xp, idxf)
+        gf.execute({xf: xa, yf: ya, idxf: ia})
+        assert rel(got(xp, ya), yref) < 1e-3
+        idx = g.tensor(idxf.dims, idxf.strides, idxf.dtype, name="index")
+        dx = g.mark_output(g.resample_backward(dy, x_dims=(n, c, h, w), index=idx, **kw))
+        dxa = nan_like(xp, dx)
+        g.execute({dy: put(xp, dya, dy), idx: ia, dx: dxa})
+        out = got(xp, dxa)
+    else:
+        x = g.tensor((n, c, h, w), NHWC(n, c, h, w), "float16", name="x")
+        yt = g.tensor((n, c, ho, ho), NHWC(n, c, ho, ho), "float16", name="y")
+        dx = g.mark_output(g.resample_backward(dy, x=x, y=yt, **kw))
+        (out,) = run(xp, g, {dy: dya, x: a, yt: yref}, [dx])
+    assert rel(out, ref_pool_backward(a, seen(dya, "float16"), k, s, p, "max")) < 1e-3
+
+
+@pytest.mark.parametrize("mode", ["avg_exclude_padding", "avg_include_padding"])
+def test_average_pooling_backward(xp, mode):
+    rng = np.random.default_rng(3)
+    n, c, h, w, k, s, p = 2, 16, 11, 11, 3, 2, 1
+    ho = (h + 2 * p - k) // s + 1
+    dya = rng.standard_normal((n, c, ho, ho))
+    g = Graph()
+    dy = g.tensor((n, c, ho, ho), NHWC(n, c, ho, ho), "float16")
+    dx = g.mark_output(g.resample_backward(dy, x_dims=(n, c, h, w), mode=mode, window=k, stride=s, pre_padding=p))
+    (out,) = run(xp, g, {dy: dya}, [dx])
+    ref = ref_pool_backward(np.zeros((n, c, h, w)), seen(dya, "float16"), k, s, p, mode)
+    assert rel(out, ref) < 2e-3
+
+
+# ----------------------------------------------------------------- normalization
+
+
+def bn_ref(x, scale, bias, eps):
+    mean = x.mean(axis=(0, 2, 3), keepdims=True)
+    var = x.var(axis=(0, 2, 3), keepdims=True)
+    inv = 1 / np.sqrt(var + eps)
+    return (x - mean) * inv * scale + bias, mean, inv, var
+
+
+def test_batch_norm_training_with_running_statistics(xp):
+    rng = np.random.default_rng(4)
+    n, c, h, w, eps, mom = 8, 32, 6, 6, 1e-5, 0.1
+    g = Graph()
+    x = g.tensor((n, c, h, w), NHWC(n, c, h, w), "float16", name="x")
+    s, b, rm, rv = (g.tensor((1, c, 1, 1), name=nm) for nm in ("scale", "bias", "rmean", "rvar"))
+    r = g.norm_forward("batch", x, s, b, epsilon=eps, momentum=mom, running_mean=rm, running_var=rv)
+    outs = [g.mark_output(t) for t in r]
+    a = seen(rng.standard_normal((n, c, h, w)) * 2 + 0.5, "float16")
+    sa, ba = rng.standard_normal((1, c, 1, 1)), rng.standard_normal((1, c, 1, 1))
+    rma, rva = rng.standard_normal((1, c, 1, 1)), rng.uniform(0.5, 2, (1, c, 1, 1))
+    y, mean, inv, nrm, nrv = run(xp, g, {x: a, s: sa, b: ba, rm: rma, rv: rva}, outs)
+    yr, mr, ir, var = bn_ref(a, sa, ba, eps)
+    m = n * h * w
+    assert rel(y, yr) < HALF_TOL
+    assert rel(mean, mr) < 1e-4 and rel(inv, ir) < 1e-4
+    assert rel(nrm, (1 - mom) * rma + mom * mr) < 1e-4
+    assert rel(nrv, (1 - mom) * rva + mom * var * m / (m - 1)) < 1e-4  # unbiased variance, as cuDNN documents
+
+
+def test_batch_norm_inference(xp):
+    rng = np.random.default_rng(5)
+    n, c, h, w = 8, 32, 6, 6
+    g = Graph()
+    x = g.tensor((n, c, h, w), NHWC(n, c, h, w), "float16")
+    s, b, m, iv = (g.tensor((1, c, 1, 1)) for _ in range(4))
+    y = g.mark_output(g.norm_forward("batch", x, s, b, phase="inference", mean=m, inv_variance=iv).y)
+    a = seen(rng.standard_normal((n, c, h, w)), "float16")
+    sa, ba, ma = (rng.standard_normal((1, c, 1, 1)) for _ in range(3))
+    ia = rng.uniform(0.5, 2, (1, c, 1, 1))
+    (out,) = run(xp, g, {x: a, s: sa, b: ba, m: ma, iv: ia}, [y])
+    assert rel(out, (a - ma) * ia * sa + ba) < HALF_TOL
+
+
+def test_batch_norm_backward(xp):
+    rng = np.random.default_rng(6)
+    n, c, h, w = 8, 32, 6, 6
+    a = seen(rng.standard_normal((n, c, h, w)), "float16")
+    dya = seen(rng.standard_normal((n, c, h, w)), "float16")
+    sa = rng.standard_normal((1, c, 1, 1))
+    _, mr, ir, _ = bn_ref(a, sa, 0, 1e-5)
+    g = Graph()
+    x, dy = (g.tensor((n, c, h, w), NHWC(n, c, h, w), "float16") for _ in range(2))
+    s, m, iv = (g.tensor((1, c, 1, 1)) for _ in range(3))
+    r = g.norm_backward("batch", x, dy, s, mean=m, inv_variance=iv)
+    outs = [g.mark_output(t) for t in r]
+    dx, ds, db = run(xp, g, {x: a, dy: dya, s: sa, m: mr, iv: ir}, outs)
+    xh = (a - mr) * ir
+    dbr = dya.sum(axis=(0, 2, 3), keepdims=True)
+    dsr = (dya * xh).sum(axis=(0, 2, 3), keepdims=True)
+    dxr = sa * ir * (dya - dbr / (n * h * w) - xh * dsr / (n * h * w))
+    assert rel(db, dbr) < 1e-3 and rel(ds, dsr) < 1e-3 and rel(dx, dxr) < HALF_TOL
+
+
+def ln_ref(x, scale, bias, eps, rms=False):
+    axes = tuple(range(1, x.ndim))
+    if rms:
+        inv = 1 / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
+        mean = np.zeros_like(inv)
+    else:
+        mean = x.mean(axis=axes, keepdims=True)
+        inv = 1 / np.sqrt(x.var(axis=axes, keepdims=True) + eps)
+    return (x - mean) * inv * scale + bias, mean, inv
+
+
+def ln_backward_ref(x, dy, scale, mean, inv, rms=False):
+    axes = tuple(range(1, x.ndim))
+    xh = (x - mean) * inv
+    dxh = dy * scale
+    dx = dxh - xh * (dxh * xh).mean(axis=axes, keepdims=True)
+    if not rms:
+        dx -= dxh.mean(axis=axes, keepdims=True)
+    return inv * dx, (dy * xh).sum(axis=0, keepdims=True), dy.sum(axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("mode", ["layer", "rms"])
+def test_layer_and_rms_norm_forward_and_backward(xp, mode):
+    rng = np.random.default_rng(7)
+    n, c, eps, dt = 64, 256, 1e-5, "bfloat16"
+    rms = mode == "rms"
+    a = seen(rng.standard_normal((n, c, 1, 1)) * 1.5 + 0.3, dt)
+    sa, ba = rng.standard_normal((1, c, 1, 1)), rng.standard_normal((1, c, 1, 1))
+    g = Graph()
+    x = g.tensor((n, c, 1, 1), NHWC(n, c, 1, 1), dt, name="x")  # (tokens, hidden, 1, 1) as cuDNN's samples
+    s = g.tensor((1, c, 1, 1), NHWC(1, c, 1, 1), name="scale")
+    b = None if rms else g.tensor((1, c, 1, 1), NHWC(1, c, 1, 1), name="bias")
+    r = g.norm_forward(mode, x, s, b, epsilon=eps)
+    outs = [g.mark_output(t) for t in r if t is not None]
+    res = run(xp, g, {x: a, s: sa, **({} if rms else {b: ba})}, outs)
+    yr, mr, ir = ln_ref(a, sa, 0 if rms else ba, eps, rms)
+    assert rel(res[0], yr) < HALF_TOL
+    assert rel(res[-1], ir) < 1e-3
+    if not rms:
+        assert np.abs(res[1] - mr).max() < 1e-3
+    # backward from the reference statistics
+    dya = seen(rng.standard_normal((n, c, 1, 1)), dt)
+    g = Graph()
+    x, dy = g.tensor((n, c, 1, 1), NHWC(n, c, 1, 1), dt), g.tensor((n, c, 1, 1), NHWC(n, c, 1, 1), dt)
+    s, iv = g.tensor((1, c, 1, 1), NHWC(1, c, 1, 1)), g.tensor((n, 1, 1, 1))
+    m = None if rms else g.tensor((n, 1, 1, 1))
+    r = g.norm_backward(mode, x, dy, s, mean=m, inv_variance=iv)
+    outs = [g.mark_output(t) for t in r if t is not None]
+    res = run(xp, g, {x: a, dy: dya, s: sa, iv: ir, **({} if rms else {m: mr})}, outs)
+    dxr, dsr, dbr = ln_backward_ref(a, dya, sa, mr, ir, rms)
+    assert rel(res[0], dxr) < HALF_TOL
+    assert rel(res[1], dsr) < 1e-3
+    if not rms:
+        assert rel(res[2], dbr) < 1e-3
+
+
+# ----------------------------------------------------------------- genstats, rng, reshape, concat
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_genstats(xp, fused):
+    rng = np.random.default_rng(8)
+    n, c, h, w = 4, 32, 8, 8
+    a = seen(rng.standard_normal((n, c, h, w)), "float16")
+    g = Graph()
+    x = g.tensor((n, c, h, w), NHWC(n, c, h, w), "float16")
+    inputs = {x: a}
+    src, ref = x, a
+    outs = []
+    if fused:  # the pattern cuDNN fuses: a convolution's output and its statistics
+        wt = g.tensor((c, c, 1, 1), (c, 1, c, c), "float16")
+        wa = seen(rng.standard_normal((c, c, 1, 1)) / math.sqrt(c), "float16")
+        inputs[wt] = wa
+        src = g.mark_output(g.conv_fprop(x, wt), "float16")
+        ref = seen(np.einsum("nchw,kc->nkhw", a, wa[:, :, 0, 0]), "float16")
+        outs.append(src)
+    ssum, sq = g.genstats(src)
+    outs += [g.mark_output(ssum), g.mark_output(sq)]
+    res = run(xp, g, inputs, outs)
+    assert rel(res[-2], ref.sum(axis=(0, 2, 3), keepdims=True)) < 2e-3
+    assert rel(res[-1], (ref * ref).sum(axis=(0, 2, 3), keepdims=True)) < 2e-3
+
+
+def test_rng_bernoulli_fraction_and_reproducibility(xp):
+    p, dims = 0.3, (8, 16, 64, 64)
+    g = Graph()
+    seed, off = g.tensor((1, 1, 1, 1), dtype="int64"), g.tensor((1, 1, 1, 1), dtype="int64")
+    y = g.mark_output(g.rng(dims, seed=seed, offset=off, probability=p))
+    draws = [run(xp, g, {seed: np.full((1, 1, 1, 1), sd), off: np.full((1, 1, 1, 1), of)}, [y])[0]
+             for sd, of in ((1234, 0), (1234, 0), (99, 0), (1234, 8))]
+    m = math.prod(dims)
+    a = draws[0]
+    assert set(np.unique(a)) <= {0.0, 1.0}
+    assert abs(a.mean() - p) < 5 * math.sqrt(p * (1 - p) / m)
+    assert np.array_equal(draws[0], draws[1])
+    assert not np.array_equal(draws[0], draws[2]) and not np.array_equal(draws[0], draws[3])
+
+
+def test_reshape_transpose_feeds_matmul(xp):
+    """c = a @ b^T with b^T made by a reshape (transpose through strides), as attention backward does."""
+    rng = np.random.default_rng(9)
+    bsz, m, n, k = 4, 64, 32, 128
+    aa, ba = (seen(rng.standard_normal(s), "bfloat16") for s in ((bsz, m, k), (bsz, n, k)))
+    g = Graph()
+    a, b = g.tensor((bsz, m, k), dtype="bfloat16"), g.tensor((bsz, n, k), dtype="bfloat16")
+    c = g.mark_output(g.matmul(a, g.reshape(b, perm=(0, 2, 1))), "float32")
+    (out,) = run(xp, g, {a: aa, b: ba}, [c])
+    assert rel(out, aa @ ba.transpose(0, 2, 1)) < 1e-5
+
+
+def test_reshape_standalone(xp):
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((4, 6, 8, 2))
+    g = Graph()
+    x = g.tensor(a.shape)
+    y = g.mark_output(g.reshape(x, (24, 16)))
+    (out,) = run(xp, g, {x: a}, [y])
+    assert rel(out, seen(a, "float32").reshape(24, 16)) < 1e-7
+
+
+def test_concat(xp):
+    rng = np.random.default_rng(11)
+    parts = [rng.standard_normal((2, c, 8, 8)) for c in (3, 5, 8)]
+    g = Graph()
+    ts = [g.tensor(p.shape, dtype="float16") for p in parts]
+    y = g.mark_output(g.concat(ts, 1))
+    (out,) = run(xp, g, dict(zip(ts, parts)), [y])
+    assert rel(out, seen(np.concatenate(parts, axis=1), "float16")) < 1e-7
+
+
+# ----------------------------------------------------------------- SDPA
+
+
+def sdpa_ref(q, k, v, scale, causal):
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    mx = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - mx)
+    sm = e.sum(axis=-1, keepdims=True)
+    p = e / sm
+    return p @ v, mx + np.log(sm), p
+
+
+def sdpa_backward_ref(q, k, v, do, scale, causal):
+    o, _, p = sdpa_ref(q, k, v, scale, causal)
+    dv = np.einsum("bhqk,bhqd->bhkd", p, do)
+    dp = np.einsum("bhqd,bhkd->bhqk", do, v)
+    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True)) * scale
+    return ds @ k, np.einsum("bhqk,bhqd->bhkd", ds, q), dv
+
+
+SHAPE = (2, 4, 256, 64)
+BSHD = lambda b, h, s, d: (s * h * d, d, h * d, 1)  # noqa: E731
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_sdpa_forward(xp, causal, layout):
+    rng = np.random.default_rng(12)
+    b, h, s, d = SHAPE
+    strides = BSHD(b, h, s, d) if layout == "bshd" else None
+    qa, ka, va = (seen(rng.standard_normal(SHAPE), "bfloat16") for _ in range(3))
+    g = Graph()
+    q, k, v = (g.tensor(SHAPE, strides, "bfloat16", name=nm) for nm in "qkv")
+    r = g.sdpa_forward(q, k, v, causal=causal)
+    o, st = g.mark_output(r.o), g.mark_output(r.stats)
+    assert o.strides == q.strides
+    oo, so = run(xp, g, {q: qa, k: ka, v: va}, [o, st])
+    oref, sref, _ = sdpa_ref(qa, ka, va, 1 / math.sqrt(d), causal)
+    assert rel(oo, oref) < HALF_TOL
+    assert rel(so, sref) < 1e-3
+
+
+def test_sdpa_forward_unified_operation(xp):
+    rng = np.random.default_rng(13)
+    qa, ka, va = (seen(rng.standard_normal(SHAPE), "bfloat16") for _ in range(3))
+    g = Graph()
+    q, k, v = (g.tensor(SHAPE, None, "bfloat16") for _ in range(3))
+    r = g.sdpa_forward(q, k, v, implementation="unified", scale=0.1)
+    o, st = g.mark_output(r.o), g.mark_output(r.stats)
+    oo, so = run(xp, g, {q: qa, k: ka, v: va}, [o, st])
+    oref, sref, _ = sdpa_ref(qa, ka, va, 0.1, False)
+    assert rel(oo, oref) < HALF_TOL and rel(so, sref) < 1e-3
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_backward(xp, causal):
+    rng = np.random.default_rng(14)
+    b, h, s, d = SHAPE
+    scale = 1 / math.sqrt(d)
+    qa, ka, va, doa = (seen(rng.standard_normal(SHAPE), "bfloat16") for _ in range(4))
+    oref, sref, _ = sdpa_ref(qa, ka, va, scale, causal)
+    g = Graph()
+    q, k, v, o, do = (g.tensor(SHAPE, None, "bfloat16", name=nm) for nm in ("q", "k", "v", "o", "do"))
+    st = g.tensor((b, h, s, 1), name="stats")
+    r = g.sdpa_backward(q, k, v, o, do, st, causal=causal)
+    outs = [g.mark_output(t) for t in r]
+    res = run(xp, g, {q: qa, k: ka, v: va, o: seen(oref, "bfloat16"), do: doa, st: sref}, outs)
+    refs = sdpa_backward_ref(qa, ka, va, doa, scale, causal)
+    for name, out, ref in zip(("dq", "dk", "dv"), res, refs):
+        assert rel(out, ref) < 2e-2, name

@@ -73,7 +73,7 @@ def test_resample_forward_options_reach_cudnn():
     assert g.lower().op_params[0].get("CUDNN_ATTR_RESAMPLE_STRIDES") == [3, 3]
 
 
-@pytest.mark.parametrize("given", ["index", "xy", "avg"])
+@pytest.mark.parametrize("given", ["index", "avg"])
 def test_resample_backward_lowers(given):
     g = Graph()
     dy = g.tensor((2, 8, 5, 5), (200, 1, 40, 8), "float16", name="dy")
@@ -81,22 +81,19 @@ def test_resample_backward_lowers(given):
     if given == "index":
         idx = g.tensor((2, 8, 5, 5), (200, 1, 40, 8), "int8")
         dx = g.resample_backward(dy, x_dims=(2, 8, 9, 9), index=idx, **kw)
-    elif given == "xy":
-        x, y = g.tensor((2, 8, 9, 9), NHWC, "float16"), g.tensor((2, 8, 5, 5), (200, 1, 40, 8), "float16")
-        dx = g.resample_backward(dy, x=x, y=y, **kw)
     else:
         dx = g.resample_backward(dy, x_dims=(2, 8, 9, 9), mode="avg_exclude_padding", **kw)
     g.mark_output(dx)
-    assert dx.dims == (2, 8, 9, 9) and dx.dtype == "float16"
+    assert dx.dims == (2, 8, 9, 9) and dx.dtype == "float16" and dx.strides == NHWC
     low = g.lower()
     op = low.ops[0]
+    assert low.op_params[0].get("CUDNN_ATTR_RESAMPLE_MODE") == (
+        lib.cudnnResampleMode_t.CUDNN_RESAMPLE_MAXPOOL if given == "index"
+        else lib.cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL_EXCLUDE_PADDING)
     assert uid_of(op, "CUDNN_ATTR_OPERATION_RESAMPLE_BWD_DYDESC") == dy.uid
     assert uid_of(op, "CUDNN_ATTR_OPERATION_RESAMPLE_BWD_DXDESC") == dx.uid
     if given == "index":
         assert uid_of(op, "CUDNN_ATTR_OPERATION_RESAMPLE_BWD_IDXDESC") == idx.uid
-    if given == "xy":
-        assert uid_of(op, "CUDNN_ATTR_OPERATION_RESAMPLE_BWD_XDESC") == x.uid
-        assert uid_of(op, "CUDNN_ATTR_OPERATION_RESAMPLE_BWD_YDESC") == y.uid
 
 
 # ----------------------------------------------------------------- normalization
@@ -488,10 +485,14 @@ def _x(g, dims=(2, 8, 9, 9), dtype="float16"):
         (lambda g: g.resample_forward(_x(g, (4, 4)), window=2), "rank >= 3"),
         (lambda g: g.resample_forward(_x(g), mode="avg_include_padding", window=2, index=True), "index=True applies"),
         (lambda g: g.resample_forward(_x(g), window=2, padding_mode="reflect"), "padding_mode must be one of"),
-        (lambda g: g.resample_backward(_x(g, (2, 8, 4, 4)), x_dims=(2, 8, 9, 9), window=2), "needs index= or both"),
+        (lambda g: g.resample_backward(_x(g, (2, 8, 4, 4)), x_dims=(2, 8, 9, 9), window=2), "needs index="),
+        (lambda g: g.resample_backward(_x(g, (2, 8, 4, 4)), x_dims=(2, 8, 9, 9), window=2, mode="avg_include_padding",
+                                       index=_x(g, (2, 8, 4, 4))), "index= applies to max pooling"),
+        (lambda g: g.resample_backward(_x(g, (2, 8, 4, 4)), x_dims=(2, 8, 9, 9), window=2, index=_x(g, (2, 8, 3, 4))),
+         "must have dy's dims"),
         (lambda g: g.resample_backward(_x(g, (2, 8, 5, 5)), x_dims=(2, 8, 9, 9), window=2, mode="avg_include_padding"),
          "is not the pooled shape"),
-        (lambda g: g.resample_backward(_x(g, (2, 8, 4, 4)), window=2), "needs x_dims or x"),
+        (lambda g: g.resample_backward(_x(g, (2, 8, 4, 4)), x_dims=(8, 9, 9), window=2), "must have one rank"),
         (lambda g: g.norm_forward("group", _x(g), None), "mode must be one of"),
         (lambda g: g.norm_forward("batch", _x(g), g.tensor((1, 8, 1, 1)), g.tensor((1, 8, 1, 1)), phase="eval"),
          "phase must be"),

@@ -30,7 +30,7 @@ Operations and the backend descriptors they lower to:
 ``reduction(x, dims, mode)``    ``REDUCTION_DESCRIPTOR`` + ``OPERATION_REDUCTION``
 ``resample_forward(x)``         ``RESAMPLE_DESCRIPTOR`` + ``OPERATION_RESAMPLE_FWD``: max pooling (with
                                 the index tensor for training), average including/excluding padding
-``resample_backward(dy)``       ``RESAMPLE_DESCRIPTOR`` + ``OPERATION_RESAMPLE_BWD`` (index, or x and y)
+``resample_backward(dy)``       ``RESAMPLE_DESCRIPTOR`` + ``OPERATION_RESAMPLE_BWD`` (max: from the index)
 ``norm_forward(mode, x, ...)``  ``OPERATION_NORM_FORWARD``: batch, layer, instance, RMS; training
                                 (saved mean/inv-variance, running statistics) and inference
 ``norm_backward(mode, ...)``    ``OPERATION_NORM_BACKWARD``: dx, dscale, dbias
@@ -568,27 +568,21 @@ class Graph:
         self._add("resample_fwd", a, {"x": x}, outs)
         return (y, outs["index"]) if index else y
 
-    def resample_backward(self, dy: Tensor, *, x_dims: Sequence[int] | None = None, x: Tensor | None = None,
-                          y: Tensor | None = None, index: Tensor | None = None, mode: str = "max", window=None,
-                          stride=None, pre_padding=0, post_padding=None, padding_mode: str | None = None,
-                          nan_propagation: bool = False, compute_dtype: str | None = None, dtype: str | None = None,
-                          name: str = "") -> Tensor:
-        """Pooling backward: ``dx`` (dims of ``x``, or ``x_dims``) from ``dy`` and the forward's options.
+    def resample_backward(self, dy: Tensor, *, x_dims: Sequence[int], index: Tensor | None = None,
+                          mode: str = "max", window=None, stride=None, pre_padding=0, post_padding=None,
+                          padding_mode: str | None = None, nan_propagation: bool = False,
+                          compute_dtype: str | None = None, dtype: str | None = None, name: str = "") -> Tensor:
+        """Pooling backward: ``dx`` of dims ``x_dims`` from ``dy`` and the forward's options.
 
-        Max pooling needs ``index`` (from ``resample_forward(index=True)``) or
-        both ``x`` and ``y``; average pooling needs only ``dy`` and the dims.
-        Makes ``CUDNN_BACKEND_RESAMPLE_DESCRIPTOR`` and
+        Max pooling needs ``index``, the argmax tensor of
+        ``resample_forward(index=True)``; average pooling needs only ``dy``.
+        (The operation's X/Y inputs are not offered: with them in place of
+        the index, libcudnn 9.19 crashes while answering the engine
+        heuristics.) Makes ``CUDNN_BACKEND_RESAMPLE_DESCRIPTOR`` and
         ``CUDNN_BACKEND_OPERATION_RESAMPLE_BWD_DESCRIPTOR``.
         """
         dy = self._own(dy, "dy")
         ins = {"dy": dy}
-        for role, t in (("x", x), ("y", y), ("index", index)):
-            if t is not None:
-                ins[role] = self._own(t, role)
-        if x_dims is None:
-            if x is None:
-                raise GraphError("resample_backward needs x_dims or x")
-            x_dims = ins["x"].dims
         x_dims = tuple(int(d) for d in x_dims)
         if len(x_dims) != dy.ndim or len(x_dims) < 3:
             raise GraphError(f"x_dims {x_dims} and dy {dy.dims} must have one rank >= 3")
@@ -596,14 +590,15 @@ class Graph:
                                  nan_propagation, compute_dtype)
         if self._resample_out(x_dims, a) != dy.dims:
             raise GraphError(f"dy {dy.dims} is not the pooled shape {self._resample_out(x_dims, a)} of x {x_dims}")
-        if "x" in ins and ins["x"].dims != x_dims:
-            raise GraphError(f"x {ins['x'].dims} does not match x_dims {x_dims}")
-        for role in ("y", "index"):
-            if role in ins and ins[role].dims != dy.dims:
-                raise GraphError(f"{role} {ins[role].dims} must have dy's dims {dy.dims}")
-        if mode == "max" and "index" not in ins and not ("x" in ins and "y" in ins):
-            raise GraphError("max-pooling backward needs index= or both x= and y=")
-        dx = self._out(x_dims, ins.get("x", dy), dtype or dy.dtype, name or f"pool_{mode}_bwd")
+        if mode == "max":
+            if index is None:
+                raise GraphError("max-pooling backward needs index= (resample_forward(..., index=True))")
+            ins["index"] = self._own(index, "index")
+            if ins["index"].dims != dy.dims:
+                raise GraphError(f"index {ins['index'].dims} must have dy's dims {dy.dims}")
+        elif index is not None:
+            raise GraphError(f"index= applies to max pooling, not {mode!r}")
+        dx = self._out(x_dims, dy, dtype or dy.dtype, name or f"pool_{mode}_bwd")
         self._add("resample_bwd", a, ins, {"dx": dx})
         return dx
 

@@ -1,13 +1,52 @@
-"""L1 graph layer over cuDNN's backend API (in progress, issue 5).
+"""L1 graph layer over cuDNN's backend API (issue 5).
 
-What exists: :class:`Graph` definition (tensors, pointwise in every mode,
-matmul, convolution forward/dgrad/wgrad, reduction), shape and dtype inference,
-dangling-tensor checks, a plan key, and lowering to finalized backend
-descriptors. Heuristics, plans, the plan cache and execution come next.
+:class:`Graph` defines tensors and operations (shape and dtype inference,
+dangling-tensor checks, a plan key, lowering to finalized backend
+descriptors). :mod:`cudnnkit.graph.plan` turns a graph into an
+:class:`ExecutionPlan`: heuristics, engine filters from
+:func:`cudnnkit.settings`, plan build, a per-device :func:`plan_cache` with
+serialization, execution with cached variant packs, a pre-bound fast path
+(:meth:`ExecutionPlan.bind`), CUDA-graph population and autotuning::
+
+    g = Graph()
+    x, w = g.tensor_like(x_arr, "x"), g.tensor_like(w_arr, "w")
+    y = g.mark_output(g.conv_fprop(x, w, pre_padding=1), "bfloat16")
+    plan = g.build()                               # cached per device
+    plan.execute({x: x_arr, w: w_arr, y: y_arr})   # or: run = plan.bind({...}); run()
 """
 
 from __future__ import annotations
 
 from .graph import POINTWISE_ARITY, Graph, GraphError, Lowered, Tensor
+from .plan import (
+    Attempt,
+    BindingError,
+    BoundPlan,
+    EngineFilter,
+    EngineInfo,
+    ExecutionPlan,
+    PlanCache,
+    PlanSpec,
+    UnsupportedGraphError,
+    load_plan,
+    plan_cache,
+)
 
-__all__ = ["Graph", "GraphError", "Lowered", "Tensor", "POINTWISE_ARITY"]
+__all__ = [
+    "Graph",
+    "GraphError",
+    "Lowered",
+    "Tensor",
+    "POINTWISE_ARITY",
+    "Attempt",
+    "BindingError",
+    "BoundPlan",
+    "EngineFilter",
+    "EngineInfo",
+    "ExecutionPlan",
+    "PlanCache",
+    "PlanSpec",
+    "UnsupportedGraphError",
+    "load_plan",
+    "plan_cache",
+]

@@ -645,8 +645,9 @@ class Graph:
         - rms: like layer, ``bias`` optional, training returns ``inv_variance`` only.
 
         ``epsilon`` and ``momentum`` are by-value scalars (numbers become
-        :meth:`scalar` constants). cuDNN's GROUP_NORM and ADA_LAYER_NORM modes
-        are not offered. Outputs are virtual until marked. Makes
+        :meth:`scalar` constants); batch-norm inference uses no epsilon (its
+        ``inv_variance`` already holds it). cuDNN's GROUP_NORM and
+        ADA_LAYER_NORM modes are not offered. Outputs are virtual until marked. Makes
         ``CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR``.
         """
         if mode not in _NORM_MODES:
@@ -664,8 +665,9 @@ class Graph:
             raise GraphError(f"{mode} norm needs bias")
         if bias is not None:
             ins["bias"] = self._check_dims(bias, pdims, "bias", mode)
-        ins["epsilon"] = self._scalar_or(epsilon, "epsilon", x.ndim)
         training = phase == "training"
+        if training or mode != "batch":  # batch-norm inference takes the inverse variance, not epsilon
+            ins["epsilon"] = self._scalar_or(epsilon, "epsilon", x.ndim)
         if mode == "batch" and not training:
             if mean is None or inv_variance is None:
                 raise GraphError("batch norm inference needs mean= and inv_variance= (the running statistics)")
@@ -751,7 +753,9 @@ class Graph:
                  name: str = "") -> tuple[Tensor, Tensor]:
         """Per-channel ``sum`` and ``sum of squares`` of ``x`` ``(N, C, *)``, each ``(1, C, 1...)``.
 
-        Makes ``CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR`` (``CUDNN_GENSTATS_SUM_SQSUM``).
+        cuDNN 9.19 runs it fused after a convolution (``conv_fprop`` -> ``genstats``);
+        alone it has no engine on Hopper. Makes
+        ``CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR`` (``CUDNN_GENSTATS_SUM_SQSUM``).
         """
         x = self._own(x, "x")
         if x.ndim < 2:
@@ -774,8 +778,10 @@ class Graph:
 
         ``seed`` is an int (fixed in the graph) or a one-element int64 device
         tensor; ``offset`` (one-element int64 device tensor) goes with a seed
-        tensor. The same seed and offset give the same numbers. Makes
-        ``CUDNN_BACKEND_RNG_DESCRIPTOR`` and ``CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR``.
+        tensor. The same seed and offset give the same numbers. cuDNN 9.19
+        runs RNG inside the attention pattern (``sdpa_forward(dropout=...)``),
+        not alone. Makes ``CUDNN_BACKEND_RNG_DESCRIPTOR`` and
+        ``CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR``.
         """
         if distribution not in _RNG:
             raise GraphError(f"distribution must be one of {sorted(_RNG)}, got {distribution!r}")
@@ -819,7 +825,9 @@ class Graph:
 
         ``perm`` gives a transpose instead: ``y.dims[i] = x.dims[perm[i]]`` and
         ``y.strides[i] = x.strides[perm[i]]``, the same memory read in another
-        order (how attention's backward turns ``P`` into ``P^T``). Makes
+        order (how attention's backward turns ``P`` into ``P^T``). cuDNN 9.19
+        on Hopper runs reshapes inside the attention backward pattern; a lone
+        reshape needs cuDNN 9.22 on Blackwell. Makes
         ``CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR``.
         """
         x = self._own(x, "x")
@@ -846,8 +854,9 @@ class Graph:
         """Join ``inputs`` (one rank, dims equal but along ``axis``) along ``axis``.
 
         ``inplace_index``: the input that already lies inside the output's
-        memory (cuDNN then skips copying it). Makes
-        ``CUDNN_BACKEND_OPERATION_CONCAT_DESCRIPTOR``.
+        memory (cuDNN then skips copying it). cuDNN 9.19 fuses it after a
+        convolution (``conv_fprop`` -> ``concat``); a lone concat needs cuDNN
+        9.22 on Blackwell. Makes ``CUDNN_BACKEND_OPERATION_CONCAT_DESCRIPTOR``.
         """
         ts = [self._own(t, f"inputs[{i}]") for i, t in enumerate(inputs)]
         if not ts:
@@ -917,10 +926,11 @@ class Graph:
         self._add("matmul", {"compute_dtype": "float32"}, {"a": a, "b": b}, {"c": out})
         return out
 
-    def _red(self, x: Tensor, dims, *, dtype=None, out: Tensor | None = None, name: str = "") -> Tensor:
+    def _red(self, x: Tensor, dims, *, mode: str = "add", dtype=None, out: Tensor | None = None,
+             name: str = "") -> Tensor:
         if out is None:
             out = self._vt(dims, dtype or self.intermediate_dtype, name)
-        self._add("reduction", {"mode": "add", "compute_dtype": "float32"}, {"x": x}, {"y": out})
+        self._add("reduction", {"mode": mode, "compute_dtype": "float32"}, {"x": x}, {"y": out})
         return out
 
     def _mask(self, s: Tensor, left_bound: int | None, right_bound: int | None) -> Tensor:
@@ -1015,7 +1025,7 @@ class Graph:
         self._view_nodes.add(len(self._nodes) - 1)
         s = self._pw("MUL", s, sc, name="scaled")
         s = self._mask(s, lb, rb)
-        mx = self._red(s, (b, h, sq, 1), name="row_max")
+        mx = self._red(s, (b, h, sq, 1), mode="max", name="row_max")
         e = self._pw("EXP", self._pw("SUB", s, mx, name="minus_max"), name="exp")
         sm = self._red(e, (b, h, sq, 1), name="row_sum")
         if st is not None:
@@ -1345,6 +1355,30 @@ class Graph:
                 op.set(f"CUDNN_ATTR_OPERATION_SDPA_{p}_{_SDPA_ATTR[role]}", T(uid))
             return op.finalize(), None
         raise AssertionError(n.kind)  # pragma: no cover
+
+    # ------------------------------------------------------------- plans (cudnnkit.graph.plan)
+
+    def build(self, device: int | None = None, **options: Any) -> Any:
+        """The cached :class:`~cudnnkit.graph.plan.ExecutionPlan` for this graph on ``device``
+        (heuristics, engine filters, ``cudnnBackendFinalize`` of an execution plan): see
+        :func:`cudnnkit.graph.plan.build` for ``options``."""
+        from .plan import build
+
+        return build(self, device, **options)
+
+    def execute(self, bindings: Any, *, stream: Any = None, workspace: Any = None, **options: Any) -> Any:
+        """Build (cached) and run on ``bindings`` (Tensor or uid -> array/pointer); returns the plan.
+        For loops, keep ``plan.bind(bindings)`` instead: see :func:`cudnnkit.graph.plan.execute`."""
+        from .plan import execute
+
+        return execute(self, bindings, stream=stream, workspace=workspace, **options)
+
+    def autotune(self, bindings: Any, *, max_candidates: int = 8, **kwargs: Any) -> Any:
+        """Time up to ``max_candidates`` plans on ``bindings`` and cache the fastest: see
+        :func:`cudnnkit.graph.plan.autotune`."""
+        from .plan import autotune
+
+        return autotune(self, bindings, max_candidates=max_candidates, **kwargs)
 
     def __repr__(self) -> str:
         return f"<Graph {self.name or self._id}: {len(self._tensors)} tensors, {len(self._nodes)} ops>"

@@ -1,0 +1,324 @@
+"""Graph plans on the CPU: what needs no cuDNN handle. Engine filters (a pure function of each engine's
+notes), the unsupported-graph message, binding checks before any GPU work, by-value scalars, the plan
+cache's LRU, counters, thread safety and serialization format, and key sensitivity."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import struct
+import threading
+
+import pytest
+
+import cudnnkit
+from cudnnkit import lib
+from cudnnkit.graph import (
+    Attempt,
+    BindingError,
+    EngineFilter,
+    EngineInfo,
+    Graph,
+    PlanCache,
+    PlanSpec,
+    UnsupportedGraphError,
+    plan_cache,
+)
+from cudnnkit.graph import plan as plan_mod
+
+from .test_runtime_cpu import FakeCAI
+
+BASE = 0x7F0000000000
+
+
+def eng(num=(), beh=(), ws=0, index=7, knobs=((3, 1),)):
+    return EngineInfo(index, knobs, frozenset(num), frozenset(beh), ws)
+
+
+# ----------------------------------------------------------------- engine filters
+
+
+def test_engine_name_is_index_and_knobs():
+    assert eng(index=12, knobs=((1, 0), (17, 4))).name == "eng12_k1=0_k17=4"
+    assert eng(index=0, knobs=()).name == "eng0"
+
+
+def test_deterministic_filter_rejects_only_nondeterministic_engines():
+    with cudnnkit.settings(deterministic=True):
+        f = EngineFilter.make()
+    assert "NONDETERMINISTIC" in f.reject(eng(num={"NONDETERMINISTIC", "TENSOR_CORE"}))
+    assert f.reject(eng(num={"TENSOR_CORE"})) is None
+    assert EngineFilter.make().reject(eng(num={"NONDETERMINISTIC"})) is None  # default settings allow it
+
+
+def test_tf32_filter_applies_to_float32_math_only():
+    with cudnnkit.settings(allow_tf32=False):
+        f32, f16 = EngineFilter.make(fp32_math=True), EngineFilter.make(fp32_math=False)
+    assert "TENSOR_CORE" in f32.reject(eng(num={"TENSOR_CORE"}))
+    assert "DOWN_CONVERT_INPUTS" in f32.reject(eng(num={"DOWN_CONVERT_INPUTS"}))
+    assert f32.reject(eng(num={"WINOGRAD"})) is None
+    assert f16.reject(eng(num={"TENSOR_CORE"})) is None
+    assert EngineFilter.make(fp32_math=True).reject(eng(num={"TENSOR_CORE"})) is None  # allow_tf32 default
+
+
+def test_fp32_math_detection_looks_at_conv_and_matmul_inputs():
+    g = Graph()
+    a, b = g.tensor((4, 8)), g.tensor((8, 2))
+    g.mark_output(g.matmul(a, b))
+    assert plan_mod._fp32_math(g)
+    g = Graph()
+    a, b = g.tensor((4, 8), dtype="bfloat16"), g.tensor((8, 2), dtype="bfloat16")
+    g.mark_output(g.pointwise("RELU_FWD", g.matmul(a, b)))  # float32 intermediates, bf16 operands
+    assert not plan_mod._fp32_math(g)
+
+
+def test_workspace_limit_uses_config_then_plan_size():
+    with cudnnkit.settings(workspace_limit=1024):
+        f = EngineFilter.make()
+    assert f.reject(eng(ws=1024)) is None
+    assert "workspace 2048 bytes > workspace_limit 1024" in f.reject(eng(ws=2048))
+    assert "workspace 4096" in f.reject(eng(ws=0), workspace=4096)
+    assert f.reject(eng(ws=None)) is None  # unknown before the plan is built
+
+
+def test_user_note_and_engine_filters():
+    f = EngineFilter.make(deny_numerical=["winograd"], deny_behavior=["CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION"],
+                          require_behavior=[lib.CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API],
+                          deny_engines=["eng7"])
+    cg = {"SUPPORTS_CUDA_GRAPH_NATIVE_API"}
+    assert "WINOGRAD numerical note (deny_numerical)" in f.reject(eng(num={"WINOGRAD"}, beh=cg, index=1))
+    assert "RUNTIME_COMPILATION behavior note" in f.reject(eng(beh=cg | {"RUNTIME_COMPILATION"}, index=1))
+    assert "lacks behavior note SUPPORTS_CUDA_GRAPH_NATIVE_API" in f.reject(eng(index=1))
+    assert "engine eng7 denied" in f.reject(eng(beh=cg, index=7))
+    assert f.reject(eng(beh=cg, index=70)) is None  # a prefix means a whole name, not eng70
+    assert f.reject(eng(beh=cg, index=1)) is None
+    with pytest.raises(ValueError, match="unknown behavior note 'FAST'"):
+        EngineFilter.make(deny_behavior=["FAST"])
+    key = f.options_key()
+    assert key != EngineFilter.make().options_key() and hash(key) is not None
+
+
+def test_unsupported_message_lists_attempts_and_names_the_cause():
+    attempts = [
+        Attempt("heuristics mode b", "heuristics", "CUDNN_STATUS_NOT_SUPPORTED: no B model", "CUDNN_STATUS_NOT_SUPPORTED"),
+        Attempt("eng3_k1=0", "filter", "filtered: NONDETERMINISTIC numerical note (settings deterministic=True)"),
+        Attempt("eng9", "build", "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT: stride mismatch",
+                "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT"),
+        Attempt("eng11", "build", "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH", "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH"),
+    ]
+    e = UnsupportedGraphError("graph g (1 ops: conv_fprop)", attempts)
+    msg = str(e)
+    assert msg.startswith("no cuDNN engine supports graph g (1 ops: conv_fprop): 3 engine config(s) tried")
+    assert "  heuristics mode b [heuristics]: CUDNN_STATUS_NOT_SUPPORTED: no B model" in msg
+    assert "  eng9 [build]: CUDNN_STATUS_NOT_SUPPORTED_LAYOUT: stride mismatch" in msg
+    assert "  eng3_k1=0 [filter]: filtered: NONDETERMINISTIC" in msg
+    cause = msg.splitlines()[-1]
+    assert cause.startswith("likely cause: layout") and "arch" in cause
+    assert e.attempts == attempts and isinstance(e, cudnnkit.graph.GraphError)
+    only_filtered = str(UnsupportedGraphError("g", attempts[1:2]))
+    assert "every engine was rejected by a filter" in only_filtered
+    for none in ([], attempts[:1]):
+        assert "likely cause: heuristics offered no engine for this graph" in str(UnsupportedGraphError("g", none))
+
+
+# ----------------------------------------------------------------- bindings
+
+
+def conv_spec(alignment=16):
+    g = Graph(alignment=alignment)
+    x = g.tensor((2, 8, 6, 6), (288, 1, 48, 8), "float16", name="x")
+    w = g.tensor((4, 8, 3, 3), (72, 1, 24, 8), "float16", name="w")
+    s = g.tensor((1, 1, 1, 1), dtype="float32", by_value=True, name="s")
+    y = g.mark_output(g.pointwise("MUL", g.conv_fprop(x, w, pre_padding=1), s), "float16")
+    return g, x, w, s, y, PlanSpec.of(g, 0)
+
+
+def arr(t, ptr=BASE, device=0, typestr="<f2"):
+    return FakeCAI(t.dims, typestr, strides=tuple(s * 2 for s in t.strides), ptr=ptr, device=device)
+
+
+def test_plan_spec_lists_what_a_plan_binds():
+    g, x, w, s, y, spec = conv_spec()
+    assert spec.uids == (x.uid, w.uid, s.uid, y.uid)  # the virtual conv output is not bound
+    assert spec.outputs == {y.uid} and spec.device == 0 and spec.alignment == 16
+    d = json.loads(json.dumps(spec.to_dict()))
+    back = PlanSpec.from_dict(d, 1)
+    assert back.device == 1 and back.uids == spec.uids and back.tensors[x.uid].strides == x.strides
+    assert back.tensors[s.uid].by_value and back.outputs == spec.outputs
+
+
+def test_good_bindings_resolve_in_uid_order_with_scalars_by_value():
+    g, x, w, s, y, spec = conv_spec()
+    r = spec.resolve({x: arr(x), w.uid: arr(w, BASE + 4096), s: 0.5, y: arr(y, BASE + 8192)})
+    assert r.ptrs[0] == BASE and r.ptrs[1] == BASE + 4096 and r.ptrs[3] == BASE + 8192
+    assert r.scalars == struct.pack("<f", 0.5)
+    assert ctypes.string_at(r.ptrs[2], 4) == struct.pack("<f", 0.5)  # s's pointer: a host buffer holding the value
+    assert len(r.views) == 3 and not r.scratch
+
+
+@pytest.mark.parametrize("change,msg", [
+    (lambda b, t: b.pop(t["w"]), r"unbound: tensor w \(uid 2\)"),
+    (lambda b, t: b.__setitem__(t["x"], FakeCAI((2, 8, 6, 6), "<f4", ptr=BASE)),
+     r"tensor x \(uid 1\): dtype float32, the plan expects float16"),
+    (lambda b, t: b.__setitem__(t["x"], FakeCAI((2, 8, 6, 5), "<f2", ptr=BASE)),
+     r"tensor x \(uid 1\): shape \(2, 8, 6, 5\), the plan expects \(2, 8, 6, 6\)"),
+    (lambda b, t: b.__setitem__(t["x"], FakeCAI((2, 8, 6, 6), "<f2", ptr=BASE)),
+     r"tensor x \(uid 1\): strides \(288, 36, 6, 1\), the plan expects \(288, 1, 48, 8\)"),
+    (lambda b, t: b.__setitem__(t["x"], arr(t["x"], device=1)), r"tensor x \(uid 1\): on cuda:1, the plan is for cuda:0"),
+    (lambda b, t: b.__setitem__(t["y"], arr(t["y"], ptr=BASE + 2)), r"pointer 0x7f0000000002 is not aligned to 16"),
+    (lambda b, t: b.__setitem__(t["y"], BASE + 8), r"is not aligned to 16 bytes"),
+    (lambda b, t: b.__setitem__(t["y"], 0), r"tensor mul \(uid 5\): raw pointer 0 is not a device pointer"),
+    (lambda b, t: b.__setitem__(t["s"], "big"), r"tensor s \(uid 3\) is a by-value scalar: bind a Python number"),
+    (lambda b, t: b.__setitem__(4, arr(t["y"])), r"uid 4 is not a non-virtual tensor of this plan"),
+])
+def test_bad_bindings_are_refused_with_the_tensor_named(change, msg):
+    g, x, w, s, y, spec = conv_spec()
+    t = {"x": x, "w": w, "s": s, "y": y}
+    b = {x: arr(x), w: arr(w, BASE + 4096), s: 2.0, y: arr(y, BASE + 8192)}
+    spec.resolve(dict(b))  # the unchanged bindings are fine
+    change(b, t)
+    with pytest.raises(BindingError, match=msg):
+        spec.resolve(b)
+
+
+def test_binding_type_errors():
+    g, x, w, s, y, spec = conv_spec()
+    with pytest.raises(TypeError, match="bindings must be a mapping"):
+        spec.resolve([x])
+    with pytest.raises(TypeError, match="binding keys must be Tensors or int uids, got str"):
+        spec.resolve({"x": arr(x)})
+    import numpy as np
+
+    with pytest.raises(TypeError, match=r"tensor x \(uid 1\) is a host array"):
+        spec.resolve({x: np.zeros((2, 8, 6, 6), np.float16), w: arr(w), s: 1.0, y: arr(y)})
+
+
+def test_a_tensor_of_another_graph_with_other_dims_is_refused():
+    g, x, w, s, y, spec = conv_spec()
+    other = Graph().tensor((3, 3))  # uid 1 too, but not the plan's x
+    with pytest.raises(BindingError, match="a tensor of another graph"):
+        spec.resolve({other: arr(x), w: arr(w), s: 1.0, y: arr(y)})
+    same = conv_spec()[1]  # the x of an identical graph is accepted
+    spec.resolve({same: arr(x), w: arr(w), s: 1.0, y: arr(y)})
+
+
+def test_scalar_bytes_per_dtype():
+    assert plan_mod._scalar_bytes(1.5, "float32", "s") == struct.pack("<f", 1.5)
+    assert plan_mod._scalar_bytes(1.5, "float64", "s") == struct.pack("<d", 1.5)
+    assert plan_mod._scalar_bytes(1.5, "float16", "s") == struct.pack("<e", 1.5)
+    assert plan_mod._scalar_bytes(1.5, "bfloat16", "s") == struct.pack("<f", 1.5)[2:]
+    assert plan_mod._scalar_bytes(7, "int32", "s") == struct.pack("<i", 7)
+    assert plan_mod._scalar_bytes(-7, "int64", "s") == struct.pack("<q", -7)
+
+
+def test_constants_and_scratch_of_a_spec():
+    g, x, w, s, y, _ = conv_spec()
+    spec = PlanSpec(PlanSpec.of(g, 0).tensors, device=0, alignment=16, outputs=[y.uid],
+                    constants={s.uid: (0.25, "float32")}, scratch=[y.uid])
+    r = spec.resolve({x: arr(x), w: arr(w, BASE + 4096)})  # s is a constant, y scratch: neither bound
+    assert r.scalars == struct.pack("<f", 0.25) and r.scratch == [(3, y.uid)] and r.ptrs[3] == 0
+    with pytest.raises(BindingError, match=r"tensor s \(uid 3\) is a constant of the graph \(value 0.25\)"):
+        spec.resolve({x: arr(x), w: arr(w), s: 1.0})
+
+
+# ----------------------------------------------------------------- the plan cache
+
+
+def test_cache_lru_counts_hits_misses_and_evictions():
+    c = PlanCache(0, maxsize=2)
+    assert c.get("a") is None and c.stats["misses"] == 1
+    c.put("a", 1)
+    c.put("b", 2)
+    assert c.get("a") == 1  # a is now the most recent
+    c.put("c", 3)  # evicts b, the least recently used
+    assert "b" not in c and "a" in c and "c" in c and len(c) == 2
+    assert c.stats == {"size": 2, "maxsize": 2, "hits": 1, "misses": 1, "evictions": 1, "loaded": 0, "pending": 0}
+    c.resize(1)
+    assert len(c) == 1 and "c" in c and c.stats["evictions"] == 2
+    c.clear()
+    assert len(c) == 0 and c.stats["hits"] == 0
+
+
+def test_cache_is_thread_safe():
+    c = PlanCache(0, maxsize=64)
+    errors = []
+
+    def work(t):
+        try:
+            for i in range(2000):
+                k = (t * 7 + i) % 100
+                if c.get(k) is None:
+                    c.put(k, k)
+        except Exception as e:  # pragma: no cover - the assertion below reports it
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s = c.stats
+    assert not errors and s["size"] <= 64 and s["hits"] + s["misses"] == 8 * 2000
+    assert all(c._plans[k] == k for k in c._plans)
+
+
+def test_plan_cache_is_one_per_device_and_clear_caches_empties_it():
+    assert plan_cache(3) is plan_cache(3) and plan_cache(3) is not plan_cache(4)
+    plan_cache(3).put("k", object())
+    cudnnkit.runtime.clear_caches()
+    assert len(plan_cache(3)) == 0
+
+
+def test_cache_deserialize_keeps_plans_of_this_cudnn_pending_by_key():
+    g = Graph()
+    g.mark_output(g.pointwise("RELU_FWD", g.tensor((2, 3))))
+    key = (g.key(), 0, EngineFilter.make().options_key())
+    entry = {"format": "cudnnkit.plan/1", "cudnn_version": lib.version(), "key_digest": plan_mod._digest(key),
+             "plan": "{}", "spec": PlanSpec.of(g, 0).to_dict()}
+    old = dict(entry, cudnn_version=90000, key_digest="x")
+    doc = json.dumps({"format": "cudnnkit.plan/1-cache", "plans": [entry, old]})
+    c = PlanCache(5)
+    assert c.deserialize(doc) == 1 and c.stats["pending"] == 1 and c.stats["loaded"] == 1
+    # the same graph on another device finds it (the device is not in the digest); another key does not
+    assert c.pop_pending((key[0], 5, key[2])) == entry
+    assert c.pop_pending(key) is None
+    with pytest.raises(ValueError, match="not a cudnnkit plan cache"):
+        c.deserialize(b'{"format": "other"}')
+    assert json.loads(c.serialize())["plans"] == []
+
+
+# ----------------------------------------------------------------- keys
+
+
+def test_build_key_is_stable_and_sensitive():
+    def make(dtype="float16", alignment=16, pad=1):
+        g = Graph(alignment=alignment)
+        x = g.tensor((2, 8, 6, 6), (288, 1, 48, 8), dtype)
+        w = g.tensor((4, 8, 3, 3), (72, 1, 24, 8), dtype)
+        g.mark_output(g.conv_fprop(x, w, pre_padding=pad), dtype)
+        return g
+
+    base = make().key()
+    assert make().key() == base and hash(base) == hash(make().key())
+    assert make(alignment=32).key() != base
+    assert make(dtype="bfloat16").key() != base
+    assert make(pad=0).key() != base
+    for kw in ({"deterministic": True}, {"allow_tf32": False}, {"workspace_limit": 0}, {"heuristic_mode": "b"},
+               {"autotune": "exhaustive"}):
+        with cudnnkit.settings(**kw):
+            assert make().key() != base, kw
+
+
+def test_build_refuses_bad_graphs_and_options_before_any_gpu_work():
+    g = Graph()
+    g.tensor((2, 3))
+    with pytest.raises(cudnnkit.graph.GraphError, match="no operations"):
+        g.build(0)
+    g = Graph()
+    g.mark_output(g.pointwise("RELU_FWD", g.tensor((2, 3))))
+    with pytest.raises(TypeError, match=r"unknown build option\(s\) \['fast'\]"):
+        g.build(0, fast=True)
+    with pytest.raises(ValueError, match="unknown numerical note"):
+        g.build(0, deny_numerical=["SLOW"])
+    with pytest.raises(ValueError, match="max_candidates must be at least 1"):
+        g.autotune({}, max_candidates=0)

@@ -5,6 +5,8 @@ with torch's cuDNN backend and with its flash backend.
 bf16, B4 H16 S4096 D128 (BHSD), causal and not. FLOPs: forward ``4*B*H*S^2*D`` (halved when causal),
 backward 2.5x the forward. ``fwd`` rows are inference (no statistics written; torch without grad);
 ``fwd+bwd`` rows run the training forward (writing the log-sum-exp statistics) and the backward.
+Ours is the fused-attention composite; one more row times the single ``SDPA_FWD`` operation
+(``implementation="unified"``, no mask in cuDNN 9.19).
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ def _rows(causal: bool) -> list[Row]:
     stats = torch.empty(B, H, S, 1, device="cuda", dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
-    def forward_plan(with_stats: bool):
+    def forward_plan(with_stats: bool, implementation: str = "composite"):
         g = Graph(name=f"sdpa fwd causal={causal}")
         tq, tk, tv = g.tensor_like(q), g.tensor_like(k), g.tensor_like(v)
-        r = g.sdpa_forward(tq, tk, tv, causal=causal, stats=with_stats)
+        r = g.sdpa_forward(tq, tk, tv, causal=causal, stats=with_stats, implementation=implementation)
         bind = {tq: q, tk: k, tv: v, g.mark_output(r.o): o}
         if with_stats:
             bind[g.mark_output(r.stats)] = stats
@@ -75,4 +77,8 @@ def _rows(causal: bool) -> list[Row]:
                         torch=lambda be=backend: torch_fwd(be), flops=fwd_flops))
         rows.append(Row(FAMILY, f"sdpa fwd+bwd{tag} vs torch-{bname}", shape, "bfloat16", ours=ours_train,
                         torch=lambda be=backend: torch_train(be), flops=3.5 * fwd_flops))
+    if not causal:  # cuDNN 9.19's single SDPA_FWD operation takes no mask
+        unified = forward_plan(False, "unified")
+        rows.append(Row(FAMILY, "sdpa fwd (SDPA_FWD op) vs torch-cudnn", shape, "bfloat16", ours=unified,
+                        torch=lambda: torch_fwd(SDPBackend.CUDNN_ATTENTION), flops=fwd_flops))
     return rows

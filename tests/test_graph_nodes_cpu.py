@@ -151,6 +151,7 @@ def test_batch_norm_running_statistics_and_inference():
     g.lower()
     g, r = norm_graph("batch", phase="inference")
     assert r.mean is None and r.inv_variance is None and r.running_mean is None
+    assert g.constants() == {}  # batch-norm inference takes no epsilon (cuDNN matches no engine with one)
     g.lower()
     g, r = norm_graph("layer", phase="inference")
     assert r.mean is None and r.inv_variance is None
@@ -288,6 +289,7 @@ def test_sdpa_forward_composite_structure(causal):
     modes = [n.attr("mode") for n in g._nodes if n.kind == "pointwise"]
     assert ("GEN_INDEX" in modes) == causal and ("BINARY_SELECT" in modes) == causal
     assert {"MUL", "SUB", "EXP", "DIV", "LOG", "ADD"} <= set(modes)
+    assert [n.attr("mode") for n in g._nodes if n.kind == "reduction"] == ["max", "add"]  # row max, row sum
     low = g.lower()
     # k is described to cuDNN as K^T: (B, H, D, S) over the same memory
     assert low.tensors[k.uid].get("CUDNN_ATTR_TENSOR_DIMENSIONS") == [2, 4, 64, 128]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from .ctc import ctc_loss
 from .dropout import DropoutState, default_state, dropout_backward, dropout_forward
 from .lrn import divisive_normalization_backward, divisive_normalization_forward, lrn_backward, lrn_forward
+from .rnn import RNN, LinearParams, load_torch_params, rnn_backward, rnn_forward, to_torch_params, torch_param_names
 from .softmax import softmax_backward, softmax_forward
 from .spatial_transformer import (
     affine_grid_backward,
@@ -27,6 +28,13 @@ __all__ = [
     "softmax_forward",
     "softmax_backward",
     "ctc_loss",
+    "RNN",
+    "LinearParams",
+    "rnn_forward",
+    "rnn_backward",
+    "load_torch_params",
+    "to_torch_params",
+    "torch_param_names",
     "DropoutState",
     "default_state",
     "dropout_forward",

@@ -318,24 +318,17 @@ def ctc_loss(
     # host-side values go to the device in one int32 buffer: [label_lengths, input_lengths, labels]
     pending = [i for i in (idx_ll, idx_il, idx_lab) if i.ptr is None]
     keep = None
-    other_stream = False
     if pending:
         if launch.adapter is None:
             raise TypeError("x comes from a library without a cudnnkit adapter, so host labels and lengths cannot be "
                             "copied to the device; pass them as int32 CuPy or torch device arrays, or pass x as a CuPy "
                             "array or torch tensor")
         parts = [i.values for i in pending]
-        buf = np.concatenate(parts).astype(np.int32)
-        keep = launch.adapter.from_numpy(buf, launch.device)
-        base = launch.adapter.view(keep, "labels").ptr
+        keep, base = launch.upload(np.concatenate(parts).astype(np.int32), "labels")
         off = 0
         for i, part in zip(pending, parts):
             i.ptr = base + 4 * off
             off += part.shape[0]
-        # the copy runs on the library's current stream; cuDNN on launch.stream must see it finished
-        other_stream = launch.stream != launch.adapter.current_stream(launch.device)
-        if other_stream:
-            launch.adapter.synchronize(launch.device)
 
     max_len = max(1, int(idx_ll.values.max()))
     ctc = ctc_descriptor(norm, oob, max_len)
@@ -367,8 +360,5 @@ def ctc_loss(
             one = tensor_descriptor("float32", (1,), (1,))
             for n in short.tolist():
                 lib.cudnnSetTensor(handle, one, vc.ptr + 4 * n, scaling_ref("float32", float("inf")))
-    if other_stream:
-        # the uploaded buffer belongs to the current stream's allocator pool: keep it until cuDNN is done
-        launch.adapter.synchronize(launch.device)
     del keep, ws
     return costs, grads

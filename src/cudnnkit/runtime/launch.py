@@ -11,6 +11,7 @@ device with that stream set.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,8 @@ from .arrays import ArrayView, as_view, contiguous_strides, same_device
 from .handle import Handle, get_handle, resolve_stream
 
 __all__ = ["Launch", "prepare"]
+
+_log = logging.getLogger("cudnnkit")
 
 
 @dataclass
@@ -70,6 +73,28 @@ class Launch:
         if v.device != self.device:
             raise ValueError(f"{name} is on cuda:{v.device} but the inputs are on cuda:{self.device}")
         return out, v
+
+    def contiguous(self, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayView]:
+        """A C-contiguous copy of ``arr`` made on the launch stream, for a call that cannot take its strides.
+
+        The copy is logged at debug level (logger ``cudnnkit``). Arrays of a library without an adapter
+        cannot be copied: ``ValueError`` naming the argument."""
+        if self.adapter is None:
+            raise ValueError(f"{name} is not C-contiguous (strides {v.strides}) and its library has no cudnnkit "
+                             "adapter to copy it; pass a contiguous array")
+        _log.debug("%s: strides %s of shape %s are not C-contiguous: copying", name, v.strides, v.shape)
+        arr = self.adapter.contiguous(arr, self.stream)
+        return arr, self.adapter.view(arr, name)
+
+    def upload(self, values: Any, name: str = "values") -> tuple[Any, int]:
+        """Host values (a NumPy array) copied to a new device array of the inputs' library, queued on the
+        launch stream (so work on that stream sees them, and the allocator orders their reuse after it).
+        Returns (array, pointer); keep the array alive until the call that reads it is queued."""
+        if self.adapter is None:
+            raise TypeError(f"cannot copy {name} to the device: the inputs come from a library without a cudnnkit "
+                            f"adapter; pass {name} as a device array of that library instead")
+        arr = self.adapter.from_numpy(values, self.device, self.stream)
+        return arr, self.adapter.view(arr, name).ptr
 
     def workspace(self, nbytes: int) -> tuple[Any, int]:
         """A device buffer of ``nbytes`` from the inputs' allocator; (owner, pointer). (None, 0) for 0 bytes."""

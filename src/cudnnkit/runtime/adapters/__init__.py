@@ -14,7 +14,8 @@ object with this interface:
 * ``current_device()``: the library's current device;
 * ``device_guard(device)``: a context manager making ``device`` current;
 * ``pointer_device(ptr) -> int | None``: the device of a device pointer, if the library can tell;
-* ``from_numpy(a, device)`` / ``to_numpy(arr)``: copies, for tests and the doctor;
+* ``from_numpy(a, device, stream=None)`` / ``to_numpy(arr)``: host-to-device (queued on ``stream``, default
+  the current one) and device-to-host copies;
 * ``version()``, ``device_count()``, ``device_info(i) -> (name, (major, minor))``, ``synchronize(device)``.
 
 The library is imported only when one of its arrays is seen (or when asked

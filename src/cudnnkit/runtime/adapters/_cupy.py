@@ -72,8 +72,11 @@ class CupyAdapter:
         mem = cupy.cuda.alloc(max(extent, 1) * nd.itemsize)
         return cupy.ndarray(tuple(shape), dtype=nd, memptr=mem, strides=tuple(s * nd.itemsize for s in strides))
 
-    def from_numpy(self, a, device: int) -> cupy.ndarray:
+    def from_numpy(self, a, device: int, stream: int | None = None) -> cupy.ndarray:
         with cupy.cuda.Device(device):
+            if stream is not None and stream != self.current_stream(device):
+                with _external(stream):
+                    return cupy.asarray(a)
             return cupy.asarray(a)
 
     def to_numpy(self, a: cupy.ndarray):

@@ -66,10 +66,13 @@ class TorchAdapter:
             return torch.empty(tuple(shape), dtype=td, device=dev)
         return torch.empty_strided(tuple(shape), tuple(strides), dtype=td, device=dev)
 
-    def from_numpy(self, a, device: int) -> torch.Tensor:
+    def from_numpy(self, a, device: int, stream: int | None = None) -> torch.Tensor:
         import numpy
 
         a = numpy.asarray(a)
+        if stream is not None and stream != self.current_stream(device):
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=torch.device("cuda", device))):
+                return self.from_numpy(a, device)
         if a.dtype.name == "bfloat16":  # ml_dtypes: go through float32
             return torch.from_numpy(a.astype(numpy.float32)).to(f"cuda:{device}", torch.bfloat16)
         return torch.from_numpy(numpy.ascontiguousarray(a)).to(f"cuda:{device}")

@@ -1,0 +1,968 @@
+"""Recurrent networks on cuDNN's v8 RNN API: every cell, layers, directions, projection, variable lengths.
+
+An :class:`RNN` is a frozen, hashable config that fully describes one
+``cudnnRNNDescriptor_t``; the descriptor (and, with ``dropout > 0``, its
+dropout RNG states) is built once per (device, math type) and kept in a
+module-level cache.
+
+Shapes (``L`` = ``num_layers``, ``D`` = 2 if ``bidirectional`` else 1,
+``H`` = ``hidden_size``, ``P`` = ``proj_size or H`` (the recurrent output
+size), ``I`` = ``input_size``, ``N`` the batch, ``T`` the longest sequence)
+
+==================  =================================  ======================================================
+array               shape                              notes
+==================  =================================  ======================================================
+``x``               ``layout="seq_major"``: (T, N, I)  ``CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED``
+                    ``"batch_major"``: (N, T, I)       ``..._BATCH_MAJOR_UNPACKED``
+                    ``"packed"``: (sum(lengths), I)    ``..._SEQ_MAJOR_PACKED``: time-major, the batch sorted
+                                                       by decreasing length (torch's ``PackedSequence.data``)
+``y``               as ``x``, last dim ``D * P``       padded steps (unpacked layouts) hold ``padding_fill``
+``hx``, ``hy``      (L * D, N, P)                      the initial / final hidden state; ``None`` = zeros
+``cx``, ``cy``      (L * D, N, H)                      LSTM only
+``w``, ``dw``       (weight_count,) 1-d, ``dtype``     the flat weight space (:meth:`RNN.weight_count`)
+==================  =================================  ======================================================
+
+Index ``l * D + d`` of ``hx``'s first axis is layer ``l``, direction ``d``
+(0 forward, 1 reverse), as in torch. Dtypes: float16 (math in float16 or
+float32), float32, float64; cuDNN 9.19 refuses bfloat16 RNNs.
+
+Weights. :meth:`RNN.weight_params` returns, for each pseudo-layer (layer
+``l`` direction ``d`` is pseudo-layer ``l * D + d``) and each linear id,
+views into the flat buffer (``cudnnGetRNNWeightParams``): the matrix and the
+bias, ``None`` where the bias mode or the skip input mode leaves one out.
+The linear ids (``RNN.gates``) are
+
+* LSTM: 0-3 the input-side matrices of the input, forget, cell and output
+  gates (``W_i, W_f, W_c, W_o``), 4-7 the recurrent-side ones
+  (``R_i, R_f, R_c, R_o``), 8 the projection ``P`` (``proj_size`` only);
+* GRU: 0-2 input-side reset, update and candidate (``W_r, W_z, W_h``),
+  3-5 recurrent-side (``R_r, R_z, R_h``);
+* RELU/TANH: 0 input-side ``W``, 1 recurrent-side ``R``.
+
+Input-side matrices are ``(H, I)`` in the first layer and ``(H, D * P)``
+after it; recurrent ones ``(H, P)``; the projection ``(P, H)``; biases
+``(H,)``. :func:`load_torch_params` / :func:`to_torch_params` convert from
+and to the parameter layout of ``torch.nn.LSTM``, ``GRU`` and ``RNN``
+(``weight_ih_l{k}[_reverse]``, ...; the gates are stacked in the same order).
+
+Calls. :func:`rnn_forward` makes ``cudnnRNNForward``;
+:func:`rnn_backward` makes ``cudnnRNNBackwardData_v8`` and then
+``cudnnRNNBackwardWeights_v8`` (weight gradients only accumulate in cuDNN,
+so a new ``dw`` is zeroed first). Workspace and reserve sizes come from
+``cudnnGetRNNTempSpaceSizes`` for the forward mode used; the workspace is
+allocated from the inputs' library per call, the reserve space is returned
+by a training forward and handed to the backward. The persistent-dynamic
+algorithm is compiled for the batch size with ``cudnnBuildRNNDynamic``
+(again whenever the batch size changes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import lib
+from ..lib.errors import NotSupportedError
+from ..runtime import (
+    DescriptorKind,
+    as_view,
+    cudnn_dtype,
+    current_settings,
+    get_cached,
+    owned_descriptor,
+    prepare,
+    register_cache,
+    tensor_descriptor,
+)
+from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime.dtypes import canonical, itemsize
+from .dropout import DropoutState, _check_p, _check_seed
+from .tensor import set_tensor
+
+__all__ = [
+    "RNN",
+    "LinearParams",
+    "rnn_forward",
+    "rnn_backward",
+    "load_torch_params",
+    "to_torch_params",
+    "torch_param_names",
+]
+
+_INT32_P = ctypes.POINTER(ctypes.c_int32)
+_CELLS = {"relu": lib.CUDNN_RNN_RELU, "tanh": lib.CUDNN_RNN_TANH, "lstm": lib.CUDNN_LSTM, "gru": lib.CUDNN_GRU}
+_INPUT_MODES = {"linear": lib.CUDNN_LINEAR_INPUT, "skip": lib.CUDNN_SKIP_INPUT}
+_BIAS_MODES = {
+    "double": lib.CUDNN_RNN_DOUBLE_BIAS,
+    "single_input": lib.CUDNN_RNN_SINGLE_INP_BIAS,
+    "single_recurrent": lib.CUDNN_RNN_SINGLE_REC_BIAS,
+    "none": lib.CUDNN_RNN_NO_BIAS,
+}
+_ALGOS = {
+    "standard": lib.CUDNN_RNN_ALGO_STANDARD,
+    "persist_static": lib.CUDNN_RNN_ALGO_PERSIST_STATIC,
+    "persist_dynamic": lib.CUDNN_RNN_ALGO_PERSIST_DYNAMIC,
+    "persist_static_small_h": lib.CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H,
+}
+_MATH = {
+    "default": lib.CUDNN_DEFAULT_MATH,
+    "tensor_op": lib.CUDNN_TENSOR_OP_MATH,
+    "tensor_op_allow_conversion": lib.CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+    "fma": lib.CUDNN_FMA_MATH,
+}
+_LAYOUTS = {
+    "seq_major": lib.CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED,
+    "batch_major": lib.CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED,
+    "packed": lib.CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
+}
+# the data type / math precision pairs cudnnSetRNNDescriptor_v8 accepts (cuDNN 9.19, probed)
+_PRECISIONS = {"float16": ("float16", "float32"), "float32": ("float32",), "float64": ("float64",)}
+
+#: the gate each linear id stands for, per cell (see the module docstring)
+GATES: dict[str, tuple[str, ...]] = {
+    "lstm": ("W_i", "W_f", "W_c", "W_o", "R_i", "R_f", "R_c", "R_o", "P"),
+    "gru": ("W_r", "W_z", "W_h", "R_r", "R_z", "R_h"),
+    "relu": ("W", "R"),
+    "tanh": ("W", "R"),
+}
+
+
+def _choice(value: Any, table: Mapping[str, Any], name: str) -> str:
+    if not isinstance(value, str) or value not in table:
+        raise ValueError(f"{name} must be one of {sorted(table)}, got {value!r}")
+    return value
+
+
+def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class LinearParams(NamedTuple):
+    """One linear id of one pseudo-layer: views into a flat weight buffer (``None`` where absent)."""
+
+    layer: int
+    direction: int  # 0 forward, 1 reverse
+    lin_id: int
+    gate: str  # e.g. "W_f" (input-side forget gate), "R_h" (GRU recurrent candidate), "P" (projection)
+    matrix: Any
+    bias: Any
+
+
+@dataclass(frozen=True)
+class RNN:
+    """Everything ``cudnnSetRNNDescriptor_v8`` (and ``cudnnRNNSetClip_v9``) take, as a hashable config.
+
+    ``cell``: "relu" | "tanh" | "lstm" | "gru". ``input_size``, ``hidden_size``,
+    ``num_layers`` >= 1. ``bidirectional``. ``input_mode``: "linear" (a
+    matrix on the first layer's input) or "skip" (the input is added as is:
+    needs ``input_size == hidden_size``). ``bias_mode``: "double" (input and
+    recurrent biases, torch's ``bias=True``), "single_input",
+    "single_recurrent" or "none". ``proj_size``: LSTM recurrent projection to
+    ``proj_size < hidden_size`` outputs (0: none). ``dropout``: probability
+    of dropping the output of each layer but the last, in training;
+    ``dropout_seed`` seeds its RNG states (one :class:`DropoutState` per
+    device, see :meth:`dropout_state`). ``algo``: "standard",
+    "persist_static", "persist_dynamic" or "persist_static_small_h".
+    ``dtype``: the data type of x, y, h, c and w: float16, float32 or float64.
+    ``math_precision``: the compute type (default float32 for float16 and
+    float32, float64 for float64; float16 may compute in float16).
+    ``math_type``: "default" | "tensor_op" | "tensor_op_allow_conversion" |
+    "fma"; ``None`` picks "tensor_op" for float16 and, for float32, "default"
+    (TF32 allowed) or "fma" as ``cudnnkit.settings(allow_tf32=...)`` says.
+    ``cell_clip``: LSTM cell-state clipping, ``c`` (meaning ``(-c, c)``) or
+    ``(lo, hi)``; ``None`` for none. cuDNN clips the cell state where it
+    is read, with float32 bounds: ``c_t = f * clip(c_{t-1}) + i * g``,
+    ``h_t = o * tanh(clip(c_t))``, and ``cy`` is the unclipped ``c_T``
+    (measured on cuDNN 9.19). ``padded_io``: the
+    ``CUDNN_RNN_PADDED_IO_ENABLED`` aux flag, which the unpacked layouts
+    need. ``None`` (the default) decides per call: a call whose data is
+    packed in memory (``layout="packed"``, or ``"seq_major"`` with every
+    sequence of full length ``T``) runs as ``SEQ_MAJOR_PACKED`` with padded
+    I/O disabled (measured 20% faster for a float32 LSTM forward than padded
+    I/O), others with it enabled; ``True`` always enables it, ``False``
+    allows ``layout="packed"`` only.
+    """
+
+    cell: str
+    input_size: int
+    hidden_size: int
+    num_layers: int = 1
+    bidirectional: bool = False
+    input_mode: str = "linear"
+    bias_mode: str = "double"
+    proj_size: int = 0
+    dropout: float = 0.0
+    dropout_seed: int = 0
+    algo: str = "standard"
+    dtype: str = "float32"
+    math_precision: str | None = None
+    math_type: str | None = None
+    cell_clip: float | tuple[float, float] | None = None
+    padded_io: bool | None = None
+
+    def __post_init__(self) -> None:
+        _choice(self.cell, _CELLS, "cell")
+        _positive_int(self.input_size, "input_size")
+        _positive_int(self.hidden_size, "hidden_size")
+        _positive_int(self.num_layers, "num_layers")
+        if not isinstance(self.bidirectional, bool):
+            raise TypeError(f"bidirectional must be a bool, got {self.bidirectional!r}")
+        _choice(self.input_mode, _INPUT_MODES, "input_mode")
+        _choice(self.bias_mode, _BIAS_MODES, "bias_mode")
+        _positive_int(self.proj_size, "proj_size", 0)
+        if self.proj_size:
+            if self.cell != "lstm":
+                raise ValueError(f"proj_size is for LSTM only (cuDNN), got cell={self.cell!r}")
+            if self.proj_size >= self.hidden_size:
+                raise ValueError(f"proj_size must be smaller than hidden_size={self.hidden_size}, got "
+                                 f"{self.proj_size} (0 means no projection)")
+        if self.input_mode == "skip" and self.input_size != self.hidden_size:
+            raise ValueError(f"input_mode='skip' adds the input to the first layer as is, so input_size "
+                             f"({self.input_size}) must equal hidden_size ({self.hidden_size})")
+        _check_p(self.dropout)
+        _check_seed(self.dropout_seed)
+        _choice(self.algo, _ALGOS, "algo")
+        object.__setattr__(self, "dtype", canonical(self.dtype))
+        if self.dtype not in _PRECISIONS:
+            raise TypeError(f"dtype must be one of {sorted(_PRECISIONS)} (cuDNN 9 RNNs have no {self.dtype}), "
+                            f"got {self.dtype}")
+        if self.math_precision is not None:
+            object.__setattr__(self, "math_precision", canonical(self.math_precision))
+            if self.math_precision not in _PRECISIONS[self.dtype]:
+                raise ValueError(f"math_precision {self.math_precision} is not supported for dtype {self.dtype}; "
+                                 f"cuDNN takes {_PRECISIONS[self.dtype]}")
+        if self.math_type is not None:
+            _choice(self.math_type, _MATH, "math_type")
+        clip = self.cell_clip
+        if clip is not None:
+            if self.cell != "lstm":
+                raise ValueError(f"cell_clip clips the LSTM cell state; cell={self.cell!r} has none")
+            if isinstance(clip, (int, float)) and not isinstance(clip, bool):
+                if not clip > 0:
+                    raise ValueError(f"cell_clip must be > 0 (meaning (-c, c)) or a (lo, hi) pair, got {clip!r}")
+                clip = (-float(clip), float(clip))
+            elif isinstance(clip, (tuple, list)) and len(clip) == 2:
+                clip = (float(clip[0]), float(clip[1]))
+                if not clip[0] <= clip[1]:
+                    raise ValueError(f"cell_clip (lo, hi) needs lo <= hi, got {clip}")
+            else:
+                raise TypeError(f"cell_clip must be a positive float or a (lo, hi) pair, got {clip!r}")
+            object.__setattr__(self, "cell_clip", clip)
+        if self.padded_io is not None and not isinstance(self.padded_io, bool):
+            raise TypeError(f"padded_io must be a bool or None, got {self.padded_io!r}")
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def num_directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def output_size(self) -> int:
+        """The size of one direction's output and hidden state: ``proj_size`` if set, else ``hidden_size``."""
+        return self.proj_size or self.hidden_size
+
+    @property
+    def gates(self) -> tuple[str, ...]:
+        """The gate name of each linear id (see the module docstring)."""
+        g = GATES[self.cell]
+        return g if self.proj_size else g[: len(g) - (self.cell == "lstm")]
+
+    def hidden_shape(self, batch: int) -> tuple[int, int, int]:
+        """Shape of ``hx``/``hy``: ``(num_layers * D, batch, output_size)``."""
+        return (self.num_layers * self.num_directions, batch, self.output_size)
+
+    def cell_shape(self, batch: int) -> tuple[int, int, int]:
+        """Shape of ``cx``/``cy`` (LSTM): ``(num_layers * D, batch, hidden_size)``."""
+        return (self.num_layers * self.num_directions, batch, self.hidden_size)
+
+    def resolved_math(self) -> tuple[str, str]:
+        """(math precision, math type) this thread's settings give (see the class docstring)."""
+        prec = self.math_precision or ("float64" if self.dtype == "float64" else "float32")
+        mt = self.math_type
+        if mt is None:
+            if self.dtype == "float16":
+                mt = "tensor_op"
+            elif self.dtype == "float32":
+                mt = "default" if current_settings().allow_tf32 else "fma"
+            else:
+                mt = "default"
+        return prec, mt
+
+    # --------------------------------------------------------------- per device
+
+    def _built(self, launch: Any, like: Any) -> _Built:
+        key = (self, launch.device, self.resolved_math())
+        with _lock:
+            b = _built.get(key)
+            if b is not None:
+                _built.move_to_end(key)
+                return b
+        b = _Built(self, launch, like, key[2])
+        with _lock:
+            _built[key] = b
+            while len(_built) > _MAX_BUILT:
+                _built.popitem(last=False)
+        return b
+
+    def weight_space_size(self, like: Any, *, stream: Any = None) -> int:
+        """Bytes of the flat weight space (``cudnnGetRNNWeightSpaceSize``), on ``like``'s device."""
+        launch, _ = prepare(("like", like), stream=stream)
+        return self._built(launch, like).weight_bytes
+
+    def weight_count(self, like: Any, *, stream: Any = None) -> int:
+        """Elements (of ``dtype``) of the flat weight space: the length of ``w``."""
+        return self.weight_space_size(like, stream=stream) // itemsize(self.dtype)
+
+    def new_weights(self, like: Any, *, stream: Any = None) -> Any:
+        """An uninitialised flat weight buffer (1-d, ``dtype``) from ``like``'s library and device."""
+        launch, _ = prepare(("like", like), stream=stream)
+        n = self._built(launch, like).weight_bytes // itemsize(self.dtype)
+        return launch.empty((n,), self.dtype, name="w")[0]
+
+    def weight_params(self, w: Any, *, stream: Any = None) -> list[list[LinearParams]]:
+        """Views of every matrix and bias in ``w``: ``params[pseudo_layer][lin_id]``.
+
+        Pseudo-layer ``l * D + d`` is layer ``l``, direction ``d``. ``matrix``
+        is ``(rows, cols)`` and ``bias`` ``(rows,)``, both views of ``w``
+        (``w[offset:offset + n].reshape(...)``, so writing them writes ``w``);
+        ``None`` where absent. ``cudnnGetRNNWeightParams`` (the layout is asked
+        once per device and reused).
+        """
+        launch, (vw,) = prepare(("w", w), stream=stream)
+        b = self._built(launch, w)
+        _check_weights(vw, b, "w")
+        out: list[list[LinearParams]] = []
+        D = self.num_directions
+        for pl, ids in enumerate(b.layout):
+            row = []
+            for lin_id, (m, bias) in enumerate(ids):
+                mv = None if m is None else w[m[0]: m[0] + m[1][0] * m[1][1]].reshape(m[1])
+                bv = None if bias is None else w[bias[0]: bias[0] + bias[1]]
+                row.append(LinearParams(pl // D, pl % D, lin_id, self.gates[lin_id], mv, bv))
+            out.append(row)
+        return out
+
+    def dropout_state(self, like: Any, *, stream: Any = None) -> DropoutState | None:
+        """The :class:`DropoutState` the RNN uses between layers on ``like``'s device (``None`` without dropout):
+        :meth:`DropoutState.snapshot`/``restore`` replay the masks, ``reseed`` re-seeds."""
+        launch, _ = prepare(("like", like), stream=stream)
+        return self._built(launch, like).dropout
+
+
+_MAX_BUILT = 64
+_built: OrderedDict[tuple, _Built] = OrderedDict()
+_lock = threading.Lock()
+register_cache(lambda: _built.clear())
+
+
+class _Built:
+    """The RNN descriptor of one config on one device, with what cuDNN told about it."""
+
+    def __init__(self, rnn: RNN, launch: Any, like: Any, math_mode: tuple[str, str]):
+        self.rnn = rnn
+        self.lock = threading.Lock()
+        self.dropout = None
+        drop = None
+        if rnn.dropout > 0:
+            if launch.adapter is None:
+                raise TypeError("an RNN with dropout needs arrays of a library with a cudnnkit adapter (CuPy or torch) "
+                                "to hold its RNG states")
+            self.dropout = DropoutState(like, rnn.dropout_seed, stream=launch.stream)
+            with launch.on_device():
+                self.dropout._use(rnn.dropout, launch.handle)
+            drop = self.dropout.desc
+        self.math_mode, self._dropout_desc = math_mode, drop
+        self._descs: dict[bool, Any] = {}
+        self.dyn_batch: dict[bool, int] = {}
+        self.temp: dict[tuple, tuple[int, int]] = {}
+        size = ctypes.c_size_t()
+        with launch.on_device():
+            lib.cudnnGetRNNWeightSpaceSize(launch.handle, self.desc(rnn.padded_io is not False), ctypes.byref(size))
+            self.weight_bytes = size.value
+            self.layout = self._weight_layout(launch)
+
+    def _weight_layout(self, launch: Any) -> list[list[tuple[Any, Any]]]:
+        """Per pseudo-layer and linear id: ((offset, (rows, cols)) | None, (offset, rows) | None), in elements.
+
+        cuDNN computes the addresses from a base pointer without touching
+        memory, so an aligned stand-in base is used and offsets are taken from it."""
+        rnn = self.rnn
+        base = 1 << 20
+        isz = itemsize(rnn.dtype)
+        mdesc = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
+        bdesc = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
+        maddr, baddr = ctypes.c_void_p(), ctypes.c_void_p()
+        layout = []
+        for pl in range(rnn.num_layers * rnn.num_directions):
+            ids = []
+            for lin_id in range(len(rnn.gates)):
+                lib.cudnnGetRNNWeightParams(launch.handle, self.desc(rnn.padded_io is not False), pl, self.weight_bytes, base, lin_id, mdesc,
+                                            ctypes.byref(maddr), bdesc, ctypes.byref(baddr))
+                m = None if not maddr.value else ((maddr.value - base) // isz, _matrix_dims(mdesc, 2))
+                b = None if not baddr.value else ((baddr.value - base) // isz, math.prod(_matrix_dims(bdesc, 3)))
+                ids.append((m, b))
+            layout.append(ids)
+        return layout
+
+    def desc(self, padded: bool) -> Any:
+        """The RNN descriptor with padded I/O enabled or not (made on first use; they share the dropout state)."""
+        d = self._descs.get(padded)
+        if d is None:
+            with self.lock:
+                d = self._descs.get(padded)
+                if d is None:
+                    d = self._descs[padded] = rnn_descriptor(self.rnn, self.math_mode, self._dropout_desc, padded)
+        return d
+
+    def prepare_call(self, launch: Any, padded: bool, batch: int) -> Any:
+        """The descriptor for the call; ``cudnnBuildRNNDynamic`` first for the persistent-dynamic algorithm when the
+        batch size changed."""
+        d = self.desc(padded)
+        if self.rnn.algo == "persist_dynamic" and batch != self.dyn_batch.get(padded):
+            with self.lock:
+                if batch != self.dyn_batch.get(padded):
+                    lib.cudnnBuildRNNDynamic(launch.handle, d, batch)
+                    self.dyn_batch[padded] = batch
+        return d
+
+    def temp_sizes(self, launch: Any, padded: bool, training: bool, xdesc: Any) -> tuple[int, int]:
+        """(workspace, reserve) bytes from ``cudnnGetRNNTempSpaceSizes``, cached per mode and x descriptor."""
+        key = (padded, training, xdesc.key)
+        got = self.temp.get(key)
+        if got is None:
+            ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
+            mode = lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE
+            lib.cudnnGetRNNTempSpaceSizes(launch.handle, self.desc(padded), mode, xdesc, ctypes.byref(ws),
+                                          ctypes.byref(rs))
+            got = self.temp[key] = (ws.value, rs.value)
+        return got
+
+
+def rnn_descriptor(rnn: RNN, math_mode: tuple[str, str] | None = None, dropout: Any = None,
+                   padded_io: bool | None = None) -> Any:
+    """A new ``cudnnRNNDescriptor_t`` for ``rnn`` (``cudnnSetRNNDescriptor_v8``, then ``cudnnRNNSetClip_v9``
+    with ``cell_clip``). ``math_mode``: (precision, math type), default :meth:`RNN.resolved_math`; ``dropout``: a
+    dropout descriptor or None; ``padded_io``: the aux flag (default: ``rnn.padded_io``, None meaning enabled).
+    Host-side only (no handle): what ops use through their per-device cache."""
+    if padded_io is None:
+        padded_io = rnn.padded_io is not False
+    prec, mt = math_mode or rnn.resolved_math()
+    desc = owned_descriptor("cudnnCreateRNNDescriptor", "cudnnDestroyRNNDescriptor")
+    try:
+        lib.cudnnSetRNNDescriptor_v8(
+            desc, _ALGOS[rnn.algo], _CELLS[rnn.cell], _BIAS_MODES[rnn.bias_mode],
+            lib.CUDNN_BIDIRECTIONAL if rnn.bidirectional else lib.CUDNN_UNIDIRECTIONAL,
+            _INPUT_MODES[rnn.input_mode], cudnn_dtype(rnn.dtype), cudnn_dtype(prec), _MATH[mt], rnn.input_size,
+            rnn.hidden_size, rnn.output_size, rnn.num_layers, dropout,
+            lib.CUDNN_RNN_PADDED_IO_ENABLED if padded_io else lib.CUDNN_RNN_PADDED_IO_DISABLED,
+        )
+    except NotSupportedError as e:
+        hint = ""
+        if rnn.algo != "standard":
+            hint = (" (the persistent algorithms refuse, among others, bias_mode='single_recurrent' and float16 math "
+                    "precision in cuDNN 9.19; algo='standard' supports every cell, bias and input mode)")
+        raise NotSupportedError(
+            e.status, e.function,
+            f"cuDNN does not support this RNN: algo={rnn.algo!r}, dtype={rnn.dtype}, math precision {prec}, math type "
+            f"{mt!r}, bias_mode={rnn.bias_mode!r}{hint}" + (f"; cuDNN: {e.last_error}" if e.last_error else ""),
+        ) from None
+    if rnn.cell_clip is not None:
+        lib.cudnnRNNSetClip_v9(desc, lib.CUDNN_RNN_CLIP_MINMAX, *rnn.cell_clip)
+    return desc
+
+
+def _matrix_dims(desc: Any, n: int) -> tuple[int, ...]:
+    """The last ``n`` dims of a (packed) tensor descriptor cuDNN filled in."""
+    dt, nb = ctypes.c_int(), ctypes.c_int()
+    dims, strides = (ctypes.c_int * 8)(), (ctypes.c_int * 8)()
+    lib.cudnnGetTensorNdDescriptor(desc, 8, ctypes.byref(dt), ctypes.byref(nb), dims, strides)
+    d = tuple(dims[: nb.value])
+    if tuple(strides[: nb.value]) != contiguous_strides(d):
+        raise RuntimeError(f"cuDNN reported an RNN weight of dims {d} with strides {tuple(strides[: nb.value])}, "
+                           "not the packed row-major layout cudnnkit expects")
+    return d[-n:]
+
+
+# --------------------------------------------------------------------- data descriptors
+
+
+def _set_rnn_data(ptr: int, dtype: str, layout: str, T: int, N: int, vec: int, lengths: tuple[int, ...],
+                  fill: float) -> None:
+    fill_buf = np.array([fill], dtype=np.float16 if dtype == "float16" else np.dtype(dtype)).tobytes()
+    lib.cudnnSetRNNDataDescriptor(ptr, cudnn_dtype(dtype), _LAYOUTS[layout], T, N, vec, (ctypes.c_int * N)(*lengths),
+                                  ctypes.create_string_buffer(fill_buf, len(fill_buf)))
+
+
+#: ``cudnnRNNDataDescriptor_t`` keyed by (dtype, layout, T, N, vector size, lengths, padding fill)
+RNN_DATA = DescriptorKind("rnn_data", "cudnnCreateRNNDataDescriptor", "cudnnDestroyRNNDataDescriptor", _set_rnn_data)
+
+
+class _Seq(NamedTuple):
+    T: int
+    N: int
+    lengths: tuple[int, ...]
+    values: np.ndarray
+
+
+def _seq_lengths(layout: str, vx: ArrayView, seq_lengths: Any, input_size: int) -> _Seq:
+    """T, N and the per-sample lengths, checked against x's shape and layout."""
+    want = {"seq_major": "(T, N, input_size)", "batch_major": "(N, T, input_size)",
+            "packed": "(sum(seq_lengths), input_size)"}[layout]
+    if vx.ndim != (2 if layout == "packed" else 3):
+        raise ValueError(f"x must be {want} for layout={layout!r}, got shape {vx.shape}")
+    if vx.shape[-1] != input_size:
+        raise ValueError(f"x has feature size {vx.shape[-1]} but the RNN's input_size is {input_size}")
+    if seq_lengths is None:
+        if layout == "packed":
+            raise ValueError("layout='packed' needs seq_lengths (the batch's lengths, in decreasing order)")
+        T, N = (vx.shape[0], vx.shape[1]) if layout == "seq_major" else (vx.shape[1], vx.shape[0])
+        values = np.full(N, T, np.int32)
+    else:
+        try:
+            a = np.asarray(seq_lengths)
+        except Exception as e:
+            raise TypeError(f"seq_lengths must be a host sequence or NumPy array of ints, got "
+                            f"{type(seq_lengths).__name__}") from e
+        if a.dtype.kind not in "iu" or a.ndim != 1:
+            raise TypeError(f"seq_lengths must be a 1-d host array of ints, got {a.dtype} {a.shape} (pass the device "
+                            f"copy as dev_seq_lengths=)")
+        values = a.astype(np.int64)
+        N = values.shape[0]
+        if layout == "packed":
+            T = int(values.max()) if N else 0
+            if vx.shape[0] != int(values.sum()):
+                raise ValueError(f"packed x has {vx.shape[0]} rows but sum(seq_lengths) is {int(values.sum())}")
+            if N and np.any(np.diff(values) > 0):
+                raise ValueError("layout='packed' needs seq_lengths in decreasing order (sort the batch by length, "
+                                 "as torch.nn.utils.rnn.pack_padded_sequence does)")
+        else:
+            T, n = (vx.shape[0], vx.shape[1]) if layout == "seq_major" else (vx.shape[1], vx.shape[0])
+            if n != N:
+                raise ValueError(f"seq_lengths has {N} values but x has a batch of {n}")
+        bad = np.flatnonzero((values < 1) | (values > T))
+        if bad.size:
+            raise ValueError(f"seq_lengths[{bad[0]}] is {values[bad[0]]}; each length must be in [1, T={T}]")
+        values = values.astype(np.int32)
+    if N == 0 or T == 0:
+        raise ValueError(f"x has shape {vx.shape}: an RNN needs at least one sample and one time step")
+    return _Seq(T, N, tuple(values.tolist()), values)
+
+
+def _seq_shape(layout: str, seq: _Seq, vec: int) -> tuple[int, ...]:
+    if layout == "packed":
+        return (int(seq.values.sum()), vec)
+    return (seq.T, seq.N, vec) if layout == "seq_major" else (seq.N, seq.T, vec)
+
+
+def _check_weights(vw: ArrayView, b: _Built, name: str) -> None:
+    rnn = b.rnn
+    if vw.dtype != rnn.dtype:
+        raise TypeError(f"{name} has dtype {vw.dtype} but the RNN's dtype is {rnn.dtype}")
+    if vw.ndim != 1 or not vw.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-d array (the flat weight space), got shape {vw.shape} "
+                         f"strides {vw.strides}")
+    if vw.shape[0] * itemsize(vw.dtype) < b.weight_bytes:
+        raise ValueError(f"{name} has {vw.shape[0]} elements but this RNN's weight space needs "
+                         f"{b.weight_bytes // itemsize(rnn.dtype)} (RNN.weight_count)")
+
+
+def _state(launch: Any, arr: Any, v: ArrayView | None, shape: tuple[int, ...], dtype: str, name: str):
+    """A given hx/cx/dhy/dcy (checked; copied if not C-contiguous) as (array, pointer); (None, None) if absent."""
+    if v is None:
+        return None, None
+    if v.dtype != dtype:
+        raise TypeError(f"{name} has dtype {v.dtype} but the RNN's dtype is {dtype}")
+    if v.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {v.shape}")
+    if not v.is_contiguous():
+        arr, v = launch.contiguous(arr, v, name)
+    return arr, v.ptr
+
+
+def _resolve(rnn: Any, layout: str) -> None:
+    if not isinstance(rnn, RNN):
+        raise TypeError(f"rnn must be a cudnnkit.ops.RNN config, got {type(rnn).__name__}")
+    _choice(layout, _LAYOUTS, "layout")
+    if layout != "packed" and rnn.padded_io is False:
+        raise ValueError(f"layout={layout!r} (unpacked) needs padded I/O (CUDNN_RNN_PADDED_IO_ENABLED): an RNN with "
+                         "padded_io=None or True; padded_io=False allows layout='packed' only")
+
+
+_LENGTHS_MAX = 64
+_lengths: OrderedDict[tuple, Any] = OrderedDict()
+register_cache(lambda: _lengths.clear())
+
+
+def _dev_lengths(launch: Any, seq: _Seq, v: ArrayView | None, arr: Any) -> tuple[Any, int]:
+    """cuDNN's device copy of the lengths, as (owner, ``int32_t *``): the given int32 array (checked to be N
+    contiguous ints) or a cached upload (a host-to-device copy from pageable memory waits for the stream, so it is
+    made once per lengths, library, device and stream, and never written again)."""
+    if v is None:
+        key = (launch.adapter.name if launch.adapter is not None else None, launch.device, launch.stream, seq.lengths)
+        with _lock:
+            hit = _lengths.get(key)
+            if hit is not None:
+                _lengths.move_to_end(key)
+        if hit is None:
+            hit = launch.upload(seq.values, "seq_lengths")
+            with _lock:
+                _lengths[key] = hit
+                while len(_lengths) > _LENGTHS_MAX:
+                    _lengths.popitem(last=False)
+        arr, ptr = hit
+    elif v.dtype != "int32" or v.shape != (seq.N,) or not v.is_contiguous():
+        raise ValueError(f"dev_seq_lengths must be a contiguous int32 device array of {seq.N} values (the device copy "
+                         f"of seq_lengths), got {v.dtype} {v.shape}")
+    else:
+        ptr = v.ptr
+    return arr, ctypes.cast(ptr, _INT32_P)
+
+
+class _Reserves:
+    """Reserve spaces that a training forward made and no backward has used yet, by (device, pointer).
+
+    ``cudnnRNNBackwardData_v8`` overwrites the reserve space (measured: a second backward from the same reserve gives
+    different, wrong gradients), so each training forward allows one backward unless it keeps the reserve."""
+
+    def __init__(self, maxsize: int = 4096):
+        self._d: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._lock = threading.Lock()
+        self.maxsize = maxsize
+
+    def add(self, device: int, ptr: int, nbytes: int) -> None:
+        with self._lock:
+            self._d[(device, ptr)] = nbytes
+            self._d.move_to_end((device, ptr))
+            while len(self._d) > self.maxsize:
+                self._d.popitem(last=False)
+
+    def fresh(self, device: int, ptr: int, nbytes: int) -> bool:
+        with self._lock:
+            return self._d.get((device, ptr)) == nbytes
+
+    def take(self, device: int, ptr: int) -> None:
+        with self._lock:
+            self._d.pop((device, ptr), None)
+
+
+_reserves = _Reserves()
+
+
+def _dual(rnn: RNN, layout: str, seq: _Seq, fill: float) -> tuple[bool, Any, Any]:
+    """(padded I/O or not, the x and y RNN data descriptors) for a call; see ``RNN.padded_io``."""
+    packed_in_memory = layout == "packed" or (layout == "seq_major" and seq.values.min() == seq.T)
+    padded = rnn.padded_io is True or (rnn.padded_io is None and not packed_in_memory)
+    data = layout if padded or layout == "packed" else "packed"
+    xd = get_cached(RNN_DATA, (rnn.dtype, data, seq.T, seq.N, rnn.input_size, seq.lengths, float(fill)))
+    yd = get_cached(RNN_DATA, (rnn.dtype, data, seq.T, seq.N, rnn.num_directions * rnn.output_size, seq.lengths,
+                               float(fill)))
+    return padded, xd, yd
+
+
+def _hc_descs(rnn: RNN, N: int):
+    hs, cs = rnn.hidden_shape(N), rnn.cell_shape(N)
+    return (tensor_descriptor(rnn.dtype, hs, contiguous_strides(hs), min_dims=3),
+            tensor_descriptor(rnn.dtype, cs, contiguous_strides(cs), min_dims=3))
+
+
+def _input(launch: Any, arr: Any, v: ArrayView, rnn: RNN, name: str) -> tuple[Any, ArrayView]:
+    if v.dtype != rnn.dtype:
+        raise TypeError(f"{name} has dtype {v.dtype} but the RNN's dtype is {rnn.dtype}")
+    if not v.is_contiguous():
+        arr, v = launch.contiguous(arr, v, name)
+    return arr, v
+
+
+def rnn_forward(
+    x: Any,
+    w: Any,
+    hx: Any = None,
+    cx: Any = None,
+    *,
+    rnn: RNN,
+    training: bool = False,
+    layout: str = "seq_major",
+    seq_lengths: Any = None,
+    dev_seq_lengths: Any = None,
+    padding_fill: float = 0.0,
+    y_out: Any = None,
+    stream: Any = None,
+) -> tuple[Any, ...]:
+    """Run the RNN over ``x``: ``(y, hy, cy)``, and with ``training=True`` ``(y, hy, cy, reserve)``.
+
+    Shapes as in the module docstring; ``cy`` is ``None`` for cells other
+    than LSTM. ``hx``/``cx`` ``None`` start from zeros. ``seq_lengths``: host
+    ints (N,), each in ``[1, T]`` (default: all ``T``; required and
+    decreasing for ``layout="packed"``); cuDNN also needs them on the device:
+    ``dev_seq_lengths`` (int32, N) if given, else they are copied on the
+    launch stream. Padded steps of ``y`` (unpacked layouts) get
+    ``padding_fill``; ``hy``/``cy`` hold each sample's state after its own
+    last step. ``reserve`` (uint8) is what :func:`rnn_backward` needs;
+    training applies ``rnn.dropout`` between layers. Non-contiguous inputs are
+    copied. ``cudnnRNNForward`` (after ``cudnnBuildRNNDynamic`` for
+    ``algo="persist_dynamic"``).
+    """
+    _resolve(rnn, layout)
+    if not isinstance(training, bool):
+        raise TypeError(f"training must be a bool, got {training!r}")
+    launch, (vx, vw, vhx, vcx, vdl) = prepare(("x", x), ("w", w), ("hx", hx), ("cx", cx),
+                                              ("dev_seq_lengths", dev_seq_lengths), stream=stream)
+    x, vx = _input(launch, x, vx, rnn, "x")
+    seq = _seq_lengths(layout, vx, seq_lengths, rnn.input_size)
+    if cx is not None and rnn.cell != "lstm":
+        raise ValueError(f"cx is the LSTM cell state; a {rnn.cell} RNN has none")
+    hx, hx_ptr = _state(launch, hx, vhx, rnn.hidden_shape(seq.N), rnn.dtype, "hx")
+    cx, cx_ptr = _state(launch, cx, vcx, rnn.cell_shape(seq.N), rnn.dtype, "cx")
+    b = rnn._built(launch, x)
+    _check_weights(vw, b, "w")
+    y, vy = launch.output(y_out, _seq_shape(layout, seq, rnn.num_directions * rnn.output_size), rnn.dtype,
+                          name="y_out")
+    if y_out is not None and not vy.is_contiguous():
+        raise ValueError(f"y_out must be C-contiguous, got strides {vy.strides}")
+    hy, vhy = launch.empty(rnn.hidden_shape(seq.N), rnn.dtype, name="hy")
+    cy, vcy = (None, None) if rnn.cell != "lstm" else launch.empty(rnn.cell_shape(seq.N), rnn.dtype, name="cy")
+    lengths, lengths_ptr = _dev_lengths(launch, seq, vdl, dev_seq_lengths)
+    padded, xd, yd = _dual(rnn, layout, seq, padding_fill)
+    hd, cd = _hc_descs(rnn, seq.N)
+    with launch.on_device():
+        handle = launch.handle
+        desc = b.prepare_call(launch, padded, seq.N)
+        ws_bytes, rs_bytes = b.temp_sizes(launch, padded, training, xd)
+        ws, ws_ptr = launch.workspace(ws_bytes)
+        reserve, rs_ptr = None, 0
+        if training:
+            reserve, vr = launch.empty((rs_bytes,), "uint8", name="reserve")
+            rs_ptr = vr.ptr
+            _reserves.add(launch.device, rs_ptr, rs_bytes)
+        lib.cudnnRNNForward(
+            handle, desc, lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE,
+            lengths_ptr, xd, vx.ptr, yd, vy.ptr, hd, hx_ptr, vhy.ptr, cd, cx_ptr,
+            None if vcy is None else vcy.ptr, b.weight_bytes, vw.ptr, ws_bytes, ws_ptr, rs_bytes, rs_ptr,
+        )
+    del ws, lengths
+    return (y, hy, cy, reserve) if training else (y, hy, cy)
+
+
+def rnn_backward(
+    x: Any,
+    y: Any,
+    dy: Any,
+    w: Any,
+    reserve: Any,
+    hx: Any = None,
+    cx: Any = None,
+    dhy: Any = None,
+    dcy: Any = None,
+    *,
+    rnn: RNN,
+    layout: str = "seq_major",
+    seq_lengths: Any = None,
+    dev_seq_lengths: Any = None,
+    dw: Any = None,
+    accumulate: bool = False,
+    keep_reserve: bool = False,
+    stream: Any = None,
+) -> tuple[Any, Any, Any, Any]:
+    """Gradients of a training :func:`rnn_forward`: ``(dx, dhx, dcx, dw)``.
+
+    ``x``, ``w``, ``hx``, ``cx``, ``layout`` and ``seq_lengths`` must be the
+    forward's, and ``y`` and ``reserve`` what it returned; ``dy`` is the
+    gradient of ``y`` (shape of ``y``), ``dhy``/``dcy`` of ``hy``/``cy``
+    (``None``: zero). ``dhx``/``dcx`` are ``None`` where ``hx``/``cx`` were
+    not given. ``dw`` (flat, like ``w``): a new zeroed buffer receives the
+    weight gradient; a given ``dw`` is zeroed too unless ``accumulate=True``,
+    which adds to it. Makes ``cudnnRNNBackwardData_v8`` and then
+    ``cudnnRNNBackwardWeights_v8`` (``CUDNN_WGRAD_MODE_ADD``), in that order,
+    with one workspace; the reserve space is updated by the first and read by
+    the second. Since cuDNN overwrites it, a reserve allows one backward:
+    a second raises ``ValueError``, unless the first passed
+    ``keep_reserve=True`` (the backward then works on a copy of the reserve).
+    """
+    _resolve(rnn, layout)
+    for name, flag in (("accumulate", accumulate), ("keep_reserve", keep_reserve)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if accumulate and dw is None:
+        raise ValueError("accumulate=True adds into an existing weight gradient: pass dw=")
+    launch, (vx, vy, vdy, vw, vr, vhx, vcx, vdhy, vdcy, vdl) = prepare(
+        ("x", x), ("y", y), ("dy", dy), ("w", w), ("reserve", reserve), ("hx", hx), ("cx", cx), ("dhy", dhy),
+        ("dcy", dcy), ("dev_seq_lengths", dev_seq_lengths), stream=stream)
+    x, vx = _input(launch, x, vx, rnn, "x")
+    seq = _seq_lengths(layout, vx, seq_lengths, rnn.input_size)
+    yshape = _seq_shape(layout, seq, rnn.num_directions * rnn.output_size)
+    for name, v in (("y", vy), ("dy", vdy)):
+        if v.shape != yshape:
+            raise ValueError(f"{name} must have the forward output's shape {yshape}, got {v.shape}")
+    y, vy = _input(launch, y, vy, rnn, "y")
+    dy, vdy = _input(launch, dy, vdy, rnn, "dy")
+    if rnn.cell != "lstm" and (cx is not None or dcy is not None):
+        raise ValueError(f"cx/dcy are the LSTM cell state's; a {rnn.cell} RNN has none")
+    hx, hx_ptr = _state(launch, hx, vhx, rnn.hidden_shape(seq.N), rnn.dtype, "hx")
+    cx, cx_ptr = _state(launch, cx, vcx, rnn.cell_shape(seq.N), rnn.dtype, "cx")
+    dhy, dhy_ptr = _state(launch, dhy, vdhy, rnn.hidden_shape(seq.N), rnn.dtype, "dhy")
+    dcy, dcy_ptr = _state(launch, dcy, vdcy, rnn.cell_shape(seq.N), rnn.dtype, "dcy")
+    b = rnn._built(launch, x)
+    _check_weights(vw, b, "w")
+    padded, xd, yd = _dual(rnn, layout, seq, 0.0)
+    ws_bytes, rs_bytes = b.temp_sizes(launch, padded, True, xd)
+    if vr.dtype != "uint8" or vr.shape != (rs_bytes,) or not vr.is_contiguous():
+        raise ValueError(f"reserve must be the uint8 array of {rs_bytes} bytes a training rnn_forward returned for "
+                         f"these shapes, got {vr.dtype} {vr.shape}")
+    if not _reserves.fresh(launch.device, vr.ptr, rs_bytes):
+        raise ValueError("reserve has been used by an rnn_backward already (cuDNN's backward overwrites the reserve "
+                         "space) or does not come from a training rnn_forward: run the training forward again, or "
+                         "pass keep_reserve=True to every backward but the last")
+    if dw is not None:
+        vdw = as_view(dw, "dw")
+        _check_weights(vdw, b, "dw")
+        if vdw.readonly:
+            raise ValueError("dw is read-only")
+        if vdw.device != launch.device:
+            raise ValueError(f"dw is on cuda:{vdw.device} but the inputs are on cuda:{launch.device}")
+    else:
+        dw, vdw = launch.empty((vw.shape[0],), rnn.dtype, name="dw")
+    dx, vdx = launch.empty(vx.shape, rnn.dtype, name="dx")
+    dhx, vdhx = (None, None) if hx is None else launch.empty(rnn.hidden_shape(seq.N), rnn.dtype, name="dhx")
+    dcx, vdcx = (None, None) if cx is None else launch.empty(rnn.cell_shape(seq.N), rnn.dtype, name="dcx")
+    lengths, lengths_ptr = _dev_lengths(launch, seq, vdl, dev_seq_lengths)
+    hd, cd = _hc_descs(rnn, seq.N)
+    if not accumulate:
+        set_tensor(dw, 0.0, stream=launch.stream)
+    rs_ptr, kept = vr.ptr, None
+    if keep_reserve:
+        kept, vk = launch.empty((rs_bytes,), "uint8", name="reserve")
+        launch.adapter.copy(kept, reserve, launch.stream)
+        rs_ptr = vk.ptr
+    else:
+        _reserves.take(launch.device, vr.ptr)
+    with launch.on_device():
+        handle = launch.handle
+        desc = b.prepare_call(launch, padded, seq.N)
+        ws, ws_ptr = launch.workspace(ws_bytes)
+        lib.cudnnRNNBackwardData_v8(
+            handle, desc, lengths_ptr, yd, vy.ptr, vdy.ptr, xd, vdx.ptr, hd, hx_ptr, dhy_ptr,
+            None if vdhx is None else vdhx.ptr, cd, cx_ptr, dcy_ptr, None if vdcx is None else vdcx.ptr,
+            b.weight_bytes, vw.ptr, ws_bytes, ws_ptr, rs_bytes, rs_ptr,
+        )
+        lib.cudnnRNNBackwardWeights_v8(
+            handle, desc, lib.CUDNN_WGRAD_MODE_ADD, lengths_ptr, xd, vx.ptr, hd, hx_ptr, yd, vy.ptr,
+            b.weight_bytes, vdw.ptr, ws_bytes, ws_ptr, rs_bytes, rs_ptr,
+        )
+    del ws, lengths, kept
+    return dx, dhx, dcx, dw
+
+
+# --------------------------------------------------------------------- torch parameter layout
+
+
+def torch_param_names(rnn: RNN) -> list[str]:
+    """The parameter names ``torch.nn.LSTM``/``GRU``/``RNN`` give this config, in torch's order."""
+    _torch_compatible(rnn)
+    names = []
+    for layer in range(rnn.num_layers):
+        for d in range(rnn.num_directions):
+            s = f"_l{layer}" + ("_reverse" if d else "")
+            names += [f"weight_ih{s}", f"weight_hh{s}"]
+            if rnn.bias_mode == "double":
+                names += [f"bias_ih{s}", f"bias_hh{s}"]
+            if rnn.proj_size:
+                names.append(f"weight_hr{s}")
+    return names
+
+
+def _torch_compatible(rnn: RNN) -> None:
+    if not isinstance(rnn, RNN):
+        raise TypeError(f"rnn must be a cudnnkit.ops.RNN config, got {type(rnn).__name__}")
+    if rnn.input_mode != "linear":
+        raise ValueError("torch's RNN modules have no skip-input mode: input_mode must be 'linear'")
+    if rnn.bias_mode not in ("double", "none"):
+        raise ValueError(f"torch's RNN modules have bias_ih and bias_hh together (bias=True, bias_mode='double') or "
+                         f"neither (bias_mode='none'); bias_mode={rnn.bias_mode!r} has no torch equivalent")
+
+
+def _torch_pieces(rnn: RNN, p: LinearParams, ngates: int) -> list[tuple[str, Any, int]]:
+    """(torch name, this piece's view, row offset in the torch tensor) for one linear id."""
+    s = f"_l{p.layer}" + ("_reverse" if p.direction else "")
+    if p.gate == "P":
+        return [(f"weight_hr{s}", p.matrix, 0)]
+    side = "ih" if p.gate.startswith("W") else "hh"
+    g = p.lin_id % ngates
+    rows = rnn.hidden_size * g
+    out = [(f"weight_{side}{s}", p.matrix, rows)]
+    if p.bias is not None:
+        out.append((f"bias_{side}{s}", p.bias, rows))
+    return out
+
+
+def _torch_layout(rnn: RNN, w: Any, stream: Any) -> list[tuple[str, Any, int]]:
+    _torch_compatible(rnn)
+    ngates = {"lstm": 4, "gru": 3, "relu": 1, "tanh": 1}[rnn.cell]
+    return [piece for row in rnn.weight_params(w, stream=stream) for p in row for piece in _torch_pieces(rnn, p, ngates)]
+
+
+def load_torch_params(rnn: RNN, params: Mapping[str, Any], w: Any = None, *, like: Any = None,
+                      stream: Any = None) -> Any:
+    """Copy torch-layout parameters into a flat cuDNN weight buffer; returns ``w``.
+
+    ``params``: name -> CUDA array (e.g. ``dict(lstm.named_parameters())``
+    of a ``torch.nn.LSTM`` on the GPU, or CuPy arrays with those names and
+    shapes): ``weight_ih_l{k}[_reverse]`` ``(G*H, in)``,
+    ``weight_hh_l{k}...`` ``(G*H, P)``, ``bias_ih/bias_hh`` ``(G*H,)``,
+    ``weight_hr_l{k}...`` ``(P, H)``, gates stacked in torch's order (LSTM
+    i, f, g, o; GRU r, z, n), which is cuDNN's. ``w`` (1-d, ``rnn.dtype``)
+    is written; if ``None``, a new buffer is made like the first parameter
+    (or ``like``). Copies run on ``stream`` (default: the library's current).
+    """
+    names = torch_param_names(rnn)
+    missing = [n for n in names if n not in params]
+    extra = [n for n in params if n not in names]
+    if missing or extra:
+        raise ValueError(f"params do not match this RNN's torch layout: missing {missing}, unexpected {extra}")
+    if w is None:
+        w = rnn.new_weights(like if like is not None else params[names[0]], stream=stream)
+    launch, (vw,) = prepare(("w", w), stream=stream)
+    if launch.adapter is None:
+        raise TypeError("w must be an array of a library with a cudnnkit adapter (CuPy or torch)")
+    for name, view, row in _torch_layout(rnn, w, stream):
+        src = params[name]
+        vs = as_view(src, name)
+        rows = view.shape[0]
+        full = (vs.shape[0],) + tuple(view.shape[1:])
+        if vs.shape[0] < row + rows or tuple(vs.shape[1:]) != tuple(view.shape[1:]):
+            raise ValueError(f"{name} has shape {vs.shape}, which does not fit this RNN (a piece of {full[1:]} "
+                             f"columns at rows {row}:{row + rows})")
+        if vs.dtype != rnn.dtype:
+            raise TypeError(f"{name} has dtype {vs.dtype} but the RNN's dtype is {rnn.dtype}")
+        launch.adapter.copy(view, src[row: row + rows], launch.stream)
+    return w
+
+
+def to_torch_params(rnn: RNN, w: Any, *, stream: Any = None) -> dict[str, Any]:
+    """The parameters in torch's layout (see :func:`load_torch_params`): name -> new array of ``w``'s library.
+
+    With torch tensors, ``module.load_state_dict(to_torch_params(rnn, w), strict=False)`` (or copying
+    into each parameter) loads them into a matching ``torch.nn.LSTM``/``GRU``/``RNN``.
+    """
+    launch, (vw,) = prepare(("w", w), stream=stream)
+    if launch.adapter is None:
+        raise TypeError("w must be an array of a library with a cudnnkit adapter (CuPy or torch)")
+    pieces = _torch_layout(rnn, w, stream)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, view, row in pieces:
+        vs = tuple(view.shape)
+        prev = shapes.get(name, (0,) + vs[1:])
+        shapes[name] = (max(prev[0], row + vs[0]),) + vs[1:]
+    out = {n: launch.empty(shapes[n], rnn.dtype, name=n)[0] for n in torch_param_names(rnn)}
+    for name, view, row in pieces:
+        launch.adapter.copy(out[name][row: row + view.shape[0]], view, launch.stream)
+    return out

@@ -87,7 +87,7 @@ CASES = [
     (lambda: call(costs_out=x((N,)), grads_out=x(strides=(40, 4, 80))), ValueError,
      r"grads_out must be C-contiguous \(T, N, A\)"),
     # what is left needs an array library to copy with
-    (lambda: call(x(strides=(40, 80, 4)), **outs()), ValueError, "x is not C-contiguous and its library has no"),
+    (lambda: call(x(strides=(40, 80, 4)), **outs()), ValueError, "x is not C-contiguous .* and its library has no cudnnkit adapter"),
     (lambda: call(**outs()), TypeError, "host labels and lengths cannot be copied to the device"),
     # empty batch
     (lambda: call(x((T, 0, A)), labels=[1], ll=[], il=[], **outs(n=0)), ValueError,

@@ -107,7 +107,7 @@ CASES = [
      "beta_dgrid != 0 blends into an existing output: pass dgrid_out="),
     # layouts cuDNN cannot take, with no adapter to copy (FakeCAI has none)
     (lambda: affine_grid_forward(a(T, strides=(24, 4, 8)), size=SIZE, out=a(G)), ValueError,
-     "theta must be C-contiguous .* no adapter to copy it"),
+     "theta must be C-contiguous .* no cudnnkit adapter to copy it"),
     (lambda: affine_grid_backward(a(G, strides=(336, 28, 4, 168)), size=SIZE, out=a(T)), ValueError,
      "dgrid must be C-contiguous"),
     (lambda: grid_sample_forward(a(X), a(G, strides=(336, 28, 4, 168)), out=a(Y)), ValueError,

@@ -201,6 +201,22 @@ def _gpu_checks(ad, device: int) -> list[tuple[str, Check]]:
         assert np.isfinite(c).all() and (c > 0).all() and np.allclose(g.sum(axis=2), 0, atol=1e-5)
         return f"ctc_loss costs {np.round(c, 3).tolist()}"
 
+    def rnn() -> str:
+        r = ops.RNN("tanh", input_size=3, hidden_size=4, dtype="float64")
+        like = ad.from_numpy(np.zeros(1), device)
+        w = ad.from_numpy(rng.uniform(-0.5, 0.5, r.weight_count(like)), device)
+        (wi, wh) = r.weight_params(w)[0]
+        W, bW, R, bR = (ad.to_numpy(a) for a in (wi.matrix, wi.bias, wh.matrix, wh.bias))
+        a = rng.standard_normal((3, 2, 3))
+        y, hy, _ = ops.rnn_forward(ad.from_numpy(a, device), w, rnn=r)
+        h, ref = np.zeros((2, 4)), []
+        for t in range(3):
+            h = np.tanh(a[t] @ W.T + bW + h @ R.T + bR)
+            ref.append(h)
+        err = rel(ad.to_numpy(y), np.array(ref))
+        assert err < 1e-12 and rel(ad.to_numpy(hy)[0], h) < 1e-12, err
+        return f"rnn_forward tanh float64 over 3 steps, rel err {err:.1e}"
+
     return [
         ("handle", handle),
         ("tensor: set", set_tensor),
@@ -210,6 +226,7 @@ def _gpu_checks(ad, device: int) -> list[tuple[str, Check]]:
         ("lrn", lrn),
         ("spatial transformer", spatial_transformer),
         ("ctc loss", ctc),
+        ("rnn", rnn),
     ]
 
 

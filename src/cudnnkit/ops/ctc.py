@@ -309,11 +309,7 @@ def ctc_loss(
         return costs, grads
 
     if not vx.is_contiguous():
-        if launch.adapter is None:
-            raise ValueError("x is not C-contiguous and its library has no cudnnkit adapter to copy it")
-        _log.debug("ctc_loss: x strides %s are not C-contiguous: copying", vx.strides)
-        x = launch.adapter.contiguous(x, launch.stream)
-        vx = launch.adapter.view(x, "x")
+        x, vx = launch.contiguous(x, vx, "x")
 
     # host-side values go to the device in one int32 buffer: [label_lengths, input_lengths, labels]
     pending = [i for i in (idx_ll, idx_il, idx_lab) if i.ptr is None]

@@ -36,14 +36,11 @@ blend is ``out = y_alpha * result + y_beta * out``.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from .. import lib
 from ..runtime import DescriptorKind, check_dtype, get_cached, prepare, scaling_ref, tensor_descriptor_of
 from ..runtime.arrays import ArrayView, contiguous_strides, is_dense, like_strides
-
-_log = logging.getLogger("cudnnkit")
 
 __all__ = ["lrn_forward", "lrn_backward", "divisive_normalization_forward", "divisive_normalization_backward"]
 
@@ -166,12 +163,7 @@ def _in_layout(launch, arrays: list[tuple[str, Any, ArrayView | None]], strides:
         if v is None or v.strides == strides:
             out.append((a, v))
             continue
-        if launch.adapter is None:
-            raise ValueError(f"{name} must be laid out as {strides} for cuDNN and its library has no adapter to "
-                             "copy it")
-        _log.debug("divisive normalization: copying %s (strides %s) to C order", name, v.strides)
-        c = launch.adapter.contiguous(a, launch.stream)
-        out.append((c, launch.adapter.view(c, name)))
+        out.append(launch.contiguous(a, v, name, f"must be laid out as {strides} for cuDNN"))
     return out
 
 

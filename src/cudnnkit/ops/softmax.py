@@ -133,11 +133,7 @@ def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str)
     """``arr`` (copied to C order if its strides do not merge around the axes), its view, descriptor and 4-d shape."""
     planned = _plan(v.dtype, v.shape, v.strides, first, last)
     if planned is None:
-        if launch.adapter is None:
-            raise ValueError(f"{name}'s strides cannot be described to cuDNN and its library has no adapter to copy it")
-        _log.debug("softmax: %s strides %s cannot be merged around axes %d..%d: copying", name, v.strides, first, last)
-        arr = launch.adapter.contiguous(arr, launch.stream)
-        v = launch.adapter.view(arr, name)
+        arr, v = launch.contiguous(arr, v, name, f"has strides that do not merge around axes {first}..{last}")
         planned = _plan(v.dtype, v.shape, v.strides, first, last)
     return arr, v, planned[0], planned[1]
 

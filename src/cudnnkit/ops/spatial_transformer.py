@@ -66,7 +66,6 @@ limit before it calls this sampler).
 
 from __future__ import annotations
 
-import logging
 import math
 import operator
 from collections.abc import Sequence
@@ -79,7 +78,6 @@ from ..runtime.descriptors import INT_MAX, int_array
 
 __all__ = ["affine_grid_forward", "affine_grid_backward", "grid_sample_forward", "grid_sample_backward"]
 
-_log = logging.getLogger("cudnnkit")
 #: what cudnnSetSpatialTransformerNdDescriptor accepts (it refuses bfloat16 and the rest with BAD_PARAM)
 _FLOATS = ("float16", "float32", "float64")
 
@@ -186,13 +184,7 @@ def _packed(launch, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayView]:
     """An input cuDNN reads through a bare pointer: C-contiguous, copied if it is not."""
     if v.is_contiguous():
         return arr, v
-    if launch.adapter is None:
-        raise ValueError(
-            f"{name} must be C-contiguous (cuDNN reads it as a packed array) and its library has no adapter to copy it"
-        )
-    _log.debug("spatial transformer: %s strides %s are not C-contiguous: copying", name, v.strides)
-    arr = launch.adapter.contiguous(arr, launch.stream)
-    return arr, launch.adapter.view(arr, name)
+    return launch.contiguous(arr, v, name, "must be C-contiguous (cuDNN reads it as a packed array)")
 
 
 def _packed_out(v: ArrayView, name: str) -> None:
@@ -217,14 +209,7 @@ def _strides(v: ArrayView) -> tuple[int, ...]:
 def _described(launch, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayView, Any]:
     """An NCHW input with its own strides and its tensor descriptor; broadcast or reversed views are copied."""
     if _overlaps(v):
-        if launch.adapter is None:
-            raise ValueError(
-                f"{name} has a zero or negative stride {v.strides}, which cuDNN cannot take, "
-                "and its library has no adapter to copy it"
-            )
-        _log.debug("spatial transformer: %s strides %s have a zero or negative stride: copying", name, v.strides)
-        arr = launch.adapter.contiguous(arr, launch.stream)
-        v = launch.adapter.view(arr, name)
+        arr, v = launch.contiguous(arr, v, name, "has a zero or negative stride, which cuDNN cannot take")
     return arr, v, tensor_descriptor(v.dtype, v.shape, _strides(v))
 
 

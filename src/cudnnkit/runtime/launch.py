@@ -74,15 +74,15 @@ class Launch:
             raise ValueError(f"{name} is on cuda:{v.device} but the inputs are on cuda:{self.device}")
         return out, v
 
-    def contiguous(self, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayView]:
+    def contiguous(self, arr: Any, v: ArrayView, name: str, why: str = "is not C-contiguous") -> tuple[Any, ArrayView]:
         """A C-contiguous copy of ``arr`` made on the launch stream, for a call that cannot take its strides.
 
-        The copy is logged at debug level (logger ``cudnnkit``). Arrays of a library without an adapter
-        cannot be copied: ``ValueError`` naming the argument."""
+        ``why`` says what cuDNN needs (it goes into the debug log, logger ``cudnnkit``, and the error). Arrays of a
+        library without an adapter cannot be copied: ``ValueError`` naming the argument."""
         if self.adapter is None:
-            raise ValueError(f"{name} is not C-contiguous (strides {v.strides}) and its library has no cudnnkit "
-                             "adapter to copy it; pass a contiguous array")
-        _log.debug("%s: strides %s of shape %s are not C-contiguous: copying", name, v.strides, v.shape)
+            raise ValueError(f"{name} {why} (shape {v.shape}, strides {v.strides}) and its library has no cudnnkit "
+                             "adapter to copy it; pass a C-contiguous array")
+        _log.debug("%s %s (shape %s, strides %s): copying", name, why, v.shape, v.strides)
         arr = self.adapter.contiguous(arr, self.stream)
         return arr, self.adapter.view(arr, name)
 

@@ -45,14 +45,19 @@ def _rows(causal: bool) -> list[Row]:
             bind[g.mark_output(r.stats)] = stats
         return g.build().bind(bind)
 
-    infer, train = forward_plan(False), forward_plan(True)
-    gb = Graph(name=f"sdpa bwd causal={causal}")
-    tq, tk, tv, to, tdo = (gb.tensor_like(t) for t in (q, k, v, o, do))
-    tst = gb.tensor_like(stats)
-    r = gb.sdpa_backward(tq, tk, tv, to, tdo, tst, causal=causal)
-    bwd = gb.build().bind({tq: q, tk: k, tv: v, to: o, tdo: do, tst: stats, gb.mark_output(r.dq): dq,
-                           gb.mark_output(r.dk): dk, gb.mark_output(r.dv): dv})
-    train()  # o and stats for the backward
+    def backward_plan():
+        gb = Graph(name=f"sdpa bwd causal={causal}")
+        tq, tk, tv, to, tdo = (gb.tensor_like(t) for t in (q, k, v, o, do))
+        tst = gb.tensor_like(stats)
+        r = gb.sdpa_backward(tq, tk, tv, to, tdo, tst, causal=causal)
+        return gb.build().bind({tq: q, tk: k, tv: v, to: o, tdo: do, tst: stats, gb.mark_output(r.dq): dq,
+                                gb.mark_output(r.dk): dk, gb.mark_output(r.dv): dv})
+
+    infer, train, bwd = _or_error(forward_plan, False), _or_error(forward_plan, True), _or_error(backward_plan)
+    try:
+        train()  # o and stats for the backward
+    except Exception:  # recorded on the row that uses it
+        pass
 
     def ours_train():
         train()
@@ -78,7 +83,20 @@ def _rows(causal: bool) -> list[Row]:
         rows.append(Row(FAMILY, f"sdpa fwd+bwd{tag} vs torch-{bname}", shape, "bfloat16", ours=ours_train,
                         torch=lambda be=backend: torch_train(be), flops=3.5 * fwd_flops))
     if not causal:  # cuDNN 9.19's single SDPA_FWD operation takes no mask
-        unified = forward_plan(False, "unified")
+        unified = _or_error(forward_plan, False, "unified")
         rows.append(Row(FAMILY, "sdpa fwd (SDPA_FWD op) vs torch-cudnn", shape, "bfloat16", ours=unified,
                         torch=lambda: torch_fwd(SDPBackend.CUDNN_ATTENTION), flops=fwd_flops))
     return rows
+
+
+def _or_error(make, *args):
+    """``make(*args)``, or a callable that raises its error, so one unsupported plan fails only its rows."""
+    try:
+        return make(*args)
+    except Exception as exc:
+        err = exc
+
+        def fail():
+            raise err
+
+        return fail

@@ -999,7 +999,9 @@ class Graph:
         tensors. Returns ``o`` ``(B, H, Sq, Dv)`` (q's dtype, ``o_strides`` or
         q's layout) and, with ``stats``, the float32 softmax log-sum-exp
         ``(B, H, Sq, 1)`` that :meth:`sdpa_backward` needs; both virtual until
-        marked.
+        marked. Without ``stats`` the statistics are still written, to a
+        :meth:`scratch` tensor: cuDNN 9.19 on an H200 has no engine for the
+        pattern without them.
 
         ``implementation="composite"`` (default) builds cuDNN's fused-attention
         pattern from primitive nodes: ``OPERATION_MATMUL`` (q @ k^T, with k
@@ -1015,11 +1017,16 @@ class Graph:
         odims = (b, h, sq, dv)
         o = self.tensor(odims, _dense_like(odims, q.strides) if o_strides is None else o_strides, q.dtype,
                         virtual=True, name=name or "o")
-        st = self._vt((b, h, sq, 1), "float32", (name + "_" if name else "") + "stats") if stats else None
+        st = self._vt((b, h, sq, 1), "float32", (name + "_" if name else "") + "stats")
+        if not stats:
+            # cuDNN 9.19 on an H200 offers no engine for the pattern without statistics (measured): they go to
+            # a scratch tensor the executor allocates
+            st = Tensor(st.uid, st.dims, st.strides, st.dtype, False, False, st.name, self._id)
+            self._tensors[st.uid] = st
+            self._scratch.add(st.uid)
         if implementation == "unified":
-            outs = {"o": o, **({"stats": st} if st is not None else {})}
-            self._add("sdpa_fwd", {}, {"q": q, "k": k, "v": v, "scale": sc}, outs)
-            return SdpaForward(o, st)
+            self._add("sdpa_fwd", {}, {"q": q, "k": k, "v": v, "scale": sc}, {"o": o, "stats": st})
+            return SdpaForward(o, st if stats else None)
         self._describe_as(k, (b, hk, d, skv), (k.strides[0], k.strides[1], k.strides[3], k.strides[2]), "k")
         s = self._mm(q, k, (b, h, sq, skv), name="qk")
         self._view_nodes.add(len(self._nodes) - 1)
@@ -1028,8 +1035,7 @@ class Graph:
         mx = self._red(s, (b, h, sq, 1), mode="max", name="row_max")
         e = self._pw("EXP", self._pw("SUB", s, mx, name="minus_max"), name="exp")
         sm = self._red(e, (b, h, sq, 1), name="row_sum")
-        if st is not None:
-            self._pw("ADD", mx, self._pw("LOG", sm, name="log_sum"), out=st)
+        self._pw("ADD", mx, self._pw("LOG", sm, name="log_sum"), out=st)
         pr = self._pw("DIV", e, sm, name="probs")
         if p:
             pr = self._pw("MUL", pr, self._dropout_mask((b, h, sq, skv), p, seed, offset), name="dropped")
@@ -1038,7 +1044,7 @@ class Graph:
         else:
             pr = self._retype(pr, q.dtype)
         self._mm(pr, v, odims, out=o)
-        return SdpaForward(o, st)
+        return SdpaForward(o, st if stats else None)
 
     def _retype(self, t: Tensor, dtype: str) -> Tensor:
         """The last internal virtual tensor ``t`` with another dtype (the matmul after it reads that type)."""

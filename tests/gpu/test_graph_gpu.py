@@ -361,6 +361,16 @@ def test_autotune_times_candidates_and_caches_the_fastest(xp):
     assert rel(host(xp, yd), conv_ref(seen(xa, "bfloat16"), seen(wa, "bfloat16"), 1, 1)) < TOL["bfloat16"]
 
 
+def test_exhaustive_setting_autotunes_on_the_first_execute(xp):
+    xa, wa = randn((4, 16, 20, 20)), randn((16, 16, 3, 3), 0.2)
+    g, x, w, y, xd, wd = conv_graph(xa, wa, "float16", "nhwc", 1, 1, xp)
+    yd = nan_out(xp, y)
+    with cudnnkit.settings(autotune="exhaustive"):
+        plan = g.execute({x: xd, w: wd, y: yd})
+        assert plan.timings and g.execute({x: xd, w: wd, y: yd}) is plan  # timed once, then cached
+    assert rel(host(xp, yd), conv_ref(seen(xa, "float16"), seen(wa, "float16"), 1, 1)) < TOL["float16"]
+
+
 def test_unsupported_error_lists_engines_and_reasons(xp):
     xa, wa = randn((2, 8, 10, 10)), randn((16, 8, 3, 3), 0.3)
     g, *_ = conv_graph(xa, wa, "float16", "nhwc", 1, 1, xp)

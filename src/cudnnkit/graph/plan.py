@@ -481,7 +481,8 @@ class PlanSpec:
                     raise BindingError(f"{label}: dtype {view.dtype}, the plan expects {spec.dtype}")
                 if view.shape != spec.dims:
                     raise BindingError(f"{label}: shape {view.shape}, the plan expects {spec.dims}")
-                if any(a != b for d, a, b in zip(spec.dims, view.strides, spec.strides) if d != 1):
+                if view.strides != spec.strides and any(
+                        a != b for d, a, b in zip(spec.dims, view.strides, spec.strides) if d != 1):
                     raise BindingError(f"{label}: strides {view.strides}, the plan expects {spec.strides} "
                                        "(make the array match, e.g. channels-last, or define the graph from it)")
                 if view.device != self.device:
@@ -525,7 +526,6 @@ class ExecutionPlan:
         self._max_packs = 64
         self._buffers: OrderedDict[tuple, dict[Any, tuple[Any, int]]] = OrderedDict()
         self._lock = threading.Lock()
-        self._execute_fn = lib.function("cudnnBackendExecute")
 
     # ------------------------------------------------------------- properties
 
@@ -649,11 +649,13 @@ class ExecutionPlan:
         r, s, adapter, ws, _owners = self._prepare(bindings, stream, workspace)
         vp = self._variant_pack(r.ptrs, ws, r.scalars, r.keep)
         handle = get_handle(self.device, s, adapter)
-        if adapter is not None and adapter.current_device() != self.device:
+        if _multi_device(adapter) and adapter.current_device() != self.device:
             with adapter.device_guard(self.device):
-                self._execute_fn(handle.ptr, self.ptr, vp.ptr)
+                status = _raw_execute()(handle.ptr, self.ptr, vp.ptr)
         else:
-            self._execute_fn(handle.ptr, self.ptr, vp.ptr)
+            status = _raw_execute()(handle.ptr, self.ptr, vp.ptr)
+        if status:
+            raise lib.errors.error_for(status, "cudnnBackendExecute")
 
     def bind(self, bindings: Mapping[Any, Any], *, workspace: Any = None, stream: Any = None) -> BoundPlan:
         """Check ``bindings`` once and build their variant pack: the returned :class:`BoundPlan` executes
@@ -661,9 +663,8 @@ class ExecutionPlan:
         r, s, adapter, ws, owners = self._prepare(bindings, stream, workspace)
         vp = _new_variant_pack(self.spec.uids, r.ptrs, ws, r.keep)
         owners += [v.owner for v in r.views]
-        multi = adapter is not None and adapter.device_count() > 1
         _raw_execute()
-        return BoundPlan(self, vp, owners, adapter, None if stream is None else s, multi)
+        return BoundPlan(self, vp, owners, adapter, None if stream is None else s, _multi_device(adapter))
 
     # ------------------------------------------------------------- CUDA graphs
 
@@ -781,6 +782,18 @@ class BoundPlan:
 
 
 _RAW_EXECUTE: list[Any] = []
+_DEVICE_COUNTS: dict[str, int] = {}
+
+
+def _multi_device(adapter: Any) -> bool:
+    """Whether ``adapter``'s library sees more than one device (asked once): only then can the current
+    device differ from a plan's, and only then does execution check it."""
+    if adapter is None:
+        return False
+    n = _DEVICE_COUNTS.get(adapter.name)
+    if n is None:
+        n = _DEVICE_COUNTS[adapter.name] = adapter.device_count()
+    return n > 1
 
 
 def _raw_execute() -> Any:

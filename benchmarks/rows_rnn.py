@@ -23,7 +23,7 @@ from __future__ import annotations
 from .harness import Row, register
 
 FAMILY = "rnn"
-T, N, I, H, LAYERS = 100, 64, 512, 512, 2
+T, N, IN, H, LAYERS = 100, 64, 512, 512, 2
 
 
 def _flops(cell: str, t: int, n: int, i: int, h: int, layers: int, dirs: int) -> float:
@@ -73,11 +73,11 @@ def _case(cell: str, dtype: str, t: int, n: int, i: int, h: int, layers: int, bi
 @register
 def rnn_rows() -> list[Row]:
     rows: list[Row] = []
-    shape = f"T{T} N{N} I{I} H{H} L{LAYERS} bidir"
+    shape = f"T{T} N{N} I{IN} H{H} L{LAYERS} bidir"
     for cell in ("lstm", "gru", "tanh"):
         for dtype in ("float32", "float16"):
-            of, ofb, tf, tfb = _case(cell, dtype, T, N, I, H, LAYERS, True)
-            fl = _flops(cell, T, N, I, H, LAYERS, 2)
+            of, ofb, tf, tfb = _case(cell, dtype, T, N, IN, H, LAYERS, True)
+            fl = _flops(cell, T, N, IN, H, LAYERS, 2)
             name = {"lstm": "LSTM", "gru": "GRU", "tanh": "RNN tanh"}[cell]
             rows.append(Row(FAMILY, f"{name} fwd (inference)", shape, dtype, ours=of, torch=tf, flops=fl))
             rows.append(Row(FAMILY, f"{name} fwd+bwd", shape, dtype, ours=ofb, torch=tfb, flops=3 * fl))

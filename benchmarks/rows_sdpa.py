@@ -50,8 +50,9 @@ def _rows(causal: bool) -> list[Row]:
         tq, tk, tv, to, tdo = (gb.tensor_like(t) for t in (q, k, v, o, do))
         tst = gb.tensor_like(stats)
         r = gb.sdpa_backward(tq, tk, tv, to, tdo, tst, causal=causal)
-        return gb.build().bind({tq: q, tk: k, tv: v, to: o, tdo: do, tst: stats, gb.mark_output(r.dq): dq,
-                                gb.mark_output(r.dk): dk, gb.mark_output(r.dv): dv})
+        bind = {tq: q, tk: k, tv: v, to: o, tdo: do, tst: stats, gb.mark_output(r.dq): dq,
+                gb.mark_output(r.dk): dk, gb.mark_output(r.dv): dv}  # outputs marked before the build
+        return gb.build().bind(bind)
 
     infer, train, bwd = _or_error(forward_plan, False), _or_error(forward_plan, True), _or_error(backward_plan)
     try:

@@ -17,7 +17,17 @@ serialization, execution with cached variant packs, a pre-bound fast path
 
 from __future__ import annotations
 
-from .graph import POINTWISE_ARITY, Graph, GraphError, Lowered, Tensor
+from .graph import (
+    POINTWISE_ARITY,
+    Graph,
+    GraphError,
+    Lowered,
+    NormBackward,
+    NormForward,
+    SdpaBackward,
+    SdpaForward,
+    Tensor,
+)
 from .plan import (
     Attempt,
     BindingError,
@@ -37,6 +47,10 @@ __all__ = [
     "GraphError",
     "Lowered",
     "Tensor",
+    "NormForward",
+    "NormBackward",
+    "SdpaForward",
+    "SdpaBackward",
     "POINTWISE_ARITY",
     "Attempt",
     "BindingError",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cudnnkit import lib
-from cudnnkit.ops.rnn import RNN, RNN_DATA, rnn_backward, rnn_descriptor, rnn_forward, torch_param_names
+from cudnnkit.ops.rnn import RNN, RNN_DATA, _fill_bytes, rnn_backward, rnn_descriptor, rnn_forward, torch_param_names
 from cudnnkit.runtime import get_cached
 
 from .test_runtime_cpu import FakeCAI
@@ -118,7 +118,7 @@ def test_unsupported_combination_says_what():
                                                ("packed", "float64", 0.0)])
 def test_rnn_data_descriptor_read_back(layout, dtype, fill):
     lengths = (5, 3, 3, 1)
-    d = get_cached(RNN_DATA, (dtype, layout, 5, 4, 7, lengths, fill))
+    d = get_cached(RNN_DATA, (dtype, layout, 5, 4, 7, lengths, _fill_bytes(dtype, fill)))
     dt, lay, T, N, vec = (ctypes.c_int() for _ in range(5))
     arr = (ctypes.c_int * 4)()
     buf = ctypes.create_string_buffer(8)
@@ -167,8 +167,11 @@ W = _fake((1000,))
      "cx has dtype float16"),
     (lambda: rnn_forward(_fake((3, 2, 4)), W, None, _fake((1, 2, 5)), rnn=RNN("gru", 4, 5)), ValueError,
      "cx is the LSTM cell state"),
-    (lambda: rnn_forward(_fake((3, 2, 4), strides=(4, 48, 8)), W, rnn=R), ValueError,
-     "x is not C-contiguous .* has no cudnnkit adapter"),
+    (lambda: rnn_forward(_fake((3, 2, 4), strides=(4, 48, 8)), W, rnn=R), TypeError,
+     "rnn_forward allocates y, hy, cy and its workspace with the inputs' library"),
+    (lambda: rnn_forward(None, W, rnn=R), TypeError, "x is required"),
+    (lambda: rnn_backward(_fake((3, 2, 4)), _fake((3, 2, 5)), _fake((3, 2, 5)), W, None, rnn=R), TypeError,
+     "reserve is required"),
     (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn="lstm"), TypeError, "rnn must be a cudnnkit.ops.RNN config"),
     (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, training=1), TypeError, "training must be a bool"),
     (lambda: rnn_backward(*[_fake((3, 2, 4))] * 2, _fake((3, 2, 5)), W, _fake((10,), "|u1"), rnn=R), ValueError,
@@ -183,10 +186,9 @@ def test_bad_input_before_gpu(call, exc, msg):
 
 # ------------------------------------------------------------------ torch layout names; the reference itself
 
-torch = pytest.importorskip("torch")
-
-
 def _module(cell, **kw):
+    torch = pytest.importorskip("torch")
+
     cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "relu": torch.nn.RNN, "tanh": torch.nn.RNN}[cell]
     if cell in ("relu", "tanh"):
         kw["nonlinearity"] = cell
@@ -196,6 +198,7 @@ def _module(cell, **kw):
 @pytest.mark.parametrize("cell,proj,bias,bidir", [("lstm", 0, True, True), ("lstm", 2, False, True),
                                                   ("gru", 0, True, False), ("tanh", 0, False, True)])
 def test_torch_param_names(cell, proj, bias, bidir):
+    pytest.importorskip("torch")
     kw = dict(input_size=3, hidden_size=4, num_layers=2, bidirectional=bidir, bias=bias)
     if proj:
         kw["proj_size"] = proj
@@ -230,6 +233,7 @@ def _params_from_torch(mod, rnn):
 @pytest.mark.parametrize("cell,proj", [("lstm", 0), ("lstm", 2), ("gru", 0), ("relu", 0), ("tanh", 0)])
 def test_reference_matches_torch_modules(cell, proj):
     """The per-step reference the GPU tests use, against torch.nn on the CPU (float64), with variable lengths."""
+    torch = pytest.importorskip("torch")
     from .rnn_reference import Reference
 
     torch.manual_seed(0)

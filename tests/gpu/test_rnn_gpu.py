@@ -98,12 +98,13 @@ def run_case(xp, rnn, *, T=5, N=3, lengths=None, layout="seq_major", with_h=True
     dyd = _dev(xp, _to_layout(dy, layout, lens), dt)
     dx, dhx, dcx, dw = rnn_backward(xd, y, dyd, w, reserve, hxd, cxd, None if dh is None else _dev(xp, dh, dt),
                                     None if dc is None else _dev(xp, dc, dt), **kw)
+    gtol = min(tol * 10, 1e-2)  # gradients: float64 1e-9, float32 2e-4, float16 1e-2 (DESIGN's upper bound)
     gdx = _from_layout(host(xp, dx), layout, lens, T)
-    assert rel(gdx[valid], rdx[valid]) < tol * 10
+    assert rel(gdx[valid], rdx[valid]) < gtol
     if with_h:
-        assert rel(host(xp, dhx), rdhx) < tol * 10
+        assert rel(host(xp, dhx), rdhx) < gtol
         if rnn.cell == "lstm":
-            assert rel(host(xp, dcx), rdcx) < tol * 10
+            assert rel(host(xp, dcx), rdcx) < gtol
     else:
         assert dhx is None and dcx is None
     got = rnn.weight_params(dw)
@@ -112,8 +113,13 @@ def run_case(xp, rnn, *, T=5, N=3, lengths=None, layout="seq_major", with_h=True
             p = got[pl][lin_id]
             for what, r, g in (("matrix", dm, p.matrix), ("bias", db, p.bias)):
                 assert (r is None) == (g is None), (pl, lin_id, what)
-                if r is not None and np.linalg.norm(r) > 0:
-                    assert rel(host(xp, g), r) < tol * 10, (pl, lin_id, p.gate, what)
+                if r is None:
+                    continue
+                got_g = host(xp, g)
+                if np.linalg.norm(r) > 0:
+                    assert rel(got_g, r) < gtol, (pl, lin_id, p.gate, what)
+                else:  # e.g. a bias whose gradient vanishes: the result must vanish too
+                    assert np.abs(got_g).max() <= gtol * max(1.0, np.abs(host(xp, dw)).max()), (pl, lin_id, what)
     return dict(y=y, w=w, dw=dw, x=xd, reserve=reserve)
 
 
@@ -348,7 +354,6 @@ def test_torch_round_trip(xp, cell, proj, bias):
     args = (h0, torch.randn(4, 3, 6, dtype=torch.float64)) if cell == "lstm" else h0
     with torch.no_grad():
         ty, th = mod(x, args)
-    th = th if cell != "lstm" else th
     y, hy, cy = rnn_forward(_dev(xp, x.numpy(), "float64"), w, _dev(xp, h0.numpy(), "float64"),
                             _dev(xp, args[1].numpy(), "float64") if cell == "lstm" else None, rnn=rnn)
     assert rel(host(xp, y), ty.numpy()) < 1e-12

@@ -87,7 +87,15 @@ from typing import Any
 import numpy as np
 
 from .. import lib
-from ..runtime import DescriptorKind, current_settings, get_cached, prepare, scaling_ref, tensor_descriptor
+from ..runtime import (
+    DescriptorKind,
+    check_choice,
+    current_settings,
+    get_cached,
+    prepare,
+    scaling_ref,
+    tensor_descriptor,
+)
 from ..runtime.arrays import ArrayView, contiguous_strides
 
 __all__ = ["ctc_loss", "MAX_LABEL_LENGTH"]
@@ -115,12 +123,6 @@ CTC_LOSS = DescriptorKind("ctc_loss", "cudnnCreateCTCLossDescriptor", "cudnnDest
 def ctc_descriptor(normalization: str = "softmax", oob_grads: str = "zero", max_label_length: int = 1) -> Any:
     """The cached CTC loss descriptor (``cudnnSetCTCLossDescriptor_v9``, float32 compute)."""
     return get_cached(CTC_LOSS, ("float32", int(_NORMS[normalization]), int(_OOB[oob_grads]), int(max_label_length)))
-
-
-def _choice(value: Any, table: dict[str, int], name: str) -> str:
-    if not isinstance(value, str) or value not in table:
-        raise ValueError(f"{name} must be one of {sorted(table)}, got {value!r}")
-    return value
 
 
 def _on_device(obj: Any) -> bool:
@@ -273,9 +275,9 @@ def ctc_loss(
     if blank != 0:
         raise ValueError(f"blank={blank}: cuDNN's CTC loss always uses label 0 as the blank; move the blank class to "
                          "index 0 of x's last axis and pass blank=0")
-    norm = _choice(normalization, _NORMS, "normalization")
-    algo = _choice(algo, _ALGOS, "algo")
-    oob = _choice(oob_grads, _OOB, "oob_grads")
+    norm = check_choice(normalization, _NORMS, "normalization")
+    algo = check_choice(algo, _ALGOS, "algo")
+    oob = check_choice(oob_grads, _OOB, "oob_grads")
     if algo == "non_deterministic" and current_settings().deterministic:
         raise ValueError("algo='non_deterministic' is not allowed under cudnnkit.settings(deterministic=True)")
     if N and (T == 0 or A == 0):

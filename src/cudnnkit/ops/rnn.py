@@ -58,6 +58,7 @@ algorithm is compiled for the batch size with ``cudnnBuildRNNDynamic``
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import threading
@@ -73,6 +74,7 @@ from ..lib.errors import NotSupportedError
 from ..runtime import (
     DescriptorKind,
     as_view,
+    check_choice,
     cudnn_dtype,
     current_settings,
     get_cached,
@@ -82,6 +84,7 @@ from ..runtime import (
     tensor_descriptor,
 )
 from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime.descriptors import int_array
 from ..runtime.dtypes import canonical, itemsize
 from .dropout import DropoutState, _check_p, _check_seed
 from .tensor import set_tensor
@@ -132,12 +135,6 @@ GATES: dict[str, tuple[str, ...]] = {
     "relu": ("W", "R"),
     "tanh": ("W", "R"),
 }
-
-
-def _choice(value: Any, table: Mapping[str, Any], name: str) -> str:
-    if not isinstance(value, str) or value not in table:
-        raise ValueError(f"{name} must be one of {sorted(table)}, got {value!r}")
-    return value
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -210,14 +207,14 @@ class RNN:
     padded_io: bool | None = None
 
     def __post_init__(self) -> None:
-        _choice(self.cell, _CELLS, "cell")
+        check_choice(self.cell, _CELLS, "cell")
         _positive_int(self.input_size, "input_size")
         _positive_int(self.hidden_size, "hidden_size")
         _positive_int(self.num_layers, "num_layers")
         if not isinstance(self.bidirectional, bool):
             raise TypeError(f"bidirectional must be a bool, got {self.bidirectional!r}")
-        _choice(self.input_mode, _INPUT_MODES, "input_mode")
-        _choice(self.bias_mode, _BIAS_MODES, "bias_mode")
+        check_choice(self.input_mode, _INPUT_MODES, "input_mode")
+        check_choice(self.bias_mode, _BIAS_MODES, "bias_mode")
         _positive_int(self.proj_size, "proj_size", 0)
         if self.proj_size:
             if self.cell != "lstm":
@@ -230,7 +227,7 @@ class RNN:
                              f"({self.input_size}) must equal hidden_size ({self.hidden_size})")
         _check_p(self.dropout)
         _check_seed(self.dropout_seed)
-        _choice(self.algo, _ALGOS, "algo")
+        check_choice(self.algo, _ALGOS, "algo")
         object.__setattr__(self, "dtype", canonical(self.dtype))
         if self.dtype not in _PRECISIONS:
             raise TypeError(f"dtype must be one of {sorted(_PRECISIONS)} (cuDNN 9 RNNs have no {self.dtype}), "
@@ -241,7 +238,7 @@ class RNN:
                 raise ValueError(f"math_precision {self.math_precision} is not supported for dtype {self.dtype}; "
                                  f"cuDNN takes {_PRECISIONS[self.dtype]}")
         if self.math_type is not None:
-            _choice(self.math_type, _MATH, "math_type")
+            check_choice(self.math_type, _MATH, "math_type")
         clip = self.cell_clip
         if clip is not None:
             if self.cell != "lstm":
@@ -301,7 +298,8 @@ class RNN:
     # --------------------------------------------------------------- per device
 
     def _built(self, launch: Any, like: Any) -> _Built:
-        key = (self, launch.device, self.resolved_math())
+        # with dropout the descriptor points at this thread's RNG states, so it is per thread too
+        key = (self, launch.device, self.resolved_math(), threading.get_ident() if self.dropout > 0 else None)
         with _lock:
             b = _built.get(key)
             if b is not None:
@@ -353,13 +351,38 @@ class RNN:
         return out
 
     def dropout_state(self, like: Any, *, stream: Any = None) -> DropoutState | None:
-        """The :class:`DropoutState` the RNN uses between layers on ``like``'s device (``None`` without dropout):
-        :meth:`DropoutState.snapshot`/``restore`` replay the masks, ``reseed`` re-seeds."""
+        """The :class:`DropoutState` the RNN uses between layers on ``like``'s device, for this thread (``None``
+        without dropout): :meth:`DropoutState.snapshot`/``restore`` replay the masks, ``reseed`` re-seeds.
+
+        One state per (config, device, thread), seeded with ``dropout_seed`` when first used and kept for the
+        life of the process (settings, descriptor-cache eviction and ``clear_caches`` do not restart it)."""
+        if self.dropout == 0:
+            return None
         launch, _ = prepare(("like", like), stream=stream)
-        return self._built(launch, like).dropout
+        return _dropout_state(self, launch, like)
+
+
+_dropout_states: dict[tuple, DropoutState] = {}
+
+
+def _dropout_state(rnn: RNN, launch: Any, like: Any) -> DropoutState:
+    key = (rnn.dropout, rnn.dropout_seed, launch.device, threading.get_ident())
+    with _lock:
+        st = _dropout_states.get(key)
+    if st is None:
+        if launch.adapter is None:
+            raise TypeError("an RNN with dropout needs arrays of a library with a cudnnkit adapter (CuPy or torch) to "
+                            "hold its RNG states")
+        st = DropoutState(like, rnn.dropout_seed, stream=launch.stream)
+        with launch.on_device():
+            st._use(rnn.dropout, launch.handle)
+        with _lock:
+            st = _dropout_states.setdefault(key, st)
+    return st
 
 
 _MAX_BUILT = 64
+_MAX_TEMP = 256
 _built: OrderedDict[tuple, _Built] = OrderedDict()
 _lock = threading.Lock()
 register_cache(lambda: _built.clear())
@@ -370,21 +393,12 @@ class _Built:
 
     def __init__(self, rnn: RNN, launch: Any, like: Any, math_mode: tuple[str, str]):
         self.rnn = rnn
-        self.lock = threading.Lock()
-        self.dropout = None
-        drop = None
-        if rnn.dropout > 0:
-            if launch.adapter is None:
-                raise TypeError("an RNN with dropout needs arrays of a library with a cudnnkit adapter (CuPy or torch) "
-                                "to hold its RNG states")
-            self.dropout = DropoutState(like, rnn.dropout_seed, stream=launch.stream)
-            with launch.on_device():
-                self.dropout._use(rnn.dropout, launch.handle)
-            drop = self.dropout.desc
-        self.math_mode, self._dropout_desc = math_mode, drop
+        self.lock = threading.RLock()
+        self.dropout = _dropout_state(rnn, launch, like) if rnn.dropout > 0 else None
+        self.math_mode = math_mode
         self._descs: dict[bool, Any] = {}
         self.dyn_batch: dict[bool, int] = {}
-        self.temp: dict[tuple, tuple[int, int]] = {}
+        self.temp: OrderedDict[tuple, tuple[int, int]] = OrderedDict()
         size = ctypes.c_size_t()
         with launch.on_device():
             lib.cudnnGetRNNWeightSpaceSize(launch.handle, self.desc(rnn.padded_io is not False), ctypes.byref(size))
@@ -402,11 +416,12 @@ class _Built:
         mdesc = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
         bdesc = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
         maddr, baddr = ctypes.c_void_p(), ctypes.c_void_p()
+        desc = self.desc(rnn.padded_io is not False)
         layout = []
         for pl in range(rnn.num_layers * rnn.num_directions):
             ids = []
             for lin_id in range(len(rnn.gates)):
-                lib.cudnnGetRNNWeightParams(launch.handle, self.desc(rnn.padded_io is not False), pl, self.weight_bytes, base, lin_id, mdesc,
+                lib.cudnnGetRNNWeightParams(launch.handle, desc, pl, self.weight_bytes, base, lin_id, mdesc,
                                             ctypes.byref(maddr), bdesc, ctypes.byref(baddr))
                 m = None if not maddr.value else ((maddr.value - base) // isz, _matrix_dims(mdesc, 2))
                 b = None if not baddr.value else ((baddr.value - base) // isz, math.prod(_matrix_dims(bdesc, 3)))
@@ -421,12 +436,18 @@ class _Built:
             with self.lock:
                 d = self._descs.get(padded)
                 if d is None:
-                    d = self._descs[padded] = rnn_descriptor(self.rnn, self.math_mode, self._dropout_desc, padded)
+                    drop = None if self.dropout is None else self.dropout.desc
+                    d = self._descs[padded] = rnn_descriptor(self.rnn, self.math_mode, drop, padded)
         return d
 
+    def call_lock(self) -> Any:
+        """Held around :meth:`prepare_call` and the cuDNN call after it: for the persistent-dynamic algorithm the
+        descriptor is compiled for one batch size, so another thread must not rebuild it in between."""
+        return self.lock if self.rnn.algo == "persist_dynamic" else contextlib.nullcontext()
+
     def prepare_call(self, launch: Any, padded: bool, batch: int) -> Any:
-        """The descriptor for the call; ``cudnnBuildRNNDynamic`` first for the persistent-dynamic algorithm when the
-        batch size changed."""
+        """The descriptor for the call (under :meth:`call_lock`); ``cudnnBuildRNNDynamic`` first for the
+        persistent-dynamic algorithm when the batch size changed."""
         d = self.desc(padded)
         if self.rnn.algo == "persist_dynamic" and batch != self.dyn_batch.get(padded):
             with self.lock:
@@ -436,16 +457,21 @@ class _Built:
         return d
 
     def temp_sizes(self, launch: Any, padded: bool, training: bool, xdesc: Any) -> tuple[int, int]:
-        """(workspace, reserve) bytes from ``cudnnGetRNNTempSpaceSizes``, cached per mode and x descriptor."""
+        """(workspace, reserve) bytes from ``cudnnGetRNNTempSpaceSizes``, cached (LRU) per mode and x descriptor."""
         key = (padded, training, xdesc.key)
-        got = self.temp.get(key)
-        if got is None:
-            ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
-            mode = lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE
-            lib.cudnnGetRNNTempSpaceSizes(launch.handle, self.desc(padded), mode, xdesc, ctypes.byref(ws),
-                                          ctypes.byref(rs))
-            got = self.temp[key] = (ws.value, rs.value)
-        return got
+        with self.lock:
+            got = self.temp.get(key)
+            if got is not None:
+                self.temp.move_to_end(key)
+                return got
+        ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
+        mode = lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE
+        lib.cudnnGetRNNTempSpaceSizes(launch.handle, self.desc(padded), mode, xdesc, ctypes.byref(ws), ctypes.byref(rs))
+        with self.lock:
+            self.temp[key] = (ws.value, rs.value)
+            while len(self.temp) > _MAX_TEMP:
+                self.temp.popitem(last=False)
+        return ws.value, rs.value
 
 
 def rnn_descriptor(rnn: RNN, math_mode: tuple[str, str] | None = None, dropout: Any = None,
@@ -497,13 +523,17 @@ def _matrix_dims(desc: Any, n: int) -> tuple[int, ...]:
 
 
 def _set_rnn_data(ptr: int, dtype: str, layout: str, T: int, N: int, vec: int, lengths: tuple[int, ...],
-                  fill: float) -> None:
-    fill_buf = np.array([fill], dtype=np.float16 if dtype == "float16" else np.dtype(dtype)).tobytes()
-    lib.cudnnSetRNNDataDescriptor(ptr, cudnn_dtype(dtype), _LAYOUTS[layout], T, N, vec, (ctypes.c_int * N)(*lengths),
-                                  ctypes.create_string_buffer(fill_buf, len(fill_buf)))
+                  fill: bytes) -> None:
+    lib.cudnnSetRNNDataDescriptor(ptr, cudnn_dtype(dtype), _LAYOUTS[layout], T, N, vec,
+                                  int_array(lengths, "seq_lengths"), ctypes.create_string_buffer(fill, len(fill)))
 
 
-#: ``cudnnRNNDataDescriptor_t`` keyed by (dtype, layout, T, N, vector size, lengths, padding fill)
+def _fill_bytes(dtype: str, fill: float) -> bytes:
+    """The padding fill as cuDNN reads it (a host value of the data type); bytes also make a NaN-stable cache key."""
+    return np.array([fill], dtype=np.dtype(dtype)).tobytes()
+
+
+#: ``cudnnRNNDataDescriptor_t`` keyed by (dtype, layout, T, N, vector size, lengths, padding fill bytes)
 RNN_DATA = DescriptorKind("rnn_data", "cudnnCreateRNNDataDescriptor", "cudnnDestroyRNNDataDescriptor", _set_rnn_data)
 
 
@@ -576,14 +606,32 @@ def _check_weights(vw: ArrayView, b: _Built, name: str) -> None:
                          f"{b.weight_bytes // itemsize(rnn.dtype)} (RNN.weight_count)")
 
 
-def _state(launch: Any, arr: Any, v: ArrayView | None, shape: tuple[int, ...], dtype: str, name: str):
-    """A given hx/cx/dhy/dcy (checked; copied if not C-contiguous) as (array, pointer); (None, None) if absent."""
+def _check_state(v: ArrayView | None, shape: tuple[int, ...], dtype: str, name: str) -> None:
+    """A given hx/cx/dhy/dcy must have the RNN's dtype and ``shape`` (None: absent, fine)."""
     if v is None:
-        return None, None
+        return
     if v.dtype != dtype:
         raise TypeError(f"{name} has dtype {v.dtype} but the RNN's dtype is {dtype}")
     if v.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {v.shape}")
+
+
+def _check_data(v: ArrayView, rnn: RNN, name: str) -> None:
+    if v.dtype != rnn.dtype:
+        raise TypeError(f"{name} has dtype {v.dtype} but the RNN's dtype is {rnn.dtype}")
+
+
+def _required(**arrays: Any) -> None:
+    for name, a in arrays.items():
+        if a is None:
+            raise TypeError(f"{name} is required (a CUDA array), got None")
+
+
+def _packed(launch: Any, arr: Any, v: ArrayView | None, name: str) -> tuple[Any, int | None]:
+    """(array, pointer) of an input cuDNN reads packed: copied on the launch stream if not C-contiguous; (None, None)
+    for an absent optional input. Called only once every check has passed."""
+    if v is None:
+        return None, None
     if not v.is_contiguous():
         arr, v = launch.contiguous(arr, v, name)
     return arr, v.ptr
@@ -592,7 +640,7 @@ def _state(launch: Any, arr: Any, v: ArrayView | None, shape: tuple[int, ...], d
 def _resolve(rnn: Any, layout: str) -> None:
     if not isinstance(rnn, RNN):
         raise TypeError(f"rnn must be a cudnnkit.ops.RNN config, got {type(rnn).__name__}")
-    _choice(layout, _LAYOUTS, "layout")
+    check_choice(layout, _LAYOUTS, "layout")
     if layout != "packed" and rnn.padded_io is False:
         raise ValueError(f"layout={layout!r} (unpacked) needs padded I/O (CUDNN_RNN_PADDED_IO_ENABLED): an RNN with "
                          "padded_io=None or True; padded_io=False allows layout='packed' only")
@@ -663,9 +711,9 @@ def _dual(rnn: RNN, layout: str, seq: _Seq, fill: float) -> tuple[bool, Any, Any
     packed_in_memory = layout == "packed" or (layout == "seq_major" and seq.values.min() == seq.T)
     padded = rnn.padded_io is True or (rnn.padded_io is None and not packed_in_memory)
     data = layout if padded or layout == "packed" else "packed"
-    xd = get_cached(RNN_DATA, (rnn.dtype, data, seq.T, seq.N, rnn.input_size, seq.lengths, float(fill)))
-    yd = get_cached(RNN_DATA, (rnn.dtype, data, seq.T, seq.N, rnn.num_directions * rnn.output_size, seq.lengths,
-                               float(fill)))
+    fb = _fill_bytes(rnn.dtype, fill)
+    xd = get_cached(RNN_DATA, (rnn.dtype, data, seq.T, seq.N, rnn.input_size, seq.lengths, fb))
+    yd = get_cached(RNN_DATA, (rnn.dtype, data, seq.T, seq.N, rnn.num_directions * rnn.output_size, seq.lengths, fb))
     return padded, xd, yd
 
 
@@ -673,14 +721,6 @@ def _hc_descs(rnn: RNN, N: int):
     hs, cs = rnn.hidden_shape(N), rnn.cell_shape(N)
     return (tensor_descriptor(rnn.dtype, hs, contiguous_strides(hs), min_dims=3),
             tensor_descriptor(rnn.dtype, cs, contiguous_strides(cs), min_dims=3))
-
-
-def _input(launch: Any, arr: Any, v: ArrayView, rnn: RNN, name: str) -> tuple[Any, ArrayView]:
-    if v.dtype != rnn.dtype:
-        raise TypeError(f"{name} has dtype {v.dtype} but the RNN's dtype is {rnn.dtype}")
-    if not v.is_contiguous():
-        arr, v = launch.contiguous(arr, v, name)
-    return arr, v
 
 
 def rnn_forward(
@@ -715,26 +755,38 @@ def rnn_forward(
     _resolve(rnn, layout)
     if not isinstance(training, bool):
         raise TypeError(f"training must be a bool, got {training!r}")
+    _required(x=x, w=w)
     launch, (vx, vw, vhx, vcx, vdl) = prepare(("x", x), ("w", w), ("hx", hx), ("cx", cx),
                                               ("dev_seq_lengths", dev_seq_lengths), stream=stream)
-    x, vx = _input(launch, x, vx, rnn, "x")
+    # every check first
+    _check_data(vx, rnn, "x")
     seq = _seq_lengths(layout, vx, seq_lengths, rnn.input_size)
     if cx is not None and rnn.cell != "lstm":
         raise ValueError(f"cx is the LSTM cell state; a {rnn.cell} RNN has none")
-    hx, hx_ptr = _state(launch, hx, vhx, rnn.hidden_shape(seq.N), rnn.dtype, "hx")
-    cx, cx_ptr = _state(launch, cx, vcx, rnn.cell_shape(seq.N), rnn.dtype, "cx")
+    _check_state(vhx, rnn.hidden_shape(seq.N), rnn.dtype, "hx")
+    _check_state(vcx, rnn.cell_shape(seq.N), rnn.dtype, "cx")
+    if launch.adapter is None:
+        raise TypeError("rnn_forward allocates y, hy, cy and its workspace with the inputs' library: pass CuPy arrays "
+                        "or torch tensors (these arrays come from a library without a cudnnkit adapter)")
     b = rnn._built(launch, x)
     _check_weights(vw, b, "w")
-    y, vy = launch.output(y_out, _seq_shape(layout, seq, rnn.num_directions * rnn.output_size), rnn.dtype,
-                          name="y_out")
-    if y_out is not None and not vy.is_contiguous():
-        raise ValueError(f"y_out must be C-contiguous, got strides {vy.strides}")
+    yshape = _seq_shape(layout, seq, rnn.num_directions * rnn.output_size)
+    if y_out is not None:
+        y, vy = launch.output(y_out, yshape, rnn.dtype, name="y_out")
+        if not vy.is_contiguous():
+            raise ValueError(f"y_out must be C-contiguous, got strides {vy.strides}")
+    padded, xd, yd = _dual(rnn, layout, seq, padding_fill)
+    hd, cd = _hc_descs(rnn, seq.N)
+    # then copies and allocations, all on the launch stream
+    x, x_ptr = _packed(launch, x, vx, "x")
+    hx, hx_ptr = _packed(launch, hx, vhx, "hx")
+    cx, cx_ptr = _packed(launch, cx, vcx, "cx")
+    if y_out is None:
+        y, vy = launch.output(None, yshape, rnn.dtype, name="y_out")
     hy, vhy = launch.empty(rnn.hidden_shape(seq.N), rnn.dtype, name="hy")
     cy, vcy = (None, None) if rnn.cell != "lstm" else launch.empty(rnn.cell_shape(seq.N), rnn.dtype, name="cy")
     lengths, lengths_ptr = _dev_lengths(launch, seq, vdl, dev_seq_lengths)
-    padded, xd, yd = _dual(rnn, layout, seq, padding_fill)
-    hd, cd = _hc_descs(rnn, seq.N)
-    with launch.on_device():
+    with launch.on_device(), b.call_lock():
         handle = launch.handle
         desc = b.prepare_call(launch, padded, seq.N)
         ws_bytes, rs_bytes = b.temp_sizes(launch, padded, training, xd)
@@ -743,12 +795,13 @@ def rnn_forward(
         if training:
             reserve, vr = launch.empty((rs_bytes,), "uint8", name="reserve")
             rs_ptr = vr.ptr
-            _reserves.add(launch.device, rs_ptr, rs_bytes)
         lib.cudnnRNNForward(
             handle, desc, lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE,
-            lengths_ptr, xd, vx.ptr, yd, vy.ptr, hd, hx_ptr, vhy.ptr, cd, cx_ptr,
+            lengths_ptr, xd, x_ptr, yd, vy.ptr, hd, hx_ptr, vhy.ptr, cd, cx_ptr,
             None if vcy is None else vcy.ptr, b.weight_bytes, vw.ptr, ws_bytes, ws_ptr, rs_bytes, rs_ptr,
         )
+    if training:
+        _reserves.add(launch.device, rs_ptr, rs_bytes)
     del ws, lengths
     return (y, hy, cy, reserve) if training else (y, hy, cy)
 
@@ -794,27 +847,36 @@ def rnn_backward(
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     if accumulate and dw is None:
         raise ValueError("accumulate=True adds into an existing weight gradient: pass dw=")
-    launch, (vx, vy, vdy, vw, vr, vhx, vcx, vdhy, vdcy, vdl) = prepare(
+    _required(x=x, y=y, dy=dy, w=w, reserve=reserve)
+    launch, (vx, vy, vdy, vw, vr, vhx, vcx, vdhy, vdcy, vdl, vdw) = prepare(
         ("x", x), ("y", y), ("dy", dy), ("w", w), ("reserve", reserve), ("hx", hx), ("cx", cx), ("dhy", dhy),
-        ("dcy", dcy), ("dev_seq_lengths", dev_seq_lengths), stream=stream)
-    x, vx = _input(launch, x, vx, rnn, "x")
+        ("dcy", dcy), ("dev_seq_lengths", dev_seq_lengths), ("dw", dw), stream=stream)
+    # every check first
+    _check_data(vx, rnn, "x")
     seq = _seq_lengths(layout, vx, seq_lengths, rnn.input_size)
     yshape = _seq_shape(layout, seq, rnn.num_directions * rnn.output_size)
     for name, v in (("y", vy), ("dy", vdy)):
+        _check_data(v, rnn, name)
         if v.shape != yshape:
             raise ValueError(f"{name} must have the forward output's shape {yshape}, got {v.shape}")
-    y, vy = _input(launch, y, vy, rnn, "y")
-    dy, vdy = _input(launch, dy, vdy, rnn, "dy")
     if rnn.cell != "lstm" and (cx is not None or dcy is not None):
         raise ValueError(f"cx/dcy are the LSTM cell state's; a {rnn.cell} RNN has none")
-    hx, hx_ptr = _state(launch, hx, vhx, rnn.hidden_shape(seq.N), rnn.dtype, "hx")
-    cx, cx_ptr = _state(launch, cx, vcx, rnn.cell_shape(seq.N), rnn.dtype, "cx")
-    dhy, dhy_ptr = _state(launch, dhy, vdhy, rnn.hidden_shape(seq.N), rnn.dtype, "dhy")
-    dcy, dcy_ptr = _state(launch, dcy, vdcy, rnn.cell_shape(seq.N), rnn.dtype, "dcy")
+    _check_state(vhx, rnn.hidden_shape(seq.N), rnn.dtype, "hx")
+    _check_state(vcx, rnn.cell_shape(seq.N), rnn.dtype, "cx")
+    _check_state(vdhy, rnn.hidden_shape(seq.N), rnn.dtype, "dhy")
+    _check_state(vdcy, rnn.cell_shape(seq.N), rnn.dtype, "dcy")
+    if launch.adapter is None:
+        raise TypeError("rnn_backward allocates dx, dhx, dcx, dw and its workspace with the inputs' library: pass CuPy "
+                        "arrays or torch tensors (these arrays come from a library without a cudnnkit adapter)")
     b = rnn._built(launch, x)
     _check_weights(vw, b, "w")
+    if vdw is not None:
+        _check_weights(vdw, b, "dw")
+        if vdw.readonly:
+            raise ValueError("dw is read-only")
     padded, xd, yd = _dual(rnn, layout, seq, 0.0)
-    ws_bytes, rs_bytes = b.temp_sizes(launch, padded, True, xd)
+    with launch.on_device():
+        ws_bytes, rs_bytes = b.temp_sizes(launch, padded, True, xd)
     if vr.dtype != "uint8" or vr.shape != (rs_bytes,) or not vr.is_contiguous():
         raise ValueError(f"reserve must be the uint8 array of {rs_bytes} bytes a training rnn_forward returned for "
                          f"these shapes, got {vr.dtype} {vr.shape}")
@@ -822,40 +884,41 @@ def rnn_backward(
         raise ValueError("reserve has been used by an rnn_backward already (cuDNN's backward overwrites the reserve "
                          "space) or does not come from a training rnn_forward: run the training forward again, or "
                          "pass keep_reserve=True to every backward but the last")
-    if dw is not None:
-        vdw = as_view(dw, "dw")
-        _check_weights(vdw, b, "dw")
-        if vdw.readonly:
-            raise ValueError("dw is read-only")
-        if vdw.device != launch.device:
-            raise ValueError(f"dw is on cuda:{vdw.device} but the inputs are on cuda:{launch.device}")
-    else:
+    hd, cd = _hc_descs(rnn, seq.N)
+    # then copies and allocations, all on the launch stream
+    x, x_ptr = _packed(launch, x, vx, "x")
+    y, y_ptr = _packed(launch, y, vy, "y")
+    dy, dy_ptr = _packed(launch, dy, vdy, "dy")
+    hx, hx_ptr = _packed(launch, hx, vhx, "hx")
+    cx, cx_ptr = _packed(launch, cx, vcx, "cx")
+    dhy, dhy_ptr = _packed(launch, dhy, vdhy, "dhy")
+    dcy, dcy_ptr = _packed(launch, dcy, vdcy, "dcy")
+    if dw is None:
         dw, vdw = launch.empty((vw.shape[0],), rnn.dtype, name="dw")
     dx, vdx = launch.empty(vx.shape, rnn.dtype, name="dx")
     dhx, vdhx = (None, None) if hx is None else launch.empty(rnn.hidden_shape(seq.N), rnn.dtype, name="dhx")
     dcx, vdcx = (None, None) if cx is None else launch.empty(rnn.cell_shape(seq.N), rnn.dtype, name="dcx")
     lengths, lengths_ptr = _dev_lengths(launch, seq, vdl, dev_seq_lengths)
-    hd, cd = _hc_descs(rnn, seq.N)
-    if not accumulate:
-        set_tensor(dw, 0.0, stream=launch.stream)
     rs_ptr, kept = vr.ptr, None
     if keep_reserve:
         kept, vk = launch.empty((rs_bytes,), "uint8", name="reserve")
         launch.adapter.copy(kept, reserve, launch.stream)
         rs_ptr = vk.ptr
-    else:
-        _reserves.take(launch.device, vr.ptr)
-    with launch.on_device():
+    with launch.on_device(), b.call_lock():
         handle = launch.handle
         desc = b.prepare_call(launch, padded, seq.N)
         ws, ws_ptr = launch.workspace(ws_bytes)
+        if not accumulate:
+            set_tensor(dw, 0.0, stream=launch.stream)
+        if not keep_reserve:
+            _reserves.take(launch.device, vr.ptr)
         lib.cudnnRNNBackwardData_v8(
-            handle, desc, lengths_ptr, yd, vy.ptr, vdy.ptr, xd, vdx.ptr, hd, hx_ptr, dhy_ptr,
+            handle, desc, lengths_ptr, yd, y_ptr, dy_ptr, xd, vdx.ptr, hd, hx_ptr, dhy_ptr,
             None if vdhx is None else vdhx.ptr, cd, cx_ptr, dcy_ptr, None if vdcx is None else vdcx.ptr,
             b.weight_bytes, vw.ptr, ws_bytes, ws_ptr, rs_bytes, rs_ptr,
         )
         lib.cudnnRNNBackwardWeights_v8(
-            handle, desc, lib.CUDNN_WGRAD_MODE_ADD, lengths_ptr, xd, vx.ptr, hd, hx_ptr, yd, vy.ptr,
+            handle, desc, lib.CUDNN_WGRAD_MODE_ADD, lengths_ptr, xd, x_ptr, hd, hx_ptr, yd, y_ptr,
             b.weight_bytes, vdw.ptr, ws_bytes, ws_ptr, rs_bytes, rs_ptr,
         )
     del ws, lengths, kept
@@ -933,18 +996,31 @@ def load_torch_params(rnn: RNN, params: Mapping[str, Any], w: Any = None, *, lik
     launch, (vw,) = prepare(("w", w), stream=stream)
     if launch.adapter is None:
         raise TypeError("w must be an array of a library with a cudnnkit adapter (CuPy or torch)")
-    for name, view, row in _torch_layout(rnn, w, stream):
-        src = params[name]
-        vs = as_view(src, name)
-        rows = view.shape[0]
-        full = (vs.shape[0],) + tuple(view.shape[1:])
-        if vs.shape[0] < row + rows or tuple(vs.shape[1:]) != tuple(view.shape[1:]):
-            raise ValueError(f"{name} has shape {vs.shape}, which does not fit this RNN (a piece of {full[1:]} "
-                             f"columns at rows {row}:{row + rows})")
+    pieces = _torch_layout(rnn, w, stream)
+    shapes = _torch_shapes(pieces)
+    views = {}
+    for name in names:  # every parameter checked before the first copy
+        vs = views[name] = as_view(params[name], name)
+        if vs.shape != shapes[name]:
+            raise ValueError(f"{name} has shape {vs.shape}; this RNN's torch layout needs {shapes[name]}")
         if vs.dtype != rnn.dtype:
             raise TypeError(f"{name} has dtype {vs.dtype} but the RNN's dtype is {rnn.dtype}")
-        launch.adapter.copy(view, src[row: row + rows], launch.stream)
+        if vs.device != launch.device or vs.adapter is not launch.adapter:
+            raise ValueError(f"{name} is a {vs.library} array on cuda:{vs.device}; w is a {vw.library} array on "
+                             f"cuda:{launch.device}: pass parameters of w's library and device")
+    for name, view, row in pieces:
+        launch.adapter.copy(view, params[name][row: row + view.shape[0]], launch.stream)
     return w
+
+
+def _torch_shapes(pieces: list[tuple[str, Any, int]]) -> dict[str, tuple[int, ...]]:
+    """Each torch parameter's shape: the pieces' rows stacked (gates), their columns."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, view, row in pieces:
+        vs = tuple(view.shape)
+        prev = shapes.get(name, (0,) + vs[1:])
+        shapes[name] = (max(prev[0], row + vs[0]),) + vs[1:]
+    return shapes
 
 
 def to_torch_params(rnn: RNN, w: Any, *, stream: Any = None) -> dict[str, Any]:
@@ -957,11 +1033,7 @@ def to_torch_params(rnn: RNN, w: Any, *, stream: Any = None) -> dict[str, Any]:
     if launch.adapter is None:
         raise TypeError("w must be an array of a library with a cudnnkit adapter (CuPy or torch)")
     pieces = _torch_layout(rnn, w, stream)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, view, row in pieces:
-        vs = tuple(view.shape)
-        prev = shapes.get(name, (0,) + vs[1:])
-        shapes[name] = (max(prev[0], row + vs[0]),) + vs[1:]
+    shapes = _torch_shapes(pieces)
     out = {n: launch.empty(shapes[n], rnn.dtype, name=n)[0] for n in torch_param_names(rnn)}
     for name, view, row in pieces:
         launch.adapter.copy(out[name][row: row + view.shape[0]], view, launch.stream)

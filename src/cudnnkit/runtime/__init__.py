@@ -16,7 +16,7 @@ from .descriptors import (
     tensor_descriptor,
     tensor_descriptor_of,
 )
-from .dtypes import FLOATS, canonical, check_dtype, compute_dtype, cudnn_dtype, scaling, scaling_ref
+from .dtypes import FLOATS, canonical, check_choice, check_dtype, compute_dtype, cudnn_dtype, scaling, scaling_ref
 from .handle import Handle, get_handle, resolve_stream
 from .launch import Launch, prepare
 from .settings import Settings, current_settings, settings
@@ -41,6 +41,7 @@ __all__ = [
     "tensor_descriptor_of",
     "FLOATS",
     "check_dtype",
+    "check_choice",
     "tensor_descriptor",
     "canonical",
     "compute_dtype",

@@ -21,6 +21,7 @@ __all__ = [
     "scaling_ref",
     "canonical",
     "check_dtype",
+    "check_choice",
 ]
 
 #: the floating types cuDNN computes with (half types compute in float32)
@@ -91,6 +92,13 @@ def scaling(dtype: str, value: float) -> ctypes.c_double | ctypes.c_float:
 def scaling_ref(dtype: str, value: float) -> object:
     """``ctypes.byref(scaling(dtype, value))``: what cuDNN's ``alpha``/``beta`` parameters take."""
     return ctypes.byref(scaling(dtype, value))
+
+
+def check_choice(value: object, table: object, name: str) -> str:
+    """``value`` if it is one of ``table``'s string keys, else ``ValueError`` naming the argument and the choices."""
+    if not isinstance(value, str) or value not in table:  # type: ignore[operator]
+        raise ValueError(f"{name} must be one of {sorted(table)}, got {value!r}")  # type: ignore[call-overload]
+    return value
 
 
 def check_dtype(v: object, name: str, allowed: tuple[str, ...] = FLOATS, what: str = "this op") -> str:

@@ -312,6 +312,7 @@ def test_sdpa_forward_layouts_gqa_and_options():
     assert r.stats is None
     (scratch,) = g.scratch()  # the statistics still written (cuDNN 9.19 has no engine without them)
     assert scratch.dims == (2, 4, 128, 1) and scratch.dtype == "float32" and not scratch.virtual
+    assert g.scratch_init() == {scratch.uid: None}  # written by the pattern: no clearing needed
     assert 0.5 in [c for c, _ in g.constants().values()]
     g.lower()
     g = Graph()
@@ -356,6 +357,8 @@ def test_sdpa_backward_composite_structure(causal):
     scratch = g.scratch()
     assert sorted(t.dims for t in scratch) == [(2, 4, 128, 1), (2, 4, 128, 64)]
     assert all(t.dtype == "float32" and not t.virtual for t in scratch)
+    # the dq accumulator is accumulated into: zeroed before every run; the row sums are written first
+    assert g.scratch_init() == {t.uid: ("zero" if t.dims[-1] == 64 else None) for t in scratch}
     low = g.lower()
     assert low.tensors[k.uid].get("CUDNN_ATTR_TENSOR_DIMENSIONS") == [2, 4, 64, 128]
     assert low.tensors[v.uid].get("CUDNN_ATTR_TENSOR_DIMENSIONS") == [2, 4, 64, 128]

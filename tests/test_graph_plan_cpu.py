@@ -211,6 +211,29 @@ def test_scalar_bytes_per_dtype():
     assert plan_mod._scalar_bytes(-7, "int64", "s") == struct.pack("<q", -7)
 
 
+def bf16_bits(value):
+    return struct.unpack("<H", plan_mod._scalar_bytes(value, "bfloat16", "s"))[0]
+
+
+def f32(bits):
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def test_bfloat16_scalars_round_to_nearest_even():
+    assert bf16_bits(1 / 3) == 0x3EAB  # float32 0x3EAAAAAB: truncation would give 0x3EAA
+    assert bf16_bits(-1 / 3) == 0xBEAB
+    assert bf16_bits(0.1) == 0x3DCD  # float32 0x3DCCCCCD
+    assert bf16_bits(f32(0x3F808000)) == 0x3F80  # a tie: to the even neighbour, down
+    assert bf16_bits(f32(0x3F818000)) == 0x3F82  # a tie: to the even neighbour, up
+    assert bf16_bits(f32(0x3F807FFF)) == 0x3F80 and bf16_bits(f32(0x3F808001)) == 0x3F81
+    assert bf16_bits(1.0) == 0x3F80 and bf16_bits(-2.0) == 0xC000 and bf16_bits(0.0) == 0
+    assert bf16_bits(f32(0x7F7FFFFF)) == 0x7F80  # the largest float32 rounds to infinity
+    assert bf16_bits(float("inf")) == 0x7F80 and bf16_bits(float("-inf")) == 0xFF80
+    nan = bf16_bits(float("nan"))
+    assert nan & 0x7F80 == 0x7F80 and nan & 0x007F  # still a NaN, not infinity
+    assert bf16_bits(f32(0x7F800001)) & 0x7F == 0x40  # a signalling NaN whose payload truncation would drop
+
+
 def test_constants_and_scratch_of_a_spec():
     g, x, w, s, y, _ = conv_spec()
     spec = PlanSpec(PlanSpec.of(g, 0).tensors, device=0, alignment=16, outputs=[y.uid],
@@ -219,6 +242,141 @@ def test_constants_and_scratch_of_a_spec():
     assert r.scalars == struct.pack("<f", 0.25) and r.scratch == [(3, y.uid)] and r.ptrs[3] == 0
     with pytest.raises(BindingError, match=r"tensor s \(uid 3\) is a constant of the graph \(value 0.25\)"):
         spec.resolve({x: arr(x), w: arr(w), s: 1.0})
+
+
+def test_scratch_init_policy_reaches_the_spec_and_survives_serialization():
+    g = Graph()
+    q, k, v, o, do = (g.tensor((1, 2, 64, 64), None, "bfloat16", name=n) for n in ("q", "k", "v", "o", "do"))
+    st = g.tensor((1, 2, 64, 1), name="stats")
+    for t in g.sdpa_backward(q, k, v, o, do, st):
+        g.mark_output(t)
+    init = g.scratch_init()
+    acc = next(t for t in g.scratch() if t.name == "dq_accum")
+    rsum = next(t for t in g.scratch() if t.name == "softmax_sum")
+    assert init == {rsum.uid: None, acc.uid: "zero"}  # only the dq accumulator needs clearing
+    spec = PlanSpec.of(g, 0)
+    assert spec.scratch == {rsum.uid, acc.uid} and spec.zero_scratch == {acc.uid}
+    back = PlanSpec.from_dict(json.loads(json.dumps(spec.to_dict())), 0)
+    assert back.scratch == spec.scratch and back.zero_scratch == spec.zero_scratch
+    old = dict(spec.to_dict())
+    del old["zero_scratch"]  # a plan serialized before the policy existed: nothing cleared
+    assert PlanSpec.from_dict(old, 0).zero_scratch == frozenset()
+    with pytest.raises(ValueError, match="scratch init policies"):
+        PlanSpec(spec.tensors, device=0, alignment=16, scratch={acc.uid: "ones"})
+
+
+def test_zero_scratch_positions_are_resolved_bound_or_not():
+    g, x, w, s, y, _ = conv_spec()
+    spec = PlanSpec(PlanSpec.of(g, 0).tensors, device=0, alignment=16, outputs=[y.uid], scratch={y.uid: "zero"})
+    r = spec.resolve({x: arr(x), w: arr(w, BASE + 4096), s: 1.0})
+    assert r.scratch == [(3, y.uid)] and r.zero == [(3, y.uid)]  # allocated by the plan, cleared
+    r = spec.resolve({x: arr(x), w: arr(w, BASE + 4096), s: 1.0, y: arr(y, BASE + 8192)})
+    assert r.scratch == [] and r.zero == [(3, y.uid)] and r.ptrs[3] == BASE + 8192  # bound: cleared too
+
+
+def test_variant_pack_key_ignores_the_scalar_host_buffers():
+    g, x, w, s, y, spec = conv_spec()
+    b = {x: arr(x), w: arr(w, BASE + 4096), s: 0.5, y: arr(y, BASE + 8192)}
+    rs = [spec.resolve(b) for _ in range(5)]
+    keys = {plan_mod._pack_key(r.ptrs, r.by_value, 0, r.scalars) for r in rs}
+    assert len(keys) == 1
+    other = spec.resolve({**b, s: 0.25})
+    assert plan_mod._pack_key(other.ptrs, other.by_value, 0, other.scalars) not in keys  # another value
+    moved = spec.resolve({**b, y: arr(y, BASE + 16384)})
+    assert plan_mod._pack_key(moved.ptrs, moved.by_value, 0, moved.scalars) not in keys  # another pointer
+    assert plan_mod._pack_key(rs[0].ptrs, rs[0].by_value, BASE, rs[0].scalars) not in keys  # another workspace
+
+
+def test_variant_pack_cache_hits_for_graphs_with_by_value_scalars():
+    g, x, w, s, y, spec = conv_spec()
+    p = plan_mod.ExecutionPlan.__new__(plan_mod.ExecutionPlan)  # no GPU: only the pack cache is exercised
+    p.spec, p._packs, p._max_packs, p._lock = spec, plan_mod.OrderedDict(), 64, threading.Lock()
+    b = {x: arr(x), w: arr(w, BASE + 4096), s: 0.5, y: arr(y, BASE + 8192)}
+    packs = [p._variant_pack(spec.resolve(b), 0) for _ in range(5)]
+    assert len(p._packs) == 1 and all(vp is packs[0] for vp in packs)
+    held = [k for k in packs[0]._keep if isinstance(k, ctypes.Array)]
+    assert held and ctypes.string_at(ctypes.addressof(held[0]), 4) == struct.pack("<f", 0.5)  # kept alive with it
+    assert p._variant_pack(spec.resolve({**b, s: 2.0}), 0) is not packs[0] and len(p._packs) == 2
+
+
+class _FakePlan:
+    ptr, device = 0x1000, 0
+
+
+class _FakePack:
+    ptr = 0x2000
+
+
+class _FakeAdapter:
+    name = "fake"
+
+    def __init__(self, current):
+        self.current = current
+
+    def current_stream(self, device):
+        return self.current
+
+
+def test_bound_plan_refuses_another_stream_than_its_buffers():
+    bound = plan_mod.BoundPlan(_FakePlan(), _FakePack(), [], None, 0x10, False, home=0x10)
+    with pytest.raises(ValueError, match=r"bound for stream 0x10 .* cannot run on stream 0x20"):
+        bound(stream=0x20)
+    with pytest.raises(ValueError, match="cannot run on stream 0x30"):
+        bound(stream=type("S", (), {"ptr": 0x30})())
+    assert bound._stream_for(None) == 0x10 and bound._stream_for(0x10) == 0x10
+    # bound without stream=: the library's current stream at call time must still be the bind-time one
+    ad = _FakeAdapter(0x10)
+    bound = plan_mod.BoundPlan(_FakePlan(), _FakePack(), [], ad, None, False, home=0x10)
+    assert bound._stream_for(None) == 0x10
+    ad.current = 0x40
+    with pytest.raises(ValueError, match="cannot run on stream 0x40"):
+        bound()
+    # no plan-owned buffers (workspace= given, scratch bound): any stream
+    free = plan_mod.BoundPlan(_FakePlan(), _FakePack(), [], ad, None, False)
+    assert free._stream_for(0x20) == 0x20 and free._stream_for(None) == 0x40
+
+
+def test_autotune_skips_candidates_needing_more_than_the_given_workspace(monkeypatch):
+    import contextlib
+
+    synced, runs = [], []
+
+    class Adapter:
+        name = "fake"
+
+        def synchronize(self, device):
+            synced.append(device)
+
+    class Cand:
+        def __init__(self, name, ws):
+            self.name, self.workspace_size, self.timings = name, ws, []
+
+        def bind(self, bindings, *, workspace=None, stream=None):
+            assert self.workspace_size <= 256, "a candidate needing more than workspace= was bound"
+            return lambda: runs.append(self.name)  # a raw-pointer binding: no adapter of its own
+
+    g, x, w, s, y, spec = conv_spec()
+    ctx = plan_mod._Context(g, 0, EngineFilter(), ("k", 0, ()), cudnnkit.Settings(), "graph conv", spec)
+
+    def env(c):
+        c.adapter = Adapter()
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(plan_mod, "_context", lambda *a: ctx)
+    monkeypatch.setattr(plan_mod, "_device_env", env)
+    monkeypatch.setattr(plan_mod, "_iter_plans", lambda c, att: iter([Cand("eng1", 1024), Cand("eng2", 128)]))
+    ws = FakeCAI((256,), "|u1", ptr=BASE)
+    try:
+        plan = plan_mod.autotune(g, {x: BASE}, workspace=ws, warmup=1, repeat=2, device=0)
+        assert plan.name == "eng2" and runs == ["eng2"] * 3
+        assert plan.timings[0] == ("eng1", "needs 1024 bytes of workspace, workspace= has 256")
+        assert plan.timings[1][0] == "eng2" and isinstance(plan.timings[1][1], float)
+        assert synced == [0, 0]  # through the context's adapter, though the binding has none
+        with pytest.raises(UnsupportedGraphError, match="needs 1024 bytes of workspace, workspace= has 16"):
+            plan_mod.autotune(g, {x: BASE}, workspace=FakeCAI((16,), "|u1", ptr=BASE), device=0,
+                              max_candidates=1)
+    finally:
+        plan_cache(0).clear()
 
 
 # ----------------------------------------------------------------- the plan cache

@@ -331,7 +331,10 @@ def test_rng_bernoulli_through_attention_dropout(xp):
 
 
 def test_concat_after_convolution(xp):
-    """conv(x) and y0 joined along channels, y0 declared in place (input 1): the fusion cuDNN 9.19 runs."""
+    """conv(x) and y0 joined along channels, y0 declared in place (input 1): the fusion cuDNN 9.19 runs.
+
+    In place means y0's data already lies in its region of the output, so cuDNN leaves that region
+    alone: the output is pre-filled there (with y0's values, then with a sentinel) and checked exactly."""
     rng = np.random.default_rng(11)
     n, c, h, w, k = 2, 32, 8, 8, 16
     a = seen(rng.standard_normal((n, c, h, w)), "float16")
@@ -343,11 +346,20 @@ def test_concat_after_convolution(xp):
     y0 = g.tensor((n, k, h, w), NHWC(n, k, h, w), "float16")
     y1 = g.mark_output(g.concat([g.conv_fprop(x, wt, dtype="float16"), y0], 1, inplace_index=1))
     assert y1.dims == (n, 2 * k, h, w)
-    (out,) = run(xp, g, {x: a, wt: wa, y0: y0a}, [y1])
-    first, second = out[:, :k], out[:, k:]
-    assert rel(first, np.einsum("nchw,kc->nkhw", a, wa[:, :, 0, 0])) < HALF_TOL
-    # the in-place input is either copied or left for the caller to have placed there, never garbage
-    assert np.isnan(second).all() or np.array_equal(second, y0a)
+    conv = np.einsum("nchw,kc->nkhw", a, wa[:, :, 0, 0])
+    bind = {x: put(xp, a, x), wt: put(xp, wa, wt), y0: put(xp, y0a, y0)}
+    # the caller has placed y0 in the output (the in-place contract); the conv's region is NaN
+    out = put(xp, np.concatenate([np.full((n, k, h, w), np.nan), y0a], axis=1), y1)
+    g.execute({**bind, y1: out})
+    res = got(xp, out)
+    assert rel(res[:, :k], conv) < HALF_TOL
+    np.testing.assert_array_equal(res[:, k:], y0a)  # exactly y0, whether cuDNN copies it or not
+    # a sentinel there instead: cuDNN writes only the conv's region, the in-place input's stays untouched
+    out = put(xp, np.concatenate([np.full((n, k, h, w), np.nan), np.full((n, k, h, w), 0.75)], axis=1), y1)
+    g.execute({**bind, y1: out})
+    res = got(xp, out)
+    assert rel(res[:, :k], conv) < HALF_TOL
+    np.testing.assert_array_equal(res[:, k:], 0.75)
 
 
 # ----------------------------------------------------------------- SDPA
@@ -433,3 +445,101 @@ def test_sdpa_backward(xp, causal):
     refs = sdpa_backward_ref(qa, ka, va, doa, scale, causal)
     for name, out, ref in zip(("dq", "dk", "dv"), res, refs):
         assert rel(out, ref) < 2e-2, name
+
+
+def other_stream(xp):
+    """A new stream of the array library (not its current one)."""
+    if xp.name == "torch":
+        import torch
+
+        return torch.cuda.Stream(0)
+    import cupy
+
+    with cupy.cuda.Device(0):
+        return cupy.cuda.Stream(non_blocking=True)
+
+
+def test_sdpa_backward_clears_the_dq_accumulator_before_every_run(xp):
+    """The float32 dq accumulator is accumulated into: without clearing, a second run on the same plan
+    (same per-stream scratch buffer) adds to the first's dq, and a NaN left in a bound one poisons dq."""
+    rng = np.random.default_rng(15)
+    b, h, s, d = SHAPE
+    scale = 1 / math.sqrt(d)
+    qa, ka, va, doa = (seen(rng.standard_normal(SHAPE), "bfloat16") for _ in range(4))
+    oref, sref, _ = sdpa_ref(qa, ka, va, scale, False)
+    g = Graph()
+    q, k, v, o, do = (g.tensor(SHAPE, None, "bfloat16", name=nm) for nm in ("q", "k", "v", "o", "do"))
+    st = g.tensor((b, h, s, 1), name="stats")
+    outs = [g.mark_output(t) for t in g.sdpa_backward(q, k, v, o, do, st)]
+    init = g.scratch_init()
+    (acc,) = [t for t in g.scratch() if init[t.uid] == "zero"]
+    assert acc.dims == SHAPE and acc.dtype == "float32"
+    plan = g.build()
+    inputs = {t: put(xp, a, t) for t, a in ((q, qa), (k, ka), (v, va), (o, seen(oref, "bfloat16")), (do, doa),
+                                            (st, sref))}
+    refs = sdpa_backward_ref(qa, ka, va, doa, scale, False)
+
+    def check(res, what):
+        for name, t, ref in zip(("dq", "dk", "dv"), outs, refs):
+            assert rel(got(xp, res[t]), ref) < 2e-2, f"{what}: {name}"
+
+    def poison(res):
+        for t in outs:
+            xp.copy(res[t], nan_like(xp, t))
+
+    # execute twice on one stream with the plan's own scratch
+    res = {t: nan_like(xp, t) for t in outs}
+    for i in range(2):
+        poison(res)
+        plan.execute({**inputs, **res})
+        check(res, f"execute #{i + 1}")
+    # the pre-bound path, twice
+    bound = plan.bind({**inputs, **res})
+    for i in range(2):
+        poison(res)
+        bound()
+        check(res, f"bound #{i + 1}")
+    # the accumulator bound by the caller, full of NaN before each run
+    accd = nan_like(xp, acc)
+    plan.execute({**inputs, **res, acc: accd})
+    check(res, "bound NaN accumulator")
+    assert np.isfinite(got(xp, accd)).all()  # cleared (then accumulated into) by the run
+    bound = plan.bind({**inputs, **res, acc: accd})
+    for i in range(2):
+        xp.copy(accd, nan_like(xp, acc))
+        poison(res)
+        bound()
+        check(res, f"bound with NaN accumulator #{i + 1}")
+
+
+def test_bound_plan_runs_only_on_the_stream_of_its_buffers(xp):
+    """A BoundPlan using the plan's per-stream scratch refuses another stream; with the workspace given and
+    the scratch bound it runs there (and clears the accumulator on that stream)."""
+    rng = np.random.default_rng(17)
+    b, h, s, d = SHAPE
+    scale = 1 / math.sqrt(d)
+    qa, ka, va, doa = (seen(rng.standard_normal(SHAPE), "bfloat16") for _ in range(4))
+    oref, sref, _ = sdpa_ref(qa, ka, va, scale, True)
+    g = Graph()
+    q, k, v, o, do = (g.tensor(SHAPE, None, "bfloat16", name=nm) for nm in ("q", "k", "v", "o", "do"))
+    st = g.tensor((b, h, s, 1), name="stats")
+    outs = [g.mark_output(t) for t in g.sdpa_backward(q, k, v, o, do, st, causal=True)]
+    plan = g.build()
+    inputs = {t: put(xp, a, t) for t, a in ((q, qa), (k, ka), (v, va), (o, seen(oref, "bfloat16")), (do, doa),
+                                            (st, sref))}
+    res = {t: nan_like(xp, t) for t in outs}
+    other = other_stream(xp)
+    bound = plan.bind({**inputs, **res})  # the plan's scratch of the current stream
+    with pytest.raises(ValueError, match="bound for stream .* cannot run on stream"):
+        bound(stream=other)
+    assert np.isnan(got(xp, res[outs[0]])).all()  # nothing ran
+    scratch = {t: nan_like(xp, t) for t in g.scratch()}
+    ws = xp.empty((max(plan.workspace_size, 1),), "uint8", 0)
+    free = plan.bind({**inputs, **res, **scratch}, workspace=ws)
+    xp.synchronize(0)  # the inputs, written on the current stream, are ready for the other one
+    free(stream=other)
+    free(stream=other)  # twice: the accumulator is cleared on that stream too
+    xp.synchronize(0)
+    refs = sdpa_backward_ref(qa, ka, va, doa, scale, True)
+    for name, t, ref in zip(("dq", "dk", "dv"), outs, refs):
+        assert rel(got(xp, res[t]), ref) < 2e-2, name

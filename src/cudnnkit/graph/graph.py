@@ -14,7 +14,8 @@ Heuristics, engine filters, plan build, the plan cache and execution live in
 ``plan.py``. By-value constants made by :meth:`Graph.scalar` (epsilon, attention
 scale, mask fill values) are listed by :meth:`Graph.constants` and bound by the
 executor; :meth:`Graph.scratch` lists the device scratch tensors a graph needs
-(SDPA backward).
+(SDPA) and :meth:`Graph.scratch_init` which of them the executor must zero
+before every run (SDPA backward's ``dq`` accumulator).
 
 Operations and the backend descriptors they lower to:
 
@@ -252,7 +253,9 @@ class Graph:
         self._nodes: list[_Node] = []
         self._uids = itertools.count(1)
         self._constants: dict[int, float | int] = {}  # by-value constants: uid -> value
-        self._scratch: set[int] = set()  # non-virtual tensors the graph needs as scratch memory
+        # non-virtual tensors the graph needs as scratch memory: uid -> init policy ("zero": cleared before
+        # every execution; None: contents irrelevant)
+        self._scratch: dict[int, str | None] = {}
         self._described: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # uid -> lowered dims, strides
         self._view_nodes: set[int] = set()  # nodes that read a tensor through its _described view
 
@@ -470,13 +473,29 @@ class Graph:
         return {uid: (v, self._tensors[uid].dtype) for uid, v in self._constants.items()}
 
     def scratch(self) -> list[Tensor]:
-        """Non-virtual tensors the graph itself needs as device memory (contents in and out irrelevant).
+        """Non-virtual tensors the graph itself needs as device memory; :meth:`scratch_init` says how
+        each must be initialized.
 
-        ``sdpa_backward`` has two (the float32 row sums of ``dO * O`` and the
-        float32 ``dQ`` accumulator), as cuDNN's fused attention backward
-        requires; the executor allocates them (or the caller binds them).
+        ``sdpa_backward`` has two (the float32 row sums of ``dO * O``, written
+        before they are read, and the float32 ``dQ`` accumulator, which the
+        matmul accumulates into and so must hold zeros before every run, as
+        cudnn-frontend memsets its ``dQ_accum``), as cuDNN's fused attention
+        backward requires; ``sdpa_forward(stats=False)`` has one (the
+        statistics, written only). The executor allocates them (or the caller
+        binds them) and clears the ``"zero"`` ones on the launch stream
+        (``cudnnSetTensor``) right before every ``cudnnBackendExecute``.
         """
         return [self._tensors[uid] for uid in sorted(self._scratch)]
+
+    def scratch_init(self) -> dict[int, str | None]:
+        """``{uid: policy}`` of the :meth:`scratch` tensors: ``"zero"`` (the executor sets every element
+        to 0 before each execution, bound or allocated) or ``None`` (contents in and out irrelevant)."""
+        return dict(sorted(self._scratch.items()))
+
+    def _add_scratch(self, t: Tensor, init: str | None) -> None:
+        if init not in (None, "zero"):
+            raise GraphError(f"scratch init must be None or 'zero', got {init!r}")
+        self._scratch[t.uid] = init
 
     def _scalar_or(self, v: Tensor | float | None, role: str, ndim: int, dtype: str = "float32") -> Tensor | None:
         if v is None or isinstance(v, Tensor):
@@ -1023,7 +1042,7 @@ class Graph:
             # a scratch tensor the executor allocates
             st = Tensor(st.uid, st.dims, st.strides, st.dtype, False, False, st.name, self._id)
             self._tensors[st.uid] = st
-            self._scratch.add(st.uid)
+            self._add_scratch(st, None)  # written by the pattern before anything reads it
         if implementation == "unified":
             self._add("sdpa_fwd", {}, {"q": q, "k": k, "v": v, "scale": sc}, {"o": o, "stats": st})
             return SdpaForward(o, st if stats else None)
@@ -1100,7 +1119,7 @@ class Graph:
         # rowsum(do * o), kept in a float32 scratch tensor
         dsum = self._red(self._pw("MUL", do, o, name="do_o"), (b, h, sq, 1), name="rowsum_do_o")
         rsum = self.tensor((b, h, sq, 1), None, "float32", name="softmax_sum")
-        self._scratch.add(rsum.uid)
+        self._add_scratch(rsum, None)  # written (rowsum) before it is read
         keep = self.scalar(1.0 - p, "float32", 4, name="dropout_keep" if p else "one")
         self._pw("MUL", dsum, keep, out=rsum)
         # the probabilities again: exp(scale * q @ k^T + mask - stats)
@@ -1136,7 +1155,7 @@ class Graph:
         self._add("reshape", {"perm": (0, 1, 3, 2)}, {"x": k}, {"y": kv})
         self._view_nodes.add(len(self._nodes) - 1)
         acc = self.tensor((b, h, sq, d), None, "float32", name="dq_accum")
-        self._scratch.add(acc.uid)
+        self._add_scratch(acc, "zero")  # the matmul accumulates into it: zeroed before every run
         self._mm(ds, kv, (b, h, sq, d), out=acc)
         self._pw("IDENTITY", acc, out=dq)
         return SdpaBackward(dq, dk, dvt)
@@ -1180,7 +1199,7 @@ class Graph:
         tensors = tuple((t.uid, t.dims, t.strides, t.dtype, t.virtual, t.by_value) for t in self._tensors.values())
         nodes = tuple((n.kind, n.attrs, n.inputs, n.outputs) for n in self._nodes)
         extra = (tuple(sorted(self._constants.items())), tuple(sorted(self._described.items())),
-                 tuple(sorted(self._scratch)))
+                 tuple(sorted(self._scratch.items(), key=lambda kv: kv[0])))
         return ("cudnnkit.graph/1", lib.version(), self.compute_dtype, self.intermediate_dtype, self.alignment,
                 tensors, nodes, extra, current_settings().key())
 

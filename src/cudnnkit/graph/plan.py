@@ -40,10 +40,14 @@ plans through ``CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION``.
 Execution (:meth:`ExecutionPlan.execute`) checks the bindings (every
 non-virtual tensor bound; shape, strides, dtype, device and pointer alignment),
 builds a ``CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR`` (``UNIQUE_IDS``,
-``DATA_POINTERS``, ``WORKSPACE``) cached by its pointer tuple (a finalized
-variant pack cannot take new pointers) and calls ``cudnnBackendExecute``.
+``DATA_POINTERS``, ``WORKSPACE``) cached by its device pointers, workspace and
+by-value scalar bytes (a finalized variant pack cannot take new pointers; a hit
+reuses the pack and the host buffers of its scalars), clears the scratch
+tensors whose :meth:`Graph.scratch_init` is ``"zero"`` (``cudnnSetTensor`` on
+the launch stream) and calls ``cudnnBackendExecute``.
 :meth:`ExecutionPlan.bind` returns a :class:`BoundPlan` whose call is only the
-handle lookup and ``cudnnBackendExecute``.
+handle lookup (the scratch clearing, for graphs that need it) and
+``cudnnBackendExecute``.
 """
 
 from __future__ import annotations
@@ -65,8 +69,9 @@ from .. import lib
 from ..lib.backend import BackendDescriptor
 from ..runtime import adapters
 from ..runtime.arrays import as_view
-from ..runtime.descriptors import register_cache
+from ..runtime.descriptors import register_cache, tensor_descriptor
 from ..runtime.dtypes import itemsize as _itemsize
+from ..runtime.dtypes import scaling_ref
 from ..runtime.handle import get_handle, resolve_stream
 from ..runtime.settings import Settings, current_settings
 from .graph import Graph, GraphError, Tensor
@@ -363,12 +368,22 @@ def _scalar_bytes(value: Any, dtype: str, label: str) -> bytes:
     if not isinstance(value, (int, float, bool)):
         raise BindingError(f"{label} is a by-value scalar: bind a Python number, got {type(value).__name__}")
     if dtype == "bfloat16":
-        return struct.pack("<f", float(value))[2:]
+        return _bfloat16_bytes(float(value))
     fmt = _PACK.get(dtype)
     if fmt is None:
         raise BindingError(f"{label}: by-value scalars of dtype {dtype} are not supported")
     v = float(value) if fmt in "fde" else (bool(value) if fmt == "?" else int(value))
     return struct.pack("<" + fmt, v)
+
+
+def _bfloat16_bytes(value: float) -> bytes:
+    """``value`` as a little-endian bfloat16, rounded to nearest even (what a float -> bfloat16 conversion on
+    the GPU does); NaN stays a quiet NaN of its sign, overflow rounds to infinity."""
+    (bits,) = struct.unpack("<I", struct.pack("<f", value))
+    if value != value:  # NaN: keep the sign, force a quiet-NaN mantissa bit (truncation could make it inf)
+        return struct.pack("<H", (bits >> 16) | 0x0040)
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    return struct.pack("<H", (bits >> 16) & 0xFFFF)
 
 
 def _extent_bytes(t: Tensor) -> int:
@@ -387,21 +402,41 @@ class _Resolved:
     views: list[Any]
     keep: list[Any]  # host buffers of by-value scalars
     scratch: list[tuple[int, int]]  # (position, uid) of unbound scratch tensors
+    by_value: list[int]  # positions of by-value scalars (host buffer addresses, not part of the pack key)
+    zero: list[tuple[int, int]]  # (position, uid) of scratch tensors to clear before every execution
+
+
+def _pack_key(ptrs: list[int], by_value: list[int], ws: int, scalars: bytes) -> tuple:
+    """The variant-pack cache key: the device pointers (by-value positions masked: their host buffers are
+    fresh per resolve) and workspace, plus the scalar values' bytes."""
+    if by_value:
+        ptrs = list(ptrs)
+        for pos in by_value:
+            ptrs[pos] = 0
+    return (tuple(ptrs), ws, scalars)
 
 
 class PlanSpec:
     """What a plan binds, in pure Python: non-virtual tensors (uid -> :class:`Tensor`), by-value
-    constants fixed by the graph, scratch tensors the executor may allocate, output uids, pointer
-    alignment and device. :meth:`resolve` checks bindings against it before any GPU work."""
+    constants fixed by the graph, scratch tensors the executor may allocate (``scratch``: uids, or
+    ``{uid: "zero" | None}`` with each one's init policy; ``zero_scratch`` those cleared before every
+    execution), output uids, pointer alignment and device. :meth:`resolve` checks bindings against it
+    before any GPU work."""
 
     def __init__(self, tensors: dict[int, Tensor], *, device: int, alignment: int, outputs: Iterable[int] = (),
-                 constants: Mapping[int, tuple[Any, str]] | None = None, scratch: Iterable[int] = ()):
+                 constants: Mapping[int, tuple[Any, str]] | None = None,
+                 scratch: Iterable[int] | Mapping[int, str | None] = ()):
         self.tensors = dict(sorted(tensors.items()))
         self.device = int(device)
         self.alignment = int(alignment)
         self.outputs = frozenset(outputs)
         self.constants = dict(constants or {})
-        self.scratch = frozenset(scratch)
+        init = {int(u): p for u, p in scratch.items()} if isinstance(scratch, Mapping) else dict.fromkeys(scratch)
+        bad = {p for p in init.values() if p not in (None, "zero")}
+        if bad:
+            raise ValueError(f"scratch init policies must be None or 'zero', got {sorted(map(repr, bad))}")
+        self.scratch = frozenset(init)
+        self.zero_scratch = frozenset(u for u, p in init.items() if p == "zero")
         self.uids = tuple(self.tensors)
         self.labels = {u: f"tensor {t.name or '?'} (uid {u})" for u, t in self.tensors.items()}
 
@@ -410,12 +445,13 @@ class PlanSpec:
         produced = {uid for n in graph._nodes for _, uid in n.outputs}
         tensors = _tensor_specs(graph.tensors())
         constants = graph.constants() if hasattr(graph, "constants") else {}
-        scratch = [t.uid for t in graph.scratch()] if hasattr(graph, "scratch") else []
+        scratch = graph.scratch_init()
         return cls(tensors, device=device, alignment=graph.alignment,
                    outputs=[u for u in tensors if u in produced], constants=constants, scratch=scratch)
 
     def to_dict(self) -> dict[str, Any]:
         return {"alignment": self.alignment, "outputs": sorted(self.outputs), "scratch": sorted(self.scratch),
+                "zero_scratch": sorted(self.zero_scratch),
                 "constants": [[u, v, dt] for u, (v, dt) in sorted(self.constants.items())],
                 "tensors": [[t.uid, list(t.dims), list(t.strides), t.dtype, t.by_value, t.name]
                             for t in self.tensors.values()]}
@@ -424,8 +460,10 @@ class PlanSpec:
     def from_dict(cls, d: Mapping[str, Any], device: int) -> PlanSpec:
         tensors = {int(u): Tensor(int(u), tuple(dm), tuple(st), dt, False, bool(bv), nm, 0)
                    for u, dm, st, dt, bv, nm in d["tensors"]}
+        zero = {int(u) for u in d.get("zero_scratch", ())}
+        scratch = {int(u): ("zero" if int(u) in zero else None) for u in d.get("scratch", ())}
         return cls(tensors, device=device, alignment=int(d["alignment"]), outputs=d.get("outputs", ()),
-                   constants={int(u): (v, dt) for u, v, dt in d.get("constants", ())}, scratch=d.get("scratch", ()))
+                   constants={int(u): (v, dt) for u, v, dt in d.get("constants", ())}, scratch=scratch)
 
     def _uid_of(self, k: Any) -> int:
         if isinstance(k, Tensor):
@@ -455,14 +493,17 @@ class PlanSpec:
                    if u not in by_uid and u not in self.constants and u not in self.scratch]
         if missing:
             raise BindingError(f"unbound: {', '.join(missing)}; every non-virtual tensor needs an array or pointer")
-        r = _Resolved([], b"", [], [], [])
+        r = _Resolved([], b"", [], [], [], [], [])
         for uid in self.uids:
             spec, label = self.tensors[uid], self.labels[uid]
+            if uid in self.zero_scratch:
+                r.zero.append((len(r.ptrs), uid))
             if spec.by_value:
                 value = self.constants[uid][0] if uid in self.constants else by_uid[uid]
                 raw = _scalar_bytes(value, spec.dtype, label)
                 buf = ctypes.create_string_buffer(raw, max(len(raw), 8))
                 r.keep.append(buf)
+                r.by_value.append(len(r.ptrs))
                 r.ptrs.append(ctypes.addressof(buf))
                 r.scalars += raw
                 continue
@@ -617,8 +658,19 @@ class ExecutionPlan:
             owners.append(arr)
         return r, s, adapter, ws, owners
 
-    def _variant_pack(self, ptrs: list[int], ws: int, scalars: bytes, keep: list[Any]) -> BackendDescriptor:
-        key = (tuple(ptrs), ws, scalars)
+    def _zero_list(self, r: _Resolved) -> tuple[tuple[Any, int, Any], ...]:
+        """``(descriptor, device pointer, zero value)`` of each scratch tensor to clear before an execution."""
+        out = []
+        for pos, uid in r.zero:
+            t = self.tensors[uid]
+            out.append((tensor_descriptor(t.dtype, t.dims, t.strides), r.ptrs[pos], scaling_ref(t.dtype, 0.0)))
+        return tuple(out)
+
+    def _variant_pack(self, r: _Resolved, ws: int) -> BackendDescriptor:
+        """The cached variant pack for these device pointers, workspace and scalar values (a miss builds one
+        that keeps this resolve's scalar host buffers alive)."""
+        ptrs, keep = r.ptrs, r.keep
+        key = _pack_key(ptrs, r.by_value, ws, r.scalars)
         with self._lock:
             vp = self._packs.get(key)
             if vp is not None:
@@ -644,27 +696,40 @@ class ExecutionPlan:
         Work is queued on ``stream`` (default: the arrays' library's current
         stream). ``workspace`` (array or pointer) defaults to a buffer of the
         arrays' library kept with the plan per stream. Outputs are written
-        into their bound arrays.
+        into their bound arrays. Scratch tensors whose init policy is
+        ``"zero"`` (SDPA backward's ``dq`` accumulator), allocated or bound,
+        are cleared with ``cudnnSetTensor`` on that stream first.
         """
         r, s, adapter, ws, _owners = self._prepare(bindings, stream, workspace)
-        vp = self._variant_pack(r.ptrs, ws, r.scalars, r.keep)
+        vp = self._variant_pack(r, ws)
+        zero = self._zero_list(r) if r.zero else ()
         handle = get_handle(self.device, s, adapter)
         if _multi_device(adapter) and adapter.current_device() != self.device:
             with adapter.device_guard(self.device):
+                _clear(handle.ptr, zero)
                 status = _raw_execute()(handle.ptr, self.ptr, vp.ptr)
         else:
+            _clear(handle.ptr, zero)
             status = _raw_execute()(handle.ptr, self.ptr, vp.ptr)
         if status:
             raise lib.errors.error_for(status, "cudnnBackendExecute")
 
     def bind(self, bindings: Mapping[Any, Any], *, workspace: Any = None, stream: Any = None) -> BoundPlan:
         """Check ``bindings`` once and build their variant pack: the returned :class:`BoundPlan` executes
-        with only a handle lookup and ``cudnnBackendExecute``. It keeps the arrays (and workspace) alive."""
+        with only a handle lookup (scratch clearing where the graph needs it) and ``cudnnBackendExecute``.
+        It keeps the arrays (and workspace) alive.
+
+        The default workspace and allocated scratch are the plan's buffers for the bind-time stream
+        (``stream``, else the arrays' library's current stream): a :class:`BoundPlan` using any of them
+        runs only on that stream (calling it on another raises ``ValueError``); pass ``workspace=`` and
+        bind the scratch tensors to run it on any stream."""
         r, s, adapter, ws, owners = self._prepare(bindings, stream, workspace)
+        own = bool(r.scratch) or (workspace is None and self.workspace_size > 0)
         vp = _new_variant_pack(self.spec.uids, r.ptrs, ws, r.keep)
         owners += [v.owner for v in r.views]
         _raw_execute()
-        return BoundPlan(self, vp, owners, adapter, None if stream is None else s, _multi_device(adapter))
+        return BoundPlan(self, vp, owners, adapter, None if stream is None else s, _multi_device(adapter),
+                         home=s if own else None, zero=self._zero_list(r) if r.zero else ())
 
     # ------------------------------------------------------------- CUDA graphs
 
@@ -677,6 +742,11 @@ class ExecutionPlan:
             raise GraphError(f"engine {self.name} lacks CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API; build "
                              "with require_behavior={'SUPPORTS_CUDA_GRAPH_NATIVE_API'} (or capture execute() with "
                              "the array library's stream capture instead)")
+        if self.spec.zero_scratch:
+            names = ", ".join(self.spec.labels[u] for u in sorted(self.spec.zero_scratch))
+            raise GraphError(f"the graph's scratch {names} must be zeroed before every run, which a graph "
+                             "populated by cuDNN would not do: capture execute() with the array library's "
+                             "stream capture instead (it records the clearing)")
 
     def _graph_call(self, fn_name: str, bindings, graph, workspace) -> BackendDescriptor:
         self._check_cuda_graph()
@@ -724,14 +794,23 @@ class BoundPlan:
 
     ``bound(stream=None)`` calls ``cudnnBackendExecute`` with this thread's
     handle for the plan's device, on ``stream`` (default: the stream given to
-    :meth:`ExecutionPlan.bind`, else the arrays' library's current stream).
+    :meth:`ExecutionPlan.bind`, else the arrays' library's current stream),
+    after clearing the scratch tensors the graph needs zeroed.
+
+    When it uses the plan's default workspace or allocated scratch (kept per
+    stream, for the bind-time stream), it runs only on the stream it was bound
+    for: another stream (given, or current when none is given) raises
+    ``ValueError`` naming both, since that stream would share those buffers
+    with the bind-time stream's work without ordering. Binding with
+    ``workspace=`` and every scratch tensor bound lifts the restriction.
     """
 
     __slots__ = ("plan", "_vp", "_vp_ptr", "_plan_ptr", "_keep", "_adapter", "_stream", "_multi", "_device",
-                 "_current_stream", "_handle")
+                 "_current_stream", "_handle", "_home", "_zero")
 
     def __init__(self, plan: ExecutionPlan, vp: BackendDescriptor, keep: list[Any], adapter: Any,
-                 stream: int | None, multi_device: bool):
+                 stream: int | None, multi_device: bool, *, home: int | None = None,
+                 zero: tuple[tuple[Any, int, Any], ...] = ()):
         self.plan = plan
         self._vp = vp
         self._vp_ptr = ctypes.c_void_p(vp.ptr)
@@ -743,8 +822,10 @@ class BoundPlan:
         self._device = plan.device
         self._current_stream = adapter.current_stream if adapter is not None else None
         self._handle = None  # the last thread's handle (handles are per thread)
+        self._home = home  # the only stream it may run on (it uses the plan's buffers of that stream), or None
+        self._zero = zero  # (descriptor, pointer, zero) of scratch cleared before every run
 
-    def __call__(self, stream: Any = None) -> None:
+    def _stream_for(self, stream: Any) -> int:
         if stream is None:
             s = self._stream
             if s is None:
@@ -753,6 +834,14 @@ class BoundPlan:
             s = stream
         else:
             s = resolve_stream(stream, self._adapter, self._device)
+        if self._home is not None and s != self._home:
+            raise ValueError(f"this BoundPlan was bound for stream {self._home:#x} and uses the plan's workspace/"
+                             f"scratch buffers of that stream; it cannot run on stream {s:#x} (bind again for "
+                             "that stream, or bind with workspace= and every scratch tensor bound)")
+        return s
+
+    def __call__(self, stream: Any = None) -> None:
+        s = self._stream_for(stream)
         h = self._handle
         if h is None or h.thread != _get_ident():
             h = self._handle = get_handle(self._device, s, self._adapter)
@@ -760,8 +849,12 @@ class BoundPlan:
             h.set_stream(s)
         if self._multi and self._adapter.current_device() != self._device:
             with self._adapter.device_guard(self._device):
+                if self._zero:
+                    _clear(h.ptr, self._zero)
                 status = _RAW_EXECUTE[0](h.ptr, self._plan_ptr, self._vp_ptr)
         else:
+            if self._zero:
+                _clear(h.ptr, self._zero)
             status = _RAW_EXECUTE[0](h.ptr, self._plan_ptr, self._vp_ptr)  # made by bind()
         if status:
             raise lib.errors.error_for(status, "cudnnBackendExecute")
@@ -783,6 +876,12 @@ class BoundPlan:
 
 _RAW_EXECUTE: list[Any] = []
 _DEVICE_COUNTS: dict[str, int] = {}
+
+
+def _clear(handle: int, zero: tuple[tuple[Any, int, Any], ...]) -> None:
+    """``cudnnSetTensor(handle, desc, ptr, 0)`` for each scratch tensor to zero (on the handle's stream)."""
+    for desc, ptr, value in zero:
+        lib.cudnnSetTensor(handle, desc, ptr, value)
 
 
 def _multi_device(adapter: Any) -> bool:
@@ -1155,6 +1254,13 @@ def _sync(adapter: Any, device: int) -> None:
         adapter.synchronize(device)
 
 
+def _workspace_bytes(workspace: Any) -> int | None:
+    """The size of a ``workspace=`` array (None for no workspace or a raw pointer, whose size is unknown)."""
+    if workspace is None or (isinstance(workspace, int) and not isinstance(workspace, bool)):
+        return None
+    return as_view(workspace, "workspace").nbytes
+
+
 def autotune(graph: Graph, bindings: Mapping[Any, Any], *, max_candidates: int = 8, warmup: int = 2,
              repeat: int = 10, device: int | None = None, stream: Any = None, workspace: Any = None,
              **options: Any) -> ExecutionPlan:
@@ -1165,7 +1271,10 @@ def autotune(graph: Graph, bindings: Mapping[Any, Any], *, max_candidates: int =
     wall time per run, which is its GPU time whenever the GPU work outlasts
     the ~6 µs host cost of an execute. The returned plan's ``timings`` lists
     ``(name, ms)`` for each candidate, or ``(name, error)`` for one that failed
-    to run. Outputs are overwritten many times: inputs must not alias outputs.
+    to run, or ``(name, reason)`` for one whose workspace need exceeds a
+    given ``workspace=`` array (skipped, not run; when no candidate runs,
+    :class:`UnsupportedGraphError` lists these reasons). Outputs are
+    overwritten many times: inputs must not alias outputs.
     """
     if max_candidates < 1:
         raise ValueError(f"max_candidates must be at least 1, got {max_candidates}")
@@ -1175,19 +1284,29 @@ def autotune(graph: Graph, bindings: Mapping[Any, Any], *, max_candidates: int =
     attempts: list[Attempt] = []
     timings: list[tuple[str, float | str]] = []
     best: tuple[float, ExecutionPlan] | None = None
+    given = _workspace_bytes(workspace)
     with _device_env(ctx):
         tried = 0
         for plan in _iter_plans(ctx, attempts):
             tried += 1
+            if given is not None and plan.workspace_size > given:
+                why = f"needs {plan.workspace_size} bytes of workspace, workspace= has {given}"
+                timings.append((plan.name, why))
+                attempts.append(Attempt(plan.name, "filter", why))
+                if tried >= max_candidates:
+                    break
+                continue
             try:
                 bound = plan.bind(bindings, workspace=workspace, stream=stream)
+                # device-wide synchronization through the context's adapter (the bindings may be raw pointers,
+                # with no adapter): the timing must cover the GPU work, not only the host enqueue
                 for _ in range(warmup):
                     bound()
-                _sync(bound._adapter, ctx.device)
+                _sync(ctx.adapter, ctx.device)
                 t0 = time.perf_counter()
                 for _ in range(repeat):
                     bound()
-                _sync(bound._adapter, ctx.device)
+                _sync(ctx.adapter, ctx.device)
                 ms = (time.perf_counter() - t0) * 1e3 / repeat
             except (lib.CudnnError, BindingError) as e:
                 if isinstance(e, BindingError):

@@ -1116,7 +1116,9 @@ def _finalize_plan(cfg: BackendDescriptor, handle: Any) -> BackendDescriptor:
 
 def _plan_from(ctx: _Context, desc: BackendDescriptor, info: EngineInfo | None, keep: Any,
                attempts: list[Attempt]) -> ExecutionPlan:
-    return ExecutionPlan(desc, ctx.spec, key=ctx.key, engine=info, keep=keep, attempts=attempts)
+    # the plan keeps the handle it was finalized with (the building thread's): a thread's handles are destroyed
+    # when it ends, and a cached plan may outlive that thread
+    return ExecutionPlan(desc, ctx.spec, key=ctx.key, engine=info, keep=(keep, ctx.handle), attempts=attempts)
 
 
 def _iter_plans(ctx: _Context, attempts: list[Attempt]):
@@ -1208,7 +1210,7 @@ def load_plan(data: bytes | str | Mapping[str, Any], device: int | None = None) 
     with ad.device_guard(d):
         handle = get_handle(d, ad.current_stream(d), ad)
         desc = _plan_from_json(doc["plan"], handle)
-    return ExecutionPlan(desc, PlanSpec.from_dict(doc["spec"], d), key=None, engine=_plan_engine(desc))
+    return ExecutionPlan(desc, PlanSpec.from_dict(doc["spec"], d), key=None, engine=_plan_engine(desc), keep=handle)
 
 
 # ----------------------------------------------------------------- execution and autotuning

@@ -73,6 +73,16 @@ def ctc_rows() -> list[Row]:
         nbytes = 2 * t * n * a * 4
         rows.append(Row(FAMILY, "ctc fwd+bwd", shape, "float32", ours=ours, torch=torch_fn, bytes=nbytes))
         if t == T:
-            rows.append(Row(FAMILY, "ctc fwd+bwd, device labels", shape, "float32", ours=ours_dev, torch=torch_fn,
-                            bytes=nbytes, notes="labels and lengths read back to the host for validation"))
+            rows.append(
+                Row(
+                    FAMILY,
+                    "ctc fwd+bwd, device labels",
+                    shape,
+                    "float32",
+                    ours=ours_dev,
+                    torch=torch_fn,
+                    bytes=nbytes,
+                    notes="labels and lengths read back to the host for validation",
+                )
+            )
     return rows

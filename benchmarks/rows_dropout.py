@@ -36,12 +36,26 @@ def dropout_rows() -> list[Row]:
         r = reserve.numel()
         _, tmask = torch.ops.aten.native_dropout(x, p, True)
         s = "x".join(map(str, SHAPE))
-        rows.append(Row(FAMILY, "dropout fwd", s, dname,
-                        ours=lambda x=x, o=out, st=st: dropout_forward(x, p, state=st, out=o),
-                        torch=lambda x=x: torch.nn.functional.dropout(x, p, training=True),
-                        bytes=2 * n + r))
-        rows.append(Row(FAMILY, "dropout bwd", s, dname,
-                        ours=lambda dy=dy, r=reserve, o=out, st=st: dropout_backward(dy, r, p, state=st, out=o),
-                        torch=lambda dy=dy, m=tmask: torch.ops.aten.native_dropout_backward(dy, m, 1 / (1 - p)),
-                        bytes=2 * n + r))
+        rows.append(
+            Row(
+                FAMILY,
+                "dropout fwd",
+                s,
+                dname,
+                ours=lambda x=x, o=out, st=st: dropout_forward(x, p, state=st, out=o),
+                torch=lambda x=x: torch.nn.functional.dropout(x, p, training=True),
+                bytes=2 * n + r,
+            )
+        )
+        rows.append(
+            Row(
+                FAMILY,
+                "dropout bwd",
+                s,
+                dname,
+                ours=lambda dy=dy, r=reserve, o=out, st=st: dropout_backward(dy, r, p, state=st, out=o),
+                torch=lambda dy=dy, m=tmask: torch.ops.aten.native_dropout_backward(dy, m, 1 / (1 - p)),
+                bytes=2 * n + r,
+            )
+        )
     return rows

@@ -71,23 +71,67 @@ def graph_rows() -> list[Row]:
     tg, tbinds, tx, tw, _ = _conv_graph(torch, 1, 8, 8, 8, torch.float16)
     tplan = tg.build()
     bound = tplan.bind(tbinds)
-    rows.append(Row(FAMILY, "conv execute, prebound", "1x8x8x8 k8", "float16", ours=bound,
-                    torch=lambda: F.conv2d(tx, tw, padding=1), notes=f"plan {tplan.name}; {build_note}"))
-    rows.append(Row(FAMILY, "conv execute, dict bindings", "1x8x8x8 k8", "float16",
-                    ours=lambda: tplan.execute(tbinds), torch=lambda: F.conv2d(tx, tw, padding=1)))
-    rows.append(Row(FAMILY, "conv graph.execute (key + cache)", "1x8x8x8 k8", "float16",
-                    ours=lambda: tg.execute(tbinds), torch=lambda: F.conv2d(tx, tw, padding=1)))
+    rows.append(
+        Row(
+            FAMILY,
+            "conv execute, prebound",
+            "1x8x8x8 k8",
+            "float16",
+            ours=bound,
+            torch=lambda: F.conv2d(tx, tw, padding=1),
+            notes=f"plan {tplan.name}; {build_note}",
+        )
+    )
+    rows.append(
+        Row(
+            FAMILY,
+            "conv execute, dict bindings",
+            "1x8x8x8 k8",
+            "float16",
+            ours=lambda: tplan.execute(tbinds),
+            torch=lambda: F.conv2d(tx, tw, padding=1),
+        )
+    )
+    rows.append(
+        Row(
+            FAMILY,
+            "conv graph.execute (key + cache)",
+            "1x8x8x8 k8",
+            "float16",
+            ours=lambda: tg.execute(tbinds),
+            torch=lambda: F.conv2d(tx, tw, padding=1),
+        )
+    )
 
     # conv3x3 64->64 56x56 batch 64 bf16 NHWC, plain and fused
     flops = 2.0 * 64 * 64 * 64 * 9 * 56 * 56
-    rows.append(Row(FAMILY, "conv3x3 fprop", "64x64x56x56 k64", "bfloat16", ours=plan.bind(binds),
-                    torch=lambda: F.conv2d(x, w, padding=1), flops=flops, notes=f"plan {plan.name}"))
+    rows.append(
+        Row(
+            FAMILY,
+            "conv3x3 fprop",
+            "64x64x56x56 k64",
+            "bfloat16",
+            ours=plan.bind(binds),
+            torch=lambda: F.conv2d(x, w, padding=1),
+            flops=flops,
+            notes=f"plan {plan.name}",
+        )
+    )
     fg, fbinds, fx, fw, fb = _conv_graph(torch, 64, 64, 64, 56, torch.bfloat16, bias_relu=True)
     fplan = fg.build()
     fb4 = fb.reshape(64)
-    rows.append(Row(FAMILY, "conv3x3+bias+relu fused", "64x64x56x56 k64", "bfloat16", ours=fplan.bind(fbinds),
-                    torch=lambda: F.relu(F.conv2d(fx, fw, fb4, padding=1)), flops=flops,
-                    notes=f"plan {fplan.name}"))
+    rows.append(
+        Row(
+            FAMILY,
+            "conv3x3+bias+relu fused",
+            "64x64x56x56 k64",
+            "bfloat16",
+            ours=fplan.bind(fbinds),
+            torch=lambda: F.relu(F.conv2d(fx, fw, fb4, padding=1)),
+            flops=flops,
+            notes=f"plan {fplan.name}",
+        )
+    )
 
     # matmul + bias + GELU, bf16
     m = k = n = 4096
@@ -99,8 +143,16 @@ def graph_rows() -> list[Row]:
     ty = mg.mark_output(mg.pointwise("GELU_FWD", mg.pointwise("ADD", mg.matmul(ta, tb), tbias)), "bfloat16")
     mout = torch.empty(ty.dims, dtype=torch.bfloat16, device="cuda")
     mplan = mg.build()
-    rows.append(Row(FAMILY, "matmul+bias+gelu fused", f"{m}x{k}x{n}", "bfloat16",
-                    ours=mplan.bind({ta: a, tb: bm, tbias: bias, ty: mout}),
-                    torch=lambda: F.gelu(torch.matmul(a, bm) + bias), flops=2.0 * m * k * n,
-                    notes=f"plan {mplan.name}"))
+    rows.append(
+        Row(
+            FAMILY,
+            "matmul+bias+gelu fused",
+            f"{m}x{k}x{n}",
+            "bfloat16",
+            ours=mplan.bind({ta: a, tb: bm, tbias: bias, ty: mout}),
+            torch=lambda: F.gelu(torch.matmul(a, bm) + bias),
+            flops=2.0 * m * k * n,
+            notes=f"plan {mplan.name}",
+        )
+    )
     return rows

@@ -29,8 +29,17 @@ def graph_node_rows() -> list[Row]:
     ty = g.mark_output(g.resample_forward(tx, window=3, stride=2, pre_padding=1))
     y = torch.empty(ty.dims, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
     pool = g.build().bind({tx: x, ty: y})
-    rows.append(Row(FAMILY, "max_pool 3x3/2 pad1", shape, "float16", ours=pool,
-                    torch=lambda: F.max_pool2d(x, 3, 2, 1), bytes=2 * (x.numel() + y.numel())))
+    rows.append(
+        Row(
+            FAMILY,
+            "max_pool 3x3/2 pad1",
+            shape,
+            "float16",
+            ours=pool,
+            torch=lambda: F.max_pool2d(x, 3, 2, 1),
+            bytes=2 * (x.numel() + y.numel()),
+        )
+    )
 
     scale, bias = torch.ones(1, C, 1, 1, device="cuda"), torch.zeros(1, C, 1, 1, device="cuda")
     rmean, rvar = torch.zeros(1, C, 1, 1, device="cuda"), torch.ones(1, C, 1, 1, device="cuda")
@@ -44,7 +53,15 @@ def graph_node_rows() -> list[Row]:
     bind.update({g.mark_output(t): a for t, a in zip(r[1:], stats)})
     bn = g.build().bind(bind)
     trm_t, trv_t = rmean.flatten().clone(), rvar.flatten().clone()
-    rows.append(Row(FAMILY, "batch_norm train (running stats)", shape, "float16", ours=bn,
-                    torch=lambda: F.batch_norm(x, trm_t, trv_t, scale.flatten(), bias.flatten(), True, 0.1, 1e-5),
-                    bytes=3 * x.numel() * 2))
+    rows.append(
+        Row(
+            FAMILY,
+            "batch_norm train (running stats)",
+            shape,
+            "float16",
+            ours=bn,
+            torch=lambda: F.batch_norm(x, trm_t, trv_t, scale.flatten(), bias.flatten(), True, 0.1, 1e-5),
+            bytes=3 * x.numel() * 2,
+        )
+    )
     return rows

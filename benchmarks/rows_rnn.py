@@ -84,8 +84,26 @@ def rnn_rows() -> list[Row]:
     for algo in ("persist_static", "standard"):
         of, ofb, tf, tfb = _case("lstm", "float16", T, 8, 256, 256, 1, False, algo)
         fl = _flops("lstm", T, 8, 256, 256, 1, 1)
-        rows.append(Row(FAMILY, f"LSTM fwd (inference), algo={algo}", f"T{T} N8 I256 H256 L1", "float16", ours=of,
-                        torch=tf, flops=fl))
-        rows.append(Row(FAMILY, f"LSTM fwd+bwd, algo={algo}", f"T{T} N8 I256 H256 L1", "float16", ours=ofb,
-                        torch=tfb, flops=3 * fl))
+        rows.append(
+            Row(
+                FAMILY,
+                f"LSTM fwd (inference), algo={algo}",
+                f"T{T} N8 I256 H256 L1",
+                "float16",
+                ours=of,
+                torch=tf,
+                flops=fl,
+            )
+        )
+        rows.append(
+            Row(
+                FAMILY,
+                f"LSTM fwd+bwd, algo={algo}",
+                f"T{T} N8 I256 H256 L1",
+                "float16",
+                ours=ofb,
+                torch=tfb,
+                flops=3 * fl,
+            )
+        )
     return rows

@@ -50,8 +50,17 @@ def _rows(causal: bool) -> list[Row]:
         tq, tk, tv, to, tdo = (gb.tensor_like(t) for t in (q, k, v, o, do))
         tst = gb.tensor_like(stats)
         r = gb.sdpa_backward(tq, tk, tv, to, tdo, tst, causal=causal)
-        bind = {tq: q, tk: k, tv: v, to: o, tdo: do, tst: stats, gb.mark_output(r.dq): dq,
-                gb.mark_output(r.dk): dk, gb.mark_output(r.dv): dv}  # outputs marked before the build
+        bind = {
+            tq: q,
+            tk: k,
+            tv: v,
+            to: o,
+            tdo: do,
+            tst: stats,
+            gb.mark_output(r.dq): dq,
+            gb.mark_output(r.dk): dk,
+            gb.mark_output(r.dv): dv,
+        }  # outputs marked before the build
         return gb.build().bind(bind)
 
     infer, train, bwd = _or_error(forward_plan, False), _or_error(forward_plan, True), _or_error(backward_plan)
@@ -79,14 +88,41 @@ def _rows(causal: bool) -> list[Row]:
     tag = " causal" if causal else ""
     rows: list[Row] = []
     for backend, bname in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash")):
-        rows.append(Row(FAMILY, f"sdpa fwd{tag} vs torch-{bname}", shape, "bfloat16", ours=infer,
-                        torch=lambda be=backend: torch_fwd(be), flops=fwd_flops))
-        rows.append(Row(FAMILY, f"sdpa fwd+bwd{tag} vs torch-{bname}", shape, "bfloat16", ours=ours_train,
-                        torch=lambda be=backend: torch_train(be), flops=3.5 * fwd_flops))
+        rows.append(
+            Row(
+                FAMILY,
+                f"sdpa fwd{tag} vs torch-{bname}",
+                shape,
+                "bfloat16",
+                ours=infer,
+                torch=lambda be=backend: torch_fwd(be),
+                flops=fwd_flops,
+            )
+        )
+        rows.append(
+            Row(
+                FAMILY,
+                f"sdpa fwd+bwd{tag} vs torch-{bname}",
+                shape,
+                "bfloat16",
+                ours=ours_train,
+                torch=lambda be=backend: torch_train(be),
+                flops=3.5 * fwd_flops,
+            )
+        )
     if not causal:  # cuDNN 9.19's single SDPA_FWD operation takes no mask
         unified = _or_error(forward_plan, False, "unified")
-        rows.append(Row(FAMILY, "sdpa fwd (SDPA_FWD op) vs torch-cudnn", shape, "bfloat16", ours=unified,
-                        torch=lambda: torch_fwd(SDPBackend.CUDNN_ATTENTION), flops=fwd_flops))
+        rows.append(
+            Row(
+                FAMILY,
+                "sdpa fwd (SDPA_FWD op) vs torch-cudnn",
+                shape,
+                "bfloat16",
+                ours=unified,
+                torch=lambda: torch_fwd(SDPBackend.CUDNN_ATTENTION),
+                flops=fwd_flops,
+            )
+        )
     return rows
 
 

@@ -36,17 +36,33 @@ def softmax_rows() -> list[Row]:
                 name = "log_softmax" if log else "softmax"
                 tf = torch.log_softmax if log else torch.softmax
                 y = tf(x.float(), -1).to(dtype)
-                rows.append(Row(FAMILY, f"{name} fwd", s, dname,
-                                ours=lambda x=x, o=out, lg=log: softmax_forward(x, axis=-1, log=lg, out=o),
-                                torch=lambda x=x, o=tout, f=tf: torch.ops.aten._softmax.out(x, -1, False, out=o)
-                                if f is torch.softmax else torch.ops.aten._log_softmax.out(x, -1, False, out=o),
-                                bytes=2 * n))
+                rows.append(
+                    Row(
+                        FAMILY,
+                        f"{name} fwd",
+                        s,
+                        dname,
+                        ours=lambda x=x, o=out, lg=log: softmax_forward(x, axis=-1, log=lg, out=o),
+                        torch=lambda x=x, o=tout, f=tf: (
+                            torch.ops.aten._softmax.out(x, -1, False, out=o)
+                            if f is torch.softmax
+                            else torch.ops.aten._log_softmax.out(x, -1, False, out=o)
+                        ),
+                        bytes=2 * n,
+                    )
+                )
                 if shape == SHAPES[0]:
                     bw = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
                     kw = "out" if log else "grad_input"  # aten names the out argument differently
-                    rows.append(Row(FAMILY, f"{name} bwd", s, dname,
-                                    ours=lambda dy=dy, y=y, o=out, lg=log: softmax_backward(dy, y, axis=-1, log=lg,
-                                                                                            out=o),
-                                    torch=lambda dy=dy, y=y, o=tout, b=bw, k=kw: b.out(dy, y, -1, dy.dtype, **{k: o}),
-                                    bytes=3 * n))
+                    rows.append(
+                        Row(
+                            FAMILY,
+                            f"{name} bwd",
+                            s,
+                            dname,
+                            ours=lambda dy=dy, y=y, o=out, lg=log: softmax_backward(dy, y, axis=-1, log=lg, out=o),
+                            torch=lambda dy=dy, y=y, o=tout, b=bw, k=kw: b.out(dy, y, -1, dy.dtype, **{k: o}),
+                            bytes=3 * n,
+                        )
+                    )
     return rows

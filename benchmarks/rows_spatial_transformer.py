@@ -93,13 +93,35 @@ def spatial_transformer_rows() -> list[Row]:
     fwd_bytes = 2 * nx + ng
     bwd_bytes = 3 * nx + 2 * ng  # reads x, dy, grid; writes dx, dgrid
     rows.append(Row(FAMILY, "grid_sample fwd", s, dname, ours=ours_fwd, torch=torch_fwd, bytes=fwd_bytes))
-    rows.append(Row(FAMILY, "grid_sample fwd (torch native)", s, dname, ours=ours_fwd, torch=torch_native_fwd,
-                    bytes=fwd_bytes, notes="torch with cuDNN disabled: its own CUDA kernel"))
-    rows.append(Row(FAMILY, "grid_sample fwd+bwd", s, dname, ours=ours_fwd_bwd, torch=torch_fwd_bwd,
-                    bytes=fwd_bytes + bwd_bytes))
-    rows.append(Row(FAMILY, "grid_sample fwd+bwd (torch native)", s, dname, ours=ours_fwd_bwd,
-                    torch=torch_native_fwd_bwd, bytes=fwd_bytes + bwd_bytes,
-                    notes="torch with cuDNN disabled: its own CUDA kernels"))
+    rows.append(
+        Row(
+            FAMILY,
+            "grid_sample fwd (torch native)",
+            s,
+            dname,
+            ours=ours_fwd,
+            torch=torch_native_fwd,
+            bytes=fwd_bytes,
+            notes="torch with cuDNN disabled: its own CUDA kernel",
+        )
+    )
+    rows.append(
+        Row(
+            FAMILY, "grid_sample fwd+bwd", s, dname, ours=ours_fwd_bwd, torch=torch_fwd_bwd, bytes=fwd_bytes + bwd_bytes
+        )
+    )
+    rows.append(
+        Row(
+            FAMILY,
+            "grid_sample fwd+bwd (torch native)",
+            s,
+            dname,
+            ours=ours_fwd_bwd,
+            torch=torch_native_fwd_bwd,
+            bytes=fwd_bytes + bwd_bytes,
+            notes="torch with cuDNN disabled: its own CUDA kernels",
+        )
+    )
 
     g_out, dtheta = torch.empty_like(grid), torch.empty_like(theta)
     tr = theta.detach().requires_grad_()
@@ -109,10 +131,26 @@ def spatial_transformer_rows() -> list[Row]:
     def torch_affine_bwd():
         torch.autograd.grad(g_graph, tr, dg, retain_graph=True)
 
-    rows.append(Row(FAMILY, "affine_grid fwd", s, dname,
-                    ours=lambda: affine_grid_forward(theta, size=size, out=g_out),
-                    torch=lambda: F.affine_grid(theta, list(size), align_corners=True), bytes=ng))
-    rows.append(Row(FAMILY, "affine_grid bwd", s, dname,
-                    ours=lambda: affine_grid_backward(dg, size=size, out=dtheta),
-                    torch=torch_affine_bwd, bytes=ng))
+    rows.append(
+        Row(
+            FAMILY,
+            "affine_grid fwd",
+            s,
+            dname,
+            ours=lambda: affine_grid_forward(theta, size=size, out=g_out),
+            torch=lambda: F.affine_grid(theta, list(size), align_corners=True),
+            bytes=ng,
+        )
+    )
+    rows.append(
+        Row(
+            FAMILY,
+            "affine_grid bwd",
+            s,
+            dname,
+            ours=lambda: affine_grid_backward(dg, size=size, out=dtheta),
+            torch=torch_affine_bwd,
+            bytes=ng,
+        )
+    )
     return rows

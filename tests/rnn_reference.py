@@ -56,7 +56,7 @@ class Reference:
                 pl = layer * D + d
                 h, c = h0[pl], c0[pl]
                 ys = [None] * T
-                for t in (range(T) if d == 0 else range(T - 1, -1, -1)):
+                for t in range(T) if d == 0 else range(T - 1, -1, -1):
                     hn, cn = self._cell(self.params[pl], inp[t], h, c)
                     m = valid[t][:, None]
                     h = torch.where(m, hn, h)
@@ -142,6 +142,6 @@ def unpack(p: np.ndarray, lengths, T: int, fill=np.nan) -> np.ndarray:
     off = 0
     for t in range(T):
         n = int(np.sum(lengths > t))
-        out[t, :n] = p[off: off + n]
+        out[t, :n] = p[off : off + n]
         off += n
     return out

@@ -97,14 +97,19 @@ def test_fixed_count_is_enforced():
 
 def test_descriptor_valued_attribute_keeps_reference():
     x = BackendDescriptor("CUDNN_BACKEND_TENSOR_DESCRIPTOR")
-    for k, v in (("CUDNN_ATTR_TENSOR_DATA_TYPE", lib.CUDNN_DATA_FLOAT), ("CUDNN_ATTR_TENSOR_DIMENSIONS", [1, 4]),
-                 ("CUDNN_ATTR_TENSOR_STRIDES", [4, 1]), ("CUDNN_ATTR_TENSOR_UNIQUE_ID", 1),
-                 ("CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT", 4)):
+    for k, v in (
+        ("CUDNN_ATTR_TENSOR_DATA_TYPE", lib.CUDNN_DATA_FLOAT),
+        ("CUDNN_ATTR_TENSOR_DIMENSIONS", [1, 4]),
+        ("CUDNN_ATTR_TENSOR_STRIDES", [4, 1]),
+        ("CUDNN_ATTR_TENSOR_UNIQUE_ID", 1),
+        ("CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT", 4),
+    ):
         x.set(k, v)
     x.finalize()
     pw = BackendDescriptor("CUDNN_BACKEND_POINTWISE_DESCRIPTOR")
-    pw.set("CUDNN_ATTR_POINTWISE_MODE", lib.CUDNN_POINTWISE_RELU_FWD).set("CUDNN_ATTR_POINTWISE_MATH_PREC",
-                                                                          lib.CUDNN_DATA_FLOAT).finalize()
+    pw.set("CUDNN_ATTR_POINTWISE_MODE", lib.CUDNN_POINTWISE_RELU_FWD).set(
+        "CUDNN_ATTR_POINTWISE_MATH_PREC", lib.CUDNN_DATA_FLOAT
+    ).finalize()
     op = BackendDescriptor("CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR")
     op.set("CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR", pw)
     op.set("CUDNN_ATTR_OPERATION_POINTWISE_XDESC", x)

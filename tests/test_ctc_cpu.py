@@ -49,14 +49,29 @@ CASES = [
     (lambda: call(ll=[2, 1, 0]), ValueError, "label_lengths has 3 values but x has a batch of N=2"),
     (lambda: call(il=[6]), ValueError, "input_lengths has 1 values but x has a batch of N=2"),
     # label lengths
-    (lambda: call(ll=[3, -1, ]), ValueError, r"label_lengths\[1\] is -1; cuDNN's CTC loss needs at least one label"),
-    (lambda: call(x((300, N, A)), labels=[1] * 257, ll=[256, 1], il=[300, 4]), ValueError,
-     r"label_lengths\[0\] is 256; cuDNN's CTC loss supports labels of at most 255"),
+    (
+        lambda: call(
+            ll=[
+                3,
+                -1,
+            ]
+        ),
+        ValueError,
+        r"label_lengths\[1\] is -1; cuDNN's CTC loss needs at least one label",
+    ),
+    (
+        lambda: call(x((300, N, A)), labels=[1] * 257, ll=[256, 1], il=[300, 4]),
+        ValueError,
+        r"label_lengths\[0\] is 256; cuDNN's CTC loss supports labels of at most 255",
+    ),
     # input lengths
     (lambda: call(il=[6, 0]), ValueError, r"input_lengths\[1\] is 0; input lengths must be in \[1, T=6\]"),
     (lambda: call(il=[7, 4]), ValueError, r"input_lengths\[0\] is 7; input lengths must be in \[1, T=6\]"),
-    (lambda: call(labels=[1, 2, 3, 4], ll=[1, 3], il=[6, 2]), ValueError,
-     r"label_lengths\[1\] is 3 but input_lengths\[1\] is 2; a label cannot be longer than its input"),
+    (
+        lambda: call(labels=[1, 2, 3, 4], ll=[1, 3], il=[6, 2]),
+        ValueError,
+        r"label_lengths\[1\] is 3 but input_lengths\[1\] is 2; a label cannot be longer than its input",
+    ),
     # labels
     (lambda: call(labels=[1, 2]), ValueError, r"labels has 2 values but sum\(label_lengths\) is 3"),
     (lambda: call(labels=[1, 0, 3]), ValueError, r"labels\[1\] is 0, the blank; labels must be in \[1, A=5\)"),
@@ -68,10 +83,17 @@ CASES = [
     (lambda: call(ll=5), ValueError, r"label_lengths must be 1-d, got shape \(\)"),
     (lambda: call(labels=["a", "b", "c"]), TypeError, "labels must hold integers"),
     # device index arrays
-    (lambda: call(labels=x((3,), "<f4")), TypeError, "labels is a device array of dtype float32; it must hold integers"),
+    (
+        lambda: call(labels=x((3,), "<f4")),
+        TypeError,
+        "labels is a device array of dtype float32; it must hold integers",
+    ),
     (lambda: call(labels=x((1, 3), "<i4")), ValueError, r"labels must be 1-d, got shape \(1, 3\)"),
-    (lambda: call(labels=x((3,), "<i4")), TypeError,
-     "labels is a device array of a library without a cudnnkit adapter.*pass labels as a host array"),
+    (
+        lambda: call(labels=x((3,), "<i4")),
+        TypeError,
+        "labels is a device array of a library without a cudnnkit adapter.*pass labels as a host array",
+    ),
     (lambda: call(il=x((2,), "<i4")), TypeError, "input_lengths is a device array of a library without"),
     (lambda: call(labels=x((3,), "<i4", device=1)), ValueError, "labels is on cuda:1 but x is on cuda:0"),
     (lambda: call(ll=x((2,), "<i4", device=1)), ValueError, "label_lengths is on cuda:1 but x is on cuda:0"),
@@ -80,18 +102,31 @@ CASES = [
     (lambda: call(costs_out=x((N,))), TypeError, "without a cudnnkit adapter; pass grads_out="),
     (lambda: call(costs_out=x((N + 1,)), grads_out=x()), ValueError, r"costs_out must have shape \(2,\) and dtype"),
     (lambda: call(costs_out=x((N,), "<f8"), grads_out=x()), ValueError, "costs_out must have shape .* float32"),
-    (lambda: call(costs_out=x((N,)), grads_out=x((T, N, A + 1))), ValueError,
-     r"grads_out must have shape \(6, 2, 5\) and dtype float32"),
+    (
+        lambda: call(costs_out=x((N,)), grads_out=x((T, N, A + 1))),
+        ValueError,
+        r"grads_out must have shape \(6, 2, 5\) and dtype float32",
+    ),
     (lambda: call(costs_out=x((N,)), grads_out=x(device=1)), ValueError, "grads_out is on cuda:1 but the inputs"),
     (lambda: call(costs_out=x((N,), strides=(8,)), grads_out=x()), ValueError, "costs_out must be contiguous"),
-    (lambda: call(costs_out=x((N,)), grads_out=x(strides=(40, 4, 80))), ValueError,
-     r"grads_out must be C-contiguous \(T, N, A\)"),
+    (
+        lambda: call(costs_out=x((N,)), grads_out=x(strides=(40, 4, 80))),
+        ValueError,
+        r"grads_out must be C-contiguous \(T, N, A\)",
+    ),
     # what is left needs an array library to copy with
-    (lambda: call(x(strides=(40, 80, 4)), **outs()), ValueError, "x is not C-contiguous .* and its library has no cudnnkit adapter"),
+    (
+        lambda: call(x(strides=(40, 80, 4)), **outs()),
+        ValueError,
+        "x is not C-contiguous .* and its library has no cudnnkit adapter",
+    ),
     (lambda: call(**outs()), TypeError, "host labels and lengths cannot be copied to the device"),
     # empty batch
-    (lambda: call(x((T, 0, A)), labels=[1], ll=[], il=[], **outs(n=0)), ValueError,
-     "labels has 1 values but the batch is empty"),
+    (
+        lambda: call(x((T, 0, A)), labels=[1], ll=[], il=[], **outs(n=0)),
+        ValueError,
+        "labels has 1 values but the batch is empty",
+    ),
 ]
 
 
@@ -151,11 +186,14 @@ def test_ctc_descriptor_is_cached_by_value_and_set_with_v9():
     assert ctc_descriptor("softmax", "zero", 18) is not d
     for norm, oob, m in (("softmax", "zero", 17), ("none", "skip", 255)):
         comp, nm, gm, ml = (ctypes.c_int() for _ in range(4))
-        lib.cudnnGetCTCLossDescriptor_v9(ctc_descriptor(norm, oob, m), ctypes.byref(comp), ctypes.byref(nm),
-                                         ctypes.byref(gm), ctypes.byref(ml))
+        lib.cudnnGetCTCLossDescriptor_v9(
+            ctc_descriptor(norm, oob, m), ctypes.byref(comp), ctypes.byref(nm), ctypes.byref(gm), ctypes.byref(ml)
+        )
         assert comp.value == lib.CUDNN_DATA_FLOAT
-        assert nm.value == {"softmax": lib.CUDNN_LOSS_NORMALIZATION_SOFTMAX,
-                            "none": lib.CUDNN_LOSS_NORMALIZATION_NONE}[norm]
+        assert (
+            nm.value
+            == {"softmax": lib.CUDNN_LOSS_NORMALIZATION_SOFTMAX, "none": lib.CUDNN_LOSS_NORMALIZATION_NONE}[norm]
+        )
         assert gm.value == {"zero": lib.CUDNN_CTC_ZERO_OOB_GRADIENTS, "skip": lib.CUDNN_CTC_SKIP_OOB_GRADIENTS}[oob]
         assert ml.value == m
 

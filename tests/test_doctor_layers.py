@@ -71,12 +71,15 @@ def _cudnnkit_imports(path: Path) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("layer, allowed", [
-    ("lib", ("cudnnkit.lib",)),
-    ("runtime", ("cudnnkit.lib", "cudnnkit.runtime")),
-    ("graph", ("cudnnkit.lib", "cudnnkit.runtime", "cudnnkit.graph")),
-    ("ops", ("cudnnkit.lib", "cudnnkit.runtime", "cudnnkit.graph", "cudnnkit.ops")),
-])
+@pytest.mark.parametrize(
+    "layer, allowed",
+    [
+        ("lib", ("cudnnkit.lib",)),
+        ("runtime", ("cudnnkit.lib", "cudnnkit.runtime")),
+        ("graph", ("cudnnkit.lib", "cudnnkit.runtime", "cudnnkit.graph")),
+        ("ops", ("cudnnkit.lib", "cudnnkit.runtime", "cudnnkit.graph", "cudnnkit.ops")),
+    ],
+)
 def test_imports_point_downward_only(layer, allowed):
     for p in (SRC / layer).rglob("*.py"):
         for mod in _cudnnkit_imports(p):
@@ -84,8 +87,10 @@ def test_imports_point_downward_only(layer, allowed):
 
 
 def test_importing_cudnnkit_imports_no_framework():
-    code = ("import sys, cudnnkit, cudnnkit.runtime, cudnnkit.ops; "
-            "print(sorted(m for m in ('torch','cupy','jax') if m in sys.modules))")
+    code = (
+        "import sys, cudnnkit, cudnnkit.runtime, cudnnkit.ops; "
+        "print(sorted(m for m in ('torch','cupy','jax') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"
 

@@ -23,9 +23,21 @@ def test_rnn_descriptor_hidden_size_zero_is_bad_param():
     try:
         with pytest.raises(lib.BadParamError) as ei:
             lib.cudnnSetRNNDescriptor_v8(
-                p, lib.CUDNN_RNN_ALGO_STANDARD, lib.CUDNN_LSTM, lib.CUDNN_RNN_DOUBLE_BIAS, lib.CUDNN_UNIDIRECTIONAL,
-                lib.CUDNN_LINEAR_INPUT, lib.CUDNN_DATA_FLOAT, lib.CUDNN_DATA_FLOAT, lib.CUDNN_DEFAULT_MATH,
-                16, 0, 0, 1, None, 0,
+                p,
+                lib.CUDNN_RNN_ALGO_STANDARD,
+                lib.CUDNN_LSTM,
+                lib.CUDNN_RNN_DOUBLE_BIAS,
+                lib.CUDNN_UNIDIRECTIONAL,
+                lib.CUDNN_LINEAR_INPUT,
+                lib.CUDNN_DATA_FLOAT,
+                lib.CUDNN_DATA_FLOAT,
+                lib.CUDNN_DEFAULT_MATH,
+                16,
+                0,
+                0,
+                1,
+                None,
+                0,
             )
     finally:
         lib.cudnnDestroyRNNDescriptor(p)
@@ -76,8 +88,12 @@ def test_every_status_maps_to_its_category():
             continue
         cls = errors.error_class(st)
         cat = int(st) // 1000 * 1000
-        expect = {2000: errors.BadParamError, 3000: errors.NotSupportedError, 4000: errors.InternalError,
-                  5000: errors.ExecutionFailedError}.get(cat, errors.UncategorizedError)
+        expect = {
+            2000: errors.BadParamError,
+            3000: errors.NotSupportedError,
+            4000: errors.InternalError,
+            5000: errors.ExecutionFailedError,
+        }.get(cat, errors.UncategorizedError)
         assert issubclass(cls, expect), (st, cls)
     assert errors.error_class(1001) is errors.NotInitializedError
     assert errors.error_class(9999) is errors.UncategorizedError
@@ -116,8 +132,9 @@ def test_below_9_is_refused(monkeypatch):
 
 
 def _run(code: str, env: dict | None = None) -> str:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                       env={**os.environ, **(env or {})})
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 
@@ -135,8 +152,12 @@ def test_explicit_library_path_wins():
 
 
 def test_bad_explicit_path_is_a_clear_error():
-    r = subprocess.run([sys.executable, "-c", "from cudnnkit import lib; lib.version()"], capture_output=True,
-                       text=True, env={**os.environ, "CUDNNKIT_LIBRARY": "/nonexistent/libcudnn.so.9"})
+    r = subprocess.run(
+        [sys.executable, "-c", "from cudnnkit import lib; lib.version()"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDNNKIT_LIBRARY": "/nonexistent/libcudnn.so.9"},
+    )
     assert r.returncode != 0
     assert "LibraryNotFoundError" in r.stderr and "CUDNNKIT_LIBRARY" in r.stderr
 

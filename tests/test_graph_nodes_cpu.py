@@ -31,8 +31,9 @@ def uid_of(op: BackendDescriptor, attr: str) -> int:
 def pool(mode="max", window=3, stride=2, pad=1, post=None, index=False, dtype="float16", nan=False, **kw):
     g = Graph(**kw)
     x = g.tensor((2, 8, 9, 9), NHWC, dtype, name="x")
-    out = g.resample_forward(x, mode=mode, window=window, stride=stride, pre_padding=pad, post_padding=post,
-                             index=index, nan_propagation=nan)
+    out = g.resample_forward(
+        x, mode=mode, window=window, stride=stride, pre_padding=pad, post_padding=post, index=index, nan_propagation=nan
+    )
     y, idx = out if index else (out, None)
     g.mark_output(y)
     if idx is not None:
@@ -88,8 +89,10 @@ def test_resample_backward_lowers(given):
     low = g.lower()
     op = low.ops[0]
     assert low.op_params[0].get("CUDNN_ATTR_RESAMPLE_MODE") == (
-        lib.cudnnResampleMode_t.CUDNN_RESAMPLE_MAXPOOL if given == "index"
-        else lib.cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL_EXCLUDE_PADDING)
+        lib.cudnnResampleMode_t.CUDNN_RESAMPLE_MAXPOOL
+        if given == "index"
+        else lib.cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL_EXCLUDE_PADDING
+    )
     assert uid_of(op, "CUDNN_ATTR_OPERATION_RESAMPLE_BWD_DYDESC") == dy.uid
     assert uid_of(op, "CUDNN_ATTR_OPERATION_RESAMPLE_BWD_DXDESC") == dx.uid
     if given == "index":
@@ -130,7 +133,7 @@ def test_norm_forward_training_shapes_and_lowering(mode, stats_dims):
         assert r.mean.dims == stats_dims
     low = g.lower()
     assert len(low.ops) == 1 and low.op_graph.finalized
-    (eps_uid, (eps, eps_dtype)), = g.constants().items()
+    ((eps_uid, (eps, eps_dtype)),) = g.constants().items()
     assert eps == pytest.approx(1e-5) and eps_dtype == "float32"
     assert low.tensors[eps_uid].get("CUDNN_ATTR_TENSOR_IS_BY_VALUE") is True
     assert low.tensors[r.inv_variance.uid].get("CUDNN_ATTR_TENSOR_DIMENSIONS") == list(stats_dims)
@@ -228,7 +231,10 @@ def test_rng_read_back():
     g = Graph()
     g.mark_output(g.rng((16,), seed=5, distribution="normal", mean=1.0, std=2.0))
     rd = g.lower().op_params[0]
-    assert rd.get("CUDNN_ATTR_RNG_NORMAL_DIST_STANDARD_DEVIATION") == 2.0 and rd.get("CUDNN_ATTR_RNG_NORMAL_DIST_MEAN") == 1.0
+    assert (
+        rd.get("CUDNN_ATTR_RNG_NORMAL_DIST_STANDARD_DEVIATION") == 2.0
+        and rd.get("CUDNN_ATTR_RNG_NORMAL_DIST_MEAN") == 1.0
+    )
 
 
 def test_reshape_and_transpose_by_strides():
@@ -239,7 +245,12 @@ def test_reshape_and_transpose_by_strides():
     assert y.dims == (6, 20) and y.strides == (20, 1)
     assert t.dims == (2, 3, 5, 4) and t.strides == (60, 20, 1, 5)  # the same memory read transposed
     low = g.lower()
-    assert tensor_of(low.ops[1], "CUDNN_ATTR_OPERATION_RESHAPE_YDESC").get("CUDNN_ATTR_TENSOR_STRIDES") == [60, 20, 1, 5]
+    assert tensor_of(low.ops[1], "CUDNN_ATTR_OPERATION_RESHAPE_YDESC").get("CUDNN_ATTR_TENSOR_STRIDES") == [
+        60,
+        20,
+        1,
+        5,
+    ]
     assert uid_of(low.ops[0], "CUDNN_ATTR_OPERATION_RESHAPE_XDESC") == x.uid
 
 
@@ -493,45 +504,106 @@ def _x(g, dims=(2, 8, 9, 9), dtype="float16"):
         (lambda g: g.resample_forward(_x(g), mode="avg_include_padding", window=2, index=True), "index=True applies"),
         (lambda g: g.resample_forward(_x(g), window=2, padding_mode="reflect"), "padding_mode must be one of"),
         (lambda g: g.resample_backward(_x(g, (2, 8, 4, 4)), x_dims=(2, 8, 9, 9), window=2), "needs index="),
-        (lambda g: g.resample_backward(_x(g, (2, 8, 4, 4)), x_dims=(2, 8, 9, 9), window=2, mode="avg_include_padding",
-                                       index=_x(g, (2, 8, 4, 4))), "index= applies to max pooling"),
-        (lambda g: g.resample_backward(_x(g, (2, 8, 4, 4)), x_dims=(2, 8, 9, 9), window=2, index=_x(g, (2, 8, 3, 4))),
-         "must have dy's dims"),
-        (lambda g: g.resample_backward(_x(g, (2, 8, 5, 5)), x_dims=(2, 8, 9, 9), window=2, mode="avg_include_padding"),
-         "is not the pooled shape"),
+        (
+            lambda g: g.resample_backward(
+                _x(g, (2, 8, 4, 4)),
+                x_dims=(2, 8, 9, 9),
+                window=2,
+                mode="avg_include_padding",
+                index=_x(g, (2, 8, 4, 4)),
+            ),
+            "index= applies to max pooling",
+        ),
+        (
+            lambda g: g.resample_backward(
+                _x(g, (2, 8, 4, 4)), x_dims=(2, 8, 9, 9), window=2, index=_x(g, (2, 8, 3, 4))
+            ),
+            "must have dy's dims",
+        ),
+        (
+            lambda g: g.resample_backward(
+                _x(g, (2, 8, 5, 5)), x_dims=(2, 8, 9, 9), window=2, mode="avg_include_padding"
+            ),
+            "is not the pooled shape",
+        ),
         (lambda g: g.resample_backward(_x(g, (2, 8, 4, 4)), x_dims=(8, 9, 9), window=2), "must have one rank"),
         (lambda g: g.norm_forward("group", _x(g), None), "mode must be one of"),
-        (lambda g: g.norm_forward("batch", _x(g), g.tensor((1, 8, 1, 1)), g.tensor((1, 8, 1, 1)), phase="eval"),
-         "phase must be"),
-        (lambda g: g.norm_forward("batch", _x(g), g.tensor((1, 9, 1, 1)), g.tensor((1, 8, 1, 1))),
-         r"scale must have dims \(1, 8, 1, 1\)"),
+        (
+            lambda g: g.norm_forward("batch", _x(g), g.tensor((1, 8, 1, 1)), g.tensor((1, 8, 1, 1)), phase="eval"),
+            "phase must be",
+        ),
+        (
+            lambda g: g.norm_forward("batch", _x(g), g.tensor((1, 9, 1, 1)), g.tensor((1, 8, 1, 1))),
+            r"scale must have dims \(1, 8, 1, 1\)",
+        ),
         (lambda g: g.norm_forward("batch", _x(g), g.tensor((1, 8, 1, 1))), "batch norm needs bias"),
-        (lambda g: g.norm_forward("batch", _x(g), g.tensor((1, 8, 1, 1)), g.tensor((1, 8, 1, 1)), phase="inference"),
-         "needs mean= and inv_variance="),
-        (lambda g: g.norm_forward("batch", _x(g), g.tensor((1, 8, 1, 1)), g.tensor((1, 8, 1, 1)),
-                                  running_mean=g.tensor((1, 8, 1, 1)), running_var=g.tensor((1, 8, 1, 1))),
-         "need running_mean=, running_var= and momentum="),
-        (lambda g: g.norm_forward("layer", _x(g), g.tensor((1, 8, 9, 9)), g.tensor((1, 8, 9, 9)), momentum=0.1),
-         "momentum= needs"),
-        (lambda g: g.norm_forward("layer", _x(g), g.tensor((1, 8, 9, 9)), g.tensor((1, 8, 9, 9)), epsilon="1e-5"),
-         None),
-        (lambda g: g.norm_forward("layer", _x(g), g.tensor((1, 8, 9, 9)), g.tensor((1, 8, 9, 9)),
-                                  epsilon=g.tensor((1, 2, 1, 1))), "epsilon must be a one-element tensor"),
-        (lambda g: g.norm_forward("layer", _x(g), g.tensor((1, 8, 9, 9)), g.tensor((1, 8, 9, 9)),
-                                  peer_stats=[g.tensor((2, 1))]), "peer_stats apply to batch norm"),
-        (lambda g: g.norm_backward("rms", _x(g), _x(g), g.tensor((1, 8, 9, 9)), mean=g.tensor((2, 1, 1, 1)),
-                                   inv_variance=g.tensor((2, 1, 1, 1))), "rms norm has no mean"),
-        (lambda g: g.norm_backward("layer", _x(g), _x(g), g.tensor((1, 8, 9, 9)),
-                                   inv_variance=g.tensor((2, 1, 1, 1))), "needs mean="),
-        (lambda g: g.norm_backward("layer", _x(g), _x(g, (2, 8, 9, 8)), g.tensor((1, 8, 9, 9)),
-                                   inv_variance=g.tensor((2, 1, 1, 1))), "dy .* must have x's dims"),
+        (
+            lambda g: g.norm_forward("batch", _x(g), g.tensor((1, 8, 1, 1)), g.tensor((1, 8, 1, 1)), phase="inference"),
+            "needs mean= and inv_variance=",
+        ),
+        (
+            lambda g: g.norm_forward(
+                "batch",
+                _x(g),
+                g.tensor((1, 8, 1, 1)),
+                g.tensor((1, 8, 1, 1)),
+                running_mean=g.tensor((1, 8, 1, 1)),
+                running_var=g.tensor((1, 8, 1, 1)),
+            ),
+            "need running_mean=, running_var= and momentum=",
+        ),
+        (
+            lambda g: g.norm_forward("layer", _x(g), g.tensor((1, 8, 9, 9)), g.tensor((1, 8, 9, 9)), momentum=0.1),
+            "momentum= needs",
+        ),
+        (
+            lambda g: g.norm_forward("layer", _x(g), g.tensor((1, 8, 9, 9)), g.tensor((1, 8, 9, 9)), epsilon="1e-5"),
+            None,
+        ),
+        (
+            lambda g: g.norm_forward(
+                "layer", _x(g), g.tensor((1, 8, 9, 9)), g.tensor((1, 8, 9, 9)), epsilon=g.tensor((1, 2, 1, 1))
+            ),
+            "epsilon must be a one-element tensor",
+        ),
+        (
+            lambda g: g.norm_forward(
+                "layer", _x(g), g.tensor((1, 8, 9, 9)), g.tensor((1, 8, 9, 9)), peer_stats=[g.tensor((2, 1))]
+            ),
+            "peer_stats apply to batch norm",
+        ),
+        (
+            lambda g: g.norm_backward(
+                "rms",
+                _x(g),
+                _x(g),
+                g.tensor((1, 8, 9, 9)),
+                mean=g.tensor((2, 1, 1, 1)),
+                inv_variance=g.tensor((2, 1, 1, 1)),
+            ),
+            "rms norm has no mean",
+        ),
+        (
+            lambda g: g.norm_backward(
+                "layer", _x(g), _x(g), g.tensor((1, 8, 9, 9)), inv_variance=g.tensor((2, 1, 1, 1))
+            ),
+            "needs mean=",
+        ),
+        (
+            lambda g: g.norm_backward(
+                "layer", _x(g), _x(g, (2, 8, 9, 8)), g.tensor((1, 8, 9, 9)), inv_variance=g.tensor((2, 1, 1, 1))
+            ),
+            "dy .* must have x's dims",
+        ),
         (lambda g: g.genstats(_x(g, (5,))), "rank >= 2"),
         (lambda g: g.rng((4,), seed=1, distribution="poisson"), "distribution must be one of"),
         (lambda g: g.rng((4,), seed=1, probability=1.5), r"probability must be within \[0, 1\]"),
         (lambda g: g.rng((4,), seed=g.tensor((1,), dtype="int64")), "needs an offset= tensor"),
         (lambda g: g.rng((4,), seed=1, offset=g.tensor((1,), dtype="int64")), "offset= goes with a seed tensor"),
-        (lambda g: g.rng((4,), seed=g.tensor((1,)), offset=g.tensor((1,), dtype="int64")),
-         "seed must be a one-element int64"),
+        (
+            lambda g: g.rng((4,), seed=g.tensor((1,)), offset=g.tensor((1,), dtype="int64")),
+            "seed must be a one-element int64",
+        ),
         (lambda g: g.rng((4,), seed=1.5), None),
         (lambda g: g.rng((4,), seed=1, distribution="uniform", minimum=1, maximum=1), "minimum < maximum"),
         (lambda g: g.reshape(g.tensor((4, 6)), (5, 5)), r"\(24 elements\) to \(5, 5\)"),
@@ -597,6 +669,8 @@ def test_sdpa_stride_and_backward_argument_errors():
     g = Graph()
     q, k, v = _qkv(g)
     with pytest.raises(GraphError, match=r"stats must be float32 \(2, 4, 16, 1\)"):
-        g.sdpa_backward(q, k, v, g.tensor((2, 4, 16, 8)), g.tensor((2, 4, 16, 8)), g.tensor((2, 4, 16, 1), dtype="float16"))
+        g.sdpa_backward(
+            q, k, v, g.tensor((2, 4, 16, 8)), g.tensor((2, 4, 16, 8)), g.tensor((2, 4, 16, 1), dtype="float16")
+        )
     with pytest.raises(GraphError, match=r"do must have dims \(2, 4, 16, 8\)"):
         g.sdpa_backward(q, k, v, g.tensor((2, 4, 16, 8)), g.tensor((2, 4, 8, 8)), g.tensor((2, 4, 16, 1)))

@@ -82,9 +82,12 @@ def test_workspace_limit_uses_config_then_plan_size():
 
 
 def test_user_note_and_engine_filters():
-    f = EngineFilter.make(deny_numerical=["winograd"], deny_behavior=["CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION"],
-                          require_behavior=[lib.CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API],
-                          deny_engines=["eng7"])
+    f = EngineFilter.make(
+        deny_numerical=["winograd"],
+        deny_behavior=["CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION"],
+        require_behavior=[lib.CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API],
+        deny_engines=["eng7"],
+    )
     cg = {"SUPPORTS_CUDA_GRAPH_NATIVE_API"}
     assert "WINOGRAD numerical note (deny_numerical)" in f.reject(eng(num={"WINOGRAD"}, beh=cg, index=1))
     assert "RUNTIME_COMPILATION behavior note" in f.reject(eng(beh=cg | {"RUNTIME_COMPILATION"}, index=1))
@@ -100,11 +103,16 @@ def test_user_note_and_engine_filters():
 
 def test_unsupported_message_lists_attempts_and_names_the_cause():
     attempts = [
-        Attempt("heuristics mode b", "heuristics", "CUDNN_STATUS_NOT_SUPPORTED: no B model", "CUDNN_STATUS_NOT_SUPPORTED"),
+        Attempt(
+            "heuristics mode b", "heuristics", "CUDNN_STATUS_NOT_SUPPORTED: no B model", "CUDNN_STATUS_NOT_SUPPORTED"
+        ),
         Attempt("eng3_k1=0", "filter", "filtered: NONDETERMINISTIC numerical note (settings deterministic=True)"),
-        Attempt("eng9", "build", "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT: stride mismatch",
-                "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT"),
-        Attempt("eng11", "build", "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH", "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH"),
+        Attempt(
+            "eng9", "build", "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT: stride mismatch", "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT"
+        ),
+        Attempt(
+            "eng11", "build", "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH", "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH"
+        ),
     ]
     e = UnsupportedGraphError("graph g (1 ops: conv_fprop)", attempts)
     msg = str(e)
@@ -156,21 +164,33 @@ def test_good_bindings_resolve_in_uid_order_with_scalars_by_value():
     assert len(r.views) == 3 and not r.scratch
 
 
-@pytest.mark.parametrize("change,msg", [
-    (lambda b, t: b.pop(t["w"]), r"unbound: tensor w \(uid 2\)"),
-    (lambda b, t: b.__setitem__(t["x"], FakeCAI((2, 8, 6, 6), "<f4", ptr=BASE)),
-     r"tensor x \(uid 1\): dtype float32, the plan expects float16"),
-    (lambda b, t: b.__setitem__(t["x"], FakeCAI((2, 8, 6, 5), "<f2", ptr=BASE)),
-     r"tensor x \(uid 1\): shape \(2, 8, 6, 5\), the plan expects \(2, 8, 6, 6\)"),
-    (lambda b, t: b.__setitem__(t["x"], FakeCAI((2, 8, 6, 6), "<f2", ptr=BASE)),
-     r"tensor x \(uid 1\): strides \(288, 36, 6, 1\), the plan expects \(288, 1, 48, 8\)"),
-    (lambda b, t: b.__setitem__(t["x"], arr(t["x"], device=1)), r"tensor x \(uid 1\): on cuda:1, the plan is for cuda:0"),
-    (lambda b, t: b.__setitem__(t["y"], arr(t["y"], ptr=BASE + 2)), r"pointer 0x7f0000000002 is not aligned to 16"),
-    (lambda b, t: b.__setitem__(t["y"], BASE + 8), r"is not aligned to 16 bytes"),
-    (lambda b, t: b.__setitem__(t["y"], 0), r"tensor mul \(uid 5\): raw pointer 0 is not a device pointer"),
-    (lambda b, t: b.__setitem__(t["s"], "big"), r"tensor s \(uid 3\) is a by-value scalar: bind a Python number"),
-    (lambda b, t: b.__setitem__(4, arr(t["y"])), r"uid 4 is not a non-virtual tensor of this plan"),
-])
+@pytest.mark.parametrize(
+    "change,msg",
+    [
+        (lambda b, t: b.pop(t["w"]), r"unbound: tensor w \(uid 2\)"),
+        (
+            lambda b, t: b.__setitem__(t["x"], FakeCAI((2, 8, 6, 6), "<f4", ptr=BASE)),
+            r"tensor x \(uid 1\): dtype float32, the plan expects float16",
+        ),
+        (
+            lambda b, t: b.__setitem__(t["x"], FakeCAI((2, 8, 6, 5), "<f2", ptr=BASE)),
+            r"tensor x \(uid 1\): shape \(2, 8, 6, 5\), the plan expects \(2, 8, 6, 6\)",
+        ),
+        (
+            lambda b, t: b.__setitem__(t["x"], FakeCAI((2, 8, 6, 6), "<f2", ptr=BASE)),
+            r"tensor x \(uid 1\): strides \(288, 36, 6, 1\), the plan expects \(288, 1, 48, 8\)",
+        ),
+        (
+            lambda b, t: b.__setitem__(t["x"], arr(t["x"], device=1)),
+            r"tensor x \(uid 1\): on cuda:1, the plan is for cuda:0",
+        ),
+        (lambda b, t: b.__setitem__(t["y"], arr(t["y"], ptr=BASE + 2)), r"pointer 0x7f0000000002 is not aligned to 16"),
+        (lambda b, t: b.__setitem__(t["y"], BASE + 8), r"is not aligned to 16 bytes"),
+        (lambda b, t: b.__setitem__(t["y"], 0), r"tensor mul \(uid 5\): raw pointer 0 is not a device pointer"),
+        (lambda b, t: b.__setitem__(t["s"], "big"), r"tensor s \(uid 3\) is a by-value scalar: bind a Python number"),
+        (lambda b, t: b.__setitem__(4, arr(t["y"])), r"uid 4 is not a non-virtual tensor of this plan"),
+    ],
+)
 def test_bad_bindings_are_refused_with_the_tensor_named(change, msg):
     g, x, w, s, y, spec = conv_spec()
     t = {"x": x, "w": w, "s": s, "y": y}
@@ -236,8 +256,14 @@ def test_bfloat16_scalars_round_to_nearest_even():
 
 def test_constants_and_scratch_of_a_spec():
     g, x, w, s, y, _ = conv_spec()
-    spec = PlanSpec(PlanSpec.of(g, 0).tensors, device=0, alignment=16, outputs=[y.uid],
-                    constants={s.uid: (0.25, "float32")}, scratch=[y.uid])
+    spec = PlanSpec(
+        PlanSpec.of(g, 0).tensors,
+        device=0,
+        alignment=16,
+        outputs=[y.uid],
+        constants={s.uid: (0.25, "float32")},
+        scratch=[y.uid],
+    )
     r = spec.resolve({x: arr(x), w: arr(w, BASE + 4096)})  # s is a constant, y scratch: neither bound
     assert r.scalars == struct.pack("<f", 0.25) and r.scratch == [(3, y.uid)] and r.ptrs[3] == 0
     with pytest.raises(BindingError, match=r"tensor s \(uid 3\) is a constant of the graph \(value 0.25\)"):
@@ -373,8 +399,7 @@ def test_autotune_skips_candidates_needing_more_than_the_given_workspace(monkeyp
         assert plan.timings[1][0] == "eng2" and isinstance(plan.timings[1][1], float)
         assert synced == [0, 0]  # through the context's adapter, though the binding has none
         with pytest.raises(UnsupportedGraphError, match="needs 1024 bytes of workspace, workspace= has 16"):
-            plan_mod.autotune(g, {x: BASE}, workspace=FakeCAI((16,), "|u1", ptr=BASE), device=0,
-                              max_candidates=1)
+            plan_mod.autotune(g, {x: BASE}, workspace=FakeCAI((16,), "|u1", ptr=BASE), device=0, max_candidates=1)
     finally:
         plan_cache(0).clear()
 
@@ -431,8 +456,13 @@ def test_cache_deserialize_keeps_plans_of_this_cudnn_pending_by_key():
     g = Graph()
     g.mark_output(g.pointwise("RELU_FWD", g.tensor((2, 3))))
     key = (g.key(), 0, EngineFilter.make().options_key())
-    entry = {"format": "cudnnkit.plan/1", "cudnn_version": lib.version(), "key_digest": plan_mod._digest(key),
-             "plan": "{}", "spec": PlanSpec.of(g, 0).to_dict()}
+    entry = {
+        "format": "cudnnkit.plan/1",
+        "cudnn_version": lib.version(),
+        "key_digest": plan_mod._digest(key),
+        "plan": "{}",
+        "spec": PlanSpec.of(g, 0).to_dict(),
+    }
     old = dict(entry, cudnn_version=90000, key_digest="x")
     doc = json.dumps({"format": "cudnnkit.plan/1-cache", "plans": [entry, old]})
     c = PlanCache(5)
@@ -461,8 +491,13 @@ def test_build_key_is_stable_and_sensitive():
     assert make(alignment=32).key() != base
     assert make(dtype="bfloat16").key() != base
     assert make(pad=0).key() != base
-    for kw in ({"deterministic": True}, {"allow_tf32": False}, {"workspace_limit": 0}, {"heuristic_mode": "b"},
-               {"autotune": "exhaustive"}):
+    for kw in (
+        {"deterministic": True},
+        {"allow_tf32": False},
+        {"workspace_limit": 0},
+        {"heuristic_mode": "b"},
+        {"autotune": "exhaustive"},
+    ):
         with cudnnkit.settings(**kw):
             assert make().key() != base, kw
 

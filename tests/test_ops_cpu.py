@@ -44,12 +44,23 @@ CASES = [
     (lambda: ops.lrn_backward(x(), x(), x(typestr="<f2")), TypeError, "x has dtype float16 but dy has dtype float32"),
     (lambda: ops.lrn_backward(x(), x(), x(device=1)), ValueError, "x is on cuda:1 but dy is on cuda:0"),
     (lambda: ops.divisive_normalization_forward(x(), x((2, 3, 4, 4))), ValueError, "means has shape"),
-    (lambda: ops.divisive_normalization_forward(x(), FakeCAI((2, 3, 4, 5), strides=(4, 160, 40, 8)), out=x()),
-     ValueError, "means must be laid out as \\(60, 20, 5, 1\\) for cuDNN .* no cudnnkit adapter"),
-    (lambda: ops.divisive_normalization_forward(x(), out=FakeCAI((2, 3, 4, 5), strides=(4, 160, 40, 8))),
-     ValueError, "out must be laid out like the inputs as cuDNN sees them"),
-    (lambda: ops.divisive_normalization_backward(x(), x(), x(), dx_out=x(), dmeans_out=FakeCAI(
-        (2, 3, 4, 5), strides=(4, 160, 40, 8))), ValueError, "dmeans_out must be laid out like the inputs"),
+    (
+        lambda: ops.divisive_normalization_forward(x(), FakeCAI((2, 3, 4, 5), strides=(4, 160, 40, 8)), out=x()),
+        ValueError,
+        "means must be laid out as \\(60, 20, 5, 1\\) for cuDNN .* no cudnnkit adapter",
+    ),
+    (
+        lambda: ops.divisive_normalization_forward(x(), out=FakeCAI((2, 3, 4, 5), strides=(4, 160, 40, 8))),
+        ValueError,
+        "out must be laid out like the inputs as cuDNN sees them",
+    ),
+    (
+        lambda: ops.divisive_normalization_backward(
+            x(), x(), x(), dx_out=x(), dmeans_out=FakeCAI((2, 3, 4, 5), strides=(4, 160, 40, 8))
+        ),
+        ValueError,
+        "dmeans_out must be laid out like the inputs",
+    ),
     (lambda: ops.divisive_normalization_backward(x(), x(), dmeans_out=x()), ValueError, "dmeans_out needs means"),
     (lambda: ops.divisive_normalization_backward(x(), x(), x(), size=20), ValueError, "size must be in"),
     # dropout

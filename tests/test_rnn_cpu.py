@@ -17,26 +17,29 @@ from .test_runtime_cpu import FakeCAI
 # ------------------------------------------------------------------ config
 
 
-@pytest.mark.parametrize("kw,exc,msg", [
-    (dict(hidden_size=0), ValueError, "hidden_size must be an int >= 1, got 0"),
-    (dict(input_size=-1), ValueError, "input_size must be an int >= 1"),
-    (dict(num_layers=0), ValueError, "num_layers must be an int >= 1"),
-    (dict(cell="lstmx"), ValueError, "cell must be one of"),
-    (dict(cell="gru", proj_size=2), ValueError, "proj_size is for LSTM only"),
-    (dict(proj_size=8), ValueError, "proj_size must be smaller than hidden_size=8"),
-    (dict(input_mode="skip"), ValueError, r"input_size \(4\) must equal hidden_size \(8\)"),
-    (dict(bias_mode="both"), ValueError, "bias_mode must be one of"),
-    (dict(dtype="bfloat16"), TypeError, "cuDNN 9 RNNs have no bfloat16"),
-    (dict(dtype="float32", math_precision="float16"), ValueError, "math_precision float16 is not supported"),
-    (dict(math_type="tf32"), ValueError, "math_type must be one of"),
-    (dict(cell="gru", cell_clip=1.0), ValueError, "cell_clip clips the LSTM cell state"),
-    (dict(cell_clip=(1.0, -1.0)), ValueError, "needs lo <= hi"),
-    (dict(cell_clip=-1.0), ValueError, "cell_clip must be > 0"),
-    (dict(dropout=1.0), ValueError, r"p must be in \[0, 1\)"),
-    (dict(algo="fast"), ValueError, "algo must be one of"),
-    (dict(bidirectional=1), TypeError, "bidirectional must be a bool"),
-    (dict(padded_io=1), TypeError, "padded_io must be a bool or None"),
-])
+@pytest.mark.parametrize(
+    "kw,exc,msg",
+    [
+        (dict(hidden_size=0), ValueError, "hidden_size must be an int >= 1, got 0"),
+        (dict(input_size=-1), ValueError, "input_size must be an int >= 1"),
+        (dict(num_layers=0), ValueError, "num_layers must be an int >= 1"),
+        (dict(cell="lstmx"), ValueError, "cell must be one of"),
+        (dict(cell="gru", proj_size=2), ValueError, "proj_size is for LSTM only"),
+        (dict(proj_size=8), ValueError, "proj_size must be smaller than hidden_size=8"),
+        (dict(input_mode="skip"), ValueError, r"input_size \(4\) must equal hidden_size \(8\)"),
+        (dict(bias_mode="both"), ValueError, "bias_mode must be one of"),
+        (dict(dtype="bfloat16"), TypeError, "cuDNN 9 RNNs have no bfloat16"),
+        (dict(dtype="float32", math_precision="float16"), ValueError, "math_precision float16 is not supported"),
+        (dict(math_type="tf32"), ValueError, "math_type must be one of"),
+        (dict(cell="gru", cell_clip=1.0), ValueError, "cell_clip clips the LSTM cell state"),
+        (dict(cell_clip=(1.0, -1.0)), ValueError, "needs lo <= hi"),
+        (dict(cell_clip=-1.0), ValueError, "cell_clip must be > 0"),
+        (dict(dropout=1.0), ValueError, r"p must be in \[0, 1\)"),
+        (dict(algo="fast"), ValueError, "algo must be one of"),
+        (dict(bidirectional=1), TypeError, "bidirectional must be a bool"),
+        (dict(padded_io=1), TypeError, "padded_io must be a bool or None"),
+    ],
+)
 def test_bad_config(kw, exc, msg):
     args = dict(cell="lstm", input_size=4, hidden_size=8) | kw
     with pytest.raises(exc, match=msg):
@@ -63,7 +66,9 @@ def test_math_type_follows_settings():
         assert RNN("lstm", 4, 8).resolved_math() == ("float32", "fma")
     assert RNN("lstm", 4, 8, dtype="float64").resolved_math() == ("float64", "default")
     assert RNN("lstm", 4, 8, dtype="float16", math_precision="float16", math_type="fma").resolved_math() == (
-        "float16", "fma")
+        "float16",
+        "fma",
+    )
 
 
 # ------------------------------------------------------------------ descriptors, read back from cuDNN
@@ -76,15 +81,25 @@ def _read_back(desc):
     return [v.value for v in vals] + [drop.value, aux.value]
 
 
-@pytest.mark.parametrize("rnn", [
-    RNN("lstm", 4, 8, num_layers=3, bidirectional=True, proj_size=5, cell_clip=(-1.5, 2.0)),
-    RNN("gru", 6, 6, input_mode="skip", bias_mode="single_recurrent", dtype="float16"),
-    RNN("gru", 6, 6, input_mode="skip", algo="persist_static", dtype="float16"),
-    RNN("relu", 3, 7, bias_mode="none", dtype="float64", padded_io=False),
-    RNN("tanh", 3, 7, bias_mode="single_input", dtype="float16", math_precision="float16",
-        math_type="tensor_op_allow_conversion"),
-    RNN("tanh", 3, 7, algo="persist_dynamic", dtype="float16", math_type="tensor_op_allow_conversion"),
-])
+@pytest.mark.parametrize(
+    "rnn",
+    [
+        RNN("lstm", 4, 8, num_layers=3, bidirectional=True, proj_size=5, cell_clip=(-1.5, 2.0)),
+        RNN("gru", 6, 6, input_mode="skip", bias_mode="single_recurrent", dtype="float16"),
+        RNN("gru", 6, 6, input_mode="skip", algo="persist_static", dtype="float16"),
+        RNN("relu", 3, 7, bias_mode="none", dtype="float64", padded_io=False),
+        RNN(
+            "tanh",
+            3,
+            7,
+            bias_mode="single_input",
+            dtype="float16",
+            math_precision="float16",
+            math_type="tensor_op_allow_conversion",
+        ),
+        RNN("tanh", 3, 7, algo="persist_dynamic", dtype="float16", math_type="tensor_op_allow_conversion"),
+    ],
+)
 def test_descriptor_read_back(rnn):
     d = rnn_descriptor(rnn)
     (algo, cell, bias, dirm, inmode, dt, prec, mt, insz, hid, proj, layers, drop, aux) = _read_back(d)
@@ -109,21 +124,25 @@ def test_descriptor_read_back(rnn):
 def test_unsupported_combination_says_what():
     from cudnnkit.lib.errors import NotSupportedError
 
-    with pytest.raises(NotSupportedError, match="algo='persist_static', dtype=float16.*bias_mode='single_recurrent'.*"
-                                                "persistent algorithms refuse"):
+    with pytest.raises(
+        NotSupportedError,
+        match="algo='persist_static', dtype=float16.*bias_mode='single_recurrent'.*persistent algorithms refuse",
+    ):
         rnn_descriptor(RNN("gru", 6, 6, bias_mode="single_recurrent", algo="persist_static", dtype="float16"))
 
 
-@pytest.mark.parametrize("layout,dtype,fill", [("seq_major", "float32", -1.5), ("batch_major", "float16", 2.0),
-                                               ("packed", "float64", 0.0)])
+@pytest.mark.parametrize(
+    "layout,dtype,fill", [("seq_major", "float32", -1.5), ("batch_major", "float16", 2.0), ("packed", "float64", 0.0)]
+)
 def test_rnn_data_descriptor_read_back(layout, dtype, fill):
     lengths = (5, 3, 3, 1)
     d = get_cached(RNN_DATA, (dtype, layout, 5, 4, 7, lengths, _fill_bytes(dtype, fill)))
     dt, lay, T, N, vec = (ctypes.c_int() for _ in range(5))
     arr = (ctypes.c_int * 4)()
     buf = ctypes.create_string_buffer(8)
-    lib.cudnnGetRNNDataDescriptor(d, ctypes.byref(dt), ctypes.byref(lay), ctypes.byref(T), ctypes.byref(N),
-                                  ctypes.byref(vec), 4, arr, buf)
+    lib.cudnnGetRNNDataDescriptor(
+        d, ctypes.byref(dt), ctypes.byref(lay), ctypes.byref(T), ctypes.byref(N), ctypes.byref(vec), 4, arr, buf
+    )
     from cudnnkit.ops import rnn as m
 
     assert (lay.value, T.value, N.value, vec.value, tuple(arr)) == (m._LAYOUTS[layout], 5, 4, 7, lengths)
@@ -142,49 +161,95 @@ R = RNN("lstm", 4, 5, num_layers=2)
 W = _fake((1000,))
 
 
-@pytest.mark.parametrize("call,exc,msg", [
-    (lambda: rnn_forward(np.zeros((3, 2, 4), np.float32), W, rnn=R), TypeError, r"^x is a host array"),
-    (lambda: rnn_forward(_fake((3, 2, 4), "<f8"), W, rnn=R), TypeError, "x has dtype float64 but the RNN's dtype"),
-    (lambda: rnn_forward(_fake((3, 2, 3)), W, rnn=R), ValueError, "x has feature size 3 but the RNN's input_size is 4"),
-    (lambda: rnn_forward(_fake((3, 2)), W, rnn=R), ValueError, r"x must be \(T, N, input_size\)"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, seq_lengths=[3, 4]), ValueError,
-     r"seq_lengths\[1\] is 4; each length must be in \[1, T=3\]"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, seq_lengths=[3, 0]), ValueError, r"seq_lengths\[1\] is 0"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, seq_lengths=[3, 2, 1]), ValueError,
-     "seq_lengths has 3 values but x has a batch of 2"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, seq_lengths=[1.5, 2]), TypeError, "seq_lengths must be a 1-d"),
-    (lambda: rnn_forward(_fake((5, 4)), W, rnn=R, layout="packed", seq_lengths=[2, 3]), ValueError,
-     "decreasing order"),
-    (lambda: rnn_forward(_fake((6, 4)), W, rnn=R, layout="packed", seq_lengths=[3, 2]), ValueError,
-     r"packed x has 6 rows but sum\(seq_lengths\) is 5"),
-    (lambda: rnn_forward(_fake((5, 4)), W, rnn=R, layout="packed"), ValueError, "needs seq_lengths"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, layout="time_major"), ValueError, "layout must be one of"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=RNN("gru", 4, 5, padded_io=False)), ValueError,
-     "needs padded I/O"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, _fake((2, 2, 4)), rnn=R), ValueError,
-     r"hx must have shape \(2, 2, 5\), got \(2, 2, 4\)"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, None, _fake((2, 2, 5), "<f2"), rnn=R), TypeError,
-     "cx has dtype float16"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, None, _fake((1, 2, 5)), rnn=RNN("gru", 4, 5)), ValueError,
-     "cx is the LSTM cell state"),
-    (lambda: rnn_forward(_fake((3, 2, 4), strides=(4, 48, 8)), W, rnn=R), TypeError,
-     "rnn_forward allocates y, hy, cy and its workspace with the inputs' library"),
-    (lambda: rnn_forward(None, W, rnn=R), TypeError, "x is required"),
-    (lambda: rnn_backward(_fake((3, 2, 4)), _fake((3, 2, 5)), _fake((3, 2, 5)), W, None, rnn=R), TypeError,
-     "reserve is required"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn="lstm"), TypeError, "rnn must be a cudnnkit.ops.RNN config"),
-    (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, training=1), TypeError, "training must be a bool"),
-    (lambda: rnn_backward(*[_fake((3, 2, 4))] * 2, _fake((3, 2, 5)), W, _fake((10,), "|u1"), rnn=R), ValueError,
-     r"y must have the forward output's shape \(3, 2, 5\)"),
-    (lambda: rnn_backward(_fake((3, 2, 4)), _fake((3, 2, 5)), _fake((3, 2, 5)), W, _fake((10,), "|u1"), rnn=R,
-                          accumulate=True), ValueError, "accumulate=True adds into an existing weight gradient"),
-])
+@pytest.mark.parametrize(
+    "call,exc,msg",
+    [
+        (lambda: rnn_forward(np.zeros((3, 2, 4), np.float32), W, rnn=R), TypeError, r"^x is a host array"),
+        (lambda: rnn_forward(_fake((3, 2, 4), "<f8"), W, rnn=R), TypeError, "x has dtype float64 but the RNN's dtype"),
+        (
+            lambda: rnn_forward(_fake((3, 2, 3)), W, rnn=R),
+            ValueError,
+            "x has feature size 3 but the RNN's input_size is 4",
+        ),
+        (lambda: rnn_forward(_fake((3, 2)), W, rnn=R), ValueError, r"x must be \(T, N, input_size\)"),
+        (
+            lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, seq_lengths=[3, 4]),
+            ValueError,
+            r"seq_lengths\[1\] is 4; each length must be in \[1, T=3\]",
+        ),
+        (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, seq_lengths=[3, 0]), ValueError, r"seq_lengths\[1\] is 0"),
+        (
+            lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, seq_lengths=[3, 2, 1]),
+            ValueError,
+            "seq_lengths has 3 values but x has a batch of 2",
+        ),
+        (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, seq_lengths=[1.5, 2]), TypeError, "seq_lengths must be a 1-d"),
+        (
+            lambda: rnn_forward(_fake((5, 4)), W, rnn=R, layout="packed", seq_lengths=[2, 3]),
+            ValueError,
+            "decreasing order",
+        ),
+        (
+            lambda: rnn_forward(_fake((6, 4)), W, rnn=R, layout="packed", seq_lengths=[3, 2]),
+            ValueError,
+            r"packed x has 6 rows but sum\(seq_lengths\) is 5",
+        ),
+        (lambda: rnn_forward(_fake((5, 4)), W, rnn=R, layout="packed"), ValueError, "needs seq_lengths"),
+        (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, layout="time_major"), ValueError, "layout must be one of"),
+        (
+            lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=RNN("gru", 4, 5, padded_io=False)),
+            ValueError,
+            "needs padded I/O",
+        ),
+        (
+            lambda: rnn_forward(_fake((3, 2, 4)), W, _fake((2, 2, 4)), rnn=R),
+            ValueError,
+            r"hx must have shape \(2, 2, 5\), got \(2, 2, 4\)",
+        ),
+        (
+            lambda: rnn_forward(_fake((3, 2, 4)), W, None, _fake((2, 2, 5), "<f2"), rnn=R),
+            TypeError,
+            "cx has dtype float16",
+        ),
+        (
+            lambda: rnn_forward(_fake((3, 2, 4)), W, None, _fake((1, 2, 5)), rnn=RNN("gru", 4, 5)),
+            ValueError,
+            "cx is the LSTM cell state",
+        ),
+        (
+            lambda: rnn_forward(_fake((3, 2, 4), strides=(4, 48, 8)), W, rnn=R),
+            TypeError,
+            "rnn_forward allocates y, hy, cy and its workspace with the inputs' library",
+        ),
+        (lambda: rnn_forward(None, W, rnn=R), TypeError, "x is required"),
+        (
+            lambda: rnn_backward(_fake((3, 2, 4)), _fake((3, 2, 5)), _fake((3, 2, 5)), W, None, rnn=R),
+            TypeError,
+            "reserve is required",
+        ),
+        (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn="lstm"), TypeError, "rnn must be a cudnnkit.ops.RNN config"),
+        (lambda: rnn_forward(_fake((3, 2, 4)), W, rnn=R, training=1), TypeError, "training must be a bool"),
+        (
+            lambda: rnn_backward(*[_fake((3, 2, 4))] * 2, _fake((3, 2, 5)), W, _fake((10,), "|u1"), rnn=R),
+            ValueError,
+            r"y must have the forward output's shape \(3, 2, 5\)",
+        ),
+        (
+            lambda: rnn_backward(
+                _fake((3, 2, 4)), _fake((3, 2, 5)), _fake((3, 2, 5)), W, _fake((10,), "|u1"), rnn=R, accumulate=True
+            ),
+            ValueError,
+            "accumulate=True adds into an existing weight gradient",
+        ),
+    ],
+)
 def test_bad_input_before_gpu(call, exc, msg):
     with pytest.raises(exc, match=msg):
         call()
 
 
 # ------------------------------------------------------------------ torch layout names; the reference itself
+
 
 def _module(cell, **kw):
     torch = pytest.importorskip("torch")
@@ -195,8 +260,10 @@ def _module(cell, **kw):
     return cls(**kw).double()
 
 
-@pytest.mark.parametrize("cell,proj,bias,bidir", [("lstm", 0, True, True), ("lstm", 2, False, True),
-                                                  ("gru", 0, True, False), ("tanh", 0, False, True)])
+@pytest.mark.parametrize(
+    "cell,proj,bias,bidir",
+    [("lstm", 0, True, True), ("lstm", 2, False, True), ("gru", 0, True, False), ("tanh", 0, False, True)],
+)
 def test_torch_param_names(cell, proj, bias, bidir):
     pytest.importorskip("torch")
     kw = dict(input_size=3, hidden_size=4, num_layers=2, bidirectional=bidir, bias=bias)
@@ -223,7 +290,9 @@ def _params_from_torch(mod, rnn):
             for side in ("ih", "hh"):
                 for g in range(G):
                     b = p.get(f"bias_{side}{s}")
-                    row.append((p[f"weight_{side}{s}"][g * H:(g + 1) * H], None if b is None else b[g * H:(g + 1) * H]))
+                    row.append(
+                        (p[f"weight_{side}{s}"][g * H : (g + 1) * H], None if b is None else b[g * H : (g + 1) * H])
+                    )
             if rnn.proj_size:
                 row.append((p[f"weight_hr{s}"], None))
             out.append(row)

@@ -31,8 +31,13 @@ class FakeCAI:
     """A device array as seen through __cuda_array_interface__ only (never dereferenced here)."""
 
     def __init__(self, shape, typestr="<f4", strides=None, ptr=0x7F0000000000, device=0):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "strides": strides,
-                                         "data": (ptr, False), "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "strides": strides,
+            "data": (ptr, False),
+            "version": 3,
+        }
         self.device = device
 
 
@@ -165,8 +170,14 @@ def test_settings_validation(kw, exc, msg):
 
 def test_settings_key_changes_with_each_field():
     keys = {current_settings().key()}
-    for kw in (dict(deterministic=True), dict(allow_tf32=False), dict(workspace_limit=0), dict(autotune="off"),
-               dict(heuristic_mode="b"), dict(prefer="legacy")):
+    for kw in (
+        dict(deterministic=True),
+        dict(allow_tf32=False),
+        dict(workspace_limit=0),
+        dict(autotune="off"),
+        dict(heuristic_mode="b"),
+        dict(prefer="legacy"),
+    ):
         with settings(**kw):
             keys.add(current_settings().key())
     assert len(keys) == 7

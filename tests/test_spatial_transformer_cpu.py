@@ -61,8 +61,11 @@ CASES = [
     (lambda: grid_sample_forward(FakeBF16(X), FakeBF16(G)), TypeError, "x has dtype bfloat16"),
     (lambda: grid_sample_forward(a(X, "|u1"), a(G, "|u1")), TypeError, "x has dtype uint8"),
     (lambda: grid_sample_forward(a(X), a(G, "<f8")), TypeError, "grid has dtype float64 but x has dtype float32"),
-    (lambda: grid_sample_backward(a(X, "<f2"), a(G, "<f2"), a(Y)), TypeError,
-     "dy has dtype float32 but x has dtype float16"),
+    (
+        lambda: grid_sample_backward(a(X, "<f2"), a(G, "<f2"), a(Y)),
+        TypeError,
+        "dy has dtype float32 but x has dtype float16",
+    ),
     (lambda: grid_sample_forward(a(X), a(G), out=a(Y, "<f8")), ValueError, "out must have shape .* and dtype float32"),
     (lambda: affine_grid_forward(a(T), size=SIZE, out=a(G, "<f2")), ValueError, "dtype float32"),
     # size
@@ -81,8 +84,11 @@ CASES = [
     (lambda: affine_grid_forward(a((6,)), size=SIZE), ValueError, r"theta must have shape \(N, 2, 3\)"),
     (lambda: affine_grid_forward(a((3, 2, 3)), size=SIZE), ValueError, "theta has N = 3 but size has N = 2"),
     (lambda: affine_grid_backward(a((2, 6, 7, 3)), size=SIZE), ValueError, r"dgrid must have shape \(N, H, W, 2\)"),
-    (lambda: affine_grid_backward(a((2, 7, 6, 2)), size=SIZE), ValueError,
-     r"dgrid has shape \(2, 7, 6, 2\) but size .* needs \(2, 6, 7, 2\)"),
+    (
+        lambda: affine_grid_backward(a((2, 7, 6, 2)), size=SIZE),
+        ValueError,
+        r"dgrid has shape \(2, 7, 6, 2\) but size .* needs \(2, 6, 7, 2\)",
+    ),
     (lambda: affine_grid_backward(a(G), size=SIZE, out=a((2, 3, 2))), ValueError, r"out must have shape \(2, 2, 3\)"),
     # x / grid / dy shapes
     (lambda: grid_sample_forward(a((2, 3, 4)), a(G)), ValueError, r"x must be 4-d \(N, C, H, W\)"),
@@ -94,39 +100,82 @@ CASES = [
     (lambda: grid_sample_forward(a(X), a((3, 6, 7, 2))), ValueError, "grid has N = 3 but x has N = 2"),
     (lambda: grid_sample_forward(a(X), a((2, 0, 7, 2))), ValueError, "grid must have positive H and W"),
     (lambda: grid_sample_forward(a(X), a(G), out=a((2, 3, 7, 6))), ValueError, r"out must have shape \(2, 3, 6, 7\)"),
-    (lambda: grid_sample_backward(a(X), a(G), a((2, 3, 7, 6))), ValueError,
-     r"dy must have shape \(N, C, H_out, W_out\) = \(2, 3, 6, 7\)"),
+    (
+        lambda: grid_sample_backward(a(X), a(G), a((2, 3, 7, 6))),
+        ValueError,
+        r"dy must have shape \(N, C, H_out, W_out\) = \(2, 3, 6, 7\)",
+    ),
     (lambda: grid_sample_backward(a(X), a((3, 6, 7, 2)), a(Y)), ValueError, "grid has N = 3 but x has N = 2"),
     (lambda: grid_sample_backward(a(X), a(G), a(Y), dx_out=a((2, 3, 5, 4))), ValueError, "dx_out must have shape"),
-    (lambda: grid_sample_backward(a(X), a(G), a(Y), dx_out=a(X), dgrid_out=a((2, 7, 6, 2))), ValueError,
-     "dgrid_out must have shape"),
+    (
+        lambda: grid_sample_backward(a(X), a(G), a(Y), dx_out=a(X), dgrid_out=a((2, 7, 6, 2))),
+        ValueError,
+        "dgrid_out must have shape",
+    ),
     # blending needs an existing output
-    (lambda: grid_sample_forward(a(X), a(G), beta=1.0), ValueError, "beta != 0 blends into an existing output: pass out="),
+    (
+        lambda: grid_sample_forward(a(X), a(G), beta=1.0),
+        ValueError,
+        "beta != 0 blends into an existing output: pass out=",
+    ),
     (lambda: grid_sample_backward(a(X), a(G), a(Y), beta=0.5), ValueError, "pass dx_out="),
-    (lambda: grid_sample_backward(a(X), a(G), a(Y), beta_dgrid=1.0, dx_out=a(X)), ValueError,
-     "beta_dgrid != 0 blends into an existing output: pass dgrid_out="),
+    (
+        lambda: grid_sample_backward(a(X), a(G), a(Y), beta_dgrid=1.0, dx_out=a(X)),
+        ValueError,
+        "beta_dgrid != 0 blends into an existing output: pass dgrid_out=",
+    ),
     # layouts cuDNN cannot take, with no adapter to copy (FakeCAI has none)
-    (lambda: affine_grid_forward(a(T, strides=(24, 4, 8)), size=SIZE, out=a(G)), ValueError,
-     "theta must be C-contiguous .* no cudnnkit adapter to copy it"),
-    (lambda: affine_grid_backward(a(G, strides=(336, 28, 4, 168)), size=SIZE, out=a(T)), ValueError,
-     "dgrid must be C-contiguous"),
-    (lambda: grid_sample_forward(a(X), a(G, strides=(336, 28, 4, 168)), out=a(Y)), ValueError,
-     "grid must be C-contiguous"),
-    (lambda: grid_sample_forward(a(X, strides=(0, 80, 20, 4)), a(G), out=a(Y)), ValueError,
-     r"x has a zero or negative stride, which cuDNN cannot take \(shape \(2, 3, 4, 5\), strides \(0, 20, 5, 1\)\)"
-     r".*no cudnnkit adapter"),
-    (lambda: grid_sample_backward(a(X), a(G), a(Y, strides=(504, -168, 28, 4)), dx_out=a(X), dgrid_out=a(G)),
-     ValueError, "dy has a zero or negative stride"),
-    (lambda: grid_sample_forward(a(X), a(G), out=a(Y, strides=(0, 168, 28, 4))), ValueError,
-     r"out has a zero or negative stride \(0, 42, 7, 1\): cuDNN cannot write it"),
-    (lambda: affine_grid_forward(a(T), size=SIZE, out=a(G, strides=(336, 28, 4, 168))), ValueError,
-     "out must be C-contiguous"),
-    (lambda: affine_grid_backward(a(G), size=SIZE, out=a(T, strides=(24, 4, 8))), ValueError,
-     "out must be C-contiguous"),
-    (lambda: grid_sample_backward(a(X), a(G), a(Y), dx_out=a(X), dgrid_out=a(G, strides=(336, 28, 4, 168))),
-     ValueError, "dgrid_out must be C-contiguous"),
-    (lambda: grid_sample_backward(a(X), a(G), a(Y), dx_out=a(X, strides=(240, 80, 0, 4)), dgrid_out=a(G)),
-     ValueError, "dx_out has a zero or negative stride"),
+    (
+        lambda: affine_grid_forward(a(T, strides=(24, 4, 8)), size=SIZE, out=a(G)),
+        ValueError,
+        "theta must be C-contiguous .* no cudnnkit adapter to copy it",
+    ),
+    (
+        lambda: affine_grid_backward(a(G, strides=(336, 28, 4, 168)), size=SIZE, out=a(T)),
+        ValueError,
+        "dgrid must be C-contiguous",
+    ),
+    (
+        lambda: grid_sample_forward(a(X), a(G, strides=(336, 28, 4, 168)), out=a(Y)),
+        ValueError,
+        "grid must be C-contiguous",
+    ),
+    (
+        lambda: grid_sample_forward(a(X, strides=(0, 80, 20, 4)), a(G), out=a(Y)),
+        ValueError,
+        r"x has a zero or negative stride, which cuDNN cannot take \(shape \(2, 3, 4, 5\), strides \(0, 20, 5, 1\)\)"
+        r".*no cudnnkit adapter",
+    ),
+    (
+        lambda: grid_sample_backward(a(X), a(G), a(Y, strides=(504, -168, 28, 4)), dx_out=a(X), dgrid_out=a(G)),
+        ValueError,
+        "dy has a zero or negative stride",
+    ),
+    (
+        lambda: grid_sample_forward(a(X), a(G), out=a(Y, strides=(0, 168, 28, 4))),
+        ValueError,
+        r"out has a zero or negative stride \(0, 42, 7, 1\): cuDNN cannot write it",
+    ),
+    (
+        lambda: affine_grid_forward(a(T), size=SIZE, out=a(G, strides=(336, 28, 4, 168))),
+        ValueError,
+        "out must be C-contiguous",
+    ),
+    (
+        lambda: affine_grid_backward(a(G), size=SIZE, out=a(T, strides=(24, 4, 8))),
+        ValueError,
+        "out must be C-contiguous",
+    ),
+    (
+        lambda: grid_sample_backward(a(X), a(G), a(Y), dx_out=a(X), dgrid_out=a(G, strides=(336, 28, 4, 168))),
+        ValueError,
+        "dgrid_out must be C-contiguous",
+    ),
+    (
+        lambda: grid_sample_backward(a(X), a(G), a(Y), dx_out=a(X, strides=(240, 80, 0, 4)), dgrid_out=a(G)),
+        ValueError,
+        "dx_out has a zero or negative stride",
+    ),
     # every check passed: allocation needs the inputs' library (FakeCAI has no adapter)
     (lambda: affine_grid_forward(a(T), size=SIZE), TypeError, "without a cudnnkit adapter; pass out="),
     (lambda: grid_sample_forward(a(X), a(G)), TypeError, "without a cudnnkit adapter; pass out="),
@@ -265,8 +314,12 @@ def recorded(monkeypatch):
     from cudnnkit.runtime.launch import Launch
 
     recs = {}
-    for name in ("cudnnSpatialTfGridGeneratorForward", "cudnnSpatialTfGridGeneratorBackward",
-                 "cudnnSpatialTfSamplerForward", "cudnnSpatialTfSamplerBackward"):
+    for name in (
+        "cudnnSpatialTfGridGeneratorForward",
+        "cudnnSpatialTfGridGeneratorBackward",
+        "cudnnSpatialTfSamplerForward",
+        "cudnnSpatialTfSamplerBackward",
+    ):
         recs[name] = _Recorder()
         monkeypatch.setattr(lib, name, recs[name], raising=False)
     monkeypatch.setattr(Launch, "handle", property(lambda self: "HANDLE"))
@@ -301,8 +354,9 @@ def test_cudnn_calls_get_the_right_arguments(recorded):
     dy = FakeCAI(Y, "<f8", ptr=p["dy"])
     dx = FakeCAI(X, "<f8", ptr=p["dx"])
     dg = FakeCAI(G, "<f8", ptr=p["dg"])
-    got = grid_sample_backward(x, grid, dy, alpha=3.0, beta=0.25, alpha_dgrid=-1.0, beta_dgrid=0.75, dx_out=dx,
-                               dgrid_out=dg)
+    got = grid_sample_backward(
+        x, grid, dy, alpha=3.0, beta=0.25, alpha_dgrid=-1.0, beta_dgrid=0.75, dx_out=dx, dgrid_out=dg
+    )
     assert got[0] is dx and got[1] is dg
     (args,) = recorded["cudnnSpatialTfSamplerBackward"].calls
     assert args[0] == "HANDLE" and _key(args[1]) == ("spatial_transformer", "float64", Y)
@@ -408,8 +462,14 @@ def test_inputs_cudnn_cannot_take_are_copied_and_logged(fake_library, caplog):
     assert args[5] == g_copy.__cuda_array_interface__["data"][0]
     assert _key(args[3])[3] == (60, 20, 5, 1)
     assert y is ad.allocs[0] and args[8] == y.__cuda_array_interface__["data"][0]
-    assert "x has a zero or negative stride, which cuDNN cannot take (shape (2, 3, 4, 5), strides (0, 20, 5, 1)): copying" in caplog.text
-    assert "grid must be C-contiguous (cuDNN reads it as a packed array) (shape (2, 6, 7, 2), strides (84, 7, 1, 42)): copying" in caplog.text
+    assert (
+        "x has a zero or negative stride, which cuDNN cannot take (shape (2, 3, 4, 5), strides (0, 20, 5, 1)): copying"
+        in caplog.text
+    )
+    assert (
+        "grid must be C-contiguous (cuDNN reads it as a packed array) (shape (2, 6, 7, 2), strides (84, 7, 1, 42)): copying"
+        in caplog.text
+    )
 
     ad.copies.clear()
     nhwc = _FakeArr(X, "<f4", strides=(240, 4, 60, 12))  # channels-last: described as it is, no copy

@@ -99,9 +99,23 @@ def _host_checks() -> list[tuple[str, Check]]:
             p = ctypes.c_void_p()
             lib.cudnnCreateRNNDescriptor(ctypes.byref(p))
             try:
-                lib.cudnnSetRNNDescriptor_v8(p, lib.CUDNN_RNN_ALGO_STANDARD, lib.CUDNN_LSTM, lib.CUDNN_RNN_DOUBLE_BIAS,
-                                             lib.CUDNN_UNIDIRECTIONAL, lib.CUDNN_LINEAR_INPUT, lib.CUDNN_DATA_FLOAT,
-                                             lib.CUDNN_DATA_FLOAT, lib.CUDNN_DEFAULT_MATH, 8, 0, 0, 1, None, 0)
+                lib.cudnnSetRNNDescriptor_v8(
+                    p,
+                    lib.CUDNN_RNN_ALGO_STANDARD,
+                    lib.CUDNN_LSTM,
+                    lib.CUDNN_RNN_DOUBLE_BIAS,
+                    lib.CUDNN_UNIDIRECTIONAL,
+                    lib.CUDNN_LINEAR_INPUT,
+                    lib.CUDNN_DATA_FLOAT,
+                    lib.CUDNN_DATA_FLOAT,
+                    lib.CUDNN_DEFAULT_MATH,
+                    8,
+                    0,
+                    0,
+                    1,
+                    None,
+                    0,
+                )
             finally:
                 lib.cudnnDestroyRNNDescriptor(p)
         except lib.BadParamError as exc:
@@ -136,8 +150,9 @@ def _gpu_checks(ad, device: int) -> list[tuple[str, Check]]:
         base = ad.from_numpy(np.full((4, 6, 5, 7), np.nan, np.float32), device)
         view = base[:, ::2, 1:, :]  # strided
         launch, (v,) = prepare(("y", view))
-        lib.cudnnSetTensor(launch.handle, tensor_descriptor(v.dtype, v.shape, v.strides), v.ptr,
-                           ctypes.byref(scaling(v.dtype, 2.5)))
+        lib.cudnnSetTensor(
+            launch.handle, tensor_descriptor(v.dtype, v.shape, v.strides), v.ptr, ctypes.byref(scaling(v.dtype, 2.5))
+        )
         got = ad.to_numpy(base)
         want = np.full((4, 6, 5, 7), np.nan, np.float32)
         want[:, ::2, 1:, :] = 2.5
@@ -148,8 +163,9 @@ def _gpu_checks(ad, device: int) -> list[tuple[str, Check]]:
         a = rng.standard_normal((3, 4, 5, 6)).astype(np.float64)
         x = ad.from_numpy(a, device)
         launch, (v,) = prepare(("x", x))
-        lib.cudnnScaleTensor(launch.handle, tensor_descriptor(v.dtype, v.shape, v.strides), v.ptr,
-                             ctypes.byref(scaling(v.dtype, -0.75)))
+        lib.cudnnScaleTensor(
+            launch.handle, tensor_descriptor(v.dtype, v.shape, v.strides), v.ptr, ctypes.byref(scaling(v.dtype, -0.75))
+        )
         err = np.abs(ad.to_numpy(x) - a * -0.75).max()
         assert err == 0, err
         return "cudnnScaleTensor float64 exact"
@@ -257,8 +273,11 @@ def doctor() -> int:
             checks.append((sub.lower(), f"{exc.status_name}"))
             ok[0] = False
     subs = lib.loaded_sublibraries()
-    _table("sub-libraries", [(n, subs.get(n) or "not loaded", c) for n, c in checks]
-           + [(n, p or "not loaded", "") for n, p in subs.items() if n not in dict(checks)])
+    _table(
+        "sub-libraries",
+        [(n, subs.get(n) or "not loaded", c) for n, c in checks]
+        + [(n, p or "not loaded", "") for n, p in subs.items() if n not in dict(checks)],
+    )
 
     libs = []
     present = []

@@ -104,7 +104,7 @@ def ctc_ref(x, labels, label_lengths, input_lengths, normalization="softmax", *,
     off = 0
     for n in range(N):
         L, Tn = int(label_lengths[n]), int(input_lengths[n])
-        costs[n], gamma = ctc_one(lp[:Tn, n], np.asarray(labels[off:off + L]))
+        costs[n], gamma = ctc_one(lp[:Tn, n], np.asarray(labels[off : off + L]))
         off += L
         gammas[:Tn, n] = gamma
         if np.isfinite(costs[n]):
@@ -119,9 +119,15 @@ def torch_ref(x, labels, label_lengths, input_lengths):
     except ImportError:
         return None
     xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
-    c = torch.nn.functional.ctc_loss(torch.log_softmax(xt, 2), torch.tensor(np.asarray(labels), dtype=torch.long),
-                                     torch.tensor(input_lengths), torch.tensor(label_lengths), blank=0,
-                                     reduction="none", zero_infinity=False)
+    c = torch.nn.functional.ctc_loss(
+        torch.log_softmax(xt, 2),
+        torch.tensor(np.asarray(labels), dtype=torch.long),
+        torch.tensor(input_lengths),
+        torch.tensor(label_lengths),
+        blank=0,
+        reduction="none",
+        zero_infinity=False,
+    )
     (g,) = torch.autograd.grad(c.sum(), xt)
     return c.detach().numpy(), g.numpy()
 
@@ -224,8 +230,9 @@ def test_costs_and_grads_match_reference(xp, algo, form):
     T, N, A = 50, 6, 20
     labels, ll, il = make_batch(rng, T, N, A, 12)
     x, xa = logits(rng, (T, N, A))
-    costs, grads = ctc_loss(xp.from_numpy(x, 0), as_index(xp, labels, form), as_index(xp, ll, form),
-                            as_index(xp, il, form), algo=algo)
+    costs, grads = ctc_loss(
+        xp.from_numpy(x, 0), as_index(xp, labels, form), as_index(xp, ll, form), as_index(xp, il, form), algo=algo
+    )
     assert tuple(costs.shape) == (N,) and tuple(grads.shape) == (T, N, A)
     check_against_refs(host(xp, costs), host(xp, grads), xa, labels, ll, il)
 
@@ -258,8 +265,10 @@ def test_frames_past_input_length_are_zero(xp, algo):
     g = host(xp, go)
     pad = ~valid_frames(il, g.shape)
     bad = pad & (g != 0)
-    assert not bad.any(), (f"{int(bad.sum())} of {int(pad.sum())} padded gradient elements are not 0 "
-                           f"(NaN: {int(np.isnan(g[pad]).sum())}, e.g. {g[bad][:5]})")
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {int(pad.sum())} padded gradient elements are not 0 "
+        f"(NaN: {int(np.isnan(g[pad]).sum())}, e.g. {g[bad][:5]})"
+    )
 
 
 def test_deterministic_algo_is_bitwise_repeatable(xp):

@@ -44,7 +44,7 @@ def conv_ref(x, w, stride, pad):
     out = np.zeros((n, k, ho, wo))
     for i in range(r):
         for j in range(s):
-            patch = xp_[:, :, i:i + stride * ho:stride, j:j + stride * wo:stride]
+            patch = xp_[:, :, i : i + stride * ho : stride, j : j + stride * wo : stride]
             out += np.einsum("nchw,kc->nkhw", patch, w[:, :, i, j])
     return out
 
@@ -56,8 +56,10 @@ def dgrad_ref(dy, w, x_shape, stride, pad):
     dxp = np.zeros((n, c, h + 2 * pad, wd + 2 * pad))
     for i in range(r):
         for j in range(s):
-            dxp[:, :, i:i + stride * ho:stride, j:j + stride * wo:stride] += np.einsum("nkhw,kc->nchw", dy, w[:, :, i, j])
-    return dxp[:, :, pad:pad + h, pad:pad + wd]
+            dxp[:, :, i : i + stride * ho : stride, j : j + stride * wo : stride] += np.einsum(
+                "nkhw,kc->nchw", dy, w[:, :, i, j]
+            )
+    return dxp[:, :, pad : pad + h, pad : pad + wd]
 
 
 def wgrad_ref(x, dy, w_shape, stride, pad):
@@ -67,7 +69,9 @@ def wgrad_ref(x, dy, w_shape, stride, pad):
     dw = np.zeros(w_shape)
     for i in range(r):
         for j in range(s):
-            dw[:, :, i, j] = np.einsum("nkhw,nchw->kc", dy, xp_[:, :, i:i + stride * ho:stride, j:j + stride * wo:stride])
+            dw[:, :, i, j] = np.einsum(
+                "nkhw,nchw->kc", dy, xp_[:, :, i : i + stride * ho : stride, j : j + stride * wo : stride]
+            )
     return dw
 
 
@@ -133,8 +137,9 @@ def test_conv_dgrad_and_wgrad_match_reference(xp, dtype):
     g = Graph(name="wgrad")
     xd, dyd = dev(xp, xa, dtype, "nhwc"), dev(xp, dya, dtype, "nhwc")
     x, dy = g.tensor_like(xd, "x"), g.tensor_like(dyd, "dy")
-    dw = g.mark_output(g.conv_wgrad(x, dy, ws, stride=stride, pre_padding=pad), "float32" if dtype == "float32"
-                       else dtype)
+    dw = g.mark_output(
+        g.conv_wgrad(x, dy, ws, stride=stride, pre_padding=pad), "float32" if dtype == "float32" else dtype
+    )
     dwd = nan_out(xp, dw)
     g.execute({x: xd, dy: dyd, dw: dwd})
     assert rel(host(xp, dwd), wgrad_ref(seen(xa, dtype), seen(dya, dtype), ws, stride, pad)) < TOL[dtype]

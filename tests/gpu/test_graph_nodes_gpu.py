@@ -65,7 +65,7 @@ def ref_pool(x, k, s, p, mode):
         for j in range(wo):
             r0, c0 = i * s - p, j * s - p
             r1, c1 = max(r0, 0), max(c0, 0)
-            win = x[:, :, r1:min(r0 + k, h), c1:min(c0 + k, w)]
+            win = x[:, :, r1 : min(r0 + k, h), c1 : min(c0 + k, w)]
             if mode == "max":
                 y[:, :, i, j] = win.max(axis=(2, 3))
             elif mode == "avg_exclude_padding":
@@ -183,9 +183,12 @@ def test_batch_norm_training_with_running_statistics(xp):
     assert rel(nrv, (1 - mom) * rva + mom * var * m / (m - 1)) < 1e-4  # unbiased variance, as cuDNN documents
 
 
-@pytest.mark.xfail(raises=UnsupportedGraphError, strict=True,
-                   reason="measured on an H200 with cuDNN 9.19: no engine for a lone batch-norm inference "
-                          "NORM_FORWARD (heuristics: matcher_casted == nullptr)")
+@pytest.mark.xfail(
+    raises=UnsupportedGraphError,
+    strict=True,
+    reason="measured on an H200 with cuDNN 9.19: no engine for a lone batch-norm inference "
+    "NORM_FORWARD (heuristics: matcher_casted == nullptr)",
+)
 def test_batch_norm_inference(xp):
     rng = np.random.default_rng(5)
     n, c, h, w = 8, 32, 6, 6
@@ -312,8 +315,18 @@ def test_rng_bernoulli_through_attention_dropout(xp):
     eye = np.broadcast_to(np.eye(skv), (b, h, skv, skv))
 
     def draw(sd, of):
-        oo, so = run(xp, g, {q: np.zeros((b, h, sq, skv)), k: ka, v: eye, seed: np.full((1, 1, 1, 1), sd),
-                             off: np.full((1, 1, 1, 1), of)}, [o, st])
+        oo, so = run(
+            xp,
+            g,
+            {
+                q: np.zeros((b, h, sq, skv)),
+                k: ka,
+                v: eye,
+                seed: np.full((1, 1, 1, 1), sd),
+                off: np.full((1, 1, 1, 1), of),
+            },
+            [o, st],
+        )
         assert rel(so, np.full(so.shape, math.log(skv))) < 1e-3
         mask = oo * (1 - p) * skv
         assert np.abs(mask - np.round(mask)).max() < 0.02 and set(np.unique(np.round(mask))) <= {0.0, 1.0}
@@ -475,8 +488,9 @@ def test_sdpa_backward_clears_the_dq_accumulator_before_every_run(xp):
     (acc,) = [t for t in g.scratch() if init[t.uid] == "zero"]
     assert acc.dims == SHAPE and acc.dtype == "float32"
     plan = g.build()
-    inputs = {t: put(xp, a, t) for t, a in ((q, qa), (k, ka), (v, va), (o, seen(oref, "bfloat16")), (do, doa),
-                                            (st, sref))}
+    inputs = {
+        t: put(xp, a, t) for t, a in ((q, qa), (k, ka), (v, va), (o, seen(oref, "bfloat16")), (do, doa), (st, sref))
+    }
     refs = sdpa_backward_ref(qa, ka, va, doa, scale, False)
 
     def check(res, what):
@@ -525,8 +539,9 @@ def test_bound_plan_runs_only_on_the_stream_of_its_buffers(xp):
     st = g.tensor((b, h, s, 1), name="stats")
     outs = [g.mark_output(t) for t in g.sdpa_backward(q, k, v, o, do, st, causal=True)]
     plan = g.build()
-    inputs = {t: put(xp, a, t) for t, a in ((q, qa), (k, ka), (v, va), (o, seen(oref, "bfloat16")), (do, doa),
-                                            (st, sref))}
+    inputs = {
+        t: put(xp, a, t) for t, a in ((q, qa), (k, ka), (v, va), (o, seen(oref, "bfloat16")), (do, doa), (st, sref))
+    }
     res = {t: nan_like(xp, t) for t in outs}
     other = other_stream(xp)
     bound = plan.bind({**inputs, **res})  # the plan's scratch of the current stream

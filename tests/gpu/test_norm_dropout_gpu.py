@@ -82,7 +82,7 @@ def ref_lrn(x, size, alpha, beta, k):
     sq = x**2
     d = np.empty_like(x)
     for i in range(c):
-        d[:, i] = k + alpha / size * sq[:, max(0, i - lo):min(c, i + hi + 1)].sum(axis=1)
+        d[:, i] = k + alpha / size * sq[:, max(0, i - lo) : min(c, i + hi + 1)].sum(axis=1)
     return x * d**-beta, d
 
 
@@ -94,7 +94,7 @@ def ref_lrn_backward(x, dy, size, alpha, beta, k):
     t = dy * x * (-beta) * d ** (-beta - 1) * (alpha / size) * 2  # d y_i / d d_i, times d d_i/d x_j / x_j
     for j in range(c):
         # channels i whose window contains j: i - lo <= j <= i + hi
-        dx[:, j] += x[:, j] * t[:, max(0, j - hi):min(c, j + lo + 1)].sum(axis=1)
+        dx[:, j] += x[:, j] * t[:, max(0, j - hi) : min(c, j + lo + 1)].sum(axis=1)
     return dx
 
 
@@ -167,7 +167,7 @@ def window_sum(q, n, mirrored=False):
     for dh in range(-lo, hi + 1):
         for dw in range(-lo, hi + 1):
             hs, he, ws, we = max(0, -dh), min(h, h - dh), max(0, -dw), min(w, w - dw)
-            out[..., hs:he, ws:we] += q[..., hs + dh:he + dh, ws + dw:we + dw]
+            out[..., hs:he, ws:we] += q[..., hs + dh : he + dh, ws + dw : we + dw]
     return out
 
 

@@ -32,8 +32,10 @@ def _weights(xp, rnn, rng, scale=0.4):
     like = xp.from_numpy(np.zeros(1, np_dtype(rnn.dtype)), 0)
     n = rnn.weight_count(like)
     w = _dev(xp, rng.uniform(-scale, scale, n), rnn.dtype)
-    params = [[(None if p.matrix is None else host(xp, p.matrix), None if p.bias is None else host(xp, p.bias))
-               for p in row] for row in rnn.weight_params(w)]
+    params = [
+        [(None if p.matrix is None else host(xp, p.matrix), None if p.bias is None else host(xp, p.bias)) for p in row]
+        for row in rnn.weight_params(w)
+    ]
     return w, params
 
 
@@ -53,8 +55,21 @@ def _from_layout(a, layout, lengths, T):
     return unpack(a, lengths, T)
 
 
-def run_case(xp, rnn, *, T=5, N=3, lengths=None, layout="seq_major", with_h=True, backward=True, seed=0,
-             fill=0.0, dhy=True, tol=None):
+def run_case(
+    xp,
+    rnn,
+    *,
+    T=5,
+    N=3,
+    lengths=None,
+    layout="seq_major",
+    with_h=True,
+    backward=True,
+    seed=0,
+    fill=0.0,
+    dhy=True,
+    tol=None,
+):
     rng = np.random.default_rng(seed)
     dt = rnn.dtype
     w, params = _weights(xp, rnn, rng)
@@ -96,8 +111,18 @@ def run_case(xp, rnn, *, T=5, N=3, lengths=None, layout="seq_major", with_h=True
     dc = q(rng.standard_normal(rcy.shape)) if dhy and rnn.cell == "lstm" else None
     rdx, rdhx, rdcx, rdp = ref.grads(dy, dh, dc)
     dyd = _dev(xp, _to_layout(dy, layout, lens), dt)
-    dx, dhx, dcx, dw = rnn_backward(xd, y, dyd, w, reserve, hxd, cxd, None if dh is None else _dev(xp, dh, dt),
-                                    None if dc is None else _dev(xp, dc, dt), **kw)
+    dx, dhx, dcx, dw = rnn_backward(
+        xd,
+        y,
+        dyd,
+        w,
+        reserve,
+        hxd,
+        cxd,
+        None if dh is None else _dev(xp, dh, dt),
+        None if dc is None else _dev(xp, dc, dt),
+        **kw,
+    )
     gtol = min(tol * 10, 1e-2)  # gradients: float64 1e-9, float32 2e-4, float16 1e-2 (DESIGN's upper bound)
     gdx = _from_layout(host(xp, dx), layout, lens, T)
     assert rel(gdx[valid], rdx[valid]) < gtol
@@ -141,8 +166,9 @@ def test_reduced_precision(xp, dtype, cell):
 
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_projection(xp, bidirectional):
-    rnn = RNN("lstm", input_size=5, hidden_size=8, proj_size=3, num_layers=2, bidirectional=bidirectional,
-              dtype="float64")
+    rnn = RNN(
+        "lstm", input_size=5, hidden_size=8, proj_size=3, num_layers=2, bidirectional=bidirectional, dtype="float64"
+    )
     assert rnn.gates[-1] == "P"
     run_case(xp, rnn)
 
@@ -160,12 +186,11 @@ def test_skip_input(xp, cell):
 @pytest.mark.parametrize("bias_mode", ["double", "single_input", "single_recurrent", "none"])
 @pytest.mark.parametrize("cell", ["lstm", "gru", "tanh"])
 def test_bias_modes(xp, cell, bias_mode):
-    rnn = RNN(cell, input_size=4, hidden_size=5, num_layers=2, bidirectional=True, bias_mode=bias_mode,
-              dtype="float64")
+    rnn = RNN(cell, input_size=4, hidden_size=5, num_layers=2, bidirectional=True, bias_mode=bias_mode, dtype="float64")
     params = rnn.weight_params(_weights(xp, rnn, np.random.default_rng(0))[0])
     g = len(GATES_NO_P(rnn)) // 2
     has_in = [p.bias is not None for p in params[0][:g]]
-    has_rec = [p.bias is not None for p in params[0][g: 2 * g]]
+    has_rec = [p.bias is not None for p in params[0][g : 2 * g]]
     assert all(has_in) == (bias_mode in ("double", "single_input")) and any(has_in) == all(has_in)
     assert all(has_rec) == (bias_mode in ("double", "single_recurrent")) and any(has_rec) == all(has_rec)
     run_case(xp, rnn)
@@ -203,12 +228,14 @@ def test_cell_clip(xp):
 @pytest.mark.parametrize("layout", ["seq_major", "packed"])
 def test_padded_io_choices(xp, padded_io, layout):
     """Full-length seq-major data runs packed without padded I/O by default; forcing it on gives the same results."""
-    rnn = RNN("lstm", input_size=4, hidden_size=5, num_layers=2, bidirectional=True, padded_io=padded_io,
-              dtype="float64")
+    rnn = RNN(
+        "lstm", input_size=4, hidden_size=5, num_layers=2, bidirectional=True, padded_io=padded_io, dtype="float64"
+    )
     run_case(xp, rnn, layout=layout, lengths=np.array([5, 5, 5], np.int32) if layout == "packed" else None)
     if layout == "packed":
-        run_case(xp, RNN("gru", 4, 5, padded_io=False, dtype="float64"), layout=layout,
-                 lengths=np.array([5, 3, 1], np.int32))
+        run_case(
+            xp, RNN("gru", 4, 5, padded_io=False, dtype="float64"), layout=layout, lengths=np.array([5, 3, 1], np.int32)
+        )
 
 
 @pytest.mark.parametrize("algo", ["persist_static", "persist_dynamic", "persist_static_small_h"])
@@ -292,15 +319,21 @@ def test_finite_differences(xp, cell):
     wn = host(xp, w)
 
     def loss(x_, w_, hx_, cx_):
-        y, hy, cy = rnn_forward(_dev(xp, x_, "float64"), _dev(xp, w_, "float64"), _dev(xp, hx_, "float64"),
-                                None if cx_ is None else _dev(xp, cx_, "float64"), rnn=rnn)
+        y, hy, cy = rnn_forward(
+            _dev(xp, x_, "float64"),
+            _dev(xp, w_, "float64"),
+            _dev(xp, hx_, "float64"),
+            None if cx_ is None else _dev(xp, cx_, "float64"),
+            rnn=rnn,
+        )
         return float((host(xp, y) * gy).sum() + (host(xp, hy) * gh).sum())
 
     xd, hxd = _dev(xp, x, "float64"), _dev(xp, hx, "float64")
     cxd = None if cx is None else _dev(xp, cx, "float64")
     y, hy, cy, res = rnn_forward(xd, w, hxd, cxd, rnn=rnn, training=True)
-    dx, dhx, dcx, dw = rnn_backward(xd, y, _dev(xp, gy, "float64"), w, res, hxd, cxd, _dev(xp, gh, "float64"),
-                                    None, rnn=rnn)
+    dx, dhx, dcx, dw = rnn_backward(
+        xd, y, _dev(xp, gy, "float64"), w, res, hxd, cxd, _dev(xp, gh, "float64"), None, rnn=rnn
+    )
     eps = 1e-6
     checks = [("x", x, host(xp, dx)), ("hx", hx, host(xp, dhx)), ("w", wn, host(xp, dw))]
     if cx is not None:
@@ -322,6 +355,7 @@ def test_finite_differences(xp, cell):
 
 # ------------------------------------------------------------------ torch round trip
 
+
 def _torch_module(cell, **kw):
     import torch
 
@@ -341,8 +375,16 @@ def test_torch_round_trip(xp, cell, proj, bias):
     if proj:
         kw["proj_size"] = proj
     mod = _torch_module(cell, **kw)
-    rnn = RNN(cell, input_size=4, hidden_size=6, num_layers=2, bidirectional=True, proj_size=proj,
-              bias_mode="double" if bias else "none", dtype="float64")
+    rnn = RNN(
+        cell,
+        input_size=4,
+        hidden_size=6,
+        num_layers=2,
+        bidirectional=True,
+        proj_size=proj,
+        bias_mode="double" if bias else "none",
+        dtype="float64",
+    )
     assert torch_param_names(rnn) == [n for n, _ in mod.named_parameters()]
     params = {n: _dev(xp, p.detach().numpy(), "float64") for n, p in mod.named_parameters()}
     w = load_torch_params(rnn, params)
@@ -354,8 +396,13 @@ def test_torch_round_trip(xp, cell, proj, bias):
     args = (h0, torch.randn(4, 3, 6, dtype=torch.float64)) if cell == "lstm" else h0
     with torch.no_grad():
         ty, th = mod(x, args)
-    y, hy, cy = rnn_forward(_dev(xp, x.numpy(), "float64"), w, _dev(xp, h0.numpy(), "float64"),
-                            _dev(xp, args[1].numpy(), "float64") if cell == "lstm" else None, rnn=rnn)
+    y, hy, cy = rnn_forward(
+        _dev(xp, x.numpy(), "float64"),
+        w,
+        _dev(xp, h0.numpy(), "float64"),
+        _dev(xp, args[1].numpy(), "float64") if cell == "lstm" else None,
+        rnn=rnn,
+    )
     assert rel(host(xp, y), ty.numpy()) < 1e-12
     if cell == "lstm":
         assert rel(host(xp, hy), th[0].numpy()) < 1e-12 and rel(host(xp, cy), th[1].numpy()) < 1e-12

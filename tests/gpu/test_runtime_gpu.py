@@ -23,8 +23,9 @@ DTYPES = ["float32", "float64", "float16", "bfloat16"]
 
 def set_tensor(arr, value, *, stream=None):
     launch, (v,) = prepare(("y", arr), stream=stream)
-    lib.cudnnSetTensor(launch.handle, tensor_descriptor(v.dtype, v.shape, v.strides), v.ptr,
-                       ctypes.byref(scaling(v.dtype, value)))
+    lib.cudnnSetTensor(
+        launch.handle, tensor_descriptor(v.dtype, v.shape, v.strides), v.ptr, ctypes.byref(scaling(v.dtype, value))
+    )
     return launch
 
 
@@ -135,7 +136,7 @@ def test_explicit_stream_is_honoured(xp):
 def test_library_current_stream_is_used_by_default(xp):
     s, ptr = new_stream(xp)
     x = poisoned(xp, (8, 8, 8, 8), "float32")
-    with (xp.module.cuda.stream(s) if xp.name == "torch" else s):
+    with xp.module.cuda.stream(s) if xp.name == "torch" else s:
         launch = set_tensor(x, 1.0)
     assert launch.stream == ptr
     s.synchronize()

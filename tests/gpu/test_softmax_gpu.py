@@ -53,7 +53,9 @@ def test_forward_and_backward_match_float64_reference(xp, dtype, layout, axis, l
     dx = softmax_backward(dy, yin, axis=axis, log=log)
     ya = y_ref.astype(np_dtype(dtype)).astype(np.float64)
     ga = g.astype(np_dtype(dtype)).astype(np.float64)
-    assert rel(host(xp, dx), ref_backward(ya, ga, axes, log)) < TOL[dtype] * (4 if dtype in ("float16", "bfloat16") else 10)
+    assert rel(host(xp, dx), ref_backward(ya, ga, axes, log)) < TOL[dtype] * (
+        4 if dtype in ("float16", "bfloat16") else 10
+    )
 
 
 @pytest.mark.parametrize("log", [False, True])

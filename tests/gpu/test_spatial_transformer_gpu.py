@@ -75,8 +75,15 @@ def _corners(grid: np.ndarray, h: int, w: int):
             valid = (r >= 0) & (r < h) & (c >= 0) & (c < w)
             wu = fu if dj else 1 - fu
             wv = fv if di else 1 - fv
-            yield (np.clip(r, 0, h - 1).astype(np.int64), np.clip(c, 0, w - 1).astype(np.int64), valid, wu, wv,
-                   1.0 if dj else -1.0, 1.0 if di else -1.0)
+            yield (
+                np.clip(r, 0, h - 1).astype(np.int64),
+                np.clip(c, 0, w - 1).astype(np.int64),
+                valid,
+                wu,
+                wv,
+                1.0 if dj else -1.0,
+                1.0 if di else -1.0,
+            )
 
 
 def ref_grid_sample(x: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -258,8 +265,7 @@ def test_affine_grid_non_contiguous_inputs_are_copied(xp, rng):
     check(host(xp, affine_grid_forward(t_view, size=size)), ref_affine_grid(theta, size), None, 1e-10, "grid")
     dg = rng.standard_normal((2, 4, 5, 2))
     dg_view = permute(xp, dev(xp, dg.transpose(0, 3, 1, 2), "float64"), (0, 2, 3, 1))
-    check(host(xp, affine_grid_backward(dg_view, size=size)), ref_affine_grid_backward(dg, size), None, 1e-10,
-          "dtheta")
+    check(host(xp, affine_grid_backward(dg_view, size=size)), ref_affine_grid_backward(dg, size), None, 1e-10, "dtheta")
 
 
 # ----------------------------------------------------------------- sampler
@@ -289,15 +295,36 @@ def test_grid_sample_points_outside_and_on_the_border(xp, rng):
     """Hand-placed points: corners (exact), half a pixel outside (half the border value), far outside (0)."""
     x = rng.standard_normal((1, 2, 3, 4))
     h, w = 3, 4
-    pts = np.array([[-1, -1], [1, 1], [-1, 1], [1, -1],  # the corner pixel centres
-                    [-1 - 1 / (w - 1), 0], [1 + 1 / (w - 1), 0],  # half a pixel beyond the left/right border
-                    [0, -1 - 1 / (h - 1)], [3.0, 0.5], [-0.3, -5.0]])  # half a pixel above; far outside
+    pts = np.array(
+        [
+            [-1, -1],
+            [1, 1],
+            [-1, 1],
+            [1, -1],  # the corner pixel centres
+            [-1 - 1 / (w - 1), 0],
+            [1 + 1 / (w - 1), 0],  # half a pixel beyond the left/right border
+            [0, -1 - 1 / (h - 1)],
+            [3.0, 0.5],
+            [-0.3, -5.0],
+        ]
+    )  # half a pixel above; far outside
     grid = pts.reshape(1, 1, -1, 2)
     y = host(xp, grid_sample_forward(dev(xp, x, "float64"), dev(xp, grid, "float64")))[0, :, 0]
     mid_row = (x[0, :, 1, :] + x[0, :, 1, :]) / 2  # v = 1 exactly (gy = 0 with H = 3)
-    expect = np.stack([x[0, :, 0, 0], x[0, :, 2, 3], x[0, :, 2, 0], x[0, :, 0, 3],
-                       0.5 * mid_row[:, 0], 0.5 * mid_row[:, 3],
-                       0.5 * (x[0, :, 0, 1] + x[0, :, 0, 2]) / 2, np.zeros(2), np.zeros(2)], -1)
+    expect = np.stack(
+        [
+            x[0, :, 0, 0],
+            x[0, :, 2, 3],
+            x[0, :, 2, 0],
+            x[0, :, 0, 3],
+            0.5 * mid_row[:, 0],
+            0.5 * mid_row[:, 3],
+            0.5 * (x[0, :, 0, 1] + x[0, :, 0, 2]) / 2,
+            np.zeros(2),
+            np.zeros(2),
+        ],
+        -1,
+    )
     assert rel(y, expect) < 1e-12, (y, expect)
     assert rel(y, torch_grid_sample(x, grid)[0][0, :, 0]) < 1e-12
 

@@ -63,8 +63,16 @@ from ..runtime import as_view, canonical, cudnn_dtype, current_settings
 from ..runtime.arrays import contiguous_strides
 from ..runtime.shapes import expand
 
-__all__ = ["Graph", "Tensor", "GraphError", "POINTWISE_ARITY", "NormForward", "NormBackward", "SdpaForward",
-           "SdpaBackward"]
+__all__ = [
+    "Graph",
+    "Tensor",
+    "GraphError",
+    "POINTWISE_ARITY",
+    "NormForward",
+    "NormBackward",
+    "SdpaForward",
+    "SdpaBackward",
+]
 
 
 class GraphError(ValueError):
@@ -82,8 +90,20 @@ for _m in _PW:
         POINTWISE_ARITY[_n] = "dy,x"
     elif _n == "BINARY_SELECT":
         POINTWISE_ARITY[_n] = "x,b,t"
-    elif _n in ("ADD", "ADD_SQUARE", "DIV", "MAX", "MIN", "MOD", "MUL", "POW", "SUB", "ATAN2",
-                "LOGICAL_AND", "LOGICAL_OR") or _n.startswith("CMP_"):
+    elif _n in (
+        "ADD",
+        "ADD_SQUARE",
+        "DIV",
+        "MAX",
+        "MIN",
+        "MOD",
+        "MUL",
+        "POW",
+        "SUB",
+        "ATAN2",
+        "LOGICAL_AND",
+        "LOGICAL_OR",
+    ) or _n.startswith("CMP_"):
         POINTWISE_ARITY[_n] = "x,b"
     else:
         POINTWISE_ARITY[_n] = "x"
@@ -103,26 +123,64 @@ _PW_PARAMS = {
 _REDUCTIONS = {m.name.removeprefix("CUDNN_REDUCE_TENSOR_").lower(): m for m in lib.cudnnReduceTensorOp_t}
 
 _RS = lib.cudnnResampleMode_t
-_RESAMPLE_MODES = {"max": _RS.CUDNN_RESAMPLE_MAXPOOL, "avg_include_padding": _RS.CUDNN_RESAMPLE_AVGPOOL_INCLUDE_PADDING,
-                   "avg_exclude_padding": _RS.CUDNN_RESAMPLE_AVGPOOL_EXCLUDE_PADDING}
-_PADDING_MODES = {"zero": lib.cudnnPaddingMode_t.CUDNN_ZERO_PAD, "neg_inf": lib.cudnnPaddingMode_t.CUDNN_NEG_INF_PAD,
-                  "edge": lib.cudnnPaddingMode_t.CUDNN_EDGE_VAL_PAD}
+_RESAMPLE_MODES = {
+    "max": _RS.CUDNN_RESAMPLE_MAXPOOL,
+    "avg_include_padding": _RS.CUDNN_RESAMPLE_AVGPOOL_INCLUDE_PADDING,
+    "avg_exclude_padding": _RS.CUDNN_RESAMPLE_AVGPOOL_EXCLUDE_PADDING,
+}
+_PADDING_MODES = {
+    "zero": lib.cudnnPaddingMode_t.CUDNN_ZERO_PAD,
+    "neg_inf": lib.cudnnPaddingMode_t.CUDNN_NEG_INF_PAD,
+    "edge": lib.cudnnPaddingMode_t.CUDNN_EDGE_VAL_PAD,
+}
 _NM = lib.cudnnBackendNormMode_t
-_NORM_MODES = {"batch": _NM.CUDNN_BATCH_NORM, "layer": _NM.CUDNN_LAYER_NORM, "instance": _NM.CUDNN_INSTANCE_NORM,
-               "rms": _NM.CUDNN_RMS_NORM}
+_NORM_MODES = {
+    "batch": _NM.CUDNN_BATCH_NORM,
+    "layer": _NM.CUDNN_LAYER_NORM,
+    "instance": _NM.CUDNN_INSTANCE_NORM,
+    "rms": _NM.CUDNN_RMS_NORM,
+}
 _RNG = {m.name.removeprefix("CUDNN_RNG_DISTRIBUTION_").lower(): m for m in lib.cudnnRngDistribution_t}
 
 # tensor roles -> attribute suffixes of the ops whose roles do not spell their attribute names
-_NORM_FWD_ATTR = {"x": "XDESC", "scale": "SCALE_DESC", "bias": "BIAS_DESC", "epsilon": "EPSILON_DESC",
-                  "momentum": "EXP_AVG_FACTOR_DESC", "mean": "MEAN_DESC", "inv_variance": "INV_VARIANCE_DESC",
-                  "running_mean": "INPUT_RUNNING_MEAN_DESC", "running_var": "INPUT_RUNNING_VAR_DESC", "y": "YDESC",
-                  "next_running_mean": "OUTPUT_RUNNING_MEAN_DESC", "next_running_var": "OUTPUT_RUNNING_VAR_DESC"}
-_NORM_BWD_ATTR = {"x": "XDESC", "dy": "DYDESC", "scale": "SCALE_DESC", "mean": "MEAN_DESC",
-                  "inv_variance": "INV_VARIANCE_DESC", "epsilon": "EPSILON_DESC", "dx": "DXDESC",
-                  "dscale": "DSCALE_DESC", "dbias": "DBIAS_DESC"}
+_NORM_FWD_ATTR = {
+    "x": "XDESC",
+    "scale": "SCALE_DESC",
+    "bias": "BIAS_DESC",
+    "epsilon": "EPSILON_DESC",
+    "momentum": "EXP_AVG_FACTOR_DESC",
+    "mean": "MEAN_DESC",
+    "inv_variance": "INV_VARIANCE_DESC",
+    "running_mean": "INPUT_RUNNING_MEAN_DESC",
+    "running_var": "INPUT_RUNNING_VAR_DESC",
+    "y": "YDESC",
+    "next_running_mean": "OUTPUT_RUNNING_MEAN_DESC",
+    "next_running_var": "OUTPUT_RUNNING_VAR_DESC",
+}
+_NORM_BWD_ATTR = {
+    "x": "XDESC",
+    "dy": "DYDESC",
+    "scale": "SCALE_DESC",
+    "mean": "MEAN_DESC",
+    "inv_variance": "INV_VARIANCE_DESC",
+    "epsilon": "EPSILON_DESC",
+    "dx": "DXDESC",
+    "dscale": "DSCALE_DESC",
+    "dbias": "DBIAS_DESC",
+}
 _RESAMPLE_ATTR = {"x": "XDESC", "y": "YDESC", "index": "IDXDESC", "dy": "DYDESC", "dx": "DXDESC"}
-_SDPA_ATTR = {"q": "QDESC", "k": "KDESC", "v": "VDESC", "o": "ODESC", "stats": "STATSDESC", "scale": "SCALEDESC",
-              "do": "DODDESC", "dq": "DQDESC", "dk": "DKDESC", "dv": "DVDESC"}
+_SDPA_ATTR = {
+    "q": "QDESC",
+    "k": "KDESC",
+    "v": "VDESC",
+    "o": "ODESC",
+    "stats": "STATSDESC",
+    "scale": "SCALEDESC",
+    "do": "DODDESC",
+    "dq": "DQDESC",
+    "dk": "DKDESC",
+    "dv": "DVDESC",
+}
 
 
 # ----------------------------------------------------------------- tensors and nodes
@@ -221,9 +279,13 @@ def _broadcast(dims: list[tuple[int, ...]], names: list[str]) -> tuple[int, ...]
 def _set_descriptor(op: BackendDescriptor, name: str, value: BackendDescriptor) -> None:
     """Set an attribute that also takes a descriptor where the table lists another type (RNG seed tensor)."""
     arr = (ctypes.c_void_p * 1)(value.ptr)
-    lib.cudnnBackendSetAttribute(op.ptr, lib.cudnnBackendAttributeName_t[name],
-                                 lib.cudnnBackendAttributeType_t.CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                 ctypes.cast(arr, ctypes.c_void_p))
+    lib.cudnnBackendSetAttribute(
+        op.ptr,
+        lib.cudnnBackendAttributeName_t[name],
+        lib.cudnnBackendAttributeType_t.CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        1,
+        ctypes.cast(arr, ctypes.c_void_p),
+    )
     op._keep.append(value)
 
 
@@ -240,8 +302,14 @@ class Graph:
     CuPy and torch give at least 256).
     """
 
-    def __init__(self, *, compute_dtype: str = "float32", intermediate_dtype: str = "float32", alignment: int = 16,
-                 name: str = ""):
+    def __init__(
+        self,
+        *,
+        compute_dtype: str = "float32",
+        intermediate_dtype: str = "float32",
+        alignment: int = 16,
+        name: str = "",
+    ):
         if alignment < 1 or alignment & (alignment - 1):
             raise ValueError(f"alignment must be a power of two, got {alignment}")
         self.compute_dtype = canonical(compute_dtype)
@@ -261,8 +329,16 @@ class Graph:
 
     # ------------------------------------------------------------- tensors
 
-    def tensor(self, dims: Sequence[int], strides: Sequence[int] | None = None, dtype: str = "float32", *,
-               virtual: bool = False, by_value: bool = False, name: str = "") -> Tensor:
+    def tensor(
+        self,
+        dims: Sequence[int],
+        strides: Sequence[int] | None = None,
+        dtype: str = "float32",
+        *,
+        virtual: bool = False,
+        by_value: bool = False,
+        name: str = "",
+    ) -> Tensor:
         """A new tensor; ``strides`` (elements) default to C order. ``by_value`` tensors are host scalars."""
         dims = tuple(int(d) for d in dims)
         if not 1 <= len(dims) <= lib.CUDNN_DIM_MAX:
@@ -286,8 +362,7 @@ class Graph:
     def mark_output(self, t: Tensor, dtype: str | None = None) -> Tensor:
         """Make an operation's output a real (non-virtual) tensor, optionally of another dtype."""
         t = self._own(t, "t")
-        new = Tensor(t.uid, t.dims, t.strides, canonical(dtype) if dtype else t.dtype, False, False, t.name,
-                     self._id)
+        new = Tensor(t.uid, t.dims, t.strides, canonical(dtype) if dtype else t.dtype, False, False, t.name, self._id)
         self._tensors[t.uid] = new
         return new
 
@@ -302,18 +377,41 @@ class Graph:
         return self._tensors[t.uid]
 
     def _out(self, dims: tuple[int, ...], like: Tensor | None, dtype: str | None, name: str) -> Tensor:
-        return self.tensor(dims, _dense_like(dims, like.strides if like is not None else None),
-                           dtype or self.intermediate_dtype, virtual=True, name=name)
+        return self.tensor(
+            dims,
+            _dense_like(dims, like.strides if like is not None else None),
+            dtype or self.intermediate_dtype,
+            virtual=True,
+            name=name,
+        )
 
     def _add(self, kind: str, attrs: dict[str, Any], inputs: dict[str, Tensor], outputs: dict[str, Tensor]) -> None:
-        self._nodes.append(_Node(kind, tuple(sorted(attrs.items())), tuple((r, t.uid) for r, t in inputs.items()),
-                                 tuple((r, t.uid) for r, t in outputs.items())))
+        self._nodes.append(
+            _Node(
+                kind,
+                tuple(sorted(attrs.items())),
+                tuple((r, t.uid) for r, t in inputs.items()),
+                tuple((r, t.uid) for r, t in outputs.items()),
+            )
+        )
 
     # ------------------------------------------------------------- operations
 
-    def pointwise(self, mode: str, x: Tensor, b: Tensor | None = None, t: Tensor | None = None, *,
-                  dy: Tensor | None = None, compute_dtype: str | None = None, dtype: str | None = None,
-                  alpha1: float = 1.0, alpha2: float = 1.0, name: str = "", **params: float) -> Tensor:
+    def pointwise(
+        self,
+        mode: str,
+        x: Tensor,
+        b: Tensor | None = None,
+        t: Tensor | None = None,
+        *,
+        dy: Tensor | None = None,
+        compute_dtype: str | None = None,
+        dtype: str | None = None,
+        alpha1: float = 1.0,
+        alpha2: float = 1.0,
+        name: str = "",
+        **params: float,
+    ) -> Tensor:
         """One ``cudnnPointwiseMode_t`` (by name, e.g. ``"ADD"``, ``"RELU_FWD"``, ``"GELU_BWD"``).
 
         Unary modes take ``x``; binary ones ``x`` and ``b``; ``BINARY_SELECT``
@@ -345,29 +443,38 @@ class Graph:
         order = ["dy", "x"] if arity == "dy,x" else needed
         dims = _broadcast([ins[r].dims for r in order], order)
         out = self._out(dims, ins["x"], dtype, name or key.lower())
-        attrs = {"mode": key, "compute_dtype": canonical(compute_dtype or self.compute_dtype),
-                 "alpha1": float(alpha1), "alpha2": float(alpha2),
-                 **{p: (int(v) if p == "axis" else float(v)) for p, v in params.items()}}
+        attrs = {
+            "mode": key,
+            "compute_dtype": canonical(compute_dtype or self.compute_dtype),
+            "alpha1": float(alpha1),
+            "alpha2": float(alpha2),
+            **{p: (int(v) if p == "axis" else float(v)) for p, v in params.items()},
+        }
         self._add("pointwise", attrs, ins, {"dx" if arity == "dy,x" else "y": out})
         return out
 
-    def matmul(self, a: Tensor, b: Tensor, *, compute_dtype: str | None = None, dtype: str | None = None,
-               name: str = "") -> Tensor:
+    def matmul(
+        self, a: Tensor, b: Tensor, *, compute_dtype: str | None = None, dtype: str | None = None, name: str = ""
+    ) -> Tensor:
         """``c = a @ b`` over the last two dims, batch dims broadcast: ``(..., M, K) @ (..., K, N)``."""
         a, b = self._own(a, "a"), self._own(b, "b")
         if a.ndim < 2 or a.ndim != b.ndim:
             raise GraphError(f"matmul needs a and b of one rank >= 2, got {a.dims} and {b.dims}")
         if a.dims[-1] != b.dims[-2]:
-            raise GraphError(f"matmul: a is (..., {a.dims[-2]}, {a.dims[-1]}) but b is (..., {b.dims[-2]}, "
-                             f"{b.dims[-1]}); K must agree")
+            raise GraphError(
+                f"matmul: a is (..., {a.dims[-2]}, {a.dims[-1]}) but b is (..., {b.dims[-2]}, "
+                f"{b.dims[-1]}); K must agree"
+            )
         batch = _broadcast([a.dims[:-2], b.dims[:-2]], ["a", "b"]) if a.ndim > 2 else ()
         out = self._out((*batch, a.dims[-2], b.dims[-1]), None, dtype, name or "matmul")
-        self._add("matmul", {"compute_dtype": canonical(compute_dtype or self.compute_dtype)},
-                  {"a": a, "b": b}, {"c": out})
+        self._add(
+            "matmul", {"compute_dtype": canonical(compute_dtype or self.compute_dtype)}, {"a": a, "b": b}, {"c": out}
+        )
         return out
 
-    def _conv_attrs(self, nsp: int, stride, pre_padding, post_padding, dilation, mode: str,
-                    compute_dtype: str | None) -> dict[str, Any]:
+    def _conv_attrs(
+        self, nsp: int, stride, pre_padding, post_padding, dilation, mode: str, compute_dtype: str | None
+    ) -> dict[str, Any]:
         if mode not in ("cross_correlation", "convolution"):
             raise GraphError(f"mode must be 'cross_correlation' or 'convolution', got {mode!r}")
         post = pre_padding if post_padding is None else post_padding
@@ -397,9 +504,20 @@ class Graph:
             out.append(o)
         return tuple(out)
 
-    def conv_fprop(self, x: Tensor, w: Tensor, *, stride=1, pre_padding=0, post_padding=None, dilation=1,
-                   mode: str = "cross_correlation", compute_dtype: str | None = None, dtype: str | None = None,
-                   name: str = "") -> Tensor:
+    def conv_fprop(
+        self,
+        x: Tensor,
+        w: Tensor,
+        *,
+        stride=1,
+        pre_padding=0,
+        post_padding=None,
+        dilation=1,
+        mode: str = "cross_correlation",
+        compute_dtype: str | None = None,
+        dtype: str | None = None,
+        name: str = "",
+    ) -> Tensor:
         """Convolution forward: ``x`` ``(N, C, *spatial)``, ``w`` ``(K, C/groups, *kernel)`` -> ``y`` ``(N, K, *)``.
 
         Padding is per spatial dim before and after (``post_padding`` defaults to ``pre_padding``).
@@ -412,23 +530,49 @@ class Graph:
         self._add("conv_fprop", attrs, {"x": x, "w": w}, {"y": y})
         return y
 
-    def conv_dgrad(self, dy: Tensor, w: Tensor, x_dims: Sequence[int], *, stride=1, pre_padding=0,
-                   post_padding=None, dilation=1, mode: str = "cross_correlation", compute_dtype: str | None = None,
-                   dtype: str | None = None, name: str = "") -> Tensor:
+    def conv_dgrad(
+        self,
+        dy: Tensor,
+        w: Tensor,
+        x_dims: Sequence[int],
+        *,
+        stride=1,
+        pre_padding=0,
+        post_padding=None,
+        dilation=1,
+        mode: str = "cross_correlation",
+        compute_dtype: str | None = None,
+        dtype: str | None = None,
+        name: str = "",
+    ) -> Tensor:
         """Convolution backward data: ``dx`` of dims ``x_dims`` from ``dy`` and ``w``."""
         dy, w = self._own(dy, "dy"), self._own(w, "w")
         x_dims = tuple(int(d) for d in x_dims)
         attrs = self._conv_attrs(len(x_dims) - 2, stride, pre_padding, post_padding, dilation, mode, compute_dtype)
         if self._conv_out(x_dims, w.dims, attrs) != dy.dims:
-            raise GraphError(f"dy {dy.dims} is not the forward output of x {x_dims} and w {w.dims} "
-                             f"({self._conv_out(x_dims, w.dims, attrs)})")
+            raise GraphError(
+                f"dy {dy.dims} is not the forward output of x {x_dims} and w {w.dims} "
+                f"({self._conv_out(x_dims, w.dims, attrs)})"
+            )
         dx = self._out(x_dims, dy, dtype, name or "conv_dgrad")
         self._add("conv_dgrad", attrs, {"dy": dy, "w": w}, {"dx": dx})
         return dx
 
-    def conv_wgrad(self, x: Tensor, dy: Tensor, w_dims: Sequence[int], *, stride=1, pre_padding=0,
-                   post_padding=None, dilation=1, mode: str = "cross_correlation", compute_dtype: str | None = None,
-                   dtype: str | None = None, name: str = "") -> Tensor:
+    def conv_wgrad(
+        self,
+        x: Tensor,
+        dy: Tensor,
+        w_dims: Sequence[int],
+        *,
+        stride=1,
+        pre_padding=0,
+        post_padding=None,
+        dilation=1,
+        mode: str = "cross_correlation",
+        compute_dtype: str | None = None,
+        dtype: str | None = None,
+        name: str = "",
+    ) -> Tensor:
         """Convolution backward filter: ``dw`` of dims ``w_dims`` from ``x`` and ``dy``."""
         x, dy = self._own(x, "x"), self._own(dy, "dy")
         w_dims = tuple(int(d) for d in w_dims)
@@ -439,8 +583,16 @@ class Graph:
         self._add("conv_wgrad", attrs, {"x": x, "dy": dy}, {"dw": dw})
         return dw
 
-    def reduction(self, x: Tensor, out_dims: Sequence[int], *, mode: str = "add", compute_dtype: str | None = None,
-                  dtype: str | None = None, name: str = "") -> Tensor:
+    def reduction(
+        self,
+        x: Tensor,
+        out_dims: Sequence[int],
+        *,
+        mode: str = "add",
+        compute_dtype: str | None = None,
+        dtype: str | None = None,
+        name: str = "",
+    ) -> Tensor:
         """Reduce ``x`` to ``out_dims`` (same rank; each dim equal to x's or 1) with ``mode``:
         add, mul, min, max, amax, avg, norm1, norm2, mul_no_zeros."""
         x = self._own(x, "x")
@@ -450,8 +602,12 @@ class Graph:
         if len(out_dims) != x.ndim or any(o not in (1, d) for o, d in zip(out_dims, x.dims)):
             raise GraphError(f"reduction of {x.dims} to {out_dims}: each output dim is x's or 1")
         y = self._out(out_dims, x, dtype, name or f"reduce_{mode}")
-        self._add("reduction", {"mode": mode, "compute_dtype": canonical(compute_dtype or self.compute_dtype)},
-                  {"x": x}, {"y": y})
+        self._add(
+            "reduction",
+            {"mode": mode, "compute_dtype": canonical(compute_dtype or self.compute_dtype)},
+            {"x": x},
+            {"y": y},
+        )
         return y
 
     # ------------------------------------------------------------- constants and scratch
@@ -518,8 +674,18 @@ class Graph:
 
     # ------------------------------------------------------------- resample (pooling)
 
-    def _resample_attrs(self, nsp: int, mode: str, window, stride, pre_padding, post_padding, padding_mode,
-                        nan_propagation: bool, compute_dtype: str | None) -> dict[str, Any]:
+    def _resample_attrs(
+        self,
+        nsp: int,
+        mode: str,
+        window,
+        stride,
+        pre_padding,
+        post_padding,
+        padding_mode,
+        nan_propagation: bool,
+        compute_dtype: str | None,
+    ) -> dict[str, Any]:
         if mode not in _RESAMPLE_MODES:
             raise GraphError(f"mode must be one of {sorted(_RESAMPLE_MODES)}, got {mode!r}")
         if window is None:
@@ -548,15 +714,29 @@ class Graph:
         for i, xi in enumerate(x_dims[2:]):
             o = (xi + a["pre_padding"][i] + a["post_padding"][i] - a["window"][i]) // a["stride"][i] + 1
             if o < 1:
-                raise GraphError(f"spatial dim {i}: input {xi} with its padding is smaller than the window "
-                                 f"{a['window'][i]}")
+                raise GraphError(
+                    f"spatial dim {i}: input {xi} with its padding is smaller than the window {a['window'][i]}"
+                )
             out.append(o)
         return tuple(out)
 
-    def resample_forward(self, x: Tensor, *, mode: str = "max", window=None, stride=None, pre_padding=0,
-                         post_padding=None, padding_mode: str | None = None, nan_propagation: bool = False,
-                         index: bool = False, index_dtype: str = "int8", compute_dtype: str | None = None,
-                         dtype: str | None = None, name: str = "") -> Tensor | tuple[Tensor, Tensor]:
+    def resample_forward(
+        self,
+        x: Tensor,
+        *,
+        mode: str = "max",
+        window=None,
+        stride=None,
+        pre_padding=0,
+        post_padding=None,
+        padding_mode: str | None = None,
+        nan_propagation: bool = False,
+        index: bool = False,
+        index_dtype: str = "int8",
+        compute_dtype: str | None = None,
+        dtype: str | None = None,
+        name: str = "",
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Pooling: ``x`` ``(N, C, *spatial)`` -> ``y`` ``(N, C, *out)``, ``out = (in + pre + post - window) // stride + 1``.
 
         ``mode``: ``"max"``, ``"avg_include_padding"``, ``"avg_exclude_padding"``.
@@ -575,8 +755,9 @@ class Graph:
         x = self._own(x, "x")
         if x.ndim < 3:
             raise GraphError(f"resample_forward needs x of rank >= 3 (N, C, *spatial), got {x.dims}")
-        a = self._resample_attrs(x.ndim - 2, mode, window, stride, pre_padding, post_padding, padding_mode,
-                                 nan_propagation, compute_dtype)
+        a = self._resample_attrs(
+            x.ndim - 2, mode, window, stride, pre_padding, post_padding, padding_mode, nan_propagation, compute_dtype
+        )
         if index and mode != "max":
             raise GraphError(f"index=True applies to max pooling, not {mode!r}")
         dims = self._resample_out(x.dims, a)
@@ -587,10 +768,23 @@ class Graph:
         self._add("resample_fwd", a, {"x": x}, outs)
         return (y, outs["index"]) if index else y
 
-    def resample_backward(self, dy: Tensor, *, x_dims: Sequence[int], index: Tensor | None = None,
-                          mode: str = "max", window=None, stride=None, pre_padding=0, post_padding=None,
-                          padding_mode: str | None = None, nan_propagation: bool = False,
-                          compute_dtype: str | None = None, dtype: str | None = None, name: str = "") -> Tensor:
+    def resample_backward(
+        self,
+        dy: Tensor,
+        *,
+        x_dims: Sequence[int],
+        index: Tensor | None = None,
+        mode: str = "max",
+        window=None,
+        stride=None,
+        pre_padding=0,
+        post_padding=None,
+        padding_mode: str | None = None,
+        nan_propagation: bool = False,
+        compute_dtype: str | None = None,
+        dtype: str | None = None,
+        name: str = "",
+    ) -> Tensor:
         """Pooling backward: ``dx`` of dims ``x_dims`` from ``dy`` and the forward's options.
 
         Max pooling needs ``index``, the argmax tensor of
@@ -605,8 +799,17 @@ class Graph:
         x_dims = tuple(int(d) for d in x_dims)
         if len(x_dims) != dy.ndim or len(x_dims) < 3:
             raise GraphError(f"x_dims {x_dims} and dy {dy.dims} must have one rank >= 3")
-        a = self._resample_attrs(len(x_dims) - 2, mode, window, stride, pre_padding, post_padding, padding_mode,
-                                 nan_propagation, compute_dtype)
+        a = self._resample_attrs(
+            len(x_dims) - 2,
+            mode,
+            window,
+            stride,
+            pre_padding,
+            post_padding,
+            padding_mode,
+            nan_propagation,
+            compute_dtype,
+        )
         if self._resample_out(x_dims, a) != dy.dims:
             raise GraphError(f"dy {dy.dims} is not the pooled shape {self._resample_out(x_dims, a)} of x {x_dims}")
         if mode == "max":
@@ -641,12 +844,25 @@ class Graph:
             raise GraphError(f"{mode} norm: {role} must have dims {dims}, got {t.dims}")
         return t
 
-    def norm_forward(self, mode: str, x: Tensor, scale: Tensor, bias: Tensor | None = None, *,
-                     phase: str = "training", epsilon: Tensor | float = 1e-5, momentum: Tensor | float | None = None,
-                     mean: Tensor | None = None, inv_variance: Tensor | None = None,
-                     running_mean: Tensor | None = None, running_var: Tensor | None = None,
-                     peer_stats: Sequence[Tensor] = (), stats_dtype: str = "float32", dtype: str | None = None,
-                     name: str = "") -> NormForward:
+    def norm_forward(
+        self,
+        mode: str,
+        x: Tensor,
+        scale: Tensor,
+        bias: Tensor | None = None,
+        *,
+        phase: str = "training",
+        epsilon: Tensor | float = 1e-5,
+        momentum: Tensor | float | None = None,
+        mean: Tensor | None = None,
+        inv_variance: Tensor | None = None,
+        running_mean: Tensor | None = None,
+        running_var: Tensor | None = None,
+        peer_stats: Sequence[Tensor] = (),
+        stats_dtype: str = "float32",
+        dtype: str | None = None,
+        name: str = "",
+    ) -> NormForward:
         """Normalization forward: ``mode`` ``"batch"``, ``"layer"``, ``"instance"`` or ``"rms"``.
 
         Tensors per mode (``x`` ``(N, C, *spatial)``; statistics float32):
@@ -720,12 +936,29 @@ class Graph:
                 outs["next_running_mean"] = self._out(sdims, None, ins["running_mean"].dtype, base + "_running_mean")
                 outs["next_running_var"] = self._out(sdims, None, ins["running_var"].dtype, base + "_running_var")
         self._add("norm_fwd", {"mode": mode, "phase": phase, "peers": len(peers)}, ins, outs)
-        return NormForward(outs["y"], outs.get("mean"), outs.get("inv_variance"), outs.get("next_running_mean"),
-                           outs.get("next_running_var"))
+        return NormForward(
+            outs["y"],
+            outs.get("mean"),
+            outs.get("inv_variance"),
+            outs.get("next_running_mean"),
+            outs.get("next_running_var"),
+        )
 
-    def norm_backward(self, mode: str, x: Tensor, dy: Tensor, scale: Tensor, *, mean: Tensor | None = None,
-                      inv_variance: Tensor, epsilon: Tensor | float | None = None, dbias: bool | None = None,
-                      peer_stats: Sequence[Tensor] = (), dtype: str | None = None, name: str = "") -> NormBackward:
+    def norm_backward(
+        self,
+        mode: str,
+        x: Tensor,
+        dy: Tensor,
+        scale: Tensor,
+        *,
+        mean: Tensor | None = None,
+        inv_variance: Tensor,
+        epsilon: Tensor | float | None = None,
+        dbias: bool | None = None,
+        peer_stats: Sequence[Tensor] = (),
+        dtype: str | None = None,
+        name: str = "",
+    ) -> NormBackward:
         """Normalization backward from the saved statistics: returns ``dx``, ``dscale`` and ``dbias``.
 
         ``mean`` and ``inv_variance`` are the training forward's saved outputs
@@ -761,15 +994,18 @@ class Graph:
             ins[f"peer{i}"] = p
         want_dbias = (mode != "rms") if dbias is None else bool(dbias)
         base = name or f"{mode}_norm_bwd"
-        outs = {"dx": self._out(x.dims, x, dtype or x.dtype, base + "_dx"),
-                "dscale": self._out(pdims, None, ins["scale"].dtype, base + "_dscale")}
+        outs = {
+            "dx": self._out(x.dims, x, dtype or x.dtype, base + "_dx"),
+            "dscale": self._out(pdims, None, ins["scale"].dtype, base + "_dscale"),
+        }
         if want_dbias:
             outs["dbias"] = self._out(pdims, None, ins["scale"].dtype, base + "_dbias")
         self._add("norm_bwd", {"mode": mode, "peers": len(peers)}, ins, outs)
         return NormBackward(outs["dx"], outs["dscale"], outs.get("dbias"))
 
-    def genstats(self, x: Tensor, *, compute_dtype: str | None = None, dtype: str = "float32",
-                 name: str = "") -> tuple[Tensor, Tensor]:
+    def genstats(
+        self, x: Tensor, *, compute_dtype: str | None = None, dtype: str = "float32", name: str = ""
+    ) -> tuple[Tensor, Tensor]:
         """Per-channel ``sum`` and ``sum of squares`` of ``x`` ``(N, C, *)``, each ``(1, C, 1...)``.
 
         cuDNN 9.19 runs it fused after a convolution (``conv_fprop`` -> ``genstats``);
@@ -782,16 +1018,32 @@ class Graph:
         dims = (1, x.dims[1], *(1,) * (x.ndim - 2))
         s = self._out(dims, None, dtype, name or "sum")
         sq = self._out(dims, None, dtype, (name + "_" if name else "") + "sq_sum")
-        self._add("genstats", {"compute_dtype": canonical(compute_dtype or self.compute_dtype)}, {"x": x},
-                  {"sum": s, "sq_sum": sq})
+        self._add(
+            "genstats",
+            {"compute_dtype": canonical(compute_dtype or self.compute_dtype)},
+            {"x": x},
+            {"sum": s, "sq_sum": sq},
+        )
         return s, sq
 
     # ------------------------------------------------------------- rng, reshape, concat
 
-    def rng(self, dims: Sequence[int], *, seed: Tensor | int, offset: Tensor | None = None,
-            distribution: str = "bernoulli", probability: float = 0.5, mean: float = 0.0, std: float = 1.0,
-            minimum: float = 0.0, maximum: float = 1.0, strides: Sequence[int] | None = None,
-            dtype: str | None = None, name: str = "") -> Tensor:
+    def rng(
+        self,
+        dims: Sequence[int],
+        *,
+        seed: Tensor | int,
+        offset: Tensor | None = None,
+        distribution: str = "bernoulli",
+        probability: float = 0.5,
+        mean: float = 0.0,
+        std: float = 1.0,
+        minimum: float = 0.0,
+        maximum: float = 1.0,
+        strides: Sequence[int] | None = None,
+        dtype: str | None = None,
+        name: str = "",
+    ) -> Tensor:
         """Random numbers of ``dims``: ``"bernoulli"`` (1 with ``probability``, else 0), ``"uniform"``
         (``minimum``..``maximum``) or ``"normal"`` (``mean``, ``std``).
 
@@ -838,8 +1090,16 @@ class Graph:
         self._add("rng", attrs, ins, {"y": y})
         return y
 
-    def reshape(self, x: Tensor, dims: Sequence[int] | None = None, strides: Sequence[int] | None = None, *,
-                perm: Sequence[int] | None = None, dtype: str | None = None, name: str = "") -> Tensor:
+    def reshape(
+        self,
+        x: Tensor,
+        dims: Sequence[int] | None = None,
+        strides: Sequence[int] | None = None,
+        *,
+        perm: Sequence[int] | None = None,
+        dtype: str | None = None,
+        name: str = "",
+    ) -> Tensor:
         """``y``: ``x``'s elements under new ``dims`` (and ``strides``; default C order).
 
         ``perm`` gives a transpose instead: ``y.dims[i] = x.dims[perm[i]]`` and
@@ -862,14 +1122,22 @@ class Graph:
             raise GraphError("reshape needs dims= or perm=")
         dims = tuple(int(d) for d in dims)
         if math.prod(dims) != math.prod(x.dims):
-            raise GraphError(f"reshape of {x.dims} ({math.prod(x.dims)} elements) to {dims} "
-                             f"({math.prod(dims)} elements)")
+            raise GraphError(
+                f"reshape of {x.dims} ({math.prod(x.dims)} elements) to {dims} ({math.prod(dims)} elements)"
+            )
         y = self.tensor(dims, strides, dtype or x.dtype, virtual=True, name=name or "reshape")
         self._add("reshape", {"perm": perm}, {"x": x}, {"y": y})
         return y
 
-    def concat(self, inputs: Sequence[Tensor], axis: int, *, inplace_index: int | None = None,
-               dtype: str | None = None, name: str = "") -> Tensor:
+    def concat(
+        self,
+        inputs: Sequence[Tensor],
+        axis: int,
+        *,
+        inplace_index: int | None = None,
+        dtype: str | None = None,
+        name: str = "",
+    ) -> Tensor:
         """Join ``inputs`` (one rank, dims equal but along ``axis``) along ``axis``.
 
         ``inplace_index``: the input that already lies inside the output's
@@ -892,8 +1160,9 @@ class Graph:
         dims = list(ts[0].dims)
         dims[axis] = sum(t.dims[axis] for t in ts)
         y = self._out(tuple(dims), ts[0], dtype or ts[0].dtype, name or "concat")
-        self._add("concat", {"axis": axis, "inplace_index": inplace_index},
-                  {f"x{i}": t for i, t in enumerate(ts)}, {"y": y})
+        self._add(
+            "concat", {"axis": axis, "inplace_index": inplace_index}, {f"x{i}": t for i, t in enumerate(ts)}, {"y": y}
+        )
         return y
 
     # ------------------------------------------------------------- scaled dot-product attention
@@ -924,8 +1193,19 @@ class Graph:
     def _vt(self, dims, dtype, name) -> Tensor:
         return self.tensor(dims, None, dtype, virtual=True, name=name)
 
-    def _pw(self, mode: str, x: Tensor, b: Tensor | None = None, t: Tensor | None = None, *, dtype=None,
-            compute=None, out: Tensor | None = None, name: str = "", **params) -> Tensor:
+    def _pw(
+        self,
+        mode: str,
+        x: Tensor,
+        b: Tensor | None = None,
+        t: Tensor | None = None,
+        *,
+        dtype=None,
+        compute=None,
+        out: Tensor | None = None,
+        name: str = "",
+        **params,
+    ) -> Tensor:
         """A pointwise node on internal tensors (no public-argument checks; dims follow x)."""
         if out is None:
             out = self._vt(x.dims, dtype or self.intermediate_dtype, name or mode.lower())
@@ -934,8 +1214,13 @@ class Graph:
             ins["b"] = b
         if t is not None:
             ins["t"] = t
-        attrs = {"mode": mode, "compute_dtype": canonical(compute or self.compute_dtype), "alpha1": 1.0,
-                 "alpha2": 1.0, **params}
+        attrs = {
+            "mode": mode,
+            "compute_dtype": canonical(compute or self.compute_dtype),
+            "alpha1": 1.0,
+            "alpha2": 1.0,
+            **params,
+        }
         self._add("pointwise", attrs, ins, {"y": out})
         return out
 
@@ -945,8 +1230,9 @@ class Graph:
         self._add("matmul", {"compute_dtype": "float32"}, {"a": a, "b": b}, {"c": out})
         return out
 
-    def _red(self, x: Tensor, dims, *, mode: str = "add", dtype=None, out: Tensor | None = None,
-             name: str = "") -> Tensor:
+    def _red(
+        self, x: Tensor, dims, *, mode: str = "add", dtype=None, out: Tensor | None = None, name: str = ""
+    ) -> Tensor:
         if out is None:
             out = self._vt(dims, dtype or self.intermediate_dtype, name)
         self._add("reduction", {"mode": mode, "compute_dtype": "float32"}, {"x": x}, {"y": out})
@@ -963,13 +1249,24 @@ class Graph:
         if right_bound is not None:
             r = row
             if right_bound:
-                r = self._pw("ADD", row, self.scalar(right_bound, "int32", 4, name="right_bound"), dtype="int32",
-                             compute="int32", name="row_plus_right_bound")
+                r = self._pw(
+                    "ADD",
+                    row,
+                    self.scalar(right_bound, "int32", 4, name="right_bound"),
+                    dtype="int32",
+                    compute="int32",
+                    name="row_plus_right_bound",
+                )
             keep = self._pw("CMP_GE", r, col, dtype="bool", compute="bool", name="causal_keep")
             s = self._pw("BINARY_SELECT", s, ninf, keep, name="causal_masked")
         if left_bound is not None:
-            c = self._pw("ADD", col, self.scalar(float(left_bound), "float32", 4, name="left_bound"),
-                         dtype="float32", name="col_plus_left_bound")
+            c = self._pw(
+                "ADD",
+                col,
+                self.scalar(float(left_bound), "float32", 4, name="left_bound"),
+                dtype="float32",
+                name="col_plus_left_bound",
+            )
             keep = self._pw("CMP_GT", c, row, dtype="bool", compute="bool", name="window_keep")
             s = self._pw("BINARY_SELECT", s, ninf, keep, name="window_masked")
         return s
@@ -984,15 +1281,18 @@ class Graph:
                 raise GraphError("causal=True is right_bound=0; do not pass another right_bound")
             right_bound = 0
         for role, bnd in (("left_bound", left_bound), ("right_bound", right_bound)):
-            if bnd is not None and (not isinstance(bnd, int) or isinstance(bnd, bool) or bnd < 0
-                                    or (role == "left_bound" and bnd < 1)):
+            if bnd is not None and (
+                not isinstance(bnd, int) or isinstance(bnd, bool) or bnd < 0 or (role == "left_bound" and bnd < 1)
+            ):
                 raise GraphError(f"{role} must be a non-negative int (left_bound >= 1), got {bnd!r}")
         p = float(dropout)
         if not 0.0 <= p < 1.0:
             raise GraphError(f"dropout must be within [0, 1), got {dropout}")
         if implementation == "unified" and (left_bound is not None or right_bound is not None or p):
-            raise GraphError("the unified SDPA operation of cuDNN 9.19 takes no mask or dropout "
-                             "(cuDNN 9.21 adds them); use implementation='composite'")
+            raise GraphError(
+                "the unified SDPA operation of cuDNN 9.19 takes no mask or dropout "
+                "(cuDNN 9.21 adds them); use implementation='composite'"
+            )
         sc = self._scalar_or(1.0 / math.sqrt(shape[3]) if scale is None else scale, "scale", 4)
         return q, k, v, shape, sc, left_bound, right_bound, p
 
@@ -1001,11 +1301,24 @@ class Graph:
             raise GraphError("dropout needs seed= and offset= (one-element int64 device tensors)")
         return self.rng(dims, seed=seed, offset=offset, probability=1.0 - p, name="dropout_mask")
 
-    def sdpa_forward(self, q: Tensor, k: Tensor, v: Tensor, *, scale: float | Tensor | None = None,
-                     causal: bool = False, left_bound: int | None = None, right_bound: int | None = None,
-                     dropout: float = 0.0, seed: Tensor | None = None, offset: Tensor | None = None,
-                     stats: bool = True, o_strides: Sequence[int] | None = None,
-                     implementation: str = "composite", name: str = "") -> SdpaForward:
+    def sdpa_forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float | Tensor | None = None,
+        causal: bool = False,
+        left_bound: int | None = None,
+        right_bound: int | None = None,
+        dropout: float = 0.0,
+        seed: Tensor | None = None,
+        offset: Tensor | None = None,
+        stats: bool = True,
+        o_strides: Sequence[int] | None = None,
+        implementation: str = "composite",
+        name: str = "",
+    ) -> SdpaForward:
         """Scaled dot-product attention forward: ``o = softmax(scale * q @ k^T + mask) @ v``.
 
         ``q`` ``(B, H, Sq, D)``, ``k`` ``(B, Hk, Skv, D)``, ``v`` ``(B, Hv, Skv, Dv)``
@@ -1030,12 +1343,18 @@ class Graph:
         and ``OPERATION_MATMUL`` (P @ v). ``"unified"`` makes one
         ``CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR`` (cuDNN 9.19: no mask, no dropout).
         """
-        q, k, v, shape, sc, lb, rb, p = self._sdpa_common(q, k, v, scale, causal, left_bound, right_bound,
-                                                         implementation, dropout)
+        q, k, v, shape, sc, lb, rb, p = self._sdpa_common(
+            q, k, v, scale, causal, left_bound, right_bound, implementation, dropout
+        )
         b, h, sq, d, hk, hv, skv, dv = shape
         odims = (b, h, sq, dv)
-        o = self.tensor(odims, _dense_like(odims, q.strides) if o_strides is None else o_strides, q.dtype,
-                        virtual=True, name=name or "o")
+        o = self.tensor(
+            odims,
+            _dense_like(odims, q.strides) if o_strides is None else o_strides,
+            q.dtype,
+            virtual=True,
+            name=name or "o",
+        )
         st = self._vt((b, h, sq, 1), "float32", (name + "_" if name else "") + "stats")
         if not stats:
             # cuDNN 9.19 on an H200 offers no engine for the pattern without statistics (measured): they go to
@@ -1058,8 +1377,13 @@ class Graph:
         pr = self._pw("DIV", e, sm, name="probs")
         if p:
             pr = self._pw("MUL", pr, self._dropout_mask((b, h, sq, skv), p, seed, offset), name="dropped")
-            pr = self._pw("MUL", pr, self.scalar(1.0 / (1.0 - p), "float32", 4, name="dropout_scale"),
-                          dtype=q.dtype, name="probs_scaled")
+            pr = self._pw(
+                "MUL",
+                pr,
+                self.scalar(1.0 / (1.0 - p), "float32", 4, name="dropout_scale"),
+                dtype=q.dtype,
+                name="probs_scaled",
+            )
         else:
             pr = self._retype(pr, q.dtype)
         self._mm(pr, v, odims, out=o)
@@ -1071,12 +1395,28 @@ class Graph:
         self._tensors[t.uid] = new
         return new
 
-    def sdpa_backward(self, q: Tensor, k: Tensor, v: Tensor, o: Tensor, do: Tensor, stats: Tensor, *,
-                      scale: float | Tensor | None = None, causal: bool = False, left_bound: int | None = None,
-                      right_bound: int | None = None, dropout: float = 0.0, seed: Tensor | None = None,
-                      offset: Tensor | None = None, dq_strides: Sequence[int] | None = None,
-                      dk_strides: Sequence[int] | None = None, dv_strides: Sequence[int] | None = None,
-                      implementation: str = "composite", name: str = "") -> SdpaBackward:
+    def sdpa_backward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        o: Tensor,
+        do: Tensor,
+        stats: Tensor,
+        *,
+        scale: float | Tensor | None = None,
+        causal: bool = False,
+        left_bound: int | None = None,
+        right_bound: int | None = None,
+        dropout: float = 0.0,
+        seed: Tensor | None = None,
+        offset: Tensor | None = None,
+        dq_strides: Sequence[int] | None = None,
+        dk_strides: Sequence[int] | None = None,
+        dv_strides: Sequence[int] | None = None,
+        implementation: str = "composite",
+        name: str = "",
+    ) -> SdpaBackward:
         """Attention backward: ``dq``, ``dk``, ``dv`` from the forward's inputs, ``o``, ``do`` and ``stats``.
 
         Options as in :meth:`sdpa_forward` (they must match the forward's).
@@ -1093,8 +1433,9 @@ class Graph:
         summed by ``OPERATION_REDUCTION``. ``"unified"`` makes one
         ``CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR`` (no mask, no dropout).
         """
-        q, k, v, shape, sc, lb, rb, p = self._sdpa_common(q, k, v, scale, causal, left_bound, right_bound,
-                                                         implementation, dropout)
+        q, k, v, shape, sc, lb, rb, p = self._sdpa_common(
+            q, k, v, scale, causal, left_bound, right_bound, implementation, dropout
+        )
         b, h, sq, d, hk, hv, skv, dv = shape
         o, do, stats = self._own(o, "o"), self._own(do, "do"), self._own(stats, "stats")
         for role, t in (("o", o), ("do", do)):
@@ -1105,13 +1446,18 @@ class Graph:
         base = name or "sdpa_bwd"
 
         def grad(t: Tensor, strides, role: str) -> Tensor:
-            return self.tensor(t.dims, t.strides if strides is None else strides, t.dtype, virtual=True,
-                               name=f"{base}_{role}")
+            return self.tensor(
+                t.dims, t.strides if strides is None else strides, t.dtype, virtual=True, name=f"{base}_{role}"
+            )
 
         dq, dk, dvt = grad(q, dq_strides, "dq"), grad(k, dk_strides, "dk"), grad(v, dv_strides, "dv")
         if implementation == "unified":
-            self._add("sdpa_bwd", {}, {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats, "scale": sc},
-                      {"dq": dq, "dk": dk, "dv": dvt})
+            self._add(
+                "sdpa_bwd",
+                {},
+                {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats, "scale": sc},
+                {"dq": dq, "dk": dk, "dv": dvt},
+            )
             return SdpaBackward(dq, dk, dvt)
         k_strides, v_strides = k.strides, v.strides
         self._describe_as(k, (b, hk, d, skv), (k_strides[0], k_strides[1], k_strides[3], k_strides[2]), "k")
@@ -1191,17 +1537,31 @@ class Graph:
             for role, uid in n.inputs:
                 if uid in self._described and i not in self._view_nodes:
                     t = self._tensors[uid]
-                    raise GraphError(f"tensor {t.name or uid} (uid {uid}) is read by {n.kind} ({role}) but an SDPA "
-                                     f"composite describes it transposed in this graph; use separate graphs")
+                    raise GraphError(
+                        f"tensor {t.name or uid} (uid {uid}) is read by {n.kind} ({role}) but an SDPA "
+                        f"composite describes it transposed in this graph; use separate graphs"
+                    )
 
     def key(self) -> tuple:
         """Hashable signature of everything that decides a plan (see the module docstring)."""
         tensors = tuple((t.uid, t.dims, t.strides, t.dtype, t.virtual, t.by_value) for t in self._tensors.values())
         nodes = tuple((n.kind, n.attrs, n.inputs, n.outputs) for n in self._nodes)
-        extra = (tuple(sorted(self._constants.items())), tuple(sorted(self._described.items())),
-                 tuple(sorted(self._scratch.items(), key=lambda kv: kv[0])))
-        return ("cudnnkit.graph/1", lib.version(), self.compute_dtype, self.intermediate_dtype, self.alignment,
-                tensors, nodes, extra, current_settings().key())
+        extra = (
+            tuple(sorted(self._constants.items())),
+            tuple(sorted(self._described.items())),
+            tuple(sorted(self._scratch.items(), key=lambda kv: kv[0])),
+        )
+        return (
+            "cudnnkit.graph/1",
+            lib.version(),
+            self.compute_dtype,
+            self.intermediate_dtype,
+            self.alignment,
+            tensors,
+            nodes,
+            extra,
+            current_settings().key(),
+        )
 
     def lower(self, handle: Any = None) -> Lowered:
         """Finalized backend descriptors for every tensor and node, and the operation graph.
@@ -1264,15 +1624,18 @@ class Graph:
             mm = BackendDescriptor("CUDNN_BACKEND_MATMUL_DESCRIPTOR")
             mm.set("CUDNN_ATTR_MATMUL_COMP_TYPE", cudnn_dtype(a["compute_dtype"])).finalize()
             op = BackendDescriptor("CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR")
-            op.set("CUDNN_ATTR_OPERATION_MATMUL_ADESC", T(ins["a"])).set("CUDNN_ATTR_OPERATION_MATMUL_BDESC",
-                                                                         T(ins["b"]))
+            op.set("CUDNN_ATTR_OPERATION_MATMUL_ADESC", T(ins["a"])).set(
+                "CUDNN_ATTR_OPERATION_MATMUL_BDESC", T(ins["b"])
+            )
             op.set("CUDNN_ATTR_OPERATION_MATMUL_CDESC", T(outs["c"])).set("CUDNN_ATTR_OPERATION_MATMUL_DESC", mm)
             return op.finalize(), mm
         if n.kind.startswith("conv_"):
             cv = BackendDescriptor("CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR")
             cv.set("CUDNN_ATTR_CONVOLUTION_COMP_TYPE", cudnn_dtype(a["compute_dtype"]))
-            cv.set("CUDNN_ATTR_CONVOLUTION_CONV_MODE",
-                   lib.CUDNN_CROSS_CORRELATION if a["mode"] == "cross_correlation" else lib.CUDNN_CONVOLUTION)
+            cv.set(
+                "CUDNN_ATTR_CONVOLUTION_CONV_MODE",
+                lib.CUDNN_CROSS_CORRELATION if a["mode"] == "cross_correlation" else lib.CUDNN_CONVOLUTION,
+            )
             cv.set("CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS", len(a["stride"]))
             cv.set("CUDNN_ATTR_CONVOLUTION_DILATIONS", list(a["dilation"]))
             cv.set("CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES", list(a["stride"]))
@@ -1303,8 +1666,10 @@ class Graph:
             rs = BackendDescriptor("CUDNN_BACKEND_RESAMPLE_DESCRIPTOR")
             rs.set("CUDNN_ATTR_RESAMPLE_MODE", _RESAMPLE_MODES[a["mode"]])
             rs.set("CUDNN_ATTR_RESAMPLE_COMP_TYPE", cudnn_dtype(a["compute_dtype"]))
-            rs.set("CUDNN_ATTR_RESAMPLE_NAN_PROPAGATION",
-                   lib.CUDNN_PROPAGATE_NAN if a["nan_propagation"] else lib.CUDNN_NOT_PROPAGATE_NAN)
+            rs.set(
+                "CUDNN_ATTR_RESAMPLE_NAN_PROPAGATION",
+                lib.CUDNN_PROPAGATE_NAN if a["nan_propagation"] else lib.CUDNN_NOT_PROPAGATE_NAN,
+            )
             rs.set("CUDNN_ATTR_RESAMPLE_PADDING_MODE", _PADDING_MODES[a["padding_mode"]])
             rs.set("CUDNN_ATTR_RESAMPLE_SPATIAL_DIMS", len(a["window"]))
             rs.set("CUDNN_ATTR_RESAMPLE_WINDOW_DIMS", list(a["window"]))
@@ -1324,8 +1689,12 @@ class Graph:
             op = BackendDescriptor(f"CUDNN_BACKEND_OPERATION_NORM_{'FORWARD' if fwd else 'BACKWARD'}_DESCRIPTOR")
             op.set(f"CUDNN_ATTR_OPERATION_NORM_{p}_MODE", _NORM_MODES[a["mode"]])
             if fwd:
-                op.set("CUDNN_ATTR_OPERATION_NORM_FWD_PHASE", lib.cudnnBackendNormFwdPhase_t.CUDNN_NORM_FWD_TRAINING
-                       if a["phase"] == "training" else lib.cudnnBackendNormFwdPhase_t.CUDNN_NORM_FWD_INFERENCE)
+                op.set(
+                    "CUDNN_ATTR_OPERATION_NORM_FWD_PHASE",
+                    lib.cudnnBackendNormFwdPhase_t.CUDNN_NORM_FWD_TRAINING
+                    if a["phase"] == "training"
+                    else lib.cudnnBackendNormFwdPhase_t.CUDNN_NORM_FWD_INFERENCE,
+                )
             peers = []
             for role, uid in (*n.inputs, *n.outputs):
                 if role.startswith("peer"):
@@ -1346,9 +1715,13 @@ class Graph:
         if n.kind == "rng":
             rg = BackendDescriptor("CUDNN_BACKEND_RNG_DESCRIPTOR")
             rg.set("CUDNN_ATTR_RNG_DISTRIBUTION", _RNG[a["distribution"]])
-            for key, attr in (("probability", "BERNOULLI_DIST_PROBABILITY"), ("minimum", "UNIFORM_DIST_MINIMUM"),
-                              ("maximum", "UNIFORM_DIST_MAXIMUM"), ("mean", "NORMAL_DIST_MEAN"),
-                              ("std", "NORMAL_DIST_STANDARD_DEVIATION")):
+            for key, attr in (
+                ("probability", "BERNOULLI_DIST_PROBABILITY"),
+                ("minimum", "UNIFORM_DIST_MINIMUM"),
+                ("maximum", "UNIFORM_DIST_MAXIMUM"),
+                ("mean", "NORMAL_DIST_MEAN"),
+                ("std", "NORMAL_DIST_STANDARD_DEVIATION"),
+            ):
                 if key in a:
                     rg.set(f"CUDNN_ATTR_RNG_{attr}", a[key])
             rg.finalize()
@@ -1362,8 +1735,9 @@ class Graph:
             return op.finalize(), rg
         if n.kind == "reshape":
             op = BackendDescriptor("CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR")
-            op.set("CUDNN_ATTR_OPERATION_RESHAPE_XDESC", T(ins["x"])).set("CUDNN_ATTR_OPERATION_RESHAPE_YDESC",
-                                                                          T(outs["y"]))
+            op.set("CUDNN_ATTR_OPERATION_RESHAPE_XDESC", T(ins["x"])).set(
+                "CUDNN_ATTR_OPERATION_RESHAPE_YDESC", T(outs["y"])
+            )
             return op.finalize(), None
         if n.kind == "concat":
             op = BackendDescriptor("CUDNN_BACKEND_OPERATION_CONCAT_DESCRIPTOR")

@@ -102,10 +102,16 @@ _HEUR_MODES = {
     "b": "CUDNN_HEUR_MODE_B",
     "fallback": "CUDNN_HEUR_MODE_FALLBACK",
 }
-_NUMERICAL = {m.name.removeprefix("CUDNN_NUMERICAL_NOTE_"): m for m in lib.cudnnBackendNumericalNote_t
-              if not m.name.endswith("TYPE_COUNT")}
-_BEHAVIOR = {m.name.removeprefix("CUDNN_BEHAVIOR_NOTE_"): m for m in lib.cudnnBackendBehaviorNote_t
-             if not m.name.endswith("TYPE_COUNT")}
+_NUMERICAL = {
+    m.name.removeprefix("CUDNN_NUMERICAL_NOTE_"): m
+    for m in lib.cudnnBackendNumericalNote_t
+    if not m.name.endswith("TYPE_COUNT")
+}
+_BEHAVIOR = {
+    m.name.removeprefix("CUDNN_BEHAVIOR_NOTE_"): m
+    for m in lib.cudnnBackendBehaviorNote_t
+    if not m.name.endswith("TYPE_COUNT")
+}
 
 
 # ----------------------------------------------------------------- errors
@@ -128,9 +134,9 @@ class Attempt:
 _CAUSES = {
     "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH": "arch: no engine for this graph runs on this GPU's architecture",
     "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT": "layout: the tensors' strides (e.g. NCHW vs NHWC) are not supported "
-                                         "for this graph; try channels-last (NHWC) for convolutions",
+    "for this graph; try channels-last (NHWC) for convolutions",
     "CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE": "dtype: a tensor, intermediate or compute data type is not supported "
-                                            "here (float64 has no graph engines; use the legacy ops)",
+    "here (float64 has no graph engines; use the legacy ops)",
     "CUDNN_STATUS_NOT_SUPPORTED_SHAPE": "shape: a dimension or alignment is outside what the engines take",
     "CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN": "graph pattern: no engine fuses these operations in this order",
     "CUDNN_STATUS_NOT_SUPPORTED_PADDING": "padding: the convolution/resample padding is not supported",
@@ -138,7 +144,7 @@ _CAUSES = {
     "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER": "driver: the CUDA driver is too old for this cuDNN",
     "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART": "CUDA runtime: incompatible libcudart",
     "CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING": "runtime prerequisite missing (NVRTC for runtime-"
-                                                               "compiled engines?)",
+    "compiled engines?)",
     "CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE": "a cuDNN sub-library (libcudnn_engines_*) is missing",
 }
 
@@ -156,11 +162,15 @@ def unsupported_message(label: str, attempts: Iterable[Attempt]) -> str:
         if s in _CAUSES:
             causes.append(_CAUSES[s])
     if not attempts or all(a.stage == "heuristics" for a in attempts):
-        causes.append("heuristics offered no engine for this graph: the pattern, layout (try channels-last "
-                      "strides) or dtypes are outside what this cuDNN supports on this GPU")
+        causes.append(
+            "heuristics offered no engine for this graph: the pattern, layout (try channels-last "
+            "strides) or dtypes are outside what this cuDNN supports on this GPU"
+        )
     elif all(a.stage == "filter" for a in attempts):
-        causes.append("every engine was rejected by a filter: relax cudnnkit.settings(deterministic=, allow_tf32=, "
-                      "workspace_limit=) or the build's deny_*/require_* options")
+        causes.append(
+            "every engine was rejected by a filter: relax cudnnkit.settings(deterministic=, allow_tf32=, "
+            "workspace_limit=) or the build's deny_*/require_* options"
+        )
     if causes:
         lines.append("likely cause: " + "; ".join(causes))
     return "\n".join(lines)
@@ -224,20 +234,36 @@ class EngineFilter:
     deny_engines: tuple[str, ...] = ()
 
     @classmethod
-    def make(cls, settings: Settings | None = None, *, fp32_math: bool = False, deny_numerical: Iterable[str] = (),
-             deny_behavior: Iterable[str] = (), require_behavior: Iterable[str] = (),
-             deny_engines: Iterable[str] = ()) -> EngineFilter:
+    def make(
+        cls,
+        settings: Settings | None = None,
+        *,
+        fp32_math: bool = False,
+        deny_numerical: Iterable[str] = (),
+        deny_behavior: Iterable[str] = (),
+        require_behavior: Iterable[str] = (),
+        deny_engines: Iterable[str] = (),
+    ) -> EngineFilter:
         s = settings or current_settings()
-        return cls(s.deterministic, s.allow_tf32, s.workspace_limit, bool(fp32_math),
-                   _note_names(deny_numerical, _NUMERICAL, "numerical"),
-                   _note_names(deny_behavior, _BEHAVIOR, "behavior"),
-                   _note_names(require_behavior, _BEHAVIOR, "behavior"),
-                   tuple(sorted(str(e) for e in deny_engines)))
+        return cls(
+            s.deterministic,
+            s.allow_tf32,
+            s.workspace_limit,
+            bool(fp32_math),
+            _note_names(deny_numerical, _NUMERICAL, "numerical"),
+            _note_names(deny_behavior, _BEHAVIOR, "behavior"),
+            _note_names(require_behavior, _BEHAVIOR, "behavior"),
+            tuple(sorted(str(e) for e in deny_engines)),
+        )
 
     def options_key(self) -> tuple:
         """The part of the plan-cache key the settings in :meth:`Graph.key` do not already hold."""
-        return (tuple(sorted(self.deny_numerical)), tuple(sorted(self.deny_behavior)),
-                tuple(sorted(self.require_behavior)), self.deny_engines)
+        return (
+            tuple(sorted(self.deny_numerical)),
+            tuple(sorted(self.deny_behavior)),
+            tuple(sorted(self.require_behavior)),
+            self.deny_engines,
+        )
 
     def reject(self, info: EngineInfo, workspace: int | None = None) -> str | None:
         """Why ``info`` may not be used (``None``: it may). ``workspace`` overrides ``info.workspace``."""
@@ -280,8 +306,9 @@ def _engine_info(cfg: BackendDescriptor) -> EngineInfo:
     num = eng.get("CUDNN_ATTR_ENGINE_NUMERICAL_NOTE", count=int(lib.CUDNN_NUMERICAL_NOTE_TYPE_COUNT))
     beh = eng.get("CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE", count=int(lib.CUDNN_BEHAVIOR_NOTE_TYPE_COUNT))
     knobs = []
-    for k in cfg.get_descriptors("CUDNN_ATTR_ENGINECFG_KNOB_CHOICES", "CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR",
-                                 int(lib.CUDNN_KNOB_TYPE_COUNTS)):
+    for k in cfg.get_descriptors(
+        "CUDNN_ATTR_ENGINECFG_KNOB_CHOICES", "CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR", int(lib.CUDNN_KNOB_TYPE_COUNTS)
+    ):
         knobs.append((int(k.get("CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE")), int(k.get("CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE"))))
     try:
         ws = int(cfg.get("CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE"))
@@ -297,8 +324,9 @@ def _engine_info(cfg: BackendDescriptor) -> EngineInfo:
                 out.add(f"UNKNOWN_{int(v)}")
         return frozenset(out)
 
-    return EngineInfo(index, tuple(knobs), names(num, lib.cudnnBackendNumericalNote_t),
-                      names(beh, lib.cudnnBackendBehaviorNote_t), ws)
+    return EngineInfo(
+        index, tuple(knobs), names(num, lib.cudnnBackendNumericalNote_t), names(beh, lib.cudnnBackendBehaviorNote_t), ws
+    )
 
 
 def _heuristics(op_graph: BackendDescriptor, mode: str) -> tuple[list[BackendDescriptor], int]:
@@ -309,8 +337,9 @@ def _heuristics(op_graph: BackendDescriptor, mode: str) -> tuple[list[BackendDes
     h.set("CUDNN_ATTR_ENGINEHEUR_MODE", getattr(lib, _HEUR_MODES[mode]))
     h.finalize()
     n = ctypes.c_int64()
-    lib.cudnnBackendGetAttribute(h.ptr, lib.CUDNN_ATTR_ENGINEHEUR_RESULTS, lib.CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                 ctypes.byref(n), None)
+    lib.cudnnBackendGetAttribute(
+        h.ptr, lib.CUDNN_ATTR_ENGINEHEUR_RESULTS, lib.CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, ctypes.byref(n), None
+    )
     if n.value <= 0:
         return [], 0
     return h.get_descriptors("CUDNN_ATTR_ENGINEHEUR_RESULTS", "CUDNN_BACKEND_ENGINECFG_DESCRIPTOR", n.value), n.value
@@ -331,8 +360,11 @@ def _candidates(low, flt: EngineFilter, mode: str, attempts: list[Attempt]):
             attempts.append(Attempt(f"heuristics mode {m}", "heuristics", _status_reason(e), e.status_name))
             continue
         if not cfgs:
-            why = "returned no engine configs" if not reported else \
-                f"reported {reported} engine configs but handed out none (none supports this graph here)"
+            why = (
+                "returned no engine configs"
+                if not reported
+                else f"reported {reported} engine configs but handed out none (none supports this graph here)"
+            )
             attempts.append(Attempt(f"heuristics mode {m}", "heuristics", why))
         for cfg in cfgs:
             try:
@@ -357,8 +389,16 @@ def _tensor_specs(tensors: Iterable[Tensor]) -> dict[int, Tensor]:
     return {t.uid: t for t in sorted(tensors, key=lambda t: t.uid) if not t.virtual}
 
 
-_PACK = {"float32": "f", "float64": "d", "float16": "e", "int32": "i", "int64": "q", "int8": "b", "uint8": "B",
-         "bool": "?"}
+_PACK = {
+    "float32": "f",
+    "float64": "d",
+    "float16": "e",
+    "int32": "i",
+    "int64": "q",
+    "int8": "b",
+    "uint8": "B",
+    "bool": "?",
+}
 
 
 def _scalar_bytes(value: Any, dtype: str, label: str) -> bytes:
@@ -423,9 +463,16 @@ class PlanSpec:
     execution), output uids, pointer alignment and device. :meth:`resolve` checks bindings against it
     before any GPU work."""
 
-    def __init__(self, tensors: dict[int, Tensor], *, device: int, alignment: int, outputs: Iterable[int] = (),
-                 constants: Mapping[int, tuple[Any, str]] | None = None,
-                 scratch: Iterable[int] | Mapping[int, str | None] = ()):
+    def __init__(
+        self,
+        tensors: dict[int, Tensor],
+        *,
+        device: int,
+        alignment: int,
+        outputs: Iterable[int] = (),
+        constants: Mapping[int, tuple[Any, str]] | None = None,
+        scratch: Iterable[int] | Mapping[int, str | None] = (),
+    ):
         self.tensors = dict(sorted(tensors.items()))
         self.device = int(device)
         self.alignment = int(alignment)
@@ -446,42 +493,67 @@ class PlanSpec:
         tensors = _tensor_specs(graph.tensors())
         constants = graph.constants() if hasattr(graph, "constants") else {}
         scratch = graph.scratch_init()
-        return cls(tensors, device=device, alignment=graph.alignment,
-                   outputs=[u for u in tensors if u in produced], constants=constants, scratch=scratch)
+        return cls(
+            tensors,
+            device=device,
+            alignment=graph.alignment,
+            outputs=[u for u in tensors if u in produced],
+            constants=constants,
+            scratch=scratch,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"alignment": self.alignment, "outputs": sorted(self.outputs), "scratch": sorted(self.scratch),
-                "zero_scratch": sorted(self.zero_scratch),
-                "constants": [[u, v, dt] for u, (v, dt) in sorted(self.constants.items())],
-                "tensors": [[t.uid, list(t.dims), list(t.strides), t.dtype, t.by_value, t.name]
-                            for t in self.tensors.values()]}
+        return {
+            "alignment": self.alignment,
+            "outputs": sorted(self.outputs),
+            "scratch": sorted(self.scratch),
+            "zero_scratch": sorted(self.zero_scratch),
+            "constants": [[u, v, dt] for u, (v, dt) in sorted(self.constants.items())],
+            "tensors": [
+                [t.uid, list(t.dims), list(t.strides), t.dtype, t.by_value, t.name] for t in self.tensors.values()
+            ],
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], device: int) -> PlanSpec:
-        tensors = {int(u): Tensor(int(u), tuple(dm), tuple(st), dt, False, bool(bv), nm, 0)
-                   for u, dm, st, dt, bv, nm in d["tensors"]}
+        tensors = {
+            int(u): Tensor(int(u), tuple(dm), tuple(st), dt, False, bool(bv), nm, 0)
+            for u, dm, st, dt, bv, nm in d["tensors"]
+        }
         zero = {int(u) for u in d.get("zero_scratch", ())}
         scratch = {int(u): ("zero" if int(u) in zero else None) for u in d.get("scratch", ())}
-        return cls(tensors, device=device, alignment=int(d["alignment"]), outputs=d.get("outputs", ()),
-                   constants={int(u): (v, dt) for u, v, dt in d.get("constants", ())}, scratch=scratch)
+        return cls(
+            tensors,
+            device=device,
+            alignment=int(d["alignment"]),
+            outputs=d.get("outputs", ()),
+            constants={int(u): (v, dt) for u, v, dt in d.get("constants", ())},
+            scratch=scratch,
+        )
 
     def _uid_of(self, k: Any) -> int:
         if isinstance(k, Tensor):
             spec = self.tensors.get(k.uid)
             if spec is not None and (spec.dims, spec.strides, spec.dtype) != (k.dims, k.strides, k.dtype):
-                raise BindingError(f"binding key uid {k.uid} is {k.dims}/{k.dtype} but the plan's "
-                                   f"{self.labels[k.uid]} is {spec.dims}/{spec.dtype}: a tensor of another graph?")
+                raise BindingError(
+                    f"binding key uid {k.uid} is {k.dims}/{k.dtype} but the plan's "
+                    f"{self.labels[k.uid]} is {spec.dims}/{spec.dtype}: a tensor of another graph?"
+                )
             uid = k.uid
         elif isinstance(k, int) and not isinstance(k, bool):
             uid = k
         else:
             raise TypeError(f"binding keys must be Tensors or int uids, got {type(k).__name__}")
         if uid not in self.tensors:
-            raise BindingError(f"uid {uid} is not a non-virtual tensor of this plan (bindable: "
-                               f"{[u for u in self.uids if u not in self.constants]})")
+            raise BindingError(
+                f"uid {uid} is not a non-virtual tensor of this plan (bindable: "
+                f"{[u for u in self.uids if u not in self.constants]})"
+            )
         if uid in self.constants:
-            raise BindingError(f"{self.labels[uid]} is a constant of the graph (value {self.constants[uid][0]}); "
-                               "it is bound by the plan, not by the caller")
+            raise BindingError(
+                f"{self.labels[uid]} is a constant of the graph (value {self.constants[uid][0]}); "
+                "it is bound by the plan, not by the caller"
+            )
         return uid
 
     def resolve(self, bindings: Mapping[Any, Any]) -> _Resolved:
@@ -489,8 +561,9 @@ class PlanSpec:
         if not isinstance(bindings, Mapping):
             raise TypeError(f"bindings must be a mapping of Tensor (or uid) -> array, got {type(bindings).__name__}")
         by_uid = {self._uid_of(k): v for k, v in bindings.items()}
-        missing = [self.labels[u] for u in self.uids
-                   if u not in by_uid and u not in self.constants and u not in self.scratch]
+        missing = [
+            self.labels[u] for u in self.uids if u not in by_uid and u not in self.constants and u not in self.scratch
+        ]
         if missing:
             raise BindingError(f"unbound: {', '.join(missing)}; every non-virtual tensor needs an array or pointer")
         r = _Resolved([], b"", [], [], [], [], [])
@@ -523,9 +596,12 @@ class PlanSpec:
                 if view.shape != spec.dims:
                     raise BindingError(f"{label}: shape {view.shape}, the plan expects {spec.dims}")
                 if view.strides != spec.strides and any(
-                        a != b for d, a, b in zip(spec.dims, view.strides, spec.strides) if d != 1):
-                    raise BindingError(f"{label}: strides {view.strides}, the plan expects {spec.strides} "
-                                       "(make the array match, e.g. channels-last, or define the graph from it)")
+                    a != b for d, a, b in zip(spec.dims, view.strides, spec.strides) if d != 1
+                ):
+                    raise BindingError(
+                        f"{label}: strides {view.strides}, the plan expects {spec.strides} "
+                        "(make the array match, e.g. channels-last, or define the graph from it)"
+                    )
                 if view.device != self.device:
                     raise BindingError(f"{label}: on cuda:{view.device}, the plan is for cuda:{self.device}")
                 if view.readonly and uid in self.outputs:
@@ -533,8 +609,9 @@ class PlanSpec:
                 p = view.ptr
                 r.views.append(view)
             if p % self.alignment:
-                raise BindingError(f"{label}: pointer {p:#x} is not aligned to {self.alignment} bytes "
-                                   "(the graph's alignment=)")
+                raise BindingError(
+                    f"{label}: pointer {p:#x} is not aligned to {self.alignment} bytes (the graph's alignment=)"
+                )
             r.ptrs.append(p)
         return r
 
@@ -550,8 +627,16 @@ class ExecutionPlan:
     autotuning) each candidate's name and mean time in ms.
     """
 
-    def __init__(self, desc: BackendDescriptor, spec: PlanSpec, *, key: tuple | None, engine: EngineInfo | None,
-                 keep: Any = None, attempts: list[Attempt] | None = None):
+    def __init__(
+        self,
+        desc: BackendDescriptor,
+        spec: PlanSpec,
+        *,
+        key: tuple | None,
+        engine: EngineInfo | None,
+        keep: Any = None,
+        attempts: list[Attempt] | None = None,
+    ):
         self._desc = desc
         self.ptr: int = desc.ptr
         self.spec = spec
@@ -631,8 +716,10 @@ class ExecutionPlan:
         owners: list[Any] = []
         for pos, uid in r.scratch:
             if adapter is None:
-                raise BindingError(f"{self.spec.labels[uid]} is scratch memory the plan allocates with the bindings' "
-                                   "library, and they come from none with a cudnnkit adapter: bind it")
+                raise BindingError(
+                    f"{self.spec.labels[uid]} is scratch memory the plan allocates with the bindings' "
+                    "library, and they come from none with a cudnnkit adapter: bind it"
+                )
             arr, ptr = self._buffer(("scratch", uid), _extent_bytes(self.tensors[uid]), adapter, s)
             r.ptrs[pos] = ptr
             owners.append(arr)
@@ -651,8 +738,10 @@ class ExecutionPlan:
         elif need == 0:
             ws = 0
         elif adapter is None:
-            raise BindingError(f"the plan needs {need} bytes of workspace and the bindings come from no library "
-                               "with a cudnnkit adapter: pass workspace= (an array or a device pointer)")
+            raise BindingError(
+                f"the plan needs {need} bytes of workspace and the bindings come from no library "
+                "with a cudnnkit adapter: pass workspace= (an array or a device pointer)"
+            )
         else:
             arr, ws = self._buffer("workspace", need, adapter, s)
             owners.append(arr)
@@ -728,8 +817,16 @@ class ExecutionPlan:
         vp = _new_variant_pack(self.spec.uids, r.ptrs, ws, r.keep)
         owners += [v.owner for v in r.views]
         _raw_execute()
-        return BoundPlan(self, vp, owners, adapter, None if stream is None else s, _multi_device(adapter),
-                         home=s if own else None, zero=self._zero_list(r) if r.zero else ())
+        return BoundPlan(
+            self,
+            vp,
+            owners,
+            adapter,
+            None if stream is None else s,
+            _multi_device(adapter),
+            home=s if own else None,
+            zero=self._zero_list(r) if r.zero else (),
+        )
 
     # ------------------------------------------------------------- CUDA graphs
 
@@ -739,14 +836,18 @@ class ExecutionPlan:
         except (lib.SymbolNotFoundError, AttributeError) as e:
             raise GraphError(f"the loaded cuDNN has no native CUDA-graph API: {e}") from None
         if "SUPPORTS_CUDA_GRAPH_NATIVE_API" not in self.behavior_notes:
-            raise GraphError(f"engine {self.name} lacks CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API; build "
-                             "with require_behavior={'SUPPORTS_CUDA_GRAPH_NATIVE_API'} (or capture execute() with "
-                             "the array library's stream capture instead)")
+            raise GraphError(
+                f"engine {self.name} lacks CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API; build "
+                "with require_behavior={'SUPPORTS_CUDA_GRAPH_NATIVE_API'} (or capture execute() with "
+                "the array library's stream capture instead)"
+            )
         if self.spec.zero_scratch:
             names = ", ".join(self.spec.labels[u] for u in sorted(self.spec.zero_scratch))
-            raise GraphError(f"the graph's scratch {names} must be zeroed before every run, which a graph "
-                             "populated by cuDNN would not do: capture execute() with the array library's "
-                             "stream capture instead (it records the clearing)")
+            raise GraphError(
+                f"the graph's scratch {names} must be zeroed before every run, which a graph "
+                "populated by cuDNN would not do: capture execute() with the array library's "
+                "stream capture instead (it records the clearing)"
+            )
 
     def _graph_call(self, fn_name: str, bindings, graph, workspace) -> BackendDescriptor:
         self._check_cuda_graph()
@@ -805,12 +906,34 @@ class BoundPlan:
     ``workspace=`` and every scratch tensor bound lifts the restriction.
     """
 
-    __slots__ = ("plan", "_vp", "_vp_ptr", "_plan_ptr", "_keep", "_adapter", "_stream", "_multi", "_device",
-                 "_current_stream", "_handle", "_home", "_zero")
+    __slots__ = (
+        "plan",
+        "_vp",
+        "_vp_ptr",
+        "_plan_ptr",
+        "_keep",
+        "_adapter",
+        "_stream",
+        "_multi",
+        "_device",
+        "_current_stream",
+        "_handle",
+        "_home",
+        "_zero",
+    )
 
-    def __init__(self, plan: ExecutionPlan, vp: BackendDescriptor, keep: list[Any], adapter: Any,
-                 stream: int | None, multi_device: bool, *, home: int | None = None,
-                 zero: tuple[tuple[Any, int, Any], ...] = ()):
+    def __init__(
+        self,
+        plan: ExecutionPlan,
+        vp: BackendDescriptor,
+        keep: list[Any],
+        adapter: Any,
+        stream: int | None,
+        multi_device: bool,
+        *,
+        home: int | None = None,
+        zero: tuple[tuple[Any, int, Any], ...] = (),
+    ):
         self.plan = plan
         self._vp = vp
         self._vp_ptr = ctypes.c_void_p(vp.ptr)
@@ -835,9 +958,11 @@ class BoundPlan:
         else:
             s = resolve_stream(stream, self._adapter, self._device)
         if self._home is not None and s != self._home:
-            raise ValueError(f"this BoundPlan was bound for stream {self._home:#x} and uses the plan's workspace/"
-                             f"scratch buffers of that stream; it cannot run on stream {s:#x} (bind again for "
-                             "that stream, or bind with workspace= and every scratch tensor bound)")
+            raise ValueError(
+                f"this BoundPlan was bound for stream {self._home:#x} and uses the plan's workspace/"
+                f"scratch buffers of that stream; it cannot run on stream {s:#x} (bind again for "
+                "that stream, or bind with workspace= and every scratch tensor bound)"
+            )
         return s
 
     def __call__(self, stream: Any = None) -> None:
@@ -990,8 +1115,15 @@ class PlanCache:
     @property
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"size": len(self._plans), "maxsize": self.maxsize, "hits": self.hits, "misses": self.misses,
-                    "evictions": self.evictions, "loaded": self.loaded, "pending": len(self._pending)}
+            return {
+                "size": len(self._plans),
+                "maxsize": self.maxsize,
+                "hits": self.hits,
+                "misses": self.misses,
+                "evictions": self.evictions,
+                "loaded": self.loaded,
+                "pending": len(self._pending),
+            }
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -1114,8 +1246,9 @@ def _finalize_plan(cfg: BackendDescriptor, handle: Any) -> BackendDescriptor:
     return p.finalize()
 
 
-def _plan_from(ctx: _Context, desc: BackendDescriptor, info: EngineInfo | None, keep: Any,
-               attempts: list[Attempt]) -> ExecutionPlan:
+def _plan_from(
+    ctx: _Context, desc: BackendDescriptor, info: EngineInfo | None, keep: Any, attempts: list[Attempt]
+) -> ExecutionPlan:
     # the plan keeps the handle it was finalized with (the building thread's): a thread's handles are destroyed
     # when it ends, and a cached plan may outlive that thread
     return ExecutionPlan(desc, ctx.spec, key=ctx.key, engine=info, keep=(keep, ctx.handle), attempts=attempts)
@@ -1230,8 +1363,9 @@ def _bindings_device(bindings: Mapping[Any, Any]) -> int | None:
     return None
 
 
-def execute(graph: Graph, bindings: Mapping[Any, Any], *, stream: Any = None, workspace: Any = None,
-            **options: Any) -> ExecutionPlan:
+def execute(
+    graph: Graph, bindings: Mapping[Any, Any], *, stream: Any = None, workspace: Any = None, **options: Any
+) -> ExecutionPlan:
     """Build (cached) and run ``graph`` on ``bindings``; returns the plan used.
 
     Under ``settings(autotune="exhaustive")`` a plan-cache miss autotunes on
@@ -1263,9 +1397,18 @@ def _workspace_bytes(workspace: Any) -> int | None:
     return as_view(workspace, "workspace").nbytes
 
 
-def autotune(graph: Graph, bindings: Mapping[Any, Any], *, max_candidates: int = 8, warmup: int = 2,
-             repeat: int = 10, device: int | None = None, stream: Any = None, workspace: Any = None,
-             **options: Any) -> ExecutionPlan:
+def autotune(
+    graph: Graph,
+    bindings: Mapping[Any, Any],
+    *,
+    max_candidates: int = 8,
+    warmup: int = 2,
+    repeat: int = 10,
+    device: int | None = None,
+    stream: Any = None,
+    workspace: Any = None,
+    **options: Any,
+) -> ExecutionPlan:
     """Time up to ``max_candidates`` plans (heuristic order, filtered) on ``bindings``; cache the fastest.
 
     Each candidate runs ``warmup`` times, then ``repeat`` times between two
@@ -1327,4 +1470,3 @@ def autotune(graph: Graph, bindings: Mapping[Any, Any], *, max_candidates: int =
     plan.timings = timings
     _log.debug("autotuned %s: %s", ctx.label, timings)
     return plan_cache(ctx.device).put(ctx.key, plan)
-

@@ -141,7 +141,9 @@ def get_attribute(desc: Any, name: str, count: int | None = None) -> Any:
             lib.cudnnBackendGetAttribute(_as_pointer(desc), attr, typ, 0, ctypes.byref(n), None)
             count = n.value
     arr = (ct * max(count, 1))()
-    lib.cudnnBackendGetAttribute(_as_pointer(desc), attr, typ, count, ctypes.byref(n), ctypes.cast(arr, ctypes.c_void_p))
+    lib.cudnnBackendGetAttribute(
+        _as_pointer(desc), attr, typ, count, ctypes.byref(n), ctypes.cast(arr, ctypes.c_void_p)
+    )
     got = n.value
     if typ == _T.CUDNN_TYPE_CHAR:
         return bytes(arr[:got]).rstrip(b"\0")
@@ -202,7 +204,11 @@ class BackendDescriptor:
         arr = (ctypes.c_void_p * count)(*(d.ptr for d in out))
         n = ctypes.c_int64()
         lib.cudnnBackendGetAttribute(
-            self.ptr, cudnnBackendAttributeName_t[name], _T.CUDNN_TYPE_BACKEND_DESCRIPTOR, count, ctypes.byref(n),
+            self.ptr,
+            cudnnBackendAttributeName_t[name],
+            _T.CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            count,
+            ctypes.byref(n),
             ctypes.cast(arr, ctypes.c_void_p),
         )
         return out[: n.value]

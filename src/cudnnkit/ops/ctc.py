@@ -107,8 +107,10 @@ MAX_LABEL_LENGTH = 255
 
 _INT_P = ctypes.POINTER(ctypes.c_int)
 _NORMS = {"softmax": lib.CUDNN_LOSS_NORMALIZATION_SOFTMAX, "none": lib.CUDNN_LOSS_NORMALIZATION_NONE}
-_ALGOS = {"deterministic": lib.CUDNN_CTC_LOSS_ALGO_DETERMINISTIC,
-          "non_deterministic": lib.CUDNN_CTC_LOSS_ALGO_NON_DETERMINISTIC}
+_ALGOS = {
+    "deterministic": lib.CUDNN_CTC_LOSS_ALGO_DETERMINISTIC,
+    "non_deterministic": lib.CUDNN_CTC_LOSS_ALGO_NON_DETERMINISTIC,
+}
 _OOB = {"zero": lib.CUDNN_CTC_ZERO_OOB_GRADIENTS, "skip": lib.CUDNN_CTC_SKIP_OOB_GRADIENTS}
 
 
@@ -208,24 +210,32 @@ def _validate(labels: np.ndarray, label_lengths: np.ndarray, input_lengths: np.n
         return
     bad = np.flatnonzero(label_lengths < 1)
     if bad.size:
-        raise ValueError(f"label_lengths[{bad[0]}] is {label_lengths[bad[0]]}; cuDNN's CTC loss needs at least one "
-                         "label per sample (for an empty label it returns a cost of 0, not -log p(all blanks))")
+        raise ValueError(
+            f"label_lengths[{bad[0]}] is {label_lengths[bad[0]]}; cuDNN's CTC loss needs at least one "
+            "label per sample (for an empty label it returns a cost of 0, not -log p(all blanks))"
+        )
     bad = np.flatnonzero(label_lengths > MAX_LABEL_LENGTH)
     if bad.size:
-        raise ValueError(f"label_lengths[{bad[0]}] is {label_lengths[bad[0]]}; cuDNN's CTC loss supports labels of at "
-                         f"most {MAX_LABEL_LENGTH}")
+        raise ValueError(
+            f"label_lengths[{bad[0]}] is {label_lengths[bad[0]]}; cuDNN's CTC loss supports labels of at "
+            f"most {MAX_LABEL_LENGTH}"
+        )
     bad = np.flatnonzero((input_lengths < 1) | (input_lengths > T))
     if bad.size:
         raise ValueError(f"input_lengths[{bad[0]}] is {input_lengths[bad[0]]}; input lengths must be in [1, T={T}]")
     bad = np.flatnonzero(label_lengths > input_lengths)
     if bad.size:
         i = bad[0]
-        raise ValueError(f"label_lengths[{i}] is {label_lengths[i]} but input_lengths[{i}] is {input_lengths[i]}; a "
-                         "label cannot be longer than its input (cuDNN reads out of bounds)")
+        raise ValueError(
+            f"label_lengths[{i}] is {label_lengths[i]} but input_lengths[{i}] is {input_lengths[i]}; a "
+            "label cannot be longer than its input (cuDNN reads out of bounds)"
+        )
     total = int(label_lengths.sum())
     if total != labels.shape[0]:
-        raise ValueError(f"labels has {labels.shape[0]} values but sum(label_lengths) is {total}; labels must be the "
-                         "label sequences of all samples concatenated")
+        raise ValueError(
+            f"labels has {labels.shape[0]} values but sum(label_lengths) is {total}; labels must be the "
+            "label sequences of all samples concatenated"
+        )
     bad = np.flatnonzero((labels < 1) | (labels >= A))
     if bad.size:
         i = bad[0]
@@ -273,8 +283,10 @@ def ctc_loss(
     if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)):
         raise TypeError(f"blank must be an int, got {blank!r}")
     if blank != 0:
-        raise ValueError(f"blank={blank}: cuDNN's CTC loss always uses label 0 as the blank; move the blank class to "
-                         "index 0 of x's last axis and pass blank=0")
+        raise ValueError(
+            f"blank={blank}: cuDNN's CTC loss always uses label 0 as the blank; move the blank class to "
+            "index 0 of x's last axis and pass blank=0"
+        )
     norm = check_choice(normalization, _NORMS, "normalization")
     algo = check_choice(algo, _ALGOS, "algo")
     oob = check_choice(oob_grads, _OOB, "oob_grads")
@@ -291,8 +303,12 @@ def ctc_loss(
     if N:
         short = np.flatnonzero(idx_ll.values + _repeats(idx_lab.values, idx_ll.values) > idx_il.values)
         if short.size:
-            _log.debug("ctc_loss: samples %s have fewer input steps than label length + repeats: infinite cost, "
-                       "gradient per oob_grads=%r", short.tolist(), oob_grads)
+            _log.debug(
+                "ctc_loss: samples %s have fewer input steps than label length + repeats: infinite cost, "
+                "gradient per oob_grads=%r",
+                short.tolist(),
+                oob_grads,
+            )
 
     # given outputs are checked before anything is allocated
     if costs_out is not None:
@@ -318,9 +334,11 @@ def ctc_loss(
     keep = None
     if pending:
         if launch.adapter is None:
-            raise TypeError("x comes from a library without a cudnnkit adapter, so host labels and lengths cannot be "
-                            "copied to the device; pass them as int32 CuPy or torch device arrays, or pass x as a CuPy "
-                            "array or torch tensor")
+            raise TypeError(
+                "x comes from a library without a cudnnkit adapter, so host labels and lengths cannot be "
+                "copied to the device; pass them as int32 CuPy or torch device arrays, or pass x as a CuPy "
+                "array or torch tensor"
+            )
         parts = [i.values for i in pending]
         keep, base = launch.upload(np.concatenate(parts).astype(np.int32), "labels")
         off = 0
@@ -349,9 +367,19 @@ def ctc_loss(
                 frames = tensor_descriptor("float32", (T - t0, A), (N * A, 1))
                 lib.cudnnSetTensor(handle, frames, vg.ptr + 4 * (t0 * N * A + n * A), scaling_ref("float32", 0.0))
         lib.cudnnCTCLoss_v8(
-            handle, _ALGOS[algo], ctc, desc, vx.ptr,
-            ctypes.cast(idx_lab.ptr, _INT_P), ctypes.cast(idx_ll.ptr, _INT_P), ctypes.cast(idx_il.ptr, _INT_P),
-            vc.ptr, desc, vg.ptr, size.value, ws_ptr,
+            handle,
+            _ALGOS[algo],
+            ctc,
+            desc,
+            vx.ptr,
+            ctypes.cast(idx_lab.ptr, _INT_P),
+            ctypes.cast(idx_ll.ptr, _INT_P),
+            ctypes.cast(idx_il.ptr, _INT_P),
+            vc.ptr,
+            desc,
+            vg.ptr,
+            size.value,
+            ws_ptr,
         )
         if short.size:
             # cuDNN reports a cost of 0 for a sample with no possible alignment; its cost is +inf

@@ -158,8 +158,9 @@ def dropout_forward(
     reserve, vr = launch.empty((nres,), "uint8", name="reserve")
     with launch.on_device():
         state._use(p, launch.handle)
-        lib.cudnnDropoutForward(launch.handle, state.desc, tensor_descriptor_of(vx), vx.ptr,
-                                tensor_descriptor_of(vy), vy.ptr, vr.ptr, nres)
+        lib.cudnnDropoutForward(
+            launch.handle, state.desc, tensor_descriptor_of(vx), vx.ptr, tensor_descriptor_of(vy), vy.ptr, vr.ptr, nres
+        )
     return y, reserve
 
 
@@ -187,6 +188,14 @@ def dropout_backward(
     state = default_state(dy, stream=launch.stream) if state is None else state
     with launch.on_device():
         state._use(p, launch.handle)
-        lib.cudnnDropoutBackward(launch.handle, state.desc, tensor_descriptor_of(vdy), vdy.ptr,
-                                 tensor_descriptor_of(vdx), vdx.ptr, vr.ptr, nres)
+        lib.cudnnDropoutBackward(
+            launch.handle,
+            state.desc,
+            tensor_descriptor_of(vdy),
+            vdy.ptr,
+            tensor_descriptor_of(vdx),
+            vdx.ptr,
+            vr.ptr,
+            nres,
+        )
     return dx

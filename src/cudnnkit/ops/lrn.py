@@ -102,9 +102,17 @@ def lrn_forward(
     y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=y_beta)
     if vx.size:
         with launch.on_device():
-            lib.cudnnLRNCrossChannelForward(launch.handle, desc, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
-                                            scaling_ref(vx.dtype, y_alpha), tensor_descriptor_of(vx), vx.ptr,
-                                            scaling_ref(vx.dtype, y_beta), tensor_descriptor_of(vy), vy.ptr)
+            lib.cudnnLRNCrossChannelForward(
+                launch.handle,
+                desc,
+                lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
+                scaling_ref(vx.dtype, y_alpha),
+                tensor_descriptor_of(vx),
+                vx.ptr,
+                scaling_ref(vx.dtype, y_beta),
+                tensor_descriptor_of(vy),
+                vy.ptr,
+            )
     return y
 
 
@@ -133,9 +141,20 @@ def lrn_backward(
     if vx.size:
         with launch.on_device():
             lib.cudnnLRNCrossChannelBackward(
-                launch.handle, desc, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1, scaling_ref(vx.dtype, dx_alpha),
-                tensor_descriptor_of(vy), vy.ptr, tensor_descriptor_of(vdy), vdy.ptr, tensor_descriptor_of(vx), vx.ptr,
-                scaling_ref(vx.dtype, dx_beta), tensor_descriptor_of(vdx), vdx.ptr)
+                launch.handle,
+                desc,
+                lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
+                scaling_ref(vx.dtype, dx_alpha),
+                tensor_descriptor_of(vy),
+                vy.ptr,
+                tensor_descriptor_of(vdy),
+                vdy.ptr,
+                tensor_descriptor_of(vx),
+                vx.ptr,
+                scaling_ref(vx.dtype, dx_beta),
+                tensor_descriptor_of(vdx),
+                vdx.ptr,
+            )
     return dx
 
 
@@ -169,8 +188,10 @@ def _in_layout(launch, arrays: list[tuple[str, Any, ArrayView | None]], strides:
 
 def _check_out_layout(v: ArrayView | None, name: str, strides: tuple[int, ...]) -> None:
     if v is not None and v.strides != strides:
-        raise ValueError(f"{name} must be laid out like the inputs as cuDNN sees them (strides {strides}), "
-                         f"got {v.strides}: cuDNN's divisive normalization takes one layout for all its tensors")
+        raise ValueError(
+            f"{name} must be laid out like the inputs as cuDNN sees them (strides {strides}), "
+            f"got {v.strides}: cuDNN's divisive normalization takes one layout for all its tensors"
+        )
 
 
 def divisive_normalization_forward(
@@ -206,9 +227,18 @@ def divisive_normalization_forward(
         t1, v1, t2, v2 = _temps(launch, vx)
         with launch.on_device():
             lib.cudnnDivisiveNormalizationForward(
-                launch.handle, desc, lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS, scaling_ref(vx.dtype, y_alpha),
-                tensor_descriptor_of(vx), vx.ptr, vm.ptr if vm is not None else None, v1.ptr, v2.ptr,
-                scaling_ref(vx.dtype, y_beta), tensor_descriptor_of(vy), vy.ptr,
+                launch.handle,
+                desc,
+                lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
+                scaling_ref(vx.dtype, y_alpha),
+                tensor_descriptor_of(vx),
+                vx.ptr,
+                vm.ptr if vm is not None else None,
+                v1.ptr,
+                v2.ptr,
+                scaling_ref(vx.dtype, y_beta),
+                tensor_descriptor_of(vy),
+                vy.ptr,
             )
     return y
 
@@ -249,13 +279,24 @@ def divisive_normalization_backward(
         _check_out_layout(vdm, "dmeans_out", strides)
     if vx.size:
         (x, vx), (dy, vdy), (means, vm) = _in_layout(
-            launch, [("x", x, vx), ("dy", dy, vdy), ("means", means, vm)], strides)
+            launch, [("x", x, vx), ("dy", dy, vdy), ("means", means, vm)], strides
+        )
         t1, v1, t2, v2 = _temps(launch, vx)
         with launch.on_device():
             lib.cudnnDivisiveNormalizationBackward(
-                launch.handle, desc, lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS, scaling_ref(vx.dtype, dx_alpha),
-                tensor_descriptor_of(vx), vx.ptr, vm.ptr if vm is not None else None, vdy.ptr, v1.ptr, v2.ptr,
-                scaling_ref(vx.dtype, dx_beta), tensor_descriptor_of(vdx), vdx.ptr,
+                launch.handle,
+                desc,
+                lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
+                scaling_ref(vx.dtype, dx_alpha),
+                tensor_descriptor_of(vx),
+                vx.ptr,
+                vm.ptr if vm is not None else None,
+                vdy.ptr,
+                v1.ptr,
+                v2.ptr,
+                scaling_ref(vx.dtype, dx_beta),
+                tensor_descriptor_of(vdx),
+                vdx.ptr,
                 vdm.ptr if vdm is not None else None,
             )
     return dx, dm

@@ -220,23 +220,30 @@ class RNN:
             if self.cell != "lstm":
                 raise ValueError(f"proj_size is for LSTM only (cuDNN), got cell={self.cell!r}")
             if self.proj_size >= self.hidden_size:
-                raise ValueError(f"proj_size must be smaller than hidden_size={self.hidden_size}, got "
-                                 f"{self.proj_size} (0 means no projection)")
+                raise ValueError(
+                    f"proj_size must be smaller than hidden_size={self.hidden_size}, got "
+                    f"{self.proj_size} (0 means no projection)"
+                )
         if self.input_mode == "skip" and self.input_size != self.hidden_size:
-            raise ValueError(f"input_mode='skip' adds the input to the first layer as is, so input_size "
-                             f"({self.input_size}) must equal hidden_size ({self.hidden_size})")
+            raise ValueError(
+                f"input_mode='skip' adds the input to the first layer as is, so input_size "
+                f"({self.input_size}) must equal hidden_size ({self.hidden_size})"
+            )
         _check_p(self.dropout)
         _check_seed(self.dropout_seed)
         check_choice(self.algo, _ALGOS, "algo")
         object.__setattr__(self, "dtype", canonical(self.dtype))
         if self.dtype not in _PRECISIONS:
-            raise TypeError(f"dtype must be one of {sorted(_PRECISIONS)} (cuDNN 9 RNNs have no {self.dtype}), "
-                            f"got {self.dtype}")
+            raise TypeError(
+                f"dtype must be one of {sorted(_PRECISIONS)} (cuDNN 9 RNNs have no {self.dtype}), got {self.dtype}"
+            )
         if self.math_precision is not None:
             object.__setattr__(self, "math_precision", canonical(self.math_precision))
             if self.math_precision not in _PRECISIONS[self.dtype]:
-                raise ValueError(f"math_precision {self.math_precision} is not supported for dtype {self.dtype}; "
-                                 f"cuDNN takes {_PRECISIONS[self.dtype]}")
+                raise ValueError(
+                    f"math_precision {self.math_precision} is not supported for dtype {self.dtype}; "
+                    f"cuDNN takes {_PRECISIONS[self.dtype]}"
+                )
         if self.math_type is not None:
             check_choice(self.math_type, _MATH, "math_type")
         clip = self.cell_clip
@@ -344,8 +351,8 @@ class RNN:
         for pl, ids in enumerate(b.layout):
             row = []
             for lin_id, (m, bias) in enumerate(ids):
-                mv = None if m is None else w[m[0]: m[0] + m[1][0] * m[1][1]].reshape(m[1])
-                bv = None if bias is None else w[bias[0]: bias[0] + bias[1]]
+                mv = None if m is None else w[m[0] : m[0] + m[1][0] * m[1][1]].reshape(m[1])
+                bv = None if bias is None else w[bias[0] : bias[0] + bias[1]]
                 row.append(LinearParams(pl // D, pl % D, lin_id, self.gates[lin_id], mv, bv))
             out.append(row)
         return out
@@ -371,8 +378,10 @@ def _dropout_state(rnn: RNN, launch: Any, like: Any) -> DropoutState:
         st = _dropout_states.get(key)
     if st is None:
         if launch.adapter is None:
-            raise TypeError("an RNN with dropout needs arrays of a library with a cudnnkit adapter (CuPy or torch) to "
-                            "hold its RNG states")
+            raise TypeError(
+                "an RNN with dropout needs arrays of a library with a cudnnkit adapter (CuPy or torch) to "
+                "hold its RNG states"
+            )
         st = DropoutState(like, rnn.dropout_seed, stream=launch.stream)
         with launch.on_device():
             st._use(rnn.dropout, launch.handle)
@@ -421,8 +430,18 @@ class _Built:
         for pl in range(rnn.num_layers * rnn.num_directions):
             ids = []
             for lin_id in range(len(rnn.gates)):
-                lib.cudnnGetRNNWeightParams(launch.handle, desc, pl, self.weight_bytes, base, lin_id, mdesc,
-                                            ctypes.byref(maddr), bdesc, ctypes.byref(baddr))
+                lib.cudnnGetRNNWeightParams(
+                    launch.handle,
+                    desc,
+                    pl,
+                    self.weight_bytes,
+                    base,
+                    lin_id,
+                    mdesc,
+                    ctypes.byref(maddr),
+                    bdesc,
+                    ctypes.byref(baddr),
+                )
                 m = None if not maddr.value else ((maddr.value - base) // isz, _matrix_dims(mdesc, 2))
                 b = None if not baddr.value else ((baddr.value - base) // isz, math.prod(_matrix_dims(bdesc, 3)))
                 ids.append((m, b))
@@ -474,8 +493,9 @@ class _Built:
         return ws.value, rs.value
 
 
-def rnn_descriptor(rnn: RNN, math_mode: tuple[str, str] | None = None, dropout: Any = None,
-                   padded_io: bool | None = None) -> Any:
+def rnn_descriptor(
+    rnn: RNN, math_mode: tuple[str, str] | None = None, dropout: Any = None, padded_io: bool | None = None
+) -> Any:
     """A new ``cudnnRNNDescriptor_t`` for ``rnn`` (``cudnnSetRNNDescriptor_v8``, then ``cudnnRNNSetClip_v9``
     with ``cell_clip``). ``math_mode``: (precision, math type), default :meth:`RNN.resolved_math`; ``dropout``: a
     dropout descriptor or None; ``padded_io``: the aux flag (default: ``rnn.padded_io``, None meaning enabled).
@@ -486,19 +506,32 @@ def rnn_descriptor(rnn: RNN, math_mode: tuple[str, str] | None = None, dropout: 
     desc = owned_descriptor("cudnnCreateRNNDescriptor", "cudnnDestroyRNNDescriptor")
     try:
         lib.cudnnSetRNNDescriptor_v8(
-            desc, _ALGOS[rnn.algo], _CELLS[rnn.cell], _BIAS_MODES[rnn.bias_mode],
+            desc,
+            _ALGOS[rnn.algo],
+            _CELLS[rnn.cell],
+            _BIAS_MODES[rnn.bias_mode],
             lib.CUDNN_BIDIRECTIONAL if rnn.bidirectional else lib.CUDNN_UNIDIRECTIONAL,
-            _INPUT_MODES[rnn.input_mode], cudnn_dtype(rnn.dtype), cudnn_dtype(prec), _MATH[mt], rnn.input_size,
-            rnn.hidden_size, rnn.output_size, rnn.num_layers, dropout,
+            _INPUT_MODES[rnn.input_mode],
+            cudnn_dtype(rnn.dtype),
+            cudnn_dtype(prec),
+            _MATH[mt],
+            rnn.input_size,
+            rnn.hidden_size,
+            rnn.output_size,
+            rnn.num_layers,
+            dropout,
             lib.CUDNN_RNN_PADDED_IO_ENABLED if padded_io else lib.CUDNN_RNN_PADDED_IO_DISABLED,
         )
     except NotSupportedError as e:
         hint = ""
         if rnn.algo != "standard":
-            hint = (" (the persistent algorithms refuse, among others, bias_mode='single_recurrent' and float16 math "
-                    "precision in cuDNN 9.19; algo='standard' supports every cell, bias and input mode)")
+            hint = (
+                " (the persistent algorithms refuse, among others, bias_mode='single_recurrent' and float16 math "
+                "precision in cuDNN 9.19; algo='standard' supports every cell, bias and input mode)"
+            )
         raise NotSupportedError(
-            e.status, e.function,
+            e.status,
+            e.function,
             f"cuDNN does not support this RNN: algo={rnn.algo!r}, dtype={rnn.dtype}, math precision {prec}, math type "
             f"{mt!r}, bias_mode={rnn.bias_mode!r}{hint}" + (f"; cuDNN: {e.last_error}" if e.last_error else ""),
         ) from None
@@ -514,18 +547,29 @@ def _matrix_dims(desc: Any, n: int) -> tuple[int, ...]:
     lib.cudnnGetTensorNdDescriptor(desc, 8, ctypes.byref(dt), ctypes.byref(nb), dims, strides)
     d = tuple(dims[: nb.value])
     if tuple(strides[: nb.value]) != contiguous_strides(d):
-        raise RuntimeError(f"cuDNN reported an RNN weight of dims {d} with strides {tuple(strides[: nb.value])}, "
-                           "not the packed row-major layout cudnnkit expects")
+        raise RuntimeError(
+            f"cuDNN reported an RNN weight of dims {d} with strides {tuple(strides[: nb.value])}, "
+            "not the packed row-major layout cudnnkit expects"
+        )
     return d[-n:]
 
 
 # --------------------------------------------------------------------- data descriptors
 
 
-def _set_rnn_data(ptr: int, dtype: str, layout: str, T: int, N: int, vec: int, lengths: tuple[int, ...],
-                  fill: bytes) -> None:
-    lib.cudnnSetRNNDataDescriptor(ptr, cudnn_dtype(dtype), _LAYOUTS[layout], T, N, vec,
-                                  int_array(lengths, "seq_lengths"), ctypes.create_string_buffer(fill, len(fill)))
+def _set_rnn_data(
+    ptr: int, dtype: str, layout: str, T: int, N: int, vec: int, lengths: tuple[int, ...], fill: bytes
+) -> None:
+    lib.cudnnSetRNNDataDescriptor(
+        ptr,
+        cudnn_dtype(dtype),
+        _LAYOUTS[layout],
+        T,
+        N,
+        vec,
+        int_array(lengths, "seq_lengths"),
+        ctypes.create_string_buffer(fill, len(fill)),
+    )
 
 
 def _fill_bytes(dtype: str, fill: float) -> bytes:
@@ -546,8 +590,11 @@ class _Seq(NamedTuple):
 
 def _seq_lengths(layout: str, vx: ArrayView, seq_lengths: Any, input_size: int) -> _Seq:
     """T, N and the per-sample lengths, checked against x's shape and layout."""
-    want = {"seq_major": "(T, N, input_size)", "batch_major": "(N, T, input_size)",
-            "packed": "(sum(seq_lengths), input_size)"}[layout]
+    want = {
+        "seq_major": "(T, N, input_size)",
+        "batch_major": "(N, T, input_size)",
+        "packed": "(sum(seq_lengths), input_size)",
+    }[layout]
     if vx.ndim != (2 if layout == "packed" else 3):
         raise ValueError(f"x must be {want} for layout={layout!r}, got shape {vx.shape}")
     if vx.shape[-1] != input_size:
@@ -561,11 +608,14 @@ def _seq_lengths(layout: str, vx: ArrayView, seq_lengths: Any, input_size: int) 
         try:
             a = np.asarray(seq_lengths)
         except Exception as e:
-            raise TypeError(f"seq_lengths must be a host sequence or NumPy array of ints, got "
-                            f"{type(seq_lengths).__name__}") from e
+            raise TypeError(
+                f"seq_lengths must be a host sequence or NumPy array of ints, got {type(seq_lengths).__name__}"
+            ) from e
         if a.dtype.kind not in "iu" or a.ndim != 1:
-            raise TypeError(f"seq_lengths must be a 1-d host array of ints, got {a.dtype} {a.shape} (pass the device "
-                            f"copy as dev_seq_lengths=)")
+            raise TypeError(
+                f"seq_lengths must be a 1-d host array of ints, got {a.dtype} {a.shape} (pass the device "
+                f"copy as dev_seq_lengths=)"
+            )
         values = a.astype(np.int64)
         N = values.shape[0]
         if layout == "packed":
@@ -573,8 +623,10 @@ def _seq_lengths(layout: str, vx: ArrayView, seq_lengths: Any, input_size: int) 
             if vx.shape[0] != int(values.sum()):
                 raise ValueError(f"packed x has {vx.shape[0]} rows but sum(seq_lengths) is {int(values.sum())}")
             if N and np.any(np.diff(values) > 0):
-                raise ValueError("layout='packed' needs seq_lengths in decreasing order (sort the batch by length, "
-                                 "as torch.nn.utils.rnn.pack_padded_sequence does)")
+                raise ValueError(
+                    "layout='packed' needs seq_lengths in decreasing order (sort the batch by length, "
+                    "as torch.nn.utils.rnn.pack_padded_sequence does)"
+                )
         else:
             T, n = (vx.shape[0], vx.shape[1]) if layout == "seq_major" else (vx.shape[1], vx.shape[0])
             if n != N:
@@ -599,11 +651,14 @@ def _check_weights(vw: ArrayView, b: _Built, name: str) -> None:
     if vw.dtype != rnn.dtype:
         raise TypeError(f"{name} has dtype {vw.dtype} but the RNN's dtype is {rnn.dtype}")
     if vw.ndim != 1 or not vw.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous 1-d array (the flat weight space), got shape {vw.shape} "
-                         f"strides {vw.strides}")
+        raise ValueError(
+            f"{name} must be a contiguous 1-d array (the flat weight space), got shape {vw.shape} strides {vw.strides}"
+        )
     if vw.shape[0] * itemsize(vw.dtype) < b.weight_bytes:
-        raise ValueError(f"{name} has {vw.shape[0]} elements but this RNN's weight space needs "
-                         f"{b.weight_bytes // itemsize(rnn.dtype)} (RNN.weight_count)")
+        raise ValueError(
+            f"{name} has {vw.shape[0]} elements but this RNN's weight space needs "
+            f"{b.weight_bytes // itemsize(rnn.dtype)} (RNN.weight_count)"
+        )
 
 
 def _check_state(v: ArrayView | None, shape: tuple[int, ...], dtype: str, name: str) -> None:
@@ -642,8 +697,10 @@ def _resolve(rnn: Any, layout: str) -> None:
         raise TypeError(f"rnn must be a cudnnkit.ops.RNN config, got {type(rnn).__name__}")
     check_choice(layout, _LAYOUTS, "layout")
     if layout != "packed" and rnn.padded_io is False:
-        raise ValueError(f"layout={layout!r} (unpacked) needs padded I/O (CUDNN_RNN_PADDED_IO_ENABLED): an RNN with "
-                         "padded_io=None or True; padded_io=False allows layout='packed' only")
+        raise ValueError(
+            f"layout={layout!r} (unpacked) needs padded I/O (CUDNN_RNN_PADDED_IO_ENABLED): an RNN with "
+            "padded_io=None or True; padded_io=False allows layout='packed' only"
+        )
 
 
 _LENGTHS_MAX = 64
@@ -669,8 +726,10 @@ def _dev_lengths(launch: Any, seq: _Seq, v: ArrayView | None, arr: Any) -> tuple
                     _lengths.popitem(last=False)
         arr, ptr = hit
     elif v.dtype != "int32" or v.shape != (seq.N,) or not v.is_contiguous():
-        raise ValueError(f"dev_seq_lengths must be a contiguous int32 device array of {seq.N} values (the device copy "
-                         f"of seq_lengths), got {v.dtype} {v.shape}")
+        raise ValueError(
+            f"dev_seq_lengths must be a contiguous int32 device array of {seq.N} values (the device copy "
+            f"of seq_lengths), got {v.dtype} {v.shape}"
+        )
     else:
         ptr = v.ptr
     return arr, ctypes.cast(ptr, _INT32_P)
@@ -719,8 +778,10 @@ def _dual(rnn: RNN, layout: str, seq: _Seq, fill: float) -> tuple[bool, Any, Any
 
 def _hc_descs(rnn: RNN, N: int):
     hs, cs = rnn.hidden_shape(N), rnn.cell_shape(N)
-    return (tensor_descriptor(rnn.dtype, hs, contiguous_strides(hs), min_dims=3),
-            tensor_descriptor(rnn.dtype, cs, contiguous_strides(cs), min_dims=3))
+    return (
+        tensor_descriptor(rnn.dtype, hs, contiguous_strides(hs), min_dims=3),
+        tensor_descriptor(rnn.dtype, cs, contiguous_strides(cs), min_dims=3),
+    )
 
 
 def rnn_forward(
@@ -756,8 +817,9 @@ def rnn_forward(
     if not isinstance(training, bool):
         raise TypeError(f"training must be a bool, got {training!r}")
     _required(x=x, w=w)
-    launch, (vx, vw, vhx, vcx, vdl) = prepare(("x", x), ("w", w), ("hx", hx), ("cx", cx),
-                                              ("dev_seq_lengths", dev_seq_lengths), stream=stream)
+    launch, (vx, vw, vhx, vcx, vdl) = prepare(
+        ("x", x), ("w", w), ("hx", hx), ("cx", cx), ("dev_seq_lengths", dev_seq_lengths), stream=stream
+    )
     # every check first
     _check_data(vx, rnn, "x")
     seq = _seq_lengths(layout, vx, seq_lengths, rnn.input_size)
@@ -766,8 +828,10 @@ def rnn_forward(
     _check_state(vhx, rnn.hidden_shape(seq.N), rnn.dtype, "hx")
     _check_state(vcx, rnn.cell_shape(seq.N), rnn.dtype, "cx")
     if launch.adapter is None:
-        raise TypeError("rnn_forward allocates y, hy, cy and its workspace with the inputs' library: pass CuPy arrays "
-                        "or torch tensors (these arrays come from a library without a cudnnkit adapter)")
+        raise TypeError(
+            "rnn_forward allocates y, hy, cy and its workspace with the inputs' library: pass CuPy arrays "
+            "or torch tensors (these arrays come from a library without a cudnnkit adapter)"
+        )
     b = rnn._built(launch, x)
     _check_weights(vw, b, "w")
     yshape = _seq_shape(layout, seq, rnn.num_directions * rnn.output_size)
@@ -796,9 +860,26 @@ def rnn_forward(
             reserve, vr = launch.empty((rs_bytes,), "uint8", name="reserve")
             rs_ptr = vr.ptr
         lib.cudnnRNNForward(
-            handle, desc, lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE,
-            lengths_ptr, xd, x_ptr, yd, vy.ptr, hd, hx_ptr, vhy.ptr, cd, cx_ptr,
-            None if vcy is None else vcy.ptr, b.weight_bytes, vw.ptr, ws_bytes, ws_ptr, rs_bytes, rs_ptr,
+            handle,
+            desc,
+            lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE,
+            lengths_ptr,
+            xd,
+            x_ptr,
+            yd,
+            vy.ptr,
+            hd,
+            hx_ptr,
+            vhy.ptr,
+            cd,
+            cx_ptr,
+            None if vcy is None else vcy.ptr,
+            b.weight_bytes,
+            vw.ptr,
+            ws_bytes,
+            ws_ptr,
+            rs_bytes,
+            rs_ptr,
         )
     if training:
         _reserves.add(launch.device, rs_ptr, rs_bytes)
@@ -849,8 +930,19 @@ def rnn_backward(
         raise ValueError("accumulate=True adds into an existing weight gradient: pass dw=")
     _required(x=x, y=y, dy=dy, w=w, reserve=reserve)
     launch, (vx, vy, vdy, vw, vr, vhx, vcx, vdhy, vdcy, vdl, vdw) = prepare(
-        ("x", x), ("y", y), ("dy", dy), ("w", w), ("reserve", reserve), ("hx", hx), ("cx", cx), ("dhy", dhy),
-        ("dcy", dcy), ("dev_seq_lengths", dev_seq_lengths), ("dw", dw), stream=stream)
+        ("x", x),
+        ("y", y),
+        ("dy", dy),
+        ("w", w),
+        ("reserve", reserve),
+        ("hx", hx),
+        ("cx", cx),
+        ("dhy", dhy),
+        ("dcy", dcy),
+        ("dev_seq_lengths", dev_seq_lengths),
+        ("dw", dw),
+        stream=stream,
+    )
     # every check first
     _check_data(vx, rnn, "x")
     seq = _seq_lengths(layout, vx, seq_lengths, rnn.input_size)
@@ -866,8 +958,10 @@ def rnn_backward(
     _check_state(vdhy, rnn.hidden_shape(seq.N), rnn.dtype, "dhy")
     _check_state(vdcy, rnn.cell_shape(seq.N), rnn.dtype, "dcy")
     if launch.adapter is None:
-        raise TypeError("rnn_backward allocates dx, dhx, dcx, dw and its workspace with the inputs' library: pass CuPy "
-                        "arrays or torch tensors (these arrays come from a library without a cudnnkit adapter)")
+        raise TypeError(
+            "rnn_backward allocates dx, dhx, dcx, dw and its workspace with the inputs' library: pass CuPy "
+            "arrays or torch tensors (these arrays come from a library without a cudnnkit adapter)"
+        )
     b = rnn._built(launch, x)
     _check_weights(vw, b, "w")
     if vdw is not None:
@@ -878,12 +972,16 @@ def rnn_backward(
     with launch.on_device():
         ws_bytes, rs_bytes = b.temp_sizes(launch, padded, True, xd)
     if vr.dtype != "uint8" or vr.shape != (rs_bytes,) or not vr.is_contiguous():
-        raise ValueError(f"reserve must be the uint8 array of {rs_bytes} bytes a training rnn_forward returned for "
-                         f"these shapes, got {vr.dtype} {vr.shape}")
+        raise ValueError(
+            f"reserve must be the uint8 array of {rs_bytes} bytes a training rnn_forward returned for "
+            f"these shapes, got {vr.dtype} {vr.shape}"
+        )
     if not _reserves.fresh(launch.device, vr.ptr, rs_bytes):
-        raise ValueError("reserve has been used by an rnn_backward already (cuDNN's backward overwrites the reserve "
-                         "space) or does not come from a training rnn_forward: run the training forward again, or "
-                         "pass keep_reserve=True to every backward but the last")
+        raise ValueError(
+            "reserve has been used by an rnn_backward already (cuDNN's backward overwrites the reserve "
+            "space) or does not come from a training rnn_forward: run the training forward again, or "
+            "pass keep_reserve=True to every backward but the last"
+        )
     hd, cd = _hc_descs(rnn, seq.N)
     # then copies and allocations, all on the launch stream
     x, x_ptr = _packed(launch, x, vx, "x")
@@ -913,13 +1011,46 @@ def rnn_backward(
         if not keep_reserve:
             _reserves.take(launch.device, vr.ptr)
         lib.cudnnRNNBackwardData_v8(
-            handle, desc, lengths_ptr, yd, y_ptr, dy_ptr, xd, vdx.ptr, hd, hx_ptr, dhy_ptr,
-            None if vdhx is None else vdhx.ptr, cd, cx_ptr, dcy_ptr, None if vdcx is None else vdcx.ptr,
-            b.weight_bytes, vw.ptr, ws_bytes, ws_ptr, rs_bytes, rs_ptr,
+            handle,
+            desc,
+            lengths_ptr,
+            yd,
+            y_ptr,
+            dy_ptr,
+            xd,
+            vdx.ptr,
+            hd,
+            hx_ptr,
+            dhy_ptr,
+            None if vdhx is None else vdhx.ptr,
+            cd,
+            cx_ptr,
+            dcy_ptr,
+            None if vdcx is None else vdcx.ptr,
+            b.weight_bytes,
+            vw.ptr,
+            ws_bytes,
+            ws_ptr,
+            rs_bytes,
+            rs_ptr,
         )
         lib.cudnnRNNBackwardWeights_v8(
-            handle, desc, lib.CUDNN_WGRAD_MODE_ADD, lengths_ptr, xd, x_ptr, hd, hx_ptr, yd, y_ptr,
-            b.weight_bytes, vdw.ptr, ws_bytes, ws_ptr, rs_bytes, rs_ptr,
+            handle,
+            desc,
+            lib.CUDNN_WGRAD_MODE_ADD,
+            lengths_ptr,
+            xd,
+            x_ptr,
+            hd,
+            hx_ptr,
+            yd,
+            y_ptr,
+            b.weight_bytes,
+            vdw.ptr,
+            ws_bytes,
+            ws_ptr,
+            rs_bytes,
+            rs_ptr,
         )
     del ws, lengths, kept
     return dx, dhx, dcx, dw
@@ -949,8 +1080,10 @@ def _torch_compatible(rnn: RNN) -> None:
     if rnn.input_mode != "linear":
         raise ValueError("torch's RNN modules have no skip-input mode: input_mode must be 'linear'")
     if rnn.bias_mode not in ("double", "none"):
-        raise ValueError(f"torch's RNN modules have bias_ih and bias_hh together (bias=True, bias_mode='double') or "
-                         f"neither (bias_mode='none'); bias_mode={rnn.bias_mode!r} has no torch equivalent")
+        raise ValueError(
+            f"torch's RNN modules have bias_ih and bias_hh together (bias=True, bias_mode='double') or "
+            f"neither (bias_mode='none'); bias_mode={rnn.bias_mode!r} has no torch equivalent"
+        )
 
 
 def _torch_pieces(rnn: RNN, p: LinearParams, ngates: int) -> list[tuple[str, Any, int]]:
@@ -970,11 +1103,14 @@ def _torch_pieces(rnn: RNN, p: LinearParams, ngates: int) -> list[tuple[str, Any
 def _torch_layout(rnn: RNN, w: Any, stream: Any) -> list[tuple[str, Any, int]]:
     _torch_compatible(rnn)
     ngates = {"lstm": 4, "gru": 3, "relu": 1, "tanh": 1}[rnn.cell]
-    return [piece for row in rnn.weight_params(w, stream=stream) for p in row for piece in _torch_pieces(rnn, p, ngates)]
+    return [
+        piece for row in rnn.weight_params(w, stream=stream) for p in row for piece in _torch_pieces(rnn, p, ngates)
+    ]
 
 
-def load_torch_params(rnn: RNN, params: Mapping[str, Any], w: Any = None, *, like: Any = None,
-                      stream: Any = None) -> Any:
+def load_torch_params(
+    rnn: RNN, params: Mapping[str, Any], w: Any = None, *, like: Any = None, stream: Any = None
+) -> Any:
     """Copy torch-layout parameters into a flat cuDNN weight buffer; returns ``w``.
 
     ``params``: name -> CUDA array (e.g. ``dict(lstm.named_parameters())``
@@ -1006,10 +1142,12 @@ def load_torch_params(rnn: RNN, params: Mapping[str, Any], w: Any = None, *, lik
         if vs.dtype != rnn.dtype:
             raise TypeError(f"{name} has dtype {vs.dtype} but the RNN's dtype is {rnn.dtype}")
         if vs.device != launch.device or vs.adapter is not launch.adapter:
-            raise ValueError(f"{name} is a {vs.library} array on cuda:{vs.device}; w is a {vw.library} array on "
-                             f"cuda:{launch.device}: pass parameters of w's library and device")
+            raise ValueError(
+                f"{name} is a {vs.library} array on cuda:{vs.device}; w is a {vw.library} array on "
+                f"cuda:{launch.device}: pass parameters of w's library and device"
+            )
     for name, view, row in pieces:
-        launch.adapter.copy(view, params[name][row: row + view.shape[0]], launch.stream)
+        launch.adapter.copy(view, params[name][row : row + view.shape[0]], launch.stream)
     return w
 
 
@@ -1036,5 +1174,5 @@ def to_torch_params(rnn: RNN, w: Any, *, stream: Any = None) -> dict[str, Any]:
     shapes = _torch_shapes(pieces)
     out = {n: launch.empty(shapes[n], rnn.dtype, name=n)[0] for n in torch_param_names(rnn)}
     for name, view, row in pieces:
-        launch.adapter.copy(out[name][row: row + view.shape[0]], view, launch.stream)
+        launch.adapter.copy(out[name][row : row + view.shape[0]], view, launch.stream)
     return out

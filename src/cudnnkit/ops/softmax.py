@@ -86,8 +86,9 @@ def _merge(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | No
     return size, stride
 
 
-def _as_4d(shape: tuple[int, ...], strides: tuple[int, ...], first: int, last: int
-           ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def _as_4d(
+    shape: tuple[int, ...], strides: tuple[int, ...], first: int, last: int
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """The ``(N, C, H, 1)`` shape and strides of an array reduced over axes ``first..last``, or None."""
     groups = (slice(0, first), slice(first, last + 1), slice(last + 1, len(shape)))
     merged = [_merge(shape[g], strides[g]) for g in groups]
@@ -141,8 +142,10 @@ def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str)
 def _out_descriptor(v: ArrayView, first: int, last: int) -> Any:
     planned = _plan(v.dtype, v.shape, v.strides, first, last)
     if planned is None:
-        raise ValueError(f"out's strides {v.strides} cannot be described to cuDNN around axes {first}..{last}; "
-                         "pass an out laid out like the input, or a contiguous one")
+        raise ValueError(
+            f"out's strides {v.strides} cannot be described to cuDNN around axes {first}..{last}; "
+            "pass an out laid out like the input, or a contiguous one"
+        )
     return planned[0]
 
 
@@ -181,11 +184,21 @@ def softmax_forward(
         # like x after any copy (dense layouts keep their strides), so y describes the same way
         y, vy = launch.output(None, vx.shape, vx.dtype, strides=like_strides(vx))
         y_desc = _out_descriptor(vy, first, last)
-    _log.debug("softmax_forward: axes %d..%d as %s, mode %s", first, last, shape,
-               "INSTANCE" if shape[2] == 1 else "CHANNEL")
+    _log.debug(
+        "softmax_forward: axes %d..%d as %s, mode %s", first, last, shape, "INSTANCE" if shape[2] == 1 else "CHANNEL"
+    )
     with launch.on_device():
-        lib.cudnnSoftmaxForward(launch.handle, a, _mode(shape[2]), scaling_ref(vx.dtype, alpha), x_desc, vx.ptr,
-                                scaling_ref(vx.dtype, beta), y_desc, vy.ptr)
+        lib.cudnnSoftmaxForward(
+            launch.handle,
+            a,
+            _mode(shape[2]),
+            scaling_ref(vx.dtype, alpha),
+            x_desc,
+            vx.ptr,
+            scaling_ref(vx.dtype, beta),
+            y_desc,
+            vy.ptr,
+        )
     return y
 
 
@@ -229,6 +242,17 @@ def softmax_backward(
         dx, vdx = launch.output(None, vdy.shape, vdy.dtype, strides=like_strides(vdy))
         dx_desc = _out_descriptor(vdx, first, last)
     with launch.on_device():
-        lib.cudnnSoftmaxBackward(launch.handle, a, _mode(shape[2]), scaling_ref(vy.dtype, alpha), y_desc, vy.ptr,
-                                 dy_desc, vdy.ptr, scaling_ref(vy.dtype, beta), dx_desc, vdx.ptr)
+        lib.cudnnSoftmaxBackward(
+            launch.handle,
+            a,
+            _mode(shape[2]),
+            scaling_ref(vy.dtype, alpha),
+            y_desc,
+            vy.ptr,
+            dy_desc,
+            vdy.ptr,
+            scaling_ref(vy.dtype, beta),
+            dx_desc,
+            vdx.ptr,
+        )
     return dx

@@ -108,8 +108,13 @@ def _st_descriptor(dtype: str, dims: tuple[int, int, int, int]) -> Any:
 
 
 def _check_float(v: ArrayView, name: str) -> str:
-    return check_dtype(v, name, _FLOATS, "cuDNN's spatial transformer (cudnnSetSpatialTransformerNdDescriptor "
-                       "refuses every other type, bfloat16 included)")
+    return check_dtype(
+        v,
+        name,
+        _FLOATS,
+        "cuDNN's spatial transformer (cudnnSetSpatialTransformerNdDescriptor "
+        "refuses every other type, bfloat16 included)",
+    )
 
 
 def _same_dtype(v: ArrayView, name: str, dtype: str, ref: str) -> None:
@@ -121,8 +126,7 @@ def _check_numel(shape: tuple[int, ...], name: str) -> None:
     n = math.prod(shape)
     if n > INT_MAX:
         raise ValueError(
-            f"{name} has {n} elements; cuDNN's spatial transformer indexes with 32-bit ints "
-            f"(at most {INT_MAX})"
+            f"{name} has {n} elements; cuDNN's spatial transformer indexes with 32-bit ints (at most {INT_MAX})"
         )
 
 
@@ -319,8 +323,9 @@ def grid_sample_forward(
     x, vx, x_desc = _described(launch, x, vx, "x")
     grid, vg = _packed(launch, grid, vg, "grid")
     with launch.on_device():
-        lib.cudnnSpatialTfSamplerForward(launch.handle, _st_descriptor(dtype, yshape), a, x_desc, vx.ptr, vg.ptr, b,
-                                         y_desc, vy.ptr)
+        lib.cudnnSpatialTfSamplerForward(
+            launch.handle, _st_descriptor(dtype, yshape), a, x_desc, vx.ptr, vg.ptr, b, y_desc, vy.ptr
+        )
     return y
 
 
@@ -362,9 +367,11 @@ def grid_sample_backward(
     if beta_dgrid != 0 and dgrid_out is None:
         raise ValueError("beta_dgrid != 0 blends into an existing output: pass dgrid_out=")
     if c > MAX_BACKWARD_CHANNELS:
-        raise ValueError(f"x has {c} channels; cuDNN's sampler backward supports at most {MAX_BACKWARD_CHANNELS} "
-                         "(cuDNN 9.19 returns NOT_SUPPORTED for 1100, measured on an H200; PyTorch avoids cuDNN "
-                         "above 1024 too)")
+        raise ValueError(
+            f"x has {c} channels; cuDNN's sampler backward supports at most {MAX_BACKWARD_CHANNELS} "
+            "(cuDNN 9.19 returns NOT_SUPPORTED for 1100, measured on an H200; PyTorch avoids cuDNN "
+            "above 1024 too)"
+        )
     if n == 0:
         dx = launch.output(dx_out, vx.shape, dtype, name="dx_out", beta=beta)[0]
         return dx, launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid)[0]
@@ -380,7 +387,19 @@ def grid_sample_backward(
     grid, vg = _packed(launch, grid, vg, "grid")
     with launch.on_device():
         lib.cudnnSpatialTfSamplerBackward(
-            launch.handle, _st_descriptor(dtype, (n, c, ho, wo)), a, x_desc, vx.ptr, b, dx_desc, vdx.ptr, ag, dy_desc,
-            vdy.ptr, vg.ptr, bg, vdg.ptr,
+            launch.handle,
+            _st_descriptor(dtype, (n, c, ho, wo)),
+            a,
+            x_desc,
+            vx.ptr,
+            b,
+            dx_desc,
+            vdx.ptr,
+            ag,
+            dy_desc,
+            vdy.ptr,
+            vg.ptr,
+            bg,
+            vdg.ptr,
         )
     return dx, dgrid

@@ -71,21 +71,34 @@ def add_tensor(a: Any, c: Any, *, alpha: float = 1.0, beta: float = 1.0, stream:
             raise ValueError(f"a's dim {i} is {da}; it must equal c's ({dc}) or be 1 to broadcast")
     if vc.size:
         with launch.on_device():
-            lib.cudnnAddTensor(launch.handle, scaling_ref(vc.dtype, alpha), tensor_descriptor_of(va), va.ptr,
-                               scaling_ref(vc.dtype, beta), tensor_descriptor_of(vc), vc.ptr)
+            lib.cudnnAddTensor(
+                launch.handle,
+                scaling_ref(vc.dtype, alpha),
+                tensor_descriptor_of(va),
+                va.ptr,
+                scaling_ref(vc.dtype, beta),
+                tensor_descriptor_of(vc),
+                vc.ptr,
+            )
     return c
 
 
 def _set_transform(ptr: int, nbdims: int, fmt: int, before: tuple[int, ...], after: tuple[int, ...]) -> None:
     n = len(before)
     lib.cudnnSetTensorTransformDescriptor(
-        ptr, nbdims, fmt, (ctypes.c_int32 * n)(*before), (ctypes.c_int32 * n)(*after), None,
+        ptr,
+        nbdims,
+        fmt,
+        (ctypes.c_int32 * n)(*before),
+        (ctypes.c_int32 * n)(*after),
+        None,
         lib.CUDNN_TRANSFORM_FOLD,
     )
 
 
-_TRANSFORM = DescriptorKind("tensor_transform", "cudnnCreateTensorTransformDescriptor",
-                            "cudnnDestroyTensorTransformDescriptor", _set_transform)
+_TRANSFORM = DescriptorKind(
+    "tensor_transform", "cudnnCreateTensorTransformDescriptor", "cudnnDestroyTensorTransformDescriptor", _set_transform
+)
 
 _LAYOUTS = {"nchw": lib.CUDNN_TENSOR_NCHW, "nhwc": lib.CUDNN_TENSOR_NHWC}
 
@@ -140,15 +153,30 @@ def transform_tensor(
         return y
     if not padded:
         with launch.on_device():
-            lib.cudnnTransformTensor(launch.handle, scaling_ref(vx.dtype, alpha), tensor_descriptor_of(vx), vx.ptr,
-                                     scaling_ref(vx.dtype, beta), tensor_descriptor_of(vy), vy.ptr)
+            lib.cudnnTransformTensor(
+                launch.handle,
+                scaling_ref(vx.dtype, alpha),
+                tensor_descriptor_of(vx),
+                vx.ptr,
+                scaling_ref(vx.dtype, beta),
+                tensor_descriptor_of(vy),
+                vy.ptr,
+            )
         return y
     fmt = lib.CUDNN_TENSOR_NHWC if (layout == "nhwc" or (layout is None and _is_nhwc(vy))) else lib.CUDNN_TENSOR_NCHW
     tdesc = get_cached(_TRANSFORM, (nd, int(fmt), before, after))
     _log.debug("transform_tensor: %s -> %s with pads %s/%s", vx.shape, shape, before, after)
     with launch.on_device():
-        lib.cudnnTransformTensorEx(launch.handle, tdesc, scaling_ref(vx.dtype, alpha), tensor_descriptor_of(vx),
-                                   vx.ptr, scaling_ref(vx.dtype, beta), tensor_descriptor_of(vy), vy.ptr)
+        lib.cudnnTransformTensorEx(
+            launch.handle,
+            tdesc,
+            scaling_ref(vx.dtype, alpha),
+            tensor_descriptor_of(vx),
+            vx.ptr,
+            scaling_ref(vx.dtype, beta),
+            tensor_descriptor_of(vy),
+            vy.ptr,
+        )
     return y
 
 

@@ -133,8 +133,9 @@ def _from_cai(obj: Any, name: str) -> ArrayView:
     ptr = int(ptr or 0)
     device = _pointer_device(ptr, obj, name)
     stream = cai.get("stream")
-    return ArrayView(shape, strides, dtype, device, ptr, obj, None, bool(readonly),
-                     None if stream is None else int(stream))
+    return ArrayView(
+        shape, strides, dtype, device, ptr, obj, None, bool(readonly), None if stream is None else int(stream)
+    )
 
 
 def _element_strides(byte_strides, isz: int, name: str) -> tuple[int, ...]:
@@ -191,8 +192,17 @@ class _DLTensor(ctypes.Structure):
 
 
 _DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13
-_DL_CODES = {(0, 8): "int8", (0, 32): "int32", (0, 64): "int64", (1, 8): "uint8", (2, 16): "float16",
-             (2, 32): "float32", (2, 64): "float64", (4, 16): "bfloat16", (6, 8): "bool"}
+_DL_CODES = {
+    (0, 8): "int8",
+    (0, 32): "int32",
+    (0, 64): "int64",
+    (1, 8): "uint8",
+    (2, 16): "float16",
+    (2, 32): "float32",
+    (2, 64): "float64",
+    (4, 16): "bfloat16",
+    (6, 8): "bool",
+}
 _capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get.restype = ctypes.c_void_p
 _capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]

@@ -176,9 +176,7 @@ def _set_tensor(ptr: int, dtype: str, shape: tuple[int, ...], strides: tuple[int
 TENSOR = DescriptorKind("tensor", "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor", _set_tensor)
 
 
-def tensor_descriptor(
-    dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], *, min_dims: int = 4
-) -> Descriptor:
+def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], *, min_dims: int = 4) -> Descriptor:
     """A cached ``cudnnTensorDescriptor_t`` (``cudnnSetTensorNdDescriptor``).
 
     ``shape`` and ``strides`` (in elements) have 1 to 8 dims; fewer than

@@ -65,7 +65,11 @@ class Handle:
             self.ptr = None
 
     def __repr__(self) -> str:
-        return f"<cudnn Handle device={self.device} stream={self.stream:#x} ptr={self.ptr:#x}>" if self.ptr else "<cudnn Handle (destroyed)>"
+        return (
+            f"<cudnn Handle device={self.device} stream={self.stream:#x} ptr={self.ptr:#x}>"
+            if self.ptr
+            else "<cudnn Handle (destroyed)>"
+        )
 
 
 class _PerThread(threading.local):

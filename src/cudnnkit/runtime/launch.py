@@ -28,6 +28,7 @@ class Launch:
     device: int
     adapter: Any  # allocates outputs; None for arrays of a library without an adapter
     stream: int
+
     @property
     def handle(self) -> Handle:
         """This thread's handle for the device, with this launch's stream set on it.
@@ -80,8 +81,10 @@ class Launch:
         ``why`` says what cuDNN needs (it goes into the debug log, logger ``cudnnkit``, and the error). Arrays of a
         library without an adapter cannot be copied: ``ValueError`` naming the argument."""
         if self.adapter is None:
-            raise ValueError(f"{name} {why} (shape {v.shape}, strides {v.strides}) and its library has no cudnnkit "
-                             "adapter to copy it; pass a C-contiguous array")
+            raise ValueError(
+                f"{name} {why} (shape {v.shape}, strides {v.strides}) and its library has no cudnnkit "
+                "adapter to copy it; pass a C-contiguous array"
+            )
         _log.debug("%s %s (shape %s, strides %s): copying", name, why, v.shape, v.strides)
         arr = self.adapter.contiguous(arr, self.stream)
         return arr, self.adapter.view(arr, name)
@@ -91,8 +94,10 @@ class Launch:
         launch stream (so work on that stream sees them, and the allocator orders their reuse after it).
         Returns (array, pointer); keep the array alive until the call that reads it is queued."""
         if self.adapter is None:
-            raise TypeError(f"cannot copy {name} to the device: the inputs come from a library without a cudnnkit "
-                            f"adapter; pass {name} as a device array of that library instead")
+            raise TypeError(
+                f"cannot copy {name} to the device: the inputs come from a library without a cudnnkit "
+                f"adapter; pass {name} as a device array of that library instead"
+            )
         arr = self.adapter.from_numpy(values, self.device, self.stream)
         return arr, self.adapter.view(arr, name).ptr
 

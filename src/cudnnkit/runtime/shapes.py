@@ -75,9 +75,7 @@ def conv_output_shape(
     if any(v <= 0 for v in w_shape):
         raise ValueError(f"w dims must be positive, got {w_shape}")
     if c != cg * groups:
-        raise ValueError(
-            f"x has {c} channels but w expects {cg} per group x {groups} groups = {cg * groups}"
-        )
+        raise ValueError(f"x has {c} channels but w expects {cg} per group x {groups} groups = {cg * groups}")
     if k % groups:
         raise ValueError(f"w's output channels ({k}) must be divisible by groups ({groups})")
     out = [n, k]
@@ -174,13 +172,15 @@ def cudnn_conv_output_shape(x_shape, w_shape, *, stride=1, padding=0, dilation=1
     nsp = len(x_shape) - 2
     s, p, d = (expand(v, nsp, n) for v, n in ((stride, "stride"), (padding, "padding"), (dilation, "dilation")))
     x = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
-    lib.cudnnSetTensorNdDescriptor(x, lib.CUDNN_DATA_FLOAT, len(x_shape), int_array(x_shape),
-                                   int_array(contiguous_strides(x_shape)))
+    lib.cudnnSetTensorNdDescriptor(
+        x, lib.CUDNN_DATA_FLOAT, len(x_shape), int_array(x_shape), int_array(contiguous_strides(x_shape))
+    )
     w = owned_descriptor("cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor")
     lib.cudnnSetFilterNdDescriptor(w, lib.CUDNN_DATA_FLOAT, lib.CUDNN_TENSOR_NCHW, len(w_shape), int_array(w_shape))
     c = owned_descriptor("cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor")
-    lib.cudnnSetConvolutionNdDescriptor(c, nsp, int_array(p), int_array(s), int_array(d), lib.CUDNN_CROSS_CORRELATION,
-                                        lib.CUDNN_DATA_FLOAT)
+    lib.cudnnSetConvolutionNdDescriptor(
+        c, nsp, int_array(p), int_array(s), int_array(d), lib.CUDNN_CROSS_CORRELATION, lib.CUDNN_DATA_FLOAT
+    )
     lib.cudnnSetConvolutionGroupCount(c, groups)
     out = int_array([0] * len(x_shape))
     lib.cudnnGetConvolutionNdForwardOutputDim(c, x, w, len(x_shape), out)
@@ -195,11 +195,13 @@ def cudnn_pool_output_shape(x_shape, window, *, stride=None, padding=0) -> tuple
     s = expand(w if stride is None else stride, nsp, "stride")
     p = expand(padding, nsp, "padding")
     x = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
-    lib.cudnnSetTensorNdDescriptor(x, lib.CUDNN_DATA_FLOAT, len(x_shape), int_array(x_shape),
-                                   int_array(contiguous_strides(x_shape)))
+    lib.cudnnSetTensorNdDescriptor(
+        x, lib.CUDNN_DATA_FLOAT, len(x_shape), int_array(x_shape), int_array(contiguous_strides(x_shape))
+    )
     pd = owned_descriptor("cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor")
-    lib.cudnnSetPoolingNdDescriptor(pd, lib.CUDNN_POOLING_MAX, lib.CUDNN_NOT_PROPAGATE_NAN, nsp, int_array(w), int_array(p),
-                                    int_array(s))
+    lib.cudnnSetPoolingNdDescriptor(
+        pd, lib.CUDNN_POOLING_MAX, lib.CUDNN_NOT_PROPAGATE_NAN, nsp, int_array(w), int_array(p), int_array(s)
+    )
     out = int_array([0] * len(x_shape))
     lib.cudnnGetPoolingNdForwardOutputDim(pd, x, len(x_shape), out)
     return tuple(out)

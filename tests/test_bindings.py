@@ -83,7 +83,8 @@ def test_regeneration_is_byte_identical():
     if installed != committed:
         pytest.skip(
             f"installed cuDNN headers are {installed}, bindings were generated from {committed}; "
-            "CI installs the pinned wheel (pyproject [test] extra) and runs this check"
+            "scripts/check-bindings installs that exact wheel (the pyproject `bindings` extra) in its own venv "
+            "and runs this check (CI does)"
         )
     fresh = gen_bindings.generate(include_dir())
     committed_text = (ROOT / "src/cudnnkit/lib/_cudnn.py").read_text()
@@ -106,13 +107,68 @@ def test_every_exported_symbol_has_a_binding():
 
 
 def test_every_binding_resolves_in_the_loaded_library():
-    unresolved = []
+    """Every function the loaded release declares resolves; every newer one raises naming its release."""
+    unresolved, resolved_but_gated = [], []
     for name in lib.FUNCTIONS:
         try:
             lib.function(name)
-        except lib.SymbolNotFoundError:
-            unresolved.append(name)
+            if not lib.available(name):
+                resolved_but_gated.append(name)
+        except lib.SymbolNotFoundError as exc:
+            if lib.available(name):
+                unresolved.append(name)
+            else:
+                assert "first appears in cuDNN " + ".".join(map(str, lib.since(name))) in str(exc)
     assert not unresolved, unresolved
+    assert not resolved_but_gated, f"exported by the loaded library although _since.py says newer: {resolved_but_gated}"
+
+
+def test_since_table_covers_the_bindings():
+    from cudnnkit.lib import _since
+
+    assert _since.NEWEST == tuple(int(v) for v in lib.HEADER_VERSION_STRING.split("."))
+    assert lib.SUPPORTED == (_since.OLDEST, _since.NEWEST) and _since.OLDEST <= (9, 19, 0)
+    members = {m for e in lib.ENUMS for m in e.__members__}
+    assert set(_since.FUNCTIONS) <= set(lib.FUNCTIONS)
+    assert set(_since.ENUM_MEMBERS) <= members
+    assert all(_since.OLDEST < v <= _since.NEWEST for v in (*_since.FUNCTIONS.values(), *_since.ENUM_MEMBERS.values()))
+    assert lib.since("cudnnSoftmaxForward") is None and lib.since("CUDNN_DATA_FLOAT") is None
+    assert lib.since("CUDNN_DATA_FP8_E5M3") > (9, 19, 0)  # new in 9.2x: a name newer than the GPU machine's 9.19
+
+
+def test_loaded_library_is_in_the_supported_range():
+    assert lib.SUPPORTED[0] <= lib.version_tuple(), (lib.version_tuple(), lib.SUPPORTED)
+
+
+@pytest.fixture
+def old_library(monkeypatch):
+    """Pretend the loaded library is the oldest supported release (the since table gates by name)."""
+    from cudnnkit.lib import _since
+
+    too_new = frozenset(n for n, v in (*_since.FUNCTIONS.items(), *_since.ENUM_MEMBERS.items()) if v > _since.OLDEST)
+    monkeypatch.setattr(lib, "_too_new", too_new)
+    monkeypatch.setattr(lib, "version_tuple", lambda: _since.OLDEST)
+
+
+def test_newer_names_are_refused_naming_both_versions(old_library):
+    with pytest.raises(lib.FeatureVersionError) as ei:
+        lib.require("CUDNN_DATA_FP8_E5M3", "dtype")
+    msg = str(ei.value)
+    assert msg.startswith("dtype needs cuDNN ") and "9.12.0" in msg and "CUDNN_DATA_FP8_E5M3" in msg
+    lib.require("CUDNN_DATA_BFLOAT16")  # known to every supported release
+
+
+def test_backend_refuses_newer_attributes_types_and_values(old_library):
+    from cudnnkit.lib.backend import BackendDescriptor, attribute_info
+
+    with pytest.raises(lib.FeatureVersionError, match="CUDNN_ATTR_TENSOR_CONSTANT_VALUE"):
+        attribute_info("CUDNN_ATTR_TENSOR_CONSTANT_VALUE")
+    with pytest.raises(lib.FeatureVersionError, match="CUDNN_BACKEND_OPERATION_TRANSPOSE_DESCRIPTOR"):
+        BackendDescriptor("CUDNN_BACKEND_OPERATION_TRANSPOSE_DESCRIPTOR")
+    with BackendDescriptor("CUDNN_BACKEND_TENSOR_DESCRIPTOR") as t:
+        with pytest.raises(lib.FeatureVersionError, match="CUDNN_ATTR_TENSOR_DATA_TYPE = CUDNN_DATA_FP8_E5M3"):
+            t.set("CUDNN_ATTR_TENSOR_DATA_TYPE", lib.CUDNN_DATA_FP8_E5M3)
+        t.set("CUDNN_ATTR_TENSOR_DATA_TYPE", lib.CUDNN_DATA_BFLOAT16)
 
 
 def test_missing_symbol_error_names_function_and_version(monkeypatch):
@@ -140,11 +196,18 @@ def test_missing_symbol_error_names_function_and_version(monkeypatch):
     ],
 )
 def test_enum_values_match_headers(enum_name, member):
-    text = "".join((include_dir() / h).read_text() for h in gen_bindings.HEADERS)
+    text = "".join((include_dir() / h).read_text() for h in gen_bindings.headers_in(include_dir()))
     m = re.search(rf"\b{member}\s*=\s*(\d+)", text)
+    if m is None and not lib.available(member):
+        assert lib.since(member) > installed_header_version()  # the installed headers predate it
+        m = re.search(rf"\b{member}\s*=\s*(\d+)", _cudnn_source())
     assert m, f"{member} has no explicit value in the headers"
     assert int(getattr(lib, enum_name)[member]) == int(m.group(1))
     assert int(getattr(lib, member)) == int(m.group(1))
+
+
+def _cudnn_source() -> str:
+    return (ROOT / "src/cudnnkit/lib/_cudnn.py").read_text()
 
 
 def test_implicit_and_aliased_enum_values():
@@ -178,7 +241,7 @@ def test_deprecated_set():
 
 
 def test_prototypes_have_header_arity():
-    text = "".join((include_dir() / h).read_text() for h in gen_bindings.HEADERS)
+    text = "".join((include_dir() / h).read_text() for h in gen_bindings.headers_in(include_dir()))
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     for name in (
         "cudnnRNNForward",

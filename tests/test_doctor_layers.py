@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import ast
+import ctypes
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from cudnnkit import doctor, lib
+from cudnnkit.graph import ExecutionPlan
+from cudnnkit.lib import backend
 
 from .conftest import gpu_libraries
 
@@ -25,8 +31,137 @@ def test_doctor_exits_zero_and_reports():
     assert "conv shape inference" in out and "FAILED" not in out
     if not gpu_libraries():
         assert "Execution needs a CUDA GPU" in out
+        assert ("CUDA driver: libcuda.so.1 loads" if lib.driver_available() else "CUDA driver: NOT INSTALLED") in out
     else:
         assert "compute capability" in out and "softmax" in out
+        for name in gpu_libraries():
+            for check in ("graph: conv plan", "graph: sdpa plan"):
+                assert _status(out, f"{check} [{name}]") == "ok", out
+
+
+def _status(out: str, name: str) -> str:
+    """The status column of the report row for check ``name``."""
+    rows = [ln for ln in out.splitlines() if ln.startswith(f"  {name}  ")]
+    assert len(rows) == 1, (name, out)
+    return rows[0][len(name) + 2 :].split()[0]
+
+
+NOISE_ERR = "Unable to load any of {libcudnn_fake_stderr.so.9}."
+NOISE_OUT = "Unable to load any of {libcudnn_fake_stdout.so.9}."
+
+
+_libc = ctypes.CDLL(None)
+_libc.fdopen.restype = ctypes.c_void_p
+_libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+_libc.fputs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+_c_stdout: list[int] = []
+
+
+def _buffered_c_stdout() -> int:
+    """A fully buffered C stream on fd 1 (what C++'s std::cout is when stdout is no terminal), whatever
+    PYTHONUNBUFFERED did to libc's own ``stdout``; never closed (closing would close fd 1)."""
+    if not _c_stdout:
+        f = _libc.fdopen(1, b"w")
+        assert f, "fdopen(1) failed"
+        assert _libc.setvbuf(ctypes.c_void_p(f), None, 0, 8192) == 0  # _IOFBF
+        _c_stdout.append(f)
+    return _c_stdout[0]
+
+
+def _noisy(error: Exception):
+    """A stand-in for BackendDescriptor.finalize that prints from C (fd 2 unbuffered, a buffered C stream on
+    fd 1) and then raises ``error``, as cuDNN 9.28 does on a machine without libcuda.so.1."""
+
+    def finalize(self):
+        os.write(2, (NOISE_ERR + "\n").encode())
+        _libc.fputs((NOISE_OUT + "\n").encode(), ctypes.c_void_p(_buffered_c_stdout()))
+        raise error
+
+    return finalize
+
+
+def _host_only_doctor(monkeypatch, capfd, finalize) -> tuple[int, str, str]:
+    """Run the doctor in-process with no array library seen (the GPU section is the no-GPU one on every
+    machine), no CUDA driver, and ``finalize`` in place of the backend finalization."""
+    monkeypatch.setattr(doctor.adapters, "names", lambda: ())
+    monkeypatch.setattr(lib, "driver_available", lambda: False)
+    monkeypatch.setattr(backend.BackendDescriptor, "finalize", finalize)
+    rc = doctor.doctor()
+    out, err = capfd.readouterr()
+    return rc, out, err
+
+
+def test_doctor_without_driver_skips_finalization_and_exits_zero(monkeypatch, capfd):
+    driver_error = lib.DriverNotFoundError(lib.CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED, "cudnnBackendFinalize")
+    rc, out, err = _host_only_doctor(monkeypatch, capfd, _noisy(driver_error))
+    assert rc == 0, out + err
+    assert _status(out, "backend descriptor") == "skipped"
+    assert doctor.NO_DRIVER in out and "FAILED" not in out
+    assert "CUDA driver: NOT INSTALLED (libcuda.so.1 not found)" in out
+    assert "healthy (host side; 1 check(s) skipped)" in out
+    for check in ("tensor descriptor", "conv shape inference", "pool shape inference", "error reporting"):
+        assert _status(out, check) == "ok", check
+
+
+def test_doctor_shows_what_cudnn_printed_as_notes_under_the_row(monkeypatch, capfd):
+    driver_error = lib.DriverNotFoundError(lib.CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED, "cudnnBackendFinalize")
+    rc, out, err = _host_only_doctor(monkeypatch, capfd, _noisy(driver_error))
+    assert rc == 0, out + err
+    assert "Unable to load" not in err
+    lines = out.splitlines()
+    row = next(i for i, ln in enumerate(lines) if ln.startswith("  backend descriptor  "))
+    notes = lines[row + 1 : row + 3]
+    assert all(ln.split()[0] == "note:" for ln in notes), lines[row : row + 4]
+    assert sorted(NOISE_ERR in ln or NOISE_OUT in ln for ln in notes) == [True, True], notes
+    assert [ln for ln in lines if "Unable to load" in ln] == notes  # nowhere else: not printed raw
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        lib.BadParamError(lib.CUDNN_STATUS_BAD_PARAM, "cudnnBackendFinalize"),
+        lib.errors.SublibraryLoadingError(lib.CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED, "cudnnBackendFinalize"),
+        AssertionError("read back the wrong dimensions"),
+    ],
+    ids=["bad-param", "sublibrary-missing-with-driver", "wrong-result"],
+)
+def test_doctor_real_failure_exits_one_without_driver_too(monkeypatch, capfd, error):
+    rc, out, err = _host_only_doctor(monkeypatch, capfd, _noisy(error))
+    assert rc == 1, out + err
+    assert _status(out, "backend descriptor") == "FAILED"
+    assert f"{type(error).__name__}: {error}" in out
+    assert "PROBLEMS found" in out and "healthy" not in out
+
+
+def test_doctor_report_is_not_interleaved_with_cudnn_output():
+    """The real doctor, stdout and stderr in one unbuffered pipe (the order a terminal shows): under cuDNN 9.28
+    without a driver, cuDNN's 'Unable to load any of ...' appears only as a note row."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "cudnnkit", "doctor"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout
+    lines = r.stdout.splitlines()
+    assert all(ln.split()[0] == "note:" for ln in lines if "Unable to load" in ln), r.stdout
+    if not lib.driver_available() and lib.version() >= 92800:
+        assert _status(r.stdout, "backend descriptor") == "skipped", r.stdout
+        assert "CUDA driver: NOT INSTALLED" in r.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", ["graph: conv plan", "graph: sdpa plan"])
+def test_doctor_graph_checks_run_and_catch_unwritten_outputs(xp, monkeypatch, check):
+    fn = dict(doctor._gpu_checks(xp, 0))[check]
+    detail = fn()
+    assert "plan eng" in detail and "rel err" in detail, detail
+    monkeypatch.setattr(ExecutionPlan, "execute", lambda self, bindings, **kw: None)
+    with pytest.raises(AssertionError, match="unwritten"):
+        fn()
 
 
 def _imports(path: Path) -> set[str]:

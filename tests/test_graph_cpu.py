@@ -49,6 +49,10 @@ def test_conv_bias_relu_shapes_layout_and_lowering():
 @pytest.mark.parametrize("mode", sorted(POINTWISE_ARITY))
 def test_every_pointwise_mode_lowers_and_finalizes(mode):
     g = Graph()
+    if not lib.available(f"CUDNN_POINTWISE_{mode}"):  # newer than the loaded library: refused at definition
+        with pytest.raises(lib.FeatureVersionError, match=f"pointwise mode '{mode}' needs cuDNN 9"):
+            g.pointwise(mode, g.tensor((2, 3, 4), name="x"), g.tensor((2, 3, 4), name="b"))
+        return
     roles = POINTWISE_ARITY[mode].split(",")
     ins = {r: g.tensor((2, 3, 4) if r != "b" else (1, 3, 1), name=r) for r in roles}
     kw = {"axis": 1} if mode == "GEN_INDEX" else {}

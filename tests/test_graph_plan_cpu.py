@@ -515,3 +515,90 @@ def test_build_refuses_bad_graphs_and_options_before_any_gpu_work():
         g.build(0, deny_numerical=["SLOW"])
     with pytest.raises(ValueError, match="max_candidates must be at least 1"):
         g.autotune({}, max_candidates=0)
+
+
+class _NoCudaAdapter:
+    """An array library without CUDA, as a CPU build of torch is: it cannot name a current device, and any
+    handle or stream lookup would be GPU work that must not happen."""
+
+    name = "torch"
+
+    def __init__(self, count=0):
+        self.count = count
+
+    def current_device(self):
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    def device_count(self):
+        return self.count
+
+    def current_stream(self, device):
+        raise AssertionError("no stream may be asked for")
+
+    def device_guard(self, device):
+        raise AssertionError("no device may be selected")
+
+
+def _relu_graph(mark=True):
+    g = Graph()
+    y = g.pointwise("RELU_FWD", g.tensor((2, 3)))
+    if mark:
+        g.mark_output(y)
+    return g
+
+
+def test_build_checks_the_graph_before_looking_up_the_device(monkeypatch):
+    monkeypatch.setattr(plan_mod.adapters, "available", lambda: [_NoCudaAdapter()])
+    for device in (None, 0):
+        with pytest.raises(cudnnkit.graph.GraphError, match="the graph has no operations"):
+            Graph().build(device)
+        with pytest.raises(cudnnkit.graph.GraphError, match="virtual result nobody reads: mark_output"):
+            _relu_graph(mark=False).build(device)
+    # a good graph: the machine's error, in words, not the library's assertion
+    with pytest.raises(RuntimeError, match=r"no current CUDA device: torch could not name one"):
+        _relu_graph().build()
+    with pytest.raises(RuntimeError, match=r"torch sees no CUDA device .*device=0"):
+        _relu_graph().build(0)
+    monkeypatch.setattr(plan_mod.adapters, "available", lambda: [_NoCudaAdapter(count=2)])
+    with pytest.raises(ValueError, match=r"device=2, but torch sees 2 CUDA device\(s\): 0 to 1"):
+        _relu_graph().build(2)
+
+
+@pytest.mark.parametrize(
+    "device, exc, msg",
+    [
+        (-1, ValueError, r"device must be a CUDA device ordinal \(an int >= 0\) or None, got -1"),
+        ("cuda:0", TypeError, r"device must be a CUDA device ordinal .* got str 'cuda:0'"),
+        (1.0, TypeError, r"device must be a CUDA device ordinal .* got float 1.0"),
+        (True, TypeError, r"device must be a CUDA device ordinal .* got True"),
+    ],
+)
+def test_build_refuses_a_bad_device_naming_it(monkeypatch, device, exc, msg):
+    monkeypatch.setattr(plan_mod.adapters, "available", lambda: [_NoCudaAdapter(count=1)])
+    with pytest.raises(exc, match=msg):
+        _relu_graph().build(device)
+    with pytest.raises(exc, match=msg):
+        plan_cache(device)
+    with pytest.raises(exc, match=msg):
+        cudnnkit.graph.load_plan(json.dumps({"format": "cudnnkit.plan/1", "cudnn_version": lib.version()}), device)
+
+
+def test_a_numpy_integer_device_is_a_device():
+    import numpy as np
+
+    assert plan_cache(np.int64(3)) is plan_cache(3)
+
+
+def test_build_with_a_cpu_build_of_torch_says_so_after_checking_the_graph():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("torch has CUDA here")
+    for device in (None, 0):
+        with pytest.raises(cudnnkit.graph.GraphError, match="the graph has no operations"):
+            Graph().build(device)
+        with pytest.raises(cudnnkit.graph.GraphError, match="mark_output"):
+            _relu_graph(mark=False).build(device)
+    with pytest.raises(RuntimeError, match="no current CUDA device: torch could not name one"):
+        _relu_graph().build()
+    with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
+        _relu_graph().build(0)

@@ -20,9 +20,15 @@ from .test_runtime_cpu import FakeCAI
 @pytest.mark.parametrize(
     "kw,exc,msg",
     [
-        (dict(hidden_size=0), ValueError, "hidden_size must be an int >= 1, got 0"),
-        (dict(input_size=-1), ValueError, "input_size must be an int >= 1"),
-        (dict(num_layers=0), ValueError, "num_layers must be an int >= 1"),
+        (dict(hidden_size=0), ValueError, r"hidden_size must be an int in \[1, 2\*\*31 - 1\], got 0"),
+        (dict(input_size=-1), ValueError, r"input_size must be an int in \[1, "),
+        (dict(num_layers=0), ValueError, r"num_layers must be an int in \[1, "),
+        (dict(hidden_size=2**31), ValueError, r"^hidden_size must be an int in \[1, 2\*\*31 - 1\], got 2147483648"),
+        (dict(input_size=2**31), ValueError, r"^input_size must be an int in \[1, 2\*\*31 - 1\], got 2147483648"),
+        (dict(num_layers=2**32 + 1), ValueError, r"^num_layers must be an int in \[1, 2\*\*31 - 1\]"),
+        (dict(proj_size=2**31), ValueError, r"^proj_size must be an int in \[0, 2\*\*31 - 1\], got 2147483648"),
+        (dict(proj_size=-1), ValueError, r"^proj_size must be an int in \[0, "),
+        (dict(hidden_size=8.0), ValueError, r"^hidden_size must be an int"),
         (dict(cell="lstmx"), ValueError, "cell must be one of"),
         (dict(cell="gru", proj_size=2), ValueError, "proj_size is for LSTM only"),
         (dict(proj_size=8), ValueError, "proj_size must be smaller than hidden_size=8"),
@@ -34,7 +40,14 @@ from .test_runtime_cpu import FakeCAI
         (dict(cell="gru", cell_clip=1.0), ValueError, "cell_clip clips the LSTM cell state"),
         (dict(cell_clip=(1.0, -1.0)), ValueError, "needs lo <= hi"),
         (dict(cell_clip=-1.0), ValueError, "cell_clip must be > 0"),
-        (dict(dropout=1.0), ValueError, r"p must be in \[0, 1\)"),
+        (dict(dropout=1.0), ValueError, r"^dropout must be in \[0, 1\), got 1.0"),
+        (dict(dropout=1.5), ValueError, r"^dropout must be in \[0, 1\), got 1.5"),
+        (dict(dropout="0.1"), TypeError, r"^dropout must be a float in \[0, 1\)"),
+        (dict(dropout_seed=-1), ValueError, r"^dropout_seed must be an int in \[0, 2\*\*64\)"),
+        (dict(dtype="complex64"), TypeError, r"^dtype 'complex64' is not a type cuDNN supports"),
+        (dict(math_precision="complex64"), TypeError, r"^math_precision 'complex64' is not a type cuDNN supports"),
+        (dict(cell_clip=("a", 1.0)), TypeError, r"^cell_clip \(lo, hi\) must be two floats"),
+        (dict(cell_clip="big"), TypeError, r"^cell_clip must be a positive float or a \(lo, hi\) pair"),
         (dict(algo="fast"), ValueError, "algo must be one of"),
         (dict(bidirectional=1), TypeError, "bidirectional must be a bool"),
         (dict(padded_io=1), TypeError, "padded_io must be a bool or None"),
@@ -50,6 +63,9 @@ def test_config_is_hashable_and_normalised():
     a = RNN("lstm", 4, 8, cell_clip=2, dtype="half")
     b = RNN("lstm", 4, 8, cell_clip=(-2.0, 2.0), dtype="float16")
     assert a == b and hash(a) == hash(b) and a.dtype == "float16"
+    c = RNN("lstm", np.int64(4), np.int32(8), num_layers=np.int8(1), cell_clip=np.float32(2), dtype=np.float16)
+    assert c == a and type(c.input_size) is int and type(c.hidden_size) is int and c.cell_clip == (-2.0, 2.0)
+    assert RNN("lstm", 2**31 - 1, 8).input_size == 2**31 - 1  # the largest int32 is a size
     assert a != RNN("lstm", 4, 8, cell_clip=2.5, dtype="float16")
     r = RNN("lstm", 4, 8, num_layers=3, bidirectional=True, proj_size=5)
     assert r.hidden_shape(7) == (6, 7, 5) and r.cell_shape(7) == (6, 7, 8) and r.output_size == 5
@@ -338,3 +354,45 @@ def test_reference_matches_torch_modules(cell, proj):
     tdx, tdh = torch.autograd.grad(loss, [xt, h0])
     np.testing.assert_allclose(rdx, tdx.numpy(), rtol=0, atol=1e-11)
     np.testing.assert_allclose(rdhx, tdh.numpy(), rtol=0, atol=1e-11)
+
+
+# ------------------------------------------------------------------ torch parameters on the CPU; collection
+
+
+@pytest.mark.parametrize("with_w", [False, True])
+def test_load_torch_params_names_the_cpu_parameter(with_w):
+    torch = pytest.importorskip("torch")
+    from cudnnkit.ops.rnn import load_torch_params
+
+    rnn = RNN("lstm", 4, 8)
+    params = dict(torch.nn.LSTM(4, 8).named_parameters())
+    w = FakeCAI((4 * 8 * (4 + 8 + 2),), "<f4") if with_w else None
+    with pytest.raises(TypeError, match=r"^params\['weight_ih_l0'\] is a torch tensor on cpu; cudnnkit needs a CUDA"):
+        load_torch_params(rnn, params, w)
+
+
+def test_load_torch_params_checks_every_parameter_before_any_gpu_work():
+    from cudnnkit.ops.rnn import load_torch_params
+
+    rnn = RNN("gru", 3, 4)
+    names = torch_param_names(rnn)
+    params = {
+        n: FakeCAI((12, 3) if n.startswith("weight_ih") else (12, 4) if n.startswith("weight") else (12,))
+        for n in names
+    }
+    params["bias_hh_l0"] = np.zeros(12, np.float32)  # a host array, last
+    with pytest.raises(TypeError, match=r"^params\['bias_hh_l0'\] is a host array \(numpy.ndarray\)"):
+        load_torch_params(rnn, params)
+    params["bias_hh_l0"] = FakeCAI((12,), "<f8")
+    with pytest.raises(TypeError, match=r"^params\['bias_hh_l0'\] has dtype float64 but the RNN's dtype is float32"):
+        load_torch_params(rnn, params)
+
+
+def test_the_rnn_gpu_tests_collect_without_torch_or_cupy():
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    code = "import sys\nsys.modules['torch'] = sys.modules['cupy'] = None\nimport tests.gpu.test_rnn_gpu\n"
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)

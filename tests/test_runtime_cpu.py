@@ -121,6 +121,49 @@ def test_dtype_names_and_scaling():
         canonical("complex64")
 
 
+@pytest.mark.parametrize(
+    "scalar_type, name",
+    [
+        (np.float16, "float16"),
+        (np.float32, "float32"),
+        (np.float64, "float64"),
+        (np.int8, "int8"),
+        (np.uint8, "uint8"),
+        (np.int32, "int32"),
+        (np.int64, "int64"),
+        (np.bool_, "bool"),
+    ],
+)
+def test_numpy_scalar_types_are_dtypes_wherever_dtypes_are_taken(scalar_type, name):
+    from cudnnkit.graph import Graph
+
+    assert canonical(scalar_type) == canonical(np.dtype(scalar_type)) == name
+    g = Graph(compute_dtype=np.float32, intermediate_dtype=np.float32)
+    t = g.tensor((2, 3), dtype=scalar_type)
+    assert t.dtype == name and g.mark_output(g.pointwise("IDENTITY", t), dtype=scalar_type).dtype == name
+    if name in ("float16", "float32", "float64"):  # legacy tensor descriptors and RNNs: floats
+        from cudnnkit.ops.rnn import RNN
+
+        shape, strides = (1, 2, 3, 4), (24, 12, 4, 1)
+        assert D.tensor_descriptor(scalar_type, shape, strides) is D.tensor_descriptor(name, shape, strides)
+
+        assert RNN("lstm", 4, 8, dtype=scalar_type) == RNN("lstm", 4, 8, dtype=name)
+
+
+def test_ml_dtypes_scalar_types_are_dtypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert canonical(ml_dtypes.bfloat16) == "bfloat16"
+    assert canonical(ml_dtypes.float8_e4m3fn) == "float8_e4m3fn" and canonical(ml_dtypes.float8_e5m2) == "float8_e5m2"
+
+
+@pytest.mark.parametrize("bad", [np.complex64, np.floating, float, int, object, None, 3])
+def test_other_types_are_refused_naming_the_argument(bad):
+    with pytest.raises(TypeError, match=r"^dtype .* is not a type cuDNN supports"):
+        canonical(bad)
+    with pytest.raises(TypeError, match=r"^compute_dtype .* is not a type cuDNN supports"):
+        canonical(bad, "compute_dtype")
+
+
 # ----------------------------------------------------------------- settings
 
 
@@ -166,6 +209,41 @@ def test_settings_validation(kw, exc, msg):
     with pytest.raises(exc, match=msg):
         with settings(**kw):
             pass
+
+
+@pytest.mark.parametrize(
+    "kw, exc, field",
+    [
+        (dict(workspace_limit=-5), ValueError, "workspace_limit"),
+        (dict(workspace_limit=1.5), ValueError, "workspace_limit"),
+        (dict(deterministic="yes"), TypeError, "deterministic"),
+        (dict(autotune="fast"), ValueError, "autotune"),
+        (dict(heuristic_mode="z"), ValueError, "heuristic_mode"),
+        (dict(prefer="x"), ValueError, "prefer"),
+        (dict(allow_tf32=2), TypeError, "allow_tf32"),
+    ],
+)
+def test_settings_arguments_are_checked_at_the_call_not_only_at_with(kw, exc, field):
+    base = current_settings()
+    with pytest.raises(exc, match=rf"^settings: {field} must be"):
+        cudnnkit.settings(**kw)  # no `with`: the call itself must refuse
+    assert current_settings() == base
+
+
+def test_settings_call_changes_nothing_until_with_and_applies_over_the_settings_at_with():
+    base = current_settings()
+    scope = settings(workspace_limit=64)
+    assert current_settings() == base
+    with settings(deterministic=True):
+        with scope as s:
+            assert s.workspace_limit == 64 and s.deterministic and current_settings() == s
+    assert current_settings() == base
+
+    @settings(prefer="legacy")
+    def prefer():
+        return current_settings().prefer
+
+    assert prefer() == prefer() == "legacy" and current_settings().prefer == base.prefer
 
 
 def test_settings_key_changes_with_each_field():
@@ -293,3 +371,25 @@ def test_view_is_slotted_and_complete():
     v = ArrayView((2, 3), (3, 1), "float16", 0, 0x1000, None)
     assert not hasattr(v, "__dict__")
     assert (v.ndim, v.size, v.itemsize, v.nbytes, v.library, v.is_contiguous()) == (2, 6, 2, 12, "unknown", True)
+
+
+# ----------------------------------------------------------------- the package
+
+
+def test_subpackages_are_lazy_attributes_of_the_package():
+    import subprocess
+    import sys
+
+    # a fresh interpreter: `import cudnnkit` does not import graph/ops; attribute access alone does
+    code = """
+import sys, cudnnkit
+assert 'cudnnkit.ops' not in sys.modules and 'cudnnkit.graph' not in sys.modules
+assert {'lib', 'runtime', 'graph', 'ops'} <= set(dir(cudnnkit))
+from cudnnkit.ops.rnn import RNN
+from cudnnkit.graph.graph import Graph
+assert cudnnkit.ops.rnn.RNN is RNN and cudnnkit.graph.Graph is Graph
+assert cudnnkit.runtime.shapes.conv_output_shape and cudnnkit.lib.version() > 0
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with pytest.raises(AttributeError, match="module 'cudnnkit' has no attribute 'nope'"):
+        cudnnkit.nope  # noqa: B018

@@ -107,3 +107,99 @@ def test_transpose_shape_inverts_forward():
         assert xi - s < r <= xi
         op = xi - r
         assert shapes.conv_transpose_output_shape(y, w, **kw, output_padding=(op, 0) if s == 2 else 0)[2] >= r
+
+
+# ----------------------------------------------------------------- string padding ("valid", "same")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(2, 3).flatmap(
+        lambda nsp: st.tuples(
+            st.lists(st.integers(1, 20), min_size=nsp, max_size=nsp),  # input
+            st.lists(st.integers(1, 5), min_size=nsp, max_size=nsp),  # kernel
+            st.lists(st.integers(1, 3), min_size=nsp, max_size=nsp),  # dilation
+        )
+    )
+)
+def test_same_padding_keeps_the_size_and_cudnn_agrees(case):
+    x, k, d = case
+    x_shape, w_shape = (2, 3, *x), (4, 3, *k)
+    if any(di * (ki - 1) % 2 for di, ki in zip(d, k)):  # an odd total padding: not symmetric
+        with pytest.raises(ValueError, match=r"padding='same' with dilated kernel \d+ in spatial dim \d+ needs"):
+            shapes.conv_output_shape(x_shape, w_shape, padding="same", dilation=d)
+        return
+    ours = shapes.conv_output_shape(x_shape, w_shape, padding="same", dilation=d)
+    assert ours == (2, 4, *x)
+    pad = [di * (ki - 1) // 2 for di, ki in zip(d, k)]
+    assert ours == shapes.cudnn_conv_output_shape(x_shape, w_shape, padding=pad, dilation=d)
+
+
+def test_valid_padding_is_no_padding():
+    x, w = (1, 3, 9, 8), (4, 3, 3, 5)
+    assert shapes.conv_output_shape(x, w, padding="valid", stride=2) == shapes.conv_output_shape(x, w, stride=2)
+    assert shapes.conv_output_shape(x, w, padding="valid") == (1, 4, 7, 4)
+    assert shapes.pool_output_shape(x, 3, padding="valid") == shapes.pool_output_shape(x, 3) == (1, 3, 3, 2)
+
+
+def test_same_padding_for_pooling():
+    assert shapes.pool_output_shape((1, 3, 9, 8), 3, stride=1, padding="same") == (1, 3, 9, 8)
+    assert shapes.pool_output_shape((1, 3, 9, 8), 3, stride=1, padding="same") == shapes.cudnn_pool_output_shape(
+        (1, 3, 9, 8), 3, stride=1, padding=1
+    )
+    with pytest.raises(ValueError, match=r"padding='same' with window 2 in spatial dim 0 needs 1 padding in all"):
+        shapes.pool_output_shape((1, 3, 9, 8), (2, 3), stride=1, padding="same")
+    with pytest.raises(
+        ValueError, match=r"padding='same' needs stride 1 .* got stride \(3, 3\) \(the default: the window\)"
+    ):
+        shapes.pool_output_shape((1, 3, 9, 8), 3, padding="same")
+
+
+@pytest.mark.parametrize(
+    "call, exc, msg",
+    [
+        (
+            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), padding="same", stride=2),
+            ValueError,
+            r"padding='same' needs stride 1 \(as in torch\), got stride \(2, 2\)",
+        ),
+        (
+            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 2, 3), padding="same"),
+            ValueError,
+            r"padding='same' with dilated kernel 2 in spatial dim 0 needs 1 padding in all, which cuDNN's symmetric",
+        ),
+        (
+            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), padding="full"),
+            ValueError,
+            r"padding must be an int, a sequence of 2 ints, 'valid' or 'same', got 'full'",
+        ),
+        (
+            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), padding="SAME"),
+            ValueError,
+            r"'valid' or 'same', got 'SAME'",
+        ),
+        (
+            lambda: shapes.conv_transpose_output_shape((1, 4, 8, 8), (4, 3, 3, 3), padding="same"),
+            TypeError,
+            r"padding must be an int or a sequence of 2 ints, got 'same'",
+        ),
+        (
+            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), dilation="ab"),
+            TypeError,
+            r"dilation must be an int or a sequence of 2 ints, got 'ab'",
+        ),
+    ],
+)
+def test_string_padding_errors_name_padding(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
+
+
+def test_same_and_valid_padding_agree_with_torch():
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(2, 3, 9, 8)
+    for k, d in (((3, 5), (1, 1)), ((3, 3), (2, 3)), ((1, 3), (1, 2)), ((2, 3), (2, 1)), ((1, 1), (1, 1))):
+        w = torch.zeros(4, 3, *k)
+        for padding in ("same", "valid"):
+            want = tuple(torch.nn.functional.conv2d(x, w, padding=padding, dilation=d).shape)
+            assert shapes.conv_output_shape(tuple(x.shape), tuple(w.shape), padding=padding, dilation=d) == want

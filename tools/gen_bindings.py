@@ -3,7 +3,8 @@
 
 The headers come from the ``nvidia-cudnn-cu13`` (or ``-cu12``) wheel:
 ``cudnn_version.h``, ``cudnn_graph.h``, ``cudnn_ops.h``, ``cudnn_cnn.h`` and
-``cudnn_adv.h``. The output holds, with no hand editing:
+``cudnn_adv.h``, and ``cudnn_subquadratic_ops.h``/``cudnn_gnn_ops.h`` where the wheel has them. The output
+holds, with no hand editing:
 
 * every ``#define`` whose value is a number, as a module constant;
 * every enum as an ``IntEnum`` (deprecated members included, marked);
@@ -38,6 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HEADERS = ("cudnn_graph.h", "cudnn_ops.h", "cudnn_cnn.h", "cudnn_adv.h")
+# Headers of the sub-libraries newer releases add (subquadratic ops since 9.22, GNN ops since 9.26): parsed
+# when the wheel ships them.
+OPTIONAL_HEADERS = ("cudnn_subquadratic_ops.h", "cudnn_gnn_ops.h")
 VERSION_HEADER = "cudnn_version.h"
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "src" / "cudnnkit" / "lib" / "_cudnn.py"
@@ -119,6 +123,7 @@ class Function:
 @dataclass
 class Parsed:
     version: tuple[int, int, int] = (0, 0, 0)
+    headers: tuple[str, ...] = ()
     constants: dict[str, int | float] = field(default_factory=dict)
     constant_headers: dict[str, str] = field(default_factory=dict)
     enums: list[Enum] = field(default_factory=list)
@@ -325,18 +330,24 @@ def parse_statement(stmt: str, header: str, parsed: Parsed) -> None:
     raise HeaderError(f"{header}: unrecognised statement {stmt[:120]!r}")
 
 
+def headers_in(include_dir: Path) -> tuple[str, ...]:
+    """The headers to parse in ``include_dir``: every one of :data:`HEADERS`, and the optional ones it has."""
+    return HEADERS + tuple(h for h in OPTIONAL_HEADERS if (include_dir / h).exists())
+
+
 def parse(include_dir: Path) -> Parsed:
     parsed = Parsed()
     preprocess((include_dir / VERSION_HEADER).read_text(), VERSION_HEADER, parsed)
     c = parsed.constants
     parsed.version = (int(c["CUDNN_MAJOR"]), int(c["CUDNN_MINOR"]), int(c["CUDNN_PATCHLEVEL"]))
-    for h in HEADERS:
+    parsed.headers = headers_in(include_dir)
+    for h in parsed.headers:
         text = preprocess((include_dir / h).read_text(), h, parsed)
         for stmt in statements(text):
             parse_statement(stmt, h, parsed)
             # enum values may be used by later #defines in the same header
     # second pass for #defines that reference enum members (CUDNN_SEV_*_EN)
-    for h in HEADERS:
+    for h in parsed.headers:
         preprocess((include_dir / h).read_text(), h, parsed)
     return parsed
 
@@ -402,7 +413,7 @@ def emit(parsed: Parsed) -> str:
     a("")
     a(f"HEADER_VERSION = {parsed.version[0] * 10000 + parsed.version[1] * 100 + parsed.version[2]}")
     a(f'HEADER_VERSION_STRING = "{v}"')
-    a(f"HEADERS = {(VERSION_HEADER, *HEADERS)!r}")
+    a(f"HEADERS = {(VERSION_HEADER, *parsed.headers)!r}")
     a("")
     a("")
     a("class Prototype(NamedTuple):")

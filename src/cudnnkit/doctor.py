@@ -3,29 +3,49 @@
 It prints the cuDNN version, path and loaded sub-libraries, the array libraries,
 each GPU with its compute capability; it runs host-side checks (descriptors,
 shape inference against cuDNN's own); and, where a CUDA GPU and an array
-library are present, a small real cuDNN call per op family and library,
-checked against NumPy. Exit status 0 when everything that can run here passed.
+library are present, a small real cuDNN call per op family and library
+(legacy ops, and a convolution and an attention plan of the graph layer),
+checked against NumPy float64 references.
+
+Each check reports ``ok``, ``skipped`` (it cannot run here: no CUDA driver, for
+the backend finalization that cuDNN 9.28 ties to ``libcuda.so.1``) or
+``FAILED``. Text cuDNN writes to stdout/stderr from C during a check (such as
+"Unable to load any of {libcudnn_engines_runtime_compiled.so...}") is captured
+at the file-descriptor level and shown as a note under the check's row. Exit
+status 0 when every check that could run here passed, 1 otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
+import math
+import os
 import platform
 import sys
+import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from . import __version__, lib, ops
+from .graph import Graph, plan_cache
 from .runtime import adapters, shapes
 from .runtime.descriptors import tensor_descriptor
 from .runtime.dtypes import scaling
 from .runtime.launch import prepare
 
 Check = Callable[[], str]
+
+#: the reason reported for a check that needs the CUDA driver on a machine without one
+NO_DRIVER = "the CUDA driver is not installed: execution and backend finalization need it"
+
+
+class Skipped(Exception):
+    """Raised by a check that cannot run on this machine; the row says ``skipped`` with this reason."""
 
 
 def _row(cols, widths) -> str:
@@ -41,16 +61,83 @@ def _table(title: str, rows: list[tuple]) -> None:
         print("  " + _row(r, widths))
 
 
+def _flush_c_stdio() -> None:
+    """``fflush(NULL)``: push what C code buffered for stdout/stderr to the file descriptors now."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # pragma: no cover - no libc symbols in this process
+        pass
+
+
+@contextlib.contextmanager
+def captured_fds() -> Iterator[list[str]]:
+    """Collect everything written to fd 1 and fd 2 inside the block (by C code such as cuDNN's loader too).
+
+    Yields a list that holds the captured text once the block has ended. The
+    descriptors are restored in ``finally``; where one cannot be duplicated
+    (closed), nothing is captured from it.
+    """
+    text: list[str] = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _flush_c_stdio()
+    saved: dict[int, int] = {}
+    with tempfile.TemporaryFile() as sink:
+        try:
+            for fd in (1, 2):
+                try:
+                    saved[fd] = os.dup(fd)
+                    os.dup2(sink.fileno(), fd)
+                except OSError:
+                    saved.pop(fd, None)
+            yield text
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except Exception:  # pragma: no cover - a broken stream must not keep the fds redirected
+                pass
+            _flush_c_stdio()
+            for fd, dup in saved.items():
+                os.dup2(dup, fd)
+                os.close(dup)
+            sink.seek(0)
+            text.append(sink.read().decode(errors="replace"))
+
+
+def _notes(captured: list[str]) -> list[tuple]:
+    """Rows under a check for the lines it printed (each line once, in order)."""
+    lines = dict.fromkeys(ln.strip() for t in captured for ln in t.splitlines())
+    return [("", "", "", f"note: printed {ln!r}") for ln in lines if ln]
+
+
 def _run(name: str, fn: Check, results: list[tuple], ok: list[bool]) -> None:
     t = time.perf_counter()
-    try:
-        detail = fn()
-        results.append((name, "ok", f"{(time.perf_counter() - t) * 1e3:.1f} ms", detail))
-    except Exception as exc:  # report and continue
-        ok[0] = False
-        results.append((name, "FAILED", f"{(time.perf_counter() - t) * 1e3:.1f} ms", f"{type(exc).__name__}: {exc}"))
-        if "-v" in sys.argv:
-            traceback.print_exc()
+    error = None
+    with captured_fds() as printed:
+        try:
+            row = (name, "ok", fn())
+        except lib.DriverNotFoundError:
+            row = (name, "skipped", NO_DRIVER)
+        except Skipped as exc:
+            row = (name, "skipped", str(exc))
+        except Exception as exc:  # report and continue
+            ok[0] = False
+            error = exc
+            row = (name, "FAILED", f"{type(exc).__name__}: {exc}")
+    ms = f"{(time.perf_counter() - t) * 1e3:.1f} ms"
+    results.append((row[0], row[1], ms, row[2]))
+    results.extend(_notes(printed))
+    if error is not None and "-v" in sys.argv:
+        traceback.print_exception(error)
+
+
+def _summary(ok: bool, rows: list[tuple], scope: str = "") -> str:
+    if not ok:
+        return "\nPROBLEMS found (see FAILED above)"
+    skipped = sum(r[1] == "skipped" for r in rows)
+    parts = [p for p in (scope, f"{skipped} check(s) skipped" if skipped else "") if p]
+    return "\nhealthy" + (f" ({'; '.join(parts)})" if parts else "")
 
 
 # ----------------------------------------------------------------- host checks
@@ -133,6 +220,50 @@ def _host_checks() -> list[tuple[str, Check]]:
 
 # ----------------------------------------------------------------- GPU checks
 # One small real call per op family available, for each array library.
+
+
+def _rounded(a: np.ndarray, dtype: str) -> np.ndarray:
+    """The float64 values ``a`` takes stored as ``dtype`` (bfloat16: round to nearest even, in NumPy)."""
+    if dtype != "bfloat16":
+        return np.asarray(a).astype(dtype).astype(np.float64)
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    bits = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return bits.view(np.float32).astype(np.float64)
+
+
+def _put(ad, a: np.ndarray, dtype: str, device: int, strides=None):
+    """A device array of ``dtype`` (strides in elements, default C order) holding ``_rounded(a, dtype)``.
+
+    Allocated with ``ad.empty`` and filled with ``ad.copy`` from an uploaded
+    host array, so any layout works. bfloat16 is staged through ``ml_dtypes``
+    where it is installed (CuPy needs it for bfloat16 arrays at all), else as
+    float32 that the copy converts (torch; exact, the values are bfloat16's).
+    """
+    host = _rounded(a, dtype)
+    if dtype == "bfloat16":
+        try:
+            import ml_dtypes
+
+            host = host.astype(ml_dtypes.bfloat16)
+        except ImportError:
+            if ad.name != "torch":
+                raise Skipped(f"bfloat16 arrays of {ad.name} need ml_dtypes, which is not installed") from None
+            host = host.astype(np.float32)
+    else:
+        host = host.astype(dtype)
+    out = ad.empty(np.shape(a), dtype, device, strides)
+    ad.copy(out, ad.from_numpy(host, device))
+    return out
+
+
+def _built(g, device: int) -> tuple:
+    """``g.build(device)``, and how: ``"built in N ms"`` or ``"from the plan cache"`` (an earlier check's)."""
+    hits = plan_cache(device).stats["hits"]
+    t = time.perf_counter()
+    plan = g.build(device)
+    ms = (time.perf_counter() - t) * 1e3
+    how = "from the plan cache" if plan_cache(device).stats["hits"] > hits else f"built in {ms:.0f} ms"
+    return plan, how
 
 
 def _gpu_checks(ad, device: int) -> list[tuple[str, Check]]:
@@ -233,6 +364,54 @@ def _gpu_checks(ad, device: int) -> list[tuple[str, Check]]:
         assert err < 1e-12 and rel(ad.to_numpy(hy)[0], h) < 1e-12, err
         return f"rnn_forward tanh float64 over 3 steps, rel err {err:.1e}"
 
+    def graph_conv() -> str:
+        dtype, (n, c, h, w, k) = "float16", (2, 8, 8, 8, 8)
+        a, f = rng.standard_normal((n, c, h, w)), rng.standard_normal((k, c, 3, 3)) * 0.3
+        x_arr = _put(ad, a, dtype, device, (h * w * c, 1, w * c, c))  # NHWC memory, NCHW dims
+        w_arr = _put(ad, f, dtype, device, (9 * c, 1, 3 * c, c))
+        g = Graph(name="doctor conv")
+        x, wt = g.tensor_like(x_arr, "x"), g.tensor_like(w_arr, "w")
+        y = g.mark_output(g.conv_fprop(x, wt, pre_padding=1, name="y"), dtype)
+        y_arr = _put(ad, np.full(y.dims, np.nan), dtype, device, y.strides)  # poisoned: unwritten shows
+        plan, how = _built(g, device)
+        plan.execute({x: x_arr, wt: w_arr, y: y_arr})
+        got = ad.to_numpy(y_arr).astype(np.float64)
+        padded, f64 = np.pad(_rounded(a, dtype), ((0, 0), (0, 0), (1, 1), (1, 1))), _rounded(f, dtype)
+        ref = sum(
+            np.einsum("nchw,kc->nkhw", padded[:, :, i : i + h, j : j + w], f64[:, :, i, j])
+            for i in range(3)
+            for j in range(3)
+        )
+        assert np.isfinite(got).all(), f"plan {plan.name} left output elements unwritten (NaN)"
+        err = rel(got, ref)
+        assert err < 1e-2, f"plan {plan.name}: rel err {err:.1e}"
+        return f"conv_fprop fp16 NHWC {n}x{c}x{h}x{w}, {k} 3x3 filters: plan {plan.name}, {how}, rel err {err:.1e}"
+
+    def graph_sdpa() -> str:
+        dtype, shape = "bfloat16", (1, 2, 64, 64)
+        qa, ka, va = (rng.standard_normal(shape) for _ in range(3))
+        q_arr, k_arr, v_arr = (_put(ad, t, dtype, device) for t in (qa, ka, va))
+        g = Graph(name="doctor sdpa")
+        q, k, v = g.tensor_like(q_arr, "q"), g.tensor_like(k_arr, "k"), g.tensor_like(v_arr, "v")
+        r = g.sdpa_forward(q, k, v)
+        o, st = g.mark_output(r.o), g.mark_output(r.stats)
+        o_arr = _put(ad, np.full(o.dims, np.nan), o.dtype, device, o.strides)
+        st_arr = _put(ad, np.full(st.dims, np.nan), st.dtype, device, st.strides)
+        plan, how = _built(g, device)
+        plan.execute({q: q_arr, k: k_arr, v: v_arr, o: o_arr, st: st_arr})
+        got_o, got_st = (ad.to_numpy(t).astype(np.float64) for t in (o_arr, st_arr))
+        q64, k64, v64 = (_rounded(t, dtype) for t in (qa, ka, va))
+        s = np.einsum("bhqd,bhkd->bhqk", q64, k64) / math.sqrt(shape[3])
+        mx = s.max(axis=-1, keepdims=True)
+        e = np.exp(s - mx)
+        ref_o, ref_st = (e / e.sum(axis=-1, keepdims=True)) @ v64, mx + np.log(e.sum(axis=-1, keepdims=True))
+        assert np.isfinite(got_o).all() and np.isfinite(got_st).all(), (
+            f"plan {plan.name} left output elements unwritten (NaN)"
+        )
+        err, err_st = rel(got_o, ref_o), rel(got_st, ref_st)
+        assert err < 1e-2 and err_st < 1e-3, f"plan {plan.name}: rel err o {err:.1e}, stats {err_st:.1e}"
+        return f"sdpa_forward bf16 B1 H2 S64 D64: plan {plan.name}, {how}, rel err {err:.1e} (stats {err_st:.1e})"
+
     return [
         ("handle", handle),
         ("tensor: set", set_tensor),
@@ -243,6 +422,8 @@ def _gpu_checks(ad, device: int) -> list[tuple[str, Check]]:
         ("spatial transformer", spatial_transformer),
         ("ctc loss", ctc),
         ("rnn", rnn),
+        ("graph: conv plan", graph_conv),
+        ("graph: sdpa plan", graph_sdpa),
     ]
 
 
@@ -261,8 +442,19 @@ def doctor() -> int:
     print(f"\ncuDNN {major}.{minor}.{patch} (cudnnGetVersion {loaded.version}), from {loaded.source}")
     print(f"  path: {loaded.path}")
     print(f"  bindings generated from headers {lib.HEADER_VERSION_STRING}; {len(lib.FUNCTIONS)} functions")
-    if loaded.version // 100 != lib.HEADER_VERSION // 100:
-        print("  note: loaded library and bindings differ in minor version; functions absent from it raise on use")
+    (lo, hi), here = lib.SUPPORTED, (major, minor, patch)
+    print(f"  supported releases: {'.'.join(map(str, lo))} to {'.'.join(map(str, hi))}")
+    if here < lo:
+        print(f"  WARNING: cuDNN {major}.{minor}.{patch} is older than the oldest supported release")
+    elif here > hi:
+        print("  note: newer than the bindings' headers; what it added is not bound yet (tools/gen_bindings.py)")
+    else:
+        newer = sum(not lib.available(n) for n in (*lib._since.FUNCTIONS, *lib._since.ENUM_MEMBERS))
+        if newer:
+            print(
+                f"  note: {newer} names of the bindings are newer than this release; using one raises "
+                "FeatureVersionError (values, attributes) or SymbolNotFoundError (functions), naming the release"
+            )
     checks = []
     for sub in ("Graph", "Ops", "Cnn", "Adv"):
         fn = f"cudnn{sub}VersionCheck"
@@ -302,13 +494,24 @@ def doctor() -> int:
     if gpus_from is None:
         why = "no array library installed" if not present else "no CUDA device visible"
         h = ctypes.c_void_p()
-        try:
-            lib.cudnnCreate(ctypes.byref(h))
-            lib.cudnnDestroy(h)
-        except lib.CudnnError as exc:
-            why += f"; cudnnCreate: {exc.status_name}: {exc.last_error}"
+        with captured_fds() as printed:
+            try:
+                lib.cudnnCreate(ctypes.byref(h))
+                lib.cudnnDestroy(h)
+            except lib.CudnnError as exc:
+                why += f"; cudnnCreate: {exc.status_name}: {exc.last_error}"
         print(f"\nGPU: none. Execution needs a CUDA GPU ({why}).")
-        print("\nhealthy (host side)" if ok[0] else "\nPROBLEMS found (see FAILED above)")
+        if lib.driver_available():
+            print("  CUDA driver: libcuda.so.1 loads")
+        else:
+            also = any(r[3] == NO_DRIVER for r in host)
+            print(
+                "  CUDA driver: NOT INSTALLED (libcuda.so.1 not found); execution needs it"
+                + ("; with this cuDNN, backend finalization too (skipped above)" if also else "")
+            )
+        for *_, note in _notes(printed):
+            print(f"  {note}")
+        print(_summary(ok[0], host, "host side"))
         return 0 if ok[0] else 1
 
     gpus = [(i, *gpus_from.device_info(i)) for i in range(gpus_from.device_count())]
@@ -319,6 +522,6 @@ def doctor() -> int:
             continue
         for name, fn in _gpu_checks(ad, 0):
             _run(f"{name} [{ad.name}]", fn, results, ok)
-    _table("GPU calls on cuda:0 (one per op family and array library)", results)
-    print("\nhealthy" if ok[0] else "\nPROBLEMS found (see FAILED above)")
+    _table("GPU calls on cuda:0 (one per op family and array library, graph plans included)", results)
+    print(_summary(ok[0], host + results))
     return 0 if ok[0] else 1

@@ -424,6 +424,7 @@ class Graph:
         key = str(mode).upper().removeprefix("CUDNN_POINTWISE_")
         if key not in POINTWISE_ARITY:
             raise GraphError(f"unknown pointwise mode {mode!r}; one of {sorted(POINTWISE_ARITY)}")
+        lib.require(f"CUDNN_POINTWISE_{key}", f"pointwise mode {key!r}")  # newer than the loaded cuDNN: refused here
         arity = POINTWISE_ARITY[key]
         given = {"x": x, "b": b, "t": t, "dy": dy}
         needed = arity.split(",")

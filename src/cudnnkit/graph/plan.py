@@ -56,6 +56,7 @@ import ctypes
 import hashlib
 import json
 import logging
+import operator
 import struct
 import threading
 import time
@@ -1165,14 +1166,53 @@ _caches: dict[int, PlanCache] = {}
 _caches_lock = threading.Lock()
 
 
+def _check_device(device: Any, name: str = "device") -> int | None:
+    """``device`` as a CUDA device ordinal (an int >= 0; NumPy integers too), ``None`` left as is; else a
+    ``TypeError``/``ValueError`` naming it. Nothing is asked of a GPU."""
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise TypeError(f"{name} must be a CUDA device ordinal (an int >= 0) or None, got {device!r}")
+    try:
+        d = operator.index(device)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a CUDA device ordinal (an int >= 0) or None, got {type(device).__name__} {device!r}"
+        ) from None
+    if d < 0:
+        raise ValueError(f"{name} must be a CUDA device ordinal (an int >= 0) or None, got {d}")
+    return d
+
+
 def _default_device() -> int:
+    """The current device of the first installed array library (0 when none is installed: building then
+    says it needs one); ``RuntimeError`` when that library has no CUDA device (e.g. a CPU build of torch)."""
     avail = adapters.available()
-    return avail[0].current_device() if avail else 0
+    if not avail:
+        return 0
+    ad = avail[0]
+    try:
+        return int(ad.current_device())
+    except Exception as e:
+        raise RuntimeError(
+            f"no current CUDA device: {ad.name} could not name one ({type(e).__name__}: {e}); "
+            "cudnnkit needs a CUDA build of CuPy or torch and a GPU"
+        ) from e
+
+
+def _check_device_count(adapter: Any, device: int) -> None:
+    """``device`` must be one ``adapter``'s library sees (asked on a plan-cache miss only, before a handle)."""
+    n = adapter.device_count()
+    if n == 0:
+        raise RuntimeError(f"{adapter.name} sees no CUDA device (a CPU-only build, or no GPU/driver); device={device}")
+    if device >= n:
+        raise ValueError(f"device={device}, but {adapter.name} sees {n} CUDA device(s): 0 to {n - 1}")
 
 
 def plan_cache(device: int | None = None) -> PlanCache:
     """The plan cache of ``device`` (default: the current device of the first installed array library)."""
-    d = _default_device() if device is None else int(device)
+    d = _check_device(device)
+    d = _default_device() if d is None else d
     c = _caches.get(d)
     if c is None:
         with _caches_lock:
@@ -1216,7 +1256,15 @@ def _key(graph: Graph, device: int | None, options: dict[str, Any]) -> tuple:
     if unknown:
         raise TypeError(f"unknown build option(s) {sorted(unknown)}; known: {', '.join(_OPTIONS)}")
     opts = EngineFilter.make(Settings(), **options).options_key() if options else _NO_OPTIONS_KEY
-    return (graph.key(), _default_device() if device is None else int(device), opts)
+    d = _check_device(device)
+    gkey = graph.key()
+    if d is None:
+        try:
+            d = _default_device()
+        except RuntimeError:
+            graph.validate()  # a graph's own errors come before the machine's (no plan of it can be cached)
+            raise
+    return (gkey, d, opts)
 
 
 def _context(graph: Graph, device: int | None, options: dict[str, Any]) -> _Context:
@@ -1235,6 +1283,7 @@ def _device_env(ctx: _Context):
     if not avail:
         raise RuntimeError("building a plan needs a cuDNN handle, which needs CuPy or torch to select the device")
     ctx.adapter = avail[0]
+    _check_device_count(ctx.adapter, ctx.device)
     ctx.handle = get_handle(ctx.device, ctx.adapter.current_stream(ctx.device), ctx.adapter)
     return ctx.adapter.device_guard(ctx.device)
 
@@ -1335,11 +1384,13 @@ def load_plan(data: bytes | str | Mapping[str, Any], device: int | None = None) 
         raise ValueError(f"not a serialized cudnnkit plan (format {doc.get('format')!r})")
     if doc.get("cudnn_version") != lib.version():
         raise ValueError(f"plan saved with cuDNN {doc.get('cudnn_version')}, loaded cuDNN is {lib.version()}")
-    d = _default_device() if device is None else int(device)
+    d = _check_device(device)
+    d = _default_device() if d is None else d
     avail = adapters.available()
     if not avail:
         raise RuntimeError("loading a plan needs a cuDNN handle, which needs CuPy or torch to select the device")
     ad = avail[0]
+    _check_device_count(ad, d)
     with ad.device_guard(d):
         handle = get_handle(d, ad.current_stream(d), ad)
         desc = _plan_from_json(doc["plan"], handle)

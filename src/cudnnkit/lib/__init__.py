@@ -26,7 +26,7 @@ import logging
 import threading
 from typing import Any
 
-from . import _cudnn, _loader, errors
+from . import _cudnn, _loader, _since, errors
 from ._cudnn import (
     CUDNN_DIM_MAX,
     DEPRECATED,
@@ -42,7 +42,9 @@ from ._cudnn import (
 from .errors import (
     BadParamError,
     CudnnError,
+    DriverNotFoundError,
     ExecutionFailedError,
+    FeatureVersionError,
     InternalError,
     LibraryNotFoundError,
     NotInitializedError,
@@ -50,6 +52,7 @@ from .errors import (
     SymbolNotFoundError,
     UnsupportedVersionError,
     check,
+    driver_available,
 )
 
 __all__ = [
@@ -72,6 +75,9 @@ __all__ = [
     "LibraryNotFoundError",
     "UnsupportedVersionError",
     "SymbolNotFoundError",
+    "DriverNotFoundError",
+    "FeatureVersionError",
+    "driver_available",
     "check",
     "errors",
     "load",
@@ -82,7 +88,16 @@ __all__ = [
     "loaded_sublibraries",
     "last_error_string",
     "function",
+    "since",
+    "available",
+    "require",
+    "SUPPORTED",
 ]
+
+#: The cuDNN releases cudnnkit supports: from the oldest whose headers ``tools/gen_since.py`` read, to the newest
+#: (whose headers the bindings were generated from). Names newer than the loaded release are refused by
+#: :func:`require` (backend attributes, descriptor types and enum values) or on use (functions).
+SUPPORTED = (_since.OLDEST, _since.NEWEST)
 
 # Every enum type and every enum member as a module attribute.
 for _enum in ENUMS:
@@ -145,6 +160,37 @@ def last_error_string() -> str:
     return errors._last_error_reader()
 
 
+def since(name: str) -> tuple[int, int, int] | None:
+    """The cuDNN release that first declares ``name`` (a function or enum member), or None if all supported do."""
+    return _since.FUNCTIONS.get(name) or _since.ENUM_MEMBERS.get(name)
+
+
+_too_new: frozenset[str] | None = None
+
+
+def available(name: str) -> bool:
+    """Whether the loaded libcudnn knows ``name`` (a function or enum member of the bindings' headers)."""
+    global _too_new
+    if _too_new is None:
+        v = version_tuple()
+        _too_new = frozenset(n for n, s in (*_since.FUNCTIONS.items(), *_since.ENUM_MEMBERS.items()) if s > v)
+    return name not in _too_new
+
+
+def require(name: str, what: str | None = None) -> None:
+    """Raise :class:`FeatureVersionError` if the loaded libcudnn is older than the release declaring ``name``.
+
+    ``what`` names the user's argument in the message (default: ``name`` itself).
+    """
+    if not available(name):
+        major, minor, patch = since(name)  # type: ignore[misc]
+        lm, ln, lp = version_tuple()
+        raise FeatureVersionError(
+            f"{what or name} needs cuDNN {major}.{minor}.{patch} or newer ({name} first appears there), "
+            f"but the loaded library is cuDNN {lm}.{ln}.{lp} at {path()}; install a newer nvidia-cudnn-cu13"
+        )
+
+
 def function(name: str) -> Any:
     """The bound ctypes function for the C function ``name`` (checked if it returns a status)."""
     fn = globals().get(name)
@@ -167,9 +213,11 @@ def _bind(name: str) -> Any:
             fn = loaded.cdll._FuncPtr((name, loaded.cdll))
         except AttributeError:
             major, minor, patch = _loader.decode_version(loaded.version)
+            first = since(name)
+            first_text = f" (it first appears in cuDNN {'.'.join(map(str, first))})" if first else ""
             raise SymbolNotFoundError(
                 f"{name} is declared by the cuDNN {HEADER_VERSION_STRING} headers but is not exported "
-                f"by the loaded cuDNN {major}.{minor}.{patch} at {loaded.path}"
+                f"by the loaded cuDNN {major}.{minor}.{patch} at {loaded.path}{first_text}"
             ) from None
         fn.restype = proto.restype
         fn.argtypes = [t for _, t in proto.args]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from enum import IntEnum
 from typing import Any
 
 from . import _cudnn
@@ -60,8 +61,12 @@ def element_ctype(attr_type: cudnnBackendAttributeType_t) -> type:
 
 
 def attribute_info(name: str | int) -> tuple[cudnnBackendDescriptorType_t, cudnnBackendAttributeType_t, int]:
-    """(descriptor type, value type, element count or VARIABLE) for an attribute name."""
+    """(descriptor type, value type, element count or VARIABLE) for an attribute name.
+
+    Raises :class:`~cudnnkit.lib.errors.FeatureVersionError` for an attribute newer than the loaded libcudnn.
+    """
     key = name if isinstance(name, str) else cudnnBackendAttributeName_t(name).name
+    _lib().require(key)
     try:
         desc, typ, count = ATTRIBUTES[key]
     except KeyError:
@@ -107,6 +112,8 @@ def _pack(attr: str, typ: cudnnBackendAttributeType_t, count: int, value: Any) -
         elif ct is ctypes.c_bool:
             arr[i] = bool(v)
         else:
+            if isinstance(v, IntEnum):  # an enum value newer than the loaded libcudnn is refused, never passed on
+                _lib().require(v.name, f"{attr} = {v.name}")
             arr[i] = int(v)
     return arr, len(items)
 
@@ -175,6 +182,7 @@ class BackendDescriptor:
                 raise ValueError(f"unknown backend descriptor type {descriptor_type!r}") from None
         else:
             self.type = cudnnBackendDescriptorType_t(descriptor_type)
+        lib.require(self.type.name)
         p = ctypes.c_void_p()
         lib.cudnnBackendCreateDescriptor(self.type, ctypes.byref(p))
         self.ptr = p.value

@@ -10,6 +10,7 @@ failure).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 
 from ._cudnn import cudnnStatus_t
@@ -19,6 +20,9 @@ __all__ = [
     "NotInitializedError",
     "VersionMismatchError",
     "SublibraryLoadingError",
+    "DriverNotFoundError",
+    "FeatureVersionError",
+    "driver_available",
     "UncategorizedError",
     "BadParamError",
     "NotSupportedError",
@@ -70,6 +74,20 @@ class SublibraryLoadingError(UncategorizedError):
     """``CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED``: a libcudnn_*.so could not be loaded."""
 
 
+class DriverNotFoundError(SublibraryLoadingError):
+    """A cuDNN sub-library could not be loaded because the CUDA driver (``libcuda.so.1``) is missing.
+
+    A normal state on a machine without a GPU: since cuDNN 9.28 the runtime-compiled
+    engines link ``libcuda.so.1``, so backend finalization needs the driver too.
+    """
+
+    HINT = "the CUDA driver is not installed (libcuda.so.1 not found): execution and backend finalization need it"
+
+    def __init__(self, status: int, function: str, last_error: str = ""):
+        super().__init__(status, function, last_error)
+        self.args = (f"{self.args[0]}; {self.HINT}",)
+
+
 class BadParamError(CudnnError, ValueError):
     """Category 2000: an argument cuDNN rejected (also a ``ValueError``)."""
 
@@ -96,6 +114,10 @@ class UnsupportedVersionError(ImportError):
 
 class SymbolNotFoundError(AttributeError):
     """A declared cuDNN function is not exported by the loaded library."""
+
+
+class FeatureVersionError(ValueError):
+    """An enum member or backend attribute is newer than the loaded libcudnn (the bindings come from newer headers)."""
 
 
 _CATEGORY = {
@@ -126,7 +148,24 @@ def error_class(status: int) -> type[CudnnError]:
     cls = _SPECIFIC.get(status)
     if cls is None:
         cls = _CATEGORY.get(status // 1000 * 1000, UncategorizedError)
+    if cls is SublibraryLoadingError and not driver_available():
+        cls = DriverNotFoundError
     return cls
+
+
+_driver: bool | None = None
+
+
+def driver_available() -> bool:
+    """Whether the CUDA driver library ``libcuda.so.1`` can be loaded in this process (checked once)."""
+    global _driver
+    if _driver is None:
+        try:
+            ctypes.CDLL("libcuda.so.1")
+            _driver = True
+        except OSError:
+            _driver = False
+    return _driver
 
 
 # Set by the loader once libcudnn is loaded: returns the current thread's last error text.

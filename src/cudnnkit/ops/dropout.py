@@ -35,9 +35,9 @@ __all__ = ["DropoutState", "default_state", "dropout_forward", "dropout_backward
 _DTYPES = ("float16", "float32", "float64")
 
 
-def _check_seed(seed: int) -> int:
+def _check_seed(seed: int, name: str = "seed") -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+        raise ValueError(f"{name} must be an int in [0, 2**64), got {seed!r}")
     return seed
 
 
@@ -115,11 +115,11 @@ def default_state(like: Any, *, stream: Any = None) -> DropoutState:
     return st
 
 
-def _check_p(p: float) -> float:
+def _check_p(p: float, name: str = "p") -> float:
     if isinstance(p, bool) or not isinstance(p, (int, float)):
-        raise TypeError(f"p must be a float in [0, 1), got {p!r}")
+        raise TypeError(f"{name} must be a float in [0, 1), got {p!r}")
     if not 0.0 <= p < 1.0:
-        raise ValueError(f"p must be in [0, 1), got {p}")
+        raise ValueError(f"{name} must be in [0, 1), got {p}")
     return float(p)
 
 

@@ -61,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import numbers
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -137,9 +138,13 @@ GATES: dict[str, tuple[str, ...]] = {
 }
 
 
+_INT32_MAX = 2**31 - 1
+
+
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    """``value`` as an int in ``[minimum, 2**31 - 1]`` (cuDNN takes an ``int32_t``), else ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not minimum <= value <= _INT32_MAX:
+        raise ValueError(f"{name} must be an int in [{minimum}, 2**31 - 1], got {value!r}")
     return int(value)
 
 
@@ -208,14 +213,12 @@ class RNN:
 
     def __post_init__(self) -> None:
         check_choice(self.cell, _CELLS, "cell")
-        _positive_int(self.input_size, "input_size")
-        _positive_int(self.hidden_size, "hidden_size")
-        _positive_int(self.num_layers, "num_layers")
+        for field, minimum in (("input_size", 1), ("hidden_size", 1), ("num_layers", 1), ("proj_size", 0)):
+            object.__setattr__(self, field, _positive_int(getattr(self, field), field, minimum))
         if not isinstance(self.bidirectional, bool):
             raise TypeError(f"bidirectional must be a bool, got {self.bidirectional!r}")
         check_choice(self.input_mode, _INPUT_MODES, "input_mode")
         check_choice(self.bias_mode, _BIAS_MODES, "bias_mode")
-        _positive_int(self.proj_size, "proj_size", 0)
         if self.proj_size:
             if self.cell != "lstm":
                 raise ValueError(f"proj_size is for LSTM only (cuDNN), got cell={self.cell!r}")
@@ -229,16 +232,16 @@ class RNN:
                 f"input_mode='skip' adds the input to the first layer as is, so input_size "
                 f"({self.input_size}) must equal hidden_size ({self.hidden_size})"
             )
-        _check_p(self.dropout)
-        _check_seed(self.dropout_seed)
+        object.__setattr__(self, "dropout", _check_p(self.dropout, "dropout"))
+        _check_seed(self.dropout_seed, "dropout_seed")
         check_choice(self.algo, _ALGOS, "algo")
-        object.__setattr__(self, "dtype", canonical(self.dtype))
+        object.__setattr__(self, "dtype", canonical(self.dtype, "dtype"))
         if self.dtype not in _PRECISIONS:
             raise TypeError(
                 f"dtype must be one of {sorted(_PRECISIONS)} (cuDNN 9 RNNs have no {self.dtype}), got {self.dtype}"
             )
         if self.math_precision is not None:
-            object.__setattr__(self, "math_precision", canonical(self.math_precision))
+            object.__setattr__(self, "math_precision", canonical(self.math_precision, "math_precision"))
             if self.math_precision not in _PRECISIONS[self.dtype]:
                 raise ValueError(
                     f"math_precision {self.math_precision} is not supported for dtype {self.dtype}; "
@@ -250,11 +253,13 @@ class RNN:
         if clip is not None:
             if self.cell != "lstm":
                 raise ValueError(f"cell_clip clips the LSTM cell state; cell={self.cell!r} has none")
-            if isinstance(clip, (int, float)) and not isinstance(clip, bool):
+            if isinstance(clip, numbers.Real) and not isinstance(clip, bool):
                 if not clip > 0:
                     raise ValueError(f"cell_clip must be > 0 (meaning (-c, c)) or a (lo, hi) pair, got {clip!r}")
                 clip = (-float(clip), float(clip))
             elif isinstance(clip, (tuple, list)) and len(clip) == 2:
+                if not all(isinstance(c, numbers.Real) and not isinstance(c, bool) for c in clip):
+                    raise TypeError(f"cell_clip (lo, hi) must be two floats, got {clip!r}")
                 clip = (float(clip[0]), float(clip[1]))
                 if not clip[0] <= clip[1]:
                     raise ValueError(f"cell_clip (lo, hi) needs lo <= hi, got {clip}")
@@ -1127,6 +1132,12 @@ def load_torch_params(
     extra = [n for n in params if n not in names]
     if missing or extra:
         raise ValueError(f"params do not match this RNN's torch layout: missing {missing}, unexpected {extra}")
+    # every parameter is read (CUDA arrays, dtype) before anything is made from the first one or copied
+    labels = {name: f"params[{name!r}]" for name in names}
+    views = {name: as_view(params[name], labels[name]) for name in names}
+    for name in names:
+        if views[name].dtype != rnn.dtype:
+            raise TypeError(f"{labels[name]} has dtype {views[name].dtype} but the RNN's dtype is {rnn.dtype}")
     if w is None:
         w = rnn.new_weights(like if like is not None else params[names[0]], stream=stream)
     launch, (vw,) = prepare(("w", w), stream=stream)
@@ -1134,16 +1145,13 @@ def load_torch_params(
         raise TypeError("w must be an array of a library with a cudnnkit adapter (CuPy or torch)")
     pieces = _torch_layout(rnn, w, stream)
     shapes = _torch_shapes(pieces)
-    views = {}
     for name in names:  # every parameter checked before the first copy
-        vs = views[name] = as_view(params[name], name)
+        vs = views[name]
         if vs.shape != shapes[name]:
-            raise ValueError(f"{name} has shape {vs.shape}; this RNN's torch layout needs {shapes[name]}")
-        if vs.dtype != rnn.dtype:
-            raise TypeError(f"{name} has dtype {vs.dtype} but the RNN's dtype is {rnn.dtype}")
+            raise ValueError(f"{labels[name]} has shape {vs.shape}; this RNN's torch layout needs {shapes[name]}")
         if vs.device != launch.device or vs.adapter is not launch.adapter:
             raise ValueError(
-                f"{name} is a {vs.library} array on cuda:{vs.device}; w is a {vw.library} array on "
+                f"{labels[name]} is a {vs.library} array on cuda:{vs.device}; w is a {vw.library} array on "
                 f"cuda:{launch.device}: pass parameters of w's library and device"
             )
     for name, view, row in pieces:

@@ -55,16 +55,40 @@ _ALIASES = {
 }
 
 
-def canonical(dtype: object) -> str:
-    """Canonical dtype name for a string, NumPy/CuPy dtype or torch dtype (``torch.float16`` -> ``"float16"``)."""
-    name = getattr(dtype, "name", None) if not isinstance(dtype, str) else dtype
-    if name is None:
-        name = str(dtype)
-    name = str(name).removeprefix("torch.")
-    name = _ALIASES.get(name, name)
-    if name not in DTYPES:
-        raise TypeError(f"dtype {dtype!r} is not a type cuDNN supports; expected one of {sorted(DTYPES)}")
-    return name
+def _scalar_type_name(dtype: type) -> str | None:
+    """The dtype name of a NumPy scalar type (``np.float16``, ``ml_dtypes.bfloat16``), else ``None``.
+
+    NumPy is imported only when a type is given (it is then already imported by whoever made the type)."""
+    import numpy
+
+    if not issubclass(dtype, numpy.generic):
+        return None
+    try:
+        return numpy.dtype(dtype).name
+    except TypeError:  # an abstract type such as np.floating
+        return None
+
+
+def canonical(dtype: object, name: str = "dtype") -> str:
+    """Canonical dtype name for a string, a NumPy/CuPy dtype, a NumPy scalar type (``np.float16``, also
+    ``ml_dtypes.bfloat16``) or a torch dtype (``torch.float16`` -> ``"float16"``).
+
+    ``name`` is the argument named in the ``TypeError`` for anything else.
+    """
+    if isinstance(dtype, str):
+        key: str | None = dtype
+    elif isinstance(dtype, type):
+        key = _scalar_type_name(dtype)
+    else:
+        key = getattr(dtype, "name", None)
+        if key is None:
+            key = str(dtype)
+    if isinstance(key, str):
+        key = key.removeprefix("torch.")
+        key = _ALIASES.get(key, key)
+    if key not in DTYPES:
+        raise TypeError(f"{name} {dtype!r} is not a type cuDNN supports; expected one of {sorted(DTYPES)}")
+    return key
 
 
 def itemsize(dtype: str) -> int:

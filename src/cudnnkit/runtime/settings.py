@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, fields, replace
 
 __all__ = ["Settings", "settings", "current_settings"]
@@ -71,7 +71,6 @@ def current_settings() -> Settings:
     return _stack.current
 
 
-@contextmanager
 def settings(
     *,
     deterministic: bool | None = None,
@@ -80,10 +79,12 @@ def settings(
     autotune: str | None = None,
     heuristic_mode: str | None = None,
     prefer: str | None = None,
-) -> Iterator[Settings]:
+) -> AbstractContextManager[Settings]:
     """Context manager that changes the given fields for this thread and restores them on exit.
 
-    ``workspace_limit=None`` removes a limit; leaving it out keeps the current one.
+    ``workspace_limit=None`` removes a limit; leaving it out keeps the current one. The values are
+    checked when ``settings(...)`` is called (``TypeError``/``ValueError`` naming the field), not
+    only at ``with``; they apply on top of the settings in force where the ``with`` block starts.
     """
     changes = {
         k: v
@@ -98,8 +99,14 @@ def settings(
     }
     if workspace_limit is not ...:
         changes["workspace_limit"] = workspace_limit
+    replace(Settings(), **changes)  # validates each field now (the checks are per field)
+    return _scope(changes)
+
+
+@contextmanager
+def _scope(changes: dict) -> Iterator[Settings]:
     old = _stack.current
-    new = replace(old, **changes)  # validates
+    new = replace(old, **changes)
     _stack.current = new
     try:
         yield new

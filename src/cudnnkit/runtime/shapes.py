@@ -19,7 +19,7 @@ __all__ = ["expand", "conv_output_shape", "pool_output_shape", "conv_transpose_o
 
 def expand(value: int | Sequence[int], n: int, name: str, minimum: int = 0) -> tuple[int, ...]:
     """An int or a length-``n`` sequence as an ``n``-tuple of ints >= ``minimum``."""
-    if isinstance(value, bool):
+    if isinstance(value, (bool, str, bytes)):
         raise TypeError(f"{name} must be an int or a sequence of {n} ints, got {value!r}")
     if isinstance(value, int):
         out = (value,) * n
@@ -38,6 +38,32 @@ def expand(value: int | Sequence[int], n: int, name: str, minimum: int = 0) -> t
     return out
 
 
+_PADDING_WORDS = ("valid", "same")
+
+
+def _padding(
+    padding: int | Sequence[int] | str, nsp: int, s: tuple[int, ...], k: tuple[int, ...], what: str, note: str = ""
+) -> tuple[int, ...]:
+    """``padding`` per spatial dim: ints as :func:`expand` takes them, or torch's ``"valid"`` (no padding) or
+    ``"same"`` (output size = input size: needs stride 1, and pads ``(k - 1) // 2`` on each side, where ``k`` is
+    the dilated kernel/window size; cuDNN pads both sides alike, so an even ``k`` cannot be expressed)."""
+    if not isinstance(padding, str):
+        return expand(padding, nsp, "padding", 0)
+    if padding == "valid":
+        return (0,) * nsp
+    if padding != "same":
+        raise ValueError(f"padding must be an int, a sequence of {nsp} ints, 'valid' or 'same', got {padding!r}")
+    if any(v != 1 for v in s):
+        raise ValueError(f"padding='same' needs stride 1 (as in torch), got stride {s}{note}")
+    for i, ki in enumerate(k):
+        if (ki - 1) % 2:
+            raise ValueError(
+                f"padding='same' with {what} {ki} in spatial dim {i} needs {ki - 1} padding in all, which cuDNN's "
+                "symmetric padding cannot split evenly: pad explicitly (or pre-pad the input)"
+            )
+    return tuple((ki - 1) // 2 for ki in k)
+
+
 def _check_groups(groups: int) -> None:
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"groups must be a positive int, got {groups!r}")
@@ -48,7 +74,7 @@ def conv_output_shape(
     w_shape: Sequence[int],
     *,
     stride: int | Sequence[int] = 1,
-    padding: int | Sequence[int] = 0,
+    padding: int | Sequence[int] | str = 0,
     dilation: int | Sequence[int] = 1,
     groups: int = 1,
 ) -> tuple[int, ...]:
@@ -57,6 +83,8 @@ def conv_output_shape(
     ``x_shape`` is ``(N, C, *spatial)`` and ``w_shape`` is ``(K, C // groups, *kernel)``,
     both in logical NCHW order whatever the memory layout. Per spatial dim:
     ``out = (in + 2*pad - dilation*(k - 1) - 1) // stride + 1``, which must be >= 1.
+    ``padding`` is per-side and symmetric, or torch's ``"valid"`` (0) or ``"same"``
+    (stride 1 only; ``dilation*(k - 1)`` must be even, as cuDNN pads both sides alike).
     """
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if len(x_shape) < 3:
@@ -66,7 +94,6 @@ def conv_output_shape(
     nsp = len(x_shape) - 2
     _check_groups(groups)
     s = expand(stride, nsp, "stride", 1)
-    p = expand(padding, nsp, "padding", 0)
     d = expand(dilation, nsp, "dilation", 1)
     n, c = x_shape[:2]
     k, cg = w_shape[:2]
@@ -74,6 +101,7 @@ def conv_output_shape(
         raise ValueError(f"x dims must be positive, got {x_shape}")
     if any(v <= 0 for v in w_shape):
         raise ValueError(f"w dims must be positive, got {w_shape}")
+    p = _padding(padding, nsp, s, tuple(di * (ki - 1) + 1 for di, ki in zip(d, w_shape[2:])), "dilated kernel")
     if c != cg * groups:
         raise ValueError(f"x has {c} channels but w expects {cg} per group x {groups} groups = {cg * groups}")
     if k % groups:
@@ -132,13 +160,15 @@ def pool_output_shape(
     window: int | Sequence[int],
     *,
     stride: int | Sequence[int] | None = None,
-    padding: int | Sequence[int] = 0,
+    padding: int | Sequence[int] | str = 0,
 ) -> tuple[int, ...]:
     """Output shape ``(N, C, *spatial)`` of pooling (cuDNN rounds down).
 
     ``stride`` defaults to ``window``. Per spatial dim:
     ``out = (in + 2*pad - window) // stride + 1``, which must be >= 1; padding
-    must be smaller than the window.
+    must be smaller than the window. ``padding`` may also be ``"valid"`` (0) or
+    ``"same"`` (stride 1, an odd window: ``(window - 1) // 2`` per side), as for
+    :func:`conv_output_shape`.
     """
     x_shape = tuple(x_shape)
     if len(x_shape) < 3:
@@ -148,7 +178,7 @@ def pool_output_shape(
     nsp = len(x_shape) - 2
     w = expand(window, nsp, "window", 1)
     s = expand(w if stride is None else stride, nsp, "stride", 1)
-    p = expand(padding, nsp, "padding", 0)
+    p = _padding(padding, nsp, s, w, "window", " (the default: the window)" if stride is None else "")
     out = list(x_shape[:2])
     for i in range(nsp):
         if p[i] >= w[i]:

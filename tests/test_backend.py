@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 
 from cudnnkit import lib
 from cudnnkit.lib import backend
+from cudnnkit.lib._backend_table import ALSO_ACCEPTS, DEPRECATED, READ_ONLY, UNVERIFIED
 from cudnnkit.lib.backend import ATTRIBUTES, VARIABLE, BackendDescriptor
 
 
@@ -19,6 +22,80 @@ def test_table_entries_are_valid():
         assert desc in lib.cudnnBackendDescriptorType_t.__members__, name
         assert typ in lib.cudnnBackendAttributeType_t.__members__, name
         assert count == VARIABLE or count >= 1, name
+    for names in (DEPRECATED, READ_ONLY, UNVERIFIED, ALSO_ACCEPTS):
+        assert set(names) <= set(ATTRIBUTES), sorted(set(names) - set(ATTRIBUTES))
+    for name, types in ALSO_ACCEPTS.items():
+        assert types[0] == ATTRIBUTES[name][1] and len(set(types)) == len(types) > 1, name
+        assert set(types) <= set(lib.cudnnBackendAttributeType_t.__members__), name
+
+
+# one element per type: null pointers (libcudnn checks the type before it looks at them), 1 for numbers and
+# booleans, 0 (the first member) for enum values
+def _one_element(attr_type: str):
+    ct = backend.element_ctype(lib.cudnnBackendAttributeType_t[attr_type])
+    if ct is ctypes.c_void_p:
+        return ct()
+    if ct is ctypes.c_char:
+        return ct(b"x")
+    if ct is lib.cudnnFraction_t:
+        return ct(1, 1)
+    return ct(0) if ct is ctypes.c_int else ct(1)
+
+
+# attributes libcudnn refuses on a fresh descriptor, whatever the type, until another one is set
+_PREREQUISITE = {"CUDNN_ATTR_TENSOR_CONSTANT_VALUE": ("CUDNN_ATTR_TENSOR_IS_BY_VALUE", True)}
+
+
+def _set_one(desc_type: str, name: str, attr_type: str):
+    """cudnnBackendSetAttribute of one element on a fresh descriptor: None if taken, else (status, last error)."""
+    with BackendDescriptor(desc_type) as d:
+        if name in _PREREQUISITE:
+            d.set(*_PREREQUISITE[name])
+        elem = _one_element(attr_type)
+        try:
+            lib.cudnnBackendSetAttribute(
+                d,
+                lib.cudnnBackendAttributeName_t[name],
+                lib.cudnnBackendAttributeType_t[attr_type],
+                1,
+                ctypes.byref(elem),
+            )
+        except lib.CudnnError as e:
+            return e.status, e.last_error
+    return None
+
+
+def _usable(name: str, desc: str) -> bool:
+    return lib.available(name) and lib.available(desc)
+
+
+def test_loaded_library_takes_each_settable_attribute_with_the_table_type():
+    # The table's type gets past libcudnn's type check (accepted, or refused later for the null or placeholder
+    # value); another type is refused with libcudnn's wrong-type answer, which names the expected type and so
+    # is the same for every wrong type. A wrong owner or type in the table makes both answers equal.
+    wrong, checked = [], 0
+    for name, (desc, typ, _) in ATTRIBUTES.items():
+        if name in READ_ONLY or name in UNVERIFIED or not _usable(name, desc):
+            continue  # names newer than the loaded libcudnn are refused by lib.require, never passed on
+        other = "CUDNN_TYPE_INT64" if typ == "CUDNN_TYPE_BOOLEAN" else "CUDNN_TYPE_BOOLEAN"
+        assert other not in ALSO_ACCEPTS.get(name, ()), name
+        taken, refused = _set_one(desc, name, typ), _set_one(desc, name, other)
+        if refused is None or taken == refused:
+            wrong.append((name, typ, taken, refused))
+        checked += 1
+    assert not wrong, wrong
+    assert checked >= 250  # 9.19.0: 266 names, 9.28.1: 347
+
+
+def test_loaded_library_refuses_setting_read_only_attributes():
+    usable = [(n, ATTRIBUTES[n]) for n in sorted(READ_ONLY) if _usable(n, ATTRIBUTES[n][0])]
+    assert len(usable) >= 20
+    for name, (desc, typ, _) in usable:
+        if desc == "CUDNN_BACKEND_INTERMEDIATE_INFO_DESCRIPTOR":
+            with pytest.raises(lib.CudnnError):  # a placeholder: libcudnn 9.19 and 9.28 cannot create it
+                BackendDescriptor(desc)
+            continue
+        assert _set_one(desc, name, typ) is not None, name
 
 
 @pytest.mark.parametrize(

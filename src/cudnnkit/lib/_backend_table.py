@@ -1,22 +1,30 @@
 """Backend attribute table: the value type and element count of every CUDNN_ATTR_*.
 
 Reviewed by hand against the cuDNN 9 backend documentation (Backend Descriptor Types; only
-partly reachable from here) and the NVIDIA cudnn-frontend sources (the type and count each
-node passes to cudnnBackendSetAttribute/GetAttribute), then checked against libcudnn 9.19.0.
-Not generated. Covers every member of cudnnBackendAttributeName_t in cudnn_graph.h of
-cuDNN 9.19.0 (293 names), grouped by the descriptor each belongs to, in header order.
+partly reachable from here), the comments in cudnn_graph.h and the NVIDIA cudnn-frontend sources
+(the type and count each node passes to cudnnBackendSetAttribute/GetAttribute), then checked
+against libcudnn 9.19.0 and 9.28.1. Not generated. Covers every member of
+cudnnBackendAttributeName_t in cudnn_graph.h of cuDNN 9.28.1 (383 names: the 293 of 9.19.0 and
+90 added in 9.20 to 9.28), grouped by the descriptor each belongs to, in header order. A name
+newer than the loaded libcudnn stays in the table; using it raises FeatureVersionError (lib.require).
 
 Method of the library check: for each descriptor type, cudnnBackendSetAttribute was called
 on a fresh descriptor with every attribute name and every cudnnBackendAttributeType_t;
 libcudnn answers BAD_PARAM (or BAD_PARAM_ATTRIBUTE_TYPE) for a wrong type and accepts the
 right one, which pins both the owning descriptor and the value type.  Element counts were
-probed the same way (0, 1, 2, ... 16 elements).  Read-only attributes were checked with
-cudnnBackendGetAttribute on finalized descriptors (heuristics, engine config, engine, plan,
-knob info, kernel cache) built on a GPU.  281 of the 293 entries were confirmed that way;
-the rest carry a comment saying where their reading comes from (see UNVERIFIED).
+probed the same way (0, 1, 2, ... 16 elements).  Setting needs neither a GPU nor finalization:
+347 of the 383 entries were confirmed that way against libcudnn 9.28.1 on a machine without a
+GPU, and the probe over the whole table found no entry whose type or count 9.28.1 refuses.
+Read-only attributes were checked with cudnnBackendGetAttribute on finalized descriptors
+(heuristics, engine config, engine, plan, knob info, kernel cache) built on a GPU with 9.19.0
+(14 entries).  EXECUTION_PLAN_RUN_ONLY_INTERMEDIATE_UIDS keeps the documented array count
+although libcudnn takes only one element when setting it.  The other 21 entries carry a comment
+saying where their reading comes from (see UNVERIFIED).
 Where libcudnn accepts more than one value type, ATTRIBUTES names the one cudnn-frontend
 uses (INT64 for the resample arrays, where the frontend uses FRACTION) and ALSO_ACCEPTS
-lists every type the library took.
+lists every type the library took.  libcudnn does not check the length of several
+single-descriptor attributes (matmul, resample, signal and RNG operands, the MoE grouped matmul
+tensors, and since 9.28 the convolution operands); ATTRIBUTES gives the count the frontend passes.
 """
 
 from __future__ import annotations
@@ -107,6 +115,11 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
         "CUDNN_TYPE_BACKEND_DESCRIPTOR",
         1,
     ),  # a DEVICEPROP descriptor
+    "CUDNN_ATTR_ENGINEHEUR_SHARED_MEMORY_LIMIT": (
+        "CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR",
+        "CUDNN_TYPE_INT32",
+        1,
+    ),  # dynamic shared memory budget in bytes, passed on to the results
     # --- Engine config (CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)
     "CUDNN_ATTR_ENGINECFG_ENGINE": (
         "CUDNN_BACKEND_ENGINECFG_DESCRIPTOR",
@@ -170,7 +183,12 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
         "CUDNN_TYPE_BACKEND_DESCRIPTOR",
         1,
     ),  # a DEVICEPROP descriptor
-    # --- Intermediate info (CUDNN_BACKEND_INTERMEDIATE_INFO_DESCRIPTOR) -- placeholder, cuDNN 9.19 cannot even create it
+    "CUDNN_ATTR_EXECUTION_PLAN_CUDA_GRAPH_RETENTION": (
+        "CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR",
+        "CUDNN_TYPE_CUDA_GRAPH_RETENTION",
+        1,
+    ),  # set before finalize; read back: the mode in effect
+    # --- Intermediate info (CUDNN_BACKEND_INTERMEDIATE_INFO_DESCRIPTOR) -- placeholder, cuDNN 9.19/9.28 cannot create it
     "CUDNN_ATTR_INTERMEDIATE_INFO_UNIQUE_ID": (
         "CUDNN_BACKEND_INTERMEDIATE_INFO_DESCRIPTOR",
         "CUDNN_TYPE_INT64",
@@ -471,6 +489,16 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
         "CUDNN_TYPE_BACKEND_DESCRIPTOR",
         1,
     ),  # get-only query; the element passed is the other OPERATIONGRAPH descriptor (libcudnn 9.19 accepts only this type)
+    "CUDNN_ATTR_OPERATIONGRAPH_IS_OVERRIDE_SHAPE_ENABLED": (
+        "CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR",
+        "CUDNN_TYPE_BOOLEAN",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATIONGRAPH_MODE": (
+        "CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR",
+        "CUDNN_TYPE_OPERATIONGRAPH_MODE",
+        1,
+    ),  # optional; AUTO lets cuDNN choose
     # --- Tensor (CUDNN_BACKEND_TENSOR_DESCRIPTOR)
     "CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT": ("CUDNN_BACKEND_TENSOR_DESCRIPTOR", "CUDNN_TYPE_INT64", 1),
     "CUDNN_ATTR_TENSOR_DATA_TYPE": ("CUDNN_BACKEND_TENSOR_DESCRIPTOR", "CUDNN_TYPE_DATA_TYPE", 1),
@@ -486,11 +514,17 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
     "CUDNN_ATTR_TENSOR_IS_VIRTUAL": ("CUDNN_BACKEND_TENSOR_DESCRIPTOR", "CUDNN_TYPE_BOOLEAN", 1),
     "CUDNN_ATTR_TENSOR_IS_BY_VALUE": ("CUDNN_BACKEND_TENSOR_DESCRIPTOR", "CUDNN_TYPE_BOOLEAN", 1),
     "CUDNN_ATTR_TENSOR_REORDERING_MODE": ("CUDNN_BACKEND_TENSOR_DESCRIPTOR", "CUDNN_TYPE_TENSOR_REORDERING_MODE", 1),
+    "CUDNN_ATTR_TENSOR_CONSTANT_VALUE": (
+        "CUDNN_BACKEND_TENSOR_DESCRIPTOR",
+        "CUDNN_TYPE_VOID_PTR",
+        1,
+    ),  # one host pointer to the value; IS_BY_VALUE must be set to true first
     "CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC": (
         "CUDNN_BACKEND_TENSOR_DESCRIPTOR",
         "CUDNN_TYPE_BACKEND_DESCRIPTOR",
         1,
     ),  # a TENSOR descriptor
+    "CUDNN_ATTR_TENSOR_RAGGED_OFFSET_MULTIPLIER": ("CUDNN_BACKEND_TENSOR_DESCRIPTOR", "CUDNN_TYPE_INT64", 1),
     # --- Variant pack (CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)
     "CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS": (
         "CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR",
@@ -573,6 +607,11 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
         1,
     ),  # a DEVICEPROP descriptor
     "CUDNN_ATTR_ENGINE_DISABLE_CLUSTER_COOPERATIVE": ("CUDNN_BACKEND_ENGINE_DESCRIPTOR", "CUDNN_TYPE_BOOLEAN", 1),
+    "CUDNN_ATTR_ENGINE_SHARED_MEMORY_LIMIT": (
+        "CUDNN_BACKEND_ENGINE_DESCRIPTOR",
+        "CUDNN_TYPE_INT32",
+        1,
+    ),  # dynamic shared memory budget, in bytes
     # --- Matmul (CUDNN_BACKEND_MATMUL_DESCRIPTOR)
     "CUDNN_ATTR_MATMUL_COMP_TYPE": ("CUDNN_BACKEND_MATMUL_DESCRIPTOR", "CUDNN_TYPE_DATA_TYPE", 1),
     "CUDNN_ATTR_MATMUL_PADDING_VALUE": (
@@ -641,6 +680,49 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
         "CUDNN_TYPE_BACKEND_DESCRIPTOR",
         1,
     ),  # a REDUCTION descriptor
+    "CUDNN_ATTR_OPERATION_REDUCTION_GROUP_OFFSET_DESC": (
+        "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),  # optional: grouped reduction
+    # user-defined reducer subgraph (header block after BN backward weights). Unverified: libcudnn 9.28.1
+    # answers NOT_SUPPORTED for every type (its build has no custom reductions) and cudnn-frontend does not
+    # set them; type and count read from the comments in cudnn_graph.h 9.28.1
+    "CUDNN_ATTR_OPERATION_REDUCTION_DIMS": (
+        "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        VARIABLE,
+    ),  # unverified: dims to reduce, ascending
+    "CUDNN_ATTR_OPERATION_REDUCTION_INIT_VALUES": (
+        "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR",
+        "CUDNN_TYPE_VOID_PTR",
+        VARIABLE,
+    ),  # unverified: one pointer per output; set YDESC first
+    "CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH": (
+        "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),  # unverified: a finalized OPERATIONGRAPH (reducer body)
+    "CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_ACCUMULATOR_UIDS": (
+        "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        VARIABLE,
+    ),  # unverified: one uid per output
+    "CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_CURRENT_UIDS": (
+        "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        VARIABLE,
+    ),  # unverified: one uid per output
+    "CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_OUTPUT_UIDS": (
+        "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        VARIABLE,
+    ),  # unverified: one uid per output
+    "CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_COMPUTE_TYPES": (
+        "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR",
+        "CUDNN_TYPE_DATA_TYPE",
+        VARIABLE,
+    ),  # unverified: optional, one per output
     # --- BN backward weights op (CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR)
     "CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MATH_PREC": (
         "CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR",
@@ -994,6 +1076,101 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
         "CUDNN_TYPE_BACKEND_DESCRIPTOR",
         1,
     ),
+    "CUDNN_ATTR_OPERATION_RESHAPE_MODE": ("CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR", "CUDNN_TYPE_RESHAPE_MODE", 1),
+    # --- Transpose op (CUDNN_BACKEND_OPERATION_TRANSPOSE_DESCRIPTOR)
+    "CUDNN_ATTR_OPERATION_TRANSPOSE_XDESC": (
+        "CUDNN_BACKEND_OPERATION_TRANSPOSE_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_TRANSPOSE_YDESC": (
+        "CUDNN_BACKEND_OPERATION_TRANSPOSE_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_TRANSPOSE_PERMUTATION": (
+        "CUDNN_BACKEND_OPERATION_TRANSPOSE_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        VARIABLE,
+    ),  # one per dimension
+    # --- Slice op (CUDNN_BACKEND_OPERATION_SLICE_DESCRIPTOR)
+    "CUDNN_ATTR_OPERATION_SLICE_XDESC": (
+        "CUDNN_BACKEND_OPERATION_SLICE_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SLICE_YDESC": (
+        "CUDNN_BACKEND_OPERATION_SLICE_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SLICE_START_INDICES": (
+        "CUDNN_BACKEND_OPERATION_SLICE_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        VARIABLE,
+    ),  # one per dimension
+    "CUDNN_ATTR_OPERATION_SLICE_LIMIT_INDICES": (
+        "CUDNN_BACKEND_OPERATION_SLICE_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        VARIABLE,
+    ),  # one per dimension
+    "CUDNN_ATTR_OPERATION_SLICE_STRIDES": (
+        "CUDNN_BACKEND_OPERATION_SLICE_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        VARIABLE,
+    ),  # one per dimension
+    # --- RoPE forward op (CUDNN_BACKEND_OPERATION_ROPE_FWD_DESCRIPTOR)
+    "CUDNN_ATTR_OPERATION_ROPE_FWD_XDESC": (
+        "CUDNN_BACKEND_OPERATION_ROPE_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_ROPE_FWD_YDESC": (
+        "CUDNN_BACKEND_OPERATION_ROPE_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_ROPE_FWD_FREQSDESC": (
+        "CUDNN_BACKEND_OPERATION_ROPE_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_ROPE_FWD_OUTPUT_SCALE": (
+        "CUDNN_BACKEND_OPERATION_ROPE_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_FLOAT",
+        1,
+    ),  # host scalar, default 1.0
+    "CUDNN_ATTR_OPERATION_ROPE_FWD_ROPE_DIM": (
+        "CUDNN_BACKEND_OPERATION_ROPE_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        1,
+    ),  # rotated width; 0: the whole head dim
+    # --- RoPE backward op (CUDNN_BACKEND_OPERATION_ROPE_BWD_DESCRIPTOR)
+    "CUDNN_ATTR_OPERATION_ROPE_BWD_DYDESC": (
+        "CUDNN_BACKEND_OPERATION_ROPE_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_ROPE_BWD_DXDESC": (
+        "CUDNN_BACKEND_OPERATION_ROPE_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_ROPE_BWD_FREQSDESC": (
+        "CUDNN_BACKEND_OPERATION_ROPE_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_ROPE_BWD_OUTPUT_SCALE": (
+        "CUDNN_BACKEND_OPERATION_ROPE_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_FLOAT",
+        1,
+    ),  # host scalar, default 1.0
+    "CUDNN_ATTR_OPERATION_ROPE_BWD_ROPE_DIM": (
+        "CUDNN_BACKEND_OPERATION_ROPE_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        1,
+    ),  # rotated width; 0: the whole head dim
     # --- Expand band matrix op (CUDNN_BACKEND_OPERATION_EXPAND_BAND_MATRIX_DESCRIPTOR)
     "CUDNN_ATTR_OPERATION_EXPAND_BAND_MATRIX_XDESC": (
         "CUDNN_BACKEND_OPERATION_EXPAND_BAND_MATRIX_DESCRIPTOR",
@@ -1111,6 +1288,16 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
         "CUDNN_TYPE_CHAR",
         VARIABLE,
     ),  # unverified: serialized cache (set and get); libcudnn does not check the type here, CHAR per frontend
+    "CUDNN_ATTR_KERNEL_CACHE_REVISION": (
+        "CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        1,
+    ),  # read-only, finalized cache; unverified: INT64 per cudnn-frontend kernel_cache.h
+    "CUDNN_ATTR_KERNEL_CACHE_ENTRY_COUNT": (
+        "CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        1,
+    ),  # read-only, finalized cache; unverified: INT64 per cudnn-frontend kernel_cache.h
     # --- Block-scale quantize op (CUDNN_BACKEND_OPERATION_BLOCK_SCALE_QUANTIZE_DESCRIPTOR)
     "CUDNN_ATTR_OPERATION_BLOCK_SCALE_QUANTIZE_XDESC": (
         "CUDNN_BACKEND_OPERATION_BLOCK_SCALE_QUANTIZE_DESCRIPTOR",
@@ -1232,6 +1419,101 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
         "CUDNN_TYPE_BACKEND_DESCRIPTOR",
         1,
     ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),  # a finalized OPERATIONGRAPH (score modifier)
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH_INPUT_UID": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH_OUTPUT_UID": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_SOFTMAX_DESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),  # an OPERATION_SOFTMAX descriptor
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_DROPOUT_SEED_DESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_DROPOUT_OFFSET_DESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_DROPOUT_RNG_DUMP_DESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_DROPOUT_PROBABILITY": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_FLOAT",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_UNFUSE_FMA": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BOOLEAN",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_CU_SEQ_LEN_QDESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_CU_SEQ_LEN_KVDESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_DESCALE_QDESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_DESCALE_KDESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_DESCALE_VDESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_DESCALE_SDESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_SCALE_SDESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_SCALE_ODESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_AMAX_SDESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_FWD_AMAX_ODESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
     # --- SDPA backward op (CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR)
     "CUDNN_ATTR_OPERATION_SDPA_BWD_QDESC": (
         "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
@@ -1293,6 +1575,71 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
         "CUDNN_TYPE_BACKEND_DESCRIPTOR",
         1,
     ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_SINK_DESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_DSINK_DESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_MAX_TOTAL_SEQ_LEN_Q": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_MAX_TOTAL_SEQ_LEN_KV": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_SUBGRAPH": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),  # a finalized OPERATIONGRAPH (score modifier)
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_SUBGRAPH_INPUT_UID": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_SUBGRAPH_OUTPUT_UID": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_INT64",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_CU_SEQ_LEN_QDESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_CU_SEQ_LEN_KVDESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_DROPOUT_SEED_DESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_DROPOUT_OFFSET_DESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_DROPOUT_PROBABILITY": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_FLOAT",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SDPA_BWD_DBIAS_DESC": (
+        "CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),  # needs a score-modifier SUBGRAPH
     # --- MoE grouped matmul op (CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_DESCRIPTOR)
     "CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_MODE": (
         "CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_DESCRIPTOR",
@@ -1339,6 +1686,119 @@ ATTRIBUTES: dict[str, tuple[str, str, int]] = {
         "CUDNN_TYPE_INT32",
         1,
     ),
+    # --- MoE grouped matmul backward op (CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_BWD_DESCRIPTOR)
+    "CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_BWD_MATH_PREC": (
+        "CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_DATA_TYPE",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_BWD_TOKEN_DESC": (
+        "CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),  # frontend passes 1; libcudnn 9.28 does not reject a longer array
+    "CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_BWD_DWEIGHT_DESC": (
+        "CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),  # frontend passes 1; libcudnn 9.28 does not reject a longer array
+    "CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_BWD_FIRST_TOKEN_OFFSET_DESC": (
+        "CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),  # frontend passes 1; libcudnn 9.28 does not reject a longer array
+    "CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_BWD_DOUTPUT_DESC": (
+        "CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_BWD_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),  # frontend passes 1; libcudnn 9.28 does not reject a longer array
+    # --- Diagonal band mask op (CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR)
+    "CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_XDESC": (
+        "CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SEQ_LEN_KVDESC": (
+        "CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SEQ_LEN_QDESC": (
+        "CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_LEFT_BOUND_DESC": (
+        "CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SHIFT_RIGHT_BOUND_DESC": (
+        "CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_BDESC": (
+        "CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_YDESC": (
+        "CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_COMPARISON_MODE": (
+        "CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR",
+        "CUDNN_TYPE_POINTWISE_MODE",
+        1,
+    ),  # a comparison mode, e.g. CUDNN_POINTWISE_CMP_GE
+    "CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_CU_SEQ_LEN_KVDESC": (
+        "CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_CU_SEQ_LEN_QDESC": (
+        "CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    # --- Softmax op (CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR)
+    "CUDNN_ATTR_OPERATION_SOFTMAX_XDESC": (
+        "CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SOFTMAX_YDESC": (
+        "CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SOFTMAX_STATS_DESC": (
+        "CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SOFTMAX_MAX_DESC": (
+        "CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SOFTMAX_SUM_EXP_DESC": (
+        "CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SOFTMAX_SINK_DESC": (
+        "CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR",
+        "CUDNN_TYPE_BACKEND_DESCRIPTOR",
+        1,
+    ),
+    "CUDNN_ATTR_OPERATION_SOFTMAX_STATS_LOG2": (
+        "CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR",
+        "CUDNN_TYPE_BOOLEAN",
+        1,
+    ),  # statistics times log2(e)
 }
 
 # attributes the header marks deprecated (or the docs say are deprecated/unused)
@@ -1353,7 +1813,7 @@ DEPRECATED: frozenset[str] = frozenset(
         "CUDNN_ATTR_OPERATION_RESAMPLE_FWD_BETA",
         "CUDNN_ATTR_OPERATION_RESAMPLE_BWD_ALPHA",
         "CUDNN_ATTR_OPERATION_RESAMPLE_BWD_BETA",
-        # unused placeholders for intermediates (not deprecated in the header): libcudnn 9.19 answers
+        # unused placeholders for intermediates (not deprecated in the header): libcudnn 9.19 and 9.28.1 answer
         # NOT_SUPPORTED (or cannot create the INTERMEDIATE_INFO descriptor at all)
         "CUDNN_ATTR_ENGINECFG_INTERMEDIATE_INFO",
         "CUDNN_ATTR_EXECUTION_PLAN_COMPUTED_INTERMEDIATE_UIDS",
@@ -1365,7 +1825,7 @@ DEPRECATED: frozenset[str] = frozenset(
     }
 )
 
-# every value type libcudnn 9.19 accepted for attributes that take more than one;
+# every value type libcudnn 9.19 and 9.28.1 accepted for attributes that take more than one;
 # the first entry is the type listed in ATTRIBUTES
 ALSO_ACCEPTS: dict[str, tuple[str, ...]] = {
     "CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP": ("CUDNN_TYPE_DOUBLE", "CUDNN_TYPE_FLOAT"),
@@ -1424,10 +1884,12 @@ READ_ONLY: frozenset[str] = frozenset(
         "CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT",
         "CUDNN_ATTR_OPERATIONGRAPH_IS_SAME_TOPOLOGY",
         "CUDNN_ATTR_KERNEL_CACHE_IS_ENGINECFG_KERNEL_CACHED",
+        "CUDNN_ATTR_KERNEL_CACHE_REVISION",
+        "CUDNN_ATTR_KERNEL_CACHE_ENTRY_COUNT",
     }
 )
 
-# entries whose type could not be confirmed against libcudnn 9.19 (see their comments)
+# entries whose type or count could not be confirmed against libcudnn (see their comments)
 UNVERIFIED: frozenset[str] = frozenset(
     {
         "CUDNN_ATTR_ENGINECFG_INTERMEDIATE_INFO",
@@ -1442,5 +1904,18 @@ UNVERIFIED: frozenset[str] = frozenset(
         "CUDNN_ATTR_LAYOUT_INFO_TYPES",
         "CUDNN_ATTR_KERNEL_CACHE_JSON_REPRESENTATION",
         "CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION",
+        # cuDNN 9.27 reducer subgraph: libcudnn 9.28.1 answers NOT_SUPPORTED to every type (no custom reductions
+        # in its build) and cudnn-frontend does not set them; readings from the comments in cudnn_graph.h 9.28.1
+        "CUDNN_ATTR_OPERATION_REDUCTION_DIMS",
+        "CUDNN_ATTR_OPERATION_REDUCTION_INIT_VALUES",
+        "CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH",
+        "CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_ACCUMULATOR_UIDS",
+        "CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_CURRENT_UIDS",
+        "CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_OUTPUT_UIDS",
+        "CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_COMPUTE_TYPES",
+        # read-only, need a finalized kernel cache (impossible without a CUDA driver on 9.28): INT64, 1 element per
+        # KernelCache::revision()/size() in cudnn-frontend include/cudnn_frontend/backend/kernel_cache.h
+        "CUDNN_ATTR_KERNEL_CACHE_REVISION",
+        "CUDNN_ATTR_KERNEL_CACHE_ENTRY_COUNT",
     }
 )

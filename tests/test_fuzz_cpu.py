@@ -1,0 +1,272 @@
+"""The fuzzer's CPU tier (issue 10): every op's validation, fuzzed with fake device arrays, and the worker machinery.
+
+Each op of ``tests/fuzz/specs.py`` gets Hypothesis-drawn cases (a valid call with one aspect mutated, some valid,
+some with two or three mutations) run on the CPU fakes (:class:`tests.fuzz.materialize.FakeBackend`): a mutated
+call must be refused with a clear exception naming the argument before any device work, and a valid one must get
+as far as the device (where the fakes' gate stops it). ``CUDNNKIT_FUZZ_EXAMPLES`` sets the examples per op (default
+100, about 20 s for every op); ``CUDNNKIT_FUZZ_SEED`` draws other cases (the default run is derandomized).
+A failure lists each class of unclear outcome once, with a repro.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import cudnnkit.ops
+from tests.fuzz import outcome
+from tests.fuzz.emulate import EMULATORS, HostBackend, Skip
+from tests.fuzz.materialize import FakeBackend
+from tests.fuzz.model import Case
+from tests.fuzz.runner import DIAGNOSTICS, Ctx, Summary, execute, run_cases
+from tests.fuzz.specs import GRAPH_ENTRY_POINTS, SPECS
+from tests.fuzz.strategies import (
+    HypothesisDraw,
+    RandomDraw,
+    bad_pointers,
+    bad_streams,
+    dtypes,
+    generate,
+    layouts,
+    make_case,
+    non_arrays,
+    shapes,
+)
+
+EXAMPLES = int(os.environ.get("CUDNNKIT_FUZZ_EXAMPLES", "100"))
+SEED = os.environ.get("CUDNNKIT_FUZZ_SEED")
+
+
+# ----------------------------------------------------------------- the table covers the public API
+
+
+def test_every_public_op_has_a_description():
+    """A new op in cudnnkit.ops fails here until tests/fuzz/specs.py describes it (so the fuzzer covers it)."""
+    missing = sorted(set(cudnnkit.ops.__all__) - set(SPECS))
+    assert not missing, f"cudnnkit.ops names without a fuzz description in tests/fuzz/specs.py: {missing}"
+    missing = sorted(set(GRAPH_ENTRY_POINTS) - set(SPECS))
+    assert not missing, f"graph entry points without a fuzz description: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_descriptions_draw_calls_of_their_op(name):
+    """Every description draws cases (valid and mutated), deterministically for a seed."""
+    a = generate(30, 7, ("fakeA",), False, [name])
+    b = generate(30, 7, ("fakeA",), False, [name])
+    assert [c.repro() for c in a] == [c.repro() for c in b]
+    assert any(c.valid for c in a) and any(not c.valid for c in a)
+    for c in a:
+        for m in c.mutations:
+            assert m.expect in ("refuse", "any", "refuse_gpu"), m
+
+
+# ----------------------------------------------------------------- the strategies
+
+
+@settings(max_examples=50, deadline=None, database=None)
+@given(shapes(), dtypes(), non_arrays(), bad_streams(), bad_pointers())
+def test_strategies_draw(shape, dtype, nonarray, stream, pointer):
+    assert isinstance(shape, tuple) and all(isinstance(d, int) and d >= 0 for d in shape)
+
+
+@settings(max_examples=50, deadline=None, database=None)
+@given(st.data())
+def test_layouts_address_every_element_inside_their_allocation(data):
+    from tests.fuzz.model import layout_strides
+
+    shape = data.draw(shapes(1, 5, 1, 5))
+    lay = data.draw(layouts(shape, neg=True))
+    strides, n, off = layout_strides(shape, lay)
+    lo = off + sum((d - 1) * s for d, s in zip(shape, strides) if s < 0)
+    hi = off + sum((d - 1) * s for d, s in zip(shape, strides) if s > 0)
+    assert 0 <= lo <= hi < n
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(st.data())
+def test_gpu_arrays_are_made_with_the_logical_values(data):
+    """The GPU backend's arrays (a 1-d allocation holding the values at the layout's positions, viewed with the
+    layout's strides) hold the logical values: checked with torch CPU tensors, which view memory the same way."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from tests.fuzz.materialize import buffer_of, logical
+    from tests.fuzz.model import A
+
+    shape = data.draw(shapes(1, 4, 1, 5))
+    lay = data.draw(layouts(shape))
+    dtype = data.draw(st.sampled_from(["float32", "float64", "float16", "int32"]))
+    a = A(shape, dtype, fill="int:-50:50" if dtype == "int32" else "normal", layout=lay, seed=data.draw(st.integers()))
+    v = logical(a, np.random.default_rng(a.seed % 2**32))
+    buf, strides, off = buffer_of(a, v)
+    view = torch.from_numpy(buf).as_strided(shape, strides, off)
+    np.testing.assert_array_equal(view.numpy().astype(np.float64), v)
+
+
+# ----------------------------------------------------------------- the CPU tier: validation of every op
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    b = FakeBackend()
+    with b.installed():
+        yield b
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_fuzz_validation(name, fakes):
+    """Mutated calls of ``name`` are refused clearly, naming the argument, before any device work; valid ones
+    reach the device (the fakes' gate); nothing raises a bare cuDNN status or an internal exception."""
+    records = []
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=SEED is None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def run(data):
+        case = make_case(HypothesisDraw(data.draw), SPECS[name], "fakeA", False, "fakeB")
+        case.index = len(records)
+        records.append(execute(case, fakes))
+
+    run()
+    summary = Summary("fake", records, 0.0)
+    if summary.failures:
+        pytest.fail(summary.report(), pytrace=False)
+
+
+# ----------------------------------------------------------------- the references the GPU tier checks against
+
+
+def _perturbed(res):
+    """``res`` (an array, a tuple or dict of them) with its first non-empty array shifted by a tenth of its largest value."""
+    import numpy as np
+
+    if isinstance(res, dict):
+        for k, v in res.items():
+            p = _perturbed(v)
+            if p is not None:
+                return {**res, k: p}
+        return None
+    if isinstance(res, tuple):
+        for i, v in enumerate(res):
+            p = _perturbed(v)
+            if p is not None:
+                return res[:i] + (p,) + res[i + 1 :]
+        return None
+    a = np.asarray(res, np.float64)
+    if a.size == 0 or not np.isfinite(a).any() or not np.abs(a).max():
+        return None
+    return a + 0.1 * np.abs(a).max()
+
+
+@pytest.mark.parametrize("name", sorted(EMULATORS))
+def test_references_agree_with_an_independent_cpu_implementation(name):
+    """Each reference the GPU tier compares cuDNN with (``check`` of tests/fuzz/specs.py) accepts the result of
+    an independent CPU implementation (torch in float64) on valid cases, and rejects it perturbed."""
+    pytest.importorskip("torch")
+    spec = SPECS[name]
+    checked = 0
+    for i in range(20):
+        case = make_case(RandomDraw(1000 + i), spec, "host", True, None, valid=1.0)
+        ctx = Ctx(case, spec, HostBackend())
+        try:
+            ctx.prepare()
+            res = EMULATORS[name](ctx)
+        except Skip:
+            continue
+        problems = spec.check(ctx, res)
+        assert not problems, f"{case.repro()}: {problems}"
+        bad = _perturbed(res)
+        if bad is not None:
+            if spec.name in ("set_tensor", "scale_tensor", "add_tensor"):
+                target = ctx.arg("c" if spec.name == "add_tensor" else "y")
+                target[...] = bad
+                bad = target
+            assert spec.check(ctx, bad), f"the check accepted a perturbed result: {case.repro()}"
+        checked += 1
+    assert checked >= 8
+
+
+# ----------------------------------------------------------------- the outcome rules
+
+
+def test_outcome_rules():
+    from cudnnkit import lib
+    from tests.fuzz.model import Mutation
+
+    bad = Case("softmax_forward", {}, (), mutations=(Mutation("value", "alpha", "alpha='x'", "refuse"),))
+    valid = Case("softmax_forward", {}, ())
+
+    def raise_from_here(exc):
+        try:
+            raise exc
+        except Exception as e:
+            return e
+
+    def kind(case, exc):
+        return outcome.classify(case, exc, gpu=True, call_names=("x", "alpha")).kind
+
+    status = lib.BadParamError(2000, "cudnnSetTensorNdDescriptor")
+    assert kind(bad, status) == outcome.UNCLEAR  # a bare cuDNN status, though also a ValueError
+    assert kind(bad, KeyError("typestr")) == outcome.UNCLEAR
+    assert kind(bad, None) == outcome.UNCLEAR  # accepted although invalid
+    assert kind(valid, None) == outcome.CORRECT
+    assert kind(bad, raise_from_here(TypeError("alpha must be real"))) == outcome.UNCLEAR  # raised in the tests
+    try:
+        cudnnkit.ops.softmax_forward(object())
+    except TypeError as e:
+        assert outcome.classify(bad, e, gpu=True, call_names=()).reason == "message does not name the argument"
+        named = Case("softmax_forward", {}, (), mutations=(Mutation("nonarray", "x", "x is an object", "refuse"),))
+        assert kind(named, e) == outcome.CLEAR
+        assert kind(valid, e) == outcome.UNCLEAR  # a valid call refused
+
+
+# ----------------------------------------------------------------- the worker machinery
+
+
+def _diag(op: str, i: int) -> Case:
+    assert op in DIAGNOSTICS
+    return Case(op, {}, (), lib="fakeA", index=i)
+
+
+def test_worker_survives_crashes_and_runs_the_next_case():
+    """A case that segfaults the worker (``ctypes.string_at(0)``), one after which the sanity op fails (a poisoned
+    context) and one that hangs are each recorded as a crash; a fresh worker runs the next case."""
+    ops = ["__pid__", "__segfault__", "__pid__", "__poison__", "__ok__", "__hang__", "__ok__"]
+    s = run_cases([_diag(op, i) for i, op in enumerate(ops)], {"backend": "fake"}, timeout=3)
+    C, X = outcome.CORRECT, outcome.CRASH
+    assert [r.kind for r in s.records] == [C, X, C, X, C, X, C], s.report()
+    assert "SIGSEGV" in s.records[1].reason, s.records[1].reason
+    assert s.records[0].detail != s.records[2].detail  # the pid: another process ran the case after the crash
+    assert "poisoned" in s.records[3].reason and s.records[5].reason.startswith("hang")
+    assert s.restarts == 3
+    assert s.line().startswith("fuzz: 7 cases, 3 crashes, 0 wrong results, 0 unclear errors (0 clear refusals, 4 ")
+
+
+def test_scripts_fuzz_on_the_cpu_fakes_matches_running_in_process(tmp_path):
+    """``scripts/fuzz --backend fake`` (the worker loop on the CPU fakes) gives the outcomes of running the same
+    cases in this process, and its JSON file holds the summary and every failing case with a repro."""
+    import json
+
+    from tests.fuzz.runner import main
+
+    path = tmp_path / "fuzz.json"
+    rc = main(["--backend", "fake", "--cases", "80", "--seed", "3", "--json", str(path), "--quiet"])
+    doc = json.loads(path.read_text())
+    cases = generate(80, 3, ("fakeA",), False)
+    for c in cases:
+        c.other = "fakeB"
+    inproc = run_cases(cases, {"backend": "fake"}, in_process=True)
+    assert doc["summary"]["line"].startswith("fuzz: 80 cases")
+    assert doc["summary"]["clear_refusals"] == inproc.count(outcome.CLEAR)
+    assert [(f["index"], f["reason"]) for f in doc["failures"]] == [(r.index, r.reason) for r in inproc.failures]
+    assert rc == (1 if doc["failures"] else 0)
+    assert all(f["repro"].startswith(f"#{f['index']} {f['op']}(") for f in doc["failures"])

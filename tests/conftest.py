@@ -51,6 +51,11 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             "CUDNNKIT_REQUIRE_GPU=1 but the GPU tier cannot run for both CuPy and torch: " + "; ".join(_problems)
         )
+    if os.environ.get("CUDNNKIT_SOAK") != "1":
+        soak = pytest.mark.skip(reason="soak test: runs on request (CUDNNKIT_SOAK=1 scripts/gpu-tests -m soak)")
+        for item in items:
+            if "soak" in item.keywords:
+                item.add_marker(soak)
     reason = gpu_skip_reason()
     if reason is None:
         return

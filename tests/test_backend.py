@@ -79,12 +79,14 @@ def test_loaded_library_takes_each_settable_attribute_with_the_table_type():
             continue  # names newer than the loaded libcudnn are refused by lib.require, never passed on
         other = "CUDNN_TYPE_INT64" if typ == "CUDNN_TYPE_BOOLEAN" else "CUDNN_TYPE_BOOLEAN"
         assert other not in ALSO_ACCEPTS.get(name, ()), name
+        if typ == "CUDNN_TYPE_BACKEND_DESCRIPTOR" and lib.version_tuple() < (9, 19, 0):
+            continue  # before 9.19 libcudnn gives one generic text for a NULL descriptor of either type
         taken, refused = _set_one(desc, name, typ), _set_one(desc, name, other)
         if refused is None or taken == refused:
             wrong.append((name, typ, taken, refused))
         checked += 1
     assert not wrong, wrong
-    assert checked >= 250  # 9.19.0: 266 names, 9.28.1: 347
+    assert checked >= (250 if lib.version_tuple() >= (9, 19, 0) else 100)  # 9.12.0: 102 names, 9.19.0: 266, 9.28.1: 347
 
 
 def test_loaded_library_refuses_setting_read_only_attributes():

@@ -72,9 +72,11 @@ def test_pointwise_parameters_reach_cudnn():
     g.lower()
     g2 = Graph()
     x2 = g2.tensor((4, 8))
-    g2.mark_output(g2.pointwise("GEN_INDEX", x2, axis=-1))  # cuDNN checks the axis when finalizing
-    with pytest.raises(lib.BadParamError, match="axis < 0"):
-        g2.lower()
+    g2.mark_output(g2.pointwise("GEN_INDEX", x2, axis=-1))  # counted from the end, as in NumPy
+    assert dict(g2._nodes[0].attrs)["axis"] == 1
+    g2.lower()
+    with pytest.raises(GraphError, match="axis 2 is out of range for x of rank 2"):
+        g2.pointwise("GEN_INDEX", x2, axis=2)  # refused when defined, before cuDNN sees it
 
 
 def test_matmul_reduction_and_conv_backward_lower():

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from cudnnkit import lib
-from cudnnkit.graph import Graph, GraphError
+from cudnnkit.graph import Graph, GraphError, UnsupportedGraphError
 from cudnnkit.lib.backend import BackendDescriptor
 
 NHWC = (648, 1, 72, 8)  # (2, 8, 9, 9) channels-last
@@ -338,6 +338,10 @@ def test_sdpa_forward_layouts_gqa_and_options():
 
 def test_sdpa_forward_unified_read_back():
     g, q, k, v, r = sdpa_fwd(impl="unified")
+    if not lib.available("CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR"):  # the unified op is new in 9.13
+        with pytest.raises(lib.FeatureVersionError, match="SDPA_FWD_DESCRIPTOR needs cuDNN 9.13"):
+            g.lower()
+        return
     low = g.lower()
     assert kinds(g) == ["sdpa_fwd"]
     op = low.ops[0]
@@ -399,9 +403,13 @@ def test_sdpa_backward_gqa_sums_heads_and_dropout():
 def test_sdpa_backward_unified_is_refused_by_cudnn_9_19_op_graph():
     g, _, r = sdpa_bwd(impl="unified")
     assert kinds(g) == ["sdpa_bwd"]
-    if lib.version() < 92100:
-        with pytest.raises(lib.BadParamError, match="buildDAG"):
+    if not lib.available("CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR"):  # new in 9.17
+        with pytest.raises(lib.FeatureVersionError, match="SDPA_BWD_DESCRIPTOR needs cuDNN 9.17"):
             g.lower()
+    elif lib.version() < 92100:
+        with pytest.raises(UnsupportedGraphError, match="operation graph.*BAD_PARAM.*buildDAG") as e:
+            g.lower()
+        assert isinstance(e.value.__cause__, lib.BadParamError)  # cuDNN's own error kept as the cause
     else:  # pragma: no cover - newer cuDNN
         g.lower()
 
@@ -674,3 +682,25 @@ def test_sdpa_stride_and_backward_argument_errors():
         )
     with pytest.raises(GraphError, match=r"do must have dims \(2, 4, 16, 8\)"):
         g.sdpa_backward(q, k, v, g.tensor((2, 4, 16, 8)), g.tensor((2, 4, 8, 8)), g.tensor((2, 4, 16, 1)))
+
+
+@pytest.mark.parametrize("mode", ["avg_include_padding", "avg_exclude_padding"])
+def test_W_bfloat16_average_pooling_is_refused(mode):
+    """Issue 10: cuDNN 9.19 computes bfloat16 average pooling wrong on Hopper with both engines (measured)."""
+    g = Graph()
+    x = g.tensor((1, 16, 8, 8), (1024, 1, 128, 16), "bfloat16", name="x")
+    with pytest.raises(GraphError, match="x is bfloat16: cuDNN 9.19 computes bfloat16 average pooling wrong"):
+        g.resample_forward(x, mode=mode, window=2)
+    dy = g.tensor((1, 16, 4, 4), (256, 1, 64, 16), "bfloat16", name="dy")
+    with pytest.raises(GraphError, match="dy is bfloat16"):
+        g.resample_backward(dy, x_dims=(1, 16, 8, 8), mode=mode, window=2)
+    h = g.tensor((1, 16, 8, 8), (1024, 1, 128, 16), "float16", name="h")
+    g.mark_output(g.resample_forward(h, mode=mode, window=2))  # float16 is exact: taken
+    assert g.known_bad_engines() == ()
+
+
+def test_W_bfloat16_max_pooling_denies_eng3_at_build():
+    g = Graph()
+    x = g.tensor((1, 16, 8, 8), (1024, 1, 128, 16), "bfloat16", name="x")
+    g.mark_output(g.resample_forward(x, mode="max", window=2))
+    assert g.known_bad_engines() == ("eng3",)

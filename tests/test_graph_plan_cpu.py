@@ -343,7 +343,10 @@ class _FakeAdapter:
         return self.current
 
 
-def test_bound_plan_refuses_another_stream_than_its_buffers():
+def test_bound_plan_refuses_another_stream_than_its_buffers(monkeypatch):
+    monkeypatch.setattr(
+        plan_mod.runtime, "validate_stream", lambda s, ad, dev, name="stream", **kw: s
+    )  # no driver here
     bound = plan_mod.BoundPlan(_FakePlan(), _FakePack(), [], None, 0x10, False, home=0x10)
     with pytest.raises(ValueError, match=r"bound for stream 0x10 .* cannot run on stream 0x20"):
         bound(stream=0x20)
@@ -377,7 +380,7 @@ def test_autotune_skips_candidates_needing_more_than_the_given_workspace(monkeyp
         def __init__(self, name, ws):
             self.name, self.workspace_size, self.timings = name, ws, []
 
-        def bind(self, bindings, *, workspace=None, stream=None):
+        def bind(self, bindings, *, workspace=None, stream=None, unchecked=False):
             assert self.workspace_size <= 256, "a candidate needing more than workspace= was bound"
             return lambda: runs.append(self.name)  # a raw-pointer binding: no adapter of its own
 
@@ -392,14 +395,17 @@ def test_autotune_skips_candidates_needing_more_than_the_given_workspace(monkeyp
     monkeypatch.setattr(plan_mod, "_device_env", env)
     monkeypatch.setattr(plan_mod, "_iter_plans", lambda c, att: iter([Cand("eng1", 1024), Cand("eng2", 128)]))
     ws = FakeCAI((256,), "|u1", ptr=BASE)
+    raw = {x: BASE, w: BASE + 4096, s: 1.0, y: BASE + 8192}  # checked before any candidate: all bound
     try:
-        plan = plan_mod.autotune(g, {x: BASE}, workspace=ws, warmup=1, repeat=2, device=0)
+        plan = plan_mod.autotune(g, raw, workspace=ws, warmup=1, repeat=2, device=0, unchecked=True)
         assert plan.name == "eng2" and runs == ["eng2"] * 3
         assert plan.timings[0] == ("eng1", "needs 1024 bytes of workspace, workspace= has 256")
         assert plan.timings[1][0] == "eng2" and isinstance(plan.timings[1][1], float)
         assert synced == [0, 0]  # through the context's adapter, though the binding has none
         with pytest.raises(UnsupportedGraphError, match="needs 1024 bytes of workspace, workspace= has 16"):
-            plan_mod.autotune(g, {x: BASE}, workspace=FakeCAI((16,), "|u1", ptr=BASE), device=0, max_candidates=1)
+            plan_mod.autotune(
+                g, raw, workspace=FakeCAI((16,), "|u1", ptr=BASE), device=0, max_candidates=1, unchecked=True
+            )
     finally:
         plan_cache(0).clear()
 

@@ -233,7 +233,7 @@ W = _fake((1000,))
             "cx is the LSTM cell state",
         ),
         (
-            lambda: rnn_forward(_fake((3, 2, 4), strides=(4, 48, 8)), W, rnn=R),
+            lambda: rnn_forward(_fake((3, 2, 4), strides=(16, 48, 4)), W, rnn=R),
             TypeError,
             "rnn_forward allocates y, hy, cy and its workspace with the inputs' library",
         ),

@@ -354,14 +354,25 @@ def test_resolve_stream_forms():
         resolve_stream("default", None, 0)
 
 
-def test_cai_producer_stream_is_used_for_arrays_without_an_adapter():
-    from cudnnkit.runtime import prepare
+def test_cai_producer_stream_is_used_for_arrays_without_an_adapter(monkeypatch, request):
+    from cudnnkit.runtime import clear_stream_cache, driver, prepare
 
+    request.addfinalizer(clear_stream_cache)  # the fake's streams must not stay known to later tests
+    # a fake driver that knows two live streams of cuda:0: the producer's stream is asked of it before use
+    asked = []
+    monkeypatch.setattr(driver, "stream_device", lambda h: asked.append(h) or (0 if h in (0x5000, 0x6000) else None))
+    clear_stream_cache()
     a = FakeCAI((2, 3))
     a.__cuda_array_interface__["stream"] = 0x5000
     launch, (v,) = prepare(("x", a))
-    assert v.stream == 0x5000 and launch.stream == 0x5000
-    assert prepare(("x", a), stream=0x6000)[0].stream == 0x6000  # an explicit stream= wins
+    assert v.stream == 0x5000 and launch.stream == 0x5000 and asked == [0x5000]
+    a.__cuda_array_interface__["stream"] = 0xBAD000  # a producer's garbage stream: asked, and refused
+    with pytest.raises(ValueError, match="x's __cuda_array_interface__ stream=0xbad000 is not a live CUDA stream"):
+        prepare(("x", a))
+    assert asked == [0x5000, 0xBAD000]
+    stream = type("CupyLikeStream", (), {"ptr": 0x6000})()
+    assert prepare(("x", a), stream=stream)[0].stream == 0x6000  # an explicit stream= wins
+    assert asked == [0x5000, 0xBAD000, 0x6000]
     assert prepare(("x", FakeCAI((2, 3))))[0].stream == 0  # no stream named: the legacy default stream
     a.__cuda_array_interface__["stream"] = 1  # CAI's name for the legacy default stream
     assert prepare(("x", a))[0].stream == 0

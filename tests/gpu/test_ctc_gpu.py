@@ -370,3 +370,25 @@ def test_empty_batch(xp):
     x = xp.from_numpy(np.zeros((5, 0, 4), np.float32), 0)
     costs, grads = ctc_loss(x, [], [], [])
     assert tuple(costs.shape) == (0,) and tuple(grads.shape) == (5, 0, 4)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_C_ctc_memcheck_case_short_labels(xp, algo, monkeypatch):
+    """Issue 10: T=20, N=3, A=6, labels 3/2/1 wrote past cuDNN's shared memory with maxLabelLength = the batch's
+    longest label (compute-sanitizer: Invalid __shared__ write in compute_alphas_and_betas_v8). The descriptor
+    now always carries the 255 limit; the case is also in scripts/sanitize, under memcheck."""
+    import cudnnkit.ops.ctc as ctc_mod
+
+    seen = []
+    real = ctc_mod.ctc_descriptor
+    monkeypatch.setattr(ctc_mod, "ctc_descriptor", lambda *a: seen.append(a) or real(*a))
+    rng = np.random.default_rng()
+    T, N, A = 20, 3, 6
+    labels = np.array([1, 2, 3, 4, 5, 1], dtype=np.int32)
+    ll = np.array([3, 2, 1], dtype=np.int32)
+    il = np.full(N, T, dtype=np.int32)
+    x, xa = logits(rng, (T, N, A))
+    costs, grads = ctc_loss(xp.from_numpy(x, 0), labels, ll, il, algo=algo)
+    xp.synchronize(0)
+    assert seen and all(a[-1] == MAX_LABEL_LENGTH for a in seen)
+    check_against_refs(host(xp, costs), host(xp, grads), xa, labels, ll, il)

@@ -115,6 +115,22 @@ def test_pooling_forward(xp, mode):
     assert rel(out, ref_pool(a, k, s, p, mode)) < 1e-3
 
 
+@pytest.mark.parametrize("k, s, p, hw", [(2, 1, 1, (9, 9)), (2, 2, 0, (5, 8)), (3, 2, 1, (11, 11)), (3, 1, 0, (7, 8))])
+def test_W_bfloat16_max_pooling_denies_the_engine_measured_wrong(xp, k, s, p, hw):
+    """Issue 10's fuzzer: bfloat16 max pooling from eng3 was wrong nearly everywhere (cuDNN 9.19, H200); the
+    graph denies that engine, and what runs instead matches the float64 reference exactly (max of bf16 values)."""
+    rng = np.random.default_rng()
+    n, c, (h, w) = 2, 16, hw
+    a = distinct((n, c, h, w), rng)
+    g = Graph()
+    x = g.tensor((n, c, h, w), NHWC(n, c, h, w), "bfloat16", name="x")
+    y = g.mark_output(g.resample_forward(x, mode="max", window=k, stride=s, pre_padding=p))
+    assert g.known_bad_engines() == ("eng3",)
+    (out,) = run(xp, g, {x: a}, [y])
+    assert g.build().name.split("_")[0] != "eng3"
+    assert rel(out, ref_pool(a, k, s, p, "max")) < 1e-2
+
+
 def test_max_pooling_backward_from_the_index(xp):
     rng = np.random.default_rng(2)
     n, c, h, w, k, s, p = 2, 16, 11, 11, 3, 2, 1

@@ -50,17 +50,21 @@ Operations and the backend descriptors they lower to:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import lib
+from .. import runtime as _runtime
 from ..lib.backend import BackendDescriptor
 from ..runtime import as_view, canonical, cudnn_dtype, current_settings
 from ..runtime.arrays import contiguous_strides
+from ..runtime.dtypes import itemsize as _itemsize
 from ..runtime.shapes import expand
 
 __all__ = [
@@ -77,6 +81,101 @@ __all__ = [
 
 class GraphError(ValueError):
     """A graph that cannot be lowered: dangling tensors, shape or dtype mismatches, missing outputs."""
+
+
+# ----------------------------------------------------------------- argument checks
+
+_INT64_MAX = 2**63 - 1
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _is_bool(v: Any) -> bool:
+    t = type(v)
+    return isinstance(v, bool) or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"))
+
+
+def _int(value: Any, name: str, *, minimum: int | None = None, maximum: int = _INT64_MAX) -> int:
+    """``value`` as an int: a Python or NumPy integer. A bool, a float (even an integral one: torch refuses
+    floats for sizes too), a string... is a ``TypeError`` naming ``name``; outside ``[minimum, maximum]`` a
+    :class:`GraphError`."""
+    if not _is_bool(value):
+        try:
+            v = operator.index(value)
+        except TypeError:
+            pass
+        else:
+            if minimum is not None and v < minimum:
+                raise GraphError(f"{name} must be >= {minimum}, got {v}")
+            if v > maximum:
+                raise GraphError(f"{name} must be <= {maximum}, got {v}")
+            return v
+    raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+
+
+def _ints(value: Any, name: str) -> tuple[int, ...]:
+    """``value`` as a tuple of ints (each as :func:`_int` takes it, within int64); ``TypeError`` naming
+    ``name`` for a lone number, a string or anything not a sequence of integers."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(value).__name__} {value!r}")
+    items = tuple(value)
+    out = []
+    for i, v in enumerate(items):
+        if _is_bool(v):
+            ok = False
+        else:
+            try:
+                v = operator.index(v)
+                ok = True
+            except TypeError:
+                ok = False
+        if not ok:
+            raise TypeError(f"{name} must be a sequence of ints, got {items!r} ({name}[{i}] is {type(v).__name__})")
+        if not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+            raise GraphError(f"{name} must hold int64 values, got {items!r}")
+        out.append(v)
+    return tuple(out)
+
+
+def _real(value: Any, name: str, *, finite: bool = True, dtype: str = "float64") -> float:
+    """``value`` as a float, by :func:`cudnnkit.runtime.check_scalar`: a real number (bools, strings, None...
+    are a ``TypeError`` naming ``name``), finite unless ``finite=False``, within the range of ``dtype`` (the
+    type of the attribute cuDNN stores it in: ``"float32"`` for the pointwise alphas, double for the rest)."""
+    return _runtime.check_scalar(value, name, finite=finite, dtype=dtype)
+
+
+_FLOAT_MAX = {"float32": _FLOAT32_MAX, "bfloat16": 3.3895313892515355e38, "float16": 65504.0}
+_INT_RANGES = {
+    "int8": (-(2**7), 2**7 - 1),
+    "uint8": (0, 2**8 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+    "bool": (0, 1),
+}
+
+
+def _constant(value: Any, dtype: str, name: str) -> float | int:
+    """A by-value constant's value for ``dtype``: an integer within the type's range for the integer types (and
+    0/1 or a bool for ``"bool"``), else a real number, infinities allowed, NaN refused."""
+    bounds = _INT_RANGES.get(dtype)
+    if bounds is None:
+        v = _real(value, name, finite=False, dtype=dtype)
+        if v != v:
+            raise ValueError(f"{name} must not be NaN")
+        top = _FLOAT_MAX.get(dtype)
+        if top is not None and abs(v) != math.inf and abs(v) > top:
+            raise ValueError(f"{name}={v!r} is outside {dtype}'s range (largest finite value {top!r})")
+        return v
+    v = int(value) if dtype == "bool" and _is_bool(value) else _int(value, name)
+    if not bounds[0] <= v <= bounds[1]:
+        raise ValueError(f"{name}={v} does not fit {dtype} ({bounds[0]} to {bounds[1]})")
+    return v
+
+
+def _choice(value: Any, table: Any, name: str, what: str | None = None) -> str:
+    """``value`` if it is one of ``table``'s string keys, else a :class:`GraphError` listing them."""
+    if not isinstance(value, str) or value not in table:
+        raise GraphError(f"{what or name} must be one of {sorted(table)}, got {value!r}")
+    return value
 
 
 # ----------------------------------------------------------------- pointwise modes
@@ -204,6 +303,23 @@ class Tensor:
         return len(self.dims)
 
 
+#: Engines measured to compute a node wrong, denied at every build of a graph holding such a node:
+#: (node kind, input dtype, mode) -> engine names. Measured on an H200 with cuDNN 9.19 (issue 10's fuzzer, then a
+#: probe over window 2/3, stride 1/2, padding 0/1 and four shapes): bfloat16 max pooling from engine eng3 is wrong
+#: nearly everywhere (max error 4.8 on unit normals), from eng2 exact; float16 and float32 are exact from both.
+KNOWN_BAD_ENGINES: dict[tuple[str, str, str], tuple[str, ...]] = {("resample_fwd", "bfloat16", "max"): ("eng3",)}
+
+
+def _check_resample_dtype(mode: str, dtype: str, role: str) -> None:
+    """bfloat16 average pooling is refused: measured on an H200 with cuDNN 9.19, both engines that take it (eng2,
+    eng3) write wrong values or NaN (issue 10's fuzzer, then a probe); float16 and float32 are exact."""
+    if dtype == "bfloat16" and str(mode).startswith("avg"):
+        raise GraphError(
+            f"{role} is bfloat16: cuDNN 9.19 computes bfloat16 average pooling wrong on Hopper with every engine "
+            f"(measured on an H200); use float16 or float32 for mode={mode!r}"
+        )
+
+
 @dataclass(frozen=True)
 class _Node:
     kind: str  # "pointwise", "matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "reduction", "resample_fwd",
@@ -310,11 +426,14 @@ class Graph:
         alignment: int = 16,
         name: str = "",
     ):
+        alignment = _int(alignment, "alignment")
         if alignment < 1 or alignment & (alignment - 1):
             raise ValueError(f"alignment must be a power of two, got {alignment}")
-        self.compute_dtype = canonical(compute_dtype)
-        self.intermediate_dtype = canonical(intermediate_dtype)
-        self.alignment = int(alignment)
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")
+        self.compute_dtype = canonical(compute_dtype, "compute_dtype")
+        self.intermediate_dtype = canonical(intermediate_dtype, "intermediate_dtype")
+        self.alignment = alignment
         self.name = name
         self._id = next(_graph_ids)
         self._tensors: dict[int, Tensor] = {}
@@ -339,18 +458,31 @@ class Graph:
         by_value: bool = False,
         name: str = "",
     ) -> Tensor:
-        """A new tensor; ``strides`` (elements) default to C order. ``by_value`` tensors are host scalars."""
-        dims = tuple(int(d) for d in dims)
+        """A new tensor; ``strides`` (elements) default to C order. ``by_value`` tensors are host scalars.
+
+        ``dims`` and ``strides`` are sequences of ints (Python or NumPy integers; floats, even integral ones,
+        bools and strings are a ``TypeError`` naming the argument), 1 to ``CUDNN_DIM_MAX`` dims, each >= 1,
+        and the elements they address must fit in int64 bytes (:class:`GraphError` otherwise).
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")
+        label = f"tensor {name or '?'}"
+        dims = _ints(dims, "dims")
         if not 1 <= len(dims) <= lib.CUDNN_DIM_MAX:
-            raise GraphError(f"tensor {name or '?'}: 1 to {lib.CUDNN_DIM_MAX} dims, got {dims}")
+            raise GraphError(f"{label}: 1 to {lib.CUDNN_DIM_MAX} dims, got {dims}")
         if any(d < 1 for d in dims):
-            raise GraphError(f"tensor {name or '?'}: dims must be positive, got {dims}")
-        strides = contiguous_strides(dims) if strides is None else tuple(int(s) for s in strides)
+            raise GraphError(f"{label}: dims must be positive, got {dims}")
+        strides = contiguous_strides(dims) if strides is None else _ints(strides, "strides")
         if len(strides) != len(dims) or any(s < 1 for s in strides):
-            raise GraphError(f"tensor {name or '?'}: strides {strides} must be {len(dims)} positive ints")
+            raise GraphError(f"{label}: strides {strides} must be {len(dims)} positive ints")
+        dtype = canonical(dtype, "dtype")
+        if (1 + sum((d - 1) * s for d, s in zip(dims, strides))) * _itemsize(dtype) > _INT64_MAX:
+            raise GraphError(f"{label}: dims {dims} with strides {strides} address more than 2**63 bytes")
         if by_value and (virtual or math.prod(dims) != 1):
-            raise GraphError(f"tensor {name or '?'}: a by-value tensor is one non-virtual element")
-        t = Tensor(next(self._uids), dims, strides, canonical(dtype), bool(virtual), bool(by_value), name, self._id)
+            raise GraphError(
+                f"{label}: by_value=True needs one non-virtual element, got dims {dims} with virtual={bool(virtual)}"
+            )
+        t = Tensor(next(self._uids), dims, strides, dtype, bool(virtual), bool(by_value), name, self._id)
         self._tensors[t.uid] = t
         return t
 
@@ -419,9 +551,11 @@ class Graph:
         ``dy`` and return ``dx``. Inputs broadcast (same rank, dims equal or 1).
         Mode parameters as keywords: ``relu_lower_clip``, ``relu_upper_clip``,
         ``relu_lower_clip_slope``, ``elu_alpha``, ``softplus_beta``,
-        ``swish_beta``, ``axis`` (``GEN_INDEX``).
+        ``swish_beta``, ``axis`` (``GEN_INDEX``). ``alpha1``/``alpha2`` (float32 in cuDNN) and the float
+        parameters must be finite real numbers, ``axis`` an int naming one of ``x``'s dims (negative: from
+        the end).
         """
-        key = str(mode).upper().removeprefix("CUDNN_POINTWISE_")
+        key = mode.upper().removeprefix("CUDNN_POINTWISE_") if isinstance(mode, str) else None
         if key not in POINTWISE_ARITY:
             raise GraphError(f"unknown pointwise mode {mode!r}; one of {sorted(POINTWISE_ARITY)}")
         lib.require(f"CUDNN_POINTWISE_{key}", f"pointwise mode {key!r}")  # newer than the loaded cuDNN: refused here
@@ -441,16 +575,26 @@ class Graph:
                 raise GraphError(f"{p} applies to {_PW_PARAMS[p][1]}, not {key}")
         if key == "GEN_INDEX" and "axis" not in params:
             raise GraphError("pointwise GEN_INDEX needs axis= (the dim whose index it generates)")
+        values = {}
+        for p, v in params.items():
+            if p == "axis":
+                nd = ins["x"].ndim
+                a = _int(v, "axis")
+                if not -nd <= a < nd:
+                    raise GraphError(f"axis {a} is out of range for x of rank {nd}")
+                values[p] = a % nd
+            else:
+                values[p] = _real(v, p)
         order = ["dy", "x"] if arity == "dy,x" else needed
         dims = _broadcast([ins[r].dims for r in order], order)
-        out = self._out(dims, ins["x"], dtype, name or key.lower())
         attrs = {
             "mode": key,
-            "compute_dtype": canonical(compute_dtype or self.compute_dtype),
-            "alpha1": float(alpha1),
-            "alpha2": float(alpha2),
-            **{p: (int(v) if p == "axis" else float(v)) for p, v in params.items()},
+            "compute_dtype": canonical(compute_dtype or self.compute_dtype, "compute_dtype"),
+            "alpha1": _real(alpha1, "alpha1", dtype="float32"),
+            "alpha2": _real(alpha2, "alpha2", dtype="float32"),
+            **values,
         }
+        out = self._out(dims, ins["x"], dtype, name or key.lower())
         self._add("pointwise", attrs, ins, {"dx" if arity == "dy,x" else "y": out})
         return out
 
@@ -467,16 +611,15 @@ class Graph:
                 f"{b.dims[-1]}); K must agree"
             )
         batch = _broadcast([a.dims[:-2], b.dims[:-2]], ["a", "b"]) if a.ndim > 2 else ()
+        attrs = {"compute_dtype": canonical(compute_dtype or self.compute_dtype, "compute_dtype")}
         out = self._out((*batch, a.dims[-2], b.dims[-1]), None, dtype, name or "matmul")
-        self._add(
-            "matmul", {"compute_dtype": canonical(compute_dtype or self.compute_dtype)}, {"a": a, "b": b}, {"c": out}
-        )
+        self._add("matmul", attrs, {"a": a, "b": b}, {"c": out})
         return out
 
     def _conv_attrs(
         self, nsp: int, stride, pre_padding, post_padding, dilation, mode: str, compute_dtype: str | None
     ) -> dict[str, Any]:
-        if mode not in ("cross_correlation", "convolution"):
+        if not isinstance(mode, str) or mode not in ("cross_correlation", "convolution"):
             raise GraphError(f"mode must be 'cross_correlation' or 'convolution', got {mode!r}")
         post = pre_padding if post_padding is None else post_padding
         return {
@@ -485,7 +628,7 @@ class Graph:
             "post_padding": expand(post, nsp, "post_padding", 0),
             "dilation": expand(dilation, nsp, "dilation", 1),
             "mode": mode,
-            "compute_dtype": canonical(compute_dtype or self.compute_dtype),
+            "compute_dtype": canonical(compute_dtype or self.compute_dtype, "compute_dtype"),
         }
 
     @staticmethod
@@ -548,7 +691,9 @@ class Graph:
     ) -> Tensor:
         """Convolution backward data: ``dx`` of dims ``x_dims`` from ``dy`` and ``w``."""
         dy, w = self._own(dy, "dy"), self._own(w, "w")
-        x_dims = tuple(int(d) for d in x_dims)
+        x_dims = _ints(x_dims, "x_dims")
+        if len(x_dims) < 3 or not len(x_dims) == w.ndim == dy.ndim:
+            raise GraphError(f"conv_dgrad needs x_dims, w and dy of one rank >= 3, got {x_dims}, {w.dims}, {dy.dims}")
         attrs = self._conv_attrs(len(x_dims) - 2, stride, pre_padding, post_padding, dilation, mode, compute_dtype)
         if self._conv_out(x_dims, w.dims, attrs) != dy.dims:
             raise GraphError(
@@ -576,7 +721,9 @@ class Graph:
     ) -> Tensor:
         """Convolution backward filter: ``dw`` of dims ``w_dims`` from ``x`` and ``dy``."""
         x, dy = self._own(x, "x"), self._own(dy, "dy")
-        w_dims = tuple(int(d) for d in w_dims)
+        w_dims = _ints(w_dims, "w_dims")
+        if len(w_dims) < 3 or not len(w_dims) == x.ndim == dy.ndim:
+            raise GraphError(f"conv_wgrad needs x, dy and w_dims of one rank >= 3, got {x.dims}, {dy.dims}, {w_dims}")
         attrs = self._conv_attrs(x.ndim - 2, stride, pre_padding, post_padding, dilation, mode, compute_dtype)
         if self._conv_out(x.dims, w_dims, attrs) != dy.dims:
             raise GraphError(f"dy {dy.dims} is not the forward output of x {x.dims} and w {w_dims}")
@@ -597,18 +744,13 @@ class Graph:
         """Reduce ``x`` to ``out_dims`` (same rank; each dim equal to x's or 1) with ``mode``:
         add, mul, min, max, amax, avg, norm1, norm2, mul_no_zeros."""
         x = self._own(x, "x")
-        if mode not in _REDUCTIONS:
-            raise GraphError(f"reduction mode must be one of {sorted(_REDUCTIONS)}, got {mode!r}")
-        out_dims = tuple(int(d) for d in out_dims)
+        _choice(mode, _REDUCTIONS, "mode", "reduction mode")
+        out_dims = _ints(out_dims, "out_dims")
         if len(out_dims) != x.ndim or any(o not in (1, d) for o, d in zip(out_dims, x.dims)):
             raise GraphError(f"reduction of {x.dims} to {out_dims}: each output dim is x's or 1")
+        attrs = {"mode": mode, "compute_dtype": canonical(compute_dtype or self.compute_dtype, "compute_dtype")}
         y = self._out(out_dims, x, dtype, name or f"reduce_{mode}")
-        self._add(
-            "reduction",
-            {"mode": mode, "compute_dtype": canonical(compute_dtype or self.compute_dtype)},
-            {"x": x},
-            {"y": y},
-        )
+        self._add("reduction", attrs, {"x": x}, {"y": y})
         return y
 
     # ------------------------------------------------------------- constants and scratch
@@ -619,10 +761,15 @@ class Graph:
         The executor passes it by value; :meth:`constants` lists each one's
         uid, value and dtype. Operations that take scalars (epsilon, momentum,
         attention scale, mask fill) make theirs through here when given numbers.
+
+        ``value``: a real number (infinities allowed: masks fill with ``-inf``; NaN refused); an integral one
+        that fits ``dtype`` for the integer types, 0/1 (or a bool) for ``"bool"``.
         """
+        ndim = _int(ndim, "ndim", minimum=1, maximum=lib.CUDNN_DIM_MAX)
+        dtype = canonical(dtype)
+        v = _constant(value, dtype, name or "value")
         t = self.tensor((1,) * ndim, (1,) * ndim, dtype, by_value=True, name=name or "scalar")
-        v = float(value)
-        self._constants[t.uid] = int(v) if t.dtype in ("int8", "uint8", "int32", "int64", "bool") else v
+        self._constants[t.uid] = v
         return t
 
     def constants(self) -> dict[int, tuple[float | int, str]]:
@@ -654,17 +801,21 @@ class Graph:
             raise GraphError(f"scratch init must be None or 'zero', got {init!r}")
         self._scratch[t.uid] = init
 
-    def _scalar_or(self, v: Tensor | float | None, role: str, ndim: int, dtype: str = "float32") -> Tensor | None:
+    def _scalar_or(
+        self, v: Tensor | float | None, role: str, ndim: int, dtype: str = "float32", *, required: bool = False
+    ) -> Tensor | None:
         if v is None or isinstance(v, Tensor):
             if v is None:
+                if required:
+                    raise TypeError(f"{role} must be a number or a Tensor, got None")
                 return None
             t = self._own(v, role)
             if math.prod(t.dims) != 1 or t.ndim != ndim:
                 raise GraphError(f"{role} must be a one-element tensor of rank {ndim}, got dims {t.dims}")
             return t
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if _is_bool(v) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
             raise TypeError(f"{role} must be a number or a Tensor, got {type(v).__name__}")
-        return self.scalar(v, dtype, ndim, name=role)
+        return self.scalar(_real(v, role), dtype, ndim, name=role)
 
     def _describe_as(self, t: Tensor, dims: tuple[int, ...], strides: tuple[int, ...], role: str) -> None:
         """Lower ``t`` with other dims/strides (a transposed view of the same memory) in this graph."""
@@ -687,8 +838,7 @@ class Graph:
         nan_propagation: bool,
         compute_dtype: str | None,
     ) -> dict[str, Any]:
-        if mode not in _RESAMPLE_MODES:
-            raise GraphError(f"mode must be one of {sorted(_RESAMPLE_MODES)}, got {mode!r}")
+        _choice(mode, _RESAMPLE_MODES, "mode")
         if window is None:
             raise GraphError("window is required (one size per spatial dim, or one int for all)")
         window = expand(window, nsp, "window", 1)
@@ -700,10 +850,9 @@ class Graph:
             "post_padding": expand(pre_padding if post_padding is None else post_padding, nsp, "post_padding", 0),
             "padding_mode": padding_mode or ("neg_inf" if mode == "max" else "zero"),
             "nan_propagation": bool(nan_propagation),
-            "compute_dtype": canonical(compute_dtype or self.compute_dtype),
+            "compute_dtype": canonical(compute_dtype or self.compute_dtype, "compute_dtype"),
         }
-        if attrs["padding_mode"] not in _PADDING_MODES:
-            raise GraphError(f"padding_mode must be one of {sorted(_PADDING_MODES)}, got {padding_mode!r}")
+        _choice(attrs["padding_mode"], _PADDING_MODES, "padding_mode")
         for i, (p, q, w) in enumerate(zip(attrs["pre_padding"], attrs["post_padding"], window)):
             if p >= w or q >= w:
                 raise GraphError(f"spatial dim {i}: padding ({p}, {q}) must be smaller than the window {w}")
@@ -759,6 +908,7 @@ class Graph:
         a = self._resample_attrs(
             x.ndim - 2, mode, window, stride, pre_padding, post_padding, padding_mode, nan_propagation, compute_dtype
         )
+        _check_resample_dtype(a["mode"], x.dtype, "x")
         if index and mode != "max":
             raise GraphError(f"index=True applies to max pooling, not {mode!r}")
         dims = self._resample_out(x.dims, a)
@@ -796,8 +946,9 @@ class Graph:
         ``CUDNN_BACKEND_OPERATION_RESAMPLE_BWD_DESCRIPTOR``.
         """
         dy = self._own(dy, "dy")
+        _check_resample_dtype(str(mode), dy.dtype, "dy")
         ins = {"dy": dy}
-        x_dims = tuple(int(d) for d in x_dims)
+        x_dims = _ints(x_dims, "x_dims")
         if len(x_dims) != dy.ndim or len(x_dims) < 3:
             raise GraphError(f"x_dims {x_dims} and dy {dy.dims} must have one rank >= 3")
         a = self._resample_attrs(
@@ -886,9 +1037,8 @@ class Graph:
         ADA_LAYER_NORM modes are not offered. Outputs are virtual until marked. Makes
         ``CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR``.
         """
-        if mode not in _NORM_MODES:
-            raise GraphError(f"mode must be one of {sorted(_NORM_MODES)}, got {mode!r}")
-        if phase not in ("training", "inference"):
+        _choice(mode, _NORM_MODES, "mode")
+        if not isinstance(phase, str) or phase not in ("training", "inference"):
             raise GraphError(f"phase must be 'training' or 'inference', got {phase!r}")
         x = self._own(x, "x")
         if x.ndim < 2:
@@ -903,7 +1053,7 @@ class Graph:
             ins["bias"] = self._check_dims(bias, pdims, "bias", mode)
         training = phase == "training"
         if training or mode != "batch":  # batch-norm inference takes the inverse variance, not epsilon
-            ins["epsilon"] = self._scalar_or(epsilon, "epsilon", x.ndim)
+            ins["epsilon"] = self._scalar_or(epsilon, "epsilon", x.ndim, required=True)
         if mode == "batch" and not training:
             if mean is None or inv_variance is None:
                 raise GraphError("batch norm inference needs mean= and inv_variance= (the running statistics)")
@@ -967,8 +1117,7 @@ class Graph:
         the bias gradient. ``epsilon`` is optional (cuDNN 9 does not need it).
         Makes ``CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR``.
         """
-        if mode not in _NORM_MODES:
-            raise GraphError(f"mode must be one of {sorted(_NORM_MODES)}, got {mode!r}")
+        _choice(mode, _NORM_MODES, "mode")
         x, dy = self._own(x, "x"), self._own(dy, "dy")
         if dy.dims != x.dims:
             raise GraphError(f"dy {dy.dims} must have x's dims {x.dims}")
@@ -987,7 +1136,7 @@ class Graph:
             raise GraphError(f"{mode} norm backward needs inv_variance=")
         ins["inv_variance"] = self._check_dims(inv_variance, sdims, "inv_variance", mode)
         if epsilon is not None:
-            ins["epsilon"] = self._scalar_or(epsilon, "epsilon", x.ndim)
+            ins["epsilon"] = self._scalar_or(epsilon, "epsilon", x.ndim, required=True)
         peers = tuple(self._own(p, f"peer_stats[{i}]") for i, p in enumerate(peer_stats))
         if peers and mode != "batch":
             raise GraphError("peer_stats apply to batch norm")
@@ -1021,7 +1170,7 @@ class Graph:
         sq = self._out(dims, None, dtype, (name + "_" if name else "") + "sq_sum")
         self._add(
             "genstats",
-            {"compute_dtype": canonical(compute_dtype or self.compute_dtype)},
+            {"compute_dtype": canonical(compute_dtype or self.compute_dtype, "compute_dtype")},
             {"x": x},
             {"sum": s, "sq_sum": sq},
         )
@@ -1055,26 +1204,28 @@ class Graph:
         not alone. Makes ``CUDNN_BACKEND_RNG_DESCRIPTOR`` and
         ``CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR``.
         """
-        if distribution not in _RNG:
-            raise GraphError(f"distribution must be one of {sorted(_RNG)}, got {distribution!r}")
+        _choice(distribution, _RNG, "distribution")
         attrs: dict[str, Any] = {"distribution": distribution}
         if distribution == "bernoulli":
+            probability = _real(probability, "probability")
             if not 0.0 <= probability <= 1.0:
                 raise GraphError(f"probability must be within [0, 1], got {probability}")
-            attrs["probability"] = float(probability)
+            attrs["probability"] = probability
         elif distribution == "uniform":
+            minimum, maximum = _real(minimum, "minimum"), _real(maximum, "maximum")
             if not minimum < maximum:
                 raise GraphError(f"uniform needs minimum < maximum, got {minimum}, {maximum}")
-            attrs.update(minimum=float(minimum), maximum=float(maximum))
+            attrs.update(minimum=minimum, maximum=maximum)
         else:
+            mean, std = _real(mean, "mean"), _real(std, "std")
             if not std > 0:
                 raise GraphError(f"normal needs std > 0, got {std}")
-            attrs.update(mean=float(mean), std=float(std))
+            attrs.update(mean=mean, std=std)
         ins: dict[str, Tensor] = {}
         if isinstance(seed, Tensor):
             ins["seed"] = self._own(seed, "seed")
         elif isinstance(seed, int) and not isinstance(seed, bool):
-            attrs["seed"] = int(seed)
+            attrs["seed"] = _int(seed, "seed", minimum=-_INT64_MAX - 1)
         else:
             raise TypeError(f"seed must be an int or a Tensor, got {type(seed).__name__}")
         if offset is not None:
@@ -1086,7 +1237,6 @@ class Graph:
         for role, t in ins.items():
             if math.prod(t.dims) != 1 or t.dtype != "int64":
                 raise GraphError(f"{role} must be a one-element int64 tensor, got {t.dims} {t.dtype}")
-        dims = tuple(int(d) for d in dims)
         y = self.tensor(dims, strides, dtype or self.intermediate_dtype, virtual=True, name=name or "rng")
         self._add("rng", attrs, ins, {"y": y})
         return y
@@ -1114,14 +1264,14 @@ class Graph:
         if perm is not None:
             if dims is not None or strides is not None:
                 raise GraphError("reshape takes dims/strides or perm, not both")
-            perm = tuple(int(p) for p in perm)
+            perm = _ints(perm, "perm")
             if sorted(perm) != list(range(x.ndim)):
                 raise GraphError(f"perm {perm} is not a permutation of {x.ndim} axes")
             dims = tuple(x.dims[p] for p in perm)
             strides = tuple(x.strides[p] for p in perm)
         elif dims is None:
             raise GraphError("reshape needs dims= or perm=")
-        dims = tuple(int(d) for d in dims)
+        dims = _ints(dims, "dims")
         if math.prod(dims) != math.prod(x.dims):
             raise GraphError(
                 f"reshape of {x.dims} ({math.prod(x.dims)} elements) to {dims} ({math.prod(dims)} elements)"
@@ -1146,16 +1296,21 @@ class Graph:
         convolution (``conv_fprop`` -> ``concat``); a lone concat needs cuDNN
         9.22 on Blackwell. Makes ``CUDNN_BACKEND_OPERATION_CONCAT_DESCRIPTOR``.
         """
+        if isinstance(inputs, (Tensor, str, bytes)) or not hasattr(inputs, "__iter__"):
+            raise TypeError(f"inputs must be a sequence of Tensors, got {type(inputs).__name__}")
         ts = [self._own(t, f"inputs[{i}]") for i, t in enumerate(inputs)]
         if not ts:
             raise GraphError("concat needs at least one input")
         nd = ts[0].ndim
+        axis = _int(axis, "axis")
         if not -nd <= axis < nd:
             raise GraphError(f"axis {axis} is out of range for rank {nd}")
         axis %= nd
         for i, t in enumerate(ts[1:], 1):
             if t.ndim != nd or any(a != b for j, (a, b) in enumerate(zip(t.dims, ts[0].dims)) if j != axis):
                 raise GraphError(f"inputs[{i}] {t.dims} does not match inputs[0] {ts[0].dims} outside axis {axis}")
+        if inplace_index is not None:
+            inplace_index = _int(inplace_index, "inplace_index")
         if inplace_index is not None and not 0 <= inplace_index < len(ts):
             raise GraphError(f"inplace_index {inplace_index} is out of range for {len(ts)} inputs")
         dims = list(ts[0].dims)
@@ -1217,7 +1372,7 @@ class Graph:
             ins["t"] = t
         attrs = {
             "mode": mode,
-            "compute_dtype": canonical(compute or self.compute_dtype),
+            "compute_dtype": canonical(compute or self.compute_dtype, "compute_dtype"),
             "alpha1": 1.0,
             "alpha2": 1.0,
             **params,
@@ -1275,7 +1430,7 @@ class Graph:
     def _sdpa_common(self, q, k, v, scale, causal, left_bound, right_bound, implementation, dropout):
         q, k, v = self._own(q, "q"), self._own(k, "k"), self._own(v, "v")
         shape = self._sdpa_check(q, k, v)
-        if implementation not in ("composite", "unified"):
+        if not isinstance(implementation, str) or implementation not in ("composite", "unified"):
             raise GraphError(f"implementation must be 'composite' or 'unified', got {implementation!r}")
         if causal:
             if right_bound not in (None, 0):
@@ -1286,7 +1441,7 @@ class Graph:
                 not isinstance(bnd, int) or isinstance(bnd, bool) or bnd < 0 or (role == "left_bound" and bnd < 1)
             ):
                 raise GraphError(f"{role} must be a non-negative int (left_bound >= 1), got {bnd!r}")
-        p = float(dropout)
+        p = _real(dropout, "dropout")
         if not 0.0 <= p < 1.0:
             raise GraphError(f"dropout must be within [0, 1), got {dropout}")
         if implementation == "unified" and (left_bound is not None or right_bound is not None or p):
@@ -1344,6 +1499,8 @@ class Graph:
         and ``OPERATION_MATMUL`` (P @ v). ``"unified"`` makes one
         ``CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR`` (cuDNN 9.19: no mask, no dropout).
         """
+        if o_strides is not None:
+            o_strides = _ints(o_strides, "o_strides")
         q, k, v, shape, sc, lb, rb, p = self._sdpa_common(
             q, k, v, scale, causal, left_bound, right_bound, implementation, dropout
         )
@@ -1434,6 +1591,11 @@ class Graph:
         summed by ``OPERATION_REDUCTION``. ``"unified"`` makes one
         ``CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR`` (no mask, no dropout).
         """
+        strides_of = {"dq": dq_strides, "dk": dk_strides, "dv": dv_strides}
+        for role, st in strides_of.items():
+            if st is not None:
+                strides_of[role] = _ints(st, f"{role}_strides")
+        dq_strides, dk_strides, dv_strides = strides_of.values()
         q, k, v, shape, sc, lb, rb, p = self._sdpa_common(
             q, k, v, scale, causal, left_bound, right_bound, implementation, dropout
         )
@@ -1518,6 +1680,15 @@ class Graph:
 
     # ------------------------------------------------------------- checks, key, lowering
 
+    def known_bad_engines(self) -> tuple[str, ...]:
+        """Engine names the plan build denies for this graph (:data:`KNOWN_BAD_ENGINES`: measured wrong results)."""
+        bad: list[str] = []
+        for n in self._nodes:
+            first = self._tensors[n.inputs[0][1]].dtype if n.inputs else ""
+            mode = str(dict(n.attrs).get("mode", ""))
+            bad += [e for e in KNOWN_BAD_ENGINES.get((n.kind, first, mode), ()) if e not in bad]
+        return tuple(bad)
+
     def validate(self) -> None:
         """Raise :class:`GraphError` for an empty graph, a graph without outputs, or a dangling tensor."""
         if not self._nodes:
@@ -1570,16 +1741,66 @@ class Graph:
         ``handle`` (optional) is set as ``CUDNN_ATTR_OPERATIONGRAPH_HANDLE``;
         cuDNN 9.19 finalizes an operation graph without one, so this works
         without a GPU.
+
+        A descriptor cuDNN refuses (a mode, parameter, dtype or layout the
+        loaded cuDNN does not take, e.g. ``reduction(mode="avg")`` in cuDNN
+        9.19) raises :class:`~cudnnkit.graph.UnsupportedGraphError` naming
+        the tensor or operation, with cuDNN's status and last-error text in
+        its ``attempts`` and the :class:`~cudnnkit.lib.CudnnError` as its
+        ``__cause__``. :class:`~cudnnkit.lib.DriverNotFoundError` (no CUDA
+        driver) propagates unchanged.
         """
         self.validate()
-        tds = {uid: self._lower_tensor(t) for uid, t in self._tensors.items()}
-        ops = [self._lower_node(n, tds) for n in self._nodes]
+        tds = {}
+        for uid, t in self._tensors.items():
+            with self._lowering(self._tensor_what, uid):
+                tds[uid] = self._lower_tensor(t)
+        ops = []
+        for i, n in enumerate(self._nodes):
+            with self._lowering(self._node_label, i, n):
+                ops.append(self._lower_node(n, tds))
         g = BackendDescriptor("CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR")
-        g.set("CUDNN_ATTR_OPERATIONGRAPH_OPS", [op for op, _ in ops])
-        if handle is not None:
-            g.set("CUDNN_ATTR_OPERATIONGRAPH_HANDLE", handle)
-        g.finalize()
+        with self._lowering("the operation graph of {} operation(s)".format, len(ops)):
+            g.set("CUDNN_ATTR_OPERATIONGRAPH_OPS", [op for op, _ in ops])
+            if handle is not None:
+                g.set("CUDNN_ATTR_OPERATIONGRAPH_HANDLE", handle)
+            g.finalize()
         return Lowered(tds, [op for op, _ in ops], g, [d for _, d in ops])
+
+    def _label(self) -> str:
+        """``graph <name or #id> (<n> ops: <kinds>)``: how errors name this graph."""
+        ops = ", ".join(n.kind if n.kind != "pointwise" else n.attr("mode") for n in self._nodes)
+        return f"graph {self.name or '#' + str(self._id)} ({len(self._nodes)} ops: {ops})"
+
+    def _tensor_label(self, uid: int) -> str:
+        return f"tensor {self._tensors[uid].name or '?'} (uid {uid})"
+
+    def _tensor_what(self, uid: int) -> str:
+        t = self._tensors[uid]
+        lowered = self._described.get(uid, (t.dims, t.strides))
+        return f"{self._tensor_label(uid)} dims {lowered[0]} strides {lowered[1]} {t.dtype}"
+
+    def _node_label(self, i: int, n: _Node) -> str:
+        a = dict(n.attrs)
+        mode = f"(mode={a['mode']!r})" if isinstance(a.get("mode"), str) else ""
+        ins = ", ".join(f"{r}={self._tensor_label(u)}" for r, u in n.inputs)
+        outs = ", ".join(f"{r}={self._tensor_label(u)}" for r, u in n.outputs)
+        return f"operation #{i} {n.kind}{mode}: {ins} -> {outs}"
+
+    @contextlib.contextmanager
+    def _lowering(self, what: Any, *args: Any):
+        """Turn a cuDNN refusal while lowering into :class:`UnsupportedGraphError` naming ``what(*args)``
+        (the tensor or operation); a missing driver (:class:`~cudnnkit.lib.DriverNotFoundError`) stays as is."""
+        try:
+            yield
+        except lib.DriverNotFoundError:
+            raise
+        except lib.CudnnError as e:
+            from .plan import Attempt, UnsupportedGraphError, _status_reason
+
+            raise UnsupportedGraphError(
+                self._label(), [Attempt(what(*args), "lower", _status_reason(e), e.status_name)]
+            ) from e
 
     def _lower_tensor(self, t: Tensor) -> BackendDescriptor:
         d = BackendDescriptor("CUDNN_BACKEND_TENSOR_DESCRIPTOR")
@@ -1766,12 +1987,15 @@ class Graph:
 
         return build(self, device, **options)
 
-    def execute(self, bindings: Any, *, stream: Any = None, workspace: Any = None, **options: Any) -> Any:
+    def execute(
+        self, bindings: Any, *, stream: Any = None, workspace: Any = None, unchecked: bool = False, **options: Any
+    ) -> Any:
         """Build (cached) and run on ``bindings`` (Tensor or uid -> array/pointer); returns the plan.
-        For loops, keep ``plan.bind(bindings)`` instead: see :func:`cudnnkit.graph.plan.execute`."""
+        For loops, keep ``plan.bind(bindings)`` instead: see :func:`cudnnkit.graph.plan.execute`
+        (``unchecked=True`` trusts raw pointers and raw int streams)."""
         from .plan import execute
 
-        return execute(self, bindings, stream=stream, workspace=workspace, **options)
+        return execute(self, bindings, stream=stream, workspace=workspace, unchecked=unchecked, **options)
 
     def autotune(self, bindings: Any, *, max_candidates: int = 8, **kwargs: Any) -> Any:
         """Time up to ``max_candidates`` plans on ``bindings`` and cache the fastest: see

@@ -38,8 +38,10 @@ hits. :meth:`PlanCache.serialize`/:meth:`PlanCache.deserialize` save and load
 plans through ``CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION``.
 
 Execution (:meth:`ExecutionPlan.execute`) checks the bindings (every
-non-virtual tensor bound; shape, strides, dtype, device and pointer alignment),
-builds a ``CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR`` (``UNIQUE_IDS``,
+non-virtual tensor bound; shape, strides, dtype, device and pointer alignment;
+a raw pointer's device and allocation size through the CUDA driver) and
+``stream=`` (a live CUDA stream of the plan's device) before any GPU work
+(``unchecked=True`` trusts raw pointers and raw int streams), builds a ``CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR`` (``UNIQUE_IDS``,
 ``DATA_POINTERS``, ``WORKSPACE``) cached by its device pointers, workspace and
 by-value scalar bytes (a finalized variant pack cannot take new pointers; a hit
 reuses the pack and the host buffers of its scalars), clears the scratch
@@ -47,7 +49,14 @@ tensors whose :meth:`Graph.scratch_init` is ``"zero"`` (``cudnnSetTensor`` on
 the launch stream) and calls ``cudnnBackendExecute``.
 :meth:`ExecutionPlan.bind` returns a :class:`BoundPlan` whose call is only the
 handle lookup (the scratch clearing, for graphs that need it) and
-``cudnnBackendExecute``.
+``cudnnBackendExecute``: its bindings were checked once, at bind time.
+
+A descriptor cuDNN refuses while a graph is lowered, and a graph no engine
+config builds, are :class:`UnsupportedGraphError` (a :class:`GraphError`)
+naming the tensor, operation or engines, with cuDNN's status and last-error
+text; only a missing CUDA driver (:class:`~cudnnkit.lib.DriverNotFoundError`)
+and a feature newer than the loaded cuDNN
+(:class:`~cudnnkit.lib.FeatureVersionError`) come out as they are.
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ from dataclasses import dataclass
 from threading import get_ident as _get_ident
 from typing import Any
 
-from .. import lib
+from .. import lib, runtime
 from ..lib.backend import BackendDescriptor
 from ..runtime import adapters
 from ..runtime.arrays import as_view
@@ -127,7 +136,7 @@ class Attempt:
     """One engine config tried for a graph: its name and why it was not used (or ``""`` if it was)."""
 
     name: str
-    stage: str  # "heuristics", "filter", "build", "execute"
+    stage: str  # "lower", "heuristics", "filter", "build", "execute"
     reason: str
     status: str | None = None  # the CUDNN_STATUS_* name when cuDNN refused
 
@@ -151,10 +160,16 @@ _CAUSES = {
 
 
 def unsupported_message(label: str, attempts: Iterable[Attempt]) -> str:
-    """The text of :class:`UnsupportedGraphError`: every engine tried, then the likely cause."""
+    """The text of :class:`UnsupportedGraphError`: every engine tried (or the descriptor cuDNN refused while
+    lowering the graph), then the likely cause."""
     attempts = list(attempts)
-    tried = sum(a.stage != "heuristics" for a in attempts)
-    lines = [f"no cuDNN engine supports {label}: {tried} engine config(s) tried"]
+    lowered = bool(attempts) and all(a.stage == "lower" for a in attempts)
+    if lowered:
+        release = ".".join(map(str, lib.version_tuple()))
+        lines = [f"cuDNN {release} refused {label} while lowering it (before any engine was asked)"]
+    else:
+        tried = sum(a.stage not in ("heuristics", "lower") for a in attempts)
+        lines = [f"no cuDNN engine supports {label}: {tried} engine config(s) tried"]
     for a in attempts:
         lines.append(f"  {a.name} [{a.stage}]: {a.reason}")
     statuses = [a.status for a in attempts if a.status]
@@ -162,7 +177,14 @@ def unsupported_message(label: str, attempts: Iterable[Attempt]) -> str:
     for s in dict.fromkeys(statuses):
         if s in _CAUSES:
             causes.append(_CAUSES[s])
-    if not attempts or all(a.stage == "heuristics" for a in attempts):
+    if lowered:
+        if any(s and s.startswith("CUDNN_STATUS_BAD_PARAM") for s in statuses):
+            causes.append("cuDNN rejected a value of the definition (a dim, stride, dtype or parameter)")
+        if any(s and s.startswith("CUDNN_STATUS_NOT_SUPPORTED") for s in statuses):
+            causes.append(
+                "the loaded cuDNN does not offer this operation, mode, parameter or data type in its graph API"
+            )
+    elif not attempts or all(a.stage == "heuristics" for a in attempts):
         causes.append(
             "heuristics offered no engine for this graph: the pattern, layout (try channels-last "
             "strides) or dtypes are outside what this cuDNN supports on this GPU"
@@ -350,6 +372,14 @@ def _status_reason(e: lib.CudnnError) -> str:
     return f"{e.status_name}" + (f": {e.last_error}" if e.last_error else "")
 
 
+def _refusal(e: lib.CudnnError) -> lib.CudnnError:
+    """``e`` when it is cuDNN refusing this graph (recorded as an :class:`Attempt`); a missing CUDA driver
+    (:class:`~cudnnkit.lib.DriverNotFoundError`) is the machine's state, not the graph's: it is raised as is."""
+    if isinstance(e, lib.DriverNotFoundError):
+        raise e
+    return e
+
+
 def _candidates(low, flt: EngineFilter, mode: str, attempts: list[Attempt]):
     """Yield (cfg, info) in heuristic order for ``mode``, then FALLBACK; filtered ones go to ``attempts``."""
     seen: set[str] = set()
@@ -358,6 +388,7 @@ def _candidates(low, flt: EngineFilter, mode: str, attempts: list[Attempt]):
         try:
             cfgs, reported = _heuristics(low.op_graph, m)
         except lib.CudnnError as e:
+            _refusal(e)
             attempts.append(Attempt(f"heuristics mode {m}", "heuristics", _status_reason(e), e.status_name))
             continue
         if not cfgs:
@@ -371,6 +402,7 @@ def _candidates(low, flt: EngineFilter, mode: str, attempts: list[Attempt]):
             try:
                 info = _engine_info(cfg)
             except lib.CudnnError as e:
+                _refusal(e)
                 attempts.append(Attempt("engine ?", "heuristics", _status_reason(e), e.status_name))
                 continue
             if info.name in seen:
@@ -403,18 +435,38 @@ _PACK = {
 
 
 def _scalar_bytes(value: Any, dtype: str, label: str) -> bytes:
-    """A by-value tensor's host value in its data type (little-endian, as the GPU reads it)."""
-    if hasattr(value, "item") and getattr(value, "size", 1) == 1:
-        value = value.item()
-    if not isinstance(value, (int, float, bool)):
-        raise BindingError(f"{label} is a by-value scalar: bind a Python number, got {type(value).__name__}")
-    if dtype == "bfloat16":
-        return _bfloat16_bytes(float(value))
-    fmt = _PACK.get(dtype)
+    """A by-value tensor's host value in its data type (little-endian, as the GPU reads it).
+
+    ``value``: a Python number or a NumPy scalar (arrays, device or host, are refused: a by-value tensor is
+    passed by cuDNN as a host scalar). Integer dtypes take integers within their range, ``bool`` a bool or
+    0/1; float dtypes any real number (infinities and NaN too: masks fill with ``-inf``) whose magnitude the
+    dtype can hold. Anything else is a :class:`BindingError` naming the tensor."""
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()  # a NumPy scalar (np.float32(2), np.int64(3), np.bool_(True))
+    if not isinstance(value, (int, float)):
+        raise BindingError(
+            f"{label} is a by-value scalar: bind a Python number, got {type(value).__module__}.{type(value).__name__}"
+        )
+    fmt = "bf16" if dtype == "bfloat16" else _PACK.get(dtype)
     if fmt is None:
         raise BindingError(f"{label}: by-value scalars of dtype {dtype} are not supported")
-    v = float(value) if fmt in "fde" else (bool(value) if fmt == "?" else int(value))
-    return struct.pack("<" + fmt, v)
+    if fmt == "?":
+        if value not in (0, 1) or isinstance(value, float):
+            raise BindingError(f"{label} is a bool by-value scalar: bind True/False (or 0/1), got {value!r}")
+        return struct.pack("<?", bool(value))
+    if isinstance(value, bool):
+        raise BindingError(f"{label} is a {dtype} by-value scalar: bind a number, not the bool {value!r}")
+    if fmt in "bBiq":
+        if not isinstance(value, int):
+            raise BindingError(f"{label} is a {dtype} by-value scalar: bind an int, got {value!r}")
+        try:
+            return struct.pack("<" + fmt, value)
+        except struct.error:
+            raise BindingError(f"{label}: {value} does not fit the {dtype} by-value scalar") from None
+    try:
+        return _bfloat16_bytes(float(value)) if fmt == "bf16" else struct.pack("<" + fmt, float(value))
+    except OverflowError:
+        raise BindingError(f"{label}: {value!r} is outside the range of the {dtype} by-value scalar") from None
 
 
 def _bfloat16_bytes(value: float) -> bytes:
@@ -433,7 +485,17 @@ def _extent_bytes(t: Tensor) -> int:
 
 def _graph_ptr(g: Any) -> int:
     """A ``cudaGraph_t`` as an int: an int, or anything ``int()`` turns into the handle (``cuda.bindings``)."""
-    return int(g)
+    if isinstance(g, bool) or g is None:
+        raise TypeError(f"graph must be a cudaGraph_t (an int or a cuda.bindings graph), got {g!r}")
+    try:
+        p = int(g)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"graph must be a cudaGraph_t (an int or a cuda.bindings graph), got {type(g).__name__}"
+        ) from None
+    if not 0 < p < 2**64:
+        raise ValueError(f"graph must be a cudaGraph_t handle, got {p}")
+    return p
 
 
 @dataclass
@@ -487,6 +549,8 @@ class PlanSpec:
         self.zero_scratch = frozenset(u for u, p in init.items() if p == "zero")
         self.uids = tuple(self.tensors)
         self.labels = {u: f"tensor {t.name or '?'} (uid {u})" for u, t in self.tensors.items()}
+        #: the bytes each tensor's dims and strides address from its pointer (what a raw pointer must hold)
+        self.nbytes = {u: _extent_bytes(t) for u, t in self.tensors.items() if not t.by_value}
 
     @classmethod
     def of(cls, graph: Graph, device: int) -> PlanSpec:
@@ -546,9 +610,15 @@ class PlanSpec:
         else:
             raise TypeError(f"binding keys must be Tensors or int uids, got {type(k).__name__}")
         if uid not in self.tensors:
+            what = f"tensor {k.name or '?'} (uid {uid})" if isinstance(k, Tensor) else f"uid {uid}"
+            if isinstance(k, Tensor) and k.virtual:
+                raise BindingError(
+                    f"{what} is virtual (an intermediate of the graph): it takes no binding; "
+                    "mark_output() it to bind it"
+                )
             raise BindingError(
-                f"uid {uid} is not a non-virtual tensor of this plan (bindable: "
-                f"{[u for u in self.uids if u not in self.constants]})"
+                f"{what} is not a non-virtual tensor of this plan (bindable: "
+                f"{[self.labels[u] for u in self.uids if u not in self.constants]})"
             )
         if uid in self.constants:
             raise BindingError(
@@ -557,17 +627,33 @@ class PlanSpec:
             )
         return uid
 
-    def resolve(self, bindings: Mapping[Any, Any]) -> _Resolved:
-        """Check ``bindings`` (shape, strides, dtype, device, alignment, nothing missing or unknown)."""
+    def resolve(self, bindings: Mapping[Any, Any], *, unchecked: bool = False) -> _Resolved:
+        """Check ``bindings`` (shape, strides, dtype, device, alignment, nothing missing, unknown or bound
+        twice) before any GPU work.
+
+        A raw pointer (int) must be a device pointer of the plan's device whose allocation holds the bytes
+        the tensor's dims and strides address from it (:func:`cudnnkit.runtime.check_device_pointer`, which
+        asks the driver: ``cuPointerGetAttributes``, memory type, device and allocation range), asked after
+        every host-side check; ``unchecked=True`` trusts raw pointers (only NULL, out-of-range and
+        misaligned ones are refused). Arrays carry their own extent: their shape and strides must be the
+        tensor's, so they cover what it addresses."""
         if not isinstance(bindings, Mapping):
             raise TypeError(f"bindings must be a mapping of Tensor (or uid) -> array, got {type(bindings).__name__}")
         by_uid = {self._uid_of(k): v for k, v in bindings.items()}
+        if len(by_uid) != len(bindings):
+            seen: set[int] = set()
+            for k in bindings:
+                uid = self._uid_of(k)
+                if uid in seen:
+                    raise BindingError(f"{self.labels[uid]} is bound twice (by its Tensor and by its uid)")
+                seen.add(uid)
         missing = [
             self.labels[u] for u in self.uids if u not in by_uid and u not in self.constants and u not in self.scratch
         ]
         if missing:
             raise BindingError(f"unbound: {', '.join(missing)}; every non-virtual tensor needs an array or pointer")
         r = _Resolved([], b"", [], [], [], [], [])
+        to_check: list[tuple[int, int, str]] = []  # (pointer, bytes addressed, label) of raw pointers
         for uid in self.uids:
             spec, label = self.tensors[uid], self.labels[uid]
             if uid in self.zero_scratch:
@@ -587,9 +673,11 @@ class PlanSpec:
                 continue
             v = by_uid[uid]
             if isinstance(v, int) and not isinstance(v, bool):
-                if v <= 0:
+                if not 0 < v < 2**64:
                     raise BindingError(f"{label}: raw pointer {v} is not a device pointer")
                 p = v
+                if not unchecked:
+                    to_check.append((p, self.nbytes[uid], label))
             else:
                 view = as_view(v, label)
                 if view.dtype != spec.dtype:
@@ -614,7 +702,22 @@ class PlanSpec:
                     f"{label}: pointer {p:#x} is not aligned to {self.alignment} bytes (the graph's alignment=)"
                 )
             r.ptrs.append(p)
+        for p, nbytes, label in to_check:  # the driver's answers, after every host-side check
+            _check_pointer(p, nbytes, self.device, label)
         return r
+
+
+def _check_pointer(ptr: int, nbytes: int, device: int, label: str) -> None:
+    """:func:`cudnnkit.runtime.check_device_pointer`, its ``ValueError`` as a :class:`BindingError`."""
+    try:
+        runtime.check_device_pointer(ptr, nbytes, device, label)
+    except BindingError:
+        raise
+    except ValueError as e:
+        msg = str(e)
+        if "cannot be checked" in msg:
+            msg += "; unchecked=True trusts raw pointers as given"
+        raise BindingError(msg) from e
 
 
 class ExecutionPlan:
@@ -685,12 +788,21 @@ class ExecutionPlan:
 
     # ------------------------------------------------------------- bindings
 
-    def _stream_and_adapter(self, views: list[Any], stream: Any) -> tuple[int, Any]:
+    def _stream_and_adapter(self, views: list[Any], stream: Any, unchecked: bool = False) -> tuple[int, Any]:
+        """The stream to run on and the bindings' adapter. ``stream=None``: the arrays' library's current
+        stream, else (arrays of a library without an adapter) the producer's CAI v3 stream, else the legacy
+        default stream 0. A given or producer-named stream is checked (:func:`_stream`) unless ``unchecked``
+        and it is a raw int."""
         adapter = next((v.adapter for v in views if v.adapter is not None), None)
+        name = "stream"
         if stream is None and adapter is None:
             s = next((v.stream for v in views if v.stream is not None), None)
-            stream = 0 if s in (None, 1) else s
-        return resolve_stream(stream, adapter, self.device), adapter
+            if s in (None, 0, 1):  # none named, or the legacy default stream (1 in CAI v3, 0 to cuDNN)
+                return 0, None
+            stream, name = s, "the bindings' __cuda_array_interface__ stream"
+        if unchecked and type(stream) is int:
+            return stream, adapter
+        return _stream(stream, adapter, self.device, name, producer=name != "stream"), adapter
 
     def _buffer(self, what: Any, nbytes: int, adapter: Any, stream: int) -> tuple[Any, int]:
         """A device buffer kept with the plan per (library, stream): the default workspace and scratch."""
@@ -710,10 +822,10 @@ class ExecutionPlan:
                 self._buffers.popitem(last=False)
         return entry
 
-    def _prepare(self, bindings: Mapping[Any, Any], stream: Any, workspace: Any):
+    def _prepare(self, bindings: Mapping[Any, Any], stream: Any, workspace: Any, unchecked: bool = False):
         """Resolved bindings, stream, adapter, workspace pointer and the owners to keep alive."""
-        r = self.spec.resolve(bindings)
-        s, adapter = self._stream_and_adapter(r.views, stream)
+        r = self.spec.resolve(bindings, unchecked=unchecked)
+        s, adapter = self._stream_and_adapter(r.views, stream, unchecked)
         owners: list[Any] = []
         for pos, uid in r.scratch:
             if adapter is None:
@@ -721,13 +833,19 @@ class ExecutionPlan:
                     f"{self.spec.labels[uid]} is scratch memory the plan allocates with the bindings' "
                     "library, and they come from none with a cudnnkit adapter: bind it"
                 )
-            arr, ptr = self._buffer(("scratch", uid), _extent_bytes(self.tensors[uid]), adapter, s)
+            arr, ptr = self._buffer(("scratch", uid), self.spec.nbytes[uid], adapter, s)
             r.ptrs[pos] = ptr
             owners.append(arr)
         need = self.workspace_size
         if workspace is not None:
             if isinstance(workspace, int) and not isinstance(workspace, bool):
                 ws = workspace
+                if need and not 0 < ws < 2**64:
+                    raise BindingError(
+                        f"workspace: raw pointer {ws} is not a device pointer (the plan needs {need} bytes)"
+                    )
+                if need and not unchecked:
+                    _check_pointer(ws, need, self.device, "workspace")
             else:
                 v = as_view(workspace, "workspace")
                 if v.nbytes < need:
@@ -775,7 +893,9 @@ class ExecutionPlan:
 
     # ------------------------------------------------------------- execution
 
-    def execute(self, bindings: Mapping[Any, Any], *, stream: Any = None, workspace: Any = None) -> None:
+    def execute(
+        self, bindings: Mapping[Any, Any], *, stream: Any = None, workspace: Any = None, unchecked: bool = False
+    ) -> None:
         """Run the plan: ``cudnnBackendExecute(handle, plan, variant_pack)``.
 
         ``bindings`` maps each non-virtual :class:`Tensor` (or its uid) to a
@@ -789,8 +909,15 @@ class ExecutionPlan:
         into their bound arrays. Scratch tensors whose init policy is
         ``"zero"`` (SDPA backward's ``dq`` accumulator), allocated or bound,
         are cleared with ``cudnnSetTensor`` on that stream first.
+
+        Checked before any GPU work: every binding (:meth:`PlanSpec.resolve`), a raw pointer's device and
+        allocation size through the driver (each call: for a loop, :meth:`bind` checks once), ``stream=``
+        (a live stream, :func:`cudnnkit.runtime.validate_stream`) and a raw ``workspace=`` pointer.
+        ``unchecked=True`` trusts raw pointers, raw workspace pointers and raw int streams as given (the
+        fast path for callers who manage their own memory; a wrong one is then an illegal memory access
+        or a crash, not an exception). Shapes, dtypes and strides of arrays are checked either way.
         """
-        r, s, adapter, ws, _owners = self._prepare(bindings, stream, workspace)
+        r, s, adapter, ws, _owners = self._prepare(bindings, stream, workspace, unchecked)
         vp = self._variant_pack(r, ws)
         zero = self._zero_list(r) if r.zero else ()
         handle = get_handle(self.device, s, adapter)
@@ -804,16 +931,20 @@ class ExecutionPlan:
         if status:
             raise lib.errors.error_for(status, "cudnnBackendExecute")
 
-    def bind(self, bindings: Mapping[Any, Any], *, workspace: Any = None, stream: Any = None) -> BoundPlan:
+    def bind(
+        self, bindings: Mapping[Any, Any], *, workspace: Any = None, stream: Any = None, unchecked: bool = False
+    ) -> BoundPlan:
         """Check ``bindings`` once and build their variant pack: the returned :class:`BoundPlan` executes
         with only a handle lookup (scratch clearing where the graph needs it) and ``cudnnBackendExecute``.
-        It keeps the arrays (and workspace) alive.
+        It keeps the arrays (and workspace) alive. Every check of :meth:`execute` (raw pointers through the
+        driver, ``stream=``, ``workspace=``) happens here, once; ``unchecked=True`` trusts raw pointers
+        and raw int streams, here and for the streams the :class:`BoundPlan` is later called with.
 
         The default workspace and allocated scratch are the plan's buffers for the bind-time stream
         (``stream``, else the arrays' library's current stream): a :class:`BoundPlan` using any of them
         runs only on that stream (calling it on another raises ``ValueError``); pass ``workspace=`` and
         bind the scratch tensors to run it on any stream."""
-        r, s, adapter, ws, owners = self._prepare(bindings, stream, workspace)
+        r, s, adapter, ws, owners = self._prepare(bindings, stream, workspace, unchecked)
         own = bool(r.scratch) or (workspace is None and self.workspace_size > 0)
         vp = _new_variant_pack(self.spec.uids, r.ptrs, ws, r.keep)
         owners += [v.owner for v in r.views]
@@ -827,6 +958,8 @@ class ExecutionPlan:
             _multi_device(adapter),
             home=s if own else None,
             zero=self._zero_list(r) if r.zero else (),
+            checked=s,
+            unchecked=unchecked,
         )
 
     # ------------------------------------------------------------- CUDA graphs
@@ -852,10 +985,11 @@ class ExecutionPlan:
 
     def _graph_call(self, fn_name: str, bindings, graph, workspace) -> BackendDescriptor:
         self._check_cuda_graph()
+        gp = _graph_ptr(graph)
         r, s, adapter, ws, owners = self._prepare(bindings, None, workspace)
         vp = _new_variant_pack(self.spec.uids, r.ptrs, ws, r.keep + owners)
         handle = get_handle(self.device, s, adapter)
-        lib.function(fn_name)(handle.ptr, self.ptr, vp.ptr, _graph_ptr(graph))
+        lib.function(fn_name)(handle.ptr, self.ptr, vp.ptr, gp)
         return vp
 
     def populate_cuda_graph(self, bindings: Mapping[Any, Any], graph: Any, *, workspace: Any = None) -> None:
@@ -905,6 +1039,11 @@ class BoundPlan:
     ``ValueError`` naming both, since that stream would share those buffers
     with the bind-time stream's work without ordering. Binding with
     ``workspace=`` and every scratch tensor bound lifts the restriction.
+
+    A ``stream`` other than the last one checked is checked once
+    (:func:`cudnnkit.runtime.validate_stream`) before it reaches
+    ``cudnnSetStream``, unless the plan was bound with ``unchecked=True``;
+    the bindings were checked at bind time, so a call does no other check.
     """
 
     __slots__ = (
@@ -921,6 +1060,8 @@ class BoundPlan:
         "_handle",
         "_home",
         "_zero",
+        "_checked",
+        "_unchecked",
     )
 
     def __init__(
@@ -934,6 +1075,8 @@ class BoundPlan:
         *,
         home: int | None = None,
         zero: tuple[tuple[Any, int, Any], ...] = (),
+        checked: int | None = None,
+        unchecked: bool = False,
     ):
         self.plan = plan
         self._vp = vp
@@ -948,6 +1091,8 @@ class BoundPlan:
         self._handle = None  # the last thread's handle (handles are per thread)
         self._home = home  # the only stream it may run on (it uses the plan's buffers of that stream), or None
         self._zero = zero  # (descriptor, pointer, zero) of scratch cleared before every run
+        self._checked = stream if checked is None else checked  # the last raw stream validated
+        self._unchecked = unchecked  # raw int streams are trusted
 
     def _stream_for(self, stream: Any) -> int:
         if stream is None:
@@ -964,6 +1109,9 @@ class BoundPlan:
                 f"scratch buffers of that stream; it cannot run on stream {s:#x} (bind again for "
                 "that stream, or bind with workspace= and every scratch tensor bound)"
             )
+        if stream is not None and s != self._checked and not self._unchecked:
+            _stream(stream, self._adapter, self._device)  # a stream other than the last checked: checked once
+            self._checked = s
         return s
 
     def __call__(self, stream: Any = None) -> None:
@@ -1002,6 +1150,14 @@ class BoundPlan:
 
 _RAW_EXECUTE: list[Any] = []
 _DEVICE_COUNTS: dict[str, int] = {}
+
+
+def _stream(stream: Any, adapter: Any, device: int, name: str = "stream", producer: bool = False) -> int:
+    """``stream=`` as a ``cudaStream_t``: ``None`` is the library's current stream (0 without a library);
+    anything else (an int, a CuPy/torch/``__cuda_stream__`` stream) must be a live CUDA stream
+    (:func:`cudnnkit.runtime.validate_stream`: ``TypeError``/``ValueError`` naming ``stream``) before
+    ``cudnnSetStream`` sees it (an arbitrary int there crashes the process)."""
+    return runtime.validate_stream(stream, adapter, device, name, producer=producer)
 
 
 def _clear(handle: int, zero: tuple[tuple[Any, int, Any], ...]) -> None:
@@ -1269,13 +1425,14 @@ def _key(graph: Graph, device: int | None, options: dict[str, Any]) -> tuple:
 
 def _context(graph: Graph, device: int | None, options: dict[str, Any]) -> _Context:
     key = _key(graph, device, options)
+    bad = graph.known_bad_engines()  # engines measured to compute this graph wrong (part of the graph's key)
+    if bad:
+        options = {**options, "deny_engines": (*options.get("deny_engines", ()), *bad)}
     graph.validate()
     s = current_settings()
     flt = EngineFilter.make(s, fp32_math=_fp32_math(graph), **options)
     d = key[1]
-    ops = ", ".join(n.kind if n.kind != "pointwise" else n.attr("mode") for n in graph._nodes)
-    label = f"graph {graph.name or '#' + str(graph._id)} ({len(graph._nodes)} ops: {ops})"
-    return _Context(graph, d, flt, key, s, label, PlanSpec.of(graph, d))
+    return _Context(graph, d, flt, key, s, graph._label(), PlanSpec.of(graph, d))
 
 
 def _device_env(ctx: _Context):
@@ -1304,15 +1461,19 @@ def _plan_from(
 
 
 def _iter_plans(ctx: _Context, attempts: list[Attempt]):
-    """Lower the graph and yield each candidate that finalizes into a plan (filtered in order)."""
+    """Lower the graph and yield each candidate that finalizes into a plan (filtered in order).
+
+    A descriptor cuDNN refuses while lowering raises :class:`UnsupportedGraphError` (:meth:`Graph.lower`);
+    an engine config it refuses is an :class:`Attempt`."""
     low = ctx.graph.lower(ctx.handle.ptr)
     for cfg, info in _candidates(low, ctx.flt, ctx.settings.heuristic_mode, attempts):
         try:
             desc = _finalize_plan(cfg, ctx.handle)
+            plan = _plan_from(ctx, desc, info, (low, cfg), attempts)
         except lib.CudnnError as e:
+            _refusal(e)
             attempts.append(Attempt(info.name, "build", _status_reason(e), e.status_name))
             continue
-        plan = _plan_from(ctx, desc, info, (low, cfg), attempts)
         why = ctx.flt.reject(info, plan.workspace_size)
         if why:
             attempts.append(Attempt(info.name, "filter", why))
@@ -1347,6 +1508,11 @@ def build(graph: Graph, device: int | None = None, **options: Any) -> ExecutionP
     plan = cache.get(key)
     if plan is not None:
         return plan
+    return _build_miss(graph, key, cache, options)
+
+
+def _build_miss(graph: Graph, key: tuple, cache: PlanCache, options: dict[str, Any]) -> ExecutionPlan:
+    """:func:`build` after a plan-cache miss for ``key``."""
     ctx = _context(graph, key[1], options)
     with _device_env(ctx):
         plan = _load_pending(ctx, cache)
@@ -1385,6 +1551,9 @@ def load_plan(data: bytes | str | Mapping[str, Any], device: int | None = None) 
     if doc.get("cudnn_version") != lib.version():
         raise ValueError(f"plan saved with cuDNN {doc.get('cudnn_version')}, loaded cuDNN is {lib.version()}")
     d = _check_device(device)
+    missing = [k for k in ("plan", "spec") if k not in doc]
+    if missing:
+        raise ValueError(f"not a complete serialized cudnnkit plan: no {', '.join(missing)}")
     d = _default_device() if d is None else d
     avail = adapters.available()
     if not avail:
@@ -1393,7 +1562,14 @@ def load_plan(data: bytes | str | Mapping[str, Any], device: int | None = None) 
     _check_device_count(ad, d)
     with ad.device_guard(d):
         handle = get_handle(d, ad.current_stream(d), ad)
-        desc = _plan_from_json(doc["plan"], handle)
+        try:
+            desc = _plan_from_json(doc["plan"], handle)
+        except lib.CudnnError as e:
+            _refusal(e)
+            raise UnsupportedGraphError(
+                f"the serialized plan {doc.get('name', '?')!r} on cuda:{d}",
+                [Attempt(str(doc.get("name", "?")), "build", _status_reason(e), e.status_name)],
+            ) from e
     return ExecutionPlan(desc, PlanSpec.from_dict(doc["spec"], d), key=None, engine=_plan_engine(desc), keep=handle)
 
 
@@ -1401,6 +1577,8 @@ def load_plan(data: bytes | str | Mapping[str, Any], device: int | None = None) 
 
 
 def _bindings_device(bindings: Mapping[Any, Any]) -> int | None:
+    if not isinstance(bindings, Mapping):
+        return None  # PlanSpec.resolve says what bindings must be
     for k, v in bindings.items():
         if isinstance(v, (int, float, bool)):
             continue
@@ -1415,24 +1593,38 @@ def _bindings_device(bindings: Mapping[Any, Any]) -> int | None:
 
 
 def execute(
-    graph: Graph, bindings: Mapping[Any, Any], *, stream: Any = None, workspace: Any = None, **options: Any
+    graph: Graph,
+    bindings: Mapping[Any, Any],
+    *,
+    stream: Any = None,
+    workspace: Any = None,
+    unchecked: bool = False,
+    **options: Any,
 ) -> ExecutionPlan:
     """Build (cached) and run ``graph`` on ``bindings``; returns the plan used.
 
-    Under ``settings(autotune="exhaustive")`` a plan-cache miss autotunes on
-    these bindings first (outputs are overwritten several times, so inputs
-    must not alias outputs). For a loop, keep the plan, or better
-    ``plan.bind(...)``: this path recomputes the graph key every call.
+    On a plan-cache miss the bindings are checked against the graph (as
+    :meth:`ExecutionPlan.execute` checks them) before anything is built.
+    Under ``settings(autotune="exhaustive")`` a miss autotunes on these
+    bindings first (outputs are overwritten several times, so inputs must not
+    alias outputs). ``unchecked``: see :meth:`ExecutionPlan.execute`. For a
+    loop, keep the plan, or better ``plan.bind(...)``: this path recomputes
+    the graph key every call.
     """
     device = _bindings_device(bindings)
-    if current_settings().autotune == "exhaustive":
-        key = _key(graph, device, options)
-        plan = plan_cache(key[1]).get(key)
-        if plan is None:
-            plan = autotune(graph, bindings, device=device, stream=stream, workspace=workspace, **options)
-    else:
-        plan = build(graph, device, **options)
-    plan.execute(bindings, stream=stream, workspace=workspace)
+    key = _key(graph, device, options)
+    cache = plan_cache(key[1])
+    plan = cache.get(key)
+    if plan is None:
+        graph.validate()
+        PlanSpec.of(graph, key[1]).resolve(bindings, unchecked=unchecked)  # bad bindings before any build
+        if current_settings().autotune == "exhaustive":
+            plan = autotune(
+                graph, bindings, device=key[1], stream=stream, workspace=workspace, unchecked=unchecked, **options
+            )
+        else:
+            plan = _build_miss(graph, key, cache, options)
+    plan.execute(bindings, stream=stream, workspace=workspace, unchecked=unchecked)
     return plan
 
 
@@ -1458,6 +1650,7 @@ def autotune(
     device: int | None = None,
     stream: Any = None,
     workspace: Any = None,
+    unchecked: bool = False,
     **options: Any,
 ) -> ExecutionPlan:
     """Time up to ``max_candidates`` plans (heuristic order, filtered) on ``bindings``; cache the fastest.
@@ -1471,17 +1664,29 @@ def autotune(
     given ``workspace=`` array (skipped, not run; when no candidate runs,
     :class:`UnsupportedGraphError` lists these reasons). Outputs are
     overwritten many times: inputs must not alias outputs.
+
+    The bindings (raw pointers through the driver unless ``unchecked``),
+    ``stream=`` and ``workspace=`` are checked before the graph is lowered.
     """
+    for name, v in (("max_candidates", max_candidates), ("warmup", warmup), ("repeat", repeat)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
     if max_candidates < 1:
         raise ValueError(f"max_candidates must be at least 1, got {max_candidates}")
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"warmup must be >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
     if device is None:
         device = _bindings_device(bindings)
     ctx = _context(graph, device, options)
+    r = ctx.spec.resolve(bindings, unchecked=unchecked)  # bad bindings before any GPU work
     attempts: list[Attempt] = []
     timings: list[tuple[str, float | str]] = []
     best: tuple[float, ExecutionPlan] | None = None
     given = _workspace_bytes(workspace)
     with _device_env(ctx):
+        if stream is not None and not (unchecked and type(stream) is int):
+            adapter = next((v.adapter for v in r.views if v.adapter is not None), ctx.adapter)
+            stream = _stream(stream, adapter, ctx.device)  # a bad stream= before anything is built
         tried = 0
         for plan in _iter_plans(ctx, attempts):
             tried += 1
@@ -1493,7 +1698,7 @@ def autotune(
                     break
                 continue
             try:
-                bound = plan.bind(bindings, workspace=workspace, stream=stream)
+                bound = plan.bind(bindings, workspace=workspace, stream=stream, unchecked=unchecked)
                 # device-wide synchronization through the context's adapter (the bindings may be raw pointers,
                 # with no adapter): the timing must cover the GPU work, not only the host enqueue
                 for _ in range(warmup):

@@ -20,7 +20,7 @@ Labels and lengths
     of int32, contiguous, is handed to cuDNN as is; a device array of another
     integer dtype is read back and converted like a host one. cuDNN takes all
     three as int32 device arrays, but cudnnkit also needs their values on the
-    host to validate them and to set ``maxLabelLength``, so a device array is
+    host to validate them, so a device array is
     copied to the host with its library's ``to_numpy``: that synchronizes with
     the device. Pass host arrays to avoid the synchronization.
 
@@ -73,7 +73,7 @@ Conventions (cuDNN 9, ``cudnn_adv.h`` and the cuDNN API reference)
       framework integrations.
 
 cuDNN calls: ``cudnnSetCTCLossDescriptor_v9`` (float32, normMode, ctcGradMode,
-maxLabelLength = the batch's longest label; value-cached),
+maxLabelLength = 255, :data:`MAX_LABEL_LENGTH`; value-cached),
 ``cudnnGetCTCLossWorkspaceSize_v8``, ``cudnnCTCLoss_v8``. The workspace comes
 from the library of ``x`` on the launch stream.
 """
@@ -97,6 +97,7 @@ from ..runtime import (
     tensor_descriptor,
 )
 from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime.launch import OPTIONAL
 
 __all__ = ["ctc_loss", "MAX_LABEL_LENGTH"]
 
@@ -270,9 +271,9 @@ def ctc_loss(
     dev_labels, dev_ll, dev_il = _on_device(labels), _on_device(label_lengths), _on_device(input_lengths)
     launch, (vx, vlab, vll, vil) = prepare(
         ("x", x),
-        ("labels", labels if dev_labels else None),
-        ("label_lengths", label_lengths if dev_ll else None),
-        ("input_lengths", input_lengths if dev_il else None),
+        ("labels", labels if dev_labels else None, OPTIONAL),
+        ("label_lengths", label_lengths if dev_ll else None, OPTIONAL),
+        ("input_lengths", input_lengths if dev_il else None, OPTIONAL),
         stream=stream,
     )
     if vx.dtype != "float32":
@@ -346,8 +347,10 @@ def ctc_loss(
             i.ptr = base + 4 * off
             off += part.shape[0]
 
-    max_len = max(1, int(idx_ll.values.max()))
-    ctc = ctc_descriptor(norm, oob, max_len)
+    # maxLabelLength is always the limit, never the batch's longest label: measured under compute-sanitizer on an
+    # H200 (cuDNN 9.19, T=20, N=3, A=6, labels 3/2/1), compute_alphas_and_betas_v8 writes past its shared memory
+    # with maxLabelLength=3 (70 errors, then the launch fails) and is clean with T or 255 (what torch passes).
+    ctc = ctc_descriptor(norm, oob, MAX_LABEL_LENGTH)
     desc = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)), min_dims=3)
     with launch.on_device():
         handle = launch.handle
@@ -385,6 +388,6 @@ def ctc_loss(
             # cuDNN reports a cost of 0 for a sample with no possible alignment; its cost is +inf
             one = tensor_descriptor("float32", (1,), (1,))
             for n in short.tolist():
-                lib.cudnnSetTensor(handle, one, vc.ptr + 4 * n, scaling_ref("float32", float("inf")))
+                lib.cudnnSetTensor(handle, one, vc.ptr + 4 * n, scaling_ref("float32", float("inf"), finite=False))
     del keep, ws
     return costs, grads

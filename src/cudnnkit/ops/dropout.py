@@ -22,12 +22,16 @@ A state is not thread-safe: use one per thread (or lock around it).
 from __future__ import annotations
 
 import ctypes
+import functools
+import numbers
 import threading
+from collections import OrderedDict
 from typing import Any
 
 from .. import lib
-from ..runtime import check_dtype, owned_descriptor, prepare, tensor_descriptor, tensor_descriptor_of
-from ..runtime.arrays import ArrayView, like_strides
+from ..runtime import check_dtype, owned_descriptor, prepare, tensor_descriptor
+from ..runtime.arrays import ArrayView
+from ._layout import canonical_strides, describable, plan_layout
 
 __all__ = ["DropoutState", "default_state", "dropout_forward", "dropout_backward"]
 
@@ -52,7 +56,10 @@ class DropoutState:
         _check_seed(seed)
         launch, _ = prepare(("like", like), stream=stream)
         if launch.adapter is None:
-            raise TypeError("DropoutState needs an array of a library with a cudnnkit adapter (CuPy or torch)")
+            raise TypeError(
+                "like must be an array of a library with a cudnnkit adapter (CuPy or torch): the DropoutState "
+                "allocates its RNG states with that library"
+            )
         size = ctypes.c_size_t()
         lib.cudnnDropoutGetStatesSize(launch.handle, ctypes.byref(size))
         self.device = launch.device
@@ -104,7 +111,7 @@ _defaults_lock = threading.Lock()
 
 def default_state(like: Any, *, stream: Any = None) -> DropoutState:
     """This thread's default state (seed 0) for ``like``'s device and library, created on ``stream``."""
-    v = prepare(("x", like))[1][0]
+    v = prepare(("like", like))[1][0]
     key = (v.device, v.library, threading.get_ident())
     with _defaults_lock:
         st = _defaults.get(key)
@@ -116,11 +123,14 @@ def default_state(like: Any, *, stream: Any = None) -> DropoutState:
 
 
 def _check_p(p: float, name: str = "p") -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
+    """``p`` as a float in ``[0, 1)``: any real number (NumPy scalars too) but a bool, else ``TypeError``; NaN and
+    values outside the range ``ValueError``, both naming ``name``."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(f"{name} must be a float in [0, 1), got {p!r}")
+    p = float(p)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {p}")
-    return float(p)
+    return p
 
 
 def _check_state(state: DropoutState, v: ArrayView, name: str) -> None:
@@ -130,10 +140,46 @@ def _check_state(state: DropoutState, v: ArrayView, name: str) -> None:
         raise ValueError(f"state is on cuda:{state.device} but {name} is on cuda:{v.device}")
 
 
-def _reserve_size(v: ArrayView) -> int:
+@functools.lru_cache(maxsize=4096)
+def _describe(shape: tuple[int, ...], strides: tuple[int, ...]):
+    """How dropout describes an array (its shape and strides, size-1 strides made canonical), or None when
+    cuDNN cannot take its strides (expanded, reversed, overlapping: copied first)."""
+    if not describable(shape, strides):
+        return None
+    return shape, canonical_strides(shape, strides)
+
+
+def _reserve_size(desc: Any) -> int:
     n = ctypes.c_size_t()
-    lib.cudnnDropoutGetReserveSpaceSize(tensor_descriptor(v.dtype, v.shape, v.strides), ctypes.byref(n))
+    lib.cudnnDropoutGetReserveSpaceSize(desc, ctypes.byref(n))
     return n.value
+
+
+class _ReserveLayouts:
+    """The layout (shape, strides) each forward ran in, by (device, reserve pointer), so that the backward applies
+    the mask in the same layout: whether cuDNN indexes the mask by element or by memory position is not
+    documented, so the backward never gives it another layout than the forward's. Bounded (LRU); a reserve not
+    found (evicted, or made elsewhere) runs in ``dy``'s layout."""
+
+    def __init__(self, maxsize: int = 4096):
+        self._d: OrderedDict[tuple[int, int], tuple[int, tuple]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.maxsize = maxsize
+
+    def add(self, device: int, ptr: int, nbytes: int, description: tuple) -> None:
+        with self._lock:
+            self._d[(device, ptr)] = (nbytes, description)
+            self._d.move_to_end((device, ptr))
+            while len(self._d) > self.maxsize:
+                self._d.popitem(last=False)
+
+    def get(self, device: int, ptr: int, nbytes: int) -> tuple | None:
+        with self._lock:
+            got = self._d.get((device, ptr))
+        return got[1] if got is not None and got[0] == nbytes else None
+
+
+_reserve_layouts = _ReserveLayouts()
 
 
 def dropout_forward(
@@ -143,25 +189,43 @@ def dropout_forward(
 
     ``x``: any shape (1-8 dims), float16/float32/float64, any strides.
     ``reserve``: a uint8 array holding the mask, for :func:`dropout_backward`.
-    ``state`` defaults to :func:`default_state` for ``x``. ``cudnnDropoutForward``.
+    ``state`` defaults to :func:`default_state` for ``x``. ``cudnnDropoutForward``
+    with ``x`` and ``y`` in one layout: ``y`` is allocated in ``x``'s when ``x`` is
+    dense; an ``x`` with gaps is copied to C order first, and an ``out`` in
+    another layout is written through a temporary (both logged).
     """
     p = _check_p(p)
     launch, (vx,) = prepare(("x", x), stream=stream)
     check_dtype(vx, "x", _DTYPES, "dropout")
     if state is not None:
         _check_state(state, vx, "x")
-    y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx))
+    y, vy = (None, None) if out is None else launch.output(out, vx.shape, vx.dtype)
     if vx.size == 0:
+        y = y if out is not None else launch.output(None, vx.shape, vx.dtype)[0]
         return y, launch.empty((0,), "uint8", name="reserve")[0]
-    state = default_state(x, stream=launch.stream) if state is None else state
-    nres = _reserve_size(vx)
+    lay = plan_layout(
+        launch,
+        [("x", x, vx)],
+        [("out", y, vy, 0.0)],
+        _describe,
+        shape=vx.shape,
+        dtype=vx.dtype,
+        what="cuDNN's dropout is given x and y in one layout",
+    )
+    desc = tensor_descriptor(vx.dtype, *lay.description)
+    if state is None:  # x's view may be prepare's copy of an overlapping x: ask with it, never copy x again
+        state = default_state(vx.owner if vx.adapter is not None else x, stream=launch.stream)
+    lay.apply()
+    ((x, vx),) = lay.inputs
+    ((y, vy),) = lay.outputs
+    nres = _reserve_size(desc)
     reserve, vr = launch.empty((nres,), "uint8", name="reserve")
     with launch.on_device():
         state._use(p, launch.handle)
-        lib.cudnnDropoutForward(
-            launch.handle, state.desc, tensor_descriptor_of(vx), vx.ptr, tensor_descriptor_of(vy), vy.ptr, vr.ptr, nres
-        )
-    return y, reserve
+        lib.cudnnDropoutForward(launch.handle, state.desc, desc, vx.ptr, desc, vy.ptr, vr.ptr, nres)
+    lay.finish()
+    _reserve_layouts.add(launch.device, vr.ptr, nres, lay.description)
+    return lay.results[0], reserve
 
 
 def dropout_backward(
@@ -169,7 +233,9 @@ def dropout_backward(
 ) -> Any:
     """``dx = dy * mask / (1 - p)`` with the mask the forward stored in ``reserve``.
 
-    ``p`` must be the forward's. ``cudnnDropoutBackward``.
+    ``p`` must be the forward's. ``cudnnDropoutBackward``, in the layout the forward ran in (``dy`` is copied
+    into it, and an ``out`` of another layout written through a temporary, where they differ; logged), so each
+    element meets its own mask bit whatever the layouts.
     """
     p = _check_p(p)
     launch, (vdy, vr) = prepare(("dy", dy), ("reserve", reserve), stream=stream)
@@ -178,24 +244,34 @@ def dropout_backward(
         raise TypeError(f"reserve must be the 1-d uint8 array dropout_forward returned, got {vr.dtype} {vr.shape}")
     if state is not None:
         _check_state(state, vdy, "dy")
-    if vdy.size:
-        nres = _reserve_size(vdy)
-        if vr.shape[0] != nres:
-            raise ValueError(f"reserve has {vr.shape[0]} bytes but dy's shape needs {nres}: not this dy's forward")
-    dx, vdx = launch.output(out, vdy.shape, vdy.dtype, strides=like_strides(vdy))
+    dx, vdx = (None, None) if out is None else launch.output(out, vdy.shape, vdy.dtype)
     if vdy.size == 0:
-        return dx
-    state = default_state(dy, stream=launch.stream) if state is None else state
+        return dx if out is not None else launch.output(None, vdy.shape, vdy.dtype)[0]
+    if not vr.is_contiguous():
+        raise ValueError(f"reserve must be contiguous (the array dropout_forward returned), got strides {vr.strides}")
+    recorded = _reserve_layouts.get(launch.device, vr.ptr, vr.shape[0])
+    forced = recorded[1] if recorded is not None and recorded[0] == vdy.shape else None
+    lay = plan_layout(
+        launch,
+        [("dy", dy, vdy)],
+        [("out", dx, vdx, 0.0)],
+        _describe,
+        shape=vdy.shape,
+        dtype=vdy.dtype,
+        what="the layout its forward ran in, so each element meets its own mask bit",
+        strides=forced,
+    )
+    desc = tensor_descriptor(vdy.dtype, *lay.description)
+    nres = _reserve_size(desc)
+    if vr.shape[0] != nres:
+        raise ValueError(f"reserve has {vr.shape[0]} bytes but dy's shape needs {nres}: not this dy's forward")
+    if state is None:
+        state = default_state(vdy.owner if vdy.adapter is not None else dy, stream=launch.stream)
+    lay.apply()
+    ((dy, vdy),) = lay.inputs
+    ((dx, vdx),) = lay.outputs
     with launch.on_device():
         state._use(p, launch.handle)
-        lib.cudnnDropoutBackward(
-            launch.handle,
-            state.desc,
-            tensor_descriptor_of(vdy),
-            vdy.ptr,
-            tensor_descriptor_of(vdx),
-            vdx.ptr,
-            vr.ptr,
-            nres,
-        )
-    return dx
+        lib.cudnnDropoutBackward(launch.handle, state.desc, desc, vdy.ptr, desc, vdx.ptr, vr.ptr, nres)
+    lay.finish()
+    return lay.results[0]

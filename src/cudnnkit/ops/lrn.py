@@ -27,22 +27,45 @@ than its mirror image, so its ``dx`` is not the exact gradient there (odd
 sizes are exact); prefer odd sizes when training. The two
 temporary buffers cuDNN needs are allocated here, with the input's library.
 
-Parameters are checked against cuDNN's limits before any call:
-``1 <= size <= 16`` (``CUDNN_LRN_MIN_N``/``MAX_N``), ``k >= 1e-5``,
-``beta >= 0.01``. Tensors are 3-d to 8-d (N, C, spatial...), any strides;
-float16, float32, float64 (cuDNN refuses bfloat16 here). The output
-blend is ``out = y_alpha * result + y_beta * out``.
+Parameters are checked before any call: ``size`` an int in
+``[1, 16]`` (``CUDNN_LRN_MIN_N``/``MAX_N``); ``alpha``, ``beta`` and ``k``
+real and finite (``TypeError``/``ValueError`` naming them) and within
+float32 for every dtype (cuDNN casts them to the data's type),
+``k >= 1e-5`` and ``beta >= 0.01``. Dtypes: float16, float32, float64
+(cuDNN refuses bfloat16 here). The output blend is
+``out = y_alpha * result + y_beta * out``.
+
+Dims and layouts. cuDNN's LRN takes 4-d tensors of any positive strides and
+5-d ones only NCDHW DHW-packed; LRN here takes 3 to 8 dims ``(N, C,
+spatial...)`` in any layout: a 5- to 8-d array that cuDNN would refuse is
+described as the 4-d ``(N, C, S1, S2)`` its spatial dims merge into (the same
+memory; LRN is across channels, so grouping spatial positions changes no
+value), and one whose spatial dims do not merge is copied to C order first.
+Divisive normalization takes 3 to 5 dims (cuDNN has no other; a 3-d array runs
+as 4-d), and runs in packed NCHW or channels-last (other layouts are copied to
+C order). Both give cuDNN one layout for every tensor of a call
+(:mod:`cudnnkit.ops._layout`): ``y`` is allocated in ``x``'s layout when ``x``
+is dense; an input in another layout is copied into the call's, and an ``out``
+(``dx_out``, ``dmeans_out``) in another layout is computed into a temporary
+(``out``'s contents copied into it first when the blend's beta is not 0) and
+then copied into it. Every copy is logged on the ``cudnnkit`` logger at debug
+level.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from .. import lib
-from ..runtime import DescriptorKind, check_dtype, get_cached, prepare, scaling_ref, tensor_descriptor_of
-from ..runtime.arrays import ArrayView, contiguous_strides, is_dense, like_strides
+from ..runtime import OPTIONAL, DescriptorKind, check_dtype, get_cached, prepare, tensor_descriptor
+from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime.dtypes import check_scalar, scaling_ref
+from ._layout import canonical_strides, describable, merge, one_layout
 
 __all__ = ["lrn_forward", "lrn_backward", "divisive_normalization_forward", "divisive_normalization_backward"]
+
+_FLOAT32_MAX = 3.4028234663852886e38
 
 # cuDNN 9.19 returns NOT_SUPPORTED for bfloat16 LRN and divisive normalization (measured on an H200)
 _DTYPES = ("float16", "float32", "float64")
@@ -55,29 +78,69 @@ def _set_lrn(ptr: int, n: int, alpha: float, beta: float, k: float) -> None:
 _LRN = DescriptorKind("lrn", "cudnnCreateLRNDescriptor", "cudnnDestroyLRNDescriptor", _set_lrn)
 
 
-def _lrn_desc(size: int, alpha: float, beta: float, k: float) -> Any:
+def _lrn_desc(size: int, alpha: float, beta: float, k: float, dtype: str) -> Any:
+    """The cached LRN descriptor, every parameter checked first: ``size`` an int in cuDNN's range; ``alpha``,
+    ``beta``, ``k`` real and finite (``TypeError``/``ValueError`` naming them) and within float32 (cuDNN casts them
+    to the data's type: for all but float64 data they would overflow; for float64 such values are no sane LRN
+    either, and one rule for every dtype keeps a config valid across dtypes), ``k >= 1e-5``, ``beta >= 0.01``."""
     if isinstance(size, bool) or not isinstance(size, int):
         raise TypeError(f"size must be an int, got {size!r}")
     if not lib.CUDNN_LRN_MIN_N <= size <= lib.CUDNN_LRN_MAX_N:
         raise ValueError(f"size must be in [{lib.CUDNN_LRN_MIN_N}, {lib.CUDNN_LRN_MAX_N}] (cuDNN's limit), got {size}")
+    alpha, beta, k = (check_scalar(v, name, dtype=dtype) for v, name in ((alpha, "alpha"), (beta, "beta"), (k, "k")))
+    for v, name in ((alpha, "alpha"), (beta, "beta"), (k, "k")):
+        if abs(v) > _FLOAT32_MAX:
+            raise ValueError(
+                f"{name}={v!r} is out of range: LRN parameters must be within float32 (|{name}| <= "
+                f"{_FLOAT32_MAX:.7g}) for every dtype"
+            )
     if not k >= lib.CUDNN_LRN_MIN_K:
         raise ValueError(f"k must be >= {lib.CUDNN_LRN_MIN_K} (cuDNN's limit), got {k}")
     if not beta >= lib.CUDNN_LRN_MIN_BETA:
         raise ValueError(f"beta must be >= {lib.CUDNN_LRN_MIN_BETA} (cuDNN's limit), got {beta}")
-    return get_cached(_LRN, (size, float(alpha), float(beta), float(k)))
+    return get_cached(_LRN, (size, alpha, beta, k))
 
 
-def _check(views: list[tuple[str, ArrayView]]) -> ArrayView:
+def _check(views: list[tuple[str, ArrayView]], max_dims: int = 8, what: str = "") -> ArrayView:
     name0, v0 = views[0]
     check_dtype(v0, name0, _DTYPES, "normalization")
-    if not 3 <= v0.ndim <= 8:
-        raise ValueError(f"{name0} must have 3 to 8 dims (N, C, spatial...), got shape {v0.shape}")
+    if not 3 <= v0.ndim <= max_dims:
+        raise ValueError(f"{name0} must have 3 to {max_dims} dims (N, C, spatial...){what}, got shape {v0.shape}")
     for name, v in views[1:]:
         if v.shape != v0.shape:
             raise ValueError(f"{name} has shape {v.shape} but {name0} has shape {v0.shape}")
         if v.dtype != v0.dtype:
             raise TypeError(f"{name} has dtype {v.dtype} but {name0} has dtype {v0.dtype}")
     return v0
+
+
+@functools.lru_cache(maxsize=4096)
+def _lrn_describe(shape: tuple[int, ...], strides: tuple[int, ...]):
+    """How LRN describes an array to cuDNN, or None when it must be copied first.
+
+    cuDNN's LRN takes 4-d tensors of any positive strides (NCHW, NHWC, slices) and 5-d ones only when NCDHW
+    DHW-packed (its documentation; other 5-d and all 6- to 8-d tensors get BAD_PARAM or NOT_SUPPORTED). A 3-d or
+    4-d array, and a DHW-packed 5-d one, are described as they are (a 3-d one padded with a trailing size-1 dim).
+    Any other array has its spatial dims merged into one or two, giving a 4-d ``(N, C, S1, S2)`` description with
+    the same memory: LRN normalizes across channels only, so which spatial positions are grouped does not change
+    a value. Where the spatial dims do not merge (a gap inside them), the array is copied to C order first."""
+    if not describable(shape, strides):
+        return None
+    st = canonical_strides(shape, strides)
+    nd = len(shape)
+    if nd <= 4:
+        return shape, st
+    sp, ss = shape[2:], st[2:]
+    whole = merge(sp, ss)
+    if nd == 5 and whole is not None and whole[1] == 1:
+        return shape, st  # NCDHW, DHW-packed
+    if whole is not None:
+        return (shape[0], shape[1], whole[0], 1), (st[0], st[1], whole[1], 1)
+    for cut in range(1, len(sp)):
+        a, b = merge(sp[:cut], ss[:cut]), merge(sp[cut:], ss[cut:])
+        if a is not None and b is not None:
+            return (shape[0], shape[1], a[0], b[0]), (st[0], st[1], a[1], b[1])
+    return None
 
 
 def lrn_forward(
@@ -92,28 +155,38 @@ def lrn_forward(
     y_beta: float = 0.0,
     stream: Any = None,
 ) -> Any:
-    """Cross-channel LRN of ``x`` ``(N, C, ...)``; returns ``y`` of the same shape and dtype.
+    """Cross-channel LRN of ``x`` ``(N, C, ...)`` (3 to 8 dims, any strides); returns ``y`` of the same shape and
+    dtype (``out`` if given, any layout: see the module docstring for the copies a layout unlike ``x``'s costs).
 
     ``cudnnLRNCrossChannelForward``. The backward needs ``x`` and this ``y``.
     """
-    desc = _lrn_desc(size, alpha, beta, k)
     launch, (vx,) = prepare(("x", x), stream=stream)
     _check([("x", vx)])
-    y, vy = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=y_beta)
-    if vx.size:
-        with launch.on_device():
-            lib.cudnnLRNCrossChannelForward(
-                launch.handle,
-                desc,
-                lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
-                scaling_ref(vx.dtype, y_alpha),
-                tensor_descriptor_of(vx),
-                vx.ptr,
-                scaling_ref(vx.dtype, y_beta),
-                tensor_descriptor_of(vy),
-                vy.ptr,
-            )
-    return y
+    desc = _lrn_desc(size, alpha, beta, k, vx.dtype)
+    a_ref, b_ref = scaling_ref(vx.dtype, y_alpha, "y_alpha"), scaling_ref(vx.dtype, y_beta, "y_beta")
+    y, vy = (None, None) if out is None else launch.output(out, vx.shape, vx.dtype, beta=y_beta)
+    if out is None and y_beta != 0:
+        raise ValueError("y_beta != 0 blends into an existing output: pass out=")
+    if vx.size == 0:
+        return y if out is not None else launch.output(None, vx.shape, vx.dtype)[0]
+    lay = one_layout(
+        launch,
+        [("x", x, vx)],
+        [("out", y, vy, y_beta)],
+        _lrn_describe,
+        shape=vx.shape,
+        dtype=vx.dtype,
+        what="cuDNN's LRN takes x and y in one layout",
+    )
+    ((x, vx),) = lay.inputs
+    ((y, vy),) = lay.outputs
+    d = tensor_descriptor(vx.dtype, *lay.description)
+    with launch.on_device():
+        lib.cudnnLRNCrossChannelForward(
+            launch.handle, desc, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1, a_ref, d, vx.ptr, b_ref, d, vy.ptr
+        )
+    lay.finish()
+    return lay.results[0]
 
 
 def lrn_backward(
@@ -132,66 +205,80 @@ def lrn_backward(
 ) -> Any:
     """Gradient of :func:`lrn_forward`: ``dx`` from ``dy``, the forward's ``y`` and its input ``x``.
 
-    ``cudnnLRNCrossChannelBackward``; the LRN parameters must be the forward's.
+    ``cudnnLRNCrossChannelBackward``, with ``y``, ``dy``, ``x`` and ``dx`` in one layout (copies where they
+    differ); the LRN parameters must be the forward's.
     """
-    desc = _lrn_desc(size, alpha, beta, k)
     launch, (vdy, vy, vx) = prepare(("dy", dy), ("y", y), ("x", x), stream=stream)
     _check([("dy", vdy), ("y", vy), ("x", vx)])
-    dx, vdx = launch.output(out, vx.shape, vx.dtype, strides=like_strides(vx), beta=dx_beta)
-    if vx.size:
-        with launch.on_device():
-            lib.cudnnLRNCrossChannelBackward(
-                launch.handle,
-                desc,
-                lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
-                scaling_ref(vx.dtype, dx_alpha),
-                tensor_descriptor_of(vy),
-                vy.ptr,
-                tensor_descriptor_of(vdy),
-                vdy.ptr,
-                tensor_descriptor_of(vx),
-                vx.ptr,
-                scaling_ref(vx.dtype, dx_beta),
-                tensor_descriptor_of(vdx),
-                vdx.ptr,
-            )
-    return dx
+    desc = _lrn_desc(size, alpha, beta, k, vx.dtype)
+    a_ref, b_ref = scaling_ref(vx.dtype, dx_alpha, "dx_alpha"), scaling_ref(vx.dtype, dx_beta, "dx_beta")
+    dx, vdx = (None, None) if out is None else launch.output(out, vx.shape, vx.dtype, beta=dx_beta)
+    if out is None and dx_beta != 0:
+        raise ValueError("dx_beta != 0 blends into an existing output: pass out=")
+    if vx.size == 0:
+        return dx if out is not None else launch.output(None, vx.shape, vx.dtype)[0]
+    lay = one_layout(
+        launch,
+        [("x", x, vx), ("y", y, vy), ("dy", dy, vdy)],
+        [("out", dx, vdx, dx_beta)],
+        _lrn_describe,
+        shape=vx.shape,
+        dtype=vx.dtype,
+        what="cuDNN's LRN backward takes y, dy, x and dx in one layout",
+    )
+    (x, vx), (y, vy), (dy, vdy) = lay.inputs
+    ((dx, vdx),) = lay.outputs
+    d = tensor_descriptor(vx.dtype, *lay.description)
+    with launch.on_device():
+        lib.cudnnLRNCrossChannelBackward(
+            launch.handle,
+            desc,
+            lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
+            a_ref,
+            d,
+            vy.ptr,
+            d,
+            vdy.ptr,
+            d,
+            vx.ptr,
+            b_ref,
+            d,
+            vdx.ptr,
+        )
+    lay.finish()
+    return lay.results[0]
 
 
-def _temps(launch, v: ArrayView) -> tuple[Any, ArrayView, Any, ArrayView]:
-    """The two scratch buffers divisive normalization needs, laid out exactly like ``v`` (which is dense)."""
-    t1, v1 = launch.empty(v.shape, v.dtype, v.strides, name="temp")
-    t2, v2 = launch.empty(v.shape, v.dtype, v.strides, name="temp2")
+@functools.lru_cache(maxsize=4096)
+def _divnorm_describe(shape: tuple[int, ...], strides: tuple[int, ...]):
+    """How divisive normalization describes an array: as it is when packed NCHW (C order) or channels-last,
+    else None (copied to C order). cuDNN describes ``x``, ``means`` and its two scratch buffers with one
+    descriptor, and the scratch buffers are allocated here, so the layout must be one an allocation can have;
+    of those, only the two the GPU tests hold to the reference are handed to cuDNN (it refuses some layouts
+    with NOT_SUPPORTED)."""
+    if not describable(shape, strides):
+        return None
+    st = canonical_strides(shape, strides)
+    if st == contiguous_strides(shape) or st == canonical_strides(shape, _channels_last(shape)):
+        return shape, st
+    return None
+
+
+def _channels_last(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-contiguous strides of ``(N, spatial..., C)`` memory, as strides of ``shape`` ``(N, C, spatial...)``."""
+    perm = (shape[0], *shape[2:], shape[1])
+    cs = contiguous_strides(perm)
+    return (cs[0], cs[-1], *cs[1:-1])
+
+
+def _temps(launch, shape, dtype, strides) -> tuple[Any, ArrayView, Any, ArrayView]:
+    """The two scratch buffers divisive normalization needs, laid out as the call's descriptor says."""
+    t1, v1 = launch.empty(shape, dtype, strides, name="temp")
+    t2, v2 = launch.empty(shape, dtype, strides, name="temp2")
     return t1, v1, t2, v2
 
 
-def _target_strides(views: list[ArrayView | None]) -> tuple[int, ...]:
-    """The one layout cuDNN's divisive normalization will see: the first view's if it is dense and the
-    others share it, else C order (the inputs are then copied)."""
-    first = views[0]
-    assert first is not None
-    if is_dense(first.shape, first.strides) and all(v is None or v.strides == first.strides for v in views):
-        return first.strides
-    return contiguous_strides(first.shape)
-
-
-def _in_layout(launch, arrays: list[tuple[str, Any, ArrayView | None]], strides: tuple[int, ...]):
-    """Each array as is when it already has ``strides``, else a C-order copy (logged)."""
-    out = []
-    for name, a, v in arrays:
-        if v is None or v.strides == strides:
-            out.append((a, v))
-            continue
-        out.append(launch.contiguous(a, v, name, f"must be laid out as {strides} for cuDNN"))
-    return out
-
-
-def _check_out_layout(v: ArrayView | None, name: str, strides: tuple[int, ...]) -> None:
-    if v is not None and v.strides != strides:
-        raise ValueError(
-            f"{name} must be laid out like the inputs as cuDNN sees them (strides {strides}), "
-            f"got {v.strides}: cuDNN's divisive normalization takes one layout for all its tensors"
-        )
+_DIVNORM_DIMS = " (cuDNN's divisive normalization takes 4-d and 5-d tensors; a 3-d array is run as 4-d)"
 
 
 def divisive_normalization_forward(
@@ -207,40 +294,56 @@ def divisive_normalization_forward(
     y_beta: float = 0.0,
     stream: Any = None,
 ) -> Any:
-    """Spatial divisive normalization of ``x`` ``(N, C, H, W)`` (with precomputed ``means``, same shape, if given).
+    """Spatial divisive normalization of ``x`` ``(N, C, H, W)`` (3 to 5 dims; with precomputed ``means``, same
+    shape, if given).
 
     ``cudnnDivisiveNormalizationForward`` with ``CUDNN_DIVNORM_PRECOMPUTED_MEANS``;
-    ``means=None`` passes NULL. cuDNN describes ``x``, ``means`` and its two
-    scratch buffers with one descriptor, so ``x`` and ``means`` are copied to C
-    order when ``x`` has gaps or the two differ in layout; ``y`` must have that
-    same layout too (cuDNN 9.19 returns NOT_SUPPORTED otherwise), so a given
-    ``out`` is checked against it.
+    ``means=None`` passes NULL. cuDNN describes ``x``, ``means``, its two
+    scratch buffers and ``y`` with one layout (9.19 returns NOT_SUPPORTED
+    otherwise), packed NCHW or NHWC here: ``x`` and ``means`` are copied when
+    they have gaps, another layout or differ in layout, and an ``out`` of
+    another layout is computed into a temporary and copied into (see the module
+    docstring).
     """
-    desc = _lrn_desc(size, alpha, beta, k)
-    launch, (vx, vm) = prepare(("x", x), ("means", means), stream=stream)
-    _check([("x", vx)] + ([("means", vm)] if vm is not None else []))
-    strides = _target_strides([vx, vm])
-    y, vy = launch.output(out, vx.shape, vx.dtype, strides=strides, beta=y_beta)
-    _check_out_layout(vy, "out", strides)
-    if vx.size:
-        (x, vx), (means, vm) = _in_layout(launch, [("x", x, vx), ("means", means, vm)], strides)
-        t1, v1, t2, v2 = _temps(launch, vx)
-        with launch.on_device():
-            lib.cudnnDivisiveNormalizationForward(
-                launch.handle,
-                desc,
-                lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
-                scaling_ref(vx.dtype, y_alpha),
-                tensor_descriptor_of(vx),
-                vx.ptr,
-                vm.ptr if vm is not None else None,
-                v1.ptr,
-                v2.ptr,
-                scaling_ref(vx.dtype, y_beta),
-                tensor_descriptor_of(vy),
-                vy.ptr,
-            )
-    return y
+    launch, (vx, vm) = prepare(("x", x), ("means", means, OPTIONAL), stream=stream)
+    _check([("x", vx)] + ([("means", vm)] if vm is not None else []), 5, _DIVNORM_DIMS)
+    desc = _lrn_desc(size, alpha, beta, k, vx.dtype)
+    a_ref, b_ref = scaling_ref(vx.dtype, y_alpha, "y_alpha"), scaling_ref(vx.dtype, y_beta, "y_beta")
+    if out is None and y_beta != 0:
+        raise ValueError("y_beta != 0 blends into an existing output: pass out=")
+    y, vy = (None, None) if out is None else launch.output(out, vx.shape, vx.dtype, beta=y_beta)
+    if vx.size == 0:
+        return y if out is not None else launch.output(None, vx.shape, vx.dtype)[0]
+    lay = one_layout(
+        launch,
+        [("x", x, vx), ("means", means, vm)],
+        [("out", y, vy, y_beta)],
+        _divnorm_describe,
+        shape=vx.shape,
+        dtype=vx.dtype,
+        what="cuDNN's divisive normalization takes one layout for all its tensors",
+    )
+    (x, vx), (means, vm) = lay.inputs
+    ((y, vy),) = lay.outputs
+    d = tensor_descriptor(vx.dtype, *lay.description)
+    t1, v1, t2, v2 = _temps(launch, vx.shape, vx.dtype, lay.description[1])
+    with launch.on_device():
+        lib.cudnnDivisiveNormalizationForward(
+            launch.handle,
+            desc,
+            lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
+            a_ref,
+            d,
+            vx.ptr,
+            vm.ptr if vm is not None else None,
+            v1.ptr,
+            v2.ptr,
+            b_ref,
+            d,
+            vy.ptr,
+        )
+    lay.finish()
+    return lay.results[0]
 
 
 def divisive_normalization_backward(
@@ -262,41 +365,59 @@ def divisive_normalization_backward(
 
     ``cudnnDivisiveNormalizationBackward``. ``dmeans`` is ``None`` when ``means``
     was not given (cuDNN is passed NULL and computes only ``dx``). ``x``,
-    ``means`` and ``dy`` share one descriptor in cuDNN (copied to C order when
-    they differ or have gaps), and ``dx``/``dmeans`` must have that layout too.
+    ``means``, ``dy``, ``dx`` and ``dmeans`` share one layout in cuDNN (copies and
+    temporaries where they differ, as in the forward).
     """
-    desc = _lrn_desc(size, alpha, beta, k)
-    launch, (vdy, vx, vm) = prepare(("dy", dy), ("x", x), ("means", means), stream=stream)
-    _check([("dy", vdy), ("x", vx)] + ([("means", vm)] if vm is not None else []))
+    launch, (vdy, vx, vm) = prepare(("dy", dy), ("x", x), ("means", means, OPTIONAL), stream=stream)
+    _check([("dy", vdy), ("x", vx)] + ([("means", vm)] if vm is not None else []), 5, _DIVNORM_DIMS)
     if vm is None and dmeans_out is not None:
         raise ValueError("dmeans_out needs means: without means there is no dmeans")
-    strides = _target_strides([vx, vdy, vm])
-    dx, vdx = launch.output(dx_out, vx.shape, vx.dtype, strides=strides, name="dx_out", beta=dx_beta)
-    _check_out_layout(vdx, "dx_out", strides)
-    dm, vdm = (None, None)
-    if vm is not None:
-        dm, vdm = launch.output(dmeans_out, vx.shape, vx.dtype, strides=strides, name="dmeans_out", beta=dx_beta)
-        _check_out_layout(vdm, "dmeans_out", strides)
-    if vx.size:
-        (x, vx), (dy, vdy), (means, vm) = _in_layout(
-            launch, [("x", x, vx), ("dy", dy, vdy), ("means", means, vm)], strides
+    desc = _lrn_desc(size, alpha, beta, k, vx.dtype)
+    a_ref, b_ref = scaling_ref(vx.dtype, dx_alpha, "dx_alpha"), scaling_ref(vx.dtype, dx_beta, "dx_beta")
+    if dx_beta != 0 and (dx_out is None or (vm is not None and dmeans_out is None)):
+        raise ValueError("dx_beta != 0 blends into existing outputs: pass dx_out= (and dmeans_out= with means)")
+    dx, vdx = (None, None) if dx_out is None else launch.output(dx_out, vx.shape, vx.dtype, name="dx_out", beta=dx_beta)
+    dm, vdm = None, None
+    if dmeans_out is not None:
+        dm, vdm = launch.output(dmeans_out, vx.shape, vx.dtype, name="dmeans_out", beta=dx_beta)
+    if vx.size == 0:
+        if dx is None:
+            dx = launch.output(None, vx.shape, vx.dtype, name="dx_out")[0]
+        if vm is not None and dm is None:
+            dm = launch.output(None, vx.shape, vx.dtype, name="dmeans_out")[0]
+        return dx, dm
+    outputs = [("dx_out", dx, vdx, dx_beta)] + ([("dmeans_out", dm, vdm, dx_beta)] if vm is not None else [])
+    lay = one_layout(
+        launch,
+        [("x", x, vx), ("dy", dy, vdy), ("means", means, vm)],
+        outputs,
+        _divnorm_describe,
+        shape=vx.shape,
+        dtype=vx.dtype,
+        what="cuDNN's divisive normalization takes one layout for all its tensors",
+    )
+    (x, vx), (dy, vdy), (means, vm) = lay.inputs
+    (dx, vdx), *rest = lay.outputs
+    vdm = rest[0][1] if rest else None
+    d = tensor_descriptor(vx.dtype, *lay.description)
+    t1, v1, t2, v2 = _temps(launch, vx.shape, vx.dtype, lay.description[1])
+    with launch.on_device():
+        lib.cudnnDivisiveNormalizationBackward(
+            launch.handle,
+            desc,
+            lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
+            a_ref,
+            d,
+            vx.ptr,
+            vm.ptr if vm is not None else None,
+            vdy.ptr,
+            v1.ptr,
+            v2.ptr,
+            b_ref,
+            d,
+            vdx.ptr,
+            vdm.ptr if vdm is not None else None,
         )
-        t1, v1, t2, v2 = _temps(launch, vx)
-        with launch.on_device():
-            lib.cudnnDivisiveNormalizationBackward(
-                launch.handle,
-                desc,
-                lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
-                scaling_ref(vx.dtype, dx_alpha),
-                tensor_descriptor_of(vx),
-                vx.ptr,
-                vm.ptr if vm is not None else None,
-                vdy.ptr,
-                v1.ptr,
-                v2.ptr,
-                scaling_ref(vx.dtype, dx_beta),
-                tensor_descriptor_of(vdx),
-                vdx.ptr,
-                vdm.ptr if vdm is not None else None,
-            )
-    return dx, dm
+    lay.finish()
+    dx = lay.results[0]
+    return dx, (lay.results[1] if vm is not None else None)

@@ -86,7 +86,8 @@ from ..runtime import (
 )
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.descriptors import int_array
-from ..runtime.dtypes import canonical, itemsize
+from ..runtime.dtypes import canonical, check_scalar, itemsize
+from ..runtime.launch import OPTIONAL, WRITTEN
 from .dropout import DropoutState, _check_p, _check_seed
 from .tensor import set_tensor
 
@@ -240,6 +241,15 @@ class RNN:
             raise TypeError(
                 f"dtype must be one of {sorted(_PRECISIONS)} (cuDNN 9 RNNs have no {self.dtype}), got {self.dtype}"
             )
+        # what cuDNN documents the persistent algorithms not to support ("Features of RNN Functions"); a
+        # descriptor with these is accepted, and the first call fails with a bare NOT_SUPPORTED
+        if self.proj_size and self.algo != "standard":
+            raise ValueError(
+                f"proj_size (LSTM recurrent projection) needs algo='standard': cuDNN's persistent algorithms do "
+                f"not support it, got algo={self.algo!r}"
+            )
+        if self.algo == "persist_static_small_h" and self.dtype == "float64":
+            raise ValueError("algo='persist_static_small_h' does not support float64 (cuDNN); use another algo")
         if self.math_precision is not None:
             object.__setattr__(self, "math_precision", canonical(self.math_precision, "math_precision"))
             if self.math_precision not in _PRECISIONS[self.dtype]:
@@ -414,7 +424,7 @@ class _Built:
         self.dyn_batch: dict[bool, int] = {}
         self.temp: OrderedDict[tuple, tuple[int, int]] = OrderedDict()
         size = ctypes.c_size_t()
-        with launch.on_device():
+        with launch.on_device(), _explained(rnn, math_mode):
             lib.cudnnGetRNNWeightSpaceSize(launch.handle, self.desc(rnn.padded_io is not False), ctypes.byref(size))
             self.weight_bytes = size.value
             self.layout = self._weight_layout(launch)
@@ -476,7 +486,8 @@ class _Built:
         if self.rnn.algo == "persist_dynamic" and batch != self.dyn_batch.get(padded):
             with self.lock:
                 if batch != self.dyn_batch.get(padded):
-                    lib.cudnnBuildRNNDynamic(launch.handle, d, batch)
+                    with _explained(self.rnn, self.math_mode, f"; cudnnBuildRNNDynamic for a batch of {batch}"):
+                        lib.cudnnBuildRNNDynamic(launch.handle, d, batch)
                     self.dyn_batch[padded] = batch
         return d
 
@@ -490,7 +501,10 @@ class _Built:
                 return got
         ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
         mode = lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE
-        lib.cudnnGetRNNTempSpaceSizes(launch.handle, self.desc(padded), mode, xdesc, ctypes.byref(ws), ctypes.byref(rs))
+        with _explained(self.rnn, self.math_mode, f"; padded I/O {padded}, training={training}"):
+            lib.cudnnGetRNNTempSpaceSizes(
+                launch.handle, self.desc(padded), mode, xdesc, ctypes.byref(ws), ctypes.byref(rs)
+            )
         with self.lock:
             self.temp[key] = (ws.value, rs.value)
             while len(self.temp) > _MAX_TEMP:
@@ -528,21 +542,51 @@ def rnn_descriptor(
             lib.CUDNN_RNN_PADDED_IO_ENABLED if padded_io else lib.CUDNN_RNN_PADDED_IO_DISABLED,
         )
     except NotSupportedError as e:
-        hint = ""
-        if rnn.algo != "standard":
-            hint = (
-                " (the persistent algorithms refuse, among others, bias_mode='single_recurrent' and float16 math "
-                "precision in cuDNN 9.19; algo='standard' supports every cell, bias and input mode)"
-            )
-        raise NotSupportedError(
-            e.status,
-            e.function,
-            f"cuDNN does not support this RNN: algo={rnn.algo!r}, dtype={rnn.dtype}, math precision {prec}, math type "
-            f"{mt!r}, bias_mode={rnn.bias_mode!r}{hint}" + (f"; cuDNN: {e.last_error}" if e.last_error else ""),
-        ) from None
+        raise _not_supported(rnn, e, (prec, mt)) from None
     if rnn.cell_clip is not None:
         lib.cudnnRNNSetClip_v9(desc, lib.CUDNN_RNN_CLIP_MINMAX, *rnn.cell_clip)
     return desc
+
+
+def _not_supported(
+    rnn: RNN, e: NotSupportedError, math_mode: tuple[str, str] | None = None, call: str = ""
+) -> NotSupportedError:
+    """``e`` (a cuDNN NOT_SUPPORTED for an RNN) again, with a message naming every config field and, in ``call``,
+    what the call that failed was given (layout, batch, lengths)."""
+    prec, mt = math_mode or rnn.resolved_math()
+    hint = ""
+    if rnn.algo == "persist_dynamic":
+        hint = (
+            " (algo='persist_dynamic' compiles its kernels at run time with NVRTC, which must be loadable, and has "
+            "size limits that depend on the GPU; its descriptor is accepted before that, so such limits show only "
+            "at the first call; algo='standard' supports every configuration)"
+        )
+    elif rnn.algo != "standard":
+        hint = (
+            " (the persistent algorithms refuse, among others, bias_mode='single_recurrent' and float16 math "
+            "precision in cuDNN 9.19, and have size limits that depend on the GPU; algo='standard' supports every "
+            "cell, bias and input mode)"
+        )
+    return NotSupportedError(
+        e.status,
+        e.function,
+        f"cuDNN does not support this RNN: algo={rnn.algo!r}, dtype={rnn.dtype}, math precision {prec}, math type "
+        f"{mt!r}, bias_mode={rnn.bias_mode!r}, cell={rnn.cell!r}, input_mode={rnn.input_mode!r}, "
+        f"input_size={rnn.input_size}, hidden_size={rnn.hidden_size}, proj_size={rnn.proj_size}, "
+        f"num_layers={rnn.num_layers}, bidirectional={rnn.bidirectional}, dropout={rnn.dropout}, "
+        f"padded_io={rnn.padded_io}{call}{hint}" + (f"; cuDNN: {e.last_error}" if e.last_error else ""),
+    )
+
+
+@contextlib.contextmanager
+def _explained(rnn: RNN, math_mode: tuple[str, str] | None = None, call: str = ""):
+    """Turn a bare NOT_SUPPORTED from the RNN calls inside into :func:`_not_supported`'s message."""
+    try:
+        yield
+    except NotSupportedError as e:
+        if "cuDNN does not support this RNN" in str(e):
+            raise
+        raise _not_supported(rnn, e, math_mode, call) from None
 
 
 def _matrix_dims(desc: Any, n: int) -> tuple[int, ...]:
@@ -618,8 +662,8 @@ def _seq_lengths(layout: str, vx: ArrayView, seq_lengths: Any, input_size: int) 
             ) from e
         if a.dtype.kind not in "iu" or a.ndim != 1:
             raise TypeError(
-                f"seq_lengths must be a 1-d host array of ints, got {a.dtype} {a.shape} (pass the device "
-                f"copy as dev_seq_lengths=)"
+                f"seq_lengths must be a 1-d host array of ints, got {a.dtype} {a.shape} (cudnnkit makes the "
+                f"device copy cuDNN needs itself, once per lengths)"
             )
         values = a.astype(np.int64)
         N = values.shape[0]
@@ -681,6 +725,33 @@ def _check_data(v: ArrayView, rnn: RNN, name: str) -> None:
         raise TypeError(f"{name} has dtype {v.dtype} but the RNN's dtype is {rnn.dtype}")
 
 
+def _check_fill(fill: Any, dtype: str) -> float:
+    """``padding_fill`` as a float: a real number (``TypeError`` naming it for None, str, bool, ...); NaN and inf
+    are allowed (a fill that shows), a finite value must stay finite in ``dtype`` (``ValueError``)."""
+    value = check_scalar(fill, "padding_fill", finite=False, dtype=dtype)
+    if math.isfinite(value):
+        with np.errstate(over="ignore"):
+            stored = np.array([value], dtype=np.dtype(dtype))[0]
+        if not np.isfinite(stored):
+            raise ValueError(f"padding_fill={value!r} overflows {dtype} (the RNN's dtype, in which cuDNN writes it)")
+    return value
+
+
+#: the algorithms whose kernels run every sample for all T steps (cuDNN documents variable sequence lengths in a
+#: batch as not supported by them: "Features of RNN Functions")
+_PERSISTENT = ("persist_static", "persist_dynamic", "persist_static_small_h")
+
+
+def _check_algo_lengths(rnn: RNN, seq: _Seq, layout: str) -> None:
+    """The persistent algorithms take only batches whose sequences all have the full length T."""
+    if rnn.algo in _PERSISTENT and seq.values.min() != seq.T:
+        raise ValueError(
+            f"algo={rnn.algo!r} does not support sequences of different lengths in one batch (cuDNN's persistent "
+            f"RNN algorithms run every sample for all T={seq.T} steps); seq_lengths has lengths from "
+            f"{int(seq.values.min())} to {seq.T}: use algo='standard' for variable lengths"
+        )
+
+
 def _required(**arrays: Any) -> None:
     for name, a in arrays.items():
         if a is None:
@@ -713,30 +784,23 @@ _lengths: OrderedDict[tuple, Any] = OrderedDict()
 register_cache(lambda: _lengths.clear())
 
 
-def _dev_lengths(launch: Any, seq: _Seq, v: ArrayView | None, arr: Any) -> tuple[Any, int]:
-    """cuDNN's device copy of the lengths, as (owner, ``int32_t *``): the given int32 array (checked to be N
-    contiguous ints) or a cached upload (a host-to-device copy from pageable memory waits for the stream, so it is
-    made once per lengths, library, device and stream, and never written again)."""
-    if v is None:
-        key = (launch.adapter.name if launch.adapter is not None else None, launch.device, launch.stream, seq.lengths)
+def _dev_lengths(launch: Any, seq: _Seq) -> tuple[Any, Any]:
+    """cuDNN's device copy of the lengths, as (owner, ``int32_t *``): a cached upload (a host-to-device copy from
+    pageable memory waits for the stream, so it is made once per lengths, library, device and stream, and never
+    written again). The lengths cuDNN reads on the device are therefore always the host ``seq_lengths`` that the
+    call was checked with: there is no separate device argument that could disagree with them."""
+    key = (launch.adapter.name if launch.adapter is not None else None, launch.device, launch.stream, seq.lengths)
+    with _lock:
+        hit = _lengths.get(key)
+        if hit is not None:
+            _lengths.move_to_end(key)
+    if hit is None:
+        hit = launch.upload(seq.values, "seq_lengths")
         with _lock:
-            hit = _lengths.get(key)
-            if hit is not None:
-                _lengths.move_to_end(key)
-        if hit is None:
-            hit = launch.upload(seq.values, "seq_lengths")
-            with _lock:
-                _lengths[key] = hit
-                while len(_lengths) > _LENGTHS_MAX:
-                    _lengths.popitem(last=False)
-        arr, ptr = hit
-    elif v.dtype != "int32" or v.shape != (seq.N,) or not v.is_contiguous():
-        raise ValueError(
-            f"dev_seq_lengths must be a contiguous int32 device array of {seq.N} values (the device copy "
-            f"of seq_lengths), got {v.dtype} {v.shape}"
-        )
-    else:
-        ptr = v.ptr
+            _lengths[key] = hit
+            while len(_lengths) > _LENGTHS_MAX:
+                _lengths.popitem(last=False)
+    arr, ptr = hit
     return arr, ctypes.cast(ptr, _INT32_P)
 
 
@@ -781,6 +845,15 @@ def _dual(rnn: RNN, layout: str, seq: _Seq, fill: float) -> tuple[bool, Any, Any
     return padded, xd, yd
 
 
+def _call_info(layout: str, seq: _Seq, padded: bool, training: bool) -> str:
+    """What a call gave cuDNN, for :func:`_not_supported`."""
+    lengths = "all T" if seq.values.min() == seq.T else f"{int(seq.values.min())} to {seq.T}"
+    return (
+        f"; the call: layout={layout!r}, batch N={seq.N}, T={seq.T}, sequence lengths {lengths}, padded I/O "
+        f"{padded}, training={training}"
+    )
+
+
 def _hc_descs(rnn: RNN, N: int):
     hs, cs = rnn.hidden_shape(N), rnn.cell_shape(N)
     return (
@@ -799,7 +872,6 @@ def rnn_forward(
     training: bool = False,
     layout: str = "seq_major",
     seq_lengths: Any = None,
-    dev_seq_lengths: Any = None,
     padding_fill: float = 0.0,
     y_out: Any = None,
     stream: Any = None,
@@ -809,10 +881,10 @@ def rnn_forward(
     Shapes as in the module docstring; ``cy`` is ``None`` for cells other
     than LSTM. ``hx``/``cx`` ``None`` start from zeros. ``seq_lengths``: host
     ints (N,), each in ``[1, T]`` (default: all ``T``; required and
-    decreasing for ``layout="packed"``); cuDNN also needs them on the device:
-    ``dev_seq_lengths`` (int32, N) if given, else they are copied on the
-    launch stream. Padded steps of ``y`` (unpacked layouts) get
-    ``padding_fill``; ``hy``/``cy`` hold each sample's state after its own
+    decreasing for ``layout="packed"``); cuDNN also reads them on the device,
+    from a copy cudnnkit makes on the launch stream once per lengths (cached).
+    Padded steps of ``y`` (unpacked layouts) get ``padding_fill``, a real number
+    (NaN and inf allowed) that ``rnn.dtype`` can hold; ``hy``/``cy`` hold each sample's state after its own
     last step. ``reserve`` (uint8) is what :func:`rnn_backward` needs;
     training applies ``rnn.dropout`` between layers. Non-contiguous inputs are
     copied. ``cudnnRNNForward`` (after ``cudnnBuildRNNDynamic`` for
@@ -822,12 +894,12 @@ def rnn_forward(
     if not isinstance(training, bool):
         raise TypeError(f"training must be a bool, got {training!r}")
     _required(x=x, w=w)
-    launch, (vx, vw, vhx, vcx, vdl) = prepare(
-        ("x", x), ("w", w), ("hx", hx), ("cx", cx), ("dev_seq_lengths", dev_seq_lengths), stream=stream
-    )
+    fill = _check_fill(padding_fill, rnn.dtype)
+    launch, (vx, vw, vhx, vcx) = prepare(("x", x), ("w", w), ("hx", hx, OPTIONAL), ("cx", cx, OPTIONAL), stream=stream)
     # every check first
     _check_data(vx, rnn, "x")
     seq = _seq_lengths(layout, vx, seq_lengths, rnn.input_size)
+    _check_algo_lengths(rnn, seq, layout)
     if cx is not None and rnn.cell != "lstm":
         raise ValueError(f"cx is the LSTM cell state; a {rnn.cell} RNN has none")
     _check_state(vhx, rnn.hidden_shape(seq.N), rnn.dtype, "hx")
@@ -844,7 +916,7 @@ def rnn_forward(
         y, vy = launch.output(y_out, yshape, rnn.dtype, name="y_out")
         if not vy.is_contiguous():
             raise ValueError(f"y_out must be C-contiguous, got strides {vy.strides}")
-    padded, xd, yd = _dual(rnn, layout, seq, padding_fill)
+    padded, xd, yd = _dual(rnn, layout, seq, fill)
     hd, cd = _hc_descs(rnn, seq.N)
     # then copies and allocations, all on the launch stream
     x, x_ptr = _packed(launch, x, vx, "x")
@@ -854,8 +926,9 @@ def rnn_forward(
         y, vy = launch.output(None, yshape, rnn.dtype, name="y_out")
     hy, vhy = launch.empty(rnn.hidden_shape(seq.N), rnn.dtype, name="hy")
     cy, vcy = (None, None) if rnn.cell != "lstm" else launch.empty(rnn.cell_shape(seq.N), rnn.dtype, name="cy")
-    lengths, lengths_ptr = _dev_lengths(launch, seq, vdl, dev_seq_lengths)
-    with launch.on_device(), b.call_lock():
+    lengths, lengths_ptr = _dev_lengths(launch, seq)
+    call = _call_info(layout, seq, padded, training)
+    with launch.on_device(), b.call_lock(), _explained(rnn, b.math_mode, call):
         handle = launch.handle
         desc = b.prepare_call(launch, padded, seq.N)
         ws_bytes, rs_bytes = b.temp_sizes(launch, padded, training, xd)
@@ -906,7 +979,6 @@ def rnn_backward(
     rnn: RNN,
     layout: str = "seq_major",
     seq_lengths: Any = None,
-    dev_seq_lengths: Any = None,
     dw: Any = None,
     accumulate: bool = False,
     keep_reserve: bool = False,
@@ -934,23 +1006,23 @@ def rnn_backward(
     if accumulate and dw is None:
         raise ValueError("accumulate=True adds into an existing weight gradient: pass dw=")
     _required(x=x, y=y, dy=dy, w=w, reserve=reserve)
-    launch, (vx, vy, vdy, vw, vr, vhx, vcx, vdhy, vdcy, vdl, vdw) = prepare(
+    launch, (vx, vy, vdy, vw, vr, vhx, vcx, vdhy, vdcy, vdw) = prepare(
         ("x", x),
         ("y", y),
         ("dy", dy),
         ("w", w),
         ("reserve", reserve),
-        ("hx", hx),
-        ("cx", cx),
-        ("dhy", dhy),
-        ("dcy", dcy),
-        ("dev_seq_lengths", dev_seq_lengths),
-        ("dw", dw),
+        ("hx", hx, OPTIONAL),
+        ("cx", cx, OPTIONAL),
+        ("dhy", dhy, OPTIONAL),
+        ("dcy", dcy, OPTIONAL),
+        ("dw", dw, OPTIONAL | WRITTEN),
         stream=stream,
     )
     # every check first
     _check_data(vx, rnn, "x")
     seq = _seq_lengths(layout, vx, seq_lengths, rnn.input_size)
+    _check_algo_lengths(rnn, seq, layout)
     yshape = _seq_shape(layout, seq, rnn.num_directions * rnn.output_size)
     for name, v in (("y", vy), ("dy", vdy)):
         _check_data(v, rnn, name)
@@ -1001,13 +1073,13 @@ def rnn_backward(
     dx, vdx = launch.empty(vx.shape, rnn.dtype, name="dx")
     dhx, vdhx = (None, None) if hx is None else launch.empty(rnn.hidden_shape(seq.N), rnn.dtype, name="dhx")
     dcx, vdcx = (None, None) if cx is None else launch.empty(rnn.cell_shape(seq.N), rnn.dtype, name="dcx")
-    lengths, lengths_ptr = _dev_lengths(launch, seq, vdl, dev_seq_lengths)
+    lengths, lengths_ptr = _dev_lengths(launch, seq)
     rs_ptr, kept = vr.ptr, None
     if keep_reserve:
         kept, vk = launch.empty((rs_bytes,), "uint8", name="reserve")
         launch.adapter.copy(kept, reserve, launch.stream)
         rs_ptr = vk.ptr
-    with launch.on_device(), b.call_lock():
+    with launch.on_device(), b.call_lock(), _explained(rnn, b.math_mode, _call_info(layout, seq, padded, True)):
         handle = launch.handle
         desc = b.prepare_call(launch, padded, seq.N)
         ws, ws_ptr = launch.workspace(ws_bytes)

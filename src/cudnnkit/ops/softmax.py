@@ -4,7 +4,7 @@ Any ``axis`` (negative included) or a tuple of adjacent axes is reduced over.
 The array is described to cuDNN as a 4-d tensor ``(N, C, H, 1)`` where ``N``
 merges the axes before the reduced ones, ``C`` the reduced axes and ``H`` the
 axes after them, keeping the array's own strides (NCHW, NHWC and any other
-layout whose groups of axes can be merged are passed without a copy):
+dense layout whose groups of axes can be merged are passed without a copy):
 
 * reduced axes trailing (``H == 1``): ``CUDNN_SOFTMAX_MODE_INSTANCE`` over ``(N, C, 1, 1)``;
 * otherwise: ``CUDNN_SOFTMAX_MODE_CHANNEL`` over ``(N, C, H, 1)``.
@@ -16,10 +16,30 @@ same shape for float32 4096x32000 (0.34 against 0.74 ms), within 3% of it for
 524288x2048 and 65536x128, and equal in bfloat16; so trailing axes use
 INSTANCE. A non-trailing axis has only the CHANNEL form without a copy.
 
-Where a group of axes cannot be merged (for
-example a slice with gaps inside the reduced axes) the input is copied to a
-contiguous array first, and the copy is logged on the ``cudnnkit`` logger at
-debug level. Which mapping was chosen is logged too.
+One layout per call. cuDNN's softmax kernels assume that ``x`` and ``y``
+(and, backward, ``y``, ``dy`` and ``dx``) have the same strides: given
+two layouts, cuDNN 9.19 computes log-softmax of a gapped ``x`` into a dense
+``y`` wrongly, softmax into an ``out`` transposed against ``x`` wrongly (both
+silently), and refuses a backward whose ``y`` and ``dy`` differ with
+``!isTensorSameStrides``. So every descriptor of a call is the same one
+(:mod:`cudnnkit.ops._layout`):
+
+* a dense ``x`` (any axis order) with the default ``out`` is passed as it is,
+  and ``y`` is allocated in ``x``'s layout: no copy;
+* an ``x`` with gaps (a strided slice), or whose axes do not merge around the
+  reduced ones, is copied to C order first (``y`` is then C order): cuDNN's
+  softmax is only ever given dense tensors;
+* an ``out=`` in another layout than the inputs (transposed, channels-last
+  against NCHW, a gapped slice of a bigger buffer) is computed into a new
+  array in the inputs' layout (``out``'s contents copied into it first when
+  ``beta != 0``) and then copied into ``out``, or, where that takes fewer
+  copies (a dense ``out`` with ``beta != 0``), ``x`` is copied into ``out``'s
+  layout instead; elements outside ``out``'s view are never touched;
+* backward, ``dy`` is copied into ``y``'s layout when they differ (both to C
+  order when ``y`` has gaps).
+
+Every copy is logged on the ``cudnnkit`` logger at debug level, and so is
+the mapping chosen.
 
 ``algo`` is ``"accurate"`` (max-subtracted, ``CUDNN_SOFTMAX_ACCURATE``) or
 ``"fast"`` (``CUDNN_SOFTMAX_FAST``, no max subtraction: can overflow);
@@ -40,8 +60,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import lib
-from ..runtime import FLOATS, check_dtype, prepare, register_cache, scaling_ref, tensor_descriptor
-from ..runtime.arrays import ArrayView, like_strides
+from ..runtime import FLOATS, check_choice, check_dtype, prepare, tensor_descriptor
+from ..runtime.arrays import is_dense
+from ..runtime.dtypes import scaling_ref
+from ._layout import describable, merge, one_layout
 
 __all__ = ["softmax_forward", "softmax_backward"]
 
@@ -73,25 +95,12 @@ def _axes(axis: int | Sequence[int], ndim: int) -> tuple[int, int]:
     return norm[0], norm[-1]
 
 
-def _merge(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | None:
-    """(size, stride) of a group of axes seen as one, or None if their strides do not allow it."""
-    dims = [(d, s) for d, s in zip(shape, strides) if d != 1]
-    if not dims:
-        return 1, 1
-    size, stride = dims[-1]
-    for d, s in reversed(dims[:-1]):
-        if s != stride * size:
-            return None
-        size *= d
-    return size, stride
-
-
 def _as_4d(
     shape: tuple[int, ...], strides: tuple[int, ...], first: int, last: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """The ``(N, C, H, 1)`` shape and strides of an array reduced over axes ``first..last``, or None."""
     groups = (slice(0, first), slice(first, last + 1), slice(last + 1, len(shape)))
-    merged = [_merge(shape[g], strides[g]) for g in groups]
+    merged = [merge(shape[g], strides[g]) for g in groups]
     if any(m is None for m in merged):
         return None
     (n, sn), (c, sc), (h, sh) = merged  # type: ignore[misc]
@@ -101,52 +110,29 @@ def _as_4d(
     return (n, c, h, 1), (sn, sc, sh, 1)
 
 
+@functools.lru_cache(maxsize=4096)
+def _describe(shape: tuple[int, ...], strides: tuple[int, ...], first: int, last: int):
+    """How cuDNN sees an array reduced over ``first..last``: its ``(N, C, H, 1)`` shape and strides, or None
+    when its strides do not merge around the axes, or have gaps, or cannot be described at all (expanded,
+    reversed, overlapping). Only dense layouts (any axis order) are handed to cuDNN's softmax: with gaps its LOG
+    mode computed wrong values (issue 10 W1), and what it does with equal gapped strides is not relied on.
+    Cached: a training loop calls softmax on the same layouts over and over."""
+    if not describable(shape, strides) or not is_dense(shape, strides):
+        return None
+    return _as_4d(shape, strides, first, last)
+
+
 def _mode(h: int) -> int:
     return lib.CUDNN_SOFTMAX_MODE_INSTANCE if h == 1 else lib.CUDNN_SOFTMAX_MODE_CHANNEL
 
 
 def _algo(algo: str, log: bool) -> int:
-    if algo not in _ALGOS:
-        raise ValueError(f"algo must be one of {sorted(_ALGOS)}, got {algo!r}")
+    check_choice(algo, _ALGOS, "algo")
     if log:
         if algo == "fast":
             raise ValueError("log=True uses CUDNN_SOFTMAX_LOG; it cannot be combined with algo='fast'")
         return lib.CUDNN_SOFTMAX_LOG
     return _ALGOS[algo]
-
-
-@functools.lru_cache(maxsize=1024)
-def _plan(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], first: int, last: int):
-    """(descriptor, 4-d shape) for a layout and reduced axes, or None if the strides do not merge.
-
-    Cached: a training loop calls softmax on the same layouts over and over.
-    """
-    got = _as_4d(shape, strides, first, last)
-    if got is None:
-        return None
-    return tensor_descriptor(dtype, *got), got[0]
-
-
-register_cache(_plan.cache_clear)
-
-
-def _described(launch, arr: Any, v: ArrayView, first: int, last: int, name: str):
-    """``arr`` (copied to C order if its strides do not merge around the axes), its view, descriptor and 4-d shape."""
-    planned = _plan(v.dtype, v.shape, v.strides, first, last)
-    if planned is None:
-        arr, v = launch.contiguous(arr, v, name, f"has strides that do not merge around axes {first}..{last}")
-        planned = _plan(v.dtype, v.shape, v.strides, first, last)
-    return arr, v, planned[0], planned[1]
-
-
-def _out_descriptor(v: ArrayView, first: int, last: int) -> Any:
-    planned = _plan(v.dtype, v.shape, v.strides, first, last)
-    if planned is None:
-        raise ValueError(
-            f"out's strides {v.strides} cannot be described to cuDNN around axes {first}..{last}; "
-            "pass an out laid out like the input, or a contiguous one"
-        )
-    return planned[0]
 
 
 def softmax_forward(
@@ -163,8 +149,9 @@ def softmax_forward(
     """Softmax (or log-softmax) of ``x`` over ``axis``; returns ``y`` (``out`` if given).
 
     ``x``: any shape, float16/bfloat16/float32/float64, any strides. ``y`` has
-    ``x``'s shape and dtype (and its strides when ``x`` is dense). Calls
-    ``cudnnSoftmaxForward`` once.
+    ``x``'s shape and dtype (and its strides when ``x`` is dense). ``out`` may
+    have any layout; cuDNN is given one layout for ``x`` and ``y`` (see the module
+    docstring for the copies that takes). Calls ``cudnnSoftmaxForward`` once.
     """
     launch, (vx,) = prepare(("x", x), stream=stream)
     check_dtype(vx, "x", FLOATS, "softmax")
@@ -172,34 +159,32 @@ def softmax_forward(
     if vx.ndim == 0:
         raise ValueError("x must have at least one dim")
     first, last = _axes(axis, vx.ndim)
+    alpha_ref, beta_ref = scaling_ref(vx.dtype, alpha, "alpha"), scaling_ref(vx.dtype, beta, "beta")
     if vx.size == 0:
         return launch.output(out, vx.shape, vx.dtype, beta=beta)[0]
     if beta != 0 and out is None:
         raise ValueError("beta != 0 blends into an existing output: pass out=")
-    if out is not None:  # checked before any copy of x
-        y, vy = launch.output(out, vx.shape, vx.dtype, beta=beta)
-        y_desc = _out_descriptor(vy, first, last)
-    x, vx, x_desc, shape = _described(launch, x, vx, first, last, "x")
-    if out is None:
-        # like x after any copy (dense layouts keep their strides), so y describes the same way
-        y, vy = launch.output(None, vx.shape, vx.dtype, strides=like_strides(vx))
-        y_desc = _out_descriptor(vy, first, last)
+    y, vy = (None, None) if out is None else launch.output(out, vx.shape, vx.dtype, beta=beta)
+    lay = one_layout(
+        launch,
+        [("x", x, vx)],
+        [("out", y, vy, beta)],
+        lambda shape, strides: _describe(shape, strides, first, last),
+        shape=vx.shape,
+        dtype=vx.dtype,
+        what="cuDNN's softmax needs x and y in one layout",
+    )
+    ((x, vx),) = lay.inputs
+    ((y, vy),) = lay.outputs
+    shape = lay.description[0]
+    desc = tensor_descriptor(vx.dtype, *lay.description)
     _log.debug(
         "softmax_forward: axes %d..%d as %s, mode %s", first, last, shape, "INSTANCE" if shape[2] == 1 else "CHANNEL"
     )
     with launch.on_device():
-        lib.cudnnSoftmaxForward(
-            launch.handle,
-            a,
-            _mode(shape[2]),
-            scaling_ref(vx.dtype, alpha),
-            x_desc,
-            vx.ptr,
-            scaling_ref(vx.dtype, beta),
-            y_desc,
-            vy.ptr,
-        )
-    return y
+        lib.cudnnSoftmaxForward(launch.handle, a, _mode(shape[2]), alpha_ref, desc, vx.ptr, beta_ref, desc, vy.ptr)
+    lay.finish()
+    return lay.results[0]
 
 
 def softmax_backward(
@@ -216,8 +201,10 @@ def softmax_backward(
 ) -> Any:
     """Gradient of softmax (or log-softmax) from its output ``y`` and ``dy``; returns ``dx``.
 
-    ``dy`` and ``y`` have the same shape and dtype; ``algo``/``log``/``axis``
-    must be the forward's. Calls ``cudnnSoftmaxBackward`` once; ``x`` is never needed.
+    ``dy`` and ``y`` have the same shape and dtype, any strides; ``algo``/``log``/``axis``
+    must be the forward's. cuDNN is given one layout for ``y``, ``dy`` and ``dx``
+    (it refuses two with ``!isTensorSameStrides``), so an input or ``out`` in
+    another layout is copied (logged). Calls ``cudnnSoftmaxBackward`` once; ``x`` is never needed.
     """
     launch, (vdy, vy) = prepare(("dy", dy), ("y", y), stream=stream)
     check_dtype(vdy, "dy", FLOATS, "softmax")
@@ -229,30 +216,37 @@ def softmax_backward(
     if vdy.ndim == 0:
         raise ValueError("dy must have at least one dim")
     first, last = _axes(axis, vdy.ndim)
+    alpha_ref, beta_ref = scaling_ref(vy.dtype, alpha, "alpha"), scaling_ref(vy.dtype, beta, "beta")
     if vdy.size == 0:
         return launch.output(out, vdy.shape, vdy.dtype, beta=beta)[0]
     if beta != 0 and out is None:
         raise ValueError("beta != 0 blends into an existing output: pass out=")
-    if out is not None:  # checked before any copy of y or dy
-        dx, vdx = launch.output(out, vdy.shape, vdy.dtype, beta=beta)
-        dx_desc = _out_descriptor(vdx, first, last)
-    y, vy, y_desc, shape = _described(launch, y, vy, first, last, "y")
-    dy, vdy, dy_desc, _ = _described(launch, dy, vdy, first, last, "dy")
-    if out is None:
-        dx, vdx = launch.output(None, vdy.shape, vdy.dtype, strides=like_strides(vdy))
-        dx_desc = _out_descriptor(vdx, first, last)
+    dx, vdx = (None, None) if out is None else launch.output(out, vdy.shape, vdy.dtype, beta=beta)
+    lay = one_layout(
+        launch,
+        [("y", y, vy), ("dy", dy, vdy)],
+        [("out", dx, vdx, beta)],
+        lambda shape, strides: _describe(shape, strides, first, last),
+        shape=vdy.shape,
+        dtype=vdy.dtype,
+        what="cuDNN's softmax backward needs y, dy and dx in one layout",
+    )
+    (y, vy), (dy, vdy) = lay.inputs
+    ((dx, vdx),) = lay.outputs
+    desc = tensor_descriptor(vy.dtype, *lay.description)
     with launch.on_device():
         lib.cudnnSoftmaxBackward(
             launch.handle,
             a,
-            _mode(shape[2]),
-            scaling_ref(vy.dtype, alpha),
-            y_desc,
+            _mode(lay.description[0][2]),
+            alpha_ref,
+            desc,
             vy.ptr,
-            dy_desc,
+            desc,
             vdy.ptr,
-            scaling_ref(vy.dtype, beta),
-            dx_desc,
+            beta_ref,
+            desc,
             vdx.ptr,
         )
-    return dx
+    lay.finish()
+    return lay.results[0]

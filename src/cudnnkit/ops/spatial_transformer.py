@@ -54,9 +54,14 @@ Layouts. ``theta``, ``grid`` and ``dgrid`` reach cuDNN as bare pointers, so
 they must be C-contiguous: an input that is not is copied (logged at debug
 level on the ``cudnnkit`` logger) and an ``out=`` that is not is refused.
 ``x`` and ``dy`` are described with their own strides (NCHW, NHWC, slices);
-only a zero or negative stride (a broadcast or reversed view) is copied first.
-``y`` and ``dx`` are allocated C-contiguous (NCHW); an ``out=`` of another
-layout is described with its own strides.
+only an expanded, overlapping or reversed view is copied first (by
+:func:`~cudnnkit.runtime.prepare`, logged). ``y`` and ``dx`` are allocated
+C-contiguous (NCHW); an ``out=`` of another layout (channels-last, transposed,
+a gapped slice) is described with its own strides: the sampler's input and
+output differ in shape, so cuDNN addresses each through its own descriptor
+(the GPU tests hold every combination to the float64 reference), and an
+expanded, overlapping or reversed ``out`` is refused by
+:meth:`~cudnnkit.runtime.Launch.output`.
 
 Sizes: only ``N`` may be 0 (every output is then empty and cuDNN is not
 called); ``C``, ``H`` and ``W`` must be positive, and no array may have more
@@ -72,9 +77,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import lib
-from ..runtime import DescriptorKind, check_dtype, cudnn_dtype, get_cached, prepare, scaling_ref, tensor_descriptor
+from ..runtime import DescriptorKind, check_dtype, cudnn_dtype, get_cached, prepare, tensor_descriptor
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.descriptors import INT_MAX, int_array
+from ..runtime.dtypes import scaling_ref
 
 __all__ = ["affine_grid_forward", "affine_grid_backward", "grid_sample_forward", "grid_sample_backward"]
 
@@ -198,11 +204,6 @@ def _packed_out(v: ArrayView, name: str) -> None:
         )
 
 
-def _overlaps(v: ArrayView) -> bool:
-    """True if a dim of size > 1 has a zero or negative stride (a broadcast or reversed view)."""
-    return any(s <= 0 and d > 1 for d, s in zip(v.shape, v.strides))
-
-
 def _strides(v: ArrayView) -> tuple[int, ...]:
     """``v``'s strides for a tensor descriptor: canonical when C-contiguous, size-1 dims made positive otherwise."""
     if v.is_contiguous():
@@ -211,15 +212,14 @@ def _strides(v: ArrayView) -> tuple[int, ...]:
 
 
 def _described(launch, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayView, Any]:
-    """An NCHW input with its own strides and its tensor descriptor; broadcast or reversed views are copied."""
-    if _overlaps(v):
-        arr, v = launch.contiguous(arr, v, name, "has a zero or negative stride, which cuDNN cannot take")
+    """An NCHW input with its own strides and its tensor descriptor (expanded, overlapping and reversed views
+    were copied by :func:`~cudnnkit.runtime.prepare` already)."""
     return arr, v, tensor_descriptor(v.dtype, v.shape, _strides(v))
 
 
 def _out_descriptor(v: ArrayView, name: str) -> Any:
-    if _overlaps(v):
-        raise ValueError(f"{name} has a zero or negative stride {v.strides}: cuDNN cannot write it")
+    """An output's tensor descriptor, with its own strides (:meth:`Launch.output` refused the ones cuDNN cannot
+    write)."""
     return tensor_descriptor(v.dtype, v.shape, _strides(v))
 
 
@@ -315,9 +315,9 @@ def grid_sample_forward(
     ho, wo = _check_grid(vg, "grid", n, "x")
     yshape = (n, c, ho, wo)
     _check_numel(yshape, "y")
+    a, b = scaling_ref(dtype, alpha, "alpha"), scaling_ref(dtype, beta, "beta")
     if n == 0:
         return launch.output(out, yshape, dtype, beta=beta)[0]
-    a, b = scaling_ref(dtype, alpha), scaling_ref(dtype, beta)
     y, vy = launch.output(out, yshape, dtype, beta=beta)
     y_desc = _out_descriptor(vy, "out")
     x, vx, x_desc = _described(launch, x, vx, "x")
@@ -372,14 +372,16 @@ def grid_sample_backward(
             "(cuDNN 9.19 returns NOT_SUPPORTED for 1100, measured on an H200; PyTorch avoids cuDNN "
             "above 1024 too)"
         )
+    a, b = scaling_ref(dtype, alpha, "alpha"), scaling_ref(dtype, beta, "beta")
+    ag, bg = scaling_ref(dtype, alpha_dgrid, "alpha_dgrid"), scaling_ref(dtype, beta_dgrid, "beta_dgrid")
     if n == 0:
         dx = launch.output(dx_out, vx.shape, dtype, name="dx_out", beta=beta)[0]
-        return dx, launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid)[0]
-    a, b = scaling_ref(dtype, alpha), scaling_ref(dtype, beta)
-    ag, bg = scaling_ref(dtype, alpha_dgrid), scaling_ref(dtype, beta_dgrid)
+        return dx, launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid, beta_name="beta_dgrid")[
+            0
+        ]
     dx, vdx = launch.output(dx_out, vx.shape, dtype, name="dx_out", beta=beta)
     dx_desc = _out_descriptor(vdx, "dx_out")
-    dgrid, vdg = launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid)
+    dgrid, vdg = launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid, beta_name="beta_dgrid")
     _packed_out(vdg, "dgrid_out")
     # outputs checked: only now copy inputs cuDNN cannot take as they are
     x, vx, x_desc = _described(launch, x, vx, "x")

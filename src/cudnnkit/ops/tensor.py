@@ -1,5 +1,5 @@
 """Tensor helpers: set, scale, add and transform (``cudnnSetTensor``, ``cudnnScaleTensor``,
-``cudnnAddTensor``, ``cudnnTransformTensor``/``cudnnTransformTensorEx``).
+``cudnnAddTensor``, ``cudnnTransformTensor``).
 
 All work in place on strided arrays or write a new array, on the input's
 library stream. ``scale_tensor``, ``add_tensor`` and ``transform_tensor`` use
@@ -9,57 +9,150 @@ Dtypes: float16, bfloat16, float32, float64 (cuDNN 9.19's ``cudnnSetTensor``
 returns NOT_SUPPORTED for int32, measured on an H200, so integer arrays are
 refused up front). Tensors have 1 to 8 dims (fewer than 4 are padded with
 trailing size-1 dims for cuDNN).
+
+Layouts. ``set_tensor`` and ``scale_tensor`` treat each element alone, so the
+array's dims are merged wherever its memory allows (a dense array in any axis
+order is one dim to cuDNN; cuDNN 9.19 refuses 6-d strided tensors outright),
+and what is left of a view with gaps in many dims is covered by several calls.
+Arrays written in place (``set_tensor``/``scale_tensor``'s ``y``,
+``add_tensor``'s ``c``) are never copied: one that overlaps itself or is
+reversed is refused by name (an expanded view is fine for ``set_tensor`` and
+``scale_tensor``: each memory location is written once). ``transform_tensor``'s ``out`` may have any
+layout, with or without padding (padding is a blend of the whole output, then a transform into its interior).
 """
 
 from __future__ import annotations
 
-import ctypes
+import functools
+import itertools
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from .. import lib
-from ..runtime import FLOATS, DescriptorKind, check_dtype, get_cached, prepare, scaling_ref, tensor_descriptor_of
+from ..runtime import (
+    ELEMENTWISE,
+    FLOATS,
+    WRITTEN,
+    check_dtype,
+    prepare,
+    tensor_descriptor,
+    tensor_descriptor_of,
+)
 from ..runtime.arrays import ArrayView, contiguous_strides, like_strides
+from ..runtime.descriptors import INT_MAX
+from ..runtime.dtypes import check_choice, scaling_ref
 from ..runtime.shapes import expand
+from ._layout import check_fits
 
 __all__ = ["set_tensor", "scale_tensor", "add_tensor", "transform_tensor"]
 
 _log = logging.getLogger("cudnnkit")
 
+#: the most strided dims one cudnnSetTensor/cudnnScaleTensor call is given (cuDNN 9.19 refuses 6-d strided
+#: tensors with BAD_PARAM or NOT_SUPPORTED; 4-d, what its kernels are written for, is what every call gets)
+_CALL_DIMS = 4
+
+
+@functools.lru_cache(maxsize=1024)
+def _elementwise_plan(shape: tuple[int, ...], strides: tuple[int, ...]):
+    """How an op that treats each element alone (set, scale) covers an array: ``(loop, call_shape, call_strides)``.
+
+    Element order does not matter to such an op, so the array's dims are sorted by stride and every pair that is
+    contiguous in memory is merged (a dense array in any axis order becomes one dim; a slice with gaps, a few):
+    what cuDNN is given has at most :data:`_CALL_DIMS` dims, whatever the array's. Where more dims than that
+    remain (gaps in many dims), the smallest of them are looped over in Python, one call per index (``loop``
+    holds their (size, stride)). Merged sizes stay within cuDNN's int."""
+    dims = sorted(((d, s) for d, s in zip(shape, strides) if d != 1), key=lambda t: -t[1])
+    merged: list[tuple[int, int]] = []
+    for d, s in dims:
+        if merged and merged[-1][1] == s * d and merged[-1][0] * d <= INT_MAX:
+            merged[-1] = (merged[-1][0] * d, s)
+        else:
+            merged.append((d, s))
+    loop: tuple[tuple[int, int], ...] = ()
+    if len(merged) > _CALL_DIMS:
+        order = sorted(range(len(merged)), key=lambda i: merged[i][0])[: len(merged) - _CALL_DIMS]
+        loop = tuple(merged[i] for i in sorted(order))
+        merged = [m for i, m in enumerate(merged) if i not in order]
+    if not merged:
+        merged = [(1, 1)]
+    return loop, tuple(d for d, _ in merged), tuple(s for _, s in merged)
+
+
+def _elementwise(launch: Any, v: ArrayView, call: Any, scalar: Any, what: str) -> None:
+    """Run ``call(handle, desc, ptr, scalar)`` (``cudnnSetTensor`` or ``cudnnScaleTensor``) over every element of
+    ``v`` once, as :func:`_elementwise_plan` says."""
+    loop, shape, strides = _elementwise_plan(v.shape, v.strides)
+    check_fits("y", shape, strides)
+    desc = tensor_descriptor(v.dtype, shape, strides)
+    if loop:
+        n = math.prod(d for d, _ in loop)
+        _log.debug(
+            "%s: y (shape %s, strides %s) does not merge into %d dims: %d calls",
+            what,
+            v.shape,
+            v.strides,
+            _CALL_DIMS,
+            n,
+        )
+    with launch.on_device():
+        handle = launch.handle
+        if not loop:
+            call(handle, desc, v.ptr, scalar)
+            return
+        for idx in itertools.product(*(range(d) for d, _ in loop)):
+            offset = sum(i * s for i, (_, s) in zip(idx, loop))
+            call(handle, desc, v.ptr + offset * v.itemsize, scalar)
+
+
+def _writable(v: ArrayView, name: str, op: str) -> None:
+    if v.readonly:
+        raise ValueError(f"{name} is read-only: {op} writes it in place")
+
 
 def set_tensor(y: Any, value: float, *, stream: Any = None) -> Any:
-    """Write ``value`` into every element of ``y`` (any strides, in place); returns ``y``.
+    """Write ``value`` into every element of ``y`` (1 to 8 dims, any strides, in place); returns ``y``.
 
-    ``cudnnSetTensor``. Elements outside ``y``'s view (gaps of a strided slice) are not touched.
+    ``cudnnSetTensor``, with ``y``'s dims merged where its memory allows (see :func:`_elementwise_plan`); the
+    expanded dims of a broadcast view are written once. ``value`` may be NaN or inf. Elements outside ``y``'s
+    view (gaps of a strided slice) are not touched. An overlapping or reversed ``y`` is refused by name.
     """
-    launch, (v,) = prepare(("y", y), stream=stream)
+    launch, (v,) = prepare(("y", y, WRITTEN | ELEMENTWISE), stream=stream)
     check_dtype(v, "y", FLOATS, "set_tensor")
+    _writable(v, "y", "set_tensor")
+    val = scaling_ref(v.dtype, value, "value", finite=False)
     if v.size:
-        with launch.on_device():
-            lib.cudnnSetTensor(launch.handle, tensor_descriptor_of(v), v.ptr, scaling_ref(v.dtype, value))
+        _elementwise(launch, v, lib.cudnnSetTensor, val, "set_tensor")
     return y
 
 
 def scale_tensor(y: Any, alpha: float, *, stream: Any = None) -> Any:
-    """``y *= alpha`` in place (any strides); returns ``y``. ``cudnnScaleTensor`` (deprecated in cuDNN 9)."""
-    launch, (v,) = prepare(("y", y), stream=stream)
+    """``y *= alpha`` in place (1 to 8 dims, any strides, dims merged as for :func:`set_tensor`); returns ``y``.
+
+    ``cudnnScaleTensor`` (deprecated in cuDNN 9). ``alpha`` must be finite.
+    """
+    launch, (v,) = prepare(("y", y, WRITTEN | ELEMENTWISE), stream=stream)
     check_dtype(v, "y", FLOATS, "scale_tensor")
+    _writable(v, "y", "scale_tensor")
+    a = scaling_ref(v.dtype, alpha, "alpha")
     if v.size:
-        with launch.on_device():
-            lib.cudnnScaleTensor(launch.handle, tensor_descriptor_of(v), v.ptr, scaling_ref(v.dtype, alpha))
+        _elementwise(launch, v, lib.cudnnScaleTensor, a, "scale_tensor")
     return y
 
 
 def add_tensor(a: Any, c: Any, *, alpha: float = 1.0, beta: float = 1.0, stream: Any = None) -> Any:
     """``c = alpha * a + beta * c`` in place, broadcasting ``a``; returns ``c``.
 
-    ``a`` and ``c`` have the same number of dims (at most 5) and dtype; each dim
-    of ``a`` equals ``c``'s or is 1 (a bias of shape ``(1, C, 1, 1)`` over an
+    ``a`` and ``c`` have the same number of dims (at most 5) and dtype, any strides
+    (an expanded, overlapping or reversed ``c`` is refused: it is written in place);
+    each dim of ``a`` equals ``c``'s or is 1 (a bias of shape ``(1, C, 1, 1)`` over an
     ``(N, C, H, W)`` ``c``, for example). ``cudnnAddTensor`` (deprecated in cuDNN 9).
     """
-    launch, (va, vc) = prepare(("a", a), ("c", c), stream=stream)
+    launch, (va, vc) = prepare(("a", a), ("c", c, WRITTEN), stream=stream)
     check_dtype(vc, "c", FLOATS, "add_tensor")
+    _writable(vc, "c", "add_tensor")
     if va.dtype != vc.dtype:
         raise TypeError(f"a has dtype {va.dtype} but c has dtype {vc.dtype}")
     if va.ndim != vc.ndim:
@@ -69,36 +162,16 @@ def add_tensor(a: Any, c: Any, *, alpha: float = 1.0, beta: float = 1.0, stream:
     for i, (da, dc) in enumerate(zip(va.shape, vc.shape)):
         if da not in (dc, 1):
             raise ValueError(f"a's dim {i} is {da}; it must equal c's ({dc}) or be 1 to broadcast")
+    a_ref, b_ref = scaling_ref(vc.dtype, alpha, "alpha"), scaling_ref(vc.dtype, beta, "beta")
+    check_fits("a", va.shape, va.strides)
+    check_fits("c", vc.shape, vc.strides)
     if vc.size:
         with launch.on_device():
             lib.cudnnAddTensor(
-                launch.handle,
-                scaling_ref(vc.dtype, alpha),
-                tensor_descriptor_of(va),
-                va.ptr,
-                scaling_ref(vc.dtype, beta),
-                tensor_descriptor_of(vc),
-                vc.ptr,
+                launch.handle, a_ref, tensor_descriptor_of(va), va.ptr, b_ref, tensor_descriptor_of(vc), vc.ptr
             )
     return c
 
-
-def _set_transform(ptr: int, nbdims: int, fmt: int, before: tuple[int, ...], after: tuple[int, ...]) -> None:
-    n = len(before)
-    lib.cudnnSetTensorTransformDescriptor(
-        ptr,
-        nbdims,
-        fmt,
-        (ctypes.c_int32 * n)(*before),
-        (ctypes.c_int32 * n)(*after),
-        None,
-        lib.CUDNN_TRANSFORM_FOLD,
-    )
-
-
-_TRANSFORM = DescriptorKind(
-    "tensor_transform", "cudnnCreateTensorTransformDescriptor", "cudnnDestroyTensorTransformDescriptor", _set_transform
-)
 
 _LAYOUTS = {"nchw": lib.CUDNN_TENSOR_NCHW, "nhwc": lib.CUDNN_TENSOR_NHWC}
 
@@ -129,16 +202,23 @@ def transform_tensor(
     """Copy ``x`` into another layout, optionally zero-padding each dim: ``y = alpha * x + beta * y``.
 
     ``layout``: ``"nchw"`` (C order) or ``"nhwc"`` (channels last) for the new
-    array; default: like ``x``. ``pad_before``/``pad_after``: an int or one per
-    dim (the output is ``x.shape + pad_before + pad_after``; padding is zero).
-    Without padding this is ``cudnnTransformTensor``; with padding,
-    ``cudnnTransformTensorEx`` with a ``cudnnTensorTransformDescriptor``. Both
-    are deprecated in cuDNN 9. ``out`` may be any strided array of the output shape.
+    array; default: like ``x``. ``pad_before``/``pad_after``: a non-negative int or
+    one per dim (the output is ``x.shape + pad_before + pad_after``; padding is
+    zero); the padded shape must fit cuDNN's 32-bit descriptors (every dim, and every
+    stride of the new array, at most ``2**31 - 1``: ``ValueError`` naming the pads).
+    ``out`` may be any strided array of the output shape. Without padding this is one
+    ``cudnnTransformTensor``. With padding it is two calls, for any layout and dtype:
+    ``cudnnScaleTensor`` of all of ``out`` by ``beta`` (``cudnnSetTensor`` to 0 when
+    ``beta == 0``), which leaves the border at ``beta * y``, then ``cudnnTransformTensor`` of
+    ``x`` into the interior view of ``out`` with blend 1 (``alpha * x + beta * y`` there).
+    ``cudnnTransformTensorEx``, the padding call, is not used: measured on an H200 (cuDNN 9.19) it refuses
+    float64 into packed NCHW with ``NOT_SUPPORTED_LAYOUT`` (issue 10's fuzzer). An empty ``x`` with padding
+    gives an output of padding alone. Both calls are deprecated in cuDNN 9.
     """
     launch, (vx,) = prepare(("x", x), stream=stream)
     check_dtype(vx, "x", FLOATS, "transform_tensor")
-    if layout is not None and layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {sorted(_LAYOUTS)} or None, got {layout!r}")
+    if layout is not None:
+        check_choice(layout, _LAYOUTS, "layout")
     if layout is not None and vx.ndim < 3:
         raise ValueError(f"layout={layout!r} needs at least 3 dims (N, C, spatial...), x has {vx.ndim}")
     nd = vx.ndim
@@ -146,38 +226,51 @@ def transform_tensor(
     after = _pads(pad_after, nd, "pad_after")
     shape = tuple(d + b + a for d, b, a in zip(vx.shape, before, after))
     padded = any(before) or any(after)
-    if padded and nd not in (4, 5):
-        raise ValueError(f"padding through cudnnTransformTensorEx needs a 4-d or 5-d x, got {nd} dims")
-    y, vy = launch.output(out, shape, vx.dtype, strides=_layout_strides(shape, layout, vx), beta=beta)
-    if vx.size == 0 or vy.size == 0:
+    a_ref, b_ref = scaling_ref(vx.dtype, alpha, "alpha"), scaling_ref(vx.dtype, beta, "beta")
+    if out is not None:
+        y, vy = launch.output(out, shape, vx.dtype, beta=beta)
+        _check_size(shape, vy.strides, pad_before, pad_after)
+    else:
+        strides = _layout_strides(shape, layout, vx)
+        _check_size(shape, strides if strides is not None else contiguous_strides(shape), pad_before, pad_after)
+        y, vy = launch.output(None, shape, vx.dtype, strides=strides, beta=beta)
+    if vy.size == 0 or (vx.size == 0 and not padded):
         return y
-    if not padded:
-        with launch.on_device():
-            lib.cudnnTransformTensor(
-                launch.handle,
-                scaling_ref(vx.dtype, alpha),
-                tensor_descriptor_of(vx),
-                vx.ptr,
-                scaling_ref(vx.dtype, beta),
-                tensor_descriptor_of(vy),
-                vy.ptr,
-            )
-        return y
-    fmt = lib.CUDNN_TENSOR_NHWC if (layout == "nhwc" or (layout is None and _is_nhwc(vy))) else lib.CUDNN_TENSOR_NCHW
-    tdesc = get_cached(_TRANSFORM, (nd, int(fmt), before, after))
-    _log.debug("transform_tensor: %s -> %s with pads %s/%s", vx.shape, shape, before, after)
+    check_fits("x", vx.shape, vx.strides)
+    check_fits("out", vy.shape, vy.strides)
+    dst_desc, dst_ptr, blend = tensor_descriptor_of(vy), vy.ptr, b_ref
+    if padded:
+        # the border is beta * y: blend all of out first, then write alpha * x + (beta * y) into its interior
+        if beta == 0:
+            _elementwise(launch, vy, lib.cudnnSetTensor, scaling_ref(vx.dtype, 0.0), "transform_tensor")
+        else:
+            _elementwise(launch, vy, lib.cudnnScaleTensor, b_ref, "transform_tensor")
+        if vx.size == 0:
+            return y
+        offset = sum(b * st for b, st in zip(before, vy.strides)) * vy.itemsize
+        # the interior: x's shape with out's strides, starting pad_before into out
+        dst_desc, dst_ptr, blend = tensor_descriptor(vy.dtype, vx.shape, vy.strides), vy.ptr + offset, 1.0
+        blend = scaling_ref(vx.dtype, blend)
+        _log.debug("transform_tensor: %s -> %s with pads %s/%s", vx.shape, shape, before, after)
     with launch.on_device():
-        lib.cudnnTransformTensorEx(
-            launch.handle,
-            tdesc,
-            scaling_ref(vx.dtype, alpha),
-            tensor_descriptor_of(vx),
-            vx.ptr,
-            scaling_ref(vx.dtype, beta),
-            tensor_descriptor_of(vy),
-            vy.ptr,
-        )
+        lib.cudnnTransformTensor(launch.handle, a_ref, tensor_descriptor_of(vx), vx.ptr, blend, dst_desc, dst_ptr)
     return y
+
+
+def _check_size(shape: tuple[int, ...], strides: tuple[int, ...], pad_before: Any, pad_after: Any) -> None:
+    """The output of ``shape`` (laid out with ``strides``) must fit cuDNN's int dims and strides."""
+    worst = max(max(shape, default=0), max((s for d, s in zip(shape, strides) if d != 1), default=0))
+    if worst > INT_MAX:
+        raise ValueError(
+            f"pad_before={pad_before!r} and pad_after={pad_after!r} give an output of shape {shape}, too large for "
+            f"cuDNN's tensor descriptors: every dim and stride must be at most {INT_MAX} (2**31 - 1)"
+        )
+
+
+def _packed_as(shape: tuple[int, ...], strides: tuple[int, ...], fmt: str) -> bool:
+    """True if ``strides`` are packed ``fmt`` ("nchw": C order, "nhwc": channels last) for ``shape``."""
+    want = _layout_strides(shape, fmt, None)  # type: ignore[arg-type]
+    return all(s == w for d, s, w in zip(shape, strides, want) if d != 1)
 
 
 def _is_nhwc(v: ArrayView) -> bool:

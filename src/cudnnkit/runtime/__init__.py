@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from . import adapters, dtypes, shapes
-from .arrays import ArrayView, as_view, contiguous_strides, is_contiguous, same_device
+from . import adapters, driver, dtypes, shapes
+from .arrays import (
+    ArrayView,
+    as_view,
+    check_device_pointer,
+    contiguous_strides,
+    is_contiguous,
+    layout_problem,
+    same_device,
+)
 from .descriptors import (
     Descriptor,
     DescriptorCache,
@@ -16,13 +24,24 @@ from .descriptors import (
     tensor_descriptor,
     tensor_descriptor_of,
 )
-from .dtypes import FLOATS, canonical, check_choice, check_dtype, compute_dtype, cudnn_dtype, scaling, scaling_ref
-from .handle import Handle, get_handle, resolve_stream
-from .launch import Launch, prepare
+from .dtypes import (
+    FLOATS,
+    canonical,
+    check_choice,
+    check_dtype,
+    check_scalar,
+    compute_dtype,
+    cudnn_dtype,
+    scaling,
+    scaling_ref,
+)
+from .handle import Handle, check_device, clear_stream_cache, get_handle, resolve_stream, validate_stream
+from .launch import ELEMENTWISE, OPTIONAL, WRITTEN, Launch, prepare
 from .settings import Settings, current_settings, settings
 
 __all__ = [
     "adapters",
+    "driver",
     "dtypes",
     "shapes",
     "ArrayView",
@@ -30,6 +49,8 @@ __all__ = [
     "contiguous_strides",
     "is_contiguous",
     "same_device",
+    "check_device_pointer",
+    "layout_problem",
     "Descriptor",
     "DescriptorCache",
     "DescriptorKind",
@@ -48,11 +69,18 @@ __all__ = [
     "cudnn_dtype",
     "scaling",
     "scaling_ref",
+    "check_scalar",
     "Handle",
     "get_handle",
     "resolve_stream",
+    "validate_stream",
+    "check_device",
+    "clear_stream_cache",
     "Launch",
     "prepare",
+    "OPTIONAL",
+    "WRITTEN",
+    "ELEMENTWISE",
     "Settings",
     "current_settings",
     "settings",

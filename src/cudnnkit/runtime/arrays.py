@@ -16,13 +16,25 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import adapters
+from . import adapters, driver
 from .dtypes import canonical, itemsize
 
-__all__ = ["ArrayView", "as_view", "same_device", "is_contiguous", "is_dense", "like_strides", "contiguous_strides"]
+__all__ = [
+    "ArrayView",
+    "as_view",
+    "same_device",
+    "is_contiguous",
+    "is_dense",
+    "like_strides",
+    "contiguous_strides",
+    "layout_problem",
+    "check_device_pointer",
+]
 
 
 @dataclass(slots=True)
@@ -97,6 +109,86 @@ def like_strides(v: ArrayView) -> tuple[int, ...] | None:
     return v.strides if is_dense(v.shape, v.strides) else None
 
 
+_layout_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], str | None] = {}
+
+
+def layout_problem(shape: tuple[int, ...], strides: tuple[int, ...]) -> str | None:
+    """Why cuDNN cannot take these element strides as they are, or None when it can.
+
+    * ``"is expanded (stride 0 on a dim of size > 1)"``: a broadcast view (``expand``, ``broadcast_to``);
+    * ``"has negative strides"``: a reversed view (CuPy ``x[::-1]``);
+    * ``"overlaps itself (two elements share memory)"``: strides that map two indices to one element
+      (``as_strided``). Decided by a sufficient test (each stride, in increasing order, reaches past what the
+      smaller ones span), so a few exotic interleaved layouts that do not overlap are reported too.
+
+    Size-1 dims and empty arrays never have a problem. Cached per (shape, strides).
+    """
+    key = (shape, strides)
+    try:
+        return _layout_cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable: not a tuple of ints
+        return _layout_problem(tuple(shape), tuple(strides))
+    r = _layout_problem(shape, strides)
+    if len(_layout_cache) >= 4096:
+        _layout_cache.clear()
+    _layout_cache[key] = r
+    return r
+
+
+def _layout_problem(shape: tuple[int, ...], strides: tuple[int, ...]) -> str | None:
+    if 0 in shape:
+        return None
+    dims = [(s, d) for d, s in zip(shape, strides) if d != 1]
+    if any(s == 0 for s, _ in dims):
+        return "is expanded (stride 0 on a dim of size > 1)"
+    if any(s < 0 for s, _ in dims):
+        return "has negative strides"
+    span = 0  # the largest element offset reachable with the dims seen so far
+    for s, d in sorted(dims):
+        if s <= span:
+            return "overlaps itself (two elements share memory)"
+        span += (d - 1) * s
+    return None
+
+
+def check_device_pointer(ptr: Any, nbytes: int, device: int, name: str) -> None:
+    """Check that ``ptr`` (a raw address given by the user) points to ``nbytes`` of device memory on ``device``.
+
+    Asks the CUDA driver (``cuPointerGetAttributes``, which never dereferences the pointer): ``ValueError``
+    naming ``name`` when ``ptr`` is NULL (and ``nbytes`` > 0), is not CUDA memory (pageable host memory,
+    garbage), is page-locked host memory, is on another device, or when its allocation holds fewer than
+    ``nbytes`` from ``ptr`` on; ``TypeError`` for a non-int. Managed memory is accepted on any device. Without a
+    CUDA driver the pointer cannot be checked: ``ValueError`` (callers offer ``unchecked=True`` to skip this).
+    Costs one driver call (about a microsecond); nothing is cached, as allocations come and go.
+    """
+    if not _is_int(ptr):
+        raise TypeError(f"{name} must be a device pointer (an int) or a CUDA array, got {type(ptr).__name__}")
+    ptr = int(ptr)
+    if ptr == 0:
+        if nbytes > 0:
+            raise ValueError(f"{name} is a NULL pointer but {nbytes} bytes are needed")
+        return
+    if not 0 < ptr < 2**64:
+        raise ValueError(f"{name}={ptr:#x} is not a device pointer (pointers are unsigned 64-bit)")
+    try:
+        info = driver.pointer_info(ptr, device)
+    except driver.DriverUnavailable as e:
+        raise ValueError(f"{name}={ptr:#x}: a raw pointer cannot be checked ({e})") from None
+    if info.kind == "unknown":
+        raise ValueError(f"{name}={ptr:#x} is not CUDA device memory (a host pointer, freed memory or garbage)")
+    if info.kind == "host":
+        raise ValueError(f"{name}={ptr:#x} is page-locked host memory; cuDNN needs device memory")
+    if info.kind == "device" and info.device != device:
+        raise ValueError(f"{name}={ptr:#x} is memory of cuda:{info.device} but the call runs on cuda:{device}")
+    if info.size and ptr + nbytes > info.base + info.size:
+        have = info.base + info.size - ptr
+        raise ValueError(
+            f"{name}={ptr:#x}: its allocation holds {have} bytes from there on, but {nbytes} bytes are needed"
+        )
+
+
 # ------------------------------------------------------------------ CAI
 
 _TYPESTR = {
@@ -111,11 +203,47 @@ _TYPESTR = {
 }
 
 
+_CAI_KEYS = ("shape", "typestr", "data", "version")
+_INT = frozenset((int,))
+
+
+def _is_int(v: Any) -> bool:
+    """An int (also a NumPy integer), not a bool."""
+    t = type(v)
+    return t is int or (t is not bool and isinstance(v, numbers.Integral))
+
+
+def _int_tuple(raw: Any, nonneg: bool) -> tuple[int, ...] | None:
+    """``raw`` (a tuple or list) as a tuple of ints (NumPy integers accepted; bools not), or None."""
+    if not isinstance(raw, (tuple, list)):
+        return None
+    if {*map(type, raw)} <= _INT:  # the common case: Python ints only (no per-item Python-level calls)
+        out = tuple(raw)
+    elif all(_is_int(d) for d in raw):
+        out = tuple(int(d) for d in raw)
+    else:
+        return None
+    if nonneg and out and min(out) < 0:
+        return None
+    return out
+
+
 def _from_cai(obj: Any, name: str) -> ArrayView:
     cai = obj.__cuda_array_interface__
+    if type(cai) is not dict and not isinstance(cai, Mapping):
+        raise TypeError(f"{name}: __cuda_array_interface__ must be a dict, got {type(cai).__name__}")
+    for key in _CAI_KEYS:
+        if key not in cai:
+            raise TypeError(f"{name}: __cuda_array_interface__ lacks the required key {key!r}")
+    if not _is_int(cai["version"]):
+        raise TypeError(f"{name}: __cuda_array_interface__ 'version' must be an int, got {cai['version']!r}")
+    if cai.get("mask") is not None:
+        raise TypeError(f"{name}: masked arrays (__cuda_array_interface__ 'mask') are not supported")
     typestr = cai["typestr"]
-    dtype = _TYPESTR.get(typestr)
+    dtype = _TYPESTR.get(typestr) if type(typestr) is str else None
     if dtype is None:
+        if not isinstance(typestr, str):
+            raise TypeError(f"{name}: __cuda_array_interface__ 'typestr' must be a str, got {typestr!r}")
         descr = getattr(getattr(obj, "dtype", None), "name", None)
         try:
             dtype = canonical(descr) if descr else None
@@ -123,16 +251,46 @@ def _from_cai(obj: Any, name: str) -> ArrayView:
             dtype = None
     if dtype is None:
         raise TypeError(f"{name}: __cuda_array_interface__ typestr {typestr!r} is not a type cuDNN supports")
-    shape = tuple(int(d) for d in cai["shape"])
-    isz = itemsize(dtype)
-    if cai.get("strides") is None:
+    shape = _int_tuple(cai["shape"], True)
+    if shape is None:
+        raise TypeError(
+            f"{name}: __cuda_array_interface__ 'shape' must be a tuple of non-negative ints, got {cai['shape']!r}"
+        )
+    raw = cai.get("strides")
+    if raw is None:
         strides = contiguous_strides(shape)
     else:
-        strides = _element_strides(cai["strides"], isz, name)
-    ptr, readonly = cai["data"]
-    ptr = int(ptr or 0)
-    device = _pointer_device(ptr, obj, name)
+        byte_strides = _int_tuple(raw, False)
+        if byte_strides is None:
+            raise TypeError(f"{name}: __cuda_array_interface__ 'strides' must be None or a tuple of ints, got {raw!r}")
+        if len(byte_strides) != len(shape):
+            raise TypeError(
+                f"{name}: __cuda_array_interface__ 'strides' {byte_strides} has {len(byte_strides)} entries for "
+                f"{len(shape)} dims (shape {shape})"
+            )
+        strides = _element_strides(byte_strides, itemsize(dtype), name)
+    data = cai["data"]
+    if type(data) not in (tuple, list) or len(data) != 2:
+        raise TypeError(f"{name}: __cuda_array_interface__ 'data' must be a (pointer, read_only) tuple, got {data!r}")
+    ptr, readonly = data
+    if type(ptr) is not int:
+        if ptr is None:
+            ptr = 0
+        elif not _is_int(ptr):
+            raise TypeError(f"{name}: __cuda_array_interface__ data pointer must be an int, got {ptr!r}")
+        ptr = int(ptr)
+    if not 0 < ptr < 2**64:
+        if ptr != 0:
+            raise ValueError(f"{name}: __cuda_array_interface__ data pointer {ptr} is not an unsigned 64-bit address")
+        if 0 not in shape:
+            raise ValueError(
+                f"{name}: __cuda_array_interface__ data pointer is NULL but the array has {math.prod(shape)} "
+                f"elements (shape {shape})"
+            )
     stream = cai.get("stream")
+    if stream is not None and not _is_int(stream):
+        raise TypeError(f"{name}: __cuda_array_interface__ 'stream' must be None or an int, got {stream!r}")
+    device = _pointer_device(ptr, obj, name)
     return ArrayView(
         shape, strides, dtype, device, ptr, obj, None, bool(readonly), None if stream is None else int(stream)
     )
@@ -148,13 +306,14 @@ def _element_strides(byte_strides, isz: int, name: str) -> tuple[int, ...]:
 
 
 def _pointer_device(ptr: int, obj: Any, name: str) -> int:
-    """Device ordinal of a CAI object: its ``device`` attribute if it has one, else ask an adapter."""
+    """Device ordinal of a CAI object: its ``device`` attribute if it has one, else ask an adapter, then the
+    CUDA driver."""
     dev = getattr(obj, "device", None)
     for attr in ("id", "index"):
         v = getattr(dev, attr, None)
-        if isinstance(v, int):
+        if type(v) is int and v >= 0:
             return v
-    if isinstance(dev, int):
+    if type(dev) is int and dev >= 0:
         return dev
     if ptr == 0:
         return 0
@@ -162,6 +321,12 @@ def _pointer_device(ptr: int, obj: Any, name: str) -> int:
         d = ad.pointer_device(ptr)
         if d is not None:
             return d
+    try:
+        info = driver.pointer_info(ptr)
+    except driver.DriverUnavailable:
+        info = None
+    if info is not None and info.device >= 0:
+        return info.device
     raise TypeError(
         f"{name}: cannot tell which CUDA device holds this {type(obj).__name__}; "
         "install CuPy or torch so cudnnkit can query the pointer"
@@ -222,6 +387,8 @@ def _from_dlpack(obj: Any, name: str) -> ArrayView:
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else contiguous_strides(shape)
     ptr = (t.data or 0) + t.byte_offset
+    if not t.data and 0 not in shape:
+        raise ValueError(f"{name}: DLPack data pointer is NULL but the array has shape {shape}")
     # the capsule stays un-consumed and is kept alive with the view: its destructor frees it
     return ArrayView(shape, strides, dtype, int(dev_id), ptr, (obj, capsule), None, False)
 

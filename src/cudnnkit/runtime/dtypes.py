@@ -8,6 +8,8 @@ their own dtype objects to these names.
 from __future__ import annotations
 
 import ctypes
+import math
+import numbers
 
 from ..lib import cudnnDataType_t
 
@@ -19,6 +21,7 @@ __all__ = [
     "compute_dtype",
     "scaling",
     "scaling_ref",
+    "check_scalar",
     "canonical",
     "check_dtype",
     "check_choice",
@@ -105,22 +108,80 @@ def compute_dtype(dtype: str) -> str:
     return "float64" if canonical(dtype) == "float64" else "float32"
 
 
-def scaling(dtype: str, value: float) -> ctypes.c_double | ctypes.c_float:
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def check_scalar(value: object, name: str, *, finite: bool = True, dtype: str | None = None) -> float:
+    """``value`` as a float, for a host scalar parameter (alpha, beta, a fill value, an op's float parameter).
+
+    Accepts Python ints and floats and NumPy real scalars (``numpy.float32(2)``, ``numpy.int64(3)``, 0-d
+    NumPy arrays). Refuses, naming ``name``:
+
+    * ``TypeError``: anything else -- str, None, complex, a device array; also ``True``/``False`` (and NumPy
+      bools): a bool where a number is expected is almost always a mistake;
+    * ``ValueError``: NaN or +-inf unless ``finite=False``; a finite value that overflows the type the value is
+      passed to cuDNN in (``dtype``'s compute type: float32 unless ``dtype`` is float64), e.g. ``1e300`` with
+      float32 or float16 data, which would become inf; an int too large for a float.
+    """
+    t = type(value)
+    if t is float:
+        v = value
+    elif t is int:
+        try:
+            v = float(value)
+        except OverflowError:
+            raise ValueError(f"{name} is too large for a float (an int of {int(value).bit_length()} bits)") from None
+    else:
+        v = _real(value, name)
+    if not math.isfinite(v):
+        if finite:
+            raise ValueError(f"{name} must be finite, got {v}")
+        return v
+    if (dtype is None or compute_dtype(dtype) != "float64") and abs(v) > _FLOAT32_MAX:
+        raise ValueError(f"{name}={v!r} overflows float32 (|{name}| <= {_FLOAT32_MAX:.7g}), the type cuDNN takes it in")
+    return v
+
+
+def _real(value: object, name: str) -> float:
+    """Slow path of :func:`check_scalar`: bools, NumPy scalars and 0-d arrays, other real numbers."""
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
+        raise TypeError(f"{name} must be a real number, got the bool {value!r}")
+    if isinstance(value, numbers.Real):
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"{name} is too large for a float (an int of {int(value).bit_length()} bits)") from None
+    # a 0-d host array (NumPy) of a real type
+    ai = getattr(value, "__array_interface__", None)
+    if isinstance(ai, dict) and ai.get("shape") == () and str(ai.get("typestr", ""))[1:2] in ("f", "i", "u"):
+        return _real(value[()], name)  # type: ignore[index]
+    raise TypeError(f"{name} must be a real number (int or float), got {type(value).__name__} {value!r}")
+
+
+def scaling(
+    dtype: str, value: float, name: str = "alpha/beta", *, finite: bool = True
+) -> ctypes.c_double | ctypes.c_float:
     """A host alpha/beta for cuDNN's legacy API: ``double`` for float64 data, ``float`` otherwise.
 
-    Pass it with ``ctypes.byref``; cuDNN reads it before the call returns.
+    ``value`` is checked by :func:`check_scalar` (``name`` is the argument named in its errors; ``finite=False``
+    lets NaN and inf through, for fill values). Pass it with ``ctypes.byref``; cuDNN reads it before the call
+    returns.
     """
-    return ctypes.c_double(value) if canonical(dtype) == "float64" else ctypes.c_float(value)
+    if canonical(dtype) == "float64":
+        return ctypes.c_double(check_scalar(value, name, finite=finite, dtype="float64"))
+    return ctypes.c_float(check_scalar(value, name, finite=finite, dtype="float32"))
 
 
-def scaling_ref(dtype: str, value: float) -> object:
-    """``ctypes.byref(scaling(dtype, value))``: what cuDNN's ``alpha``/``beta`` parameters take."""
-    return ctypes.byref(scaling(dtype, value))
+def scaling_ref(dtype: str, value: float, name: str = "alpha/beta", *, finite: bool = True) -> object:
+    """``ctypes.byref(scaling(dtype, value, name, finite=finite))``: what cuDNN's ``alpha``/``beta`` take."""
+    return ctypes.byref(scaling(dtype, value, name, finite=finite))
 
 
 def check_choice(value: object, table: object, name: str) -> str:
     """``value`` if it is one of ``table``'s string keys, else ``ValueError`` naming the argument and the choices."""
-    if not isinstance(value, str) or value not in table:  # type: ignore[operator]
+    if not isinstance(value, str):  # also keeps unhashable values (a list) away from the table lookup
+        raise TypeError(f"{name} must be one of {sorted(table)} (a str), got {value!r}")  # type: ignore[call-overload]
+    if value not in table:  # type: ignore[operator]
         raise ValueError(f"{name} must be one of {sorted(table)}, got {value!r}")  # type: ignore[call-overload]
     return value
 

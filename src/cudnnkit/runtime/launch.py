@@ -1,10 +1,11 @@
 """Everything an op needs before its cuDNN call, in one place.
 
 ``launch, (vx, vw) = prepare(("x", x), ("w", w), stream=stream)`` reads each
-array (rejecting host arrays and bad types with the argument's name), checks
+array (rejecting host arrays, bad types and ``None`` for a required array with the argument's name), checks
 they share one device, takes the first array's library as the one that
-allocates outputs and workspace, resolves the stream (the library's current
-stream unless ``stream=`` is given) and gives, on first use of ``launch.handle``, this thread's handle for the
+allocates outputs and workspace, resolves and checks the stream (the library's current
+stream unless ``stream=`` is given), copies inputs whose layout cuDNN cannot take (expanded, overlapping or
+reversed views) and gives, on first use of ``launch.handle``, this thread's handle for the
 device with that stream set.
 """
 
@@ -12,15 +13,38 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from .arrays import ArrayView, as_view, contiguous_strides, same_device
-from .handle import Handle, get_handle, resolve_stream
+from . import adapters
+from .arrays import ArrayView, _is_int, as_view, contiguous_strides, layout_problem, same_device
+from .arrays import _layout_cache as _layouts
+from .dtypes import check_scalar, itemsize
+from .handle import Handle, get_handle, validate_stream
 
-__all__ = ["Launch", "prepare"]
+__all__ = ["Launch", "prepare", "OPTIONAL", "WRITTEN", "ELEMENTWISE"]
 
 _log = logging.getLogger("cudnnkit")
+
+#: :func:`prepare` flag: the array may be ``None`` (an optional argument); its view is then ``None``
+OPTIONAL = 1
+#: :func:`prepare` flag: the op writes the array in place, so it is never copied; a layout cuDNN cannot take
+#: (expanded, overlapping, reversed) is refused naming it
+WRITTEN = 2
+#: :func:`prepare` flag, with ``WRITTEN``: the op writes each element as a function of that element alone
+#: (``set_tensor``, ``scale_tensor``), so the expanded dims of a broadcast view are collapsed to size 1 (each
+#: memory location is written once, and every element of the view reads the same result)
+ELEMENTWISE = 4
+
+_INT64_MAX = 2**63 - 1
+
+
+def _describe_bytes(n: int) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
 
 
 @dataclass
@@ -45,26 +69,49 @@ class Launch:
         return self.adapter.device_guard(self.device)
 
     def empty(self, shape, dtype: str, strides=None, name: str = "out") -> tuple[Any, ArrayView]:
-        """Allocate an output with the inputs' library on the launch's device and stream."""
+        """Allocate an output with the inputs' library on the launch's device and stream.
+
+        Refused before the allocator is asked, naming ``name``: a shape that is not a tuple of non-negative
+        ints (``TypeError``/``ValueError``) or whose size in bytes does not fit an int64 (``ValueError``). An
+        allocation the library cannot satisfy raises ``MemoryError`` naming ``name`` and the size."""
         if self.adapter is None:
             raise TypeError(
                 f"cannot allocate {name}: the inputs come from a library without a cudnnkit adapter; pass {name}="
             )
-        arr = self.adapter.empty(tuple(shape), dtype, self.device, strides, self.stream)
+        shape = tuple(shape)
+        nbytes = _nbytes(shape, dtype, strides, name)
+        try:
+            arr = self.adapter.empty(shape, dtype, self.device, strides, self.stream)
+        except MemoryError as e:
+            raise MemoryError(
+                f"cannot allocate {name} ({dtype}, shape {shape}, {_describe_bytes(nbytes)}) on cuda:{self.device}"
+                f" with {self.adapter.name}: out of memory ({e})"
+            ) from e
         return arr, self.adapter.view(arr, name)
 
     def output(
-        self, out: Any, shape, dtype: str, *, strides=None, name: str = "out", beta: float = 0.0
+        self,
+        out: Any,
+        shape,
+        dtype: str,
+        *,
+        strides=None,
+        name: str = "out",
+        beta: float = 0.0,
+        beta_name: str = "beta",
     ) -> tuple[Any, ArrayView]:
-        """The array an op writes: ``out`` checked (shape, dtype, device), or a new one.
+        """The array an op writes: ``out`` checked (shape, dtype, device, layout), or a new one.
 
-        ``beta != 0`` blends into existing contents, so it needs ``out``. A new
-        array gets ``strides`` (elements) if given, else C-contiguous.
+        ``beta != 0`` blends into existing contents, so it needs ``out`` (``beta`` is checked by
+        :func:`~cudnnkit.runtime.check_scalar` as ``beta_name``). A new array gets ``strides`` (elements) if
+        given, else C-contiguous. ``out`` must address each element once: an expanded (stride-0), overlapping
+        or reversed (negative-stride) ``out`` is refused with a ``ValueError`` naming ``name``; any other
+        strides (gapped, transposed) are the op's to handle.
         """
         shape = tuple(shape)
         if out is None:
-            if beta != 0:
-                raise ValueError(f"beta != 0 blends into an existing output: pass {name}=")
+            if check_scalar(beta, beta_name, dtype=dtype) != 0:
+                raise ValueError(f"{beta_name} != 0 blends into an existing output: pass {name}=")
             return self.empty(shape, dtype, strides, name=name)
         v = as_view(out, name)
         if v.readonly:
@@ -73,21 +120,60 @@ class Launch:
             raise ValueError(f"{name} must have shape {shape} and dtype {dtype}, got {v.shape} {v.dtype}")
         if v.device != self.device:
             raise ValueError(f"{name} is on cuda:{v.device} but the inputs are on cuda:{self.device}")
+        problem = layout_problem(v.shape, v.strides)
+        if problem is not None:
+            raise ValueError(
+                f"{name} {problem} (shape {v.shape}, strides {v.strides}); an output must address each element "
+                "once: pass an array that does not overlap itself"
+            )
         return out, v
 
     def contiguous(self, arr: Any, v: ArrayView, name: str, why: str = "is not C-contiguous") -> tuple[Any, ArrayView]:
         """A C-contiguous copy of ``arr`` made on the launch stream, for a call that cannot take its strides.
 
-        ``why`` says what cuDNN needs (it goes into the debug log, logger ``cudnnkit``, and the error). Arrays of a
-        library without an adapter cannot be copied: ``ValueError`` naming the argument."""
-        if self.adapter is None:
+        The copy is made by ``arr``'s own library (which may differ from the one that allocates the outputs);
+        an array of a library without an adapter is handed zero-copy to the launch's library through
+        ``__cuda_array_interface__`` first. ``why`` says what cuDNN needs (it goes into the debug log, logger
+        ``cudnnkit``, and the error). ``ValueError`` naming the argument when no library can copy it."""
+        ad = v.adapter
+        if ad is None and self.adapter is not None:
+            try:
+                arr, ad = self._wrap(self.adapter, arr, name), self.adapter
+            except TypeError as e:
+                _log.debug("%s", e)
+                ad = None
+        if ad is None:
             raise ValueError(
                 f"{name} {why} (shape {v.shape}, strides {v.strides}) and its library has no cudnnkit "
                 "adapter to copy it; pass a C-contiguous array"
             )
         _log.debug("%s %s (shape %s, strides %s): copying", name, why, v.shape, v.strides)
-        arr = self.adapter.contiguous(arr, self.stream)
-        return arr, self.adapter.view(arr, name)
+        arr = ad.contiguous(arr, self.stream)
+        return arr, ad.view(arr, name)
+
+    def copy(self, dst: Any, src: Any, name: str = "out") -> None:
+        """Copy ``src`` into ``dst`` (same shape and dtype, any strides) on the launch stream, by ``dst``'s library.
+
+        ``src`` may come from another library (it is viewed zero-copy as one of ``dst``'s through
+        ``__cuda_array_interface__``); ``name`` is ``dst``'s argument name for errors."""
+        ad = adapters.for_object(dst)
+        if ad is None:
+            ad = self.adapter
+            if ad is None:
+                raise TypeError(f"cannot write {name}: neither it nor the inputs come from a library with an adapter")
+            dst = self._wrap(ad, dst, name)
+        if adapters.for_object(src) is not ad:
+            src = self._wrap(ad, src, name)
+        ad.copy(dst, src, self.stream)
+
+    def _wrap(self, ad: Any, obj: Any, name: str) -> Any:
+        try:
+            return ad.wrap(obj, self.device)
+        except Exception as e:
+            raise TypeError(
+                f"{name}: a {type(obj).__module__}.{type(obj).__name__} cannot be viewed as a {ad.name} array "
+                f"({type(e).__name__}: {e}); pass arrays of one library"
+            ) from e
 
     def upload(self, values: Any, name: str = "values") -> tuple[Any, int]:
         """Host values (a NumPy array) copied to a new device array of the inputs' library, queued on the
@@ -109,16 +195,108 @@ class Launch:
         return arr, v.ptr
 
 
-def prepare(*named: tuple[str, Any], stream: Any = None) -> tuple[Launch, list[ArrayView | None]]:
-    """Views of the named arrays (None stays None) plus the :class:`Launch` they run with."""
-    views: list[ArrayView | None] = [None if a is None else as_view(a, n) for n, a in named]
-    device = same_device(*((n, v) for (n, _), v in zip(named, views)))
+def _nbytes(shape: tuple, dtype: str, strides, name: str) -> int:
+    """Bytes an allocation of ``shape`` (and ``strides``, elements) needs; refuses what no allocator can give."""
+    for d in shape:
+        if not _is_int(d):
+            raise TypeError(f"{name}: shape {shape} must hold ints, got {d!r}")
+        if d < 0:
+            raise ValueError(f"{name}: shape {shape} has a negative dim")
+    if strides is None or 0 in shape:
+        extent = math.prod(shape)
+    else:
+        extent = 1 + sum((d - 1) * abs(int(s)) for d, s in zip(shape, strides))
+    nbytes = extent * itemsize(dtype)
+    if nbytes > _INT64_MAX:
+        raise ValueError(
+            f"{name} would have shape {shape} ({extent} elements of {dtype}, {nbytes} bytes): larger than any "
+            "allocation can be (the byte size overflows int64)"
+        )
+    return nbytes
+
+
+def prepare(*named: tuple, stream: Any = None) -> tuple[Launch, list[ArrayView | None]]:
+    """Views of the named arrays plus the :class:`Launch` they run with.
+
+    Each argument is ``(name, array)`` for a required input, or ``(name, array, flags)`` with ``flags`` any of
+    ``OPTIONAL | WRITTEN | ELEMENTWISE`` (module constants, exported by :mod:`cudnnkit.runtime`)::
+
+        launch, (vx, vw, vhx) = prepare(("x", x), ("w", w), ("hx", hx, OPTIONAL), stream=stream)
+        launch, (vy,) = prepare(("y", y, WRITTEN | ELEMENTWISE), stream=stream)  # set_tensor, scale_tensor
+        launch, (va, vc) = prepare(("a", a), ("c", c, WRITTEN), stream=stream)  # add_tensor's in-place c
+
+    * ``None`` for an array without ``OPTIONAL``: ``TypeError: x is required (a CUDA array), got None``; an
+      optional ``None`` gives a ``None`` view;
+    * every array is read by its own library's adapter (or ``__cuda_array_interface__``/DLPack), so arrays of
+      different libraries may be mixed in one call; the first array with an adapter decides the library that
+      allocates outputs and workspace (:attr:`Launch.adapter`) and whose current stream is used;
+    * all arrays must be on one device (``ValueError`` naming both);
+    * ``stream``: ``None`` (the allocating library's current stream), a stream object of any library (CuPy,
+      torch, anything with ``__cuda_stream__``) or a raw ``cudaStream_t`` int, checked to be a live stream of
+      the arrays' device by :func:`~cudnnkit.runtime.validate_stream` (``TypeError``/``ValueError`` naming
+      ``stream`` otherwise);
+    * layouts cuDNN cannot take (:func:`~cudnnkit.runtime.arrays.layout_problem`: an expanded stride-0 view, an
+      overlapping or a reversed one): an input is copied to C order on the launch stream (debug-logged, logger
+      ``cudnnkit``; its view is the copy's) once every array has been read and checked; a ``WRITTEN`` array is
+      refused with a ``ValueError`` naming it (or, ``ELEMENTWISE``, its expanded dims collapsed to size 1).
+      Outputs passed as ``out=`` are checked the same way by :meth:`Launch.output`.
+    """
+    views: list[ArrayView | None] = []
+    odd: list[int] | None = None  # arrays whose layout cuDNN cannot take (rare)
+    for item in named:
+        a = item[1]
+        if a is None:
+            if len(item) == 2 or not item[2] & OPTIONAL:
+                raise TypeError(f"{item[0]} is required (a CUDA array), got None")
+            views.append(None)
+        else:
+            v = as_view(a, item[0])
+            views.append(v)
+            # the cache answers None for a layout known to be fine: no call on the fast path
+            if _layouts.get((v.shape, v.strides), True) is not None and layout_problem(v.shape, v.strides):
+                odd = (odd or []) + [len(views) - 1]
+    device = same_device(*((item[0], v) for item, v in zip(named, views)))
     adapter = next((v.adapter for v in views if v is not None and v.adapter is not None), None)
+    stream_name = "stream"
     if stream is None and adapter is None:
         # arrays of a library without an adapter: work on the stream their producer named
         # (``__cuda_array_interface__`` v3 ``stream``; 1 means the legacy default stream, which is 0 to cuDNN)
-        stream = next((v.stream for v in views if v is not None and v.stream is not None), None)
+        for item, v in zip(named, views):
+            if v is not None and v.stream is not None:
+                stream, stream_name = v.stream, f"{item[0]}'s __cuda_array_interface__ stream"
+                break
         if stream == 1:
             stream = 0
-    s = resolve_stream(stream, adapter, device)
-    return Launch(device, adapter, s), views
+    s = validate_stream(stream, adapter, device, stream_name, producer=stream_name != "stream")
+    launch = Launch(device, adapter, s)
+    if odd is None:
+        return launch, views
+    copies = []
+    for i in odd:
+        item, v = named[i], views[i]
+        problem = layout_problem(v.shape, v.strides)
+        flags = item[2] if len(item) > 2 else 0
+        if not flags & WRITTEN:
+            copies.append((i, problem))
+            continue
+        if flags & ELEMENTWISE:
+            v = views[i] = _collapse_expanded(v)
+            problem = layout_problem(v.shape, v.strides)
+            if problem is None:
+                continue
+        raise ValueError(
+            f"{item[0]} {problem} (shape {v.shape}, strides {v.strides}); it is written in place, so it must "
+            "address each element once: pass an array that does not overlap itself"
+        )
+    for i, problem in copies:
+        arr = named[i][1]
+        if isinstance(arr, ArrayView):
+            arr = arr.owner
+        _, views[i] = launch.contiguous(arr, views[i], named[i][0], problem)
+    return launch, views
+
+
+def _collapse_expanded(v: ArrayView) -> ArrayView:
+    """``v`` with its stride-0 dims made size 1: the memory it addresses, once."""
+    shape = tuple(1 if s == 0 else d for d, s in zip(v.shape, v.strides))
+    return ArrayView(shape, v.strides, v.dtype, v.device, v.ptr, v.owner, v.adapter, v.readonly, v.stream)

@@ -8,6 +8,9 @@ object with this interface:
 * ``empty(shape, dtype, device, strides=None, stream=None)``: allocate an
   output with the library's allocator (CuPy memory pool, torch caching allocator)
   for use on ``stream`` (a ``cudaStream_t`` as int, default: the current stream);
+  the library's out-of-memory error is raised as ``MemoryError``;
+* ``wrap(obj, device)``: a zero-copy array of this library over another library's CUDA array
+  (through ``__cuda_array_interface__``), for copies between arrays of mixed libraries;
 * ``contiguous(arr, stream=None)``: a C-contiguous copy made on ``stream`` (or ``arr`` itself if it already is);
 * ``copy(dst, src, stream=None)``: device-to-device copy on ``stream`` (default: the current stream);
 * ``current_stream(device) -> int``: the library's current stream on ``device``;

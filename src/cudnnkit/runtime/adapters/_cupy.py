@@ -58,11 +58,26 @@ class CupyAdapter:
 
     def empty(self, shape, dtype: str, device: int, strides=None, stream: int | None = None) -> cupy.ndarray:
         nd = _numpy_dtype(dtype)
+        try:
+            with cupy.cuda.Device(device):
+                if stream is not None and stream != self.current_stream(device):
+                    with _external(stream):
+                        return self._empty(shape, nd, strides)
+                return self._empty(shape, nd, strides)
+        except cupy.cuda.memory.OutOfMemoryError as e:
+            raise MemoryError(str(e)) from e
+
+    def wrap(self, obj: Any, device: int) -> cupy.ndarray:
+        if isinstance(obj, cupy.ndarray):
+            return obj
         with cupy.cuda.Device(device):
-            if stream is not None and stream != self.current_stream(device):
-                with _external(stream):
-                    return self._empty(shape, nd, strides)
-            return self._empty(shape, nd, strides)
+            if hasattr(obj, "__cuda_array_interface__"):
+                try:
+                    return cupy.asarray(obj)
+                except (TypeError, ValueError, RuntimeError):
+                    if not hasattr(obj, "__dlpack__"):
+                        raise
+            return cupy.from_dlpack(obj)  # e.g. bfloat16, which __cuda_array_interface__ cannot name
 
     @staticmethod
     def _empty(shape, nd, strides):

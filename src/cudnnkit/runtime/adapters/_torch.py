@@ -31,6 +31,17 @@ _FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def _torch_stream(stream: int, dev: torch.device) -> Any:
+    """The torch stream object for a raw handle: 0 and 1 (``cudaStreamLegacy``) are the legacy default stream,
+    torch's default stream; 2 (``cudaStreamPerThread``) has no torch object, so torch's allocator could not order
+    memory reuse on it: refused, naming ``stream``."""
+    if stream in (0, 1):
+        return torch.cuda.default_stream(dev)
+    if stream == 2:
+        TorchAdapter.refuse_special_stream(2)
+    return torch.cuda.ExternalStream(stream, device=dev)
+
+
 class TorchAdapter:
     name = "torch"
     module = torch
@@ -49,16 +60,39 @@ class TorchAdapter:
             raise TypeError(f"{name} has dtype {obj.dtype}, which cuDNN does not support")
         return ArrayView(tuple(obj.shape), obj.stride(), dtype, obj.get_device(), obj.data_ptr(), obj, self, False)
 
+    @staticmethod
+    def refuse_special_stream(stream: int, name: str = "stream") -> None:
+        """``cudaStreamPerThread`` (2) has no torch stream object: torch's allocator cannot order reuse on it."""
+        if stream == 2:
+            raise ValueError(
+                f"{name}=2 (cudaStreamPerThread) has no torch stream object, so torch's caching allocator cannot "
+                "order memory on it; pass torch.cuda.current_stream() or a torch.cuda.Stream"
+            )
+
     def torch_dtype(self, dtype: str) -> torch.dtype:
         return _TO_TORCH[canonical(dtype)]
 
     def empty(self, shape, dtype: str, device: int, strides=None, stream: int | None = None) -> torch.Tensor:
         dev = torch.device("cuda", device)
         td = self.torch_dtype(dtype)
-        if stream is not None and stream != self.current_stream(device):
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=dev)):
-                return self._empty(shape, td, dev, strides)
-        return self._empty(shape, td, dev, strides)
+        try:
+            if stream is not None and stream != self.current_stream(device):
+                with torch.cuda.stream(_torch_stream(stream, dev)):
+                    return self._empty(shape, td, dev, strides)
+            return self._empty(shape, td, dev, strides)
+        except torch.cuda.OutOfMemoryError as e:
+            raise MemoryError(str(e).split("\n")[0]) from e
+
+    def wrap(self, obj: Any, device: int) -> torch.Tensor:
+        if isinstance(obj, torch.Tensor):
+            return obj
+        if hasattr(obj, "__cuda_array_interface__"):
+            try:
+                return torch.as_tensor(obj, device=torch.device("cuda", device))
+            except (TypeError, ValueError, RuntimeError):
+                if not hasattr(obj, "__dlpack__"):
+                    raise
+        return torch.from_dlpack(obj)  # e.g. bfloat16, which __cuda_array_interface__ cannot name
 
     @staticmethod
     def _empty(shape, td, dev, strides):
@@ -71,7 +105,7 @@ class TorchAdapter:
 
         a = numpy.asarray(a)
         if stream is not None and stream != self.current_stream(device):
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=torch.device("cuda", device))):
+            with torch.cuda.stream(_torch_stream(stream, torch.device("cuda", device))):
                 return self.from_numpy(a, device)
         if a.dtype.name == "bfloat16":  # ml_dtypes: go through float32
             return torch.from_numpy(a.astype(numpy.float32)).to(f"cuda:{device}", torch.bfloat16)
@@ -85,13 +119,13 @@ class TorchAdapter:
 
     def contiguous(self, arr: torch.Tensor, stream: int | None = None) -> torch.Tensor:
         if stream is not None and stream != self.current_stream(arr.get_device()):
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=arr.device)):
+            with torch.cuda.stream(_torch_stream(stream, arr.device)):
                 return arr.contiguous()
         return arr.contiguous()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: int | None = None) -> None:
         if stream is not None and stream != self.current_stream(dst.get_device()):
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=dst.device)):
+            with torch.cuda.stream(_torch_stream(stream, dst.device)):
                 dst.copy_(src)
             return
         dst.copy_(src)

@@ -1,0 +1,198 @@
+"""A few CUDA driver queries (``libcuda.so.1`` through ctypes): is this int a live stream, where is this pointer.
+
+cudnnkit checks raw handles that users pass (``stream=0x...``, raw data pointers in graph bindings) before they
+reach cuDNN or an array library, because a bad one crashes the process there. The driver API is what
+``cuda.bindings.driver`` wraps; calling it directly needs no extra package and is present wherever work can run.
+
+* :func:`stream_device` -- ``cuStreamGetFlags`` (is it a stream?) then ``cuStreamGetDevice`` (CUDA 12.8+ drivers)
+  or ``cuStreamGetCtx`` + ``cuCtxGetDevice`` (which device?). The driver dereferences a stream handle without
+  validating it (a garbage handle segfaults inside ``cuStreamGetFlags``), so the handle's first bytes are first
+  checked to be readable memory of this process (a ``write`` of them into a pipe: the kernel answers ``EFAULT``
+  for an unmapped address instead of faulting). What remains unguarded is a readable address that is not a
+  stream (a pointer to some other host object): the driver may misread it.
+* :func:`pointer_info` -- ``cuPointerGetAttributes`` (memory type, device, allocation range): it never
+  dereferences the pointer and answers for any value.
+
+Without a driver (``libcuda.so.1`` missing) :func:`available` is False and both queries raise
+:class:`DriverUnavailable`; callers refuse what they cannot check.
+
+Tests replace :func:`stream_device` / :func:`pointer_info` (module attributes, looked up on every call) to fake a
+driver.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import NamedTuple
+
+__all__ = ["DriverUnavailable", "PointerInfo", "available", "readable", "stream_device", "pointer_info"]
+
+
+class DriverUnavailable(RuntimeError):
+    """The CUDA driver library could not be loaded (or initialised), so a raw handle cannot be checked."""
+
+
+class PointerInfo(NamedTuple):
+    """What the driver knows of an address: ``kind`` is ``"device"``, ``"managed"``, ``"host"`` (page-locked
+    host memory registered with CUDA) or ``"unknown"`` (not CUDA memory: pageable host memory or garbage);
+    ``device`` the ordinal (-1 if unknown); ``base``/``size`` the allocation holding it (0, 0 if unknown)."""
+
+    kind: str
+    device: int
+    base: int
+    size: int
+
+
+_CUDA_SUCCESS = 0
+_CUDA_ERROR_INVALID_CONTEXT = 201
+# CUpointer_attribute
+_MEMORY_TYPE, _IS_MANAGED, _DEVICE_ORDINAL, _RANGE_START, _RANGE_SIZE = 2, 8, 9, 11, 12
+# CUmemorytype
+_HOST, _DEVICE, _ARRAY, _UNIFIED = 1, 2, 3, 4
+
+_lock = threading.Lock()
+_cuda: ctypes.CDLL | None = None
+_failed: str | None = None
+_pipe: tuple[int, int, int] | None = None  # read end, write end, owning pid
+_libc: ctypes.CDLL | None = None
+
+
+def _load() -> ctypes.CDLL:
+    global _cuda, _failed
+    if _cuda is not None:
+        return _cuda
+    with _lock:
+        if _cuda is None and _failed is None:
+            try:
+                cuda = ctypes.CDLL("libcuda.so.1")
+            except OSError as e:
+                _failed = f"libcuda.so.1 not found ({e})"
+            else:
+                cuda.cuInit.argtypes = [ctypes.c_uint]
+                rc = cuda.cuInit(0)
+                if rc != _CUDA_SUCCESS:
+                    _failed = f"cuInit failed with CUresult {rc}"
+                else:
+                    _declare(cuda)
+                    _cuda = cuda
+    if _cuda is None:
+        raise DriverUnavailable(f"the CUDA driver is not available: {_failed}")
+    return _cuda
+
+
+def _declare(cuda: ctypes.CDLL) -> None:
+    vp, uint, intp = ctypes.c_void_p, ctypes.c_uint, ctypes.POINTER(ctypes.c_int)
+    cuda.cuStreamGetFlags.argtypes = [vp, ctypes.POINTER(ctypes.c_uint)]
+    cuda.cuStreamGetCtx.argtypes = [vp, ctypes.POINTER(vp)]
+    cuda.cuCtxPushCurrent_v2.argtypes = [vp]
+    cuda.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(vp)]
+    cuda.cuCtxGetDevice.argtypes = [intp]
+    if hasattr(cuda, "cuStreamGetDevice"):
+        cuda.cuStreamGetDevice.argtypes = [vp, intp]
+    cuda.cuPointerGetAttributes.argtypes = [uint, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(vp), ctypes.c_uint64]
+    cuda.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(vp), ctypes.c_int]
+    cuda.cuDevicePrimaryCtxRelease_v2.argtypes = [ctypes.c_int]
+
+
+def available() -> bool:
+    """Whether the CUDA driver loads and initialises in this process (checked once)."""
+    try:
+        _load()
+    except DriverUnavailable:
+        return False
+    return True
+
+
+def readable(address: int, nbytes: int = 8) -> bool:
+    """Whether ``nbytes`` at ``address`` are readable memory of this process, asked of the kernel (never read
+    directly, so an unmapped address answers False instead of crashing). True where this cannot be asked
+    (no ``libc``/pipes)."""
+    global _pipe, _libc
+    if not 0 < address < 2**64 - nbytes:
+        return False
+    with _lock:
+        if _pipe is None or _pipe[2] != os.getpid():  # a forked child makes its own pipe
+            try:
+                _libc = ctypes.CDLL(None, use_errno=True)
+                _libc.write.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+                _libc.write.restype = ctypes.c_ssize_t
+                r, w = os.pipe()
+                os.set_blocking(r, False)
+                os.set_blocking(w, False)
+                _pipe = (r, w, os.getpid())
+            except (OSError, AttributeError):
+                return True
+        r, w, _ = _pipe
+        n = _libc.write(w, address, nbytes)
+        if n > 0:
+            try:
+                os.read(r, 4096)
+            except BlockingIOError:
+                pass
+        return n == nbytes
+
+
+def stream_device(handle: int) -> int | None:
+    """The device ordinal of the live CUDA stream ``handle`` (a ``CUstream`` as int), or None if it is not one.
+
+    ``handle`` must not be 0, 1 or 2 (the default-stream handles, which every device has). Raises
+    :class:`DriverUnavailable` without a driver."""
+    cuda = _load()
+    if not readable(handle):
+        return None
+    flags = ctypes.c_uint()
+    if cuda.cuStreamGetFlags(ctypes.c_void_p(handle), ctypes.byref(flags)) != _CUDA_SUCCESS:
+        return None
+    dev = ctypes.c_int(-1)
+    if hasattr(cuda, "cuStreamGetDevice"):
+        if cuda.cuStreamGetDevice(ctypes.c_void_p(handle), ctypes.byref(dev)) == _CUDA_SUCCESS:
+            return dev.value
+    ctx = ctypes.c_void_p()
+    if cuda.cuStreamGetCtx(ctypes.c_void_p(handle), ctypes.byref(ctx)) != _CUDA_SUCCESS or not ctx.value:
+        return None
+    if cuda.cuCtxPushCurrent_v2(ctx) != _CUDA_SUCCESS:
+        return None
+    try:
+        rc = cuda.cuCtxGetDevice(ctypes.byref(dev))
+    finally:
+        cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+    return dev.value if rc == _CUDA_SUCCESS else None
+
+
+def pointer_info(ptr: int, device: int | None = None) -> PointerInfo:
+    """What the driver knows of address ``ptr`` (``cuPointerGetAttributes``; never dereferences it).
+
+    ``device``: the device the caller expects; its primary context is made current for the query if the driver
+    asks for a context. Raises :class:`DriverUnavailable` without a driver."""
+    cuda = _load()
+    if not 0 < ptr < 2**64:
+        return PointerInfo("unknown", -1, 0, 0)
+    mtype, managed, dev = ctypes.c_uint(0), ctypes.c_int(0), ctypes.c_int(-1)
+    start, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+    attrs = (ctypes.c_int * 5)(_MEMORY_TYPE, _IS_MANAGED, _DEVICE_ORDINAL, _RANGE_START, _RANGE_SIZE)
+    data = (ctypes.c_void_p * 5)(*(ctypes.addressof(x) for x in (mtype, managed, dev, start, size)))
+    rc = cuda.cuPointerGetAttributes(5, attrs, data, ptr)
+    if rc == _CUDA_ERROR_INVALID_CONTEXT and device is not None and device >= 0:
+        ctx = ctypes.c_void_p()
+        if cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device) == _CUDA_SUCCESS:
+            try:
+                if cuda.cuCtxPushCurrent_v2(ctx) == _CUDA_SUCCESS:
+                    try:
+                        rc = cuda.cuPointerGetAttributes(5, attrs, data, ptr)
+                    finally:
+                        cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+            finally:
+                cuda.cuDevicePrimaryCtxRelease_v2(device)
+    if rc != _CUDA_SUCCESS:
+        return PointerInfo("unknown", -1, 0, 0)
+    if managed.value:
+        kind = "managed"
+    elif mtype.value == _DEVICE:
+        kind = "device"
+    elif mtype.value == _HOST:
+        kind = "host"
+    else:
+        return PointerInfo("unknown", -1, 0, 0)
+    return PointerInfo(kind, dev.value, start.value, size.value)

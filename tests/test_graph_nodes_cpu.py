@@ -704,3 +704,20 @@ def test_W_bfloat16_max_pooling_denies_eng3_at_build():
     x = g.tensor((1, 16, 8, 8), (1024, 1, 128, 16), "bfloat16", name="x")
     g.mark_output(g.resample_forward(x, mode="max", window=2))
     assert g.known_bad_engines() == ("eng3",)
+
+
+def test_U_norm_backward_checks_epsilon_but_does_not_bind_it():
+    """cuDNN 9.19's norm-backward plan takes no epsilon tensor (binding one failed execution with
+    varPackUidCount > expected_uid_count, issue 10's fuzzer): epsilon is checked, then left out."""
+    g = Graph()
+    x = g.tensor((16, 64, 1, 1), (64, 1, 64, 64), "float16", name="x")
+    dy = g.tensor((16, 64, 1, 1), (64, 1, 64, 64), "float16", name="dy")
+    scale = g.tensor((1, 64, 1, 1), (64, 1, 64, 64), "float32", name="scale")
+    inv = g.tensor((16, 1, 1, 1), (1, 1, 1, 1), "float32", name="inv")
+    n = len(g.tensors())
+    r = g.norm_backward("rms", x, dy, scale=scale, inv_variance=inv, epsilon=1e-5)
+    assert r.dx is not None and not any(t.name == "epsilon" for t in g.tensors()[n:])
+    with pytest.raises(TypeError, match="epsilon"):
+        g.norm_backward("rms", x, dy, scale=scale, inv_variance=inv, epsilon="1e-5")
+    with pytest.raises(ValueError, match="epsilon"):
+        g.norm_backward("rms", x, dy, scale=scale, inv_variance=inv, epsilon=float("nan"))

@@ -1271,3 +1271,17 @@ def test_W2_transform_tensor_every_layout_emulated(device, x_kind, out_kind):
     out, buf, mask = device.poisoned((2, 3, 7, 8), out_kind)
     ops.transform_tensor(x, pad_before=(0, 0, 1, 2), pad_after=(0, 0, 2, 1), out=out)
     assert np.array_equal(out.np, np.pad(a, ((0, 0), (0, 0), (1, 2), (2, 1)))) and untouched(buf, mask)
+
+
+def test_U11_dropout_default_state_names_the_ops_argument():
+    """Without state=, dropout's default state is made from x (dy in the backward): errors name that argument."""
+    x = FakeCAI((7, 6))
+    with pytest.raises(TypeError, match="^x must be an array of a library with a cudnnkit adapter"):
+        ops.dropout_forward(x, 0.3, out=FakeCAI((7, 6)))
+    with pytest.raises(TypeError, match="^x must be a CUDA array|^x .*got|^x "):
+        ops.default_state((1, 2, 3), name="x")
+
+
+def test_C1_default_state_checks_its_stream():
+    with pytest.raises(TypeError, match="^stream must be None or a CUDA stream object"):
+        ops.default_state(FakeCAI((8,)), stream=1.5)

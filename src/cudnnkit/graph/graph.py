@@ -747,7 +747,7 @@ class Graph:
         _choice(mode, _REDUCTIONS, "mode", "reduction mode")
         out_dims = _ints(out_dims, "out_dims")
         if len(out_dims) != x.ndim or any(o not in (1, d) for o, d in zip(out_dims, x.dims)):
-            raise GraphError(f"reduction of {x.dims} to {out_dims}: each output dim is x's or 1")
+            raise GraphError(f"out_dims={out_dims} for a reduction of x {x.dims}: each output dim is x's or 1")
         attrs = {"mode": mode, "compute_dtype": canonical(compute_dtype or self.compute_dtype, "compute_dtype")}
         y = self._out(out_dims, x, dtype, name or f"reduce_{mode}")
         self._add("reduction", attrs, {"x": x}, {"y": y})
@@ -1114,7 +1114,9 @@ class Graph:
 
         ``mean`` and ``inv_variance`` are the training forward's saved outputs
         (RMS norm has no mean). ``dbias`` (default: on, off for rms) asks for
-        the bias gradient. ``epsilon`` is optional (cuDNN 9 does not need it).
+        the bias gradient. ``epsilon`` is optional and checked but not given to cuDNN: the backward works from
+        ``inv_variance``, and a norm-backward plan of cuDNN 9.19 does not take an epsilon tensor (measured on an
+        H200 by issue 10's fuzzer: binding one fails execution with ``varPackUidCount > expected_uid_count``).
         Makes ``CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR``.
         """
         _choice(mode, _NORM_MODES, "mode")
@@ -1135,8 +1137,10 @@ class Graph:
         if inv_variance is None:
             raise GraphError(f"{mode} norm backward needs inv_variance=")
         ins["inv_variance"] = self._check_dims(inv_variance, sdims, "inv_variance", mode)
-        if epsilon is not None:
-            ins["epsilon"] = self._scalar_or(epsilon, "epsilon", x.ndim, required=True)
+        if epsilon is not None and not isinstance(epsilon, Tensor):
+            _real(epsilon, "epsilon")  # checked, not passed: see the docstring
+        elif epsilon is not None:
+            self._own(epsilon, "epsilon")
         peers = tuple(self._own(p, f"peer_stats[{i}]") for i, p in enumerate(peer_stats))
         if peers and mode != "batch":
             raise GraphError("peer_stats apply to batch norm")

@@ -52,13 +52,13 @@ class DropoutState:
     states. ``seed``: 64-bit unsigned seed.
     """
 
-    def __init__(self, like: Any, seed: int = 0, *, stream: Any = None):
+    def __init__(self, like: Any, seed: int = 0, *, stream: Any = None, _name: str = "like"):
         _check_seed(seed)
-        launch, _ = prepare(("like", like), stream=stream)
+        launch, _ = prepare((_name, like), stream=stream)
         if launch.adapter is None:
             raise TypeError(
-                "like must be an array of a library with a cudnnkit adapter (CuPy or torch): the DropoutState "
-                "allocates its RNG states with that library"
+                f"{_name} must be an array of a library with a cudnnkit adapter (CuPy or torch) when no state= is "
+                "given: the default DropoutState allocates its RNG states with that library (or pass state=)"
             )
         size = ctypes.c_size_t()
         lib.cudnnDropoutGetStatesSize(launch.handle, ctypes.byref(size))
@@ -109,14 +109,15 @@ _defaults: dict[tuple[int, str, int], DropoutState] = {}
 _defaults_lock = threading.Lock()
 
 
-def default_state(like: Any, *, stream: Any = None) -> DropoutState:
-    """This thread's default state (seed 0) for ``like``'s device and library, created on ``stream``."""
-    v = prepare(("like", like))[1][0]
+def default_state(like: Any, *, stream: Any = None, name: str = "like") -> DropoutState:
+    """This thread's default state (seed 0) for ``like``'s device and library, created on ``stream`` (checked on
+    every call, also when the state exists). ``name``: the argument errors name (the op's ``x`` or ``dy``)."""
+    launch, (v,) = prepare((name, like), stream=stream)
     key = (v.device, v.library, threading.get_ident())
     with _defaults_lock:
         st = _defaults.get(key)
     if st is None:
-        st = DropoutState(like, 0, stream=stream)
+        st = DropoutState(like, 0, stream=launch.stream, _name=name)
         with _defaults_lock:
             _defaults[key] = st
     return st
@@ -214,7 +215,7 @@ def dropout_forward(
     )
     desc = tensor_descriptor(vx.dtype, *lay.description)
     if state is None:  # x's view may be prepare's copy of an overlapping x: ask with it, never copy x again
-        state = default_state(vx.owner if vx.adapter is not None else x, stream=launch.stream)
+        state = default_state(vx.owner if vx.adapter is not None else x, stream=launch.stream, name="x")
     lay.apply()
     ((x, vx),) = lay.inputs
     ((y, vy),) = lay.outputs
@@ -266,7 +267,7 @@ def dropout_backward(
     if vr.shape[0] != nres:
         raise ValueError(f"reserve has {vr.shape[0]} bytes but dy's shape needs {nres}: not this dy's forward")
     if state is None:
-        state = default_state(vdy.owner if vdy.adapter is not None else dy, stream=launch.stream)
+        state = default_state(vdy.owner if vdy.adapter is not None else dy, stream=launch.stream, name="dy")
     lay.apply()
     ((dy, vdy),) = lay.inputs
     ((dx, vdx),) = lay.outputs

@@ -98,8 +98,8 @@ CASES = [
     (lambda: call(labels=x((3,), "<i4", device=1)), ValueError, "labels is on cuda:1 but x is on cuda:0"),
     (lambda: call(ll=x((2,), "<i4", device=1)), ValueError, "label_lengths is on cuda:1 but x is on cuda:0"),
     # outputs
-    (lambda: call(), TypeError, "without a cudnnkit adapter; pass costs_out="),
-    (lambda: call(costs_out=x((N,))), TypeError, "without a cudnnkit adapter; pass grads_out="),
+    (lambda: call(), TypeError, "without a cudnnkit adapter.*or pass costs_out= yourself"),
+    (lambda: call(costs_out=x((N,))), TypeError, "without a cudnnkit adapter.*or pass grads_out= yourself"),
     (lambda: call(costs_out=x((N + 1,)), grads_out=x()), ValueError, r"costs_out must have shape \(2,\) and dtype"),
     (lambda: call(costs_out=x((N,), "<f8"), grads_out=x()), ValueError, "costs_out must have shape .* float32"),
     (

@@ -108,7 +108,10 @@ def test_matmul_reduction_and_conv_backward_lower():
         (lambda g: g.pointwise("EXP", g.tensor((2,)), elu_alpha=1.0), "elu_alpha applies to"),
         (lambda g: g.matmul(g.tensor((2, 3)), g.tensor((4, 5))), "K must agree"),
         (lambda g: g.conv_fprop(g.tensor((1, 6, 8, 8)), g.tensor((4, 4, 3, 3))), "not a multiple"),
-        (lambda g: g.conv_fprop(g.tensor((1, 4, 2, 2)), g.tensor((4, 4, 5, 5))), "smaller than the kernel"),
+        (
+            lambda g: g.conv_fprop(g.tensor((1, 4, 2, 2)), g.tensor((4, 4, 5, 5))),
+            "plus pre_padding 0 and post_padding 0 is smaller than w.s kernel 5 at dilation 1",
+        ),
         (lambda g: g.conv_fprop(g.tensor((1, 4, 8, 8)), g.tensor((4, 4, 3, 3)), mode="corr"), "mode must be"),
         (lambda g: g.reduction(g.tensor((4, 5)), (2, 1)), "each output dim is x's or 1"),
         (lambda g: g.reduction(g.tensor((4, 5)), (4, 1), mode="sum"), "reduction mode must be one of"),

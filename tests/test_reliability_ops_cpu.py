@@ -737,7 +737,11 @@ def test_U11_required_array_given_as_none(call, name):
             r"pad_before=100000 and pad_after=0 give an output of shape .* too large",
         ),
         (dict(pad_after=(0, 0, 0, 2**31)), ValueError, r"pad_after=\(0, 0, 0, 2147483648\) give an output"),
-        (dict(pad_before=(0, 0, 2**20, 2**20)), ValueError, "every dim and stride must be at most 2147483647"),
+        (
+            dict(pad_before=(0, 0, 2**20, 2**20)),
+            ValueError,
+            "every dim and stride, and the number of elements spanned, must be at most 2147483647",
+        ),
         (dict(pad_before=-1), ValueError, "pad_before must be >= 0"),
         (dict(pad_after=1.5), TypeError, "pad_after must be an int or a sequence"),
         (dict(pad_after=(1, 1, 1, "1")), TypeError, "pad_after must hold ints"),

@@ -290,7 +290,7 @@ def test_tensor_descriptor_pads_to_4d():
     "shape, strides, msg",
     [
         ((2, 0, 3), (3, 3, 1), "dims must be positive"),
-        ((1,) * 9, (1,) * 9, "1 to 8 dims"),
+        ((1,) * 9, (1,) * 9, "at most 8 dims"),
         ((2, 3), (3,), "differ in length"),
         ((2**31, 1, 1, 1), (1, 1, 1, 1), "does not fit cuDNN's int"),
     ],
@@ -404,3 +404,20 @@ assert cudnnkit.runtime.shapes.conv_output_shape and cudnnkit.lib.version() > 0
     subprocess.run([sys.executable, "-c", code], check=True)
     with pytest.raises(AttributeError, match="module 'cudnnkit' has no attribute 'nope'"):
         cudnnkit.nope  # noqa: B018
+
+
+def test_tensor_descriptor_of_a_scalar_is_one_element():
+    # a 0-d array (issue 10's fuzzer: dropout and transform_tensor of a scalar) is described as one element
+    d = tensor_descriptor("float32", (), ())
+    assert _read_tensor_descriptor(d)[1:] == ((1, 1, 1, 1), (1, 1, 1, 1))
+
+
+def test_tensor_span_beyond_int_is_refused_by_name():
+    # cudnnSetTensorNdDescriptor refuses a span of more than 2**31 - 1 elements with NOT_SUPPORTED (measured with
+    # cuDNN 9.19 and 9.28); check_fits says so first, naming the array
+    from cudnnkit.ops._layout import check_fits, fits
+
+    assert fits((2, 2**30), (2**30 - 1, 1))
+    assert not fits((2, 2**30), (2**30, 1))
+    with pytest.raises(ValueError, match=r"^x \(shape \(2, 1073741824\)\) is too large.*number of elements they span"):
+        check_fits("x", (2, 2**30), (2**30, 1))

@@ -44,7 +44,7 @@ class HostBackend:
             return host_object(a, v)
         return np.array(v, dtype=np.float64)
 
-    def opaque(self, o: Any, ctx: Any) -> Any:
+    def opaque(self, o: Any, ctx: Any, name: str = "extra") -> Any:
         raise Skip("no opaque objects on the host")
 
     def to_host(self, obj: Any) -> np.ndarray | None:

@@ -177,6 +177,30 @@ def buffer_of(a: A, v: np.ndarray) -> tuple[np.ndarray, tuple[int, ...], int]:
     return buf64.astype(hd), strides, off
 
 
+class _DeviceAllocation:
+    """A device allocation of exactly ``nbytes`` of its own (``cuMemAlloc``), freed when collected.
+
+    A small buffer from an array library's caching allocator is a slice of a larger segment, and the driver
+    (``cuMemGetAddressRange``) answers with the segment: cudnnkit's size check sees the segment, so only a
+    buffer that is its own allocation tests that a too-small raw pointer is refused."""
+
+    def __init__(self, nbytes: int):
+        cuda = ctypes.CDLL("libcuda.so.1")
+        ctx = ctypes.c_void_p()
+        cuda.cuCtxGetCurrent(ctypes.byref(ctx))
+        if not ctx.value:  # the array libraries made device 0's primary context current on this thread
+            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+            cuda.cuCtxSetCurrent(ctx)
+        ptr = ctypes.c_uint64()
+        rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
+        if rc != 0:
+            raise RuntimeError(f"cuMemAlloc({nbytes}) failed with CUresult {rc}")
+        self._cuda, self.ptr = cuda, ptr.value
+
+    def __del__(self):
+        self._cuda.cuMemFree_v2(ctypes.c_uint64(self.ptr))
+
+
 # ----------------------------------------------------------------- CAI objects
 
 
@@ -481,7 +505,7 @@ class FakeBackend:
         name = "fakeB" if a.lib == "other" else "fakeA"
         return FakeArray(a.shape, a.dtype, strides, ptr, name, a.readonly, a.device, host)
 
-    def opaque(self, o: Opaque, ctx: Any) -> Any:
+    def opaque(self, o: Opaque, ctx: Any, name: str = "extra") -> Any:
         if o.kind == "object":
             return object()
         if o.kind == "host_ptr":
@@ -491,7 +515,7 @@ class FakeBackend:
         if o.kind == "small_ptr":
             return self.alloc(int(o.arg))
         if o.kind == "ptr_of":
-            arr = ctx.make(o.arg)
+            arr = ctx.make(o.arg, name)  # its values are the reference's for that argument
             self._keep.append(arr)
             return pointer_of(arr) + int(o.arg2)
         if o.kind in ("stream_other", "stream_new"):
@@ -603,7 +627,7 @@ class GpuBackend:
             return make_cai(a, a.shape, strides, ptr, base, 0)
         return strided(name, base, a.shape, strides, off)
 
-    def opaque(self, o: Opaque, ctx: Any) -> Any:
+    def opaque(self, o: Opaque, ctx: Any, name: str = "extra") -> Any:
         if o.kind == "object":
             return object()
         if o.kind == "host_ptr":
@@ -611,12 +635,11 @@ class GpuBackend:
             ctx.keep.append(buf)
             return ctypes.addressof(buf)
         if o.kind == "small_ptr":
-            ad = self.adapters[ctx.case.lib]
-            arr = ad.empty((max(int(o.arg), 1),), "uint8", 0)
-            ctx.keep.append(arr)
-            return ad.view(arr, "small").ptr
+            buf = _DeviceAllocation(max(int(o.arg), 1))
+            ctx.keep.append(buf)
+            return buf.ptr
         if o.kind == "ptr_of":
-            arr = ctx.make(o.arg)
+            arr = ctx.make(o.arg, name)  # its values are the reference's for that argument
             ctx.keep.append(arr)
             return pointer_of(arr) + int(o.arg2)
         if o.kind == "stream_new":

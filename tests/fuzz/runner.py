@@ -39,6 +39,10 @@ from .outcome import CLEAR, CORRECT, CRASH, REACHED, UNCLEAR, WRONG, Outcome, cl
 __all__ = ["Ctx", "execute", "Worker", "run_cases", "Summary", "make_backend", "main", "DIAGNOSTICS"]
 
 
+#: float dtypes from least to most precise (the tolerance a case is checked at follows its least precise array)
+_PRECISION = {"float8_e5m2": 0, "float8_e4m3fn": 1, "bfloat16": 2, "float16": 3, "float32": 4, "float64": 5}
+
+
 class _Deferred:
     """A value built inside the call (its exception is the call's outcome): an ``RNN`` or a ``DropoutState``."""
 
@@ -68,7 +72,14 @@ class Ctx:
 
     @property
     def dtype(self) -> str:
-        return self.case.setup.get("dtype", "float32")
+        """The case's compute dtype: the setup's, or the least precise float dtype of its arrays when a mutation
+        gave one of them a lower precision (a float16 ``x`` in a float64 case is checked at float16's tolerance)."""
+        base = self.case.setup.get("dtype", "float32")
+        worst = base
+        for v in self.case.kwargs.values():
+            if isinstance(v, A) and _PRECISION.get(v.dtype, 99) < _PRECISION.get(worst, 99):
+                worst = v.dtype
+        return worst
 
     def _rng(self, a: A, name: str) -> np.random.Generator:
         return np.random.default_rng([a.seed & 0xFFFFFFFF, self.case.seed & 0xFFFFFFFF, sum(map(ord, name))])
@@ -108,7 +119,7 @@ class Ctx:
         if isinstance(v, Setup):
             return self.setup_values[v.key] if stage == 3 else v
         if isinstance(v, Opaque):
-            return self.backend.opaque(v, self) if stage == 3 else v
+            return self.backend.opaque(v, self, name) if stage == 3 else v
         if isinstance(v, Rnn):
             if stage != 3:
                 return v

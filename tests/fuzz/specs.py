@@ -516,33 +516,17 @@ def _divnorm_draw(d: Draw, lib: str, backward: bool = False) -> Base:
     return Base(kw, ("dy", "x", "means") if backward and means else ("dy", "x") if backward else ("x",), {"dtype": dt})
 
 
-def window_sum(q: np.ndarray, n: int, mirrored: bool = False) -> np.ndarray:
-    """Zero-padded ``n`` x ``n`` sum over the last two axes, window ``[i - (n-1)//2, i + n//2]`` (``mirrored``: its
-    transpose). As ``tests/gpu/test_norm_dropout_gpu.window_sum``, also for windows larger than the image."""
-    lo = (n - 1) // 2
-    hi = n - 1 - lo
-    if mirrored:
-        lo, hi = hi, lo
-    h, w = q.shape[-2:]
-    out = np.zeros_like(q)
-    for dh in range(-lo, hi + 1):
-        for dw in range(-lo, hi + 1):
-            i0, i1, j0, j1 = max(0, -dh), min(h, h - dh), max(0, -dw), min(w, w - dw)
-            if i0 < i1 and j0 < j1:
-                out[..., i0:i1, j0:j1] += q[..., i0 + dh : i1 + dh, j0 + dw : j1 + dw]
-    return out
-
-
 def ref_divnorm(x, size, alpha, beta, k):
     """cuDNN's divisive normalization without means (the formula of the GPU tests, identified on an H200)."""
-    d = k + alpha / size**2 * window_sum(x**2, size)
-    return x * d**-beta, d
+    from ..gpu.test_norm_dropout_gpu import ref_divnorm as ref
+
+    return ref(x, size, alpha, beta, k)
 
 
 def ref_divnorm_backward(x, dy, size, alpha, beta, k, mirrored=True):
-    y, d = ref_divnorm(x, size, alpha, beta, k)
-    t = dy * x * (-beta) * d ** (-beta - 1) * (alpha / size**2) * 2
-    return dy * d**-beta + x * window_sum(t, size, mirrored=mirrored)
+    from ..gpu.test_norm_dropout_gpu import ref_divnorm_backward as ref
+
+    return ref(x, dy, size, alpha, beta, k, mirrored)
 
 
 def _divnorm_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
@@ -753,6 +737,9 @@ def _ctc_draw(d: Draw, lib: str) -> Base:
 
 def _index_values(v: Any, ctx: Any, name: str) -> np.ndarray:
     if isinstance(v, A):
+        seen_values = ctx.x(name)  # what the array holds: an expanded layout repeats its first value
+        if seen_values is not None:
+            return np.rint(np.asarray(seen_values, np.float64)).astype(np.int64).reshape(-1)
         return np.asarray(v.values, np.int64)
     return np.asarray(ctx.case.kwargs[name], np.int64)
 
@@ -1397,7 +1384,9 @@ def _set_check(ctx: Any, res: Any, scale: bool = False) -> list[str]:
         return ["did not return y"]
     v = fnum(ctx.param("alpha" if scale else "value"))
     ref = seen(y * seen(np.array(v), dt), dt) if scale else np.full(y.shape, float(seen(np.array(v), dt)))
-    return ctx.compare(res, ref, dt, "y", _tol(dt, f32=1e-6, half=2e-3), inplace="y")
+    # one rounding to the output type: half an ulp of float16 is 4.9e-4, of bfloat16 3.9e-3 (the reference rounds
+    # the scalar first, cuDNN may not: one ulp apart)
+    return ctx.compare(res, ref, dt, "y", _tol(dt, f32=1e-6, half=1e-2 if dt == "bfloat16" else 2e-3), inplace="y")
 
 
 def _add_shape(case: Case, name: str, old, new) -> str | None:
@@ -1429,7 +1418,7 @@ def _add_check(ctx: Any, res: Any) -> list[str]:
     if res is not ctx.arg("c"):
         return ["did not return c"]
     ref = fnum(ctx.param("alpha", 1.0), 1.0) * a + fnum(ctx.param("beta", 1.0), 1.0) * c
-    return ctx.compare(res, ref, dt, "c", _tol(dt, f32=1e-6, half=5e-3), inplace="c")
+    return ctx.compare(res, ref, dt, "c", _tol(dt, f32=1e-6, half=1e-2 if dt == "bfloat16" else 5e-3), inplace="c")
 
 
 def _transform_draw(d: Draw, lib: str) -> Base:
@@ -2085,7 +2074,7 @@ def _red_check(ctx: Any, outs: Any) -> list[str]:
     od = tuple(ctx.param("out_dims"))
     axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, od)) if b == 1 and a != 1)
     mode = str(ctx.param("mode"))
-    ref = _RED[mode](x, axis=axes, keepdims=True) if axes else x
+    ref = _RED[mode](x, axis=axes, keepdims=True)  # no axes: each element alone (amax, norm1, norm2: |x|)
     return ctx.compare(outs["y"], ref, "float32", "y", 1e-2 if ctx.dtype != "float32" else 1e-4)
 
 

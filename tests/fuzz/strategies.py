@@ -566,7 +566,12 @@ def _mut_device(d: Draw, spec: Any, case: Case, name: str, gpu: bool) -> tuple[C
     a = case.kwargs[name]
     if gpu or a.lib in ("host", "list", "torch_cpu"):
         return None
-    peers = [n for n in _present_arrays(spec, case) if n != name]
+    # mixed devices are refused; host arrays (CTC's labels as a list or NumPy array) are on no device
+    peers = [
+        n
+        for n in _present_arrays(spec, case)
+        if n != name and not (isinstance(case.kwargs[n], A) and case.kwargs[n].lib in ("host", "list", "torch_cpu"))
+    ]
     expect = "refuse" if peers else "any"
     kw = dict(case.kwargs)
     kw[name] = a.with_(device=1)

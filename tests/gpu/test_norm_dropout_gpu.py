@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -156,36 +158,53 @@ def test_lrn_gradient_finite_differences(xp):
 DN = dict(size=3, alpha=0.7, beta=0.6, k=1.3)
 
 
-def window_sum(q, n, mirrored=False):
-    """Zero-padded n x n sum over H, W; window [i - (n-1)//2, i + n//2] (mirrored: the transpose)."""
+def window_sum(q, n, mirrored=False, nd=2):
+    """Zero-padded sum over a window of ``n`` along each of the last ``nd`` axes (H, W; or D, H, W), window
+    ``[i - (n-1)//2, i + n//2]`` (``mirrored``: its transpose, ``[i - n//2, i + (n-1)//2]``)."""
     lo = (n - 1) // 2
     hi = n - 1 - lo
     if mirrored:
         lo, hi = hi, lo
-    h, w = q.shape[-2:]
+    sizes = q.shape[-nd:]
     out = np.zeros_like(q)
-    for dh in range(-lo, hi + 1):
-        for dw in range(-lo, hi + 1):
-            hs, he, ws, we = max(0, -dh), min(h, h - dh), max(0, -dw), min(w, w - dw)
-            out[..., hs:he, ws:we] += q[..., hs + dh : he + dh, ws + dw : we + dw]
+    for offs in itertools.product(range(-lo, hi + 1), repeat=nd):
+        dst = tuple(slice(max(0, -o), min(m, m - o)) for o, m in zip(offs, sizes))
+        if all(sl.start < sl.stop for sl in dst):
+            src = tuple(slice(sl.start + o, sl.stop + o) for sl, o in zip(dst, offs))
+            out[(..., *dst)] += q[(..., *src)]
     return out
 
 
-def ref_divnorm(x, size, alpha, beta, k):
-    """cuDNN's divisive normalization without means: x / (k + alpha/size^2 * sum_window x^2)^beta.
+def _spatial(x):
+    """How many trailing dims cuDNN's divisive normalization windows over: D, H, W of a 5-d array, H, W of a
+    4-d one (a 3-d ``(N, C, L)`` array runs as ``(N, C, L, 1)``)."""
+    return 3 if x.ndim == 5 else 2
 
-    The formula was identified on the H200 among candidates (LRN-like within channel,
-    normalised by size^2) and matches cuDNN to 1e-16; the window offsets are LRN's.
+
+def ref_divnorm(x, size, alpha, beta, k):
+    """cuDNN's divisive normalization without means: x / (k + alpha/size^nd * sum_window x^2)^beta, the window
+    ``size`` wide in each of the last nd spatial dims (nd = 2 for 4-d arrays, 3 for 5-d ones).
+
+    The formula was identified on the H200 among candidates (LRN-like within channel, normalised by size^2; for
+    5-d arrays a 3-d window normalised by size^3, the other candidates off by 0.1 to 0.4) and matches cuDNN to
+    1e-16; the window offsets are LRN's.
     """
-    d = k + alpha / size**2 * window_sum(x**2, size)
+    if x.ndim == 3:
+        y, d = ref_divnorm(x[..., None], size, alpha, beta, k)
+        return y[..., 0], d[..., 0]
+    nd = _spatial(x)
+    d = k + alpha / size**nd * window_sum(x**2, size, nd=nd)
     return x * d**-beta, d
 
 
 def ref_divnorm_backward(x, dy, size, alpha, beta, k, mirrored=True):
     """The exact gradient (``mirrored=True``: the transpose of the forward window)."""
+    if x.ndim == 3:
+        return ref_divnorm_backward(x[..., None], dy[..., None], size, alpha, beta, k, mirrored)[..., 0]
+    nd = _spatial(x)
     y, d = ref_divnorm(x, size, alpha, beta, k)
-    t = dy * x * (-beta) * d ** (-beta - 1) * (alpha / size**2) * 2
-    return dy * d**-beta + x * window_sum(t, size, mirrored=mirrored)
+    t = dy * x * (-beta) * d ** (-beta - 1) * (alpha / size**nd) * 2
+    return dy * d**-beta + x * window_sum(t, size, mirrored=mirrored, nd=nd)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
@@ -206,6 +225,54 @@ def test_divnorm_reference_without_means(xp, dtype, layout, size):
     # transpose, so it is not the exact gradient there (found on the H200); odd sizes are exact.
     ref = ref_divnorm_backward(xa, seen(g, dtype), **p, mirrored=size % 2 == 1)
     assert rel(host(xp, dx), ref) < TOL[dtype] * (1 if dtype == "float64" else 10)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_divnorm_5d_windows_depth_height_width(xp, size):
+    # a 5-d array is normalised over a size**3 window in D, H, W (identified on the H200, issue 10's fuzzer:
+    # the 2-d window over H, W was off by 1e-5 there at alpha=1e-4, by 0.26 at alpha=1)
+    rng = np.random.default_rng()
+    a, g = rng.standard_normal((2, 3, 4, 5, 6)), rng.standard_normal((2, 3, 4, 5, 6))
+    p = dict(DN, size=size)
+    y = ops.divisive_normalization_forward(xp.from_numpy(a, 0), **p)
+    assert rel(host(xp, y), ref_divnorm(a, **p)[0]) < 1e-12
+    dx, _ = ops.divisive_normalization_backward(xp.from_numpy(g, 0), xp.from_numpy(a, 0), **p)
+    assert rel(host(xp, dx), ref_divnorm_backward(a, g, **p, mirrored=size % 2 == 1)) < 1e-12
+
+
+def test_divnorm_3d_runs_as_4d(xp):
+    rng = np.random.default_rng()
+    a = rng.standard_normal((2, 3, 7))
+    y = ops.divisive_normalization_forward(xp.from_numpy(a, 0), **DN)
+    assert rel(host(xp, y), ref_divnorm(a, **DN)[0]) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("y_alpha, y_beta", [(1.0, -1.0), (0.5, -0.25), (2.0, 0.5), (1.0, 1.0)])
+def test_divnorm_blend_into_out(xp, dtype, y_alpha, y_beta):
+    # out = y_alpha * result + y_beta * out; cuDNN 9.19 ignores a negative beta (measured on an H200: y_beta=-1
+    # gave y_alpha * result), so cudnnkit scales out by y_beta first and blends with beta 1 (issue 10's fuzzer)
+    rng = np.random.default_rng()
+    a, y0 = rng.standard_normal((2, 3, 5, 6)), rng.standard_normal((2, 3, 5, 6))
+    out = dev(xp, y0, dtype, "nchw")
+    y = ops.divisive_normalization_forward(dev(xp, a, dtype, "nchw"), **DN, out=out, y_alpha=y_alpha, y_beta=y_beta)
+    xa, ya = seen(a, dtype), seen(y0, dtype)
+    assert rel(host(xp, y), y_alpha * ref_divnorm(xa, **DN)[0] + y_beta * ya) < TOL[dtype]
+    # an out in the other layout: computed into a temporary that starts as out's contents
+    out2 = dev(xp, y0, dtype, "nhwc")
+    y2 = ops.divisive_normalization_forward(dev(xp, a, dtype, "nchw"), **DN, out=out2, y_alpha=y_alpha, y_beta=y_beta)
+    assert rel(host(xp, y2), y_alpha * ref_divnorm(xa, **DN)[0] + y_beta * ya) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dx_beta", [-1.0, 0.5])
+def test_divnorm_backward_blend(xp, dx_beta):
+    rng = np.random.default_rng()
+    a, g, d0 = (rng.standard_normal((2, 3, 5, 6)) for _ in range(3))
+    out = xp.from_numpy(d0, 0)
+    dx, _ = ops.divisive_normalization_backward(
+        xp.from_numpy(g, 0), xp.from_numpy(a, 0), **DN, dx_out=out, dx_alpha=0.5, dx_beta=dx_beta
+    )
+    assert rel(host(xp, dx), 0.5 * ref_divnorm_backward(a, g, **DN) + dx_beta * d0) < 1e-12
 
 
 def test_divnorm_on_a_sliced_x(xp):

@@ -23,7 +23,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from cudnnkit.graph import Graph, UnsupportedGraphError
+from cudnnkit.graph import BindingError, Graph, UnsupportedGraphError
 
 from ..numerics import dev, host, rel
 
@@ -254,3 +254,20 @@ def test_C2_unchecked_and_checked_raw_pointers_match_arrays(xp):
     want = xa.astype(np.float32).astype(np.float64) * ba.astype(np.float32).astype(np.float64)
     for o in outs:
         assert rel(host(xp, o), want) < 1e-6
+
+
+def test_garbage_workspace_is_refused_even_when_the_plan_needs_none(xp):
+    # issue 10's fuzzer: a garbage raw workspace was accepted when the plan needed 0 bytes (it was never read);
+    # it is checked whichever plan the heuristics pick, and NULL stays fine
+    g = Graph(name="abs")
+    t = g.tensor((1, 4, 1, 3), name="t")
+    y = g.mark_output(g.pointwise("ABS", t, name="y"))
+    plan = g.build()
+    xa = np.random.default_rng().standard_normal((1, 4, 1, 3))
+    out = dev(xp, np.full((1, 4, 1, 3), np.nan), "float32")
+    b = {t: dev(xp, xa, "float32"), y: out}
+    if plan.workspace_size == 0:
+        plan.execute(b, workspace=0)
+        assert np.allclose(host(xp, out), np.abs(xa))
+    with pytest.raises(BindingError, match="workspace"):
+        plan.execute(b, workspace=0xBAD000)

@@ -499,3 +499,14 @@ def test_U5_persist_dynamic_refuses_variable_lengths_before_any_work(xp):
     w = rnn.new_weights(x)
     with pytest.raises(ValueError, match="algo='persist_dynamic' does not support sequences of different lengths"):
         ops.rnn_forward(x, w, rnn=rnn, seq_lengths=[4, 3])
+
+
+@pytest.mark.parametrize("shape, dy_shape", [((5, 2), (5, 3)), ((6,), (1,)), ((4, 2, 6), (4, 2, 1, 6))])
+def test_dropout_backward_refuses_the_reserve_of_another_shape(xp, shape, dy_shape):
+    # issue 10's fuzzer: reserve sizes are rounded, so a (5, 2) forward's reserve passed the size check for a
+    # (5, 3) dy; the forward's recorded shape is now compared, naming dy and reserve
+    x = xp.from_numpy(np.random.default_rng().uniform(0.5, 1.5, shape), 0)
+    _, reserve = ops.dropout_forward(x, 0.5)
+    dy = xp.from_numpy(np.ones(dy_shape), 0)
+    with pytest.raises(ValueError, match=rf"dy has shape \({dy_shape[0]}, .*reserve was written by a dropout_forward"):
+        ops.dropout_backward(dy, reserve, 0.5)

@@ -86,6 +86,9 @@ class GraphError(ValueError):
 # ----------------------------------------------------------------- argument checks
 
 _INT64_MAX = 2**63 - 1
+#: the largest stride, padding, dilation or window a graph takes: larger ones give output dims or strides beyond
+#: what cuDNN's tensors hold
+_INT32_MAX = 2**31 - 1
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -623,10 +626,12 @@ class Graph:
             raise GraphError(f"mode must be 'cross_correlation' or 'convolution', got {mode!r}")
         post = pre_padding if post_padding is None else post_padding
         return {
-            "stride": expand(stride, nsp, "stride", 1),
-            "pre_padding": expand(pre_padding, nsp, "pre_padding", 0),
-            "post_padding": expand(post, nsp, "post_padding", 0),
-            "dilation": expand(dilation, nsp, "dilation", 1),
+            "stride": expand(stride, nsp, "stride", 1, _INT32_MAX),
+            "pre_padding": expand(pre_padding, nsp, "pre_padding", 0, _INT32_MAX),
+            "post_padding": expand(
+                post, nsp, "post_padding" if post_padding is not None else "pre_padding", 0, _INT32_MAX
+            ),
+            "dilation": expand(dilation, nsp, "dilation", 1, _INT32_MAX),
             "mode": mode,
             "compute_dtype": canonical(compute_dtype or self.compute_dtype, "compute_dtype"),
         }
@@ -644,7 +649,11 @@ class Graph:
             eff = attrs["dilation"][i] * (ki - 1) + 1
             o = (xi + attrs["pre_padding"][i] + attrs["post_padding"][i] - eff) // attrs["stride"][i] + 1
             if o < 1:
-                raise GraphError(f"spatial dim {i}: input {xi} with its padding is smaller than the kernel {eff}")
+                raise GraphError(
+                    f"spatial dim {i}: x's size {xi} plus pre_padding {attrs['pre_padding'][i]} and post_padding "
+                    f"{attrs['post_padding'][i]} is smaller than w's kernel {ki} at dilation {attrs['dilation'][i]} "
+                    f"({eff})"
+                )
             out.append(o)
         return tuple(out)
 
@@ -841,13 +850,19 @@ class Graph:
         _choice(mode, _RESAMPLE_MODES, "mode")
         if window is None:
             raise GraphError("window is required (one size per spatial dim, or one int for all)")
-        window = expand(window, nsp, "window", 1)
+        window = expand(window, nsp, "window", 1, _INT32_MAX)
         attrs = {
             "mode": mode,
             "window": window,
-            "stride": expand(window if stride is None else stride, nsp, "stride", 1),
-            "pre_padding": expand(pre_padding, nsp, "pre_padding", 0),
-            "post_padding": expand(pre_padding if post_padding is None else post_padding, nsp, "post_padding", 0),
+            "stride": expand(window if stride is None else stride, nsp, "stride", 1, _INT32_MAX),
+            "pre_padding": expand(pre_padding, nsp, "pre_padding", 0, _INT32_MAX),
+            "post_padding": expand(
+                pre_padding if post_padding is None else post_padding,
+                nsp,
+                "pre_padding" if post_padding is None else "post_padding",
+                0,
+                _INT32_MAX,
+            ),
             "padding_mode": padding_mode or ("neg_inf" if mode == "max" else "zero"),
             "nan_propagation": bool(nan_propagation),
             "compute_dtype": canonical(compute_dtype or self.compute_dtype, "compute_dtype"),
@@ -865,7 +880,8 @@ class Graph:
             o = (xi + a["pre_padding"][i] + a["post_padding"][i] - a["window"][i]) // a["stride"][i] + 1
             if o < 1:
                 raise GraphError(
-                    f"spatial dim {i}: input {xi} with its padding is smaller than the window {a['window'][i]}"
+                    f"spatial dim {i}: x's size {xi} plus pre_padding {a['pre_padding'][i]} and post_padding "
+                    f"{a['post_padding'][i]} is smaller than the window {a['window'][i]}"
                 )
             out.append(o)
         return tuple(out)

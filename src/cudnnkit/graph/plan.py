@@ -840,12 +840,14 @@ class ExecutionPlan:
         if workspace is not None:
             if isinstance(workspace, int) and not isinstance(workspace, bool):
                 ws = workspace
-                if need and not 0 < ws < 2**64:
+                # checked even when this plan needs none (NULL is then fine): a bad pointer is refused whichever
+                # plan the heuristics pick
+                if (need or ws) and not 0 < ws < 2**64:
                     raise BindingError(
                         f"workspace: raw pointer {ws} is not a device pointer (the plan needs {need} bytes)"
                     )
-                if need and not unchecked:
-                    _check_pointer(ws, need, self.device, "workspace")
+                if ws and not unchecked:
+                    _check_pointer(ws, max(need, 1), self.device, "workspace")
             else:
                 v = as_view(workspace, "workspace")
                 if v.nbytes < need:

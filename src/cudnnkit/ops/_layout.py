@@ -37,7 +37,7 @@ from typing import Any
 from ..runtime.arrays import ArrayView, contiguous_strides, is_contiguous, is_dense, layout_problem
 from ..runtime.descriptors import INT_MAX
 
-__all__ = ["one_layout", "plan_layout", "OneLayout", "canonical_strides", "merge", "describable", "check_fits"]
+__all__ = ["one_layout", "plan_layout", "OneLayout", "canonical_strides", "merge", "describable", "check_fits", "fits"]
 
 _log = logging.getLogger("cudnnkit")
 
@@ -64,11 +64,11 @@ def check_fits(name: str, dims: Sequence[int], strides: Sequence[int], shape: Se
     """``ValueError`` naming the array (of ``shape``, default ``dims``) when a dim or stride of the descriptor it
     would get (``dims``, ``strides``) exceeds cuDNN's int (``2**31 - 1``), what ``cudnnSetTensorNdDescriptor``
     takes."""
-    if not _fits(tuple(dims), tuple(strides)):
+    if not fits(tuple(dims), tuple(strides)):
         raise ValueError(
             f"{name} (shape {tuple(dims if shape is None else shape)}) is too large for cuDNN's tensor descriptors: "
             f"as cuDNN is given it, its dims {tuple(dims)} and strides {tuple(strides)} must each be at most "
-            f"{INT_MAX} (2**31 - 1)"
+            f"{INT_MAX} (2**31 - 1), and so must the number of elements they span"
         )
 
 
@@ -158,8 +158,16 @@ def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _fits(dims: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    return max([*dims, *(abs(s) for d, s in zip(dims, strides) if d != 1)], default=0) <= INT_MAX
+def fits(dims: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Every dim and stride within cuDNN's int, and the elements spanned (``1 + sum((d - 1) * |s|)``) too:
+    ``cudnnSetTensorNdDescriptor`` refuses a larger span with NOT_SUPPORTED (measured with cuDNN 9.19 and 9.28:
+    ``(2, 2**30)`` at strides ``(2**30 - 1, 1)`` is taken, at ``(2**30, 1)`` it is not), as its documentation's
+    "2 Giga-elements including the padding between dimensions" says."""
+    if 0 in dims:
+        return max(dims, default=0) <= INT_MAX
+    if max([*dims, *(abs(s) for d, s in zip(dims, strides) if d != 1)], default=0) > INT_MAX:
+        return False
+    return 1 + sum((d - 1) * abs(s) for d, s in zip(dims, strides)) <= INT_MAX
 
 
 def _copy_in(launch: Any, arr: Any, v: ArrayView, strides: tuple[int, ...] | None, name: str, why: str):
@@ -231,7 +239,7 @@ def plan_layout(
                 best = (cost, s, d)
         _, alloc, target = best  # type: ignore[misc]
 
-    if not _fits(*target):
+    if not fits(*target):
         check_fits(next((n for (n, _, v) in inputs if v is not None), outputs[0][0]), *target, shape=shape)
     # every array that needs a copy or a temporary is checked before anything is copied: copies need a library
     # with an adapter among the call's arrays (it allocates them; arrays of other libraries are viewed as its own)

@@ -98,6 +98,7 @@ from ..runtime import (
 )
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.launch import OPTIONAL
+from ._layout import check_fits
 
 __all__ = ["ctc_loss", "MAX_LABEL_LENGTH"]
 
@@ -281,6 +282,7 @@ def ctc_loss(
     if vx.ndim != 3:
         raise ValueError(f"x must have 3 dims (T, N, A), got shape {vx.shape}")
     T, N, A = vx.shape
+    check_fits("x", vx.shape, contiguous_strides(vx.shape))  # cuDNN is given x C-contiguous (copied if not)
     if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)):
         raise TypeError(f"blank must be an int, got {blank!r}")
     if blank != 0:

@@ -251,7 +251,13 @@ def dropout_backward(
     if not vr.is_contiguous():
         raise ValueError(f"reserve must be contiguous (the array dropout_forward returned), got strides {vr.strides}")
     recorded = _reserve_layouts.get(launch.device, vr.ptr, vr.shape[0])
-    forced = recorded[1] if recorded is not None and recorded[0] == vdy.shape else None
+    if recorded is not None and tuple(recorded[0]) != tuple(vdy.shape):
+        # reserve sizes are rounded, so the size check below cannot tell a (5, 2) forward from a (5, 3) dy
+        raise ValueError(
+            f"dy has shape {vdy.shape}, but reserve was written by a dropout_forward of shape {tuple(recorded[0])}: "
+            "pass the reserve of this dy's forward"
+        )
+    forced = recorded[1] if recorded is not None else None
     lay = plan_layout(
         launch,
         [("dy", dy, vdy)],

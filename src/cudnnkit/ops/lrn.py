@@ -17,8 +17,9 @@ window in H and W of the same channel (offsets as LRN's, zero padding)::
 
     y[n, c, h, w] = x[n, c, h, w] / (k + alpha / size**2 * sum_{h', w'} x[n, c, h', w']^2) ** beta
 
-This formula is not in cuDNN's documentation; it was identified on an H200
-(cuDNN 9.19) and matches to 1e-16, and the GPU tests hold cuDNN to it. With
+and for a 5-d ``(N, C, D, H, W)`` array over a ``size**3`` window in D, H and W, divided by ``size**3``.
+These formulas are not in cuDNN's documentation; they were identified on an H200
+(cuDNN 9.19) and match to 1e-16, and the GPU tests hold cuDNN to them. With
 ``means`` given, cuDNN's use of them is not documented and does not match
 ``x - means`` in either place; cudnnkit passes them through, and the tests
 check that ``dx`` and ``dmeans`` are the derivatives of the forward. For an
@@ -298,7 +299,9 @@ def divisive_normalization_forward(
     shape, if given).
 
     ``cudnnDivisiveNormalizationForward`` with ``CUDNN_DIVNORM_PRECOMPUTED_MEANS``;
-    ``means=None`` passes NULL. cuDNN describes ``x``, ``means``, its two
+    ``means=None`` passes NULL. ``out = y_alpha * result + y_beta * out``; cuDNN 9.19 ignores a negative beta
+    in this call (measured on an H200), so for ``y_beta < 0`` ``out`` is first scaled by ``y_beta``
+    (``cudnnScaleTensor``) and then blended with beta 1. cuDNN describes ``x``, ``means``, its two
     scratch buffers and ``y`` with one layout (9.19 returns NOT_SUPPORTED
     otherwise), packed NCHW or NHWC here: ``x`` and ``means`` are copied when
     they have gaps, another layout or differ in layout, and an ``out`` of
@@ -328,6 +331,11 @@ def divisive_normalization_forward(
     d = tensor_descriptor(vx.dtype, *lay.description)
     t1, v1, t2, v2 = _temps(launch, vx.shape, vx.dtype, lay.description[1])
     with launch.on_device():
+        if y_beta < 0:
+            # cuDNN 9.19 ignores a negative beta here (y_beta=-1 gives y_alpha * result, measured on an H200;
+            # positive betas blend as documented): scale out by y_beta first, then blend it in with beta 1
+            lib.cudnnScaleTensor(launch.handle, d, vy.ptr, b_ref)
+            b_ref = scaling_ref(vx.dtype, 1.0)
         lib.cudnnDivisiveNormalizationForward(
             launch.handle,
             desc,

@@ -932,7 +932,10 @@ def rnn_forward(
         handle = launch.handle
         desc = b.prepare_call(launch, padded, seq.N)
         ws_bytes, rs_bytes = b.temp_sizes(launch, padded, training, xd)
-        ws, ws_ptr = launch.workspace(ws_bytes)
+        # zeroed: cuDNN 9.19's elemWiseRNNcell reads workspace bytes it has not written (compute-sanitizer
+        # initcheck on an H200, 720 reads for a 2-layer bidirectional LSTM; torch's own cuDNN LSTM shows the same
+        # reads, and zeroing the workspace removes them); the memset is a few microseconds next to the call
+        ws, ws_ptr = launch.workspace(ws_bytes, zeroed=True)
         reserve, rs_ptr = None, 0
         if training:
             reserve, vr = launch.empty((rs_bytes,), "uint8", name="reserve")
@@ -1082,7 +1085,7 @@ def rnn_backward(
     with launch.on_device(), b.call_lock(), _explained(rnn, b.math_mode, _call_info(layout, seq, padded, True)):
         handle = launch.handle
         desc = b.prepare_call(launch, padded, seq.N)
-        ws, ws_ptr = launch.workspace(ws_bytes)
+        ws, ws_ptr = launch.workspace(ws_bytes, zeroed=True)  # as in rnn_forward
         if not accumulate:
             set_tensor(dw, 0.0, stream=launch.stream)
         if not keep_reserve:

@@ -7,7 +7,7 @@ calls cuDNN 9 deprecates (still exported by 9.x); ``set_tensor`` is kept.
 
 Dtypes: float16, bfloat16, float32, float64 (cuDNN 9.19's ``cudnnSetTensor``
 returns NOT_SUPPORTED for int32, measured on an H200, so integer arrays are
-refused up front). Tensors have 1 to 8 dims (fewer than 4 are padded with
+refused up front). Tensors have 0 to 8 dims (fewer than 4 are padded with
 trailing size-1 dims for cuDNN).
 
 Layouts. ``set_tensor`` and ``scale_tensor`` treat each element alone, so the
@@ -44,7 +44,7 @@ from ..runtime.arrays import ArrayView, contiguous_strides, like_strides
 from ..runtime.descriptors import INT_MAX
 from ..runtime.dtypes import check_choice, scaling_ref
 from ..runtime.shapes import expand
-from ._layout import check_fits
+from ._layout import check_fits, fits
 
 __all__ = ["set_tensor", "scale_tensor", "add_tensor", "transform_tensor"]
 
@@ -113,7 +113,7 @@ def _writable(v: ArrayView, name: str, op: str) -> None:
 
 
 def set_tensor(y: Any, value: float, *, stream: Any = None) -> Any:
-    """Write ``value`` into every element of ``y`` (1 to 8 dims, any strides, in place); returns ``y``.
+    """Write ``value`` into every element of ``y`` (0 to 8 dims, any strides, in place); returns ``y``.
 
     ``cudnnSetTensor``, with ``y``'s dims merged where its memory allows (see :func:`_elementwise_plan`); the
     expanded dims of a broadcast view are written once. ``value`` may be NaN or inf. Elements outside ``y``'s
@@ -129,7 +129,7 @@ def set_tensor(y: Any, value: float, *, stream: Any = None) -> Any:
 
 
 def scale_tensor(y: Any, alpha: float, *, stream: Any = None) -> Any:
-    """``y *= alpha`` in place (1 to 8 dims, any strides, dims merged as for :func:`set_tensor`); returns ``y``.
+    """``y *= alpha`` in place (0 to 8 dims, any strides, dims merged as for :func:`set_tensor`); returns ``y``.
 
     ``cudnnScaleTensor`` (deprecated in cuDNN 9). ``alpha`` must be finite.
     """
@@ -259,11 +259,11 @@ def transform_tensor(
 
 def _check_size(shape: tuple[int, ...], strides: tuple[int, ...], pad_before: Any, pad_after: Any) -> None:
     """The output of ``shape`` (laid out with ``strides``) must fit cuDNN's int dims and strides."""
-    worst = max(max(shape, default=0), max((s for d, s in zip(shape, strides) if d != 1), default=0))
-    if worst > INT_MAX:
+    if not fits(shape, strides):
         raise ValueError(
             f"pad_before={pad_before!r} and pad_after={pad_after!r} give an output of shape {shape}, too large for "
-            f"cuDNN's tensor descriptors: every dim and stride must be at most {INT_MAX} (2**31 - 1)"
+            f"cuDNN's tensor descriptors: every dim and stride, and the number of elements spanned, must be at most "
+            f"{INT_MAX} (2**31 - 1)"
         )
 
 

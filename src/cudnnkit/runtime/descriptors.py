@@ -179,7 +179,7 @@ TENSOR = DescriptorKind("tensor", "cudnnCreateTensorDescriptor", "cudnnDestroyTe
 def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], *, min_dims: int = 4) -> Descriptor:
     """A cached ``cudnnTensorDescriptor_t`` (``cudnnSetTensorNdDescriptor``).
 
-    ``shape`` and ``strides`` (in elements) have 1 to 8 dims; fewer than
+    ``shape`` and ``strides`` (in elements) have 0 to 8 dims (0: a scalar, one element); fewer than
     ``min_dims`` (4, what most cuDNN ops expect; at least 3, what the Nd
     descriptor takes) are padded with trailing size-1 dims (stride 1). Sizes
     must be positive and fit an int.
@@ -200,8 +200,8 @@ def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ..
     strides = tuple(s if d != 1 or s > 0 else 1 for d, s in zip(shape, strides))
     if len(shape) != len(strides):
         raise ValueError(f"shape {shape} and strides {strides} differ in length")
-    if not 1 <= len(shape) <= lib.CUDNN_DIM_MAX:
-        raise ValueError(f"cuDNN tensors have 1 to {lib.CUDNN_DIM_MAX} dims, got {len(shape)}")
+    if len(shape) > lib.CUDNN_DIM_MAX:
+        raise ValueError(f"cuDNN tensors have at most {lib.CUDNN_DIM_MAX} dims, got {len(shape)}")
     if any(d <= 0 for d in shape):
         raise ValueError(f"cuDNN tensor dims must be positive, got shape {shape}")
     while len(shape) < min_dims:

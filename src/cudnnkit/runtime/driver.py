@@ -10,6 +10,8 @@ reach cuDNN or an array library, because a bad one crashes the process there. Th
   checked to be readable memory of this process (a ``write`` of them into a pipe: the kernel answers ``EFAULT``
   for an unmapped address instead of faulting). What remains unguarded is a readable address that is not a
   stream (a pointer to some other host object): the driver may misread it.
+* :func:`memset_async` -- ``cuMemsetD8Async``: zero a device buffer on a stream (a workspace that cuDNN reads
+  before writing, see :meth:`cudnnkit.runtime.Launch.workspace`).
 * :func:`pointer_info` -- ``cuPointerGetAttributes`` (memory type, device, allocation range): it never
   dereferences the pointer and answers for any value.
 
@@ -27,7 +29,7 @@ import os
 import threading
 from typing import NamedTuple
 
-__all__ = ["DriverUnavailable", "PointerInfo", "available", "readable", "stream_device", "pointer_info"]
+__all__ = ["DriverUnavailable", "PointerInfo", "available", "readable", "stream_device", "pointer_info", "memset_async"]
 
 
 class DriverUnavailable(RuntimeError):
@@ -94,6 +96,7 @@ def _declare(cuda: ctypes.CDLL) -> None:
     cuda.cuPointerGetAttributes.argtypes = [uint, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(vp), ctypes.c_uint64]
     cuda.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(vp), ctypes.c_int]
     cuda.cuDevicePrimaryCtxRelease_v2.argtypes = [ctypes.c_int]
+    cuda.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, vp]
 
 
 def available() -> bool:
@@ -196,3 +199,13 @@ def pointer_info(ptr: int, device: int | None = None) -> PointerInfo:
     else:
         return PointerInfo("unknown", -1, 0, 0)
     return PointerInfo(kind, dev.value, start.value, size.value)
+
+
+def memset_async(ptr: int, nbytes: int, stream: int, value: int = 0) -> None:
+    """Set ``nbytes`` of device memory at ``ptr`` to ``value`` (a byte), queued on ``stream`` (a ``CUstream`` as
+    int; 0 is the legacy default stream). The caller's device must be current. Raises :class:`DriverUnavailable`
+    without a driver and ``RuntimeError`` when the driver refuses."""
+    cuda = _load()
+    rc = cuda.cuMemsetD8Async(ptr, value, nbytes, ctypes.c_void_p(stream or None))
+    if rc != _CUDA_SUCCESS:
+        raise RuntimeError(f"cuMemsetD8Async of {nbytes} bytes at {ptr:#x} failed with CUresult {rc}")

@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from . import adapters
+from . import adapters, driver
 from .arrays import ArrayView, _is_int, as_view, contiguous_strides, layout_problem, same_device
 from .arrays import _layout_cache as _layouts
 from .dtypes import check_scalar, itemsize
@@ -52,6 +52,8 @@ class Launch:
     device: int
     adapter: Any  # allocates outputs; None for arrays of a library without an adapter
     stream: int
+    #: the names of the arrays the call was given (for messages)
+    inputs: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def handle(self) -> Handle:
@@ -75,8 +77,12 @@ class Launch:
         ints (``TypeError``/``ValueError``) or whose size in bytes does not fit an int64 (``ValueError``). An
         allocation the library cannot satisfy raises ``MemoryError`` naming ``name`` and the size."""
         if self.adapter is None:
+            given = ", ".join(self.inputs) or "the inputs"
+            hint = f", or pass {name}= yourself" if name.endswith("out") else ""
             raise TypeError(
-                f"cannot allocate {name}: the inputs come from a library without a cudnnkit adapter; pass {name}="
+                f"cannot allocate {name}: the arrays given ({given}) come from a library without a cudnnkit adapter "
+                "(bare __cuda_array_interface__ or DLPack objects), and cudnnkit allocates with the inputs' own "
+                f"library; pass {self.inputs[0] if self.inputs else 'them'} as a CuPy array or torch tensor{hint}"
             )
         shape = tuple(shape)
         nbytes = _nbytes(shape, dtype, strides, name)
@@ -187,11 +193,17 @@ class Launch:
         arr = self.adapter.from_numpy(values, self.device, self.stream)
         return arr, self.adapter.view(arr, name).ptr
 
-    def workspace(self, nbytes: int) -> tuple[Any, int]:
-        """A device buffer of ``nbytes`` from the inputs' allocator; (owner, pointer). (None, 0) for 0 bytes."""
+    def workspace(self, nbytes: int, zeroed: bool = False) -> tuple[Any, int]:
+        """A device buffer of ``nbytes`` from the inputs' allocator; (owner, pointer). (None, 0) for 0 bytes.
+
+        ``zeroed``: set to zero on the launch stream first (``cuMemsetD8Async``), for calls that read parts of
+        their workspace they never wrote (cuDNN's RNN cell kernels: compute-sanitizer initcheck, issue 10)."""
         if nbytes <= 0:
             return None, 0
         arr, v = self.empty((int(nbytes),), "uint8", contiguous_strides((int(nbytes),)), name="workspace")
+        if zeroed:
+            with self.on_device():
+                driver.memset_async(v.ptr, int(nbytes), self.stream)
         return arr, v.ptr
 
 
@@ -268,7 +280,7 @@ def prepare(*named: tuple, stream: Any = None) -> tuple[Launch, list[ArrayView |
         if stream == 1:
             stream = 0
     s = validate_stream(stream, adapter, device, stream_name, producer=stream_name != "stream")
-    launch = Launch(device, adapter, s)
+    launch = Launch(device, adapter, s, tuple(item[0] for item, v in zip(named, views) if v is not None))
     if odd is None:
         return launch, views
     copies = []

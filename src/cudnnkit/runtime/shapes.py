@@ -17,8 +17,10 @@ from .descriptors import int_array, owned_descriptor
 __all__ = ["expand", "conv_output_shape", "pool_output_shape", "conv_transpose_output_shape"]
 
 
-def expand(value: int | Sequence[int], n: int, name: str, minimum: int = 0) -> tuple[int, ...]:
-    """An int or a length-``n`` sequence as an ``n``-tuple of ints >= ``minimum``."""
+def expand(
+    value: int | Sequence[int], n: int, name: str, minimum: int = 0, maximum: int | None = None
+) -> tuple[int, ...]:
+    """An int or a length-``n`` sequence as an ``n``-tuple of ints >= ``minimum`` (and <= ``maximum``)."""
     if isinstance(value, (bool, str, bytes)):
         raise TypeError(f"{name} must be an int or a sequence of {n} ints, got {value!r}")
     if isinstance(value, int):
@@ -35,6 +37,8 @@ def expand(value: int | Sequence[int], n: int, name: str, minimum: int = 0) -> t
             raise TypeError(f"{name} must hold ints, got {v!r}")
         if v < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+        if maximum is not None and v > maximum:
+            raise ValueError(f"{name} must be at most {maximum}, got {value!r}")
     return out
 
 

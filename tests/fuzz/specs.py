@@ -549,6 +549,10 @@ def _divnorm_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
         ref = ref * fnum(ctx.param("dx_alpha", 1.0), 1.0)
         return ctx.compare(dx, ref, dt, "dx", _tol(dt, f32=1e-4, half=3e-2))
     if means:
+        out0 = ctx.x("out")
+        if out0 is not None and fnum(ctx.param("y_beta", 0.0), 0.0) != 0 and np.isnan(out0).any():
+            # beta * NaN is NaN: only the shape can be checked
+            return ctx.compare_shape(res, x.shape, "y")
         return ctx.compare(res, None, dt, "y", None, shape=x.shape)
     ref = ctx.blend(ref_divnorm(x, **p)[0] if x.size else x, "out", "y_alpha", "y_beta")
     return ctx.compare(res, ref, dt, "y", tol)
@@ -1133,11 +1137,21 @@ def _rnn_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
     if ctx.arg("cx") is not None:
         problems += ctx.compare(res[2], dcx, dt, "dcx", tol * 3)
     got = _params_host(ctx, rnn, res[3])
-    for pl, row in enumerate(dparams):
-        for lin, (dm, db) in enumerate(row):
-            for what, r, g in (("matrix", dm, got[pl][lin][0]), ("bias", db, got[pl][lin][1])):
-                if r is not None and g is not None:
-                    problems += ctx.compare_values(g, r, dt, f"dw[{pl}][{lin}].{what}", tol * 5)
+    # each block's error is measured against its own norm, floored at 1% of the whole gradient's: a block whose
+    # gradient is tiny (a 1 x 1 recurrent matrix of 4e-4) carries TF32's absolute error as a large relative one
+    blocks = [(pl, lin, what, r, g) for pl, row in enumerate(dparams) for lin, (dm, db) in enumerate(row)
+              for what, r, g in (("matrix", dm, got[pl][lin][0]), ("bias", db, got[pl][lin][1]))
+              if r is not None and g is not None]  # fmt: skip
+    whole = math.sqrt(sum(float(np.sum(np.square(np.asarray(r, np.float64)))) for *_, r, _g in blocks))
+    for pl, lin, what, r, g in blocks:
+        r64, g64 = np.asarray(r, np.float64), np.asarray(g, np.float64)
+        if g64.shape != r64.shape or not np.isfinite(g64).all():
+            problems += ctx.compare_values(g, r, dt, f"dw[{pl}][{lin}].{what}", tol * 5)
+            continue
+        scale = max(float(np.linalg.norm(r64)), 1e-2 * whole, 1e-30)
+        err = float(np.linalg.norm(g64 - r64)) / scale
+        if err > tol * 5:
+            problems.append(f"dw[{pl}][{lin}].{what}: relative error {err:.3g} > {tol * 5:g} ({dt})")
     return problems
 
 

@@ -86,17 +86,23 @@ _RACE = re.compile(r"=+ RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) erro
 #: the first line of each report compute-sanitizer prints (memcheck, racecheck, initcheck, synccheck)
 _REPORT = re.compile(
     r"=+\s+(Invalid |Misaligned |Uninitialized |Unused memory|Race reported|Error: Race|Warning: Race|"
+    r"Error: Potential |Warning: Potential |"
     r"Program hit |Barrier error|Out-of-range|Malformed|Cuda API error|Leaked |Target application returned)"
 )
 
 
 def error_summary(log: str) -> dict[str, Any]:
     """What a compute-sanitizer log says: ``errors`` (the sum over its ``ERROR SUMMARY`` lines, one per target
-    process; None if there is none: the run was killed or the tool failed to start), ``processes`` (how many
+    process, or over racecheck's ``RACECHECK SUMMARY`` error counts when it printed only those; None if there is
+    none: the run was killed or the tool failed to start), ``processes`` (how many
     summaries), ``race_warnings`` (racecheck's warning count, not part of ``errors``) and ``first`` (up to 5
     distinct report lines, ``=`` prefix stripped)."""
     counts = [int(m.group(1)) for m in _SUMMARY.finditer(log)]
-    warnings = sum(int(m.group(3)) for m in _RACE.finditer(log))
+    races = list(_RACE.finditer(log))
+    warnings = sum(int(m.group(3)) for m in races)
+    if not counts and races:
+        # with --racecheck-report hazard, racecheck ends with its own summary line and no ERROR SUMMARY
+        counts = [int(m.group(2)) for m in races]
     first: list[str] = []
     lines = log.splitlines()
     for i, line in enumerate(lines):
@@ -104,6 +110,8 @@ def error_summary(log: str) -> dict[str, Any]:
             text = line.lstrip("= ").strip()
             # the kernel (or API call) is on one of the next lines: "=========     at kernel_name(...)+0x1f0"
             where = next((n.lstrip("= ").strip() for n in lines[i + 1 : i + 4] if n.lstrip("= ").startswith("at ")), "")
+            if not where:  # racecheck: "Write Thread (0,0,0) at kernel+0x3f80"
+                where = next(("at " + n.split(" at ", 1)[1] for n in lines[i + 1 : i + 3] if " Thread " in n), "")
             if where:
                 text += " " + where.split("(")[0].split("+0x")[0]
             if text not in first:

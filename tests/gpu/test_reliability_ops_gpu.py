@@ -15,6 +15,8 @@ elements outside the view are checked to be still NaN.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -508,5 +510,6 @@ def test_dropout_backward_refuses_the_reserve_of_another_shape(xp, shape, dy_sha
     x = xp.from_numpy(np.random.default_rng().uniform(0.5, 1.5, shape), 0)
     _, reserve = ops.dropout_forward(x, 0.5)
     dy = xp.from_numpy(np.ones(dy_shape), 0)
-    with pytest.raises(ValueError, match=rf"dy has shape \({dy_shape[0]}, .*reserve was written by a dropout_forward"):
+    msg = rf"dy has shape {re.escape(str(dy_shape))}, but reserve was written by a dropout_forward of shape"
+    with pytest.raises(ValueError, match=msg):
         ops.dropout_backward(dy, reserve, 0.5)

@@ -392,3 +392,27 @@ def test_stream_cache_is_cleared_with_the_caches(xp):
     with pytest.raises(ValueError, match="is a raw stream handle"):
         validate_stream(h, xp, 0)  # forgotten
     assert validate_stream(s, xp, 0) == h and validate_stream(h, xp, 0) == h
+
+
+class _CaiWithStream:
+    """A bare ``__cuda_array_interface__`` over ``arr``'s memory naming producer stream ``stream``."""
+
+    def __init__(self, arr, stream):
+        cai = dict(arr.__cuda_array_interface__)
+        cai["stream"] = stream
+        self.__cuda_array_interface__ = cai
+        self._keep = arr
+
+
+def test_a_cai_out_with_a_garbage_producer_stream_is_written_without_a_crash(xp):
+    # issue 10's fuzzer (a SIGSEGV): an out= CAI in another layout than x is written through a temporary and a
+    # copy, and the copy handed the CAI object to CuPy/torch, which synchronized on its producer stream 0xBAD000
+    # (a raw driver call on a garbage handle); cudnnkit's work is ordered on the launch stream, so the object is
+    # viewed without that stream
+    from .test_softmax_gpu import ref_softmax
+
+    a = np.random.default_rng().standard_normal((2, 6))
+    x = xp.from_numpy(a, 0).T  # (6, 2), transposed
+    target = xp.from_numpy(np.full((6, 2), np.nan), 0)
+    ops.softmax_forward(x, axis=0, out=_CaiWithStream(target, 0xBAD000))
+    assert rel(host(xp, target), ref_softmax(a.T, (0,), False)) < 1e-12

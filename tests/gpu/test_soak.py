@@ -6,7 +6,8 @@
   (torch ``memory_reserved``, CuPy's default pool ``total_bytes``) and the process RSS (``VmRSS``) are sampled
   after a warm-up and at the end; growth beyond :data:`DEVICE_BOUND`, :data:`RESERVED_BOUND` or
   :data:`RSS_BOUND` fails (a leak of a few hundred bytes a call would cross them). ``CUDNNKIT_SOAK_CALLS``
-  changes the count.
+  changes the count. ``cudaMemGetInfo`` counts every process on the GPU, so run the soak alone on its GPU:
+  next to other GPU jobs it measures theirs (measured: +1.98 GiB "growth" beside four fuzz workers).
 * ``test_soak_threads_and_streams_match_serial``: 8 threads, each on its own stream, run the same ops on fixed
   random inputs over and over; every result is compared with a serial run's: bitwise for the ops cuDNN computes
   deterministically, within float32 tolerance for the rest (graph conv, LSTM). ``CUDNNKIT_SOAK_ITERS``

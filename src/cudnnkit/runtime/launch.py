@@ -174,7 +174,7 @@ class Launch:
 
     def _wrap(self, ad: Any, obj: Any, name: str) -> Any:
         try:
-            return ad.wrap(obj, self.device)
+            return ad.wrap(_without_producer_stream(obj), self.device)
         except Exception as e:
             raise TypeError(
                 f"{name}: a {type(obj).__module__}.{type(obj).__name__} cannot be viewed as a {ad.name} array "
@@ -205,6 +205,35 @@ class Launch:
             with self.on_device():
                 driver.memset_async(v.ptr, int(nbytes), self.stream)
         return arr, v.ptr
+
+
+class _NoStream:
+    """``obj`` seen through its ``__cuda_array_interface__`` less the producer ``stream`` (and its DLPack methods,
+    if any, unchanged)."""
+
+    def __init__(self, obj: Any, cai: dict):
+        self._obj = obj
+        self.__cuda_array_interface__ = cai
+        if hasattr(obj, "__dlpack__"):
+            self.__dlpack__ = obj.__dlpack__
+            self.__dlpack_device__ = obj.__dlpack_device__
+
+
+def _without_producer_stream(obj: Any) -> Any:
+    """``obj`` for an array library to view zero-copy, without the ``stream`` of its ``__cuda_array_interface__``.
+
+    CuPy and torch synchronize on a CAI v3 producer stream when they view such an object, calling the driver with
+    the raw handle: a garbage one crashes the process there (issue 10's fuzzer, a CAI ``out`` with stream
+    ``0xBAD000``). cudnnkit orders its work on the launch stream (the allocating library's current stream or
+    ``stream=``), as it does for every array of a library with an adapter, so the producer's stream is not
+    needed here."""
+    try:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+    except Exception:
+        return obj
+    if not isinstance(cai, dict) or cai.get("stream") is None:
+        return obj
+    return _NoStream(obj, {k: v for k, v in cai.items() if k != "stream"})
 
 
 def _nbytes(shape: tuple, dtype: str, strides, name: str) -> int:

@@ -930,7 +930,10 @@ def _rnn_param_rule(case: Case, name: str, value: Any) -> str | None:
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0:
             return "any" if value == 0 or (f.get("cell") == "lstm" and value < f.get("hidden_size", 1)) else "refuse"
     if name in ("input_size", "hidden_size") and f.get("input_mode") == "skip":
-        return "refuse"
+        # skip needs input_size == hidden_size: a value equal to the other one (a NumPy int of it) stays valid
+        other = f.get("hidden_size" if name == "input_size" else "input_size")
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == other
+        return "any" if ok else "refuse"
     if name in ("hidden_size",) and f.get("proj_size"):
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > f["proj_size"]:
             return "any"
@@ -2166,6 +2169,7 @@ def _pool_check(ctx: Any, outs: Any, backward: bool = False) -> list[str]:
 
     dt = ctx.dtype
     k, s, p, mode = (ctx.param(n) for n in ("window", "stride", "pre_padding", "mode"))
+    s = k if s is None else s  # stride=None is the window, as the graph defines it
     tol = _tol(dt, f32=1e-5, half=1e-2)
     if backward:
         x = np.zeros(ctx.case.setup["x_shape"])

@@ -7,10 +7,15 @@ rejects bad input with a Python exception naming the argument before any GPU
 work. Outputs are allocated with the input's library; arrays of a library
 without a cudnnkit adapter need ``out=`` (and ``DropoutState`` and host CTC
 labels need CuPy or torch).
+
+The ops are declared as :class:`Primitive` s (:mod:`cudnnkit.ops._primitive`) in :data:`REGISTRY`, by name, as
+they move onto the shared machinery; :func:`last_path` says whether this thread's last call ran the graph API or
+the legacy call.
 """
 
 from __future__ import annotations
 
+from ._primitive import REGISTRY, Primitive, last_path
 from .ctc import ctc_loss
 from .dropout import DropoutState, default_state, dropout_backward, dropout_forward
 from .lrn import divisive_normalization_backward, divisive_normalization_forward, lrn_backward, lrn_forward
@@ -25,6 +30,9 @@ from .spatial_transformer import (
 from .tensor import add_tensor, scale_tensor, set_tensor, transform_tensor
 
 __all__ = [
+    "REGISTRY",
+    "Primitive",
+    "last_path",
     "softmax_forward",
     "softmax_backward",
     "ctc_loss",

@@ -54,18 +54,18 @@ Dtypes: float16, bfloat16, float32, float64 (half types compute in float32).
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 from .. import lib
-from ..runtime import FLOATS, check_choice, check_dtype, prepare, tensor_descriptor
+from ..runtime import FLOATS, check_choice
 from ..runtime.arrays import is_dense
-from ..runtime.dtypes import scaling_ref
-from ._layout import describable, merge, one_layout
+from ..runtime.cache import lru
+from ._layout import describable, merge
+from ._primitive import Call, Operand, Output, Primitive, register, run
 
-__all__ = ["softmax_forward", "softmax_backward"]
+__all__ = ["softmax_forward", "softmax_backward", "SOFTMAX_FORWARD", "SOFTMAX_BACKWARD"]
 
 _log = logging.getLogger("cudnnkit")
 _ALGOS = {"accurate": lib.CUDNN_SOFTMAX_ACCURATE, "fast": lib.CUDNN_SOFTMAX_FAST}
@@ -110,7 +110,7 @@ def _as_4d(
     return (n, c, h, 1), (sn, sc, sh, 1)
 
 
-@functools.lru_cache(maxsize=4096)
+@lru("softmax.describe", 4096)
 def _describe(shape: tuple[int, ...], strides: tuple[int, ...], first: int, last: int):
     """How cuDNN sees an array reduced over ``first..last``: its ``(N, C, H, 1)`` shape and strides, or None
     when its strides do not merge around the axes, or have gaps, or cannot be described at all (expanded,
@@ -135,6 +135,75 @@ def _algo(algo: str, log: bool) -> int:
     return _ALGOS[algo]
 
 
+def _resolve(views: Any, kw: Any) -> tuple[int, int, int]:
+    """``(first axis, last axis, cudnnSoftmaxAlgorithm_t)`` of one call, checked against the array's dims."""
+    v = next(iter(views.values()))
+    name = next(iter(views))
+    a = _algo(kw.get("algo", "accurate"), kw.get("log", False))
+    if v.ndim == 0:
+        raise ValueError(f"{name} must have at least one dim")
+    first, last = _axes(kw.get("axis", -1), v.ndim)
+    return first, last, a
+
+
+def _describer(resolved: tuple[int, int, int]):
+    first, last, _ = resolved
+    return lambda shape, strides: _describe(shape, strides, first, last)
+
+
+def _forward_call(c: Call) -> None:
+    first, last, a = c.resolved
+    shape = c.description[0]
+    _log.debug(
+        "softmax_forward: axes %d..%d as %s, mode %s", first, last, shape, "INSTANCE" if shape[2] == 1 else "CHANNEL"
+    )
+    vx, vy, desc = c.views["x"], c.views["out"], c.desc
+    with c.launch.on_device():
+        lib.cudnnSoftmaxForward(c.launch.handle, a, _mode(shape[2]), c.alpha, desc, vx.ptr, c.beta, desc, vy.ptr)
+
+
+def _backward_call(c: Call) -> None:
+    a = c.resolved[2]
+    vy, vdy, vdx, desc = c.views["y"], c.views["dy"], c.views["out"], c.desc
+    with c.launch.on_device():
+        lib.cudnnSoftmaxBackward(
+            c.launch.handle, a, _mode(c.description[0][2]), c.alpha, desc, vy.ptr, desc, vdy.ptr, c.beta, desc, vdx.ptr
+        )
+
+
+SOFTMAX_FORWARD = register(
+    Primitive(
+        "softmax_forward",
+        inputs=(Operand("x", FLOATS),),
+        outputs=(Output("out", like="x"),),
+        resolve=_resolve,
+        describe=_describer,
+        legacy=_forward_call,
+        layout_what="cuDNN's softmax needs x and y in one layout",
+        blend=True,
+        family="softmax",
+        differentiable=("x",),
+        residuals=("out",),
+        backward="softmax_backward",
+    )
+)
+
+SOFTMAX_BACKWARD = register(
+    Primitive(
+        "softmax_backward",
+        inputs=(Operand("dy", FLOATS), Operand("y", like="dy")),
+        outputs=(Output("out", like="dy"),),
+        resolve=_resolve,
+        describe=_describer,
+        legacy=_backward_call,
+        layout_what="cuDNN's softmax backward needs y, dy and dx in one layout",
+        layout_order=("y", "dy"),
+        blend=True,
+        family="softmax",
+    )
+)
+
+
 def softmax_forward(
     x: Any,
     *,
@@ -151,40 +220,10 @@ def softmax_forward(
     ``x``: any shape, float16/bfloat16/float32/float64, any strides. ``y`` has
     ``x``'s shape and dtype (and its strides when ``x`` is dense). ``out`` may
     have any layout; cuDNN is given one layout for ``x`` and ``y`` (see the module
-    docstring for the copies that takes). Calls ``cudnnSoftmaxForward`` once.
+    docstring for the copies that takes). Calls ``cudnnSoftmaxForward`` once
+    (primitive :data:`SOFTMAX_FORWARD`).
     """
-    launch, (vx,) = prepare(("x", x), stream=stream)
-    check_dtype(vx, "x", FLOATS, "softmax")
-    a = _algo(algo, log)
-    if vx.ndim == 0:
-        raise ValueError("x must have at least one dim")
-    first, last = _axes(axis, vx.ndim)
-    alpha_ref, beta_ref = scaling_ref(vx.dtype, alpha, "alpha"), scaling_ref(vx.dtype, beta, "beta")
-    if vx.size == 0:
-        return launch.output(out, vx.shape, vx.dtype, beta=beta)[0]
-    if beta != 0 and out is None:
-        raise ValueError("beta != 0 blends into an existing output: pass out=")
-    y, vy = (None, None) if out is None else launch.output(out, vx.shape, vx.dtype, beta=beta)
-    lay = one_layout(
-        launch,
-        [("x", x, vx)],
-        [("out", y, vy, beta)],
-        lambda shape, strides: _describe(shape, strides, first, last),
-        shape=vx.shape,
-        dtype=vx.dtype,
-        what="cuDNN's softmax needs x and y in one layout",
-    )
-    ((x, vx),) = lay.inputs
-    ((y, vy),) = lay.outputs
-    shape = lay.description[0]
-    desc = tensor_descriptor(vx.dtype, *lay.description)
-    _log.debug(
-        "softmax_forward: axes %d..%d as %s, mode %s", first, last, shape, "INSTANCE" if shape[2] == 1 else "CHANNEL"
-    )
-    with launch.on_device():
-        lib.cudnnSoftmaxForward(launch.handle, a, _mode(shape[2]), alpha_ref, desc, vx.ptr, beta_ref, desc, vy.ptr)
-    lay.finish()
-    return lay.results[0]
+    return run(SOFTMAX_FORWARD, {"x": x}, axis=axis, algo=algo, log=log, out=out, alpha=alpha, beta=beta, stream=stream)
 
 
 def softmax_backward(
@@ -204,49 +243,17 @@ def softmax_backward(
     ``dy`` and ``y`` have the same shape and dtype, any strides; ``algo``/``log``/``axis``
     must be the forward's. cuDNN is given one layout for ``y``, ``dy`` and ``dx``
     (it refuses two with ``!isTensorSameStrides``), so an input or ``out`` in
-    another layout is copied (logged). Calls ``cudnnSoftmaxBackward`` once; ``x`` is never needed.
+    another layout is copied (logged). Calls ``cudnnSoftmaxBackward`` once; ``x`` is never needed
+    (primitive :data:`SOFTMAX_BACKWARD`).
     """
-    launch, (vdy, vy) = prepare(("dy", dy), ("y", y), stream=stream)
-    check_dtype(vdy, "dy", FLOATS, "softmax")
-    if vy.shape != vdy.shape:
-        raise ValueError(f"y has shape {vy.shape} but dy has shape {vdy.shape}")
-    if vy.dtype != vdy.dtype:
-        raise TypeError(f"y has dtype {vy.dtype} but dy has dtype {vdy.dtype}")
-    a = _algo(algo, log)
-    if vdy.ndim == 0:
-        raise ValueError("dy must have at least one dim")
-    first, last = _axes(axis, vdy.ndim)
-    alpha_ref, beta_ref = scaling_ref(vy.dtype, alpha, "alpha"), scaling_ref(vy.dtype, beta, "beta")
-    if vdy.size == 0:
-        return launch.output(out, vdy.shape, vdy.dtype, beta=beta)[0]
-    if beta != 0 and out is None:
-        raise ValueError("beta != 0 blends into an existing output: pass out=")
-    dx, vdx = (None, None) if out is None else launch.output(out, vdy.shape, vdy.dtype, beta=beta)
-    lay = one_layout(
-        launch,
-        [("y", y, vy), ("dy", dy, vdy)],
-        [("out", dx, vdx, beta)],
-        lambda shape, strides: _describe(shape, strides, first, last),
-        shape=vdy.shape,
-        dtype=vdy.dtype,
-        what="cuDNN's softmax backward needs y, dy and dx in one layout",
+    return run(
+        SOFTMAX_BACKWARD,
+        {"dy": dy, "y": y},
+        axis=axis,
+        algo=algo,
+        log=log,
+        out=out,
+        alpha=alpha,
+        beta=beta,
+        stream=stream,
     )
-    (y, vy), (dy, vdy) = lay.inputs
-    ((dx, vdx),) = lay.outputs
-    desc = tensor_descriptor(vy.dtype, *lay.description)
-    with launch.on_device():
-        lib.cudnnSoftmaxBackward(
-            launch.handle,
-            a,
-            _mode(lay.description[0][2]),
-            alpha_ref,
-            desc,
-            vy.ptr,
-            desc,
-            vdy.ptr,
-            beta_ref,
-            desc,
-            vdx.ptr,
-        )
-    lay.finish()
-    return lay.results[0]

@@ -45,6 +45,7 @@ from ..runtime.descriptors import INT_MAX
 from ..runtime.dtypes import check_choice, scaling_ref
 from ..runtime.shapes import expand
 from ._layout import check_fits, fits
+from ._primitive import Call, Operand, Primitive, register, run
 
 __all__ = ["set_tensor", "scale_tensor", "add_tensor", "transform_tensor"]
 
@@ -107,52 +108,16 @@ def _elementwise(launch: Any, v: ArrayView, call: Any, scalar: Any, what: str) -
             call(handle, desc, v.ptr + offset * v.itemsize, scalar)
 
 
-def _writable(v: ArrayView, name: str, op: str) -> None:
-    if v.readonly:
-        raise ValueError(f"{name} is read-only: {op} writes it in place")
+def _set_resolve(views: Any, kw: Any) -> Any:
+    return scaling_ref(views["y"].dtype, kw["value"], "value", finite=False)
 
 
-def set_tensor(y: Any, value: float, *, stream: Any = None) -> Any:
-    """Write ``value`` into every element of ``y`` (0 to 8 dims, any strides, in place); returns ``y``.
-
-    ``cudnnSetTensor``, with ``y``'s dims merged where its memory allows (see :func:`_elementwise_plan`); the
-    expanded dims of a broadcast view are written once. ``value`` may be NaN or inf. Elements outside ``y``'s
-    view (gaps of a strided slice) are not touched. An overlapping or reversed ``y`` is refused by name.
-    """
-    launch, (v,) = prepare(("y", y, WRITTEN | ELEMENTWISE), stream=stream)
-    check_dtype(v, "y", FLOATS, "set_tensor")
-    _writable(v, "y", "set_tensor")
-    val = scaling_ref(v.dtype, value, "value", finite=False)
-    if v.size:
-        _elementwise(launch, v, lib.cudnnSetTensor, val, "set_tensor")
-    return y
+def _scale_resolve(views: Any, kw: Any) -> Any:
+    return scaling_ref(views["y"].dtype, kw["alpha"], "alpha")
 
 
-def scale_tensor(y: Any, alpha: float, *, stream: Any = None) -> Any:
-    """``y *= alpha`` in place (0 to 8 dims, any strides, dims merged as for :func:`set_tensor`); returns ``y``.
-
-    ``cudnnScaleTensor`` (deprecated in cuDNN 9). ``alpha`` must be finite.
-    """
-    launch, (v,) = prepare(("y", y, WRITTEN | ELEMENTWISE), stream=stream)
-    check_dtype(v, "y", FLOATS, "scale_tensor")
-    _writable(v, "y", "scale_tensor")
-    a = scaling_ref(v.dtype, alpha, "alpha")
-    if v.size:
-        _elementwise(launch, v, lib.cudnnScaleTensor, a, "scale_tensor")
-    return y
-
-
-def add_tensor(a: Any, c: Any, *, alpha: float = 1.0, beta: float = 1.0, stream: Any = None) -> Any:
-    """``c = alpha * a + beta * c`` in place, broadcasting ``a``; returns ``c``.
-
-    ``a`` and ``c`` have the same number of dims (at most 5) and dtype, any strides
-    (an expanded, overlapping or reversed ``c`` is refused: it is written in place);
-    each dim of ``a`` equals ``c``'s or is 1 (a bias of shape ``(1, C, 1, 1)`` over an
-    ``(N, C, H, W)`` ``c``, for example). ``cudnnAddTensor`` (deprecated in cuDNN 9).
-    """
-    launch, (va, vc) = prepare(("a", a), ("c", c, WRITTEN), stream=stream)
-    check_dtype(vc, "c", FLOATS, "add_tensor")
-    _writable(vc, "c", "add_tensor")
+def _add_resolve(views: Any, kw: Any) -> None:
+    va, vc = views["a"], views["c"]
     if va.dtype != vc.dtype:
         raise TypeError(f"a has dtype {va.dtype} but c has dtype {vc.dtype}")
     if va.ndim != vc.ndim:
@@ -162,15 +127,76 @@ def add_tensor(a: Any, c: Any, *, alpha: float = 1.0, beta: float = 1.0, stream:
     for i, (da, dc) in enumerate(zip(va.shape, vc.shape)):
         if da not in (dc, 1):
             raise ValueError(f"a's dim {i} is {da}; it must equal c's ({dc}) or be 1 to broadcast")
-    a_ref, b_ref = scaling_ref(vc.dtype, alpha, "alpha"), scaling_ref(vc.dtype, beta, "beta")
+
+
+def _add_call(c: Call) -> None:
+    va, vc = c.views["a"], c.views["c"]
     check_fits("a", va.shape, va.strides)
     check_fits("c", vc.shape, vc.strides)
-    if vc.size:
-        with launch.on_device():
-            lib.cudnnAddTensor(
-                launch.handle, a_ref, tensor_descriptor_of(va), va.ptr, b_ref, tensor_descriptor_of(vc), vc.ptr
-            )
-    return c
+    with c.launch.on_device():
+        lib.cudnnAddTensor(
+            c.launch.handle, c.alpha, tensor_descriptor_of(va), va.ptr, c.beta, tensor_descriptor_of(vc), vc.ptr
+        )
+
+
+SET_TENSOR = register(
+    Primitive(
+        "set_tensor",
+        inputs=(Operand("y", FLOATS, flags=WRITTEN | ELEMENTWISE),),
+        resolve=_set_resolve,
+        legacy=lambda c: _elementwise(c.launch, c.views["y"], lib.cudnnSetTensor, c.resolved, "set_tensor"),
+    )
+)
+SCALE_TENSOR = register(
+    Primitive(
+        "scale_tensor",
+        inputs=(Operand("y", FLOATS, flags=WRITTEN | ELEMENTWISE),),
+        resolve=_scale_resolve,
+        legacy=lambda c: _elementwise(c.launch, c.views["y"], lib.cudnnScaleTensor, c.resolved, "scale_tensor"),
+    )
+)
+ADD_TENSOR = register(
+    Primitive(
+        "add_tensor",
+        inputs=(Operand("a"), Operand("c", FLOATS, flags=WRITTEN)),
+        resolve=_add_resolve,
+        legacy=_add_call,
+        blend=True,
+        returns="c",
+        layout_order=("c",),  # the blend factors take c's dtype
+    )
+)
+
+
+def set_tensor(y: Any, value: float, *, stream: Any = None) -> Any:
+    """Write ``value`` into every element of ``y`` (0 to 8 dims, any strides, in place); returns ``y``.
+
+    ``cudnnSetTensor``, with ``y``'s dims merged where its memory allows (see :func:`_elementwise_plan`); the
+    expanded dims of a broadcast view are written once. ``value`` may be NaN or inf. Elements outside ``y``'s
+    view (gaps of a strided slice) are not touched. An overlapping or reversed ``y`` is refused by name
+    (primitive :data:`SET_TENSOR`).
+    """
+    return run(SET_TENSOR, {"y": y}, value=value, stream=stream)
+
+
+def scale_tensor(y: Any, alpha: float, *, stream: Any = None) -> Any:
+    """``y *= alpha`` in place (0 to 8 dims, any strides, dims merged as for :func:`set_tensor`); returns ``y``.
+
+    ``cudnnScaleTensor`` (deprecated in cuDNN 9). ``alpha`` must be finite (primitive :data:`SCALE_TENSOR`).
+    """
+    return run(SCALE_TENSOR, {"y": y}, alpha=alpha, stream=stream)
+
+
+def add_tensor(a: Any, c: Any, *, alpha: float = 1.0, beta: float = 1.0, stream: Any = None) -> Any:
+    """``c = alpha * a + beta * c`` in place, broadcasting ``a``; returns ``c``.
+
+    ``a`` and ``c`` have the same number of dims (at most 5) and dtype, any strides
+    (an expanded, overlapping or reversed ``c`` is refused: it is written in place);
+    each dim of ``a`` equals ``c``'s or is 1 (a bias of shape ``(1, C, 1, 1)`` over an
+    ``(N, C, H, W)`` ``c``, for example). ``cudnnAddTensor`` (deprecated in cuDNN 9; primitive
+    :data:`ADD_TENSOR`).
+    """
+    return run(ADD_TENSOR, {"a": a, "c": c}, alpha=alpha, beta=beta, stream=stream)
 
 
 _LAYOUTS = {"nchw": lib.CUDNN_TENSOR_NCHW, "nhwc": lib.CUDNN_TENSOR_NHWC}

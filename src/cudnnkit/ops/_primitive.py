@@ -1,0 +1,312 @@
+"""One declaration per op: :class:`Primitive`, the registry, the router and the op-level plan cache.
+
+Every L2 op is a :class:`Primitive`: its operands by role (allowed dtypes, which operand's shape and dtype it must
+share, whether it is written in place), its outputs (the ``out=`` keyword and the operand whose shape and dtype
+they take), how its keyword arguments are checked (``resolve``), how cuDNN sees its arrays (``describe``, for the
+ops that give cuDNN one layout for all of them), its legacy cuDNN call and/or its graph, and, for the L3 layers,
+which operands are differentiable, the residuals its backward needs and the name of its backward primitive.
+:func:`run` is the one checks-allocate-launch sequence they all share::
+
+    prepare (arrays read, one device, the stream)  ->  dtypes and shape agreement  ->  resolve (the keywords)
+    ->  alpha/beta  ->  empty arrays  ->  out=  ->  route (graph or legacy)  ->  layout (op-level cache)
+    ->  the cuDNN call  ->  write-backs
+
+The public functions (``softmax_forward``, ``set_tensor``, ...) stay plain Python functions with their own
+signatures and docstrings, each one line over :func:`run`; :data:`REGISTRY` lists every primitive by name so
+that the autograd, torch and JAX layers (and the fuzzer) loop over it instead of registering ops by hand.
+
+**The router** (:func:`route`) is the only place that picks the graph API or the legacy call. It reads
+``cudnnkit.settings(prefer=...)``; float64 always goes to legacy (the graph API has no float64); a graph key that
+cuDNN refused (:class:`~cudnnkit.graph.UnsupportedGraphError`) is remembered and goes to legacy from then on,
+unless ``prefer="graph"``, which raises instead. A primitive with one form runs it (a legacy-only op under
+``prefer="graph"`` runs legacy, and says so in the log). The path of this thread's last call is
+:func:`last_path`; every choice is logged on the ``cudnnkit`` logger at debug level.
+
+**The op-level plan cache** maps a cheap key -- the primitive, its resolved keywords, per operand (dtype, shape,
+strides), the ``out=`` arrays' (shape, strides), whether beta is 0, the device -- to what the call needs: the
+cuDNN tensor descriptor and the strides new outputs get, for calls whose arrays cuDNN can take as they are (the
+common case: no copy, no temporary). A hit plans nothing and describes nothing; a call that needs copies is
+planned afresh each time (:func:`cudnnkit.ops._layout.one_layout`), and its first sighting is cached as such.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..runtime import OPTIONAL, WRITTEN, check_dtype, current_settings, prepare, tensor_descriptor
+from ..runtime.cache import LRU, MISSING
+from ..runtime.dtypes import scaling_ref
+from ._layout import one_layout
+
+__all__ = ["Operand", "Output", "Primitive", "Call", "REGISTRY", "register", "run", "route", "last_path"]
+
+_log = logging.getLogger("cudnnkit")
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One array argument: its ``name`` (the keyword and the name in errors), the ``dtypes`` it may have (None:
+    any; checked with :func:`~cudnnkit.runtime.check_dtype`, operands in order), ``like``: the earlier
+    operand whose shape and dtype it must share (``ValueError``/``TypeError`` naming both), ``optional`` (may be
+    ``None``), ``flags`` for :func:`~cudnnkit.runtime.prepare` (``WRITTEN``, ``ELEMENTWISE``); a ``WRITTEN``
+    operand that is read-only is refused by name."""
+
+    name: str
+    dtypes: tuple[str, ...] | None = None
+    like: str | None = None
+    optional: bool = False
+    flags: int = 0
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output: ``name`` is the keyword that passes it (``out``), ``like`` the operand whose shape and dtype it
+    has."""
+
+    name: str = "out"
+    like: str = ""
+
+
+@dataclass
+class Call:
+    """What a primitive's legacy call gets: ``launch`` (device, stream, handle), ``views`` (operand name ->
+    :class:`~cudnnkit.runtime.ArrayView` in the call's layout; outputs under their ``Output.name``),
+    ``resolved`` (what ``resolve`` returned), ``desc`` (the one tensor descriptor of a ``describe``-d call, else
+    None), ``description`` (its (shape, strides)), ``alpha``/``beta`` (ctypes scaling references, None for ops
+    without a blend)."""
+
+    launch: Any
+    views: dict[str, Any]
+    resolved: Any
+    desc: Any = None
+    description: Any = None
+    alpha: Any = None
+    beta: Any = None
+
+
+@dataclass(frozen=True)
+class Primitive:
+    """The declaration of one op (see the module docstring).
+
+    * ``resolve(views, kwargs)`` checks the op's keyword arguments against its arrays and returns a hashable value
+      (the op's config, normalised: ``(first_axis, last_axis, algo_enum)`` for softmax); it raises ``TypeError``
+      / ``ValueError`` naming the argument.
+    * ``describe(resolved)`` returns the function ``(shape, strides) -> description | None`` that tells how cuDNN
+      sees one array of the call (:mod:`cudnnkit.ops._layout`); ``None`` for ops that take their arrays as
+      given (the in-place tensor ops).
+    * ``legacy(call)`` queues the cuDNN call(s); ``graph(call)`` the graph form, where there is one.
+    * ``layout_order``: the operands in the order the layout planner weighs them (default: ``inputs``' order).
+    * ``blend``: the op takes ``alpha``/``beta`` (``out = alpha * result + beta * out``).
+    * ``returns``: the operand returned when the op has no outputs (the in-place ops return their array).
+    * ``family``: the name dtype errors use ("softmax" for both softmax primitives; default: ``name``).
+    * ``differentiable``, ``residuals``, ``backward``: for the autograd layer.
+    """
+
+    name: str
+    inputs: tuple[Operand, ...]
+    outputs: tuple[Output, ...] = ()
+    resolve: Callable[[Mapping[str, Any], Mapping[str, Any]], Any] = lambda views, kwargs: ()
+    describe: Callable[[Any], Callable[..., Any]] | None = None
+    legacy: Callable[[Call], None] | None = None
+    graph: Callable[[Call], None] | None = None
+    layout_what: str = ""
+    layout_order: tuple[str, ...] | None = None
+    blend: bool = False
+    returns: str | None = None
+    family: str = ""
+    differentiable: tuple[str, ...] = ()
+    residuals: tuple[str, ...] = ()
+    backward: str | None = None
+    doc: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        if self.legacy is None and self.graph is None:
+            raise ValueError(f"primitive {self.name} declares neither a legacy call nor a graph")
+        names = [op.name for op in self.inputs]
+        for op in self.inputs:
+            if op.like is not None and op.like not in names[: names.index(op.name)]:
+                raise ValueError(f"primitive {self.name}: {op.name}.like={op.like!r} is not an earlier operand")
+
+    @property
+    def forms(self) -> tuple[str, ...]:
+        """Which of "graph" and "legacy" this primitive has."""
+        return tuple(f for f, fn in (("graph", self.graph), ("legacy", self.legacy)) if fn is not None)
+
+    def __call__(self, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs: Any) -> Any:
+        return run(self, arrays, stream=stream, **kwargs)
+
+
+#: every primitive by name (the L3 layers and the fuzzer loop over it)
+REGISTRY: dict[str, Primitive] = {}
+
+
+def register(p: Primitive) -> Primitive:
+    """Add ``p`` to :data:`REGISTRY` (its name must be new) and return it."""
+    if p.name in REGISTRY:
+        raise ValueError(f"a primitive named {p.name!r} is already registered")
+    REGISTRY[p.name] = p
+    return p
+
+
+# ----------------------------------------------------------------- the router
+
+
+class _Last(threading.local):
+    path: tuple[str, str] | None = None
+
+
+_last = _Last()
+#: graph keys cuDNN refused (UnsupportedGraphError): they go to legacy from then on
+_refused: LRU[Any, str] = LRU("ops.refused_graph_keys", 4096)
+
+
+def last_path() -> tuple[str, str] | None:
+    """``(primitive name, "graph" | "legacy")`` of this thread's last op call, or None before any."""
+    return _last.path
+
+
+def route(p: Primitive, dtype: str, graph_key: Any = None) -> str:
+    """``"graph"`` or ``"legacy"`` for one call of ``p`` on arrays of ``dtype`` (see the module docstring).
+
+    ``graph_key`` identifies the graph the call would build (for the negative cache)."""
+    prefer = current_settings().prefer
+    if p.graph is None or p.legacy is None:
+        path = p.forms[0]
+        why = f"{p.name} has only a {path} form"
+    elif dtype == "float64":
+        path, why = "legacy", "float64 (the graph API has none)"
+    elif prefer == "legacy":
+        path, why = "legacy", "settings(prefer='legacy')"
+    elif prefer != "graph" and graph_key is not None and _refused.lookup(graph_key) is not MISSING:
+        path, why = "legacy", "cuDNN refused this graph before"
+    else:
+        path, why = "graph", f"settings(prefer={prefer!r})"
+    _log.debug("%s: %s path (%s)", p.name, path, why)
+    return path
+
+
+def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
+    if path == "graph":
+        from ..graph import UnsupportedGraphError
+
+        try:
+            p.graph(call)  # type: ignore[misc]
+        except UnsupportedGraphError as e:
+            if current_settings().prefer == "graph" or p.legacy is None:
+                raise
+            if graph_key is not None:
+                _refused.put(graph_key, str(e).splitlines()[0])
+            _log.debug("%s: graph refused (%s); legacy path", p.name, str(e).splitlines()[0])
+            path = "legacy"
+        else:
+            _last.path = (p.name, "graph")
+            return
+    p.legacy(call)  # type: ignore[misc]
+    _last.path = (p.name, "legacy")
+
+
+# ----------------------------------------------------------------- the op-level plan cache
+
+#: key -> ("direct", descriptor, description, output strides) or ("planned",): see the module docstring
+_plans: LRU[tuple, tuple] = LRU("ops.plans", 4096)
+
+
+def plan_cache_info() -> dict[str, int]:
+    """Size, bound, hits and misses of the op-level plan cache."""
+    return _plans.info()
+
+
+# ----------------------------------------------------------------- the shared sequence
+
+
+def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs: Any) -> Any:
+    """One call of primitive ``p``: ``arrays`` maps operand names to arrays (``None`` for an absent optional one),
+    ``kwargs`` holds the op's keywords, ``out=`` (each output's keyword) and ``alpha``/``beta`` for blending ops.
+    Returns the output (``out`` if given), a tuple of outputs, or the ``returns`` operand."""
+    named = []
+    for op in p.inputs:
+        flags = op.flags | (OPTIONAL if op.optional else 0)
+        named.append((op.name, arrays.get(op.name), flags) if flags else (op.name, arrays.get(op.name)))
+    launch, vs = prepare(*named, stream=stream)
+    views = {op.name: v for op, v in zip(p.inputs, vs)}
+    first = p.inputs[0]
+    v0 = views[first.name]
+    for op in p.inputs:
+        if op.dtypes is not None and views[op.name] is not None:
+            check_dtype(views[op.name], op.name, op.dtypes, p.family or p.name)
+    for op in p.inputs:
+        v = views[op.name]
+        if v is None:
+            continue
+        if op.like is not None:
+            ref = views[op.like]
+            if v.shape != ref.shape:
+                raise ValueError(f"{op.name} has shape {v.shape} but {op.like} has shape {ref.shape}")
+            if v.dtype != ref.dtype:
+                raise TypeError(f"{op.name} has dtype {v.dtype} but {op.like} has dtype {ref.dtype}")
+        if op.flags & WRITTEN and v.readonly:
+            raise ValueError(f"{op.name} is read-only: {p.name} writes it in place")
+    resolved = p.resolve(views, kwargs)
+
+    alpha = beta = 0.0
+    a_ref = b_ref = None
+    if p.blend:
+        alpha, beta = kwargs.get("alpha", 1.0), kwargs.get("beta", 0.0)
+        # the blend refs use the dtype of the layout's first array (softmax backward: y; they all share it)
+        dt = views[(p.layout_order or (first.name,))[0]].dtype
+        a_ref, b_ref = scaling_ref(dt, alpha, "alpha"), scaling_ref(dt, beta, "beta")
+    if not p.outputs:
+        call = Call(launch, views, resolved, alpha=a_ref, beta=b_ref)
+        path = route(p, v0.dtype)
+        if views[p.returns or first.name].size:  # add_tensor: an empty c, whatever a's size
+            _launch_form(p, call, path, None)
+        return arrays[p.returns or first.name]
+
+    (o,) = p.outputs  # the ops declared so far have one output; a tuple of them comes with the first that needs it
+    like = views[o.like]
+    given = kwargs.get(o.name)
+    if like.size == 0:
+        return launch.output(given, like.shape, like.dtype, name=o.name, beta=beta)[0]
+    if beta != 0 and given is None:
+        raise ValueError(f"beta != 0 blends into an existing output: pass {o.name}=")
+    out, vout = (None, None) if given is None else launch.output(given, like.shape, like.dtype, name=o.name, beta=beta)
+
+    order = p.layout_order or tuple(op.name for op in p.inputs)
+    operands = tuple(None if views[n] is None else (views[n].dtype, views[n].shape, views[n].strides) for n in order)
+    graph_key = (p.name, resolved, operands, launch.device) if p.graph is not None else None
+    path = route(p, like.dtype, graph_key)
+    key = (p.name, resolved, operands, None if vout is None else (vout.shape, vout.strides), beta != 0, launch.device)
+    hit = _plans.lookup(key)
+    if hit is not MISSING and hit[0] == "direct":
+        _, desc, description, alloc = hit
+        if out is None:
+            out, vout = launch.empty(like.shape, like.dtype, alloc, name=o.name)
+        call_views = dict(views)
+        call_views[o.name] = vout
+        _launch_form(p, Call(launch, call_views, resolved, desc, description, a_ref, b_ref), path, graph_key)
+        return out
+
+    describe = p.describe(resolved)  # type: ignore[misc]
+    lay = one_layout(
+        launch,
+        [(n, arrays.get(n), views[n]) for n in order],
+        [(o.name, out, vout, beta)],
+        describe,
+        shape=like.shape,
+        dtype=like.dtype,
+        what=p.layout_what,
+    )
+    call_views = {n: v for n, (_, v) in zip(order, lay.inputs)}
+    ((_, vo),) = lay.outputs
+    call_views[o.name] = vo
+    desc = tensor_descriptor(like.dtype, *lay.description)
+    direct = all(v is views[n] for n, v in call_views.items() if n in views) and (vout is None or vo is vout)
+    if hit is MISSING:
+        _plans.put(key, ("direct", desc, lay.description, vo.strides) if direct else ("planned",), count_miss=True)
+    _launch_form(p, Call(launch, call_views, resolved, desc, lay.description, a_ref, b_ref), path, graph_key)
+    lay.finish()
+    return lay.results[0]

@@ -1,0 +1,104 @@
+"""ops/_primitive.py on the CPU: the registry, the router and the op-level plan cache, with a toy primitive whose
+"cuDNN calls" are recorded (fake CAI arrays: nothing reaches the device)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import cudnnkit
+from cudnnkit.graph import UnsupportedGraphError
+from cudnnkit.ops import _primitive as P
+from cudnnkit.runtime import FLOATS
+
+from .test_runtime_cpu import FakeCAI
+
+
+def fake(shape=(2, 3, 4), typestr="<f4"):
+    return FakeCAI(shape, typestr)
+
+
+def test_registry_lists_the_migrated_ops_once():
+    import cudnnkit.ops.softmax  # noqa: F401
+    import cudnnkit.ops.tensor  # noqa: F401
+
+    for name in ("softmax_forward", "softmax_backward", "set_tensor", "scale_tensor", "add_tensor"):
+        p = P.REGISTRY[name]
+        assert p.name == name and p.forms == ("legacy",)
+    assert P.REGISTRY["softmax_forward"].backward == "softmax_backward"
+    with pytest.raises(ValueError, match="already registered"):
+        P.register(P.REGISTRY["set_tensor"])
+
+
+def _toy(graph_fails: bool = False, name: str = "toy"):
+    calls: list[str] = []
+    described: list[tuple] = []
+
+    def describe(resolved):
+        def d(shape, strides):
+            described.append((shape, strides))
+            return (shape, strides)
+
+        return d
+
+    def graph(call):
+        calls.append("graph")
+        if graph_fails:
+            raise UnsupportedGraphError("toy graph", [])
+
+    p = P.Primitive(
+        name,
+        inputs=(P.Operand("x", FLOATS),),
+        outputs=(P.Output("out", like="x"),),
+        resolve=lambda views, kw: (kw.get("k", 0),),
+        describe=describe,
+        legacy=lambda call: calls.append("legacy"),
+        graph=graph,
+        layout_what="toy",
+        blend=True,
+    )
+    return p, calls, described
+
+
+def test_router_reads_prefer_and_float64():
+    p, calls, _ = _toy()
+    p({"x": fake()}, out=fake())
+    assert calls == ["graph"] and P.last_path() == ("toy", "graph")
+    with cudnnkit.settings(prefer="legacy"):
+        p({"x": fake()}, out=fake())
+    assert calls[-1] == "legacy" and P.last_path() == ("toy", "legacy")
+    p({"x": fake(typestr="<f8")}, out=fake(typestr="<f8"))  # float64: the graph API has none
+    assert calls[-1] == "legacy"
+
+
+def test_router_falls_back_once_and_remembers_the_refusal(caplog):
+    p, calls, _ = _toy(graph_fails=True, name="toy_refused")
+    with caplog.at_level(logging.DEBUG, logger="cudnnkit"):
+        p({"x": fake()}, out=fake(), k=1)
+    assert calls == ["graph", "legacy"] and P.last_path() == ("toy_refused", "legacy")
+    assert "graph refused" in caplog.text
+    p({"x": fake()}, out=fake(), k=1)  # the refused key goes straight to legacy
+    assert calls == ["graph", "legacy", "legacy"]
+    with cudnnkit.settings(prefer="graph"), pytest.raises(UnsupportedGraphError):
+        p({"x": fake()}, out=fake(), k=2)
+
+
+def test_op_level_cache_hit_describes_nothing():
+    p, calls, described = _toy(name="toy_cache")
+    before = P.plan_cache_info()["hits"]
+    p({"x": fake()}, out=fake(), k=7)
+    n = len(described)
+    assert n > 0
+    for _ in range(3):
+        p({"x": fake()}, out=fake(), k=7)
+    assert len(described) == n  # three hits: no layout planning
+    assert P.plan_cache_info()["hits"] == before + 3
+    assert calls == ["graph"] * 4
+
+
+def test_a_primitive_needs_a_form_and_earlier_like():
+    with pytest.raises(ValueError, match="neither a legacy call nor a graph"):
+        P.Primitive("nothing", inputs=(P.Operand("x"),))
+    with pytest.raises(ValueError, match="is not an earlier operand"):
+        P.Primitive("bad", inputs=(P.Operand("x", like="y"), P.Operand("y")), legacy=lambda c: None)

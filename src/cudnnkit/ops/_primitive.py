@@ -100,7 +100,8 @@ class Primitive:
       given (the in-place tensor ops).
     * ``legacy(call)`` queues the cuDNN call(s); ``graph(call)`` the graph form, where there is one.
     * ``layout_order``: the operands in the order the layout planner weighs them (default: ``inputs``' order).
-    * ``blend``: the op takes ``alpha``/``beta`` (``out = alpha * result + beta * out``).
+    * ``blend``: the op takes ``alpha``/``beta`` (``out = alpha * result + beta * out``), under the keyword names
+      ``blend_names`` (LRN keeps ``y_alpha``/``y_beta``, since its ``alpha``/``beta`` are the formula's).
     * ``returns``: the operand returned when the op has no outputs (the in-place ops return their array).
     * ``family``: the name dtype errors use ("softmax" for both softmax primitives; default: ``name``).
     * ``differentiable``, ``residuals``, ``backward``: for the autograd layer.
@@ -116,6 +117,7 @@ class Primitive:
     layout_what: str = ""
     layout_order: tuple[str, ...] | None = None
     blend: bool = False
+    blend_names: tuple[str, str] = ("alpha", "beta")
     returns: str | None = None
     family: str = ""
     differentiable: tuple[str, ...] = ()
@@ -255,10 +257,11 @@ def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs
     alpha = beta = 0.0
     a_ref = b_ref = None
     if p.blend:
-        alpha, beta = kwargs.get("alpha", 1.0), kwargs.get("beta", 0.0)
+        an, bn = p.blend_names
+        alpha, beta = kwargs.get(an, 1.0), kwargs.get(bn, 0.0)
         # the blend refs use the dtype of the layout's first array (softmax backward: y; they all share it)
         dt = views[(p.layout_order or (first.name,))[0]].dtype
-        a_ref, b_ref = scaling_ref(dt, alpha, "alpha"), scaling_ref(dt, beta, "beta")
+        a_ref, b_ref = scaling_ref(dt, alpha, an), scaling_ref(dt, beta, bn)
     if not p.outputs:
         call = Call(launch, views, resolved, alpha=a_ref, beta=b_ref)
         path = route(p, v0.dtype)
@@ -272,7 +275,7 @@ def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs
     if like.size == 0:
         return launch.output(given, like.shape, like.dtype, name=o.name, beta=beta)[0]
     if beta != 0 and given is None:
-        raise ValueError(f"beta != 0 blends into an existing output: pass {o.name}=")
+        raise ValueError(f"{p.blend_names[1]} != 0 blends into an existing output: pass {o.name}=")
     out, vout = (None, None) if given is None else launch.output(given, like.shape, like.dtype, name=o.name, beta=beta)
 
     order = p.layout_order or tuple(op.name for op in p.inputs)

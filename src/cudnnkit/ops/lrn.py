@@ -63,6 +63,7 @@ from ..runtime import OPTIONAL, DescriptorKind, check_dtype, get_cached, prepare
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.dtypes import check_scalar, scaling_ref
 from ._layout import canonical_strides, describable, merge, one_layout
+from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["lrn_forward", "lrn_backward", "divisive_normalization_forward", "divisive_normalization_backward"]
 
@@ -144,6 +145,77 @@ def _lrn_describe(shape: tuple[int, ...], strides: tuple[int, ...]):
     return None
 
 
+def _lrn_resolve(views: Any, kw: Any) -> Any:
+    """The LRN descriptor of a call (its parameters checked), after the first array's dims (3 to 8)."""
+    name0, v0 = next(iter(views.items()))
+    if not 3 <= v0.ndim <= 8:
+        raise ValueError(f"{name0} must have 3 to 8 dims (N, C, spatial...), got shape {v0.shape}")
+    return _lrn_desc(kw["size"], kw["alpha"], kw["beta"], kw["k"], v0.dtype)
+
+
+def _lrn_forward_call(c: Call) -> None:
+    vx, vy, d = c.views["x"], c.views["out"], c.desc
+    with c.launch.on_device():
+        lib.cudnnLRNCrossChannelForward(
+            c.launch.handle, c.resolved, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1, c.alpha, d, vx.ptr, c.beta, d, vy.ptr
+        )
+
+
+def _lrn_backward_call(c: Call) -> None:
+    vx, vy, vdy, vdx, d = c.views["x"], c.views["y"], c.views["dy"], c.views["out"], c.desc
+    with c.launch.on_device():
+        lib.cudnnLRNCrossChannelBackward(
+            c.launch.handle,
+            c.resolved,
+            lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
+            c.alpha,
+            d,
+            vy.ptr,
+            d,
+            vdy.ptr,
+            d,
+            vx.ptr,
+            c.beta,
+            d,
+            vdx.ptr,
+        )
+
+
+LRN_FORWARD = register(
+    Primitive(
+        "lrn_forward",
+        inputs=(Operand("x", _DTYPES),),
+        outputs=(Output("out", like="x"),),
+        resolve=_lrn_resolve,
+        describe=lambda resolved: _lrn_describe,
+        legacy=_lrn_forward_call,
+        layout_what="cuDNN's LRN takes x and y in one layout",
+        blend=True,
+        blend_names=("y_alpha", "y_beta"),
+        family="normalization",
+        differentiable=("x",),
+        residuals=("x", "out"),
+        backward="lrn_backward",
+    )
+)
+
+LRN_BACKWARD = register(
+    Primitive(
+        "lrn_backward",
+        inputs=(Operand("dy", _DTYPES), Operand("y", like="dy"), Operand("x", like="dy")),
+        outputs=(Output("out", like="x"),),
+        resolve=_lrn_resolve,
+        describe=lambda resolved: _lrn_describe,
+        legacy=_lrn_backward_call,
+        layout_what="cuDNN's LRN backward takes y, dy, x and dx in one layout",
+        layout_order=("x", "y", "dy"),
+        blend=True,
+        blend_names=("dx_alpha", "dx_beta"),
+        family="normalization",
+    )
+)
+
+
 def lrn_forward(
     x: Any,
     *,
@@ -159,35 +231,10 @@ def lrn_forward(
     """Cross-channel LRN of ``x`` ``(N, C, ...)`` (3 to 8 dims, any strides); returns ``y`` of the same shape and
     dtype (``out`` if given, any layout: see the module docstring for the copies a layout unlike ``x``'s costs).
 
-    ``cudnnLRNCrossChannelForward``. The backward needs ``x`` and this ``y``.
+    ``cudnnLRNCrossChannelForward`` (primitive :data:`LRN_FORWARD`). The backward needs ``x`` and this ``y``.
     """
-    launch, (vx,) = prepare(("x", x), stream=stream)
-    _check([("x", vx)])
-    desc = _lrn_desc(size, alpha, beta, k, vx.dtype)
-    a_ref, b_ref = scaling_ref(vx.dtype, y_alpha, "y_alpha"), scaling_ref(vx.dtype, y_beta, "y_beta")
-    y, vy = (None, None) if out is None else launch.output(out, vx.shape, vx.dtype, beta=y_beta)
-    if out is None and y_beta != 0:
-        raise ValueError("y_beta != 0 blends into an existing output: pass out=")
-    if vx.size == 0:
-        return y if out is not None else launch.output(None, vx.shape, vx.dtype)[0]
-    lay = one_layout(
-        launch,
-        [("x", x, vx)],
-        [("out", y, vy, y_beta)],
-        _lrn_describe,
-        shape=vx.shape,
-        dtype=vx.dtype,
-        what="cuDNN's LRN takes x and y in one layout",
-    )
-    ((x, vx),) = lay.inputs
-    ((y, vy),) = lay.outputs
-    d = tensor_descriptor(vx.dtype, *lay.description)
-    with launch.on_device():
-        lib.cudnnLRNCrossChannelForward(
-            launch.handle, desc, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1, a_ref, d, vx.ptr, b_ref, d, vy.ptr
-        )
-    lay.finish()
-    return lay.results[0]
+    kw = dict(size=size, alpha=alpha, beta=beta, k=k, out=out, y_alpha=y_alpha, y_beta=y_beta)
+    return run(LRN_FORWARD, {"x": x}, stream=stream, **kw)
 
 
 def lrn_backward(
@@ -206,48 +253,11 @@ def lrn_backward(
 ) -> Any:
     """Gradient of :func:`lrn_forward`: ``dx`` from ``dy``, the forward's ``y`` and its input ``x``.
 
-    ``cudnnLRNCrossChannelBackward``, with ``y``, ``dy``, ``x`` and ``dx`` in one layout (copies where they
-    differ); the LRN parameters must be the forward's.
+    ``cudnnLRNCrossChannelBackward`` (primitive :data:`LRN_BACKWARD`), with ``y``, ``dy``, ``x`` and ``dx`` in
+    one layout (copies where they differ); the LRN parameters must be the forward's.
     """
-    launch, (vdy, vy, vx) = prepare(("dy", dy), ("y", y), ("x", x), stream=stream)
-    _check([("dy", vdy), ("y", vy), ("x", vx)])
-    desc = _lrn_desc(size, alpha, beta, k, vx.dtype)
-    a_ref, b_ref = scaling_ref(vx.dtype, dx_alpha, "dx_alpha"), scaling_ref(vx.dtype, dx_beta, "dx_beta")
-    dx, vdx = (None, None) if out is None else launch.output(out, vx.shape, vx.dtype, beta=dx_beta)
-    if out is None and dx_beta != 0:
-        raise ValueError("dx_beta != 0 blends into an existing output: pass out=")
-    if vx.size == 0:
-        return dx if out is not None else launch.output(None, vx.shape, vx.dtype)[0]
-    lay = one_layout(
-        launch,
-        [("x", x, vx), ("y", y, vy), ("dy", dy, vdy)],
-        [("out", dx, vdx, dx_beta)],
-        _lrn_describe,
-        shape=vx.shape,
-        dtype=vx.dtype,
-        what="cuDNN's LRN backward takes y, dy, x and dx in one layout",
-    )
-    (x, vx), (y, vy), (dy, vdy) = lay.inputs
-    ((dx, vdx),) = lay.outputs
-    d = tensor_descriptor(vx.dtype, *lay.description)
-    with launch.on_device():
-        lib.cudnnLRNCrossChannelBackward(
-            launch.handle,
-            desc,
-            lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
-            a_ref,
-            d,
-            vy.ptr,
-            d,
-            vdy.ptr,
-            d,
-            vx.ptr,
-            b_ref,
-            d,
-            vdx.ptr,
-        )
-    lay.finish()
-    return lay.results[0]
+    kw = dict(size=size, alpha=alpha, beta=beta, k=k, out=out, dx_alpha=dx_alpha, dx_beta=dx_beta)
+    return run(LRN_BACKWARD, {"dy": dy, "y": y, "x": x}, stream=stream, **kw)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -102,3 +102,26 @@ def test_a_primitive_needs_a_form_and_earlier_like():
         P.Primitive("nothing", inputs=(P.Operand("x"),))
     with pytest.raises(ValueError, match="is not an earlier operand"):
         P.Primitive("bad", inputs=(P.Operand("x", like="y"), P.Operand("y")), legacy=lambda c: None)
+
+
+def test_every_primitive_is_fuzzed_with_its_own_operands():
+    # the fuzzer (tests/fuzz) must cover every registered primitive, with roles that match its declaration: a
+    # primitive added without a fuzz spec, or whose operands drift from the spec's, fails here
+    import cudnnkit.ops  # noqa: F401  (registers every primitive)
+
+    from .fuzz.specs import SPECS
+
+    for name, p in P.REGISTRY.items():
+        assert name in SPECS, f"primitive {name} has no fuzz spec in tests/fuzz/specs.py"
+        roles = SPECS[name].roles
+        for op in p.inputs:
+            assert op.name in roles, (name, op.name)
+            assert roles[op.name].required == (not op.optional), (name, op.name)
+            if op.dtypes is not None:
+                assert set(roles[op.name].dtypes) <= set(op.dtypes), (name, op.name, roles[op.name].dtypes)
+            if op.flags & P.WRITTEN:
+                assert roles[op.name].kind == "inout", (name, op.name)
+        for o in p.outputs:
+            assert roles.get(o.name) is not None and roles[o.name].kind == "out", (name, o.name)
+        if p.blend:
+            assert set(p.blend_names) <= set(SPECS[name].params), (name, p.blend_names)

@@ -60,15 +60,23 @@ class Operand:
     like: str | None = None
     optional: bool = False
     flags: int = 0
+    #: cuDNN reads it through a bare pointer: copied to C order (logged) when it is not C-contiguous, after the
+    #: outputs are checked (ops without ``describe``)
+    packed: bool = False
 
 
 @dataclass(frozen=True)
 class Output:
     """One output: ``name`` is the keyword that passes it (``out``), ``like`` the operand whose shape and dtype it
-    has."""
+    has, or ``shape(resolved)`` its shape (its dtype the first operand's). For ops without ``describe``:
+    ``packed`` (an ``out=`` must be C-contiguous: cuDNN writes it through a bare pointer) and ``blend`` (the
+    ``(alpha, beta)`` keywords of this output, when an op's outputs blend separately)."""
 
     name: str = "out"
     like: str = ""
+    shape: Callable[[Any], tuple[int, ...]] | None = None
+    packed: bool = False
+    blend: tuple[str, str] | None = None
 
 
 @dataclass
@@ -86,6 +94,8 @@ class Call:
     description: Any = None
     alpha: Any = None
     beta: Any = None
+    #: per output with its own blend: its name -> (alpha ref, beta ref)
+    blends: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,8 @@ class Primitive:
       ``blend_names`` (LRN keeps ``y_alpha``/``y_beta``, since its ``alpha``/``beta`` are the formula's).
     * ``returns``: the operand returned when the op has no outputs (the in-place ops return their array).
     * ``family``: the name dtype errors use ("softmax" for both softmax primitives; default: ``name``).
+    * ``empty(resolved)``: the call has nothing to compute (its outputs are returned as allocated); default: the
+      first output's ``like`` operand is empty.
     * ``differentiable``, ``residuals``, ``backward``: for the autograd layer.
     """
 
@@ -120,6 +132,7 @@ class Primitive:
     blend_names: tuple[str, str] = ("alpha", "beta")
     returns: str | None = None
     family: str = ""
+    empty: Callable[[Any], bool] | None = None
     differentiable: tuple[str, ...] = ()
     residuals: tuple[str, ...] = ()
     backward: str | None = None
@@ -269,7 +282,9 @@ def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs
             _launch_form(p, call, path, None)
         return arrays[p.returns or first.name]
 
-    (o,) = p.outputs  # the ops declared so far have one output; a tuple of them comes with the first that needs it
+    if p.describe is None:
+        return _run_shaped(p, launch, views, arrays, kwargs, resolved)
+    (o,) = p.outputs  # ops that give cuDNN one layout have one output
     like = views[o.like]
     given = kwargs.get(o.name)
     if like.size == 0:
@@ -313,3 +328,50 @@ def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs
     _launch_form(p, Call(launch, call_views, resolved, desc, lay.description, a_ref, b_ref), path, graph_key)
     lay.finish()
     return lay.results[0]
+
+
+def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mapping[str, Any], kwargs: Mapping[str, Any],
+                resolved: Any) -> Any:  # fmt: skip
+    """The rest of :func:`run` for ops whose arrays cuDNN takes with their own strides (no ``describe``): outputs
+    of declared shapes, packed inputs and outputs, a blend per output."""
+    dt = views[p.inputs[0].name].dtype
+    blends: dict[str, tuple[Any, Any]] = {}
+    betas: dict[str, tuple[float, str]] = {}
+    for o in p.outputs:
+        if o.blend is not None:
+            an, bn = o.blend
+            alpha, beta = kwargs.get(an, 1.0), kwargs.get(bn, 0.0)
+            blends[o.name] = (scaling_ref(dt, alpha, an), scaling_ref(dt, beta, bn))
+            betas[o.name] = (beta, bn)
+    shapes = {o.name: (tuple(o.shape(resolved)) if o.shape is not None else views[o.like].shape) for o in p.outputs}
+
+    def output(o: Output) -> tuple[Any, Any]:
+        beta, bn = betas.get(o.name, (0.0, "beta"))
+        return launch.output(kwargs.get(o.name), shapes[o.name], dt, name=o.name, beta=beta, beta_name=bn)
+
+    empty = p.empty(resolved) if p.empty is not None else views[p.outputs[0].like].size == 0
+    if empty:
+        results = [output(o)[0] for o in p.outputs]
+        return results[0] if len(results) == 1 else tuple(results)
+    call_views = dict(views)
+    results = []
+    for o in p.outputs:
+        arr, v = output(o)
+        if o.packed and not v.is_contiguous():
+            raise ValueError(
+                f"{o.name} must be C-contiguous (cuDNN writes it as a packed array), got shape {v.shape} "
+                f"strides {v.strides}"
+            )
+        results.append(arr)
+        call_views[o.name] = v
+    # outputs checked: only now copy the inputs cuDNN cannot take as they are
+    for op in p.inputs:
+        v = views[op.name]
+        if op.packed and v is not None and not v.is_contiguous():
+            _, call_views[op.name] = launch.contiguous(
+                arrays[op.name], v, op.name, "must be C-contiguous (cuDNN reads it as a packed array)"
+            )
+    first = blends.get(p.outputs[0].name, (None, None))
+    call = Call(launch, call_views, resolved, alpha=first[0], beta=first[1], blends=blends)
+    _launch_form(p, call, route(p, dt), None)
+    return results[0] if len(results) == 1 else tuple(results)

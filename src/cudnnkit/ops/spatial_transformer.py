@@ -77,10 +77,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import lib
-from ..runtime import DescriptorKind, check_dtype, cudnn_dtype, get_cached, prepare, tensor_descriptor
+from ..runtime import DescriptorKind, cudnn_dtype, get_cached, tensor_descriptor
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.descriptors import INT_MAX, int_array
-from ..runtime.dtypes import scaling_ref
+from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["affine_grid_forward", "affine_grid_backward", "grid_sample_forward", "grid_sample_backward"]
 
@@ -111,16 +111,6 @@ def _st_descriptor(dtype: str, dims: tuple[int, int, int, int]) -> Any:
 
 
 # ----------------------------------------------------------------- checks
-
-
-def _check_float(v: ArrayView, name: str) -> str:
-    return check_dtype(
-        v,
-        name,
-        _FLOATS,
-        "cuDNN's spatial transformer (cudnnSetSpatialTransformerNdDescriptor "
-        "refuses every other type, bfloat16 included)",
-    )
 
 
 def _same_dtype(v: ArrayView, name: str, dtype: str, ref: str) -> None:
@@ -190,31 +180,11 @@ def _check_grid(v: ArrayView, name: str, n: int, n_from: str) -> tuple[int, int]
 # ----------------------------------------------------------------- layouts
 
 
-def _packed(launch, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayView]:
-    """An input cuDNN reads through a bare pointer: C-contiguous, copied if it is not."""
-    if v.is_contiguous():
-        return arr, v
-    return launch.contiguous(arr, v, name, "must be C-contiguous (cuDNN reads it as a packed array)")
-
-
-def _packed_out(v: ArrayView, name: str) -> None:
-    if not v.is_contiguous():
-        raise ValueError(
-            f"{name} must be C-contiguous (cuDNN writes it as a packed array), got shape {v.shape} strides {v.strides}"
-        )
-
-
 def _strides(v: ArrayView) -> tuple[int, ...]:
     """``v``'s strides for a tensor descriptor: canonical when C-contiguous, size-1 dims made positive otherwise."""
     if v.is_contiguous():
         return contiguous_strides(v.shape)
     return tuple(s if d > 1 or s > 0 else 1 for d, s in zip(v.shape, v.strides))
-
-
-def _described(launch, arr: Any, v: ArrayView, name: str) -> tuple[Any, ArrayView, Any]:
-    """An NCHW input with its own strides and its tensor descriptor (expanded, overlapping and reversed views
-    were copied by :func:`~cudnnkit.runtime.prepare` already)."""
-    return arr, v, tensor_descriptor(v.dtype, v.shape, _strides(v))
 
 
 def _out_descriptor(v: ArrayView, name: str) -> Any:
@@ -223,7 +193,160 @@ def _out_descriptor(v: ArrayView, name: str) -> Any:
     return tensor_descriptor(v.dtype, v.shape, _strides(v))
 
 
-# ----------------------------------------------------------------- grid generator
+# ----------------------------------------------------------------- the primitives
+
+_FAMILY = (
+    "cuDNN's spatial transformer (cudnnSetSpatialTransformerNdDescriptor refuses every other type, bfloat16 included)"
+)
+
+
+def _grid_fwd_resolve(views: Any, kw: Any) -> tuple[int, int, int]:
+    vt = views["theta"]
+    n, _, h, w = _size(kw["size"])
+    if vt.ndim != 3 or vt.shape[1:] != (2, 3):
+        raise ValueError(f"theta must have shape (N, 2, 3), got {vt.shape}")
+    if vt.shape[0] != n:
+        raise ValueError(f"theta has N = {vt.shape[0]} but size has N = {n}")
+    _check_numel((n, h, w, 2), "grid")
+    return n, h, w
+
+
+def _grid_bwd_resolve(views: Any, kw: Any) -> tuple[int, int, int]:
+    vd = views["dgrid"]
+    n, c, h, w = _size(kw["size"])
+    if vd.ndim != 4 or vd.shape[3] != 2:
+        raise ValueError(f"dgrid must have shape (N, H, W, 2), got {vd.shape}")
+    if vd.shape[:3] != (n, h, w):
+        raise ValueError(f"dgrid has shape {vd.shape} but size (N, C, H, W) = {(n, c, h, w)} needs {(n, h, w, 2)}")
+    _check_numel(vd.shape, "dgrid")
+    return n, h, w
+
+
+def _grid_fwd_call(c: Call) -> None:
+    n, h, w = c.resolved
+    vt, vg = c.views["theta"], c.views["out"]
+    # C does not enter the grid: describe it as 1 so every C shares one descriptor
+    st = _st_descriptor(vt.dtype, (n, 1, h, w))
+    with c.launch.on_device():
+        lib.cudnnSpatialTfGridGeneratorForward(c.launch.handle, st, vt.ptr, vg.ptr)
+
+
+def _grid_bwd_call(c: Call) -> None:
+    n, h, w = c.resolved
+    vd, vt = c.views["dgrid"], c.views["out"]
+    st = _st_descriptor(vd.dtype, (n, 1, h, w))
+    with c.launch.on_device():
+        lib.cudnnSpatialTfGridGeneratorBackward(c.launch.handle, st, vd.ptr, vt.ptr)
+
+
+def _sample_fwd_resolve(views: Any, kw: Any) -> tuple[int, int, int, int]:
+    vx, vg = views["x"], views["grid"]
+    _same_dtype(vg, "grid", vx.dtype, "x")
+    n, c, _, _ = _check_nchw(vx, "x")
+    ho, wo = _check_grid(vg, "grid", n, "x")
+    _check_numel((n, c, ho, wo), "y")
+    return n, c, ho, wo
+
+
+def _sample_bwd_resolve(views: Any, kw: Any) -> tuple[int, int, int, int]:
+    vx, vg, vdy = views["x"], views["grid"], views["dy"]
+    _same_dtype(vg, "grid", vx.dtype, "x")
+    _same_dtype(vdy, "dy", vx.dtype, "x")
+    n, c, _, _ = _check_nchw(vx, "x")
+    ho, wo = _check_grid(vg, "grid", n, "x")
+    if vdy.shape != (n, c, ho, wo):
+        raise ValueError(f"dy must have shape (N, C, H_out, W_out) = {(n, c, ho, wo)}, got {vdy.shape}")
+    if kw.get("beta_dgrid", 0.0) != 0 and kw.get("dgrid_out") is None:
+        raise ValueError("beta_dgrid != 0 blends into an existing output: pass dgrid_out=")
+    if c > MAX_BACKWARD_CHANNELS:
+        raise ValueError(
+            f"x has {c} channels; cuDNN's sampler backward supports at most {MAX_BACKWARD_CHANNELS} "
+            "(cuDNN 9.19 returns NOT_SUPPORTED for 1100, measured on an H200; PyTorch avoids cuDNN "
+            "above 1024 too)"
+        )
+    return n, c, ho, wo
+
+
+def _sample_fwd_call(c: Call) -> None:
+    vx, vg, vy = c.views["x"], c.views["grid"], c.views["out"]
+    y_desc = _out_descriptor(vy, "out")
+    x_desc = tensor_descriptor(vx.dtype, vx.shape, _strides(vx))
+    st = _st_descriptor(vx.dtype, c.resolved)
+    with c.launch.on_device():
+        lib.cudnnSpatialTfSamplerForward(c.launch.handle, st, c.alpha, x_desc, vx.ptr, vg.ptr, c.beta, y_desc, vy.ptr)
+
+
+def _sample_bwd_call(c: Call) -> None:
+    vx, vg, vdy, vdx, vdg = (c.views[n] for n in ("x", "grid", "dy", "dx_out", "dgrid_out"))
+    dx_desc = _out_descriptor(vdx, "dx_out")
+    x_desc = tensor_descriptor(vx.dtype, vx.shape, _strides(vx))
+    dy_desc = tensor_descriptor(vdy.dtype, vdy.shape, _strides(vdy))
+    (a, b), (ag, bg) = c.blends["dx_out"], c.blends["dgrid_out"]
+    st = _st_descriptor(vx.dtype, c.resolved)
+    with c.launch.on_device():
+        lib.cudnnSpatialTfSamplerBackward(
+            c.launch.handle, st, a, x_desc, vx.ptr, b, dx_desc, vdx.ptr, ag, dy_desc, vdy.ptr, vg.ptr, bg, vdg.ptr
+        )
+
+
+#: Most channels ``cudnnSpatialTfSamplerBackward`` accepts (cuDNN 9.19 refuses 1100).
+MAX_BACKWARD_CHANNELS = 1024
+
+AFFINE_GRID_FORWARD = register(
+    Primitive(
+        "affine_grid_forward",
+        inputs=(Operand("theta", _FLOATS, packed=True),),
+        outputs=(Output("out", shape=lambda r: (r[0], r[1], r[2], 2), packed=True),),
+        resolve=_grid_fwd_resolve,
+        legacy=_grid_fwd_call,
+        empty=lambda r: r[0] == 0,
+        family=_FAMILY,
+        differentiable=("theta",),
+        backward="affine_grid_backward",
+    )
+)
+AFFINE_GRID_BACKWARD = register(
+    Primitive(
+        "affine_grid_backward",
+        inputs=(Operand("dgrid", _FLOATS, packed=True),),
+        outputs=(Output("out", shape=lambda r: (r[0], 2, 3), packed=True),),
+        resolve=_grid_bwd_resolve,
+        legacy=_grid_bwd_call,
+        empty=lambda r: r[0] == 0,
+        family=_FAMILY,
+    )
+)
+GRID_SAMPLE_FORWARD = register(
+    Primitive(
+        "grid_sample_forward",
+        inputs=(Operand("x", _FLOATS), Operand("grid", packed=True)),
+        outputs=(Output("out", shape=lambda r: r, blend=("alpha", "beta")),),
+        resolve=_sample_fwd_resolve,
+        legacy=_sample_fwd_call,
+        empty=lambda r: r[0] == 0,
+        family=_FAMILY,
+        differentiable=("x", "grid"),
+        residuals=("x", "grid"),
+        backward="grid_sample_backward",
+    )
+)
+GRID_SAMPLE_BACKWARD = register(
+    Primitive(
+        "grid_sample_backward",
+        inputs=(Operand("x", _FLOATS), Operand("grid", packed=True), Operand("dy")),
+        outputs=(
+            Output("dx_out", like="x", blend=("alpha", "beta")),
+            Output("dgrid_out", like="grid", packed=True, blend=("alpha_dgrid", "beta_dgrid")),
+        ),
+        resolve=_sample_bwd_resolve,
+        legacy=_sample_bwd_call,
+        empty=lambda r: r[0] == 0,
+        family=_FAMILY,
+    )
+)
+
+
+# ----------------------------------------------------------------- the public functions
 
 
 def affine_grid_forward(theta: Any, *, size: Sequence[int], out: Any = None, stream: Any = None) -> Any:
@@ -235,26 +358,9 @@ def affine_grid_forward(theta: Any, *, size: Sequence[int], out: Any = None, str
     ``grid[n, i, j] = theta[n] @ (-1 + 2 j / (W - 1), -1 + 2 i / (H - 1), 1)``:
     ``torch.nn.functional.affine_grid(theta, size, align_corners=True)``.
 
-    Calls ``cudnnSpatialTfGridGeneratorForward`` once (none when N is 0).
+    Calls ``cudnnSpatialTfGridGeneratorForward`` once (none when N is 0; primitive :data:`AFFINE_GRID_FORWARD`).
     """
-    launch, (vt,) = prepare(("theta", theta), stream=stream)
-    dtype = _check_float(vt, "theta")
-    n, _, h, w = _size(size)
-    if vt.ndim != 3 or vt.shape[1:] != (2, 3):
-        raise ValueError(f"theta must have shape (N, 2, 3), got {vt.shape}")
-    if vt.shape[0] != n:
-        raise ValueError(f"theta has N = {vt.shape[0]} but size has N = {n}")
-    shape = (n, h, w, 2)
-    _check_numel(shape, "grid")
-    if n == 0:
-        return launch.output(out, shape, dtype)[0]
-    grid, vg = launch.output(out, shape, dtype)
-    _packed_out(vg, "out")
-    theta, vt = _packed(launch, theta, vt, "theta")
-    # C does not enter the grid: describe it as 1 so every C shares one descriptor
-    with launch.on_device():
-        lib.cudnnSpatialTfGridGeneratorForward(launch.handle, _st_descriptor(dtype, (n, 1, h, w)), vt.ptr, vg.ptr)
-    return grid
+    return run(AFFINE_GRID_FORWARD, {"theta": theta}, size=size, out=out, stream=stream)
 
 
 def affine_grid_backward(dgrid: Any, *, size: Sequence[int], out: Any = None, stream: Any = None) -> Any:
@@ -265,27 +371,10 @@ def affine_grid_backward(dgrid: Any, *, size: Sequence[int], out: Any = None, st
     ``dtheta[n] = sum_ij dgrid[n, i, j]^T (x_j, y_i, 1)``. ``out`` is
     overwritten (cuDNN has no blend factors for this call).
 
-    Calls ``cudnnSpatialTfGridGeneratorBackward`` once (none when N is 0).
+    Calls ``cudnnSpatialTfGridGeneratorBackward`` once (none when N is 0; primitive
+    :data:`AFFINE_GRID_BACKWARD`).
     """
-    launch, (vd,) = prepare(("dgrid", dgrid), stream=stream)
-    dtype = _check_float(vd, "dgrid")
-    n, c, h, w = _size(size)
-    if vd.ndim != 4 or vd.shape[3] != 2:
-        raise ValueError(f"dgrid must have shape (N, H, W, 2), got {vd.shape}")
-    if vd.shape[:3] != (n, h, w):
-        raise ValueError(f"dgrid has shape {vd.shape} but size (N, C, H, W) = {(n, c, h, w)} needs {(n, h, w, 2)}")
-    _check_numel(vd.shape, "dgrid")
-    if n == 0:
-        return launch.output(out, (0, 2, 3), dtype)[0]
-    dtheta, vt = launch.output(out, (n, 2, 3), dtype)
-    _packed_out(vt, "out")
-    dgrid, vd = _packed(launch, dgrid, vd, "dgrid")
-    with launch.on_device():
-        lib.cudnnSpatialTfGridGeneratorBackward(launch.handle, _st_descriptor(dtype, (n, 1, h, w)), vd.ptr, vt.ptr)
-    return dtheta
-
-
-# ----------------------------------------------------------------- sampler
+    return run(AFFINE_GRID_BACKWARD, {"dgrid": dgrid}, size=size, out=out, stream=stream)
 
 
 def grid_sample_forward(
@@ -306,31 +395,9 @@ def grid_sample_forward(
     padding_mode="zeros", align_corners=True)``. ``y``: ``(N, C, H_out, W_out)``,
     ``x``'s dtype; ``y = alpha * sample + beta * y``.
 
-    Calls ``cudnnSpatialTfSamplerForward`` once (none when N is 0).
+    Calls ``cudnnSpatialTfSamplerForward`` once (none when N is 0; primitive :data:`GRID_SAMPLE_FORWARD`).
     """
-    launch, (vx, vg) = prepare(("x", x), ("grid", grid), stream=stream)
-    dtype = _check_float(vx, "x")
-    _same_dtype(vg, "grid", dtype, "x")
-    n, c, _, _ = _check_nchw(vx, "x")
-    ho, wo = _check_grid(vg, "grid", n, "x")
-    yshape = (n, c, ho, wo)
-    _check_numel(yshape, "y")
-    a, b = scaling_ref(dtype, alpha, "alpha"), scaling_ref(dtype, beta, "beta")
-    if n == 0:
-        return launch.output(out, yshape, dtype, beta=beta)[0]
-    y, vy = launch.output(out, yshape, dtype, beta=beta)
-    y_desc = _out_descriptor(vy, "out")
-    x, vx, x_desc = _described(launch, x, vx, "x")
-    grid, vg = _packed(launch, grid, vg, "grid")
-    with launch.on_device():
-        lib.cudnnSpatialTfSamplerForward(
-            launch.handle, _st_descriptor(dtype, yshape), a, x_desc, vx.ptr, vg.ptr, b, y_desc, vy.ptr
-        )
-    return y
-
-
-#: Most channels ``cudnnSpatialTfSamplerBackward`` accepts (cuDNN 9.19 refuses 1100).
-MAX_BACKWARD_CHANNELS = 1024
+    return run(GRID_SAMPLE_FORWARD, {"x": x, "grid": grid}, out=out, alpha=alpha, beta=beta, stream=stream)
 
 
 def grid_sample_backward(
@@ -354,54 +421,16 @@ def grid_sample_backward(
     C-contiguous, the gradient with respect to the normalized coordinates,
     ``dgrid = alpha_dgrid * dL/dgrid + beta_dgrid * dgrid``. All of ``x``'s dtype.
 
-    Calls ``cudnnSpatialTfSamplerBackward`` once (none when N is 0).
+    Calls ``cudnnSpatialTfSamplerBackward`` once (none when N is 0; primitive :data:`GRID_SAMPLE_BACKWARD`).
     """
-    launch, (vx, vg, vdy) = prepare(("x", x), ("grid", grid), ("dy", dy), stream=stream)
-    dtype = _check_float(vx, "x")
-    _same_dtype(vg, "grid", dtype, "x")
-    _same_dtype(vdy, "dy", dtype, "x")
-    n, c, _, _ = _check_nchw(vx, "x")
-    ho, wo = _check_grid(vg, "grid", n, "x")
-    if vdy.shape != (n, c, ho, wo):
-        raise ValueError(f"dy must have shape (N, C, H_out, W_out) = {(n, c, ho, wo)}, got {vdy.shape}")
-    if beta_dgrid != 0 and dgrid_out is None:
-        raise ValueError("beta_dgrid != 0 blends into an existing output: pass dgrid_out=")
-    if c > MAX_BACKWARD_CHANNELS:
-        raise ValueError(
-            f"x has {c} channels; cuDNN's sampler backward supports at most {MAX_BACKWARD_CHANNELS} "
-            "(cuDNN 9.19 returns NOT_SUPPORTED for 1100, measured on an H200; PyTorch avoids cuDNN "
-            "above 1024 too)"
-        )
-    a, b = scaling_ref(dtype, alpha, "alpha"), scaling_ref(dtype, beta, "beta")
-    ag, bg = scaling_ref(dtype, alpha_dgrid, "alpha_dgrid"), scaling_ref(dtype, beta_dgrid, "beta_dgrid")
-    if n == 0:
-        dx = launch.output(dx_out, vx.shape, dtype, name="dx_out", beta=beta)[0]
-        return dx, launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid, beta_name="beta_dgrid")[
-            0
-        ]
-    dx, vdx = launch.output(dx_out, vx.shape, dtype, name="dx_out", beta=beta)
-    dx_desc = _out_descriptor(vdx, "dx_out")
-    dgrid, vdg = launch.output(dgrid_out, vg.shape, dtype, name="dgrid_out", beta=beta_dgrid, beta_name="beta_dgrid")
-    _packed_out(vdg, "dgrid_out")
-    # outputs checked: only now copy inputs cuDNN cannot take as they are
-    x, vx, x_desc = _described(launch, x, vx, "x")
-    dy, vdy, dy_desc = _described(launch, dy, vdy, "dy")
-    grid, vg = _packed(launch, grid, vg, "grid")
-    with launch.on_device():
-        lib.cudnnSpatialTfSamplerBackward(
-            launch.handle,
-            _st_descriptor(dtype, (n, c, ho, wo)),
-            a,
-            x_desc,
-            vx.ptr,
-            b,
-            dx_desc,
-            vdx.ptr,
-            ag,
-            dy_desc,
-            vdy.ptr,
-            vg.ptr,
-            bg,
-            vdg.ptr,
-        )
-    return dx, dgrid
+    return run(
+        GRID_SAMPLE_BACKWARD,
+        {"x": x, "grid": grid, "dy": dy},
+        alpha=alpha,
+        beta=beta,
+        alpha_dgrid=alpha_dgrid,
+        beta_dgrid=beta_dgrid,
+        dx_out=dx_out,
+        dgrid_out=dgrid_out,
+        stream=stream,
+    )

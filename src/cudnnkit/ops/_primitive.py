@@ -74,6 +74,8 @@ class Output:
 
     name: str = "out"
     like: str = ""
+    #: whether the call has this output (divisive normalization's dmeans only with means); default: always
+    present: Callable[[Mapping[str, Any]], bool] | None = None
     shape: Callable[[Any], tuple[int, ...]] | None = None
     packed: bool = False
     blend: tuple[str, str] | None = None
@@ -284,50 +286,75 @@ def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs
 
     if p.describe is None:
         return _run_shaped(p, launch, views, arrays, kwargs, resolved)
-    (o,) = p.outputs  # ops that give cuDNN one layout have one output
-    like = views[o.like]
-    given = kwargs.get(o.name)
+    # ops that give cuDNN one layout: every output has the shape and dtype of operand ``like``
+    outs = [o for o in p.outputs if o.present is None or o.present(views)]
+    like = views[outs[0].like]
+    bname = p.blend_names[1]
+    given = {o.name: kwargs.get(o.name) for o in outs}
     if like.size == 0:
-        return launch.output(given, like.shape, like.dtype, name=o.name, beta=beta)[0]
-    if beta != 0 and given is None:
-        raise ValueError(f"{p.blend_names[1]} != 0 blends into an existing output: pass {o.name}=")
-    out, vout = (None, None) if given is None else launch.output(given, like.shape, like.dtype, name=o.name, beta=beta)
+        return _returned(p, {o.name: launch.output(given[o.name], like.shape, like.dtype, name=o.name, beta=beta,
+                                                   beta_name=bname)[0] for o in outs})  # fmt: skip
+    missing = [o.name for o in outs if given[o.name] is None]
+    if beta != 0 and missing:
+        raise ValueError(f"{bname} != 0 blends into an existing output: pass {missing[0]}=")
+    vouts: dict[str, Any] = {}
+    for o in outs:
+        vouts[o.name] = None
+        if given[o.name] is not None:
+            given[o.name], vouts[o.name] = launch.output(
+                given[o.name], like.shape, like.dtype, name=o.name, beta=beta, beta_name=bname
+            )
 
     order = p.layout_order or tuple(op.name for op in p.inputs)
     operands = tuple(None if views[n] is None else (views[n].dtype, views[n].shape, views[n].strides) for n in order)
     graph_key = (p.name, resolved, operands, launch.device) if p.graph is not None else None
     path = route(p, like.dtype, graph_key)
-    key = (p.name, resolved, operands, None if vout is None else (vout.shape, vout.strides), beta != 0, launch.device)
+    outkey = tuple(None if v is None else (v.shape, v.strides) for v in vouts.values())
+    key = (p.name, resolved, operands, outkey, beta != 0, launch.device)
     hit = _plans.lookup(key)
     if hit is not MISSING and hit[0] == "direct":
         _, desc, description, alloc = hit
-        if out is None:
-            out, vout = launch.empty(like.shape, like.dtype, alloc, name=o.name)
         call_views = dict(views)
-        call_views[o.name] = vout
+        results = {}
+        for o in outs:
+            if given[o.name] is None:
+                given[o.name], vouts[o.name] = launch.empty(like.shape, like.dtype, alloc, name=o.name)
+            results[o.name], call_views[o.name] = given[o.name], vouts[o.name]
         _launch_form(p, Call(launch, call_views, resolved, desc, description, a_ref, b_ref), path, graph_key)
-        return out
+        return _returned(p, results)
 
     describe = p.describe(resolved)  # type: ignore[misc]
     lay = one_layout(
         launch,
         [(n, arrays.get(n), views[n]) for n in order],
-        [(o.name, out, vout, beta)],
+        [(o.name, given[o.name], vouts[o.name], beta) for o in outs],
         describe,
         shape=like.shape,
         dtype=like.dtype,
         what=p.layout_what,
     )
     call_views = {n: v for n, (_, v) in zip(order, lay.inputs)}
-    ((_, vo),) = lay.outputs
-    call_views[o.name] = vo
+    for o, (_, vo) in zip(outs, lay.outputs):
+        call_views[o.name] = vo
     desc = tensor_descriptor(like.dtype, *lay.description)
-    direct = all(v is views[n] for n, v in call_views.items() if n in views) and (vout is None or vo is vout)
+    direct = all(v is views[n] for n, v in call_views.items() if n in views) and all(
+        vouts[o.name] is None or call_views[o.name] is vouts[o.name] for o in outs
+    )
     if hit is MISSING:
-        _plans.put(key, ("direct", desc, lay.description, vo.strides) if direct else ("planned",), count_miss=True)
+        alloc = call_views[outs[0].name].strides
+        same = all(call_views[o.name].strides == alloc for o in outs if vouts[o.name] is None)
+        plan = ("direct", desc, lay.description, alloc) if direct and same else ("planned",)
+        _plans.put(key, plan, count_miss=True)
     _launch_form(p, Call(launch, call_views, resolved, desc, lay.description, a_ref, b_ref), path, graph_key)
     lay.finish()
-    return lay.results[0]
+    return _returned(p, dict(zip((o.name for o in outs), lay.results)))
+
+
+def _returned(p: Primitive, results: dict[str, Any]) -> Any:
+    """What the public function returns: its one output, or a tuple of all (None for an absent one)."""
+    if len(p.outputs) == 1:
+        return results[p.outputs[0].name]
+    return tuple(results.get(o.name) for o in p.outputs)
 
 
 def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mapping[str, Any], kwargs: Mapping[str, Any],

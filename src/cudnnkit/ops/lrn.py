@@ -56,13 +56,14 @@ level.
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Any
 
 from .. import lib
-from ..runtime import OPTIONAL, DescriptorKind, check_dtype, get_cached, prepare, tensor_descriptor
+from ..runtime import DescriptorKind, get_cached
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.dtypes import check_scalar, scaling_ref
-from ._layout import canonical_strides, describable, merge, one_layout
+from ._layout import canonical_strides, describable, merge
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["lrn_forward", "lrn_backward", "divisive_normalization_forward", "divisive_normalization_backward"]
@@ -101,19 +102,6 @@ def _lrn_desc(size: int, alpha: float, beta: float, k: float, dtype: str) -> Any
     if not beta >= lib.CUDNN_LRN_MIN_BETA:
         raise ValueError(f"beta must be >= {lib.CUDNN_LRN_MIN_BETA} (cuDNN's limit), got {beta}")
     return get_cached(_LRN, (size, alpha, beta, k))
-
-
-def _check(views: list[tuple[str, ArrayView]], max_dims: int = 8, what: str = "") -> ArrayView:
-    name0, v0 = views[0]
-    check_dtype(v0, name0, _DTYPES, "normalization")
-    if not 3 <= v0.ndim <= max_dims:
-        raise ValueError(f"{name0} must have 3 to {max_dims} dims (N, C, spatial...){what}, got shape {v0.shape}")
-    for name, v in views[1:]:
-        if v.shape != v0.shape:
-            raise ValueError(f"{name} has shape {v.shape} but {name0} has shape {v0.shape}")
-        if v.dtype != v0.dtype:
-            raise TypeError(f"{name} has dtype {v.dtype} but {name0} has dtype {v0.dtype}")
-    return v0
 
 
 @functools.lru_cache(maxsize=4096)
@@ -292,6 +280,113 @@ def _temps(launch, shape, dtype, strides) -> tuple[Any, ArrayView, Any, ArrayVie
 _DIVNORM_DIMS = " (cuDNN's divisive normalization takes 4-d and 5-d tensors; a 3-d array is run as 4-d)"
 
 
+def _divnorm_resolve(views: Any, kw: Any) -> Any:
+    """The LRN descriptor of a divisive normalization call, after the first array's dims (3 to 5) and, backward,
+    the outputs' consistency with ``means``."""
+    name0, v0 = next(iter(views.items()))
+    if not 3 <= v0.ndim <= 5:
+        raise ValueError(f"{name0} must have 3 to 5 dims (N, C, spatial...){_DIVNORM_DIMS}, got shape {v0.shape}")
+    backward = "dx_beta" in kw
+    if backward and views["means"] is None and kw.get("dmeans_out") is not None:
+        raise ValueError("dmeans_out needs means: without means there is no dmeans")
+    desc = _lrn_desc(kw["size"], kw["alpha"], kw["beta"], kw["k"], v0.dtype)
+    b = kw.get("dx_beta", 0.0)
+    # a non-number is left to the blend's own check (a TypeError naming dx_beta)
+    if backward and isinstance(b, numbers.Real) and b != 0:
+        if kw.get("dx_out") is None or (views["means"] is not None and kw.get("dmeans_out") is None):
+            raise ValueError("dx_beta != 0 blends into existing outputs: pass dx_out= (and dmeans_out= with means)")
+    return desc
+
+
+def _divnorm_forward_call(c: Call) -> None:
+    vx, vm, vy = c.views["x"], c.views["means"], c.views["out"]
+    d = c.desc
+    t1, v1, t2, v2 = _temps(c.launch, vx.shape, vx.dtype, c.description[1])
+    b_ref = c.beta
+    with c.launch.on_device():
+        if b_ref._obj.value < 0:
+            # cuDNN 9.19 ignores a negative beta here (y_beta=-1 gives y_alpha * result, measured on an H200;
+            # positive betas blend as documented): scale out by y_beta first, then blend it in with beta 1
+            lib.cudnnScaleTensor(c.launch.handle, d, vy.ptr, b_ref)
+            b_ref = scaling_ref(vx.dtype, 1.0)
+        lib.cudnnDivisiveNormalizationForward(
+            c.launch.handle,
+            c.resolved,
+            lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
+            c.alpha,
+            d,
+            vx.ptr,
+            vm.ptr if vm is not None else None,
+            v1.ptr,
+            v2.ptr,
+            b_ref,
+            d,
+            vy.ptr,
+        )
+
+
+def _divnorm_backward_call(c: Call) -> None:
+    vx, vdy, vm, vdx = c.views["x"], c.views["dy"], c.views["means"], c.views["dx_out"]
+    vdm = c.views.get("dmeans_out")
+    d = c.desc
+    t1, v1, t2, v2 = _temps(c.launch, vx.shape, vx.dtype, c.description[1])
+    with c.launch.on_device():
+        lib.cudnnDivisiveNormalizationBackward(
+            c.launch.handle,
+            c.resolved,
+            lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
+            c.alpha,
+            d,
+            vx.ptr,
+            vm.ptr if vm is not None else None,
+            vdy.ptr,
+            v1.ptr,
+            v2.ptr,
+            c.beta,
+            d,
+            vdx.ptr,
+            vdm.ptr if vdm is not None else None,
+        )
+
+
+DIVISIVE_NORMALIZATION_FORWARD = register(
+    Primitive(
+        "divisive_normalization_forward",
+        inputs=(Operand("x", _DTYPES), Operand("means", like="x", optional=True)),
+        outputs=(Output("out", like="x"),),
+        resolve=_divnorm_resolve,
+        describe=lambda resolved: _divnorm_describe,
+        legacy=_divnorm_forward_call,
+        layout_what="cuDNN's divisive normalization takes one layout for all its tensors",
+        blend=True,
+        blend_names=("y_alpha", "y_beta"),
+        family="normalization",
+        differentiable=("x", "means"),
+        residuals=("x", "means"),
+        backward="divisive_normalization_backward",
+    )
+)
+
+DIVISIVE_NORMALIZATION_BACKWARD = register(
+    Primitive(
+        "divisive_normalization_backward",
+        inputs=(Operand("dy", _DTYPES), Operand("x", like="dy"), Operand("means", like="dy", optional=True)),
+        outputs=(
+            Output("dx_out", like="x"),
+            Output("dmeans_out", like="x", present=lambda views: views["means"] is not None),
+        ),
+        resolve=_divnorm_resolve,
+        describe=lambda resolved: _divnorm_describe,
+        legacy=_divnorm_backward_call,
+        layout_what="cuDNN's divisive normalization takes one layout for all its tensors",
+        layout_order=("x", "dy", "means"),
+        blend=True,
+        blend_names=("dx_alpha", "dx_beta"),
+        family="normalization",
+    )
+)
+
+
 def divisive_normalization_forward(
     x: Any,
     means: Any = None,
@@ -308,60 +403,16 @@ def divisive_normalization_forward(
     """Spatial divisive normalization of ``x`` ``(N, C, H, W)`` (3 to 5 dims; with precomputed ``means``, same
     shape, if given).
 
-    ``cudnnDivisiveNormalizationForward`` with ``CUDNN_DIVNORM_PRECOMPUTED_MEANS``;
-    ``means=None`` passes NULL. ``out = y_alpha * result + y_beta * out``; cuDNN 9.19 ignores a negative beta
-    in this call (measured on an H200), so for ``y_beta < 0`` ``out`` is first scaled by ``y_beta``
-    (``cudnnScaleTensor``) and then blended with beta 1. cuDNN describes ``x``, ``means``, its two
-    scratch buffers and ``y`` with one layout (9.19 returns NOT_SUPPORTED
-    otherwise), packed NCHW or NHWC here: ``x`` and ``means`` are copied when
-    they have gaps, another layout or differ in layout, and an ``out`` of
-    another layout is computed into a temporary and copied into (see the module
-    docstring).
+    ``cudnnDivisiveNormalizationForward`` with ``CUDNN_DIVNORM_PRECOMPUTED_MEANS`` (primitive
+    :data:`DIVISIVE_NORMALIZATION_FORWARD`); ``means=None`` passes NULL. ``out = y_alpha * result + y_beta *
+    out``; cuDNN 9.19 ignores a negative beta in this call (measured on an H200), so for ``y_beta < 0`` ``out``
+    is first scaled by ``y_beta`` (``cudnnScaleTensor``) and then blended with beta 1. cuDNN describes ``x``,
+    ``means``, its two scratch buffers and ``y`` with one layout (9.19 returns NOT_SUPPORTED otherwise), packed
+    NCHW or NHWC here: ``x`` and ``means`` are copied when they have gaps, another layout or differ in layout,
+    and an ``out`` of another layout is computed into a temporary and copied into (see the module docstring).
     """
-    launch, (vx, vm) = prepare(("x", x), ("means", means, OPTIONAL), stream=stream)
-    _check([("x", vx)] + ([("means", vm)] if vm is not None else []), 5, _DIVNORM_DIMS)
-    desc = _lrn_desc(size, alpha, beta, k, vx.dtype)
-    a_ref, b_ref = scaling_ref(vx.dtype, y_alpha, "y_alpha"), scaling_ref(vx.dtype, y_beta, "y_beta")
-    if out is None and y_beta != 0:
-        raise ValueError("y_beta != 0 blends into an existing output: pass out=")
-    y, vy = (None, None) if out is None else launch.output(out, vx.shape, vx.dtype, beta=y_beta)
-    if vx.size == 0:
-        return y if out is not None else launch.output(None, vx.shape, vx.dtype)[0]
-    lay = one_layout(
-        launch,
-        [("x", x, vx), ("means", means, vm)],
-        [("out", y, vy, y_beta)],
-        _divnorm_describe,
-        shape=vx.shape,
-        dtype=vx.dtype,
-        what="cuDNN's divisive normalization takes one layout for all its tensors",
-    )
-    (x, vx), (means, vm) = lay.inputs
-    ((y, vy),) = lay.outputs
-    d = tensor_descriptor(vx.dtype, *lay.description)
-    t1, v1, t2, v2 = _temps(launch, vx.shape, vx.dtype, lay.description[1])
-    with launch.on_device():
-        if y_beta < 0:
-            # cuDNN 9.19 ignores a negative beta here (y_beta=-1 gives y_alpha * result, measured on an H200;
-            # positive betas blend as documented): scale out by y_beta first, then blend it in with beta 1
-            lib.cudnnScaleTensor(launch.handle, d, vy.ptr, b_ref)
-            b_ref = scaling_ref(vx.dtype, 1.0)
-        lib.cudnnDivisiveNormalizationForward(
-            launch.handle,
-            desc,
-            lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
-            a_ref,
-            d,
-            vx.ptr,
-            vm.ptr if vm is not None else None,
-            v1.ptr,
-            v2.ptr,
-            b_ref,
-            d,
-            vy.ptr,
-        )
-    lay.finish()
-    return lay.results[0]
+    kw = dict(size=size, alpha=alpha, beta=beta, k=k, out=out, y_alpha=y_alpha, y_beta=y_beta)
+    return run(DIVISIVE_NORMALIZATION_FORWARD, {"x": x, "means": means}, stream=stream, **kw)
 
 
 def divisive_normalization_backward(
@@ -381,61 +432,17 @@ def divisive_normalization_backward(
 ) -> tuple[Any, Any]:
     """Gradients of :func:`divisive_normalization_forward`: ``(dx, dmeans)`` from one call.
 
-    ``cudnnDivisiveNormalizationBackward``. ``dmeans`` is ``None`` when ``means``
-    was not given (cuDNN is passed NULL and computes only ``dx``). ``x``,
-    ``means``, ``dy``, ``dx`` and ``dmeans`` share one layout in cuDNN (copies and
-    temporaries where they differ, as in the forward).
+    ``cudnnDivisiveNormalizationBackward`` (primitive :data:`DIVISIVE_NORMALIZATION_BACKWARD`). ``dmeans`` is
+    ``None`` when ``means`` was not given (cuDNN is passed NULL and computes only ``dx``). ``x``, ``means``,
+    ``dy``, ``dx`` and ``dmeans`` share one layout in cuDNN (copies and temporaries where they differ, as in the
+    forward).
     """
-    launch, (vdy, vx, vm) = prepare(("dy", dy), ("x", x), ("means", means, OPTIONAL), stream=stream)
-    _check([("dy", vdy), ("x", vx)] + ([("means", vm)] if vm is not None else []), 5, _DIVNORM_DIMS)
-    if vm is None and dmeans_out is not None:
-        raise ValueError("dmeans_out needs means: without means there is no dmeans")
-    desc = _lrn_desc(size, alpha, beta, k, vx.dtype)
-    a_ref, b_ref = scaling_ref(vx.dtype, dx_alpha, "dx_alpha"), scaling_ref(vx.dtype, dx_beta, "dx_beta")
-    if dx_beta != 0 and (dx_out is None or (vm is not None and dmeans_out is None)):
-        raise ValueError("dx_beta != 0 blends into existing outputs: pass dx_out= (and dmeans_out= with means)")
-    dx, vdx = (None, None) if dx_out is None else launch.output(dx_out, vx.shape, vx.dtype, name="dx_out", beta=dx_beta)
-    dm, vdm = None, None
-    if dmeans_out is not None:
-        dm, vdm = launch.output(dmeans_out, vx.shape, vx.dtype, name="dmeans_out", beta=dx_beta)
-    if vx.size == 0:
-        if dx is None:
-            dx = launch.output(None, vx.shape, vx.dtype, name="dx_out")[0]
-        if vm is not None and dm is None:
-            dm = launch.output(None, vx.shape, vx.dtype, name="dmeans_out")[0]
-        return dx, dm
-    outputs = [("dx_out", dx, vdx, dx_beta)] + ([("dmeans_out", dm, vdm, dx_beta)] if vm is not None else [])
-    lay = one_layout(
-        launch,
-        [("x", x, vx), ("dy", dy, vdy), ("means", means, vm)],
-        outputs,
-        _divnorm_describe,
-        shape=vx.shape,
-        dtype=vx.dtype,
-        what="cuDNN's divisive normalization takes one layout for all its tensors",
+    kw = dict(size=size, alpha=alpha, beta=beta, k=k, dx_out=dx_out, dmeans_out=dmeans_out)
+    return run(
+        DIVISIVE_NORMALIZATION_BACKWARD,
+        {"dy": dy, "x": x, "means": means},
+        stream=stream,
+        dx_alpha=dx_alpha,
+        dx_beta=dx_beta,
+        **kw,
     )
-    (x, vx), (dy, vdy), (means, vm) = lay.inputs
-    (dx, vdx), *rest = lay.outputs
-    vdm = rest[0][1] if rest else None
-    d = tensor_descriptor(vx.dtype, *lay.description)
-    t1, v1, t2, v2 = _temps(launch, vx.shape, vx.dtype, lay.description[1])
-    with launch.on_device():
-        lib.cudnnDivisiveNormalizationBackward(
-            launch.handle,
-            desc,
-            lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
-            a_ref,
-            d,
-            vx.ptr,
-            vm.ptr if vm is not None else None,
-            vdy.ptr,
-            v1.ptr,
-            v2.ptr,
-            b_ref,
-            d,
-            vdx.ptr,
-            vdm.ptr if vdm is not None else None,
-        )
-    lay.finish()
-    dx = lay.results[0]
-    return dx, (lay.results[1] if vm is not None else None)

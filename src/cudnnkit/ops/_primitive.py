@@ -77,6 +77,8 @@ class Output:
     #: whether the call has this output (divisive normalization's dmeans only with means); default: always
     present: Callable[[Mapping[str, Any]], bool] | None = None
     shape: Callable[[Any], tuple[int, ...]] | None = None
+    #: the strides of a new output, from ``resolved`` (None: C order)
+    strides: Callable[[Any], tuple[int, ...] | None] | None = None
     packed: bool = False
     blend: tuple[str, str] | None = None
 
@@ -374,7 +376,10 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
 
     def output(o: Output) -> tuple[Any, Any]:
         beta, bn = betas.get(o.name, (0.0, "beta"))
-        return launch.output(kwargs.get(o.name), shapes[o.name], dt, name=o.name, beta=beta, beta_name=bn)
+        strides = o.strides(resolved) if o.strides is not None and kwargs.get(o.name) is None else None
+        return launch.output(
+            kwargs.get(o.name), shapes[o.name], dt, strides=strides, name=o.name, beta=beta, beta_name=bn
+        )
 
     empty = p.empty(resolved) if p.empty is not None else views[p.outputs[0].like].size == 0
     if empty:

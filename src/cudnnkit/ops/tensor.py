@@ -28,15 +28,13 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import lib
 from ..runtime import (
     ELEMENTWISE,
     FLOATS,
     WRITTEN,
-    check_dtype,
-    prepare,
     tensor_descriptor,
     tensor_descriptor_of,
 )
@@ -45,7 +43,7 @@ from ..runtime.descriptors import INT_MAX
 from ..runtime.dtypes import check_choice, scaling_ref
 from ..runtime.shapes import expand
 from ._layout import check_fits, fits
-from ._primitive import Call, Operand, Primitive, register, run
+from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["set_tensor", "scale_tensor", "add_tensor", "transform_tensor"]
 
@@ -241,46 +239,78 @@ def transform_tensor(
     float64 into packed NCHW with ``NOT_SUPPORTED_LAYOUT`` (issue 10's fuzzer). An empty ``x`` with padding
     gives an output of padding alone. Both calls are deprecated in cuDNN 9.
     """
-    launch, (vx,) = prepare(("x", x), stream=stream)
-    check_dtype(vx, "x", FLOATS, "transform_tensor")
+    kw = dict(layout=layout, pad_before=pad_before, pad_after=pad_after, out=out, alpha=alpha, beta=beta)
+    return run(TRANSFORM_TENSOR, {"x": x}, stream=stream, **kw)
+
+
+class _Transform(NamedTuple):
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    shape: tuple[int, ...]  # the output's
+    padded: bool
+    strides: tuple[int, ...] | None  # a new output's (None: C order)
+    pads: tuple[Any, Any]  # pad_before and pad_after as given (for messages)
+
+
+def _transform_resolve(views: Any, kw: Any) -> _Transform:
+    vx = views["x"]
+    layout = kw.get("layout")
     if layout is not None:
         check_choice(layout, _LAYOUTS, "layout")
     if layout is not None and vx.ndim < 3:
         raise ValueError(f"layout={layout!r} needs at least 3 dims (N, C, spatial...), x has {vx.ndim}")
     nd = vx.ndim
-    before = _pads(pad_before, nd, "pad_before")
-    after = _pads(pad_after, nd, "pad_after")
+    before = _pads(kw["pad_before"], nd, "pad_before")
+    after = _pads(kw["pad_after"], nd, "pad_after")
     shape = tuple(d + b + a for d, b, a in zip(vx.shape, before, after))
     padded = any(before) or any(after)
-    a_ref, b_ref = scaling_ref(vx.dtype, alpha, "alpha"), scaling_ref(vx.dtype, beta, "beta")
-    if out is not None:
-        y, vy = launch.output(out, shape, vx.dtype, beta=beta)
-        _check_size(shape, vy.strides, pad_before, pad_after)
-    else:
+    strides = None
+    if kw.get("out") is None:
         strides = _layout_strides(shape, layout, vx)
-        _check_size(shape, strides if strides is not None else contiguous_strides(shape), pad_before, pad_after)
-        y, vy = launch.output(None, shape, vx.dtype, strides=strides, beta=beta)
-    if vy.size == 0 or (vx.size == 0 and not padded):
-        return y
+        _check_size(shape, strides if strides is not None else contiguous_strides(shape), *_kw_pads(kw))
+    return _Transform(before, after, shape, padded, strides, _kw_pads(kw))
+
+
+def _kw_pads(kw: Any) -> tuple[Any, Any]:
+    return kw["pad_before"], kw["pad_after"]
+
+
+def _transform_call(c: Call) -> None:
+    r: _Transform = c.resolved
+    vx, vy = c.views["x"], c.views["out"]
+    launch = c.launch
+    if r.strides is None:  # a given out: its own strides must fit too
+        _check_size(r.shape, vy.strides, *r.pads)
     check_fits("x", vx.shape, vx.strides)
     check_fits("out", vy.shape, vy.strides)
-    dst_desc, dst_ptr, blend = tensor_descriptor_of(vy), vy.ptr, b_ref
-    if padded:
+    dst_desc, dst_ptr, blend = tensor_descriptor_of(vy), vy.ptr, c.beta
+    if r.padded:
         # the border is beta * y: blend all of out first, then write alpha * x + (beta * y) into its interior
-        if beta == 0:
+        if c.beta._obj.value == 0:
             _elementwise(launch, vy, lib.cudnnSetTensor, scaling_ref(vx.dtype, 0.0), "transform_tensor")
         else:
-            _elementwise(launch, vy, lib.cudnnScaleTensor, b_ref, "transform_tensor")
+            _elementwise(launch, vy, lib.cudnnScaleTensor, c.beta, "transform_tensor")
         if vx.size == 0:
-            return y
-        offset = sum(b * st for b, st in zip(before, vy.strides)) * vy.itemsize
+            return
+        offset = sum(b * st for b, st in zip(r.before, vy.strides)) * vy.itemsize
         # the interior: x's shape with out's strides, starting pad_before into out
-        dst_desc, dst_ptr, blend = tensor_descriptor(vy.dtype, vx.shape, vy.strides), vy.ptr + offset, 1.0
-        blend = scaling_ref(vx.dtype, blend)
-        _log.debug("transform_tensor: %s -> %s with pads %s/%s", vx.shape, shape, before, after)
+        dst_desc, dst_ptr = tensor_descriptor(vy.dtype, vx.shape, vy.strides), vy.ptr + offset
+        blend = scaling_ref(vx.dtype, 1.0)
+        _log.debug("transform_tensor: %s -> %s with pads %s/%s", vx.shape, r.shape, r.before, r.after)
     with launch.on_device():
-        lib.cudnnTransformTensor(launch.handle, a_ref, tensor_descriptor_of(vx), vx.ptr, blend, dst_desc, dst_ptr)
-    return y
+        lib.cudnnTransformTensor(launch.handle, c.alpha, tensor_descriptor_of(vx), vx.ptr, blend, dst_desc, dst_ptr)
+
+
+TRANSFORM_TENSOR = register(
+    Primitive(
+        "transform_tensor",
+        inputs=(Operand("x", FLOATS),),
+        outputs=(Output("out", shape=lambda r: r.shape, strides=lambda r: r.strides, blend=("alpha", "beta")),),
+        resolve=_transform_resolve,
+        legacy=_transform_call,
+        empty=lambda r: 0 in r.shape,
+    )
+)
 
 
 def _check_size(shape: tuple[int, ...], strides: tuple[int, ...], pad_before: Any, pad_after: Any) -> None:

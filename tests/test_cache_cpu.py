@@ -63,3 +63,83 @@ def test_lru_decorator_and_registry():
 def test_lru_rejects_a_bad_bound():
     with pytest.raises(ValueError, match="maxsize"):
         LRU("t_bad", maxsize=0)
+
+
+# ----------------------------------------------------------------- the library's caches, each an LRU
+
+
+def test_every_cache_is_an_lru_with_its_bound():
+    from cudnnkit.ops import _layout, rnn
+    from cudnnkit.runtime import arrays, descriptors, handle
+
+    for c, bound in [
+        (descriptors._cache.lru, 1024),
+        (arrays._layout_cache, 4096),
+        (handle._checked, 256),
+        (rnn._built, 64),
+        (rnn._lengths, 64),
+        (_layout._dense.cache, 4096),
+        (_layout.fits.cache, 4096),
+    ]:
+        assert isinstance(c, LRU) and c.maxsize == bound and c.name in cache.stats(), c
+    # the reserve ledgers record state, not cached values: not listed, and never cleared with the caches
+    assert "rnn.reserves" not in cache.stats() and "dropout.reserve_layouts" not in cache.stats()
+
+
+def test_descriptor_cache_info_and_clear_caches_empty_every_lru():
+    from cudnnkit import runtime
+    from cudnnkit.ops import _layout
+    from cudnnkit.runtime import arrays, descriptors
+
+    runtime.clear_caches()
+    assert descriptors.cache_info() == {"size": 0, "maxsize": 1024, "hits": 0, "misses": 0}
+    d = descriptors.tensor_descriptor("float32", (2, 3, 4, 5), (60, 20, 5, 1))
+    assert descriptors.tensor_descriptor("float32", (2, 3, 4, 5), (60, 20, 5, 1)) is d  # the fast path's hit
+    assert descriptors.tensor_descriptor("float32", [2, 3, 4, 5], [60, 20, 5, 1]) is d  # normalised, then a hit
+    assert descriptors.cache_info() == {"size": 1, "maxsize": 1024, "hits": 2, "misses": 1}
+    assert arrays.layout_problem((2, 3), (0, 1)) == "is expanded (stride 0 on a dim of size > 1)"
+    assert arrays.layout_problem([2, 3], [3, 1]) is None  # unhashable: answered, not cached
+    assert arrays._layout_cache.keys() == [((2, 3), (0, 1))]
+    assert _layout.fits((2, 3), (3, 1)) and len(_layout.fits.cache) == 1
+    runtime.clear_caches()
+    assert descriptors.cache_info()["size"] == 0 and len(arrays._layout_cache) == 0 and len(_layout.fits.cache) == 0
+    assert d.ptr  # eviction and clearing only drop the cache's reference
+
+
+def test_reserve_ledgers_survive_clear_caches_and_a_new_forward_replaces_a_record():
+    from cudnnkit import runtime
+    from cudnnkit.ops import dropout, rnn
+
+    led = rnn._Reserves(maxsize=2)
+    led.add(0, 0x1000, 64)
+    runtime.clear_caches()
+    assert led.fresh(0, 0x1000, 64) and not led.fresh(0, 0x1000, 32) and not led.fresh(1, 0x1000, 64)
+    led.add(0, 0x1000, 32)  # a later forward's reserve at the same address
+    assert led.fresh(0, 0x1000, 32) and not led.fresh(0, 0x1000, 64)
+    led.take(0, 0x1000)
+    led.take(0, 0x1000)  # taking twice is harmless
+    assert not led.fresh(0, 0x1000, 32)
+    for p in (1, 2, 3):
+        led.add(0, p, 8)
+    assert not led.fresh(0, 1, 8) and led.fresh(0, 3, 8)  # bounded: the oldest is forgotten
+
+    lay = dropout._ReserveLayouts(maxsize=2)
+    lay.add(0, 0x2000, 16, ((2, 3), (3, 1)))
+    runtime.clear_caches()
+    assert lay.get(0, 0x2000, 16) == ((2, 3), (3, 1)) and lay.get(0, 0x2000, 8) is None
+    lay.add(0, 0x2000, 16, ((3, 2), (1, 3)))
+    assert lay.get(0, 0x2000, 16) == ((3, 2), (1, 3))
+    assert lay.get(1, 0x2000, 16) is None
+
+
+def test_register_cache_still_clears_a_cache_that_is_not_an_lru():
+    from cudnnkit import runtime
+    from cudnnkit.runtime import descriptors
+
+    cleared = []
+    descriptors.register_cache(lambda: cleared.append(1))
+    try:
+        runtime.clear_caches()
+        assert cleared == [1]
+    finally:
+        descriptors._other_caches.pop()

@@ -28,13 +28,13 @@ needs, each logged at debug level on the ``cudnnkit`` logger.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.arrays import ArrayView, contiguous_strides, is_contiguous, is_dense, layout_problem
+from ..runtime.cache import lru
 from ..runtime.descriptors import INT_MAX
 
 __all__ = ["one_layout", "plan_layout", "OneLayout", "canonical_strides", "merge", "describable", "check_fits", "fits"]
@@ -152,12 +152,12 @@ def _why(layout: tuple[int, ...], what: str) -> str:
     return f"must be laid out as {layout} for cuDNN ({what})"
 
 
-@functools.lru_cache(maxsize=4096)
+@lru("ops._layout.dense", 4096)
 def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return is_dense(shape, strides)
 
 
-@functools.lru_cache(maxsize=4096)
+@lru("ops._layout.fits", 4096)
 def fits(dims: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Every dim and stride within cuDNN's int, and the elements spanned (``1 + sum((d - 1) * |s|)``) too:
     ``cudnnSetTensorNdDescriptor`` refuses a larger span with NOT_SUPPORTED (measured with cuDNN 9.19 and 9.28:

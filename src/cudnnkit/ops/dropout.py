@@ -22,15 +22,14 @@ A state is not thread-safe: use one per thread (or lock around it).
 from __future__ import annotations
 
 import ctypes
-import functools
 import numbers
 import threading
-from collections import OrderedDict
 from typing import Any
 
 from .. import lib
 from ..runtime import check_dtype, owned_descriptor, prepare, tensor_descriptor
 from ..runtime.arrays import ArrayView
+from ..runtime.cache import LRU, MISSING, lru
 from ._layout import canonical_strides, describable, plan_layout
 
 __all__ = ["DropoutState", "default_state", "dropout_forward", "dropout_backward"]
@@ -141,7 +140,7 @@ def _check_state(state: DropoutState, v: ArrayView, name: str) -> None:
         raise ValueError(f"state is on cuda:{state.device} but {name} is on cuda:{v.device}")
 
 
-@functools.lru_cache(maxsize=4096)
+@lru("dropout.describe", 4096)
 def _describe(shape: tuple[int, ...], strides: tuple[int, ...]):
     """How dropout describes an array (its shape and strides, size-1 strides made canonical), or None when
     cuDNN cannot take its strides (expanded, reversed, overlapping: copied first)."""
@@ -156,6 +155,13 @@ def _reserve_size(desc: Any) -> int:
     return n.value
 
 
+def _ledger(name: str, maxsize: int) -> LRU:
+    """An :class:`~cudnnkit.runtime.cache.LRU` that records state rather than caching values (which reserve a
+    forward wrote, and how): left out of ``cache.clear_all`` (so ``runtime.clear_caches()`` between a forward and
+    its backward changes nothing) and ``cache.stats``."""
+    return LRU(name, maxsize, register=False)
+
+
 class _ReserveLayouts:
     """The layout (shape, strides) each forward ran in, by (device, reserve pointer), so that the backward applies
     the mask in the same layout: whether cuDNN indexes the mask by element or by memory position is not
@@ -163,21 +169,17 @@ class _ReserveLayouts:
     found (evicted, or made elsewhere) runs in ``dy``'s layout."""
 
     def __init__(self, maxsize: int = 4096):
-        self._d: OrderedDict[tuple[int, int], tuple[int, tuple]] = OrderedDict()
-        self._lock = threading.Lock()
-        self.maxsize = maxsize
+        self._d: LRU[tuple[int, int], tuple[int, tuple]] = _ledger("dropout.reserve_layouts", maxsize)
 
     def add(self, device: int, ptr: int, nbytes: int, description: tuple) -> None:
-        with self._lock:
-            self._d[(device, ptr)] = (nbytes, description)
-            self._d.move_to_end((device, ptr))
-            while len(self._d) > self.maxsize:
-                self._d.popitem(last=False)
+        # a new forward's reserve at a freed one's address replaces its record (put keeps an existing value);
+        # no other thread can add the same (device, pointer) in between: the memory is this forward's
+        self._d.pop((device, ptr))
+        self._d.put((device, ptr), (nbytes, description))
 
     def get(self, device: int, ptr: int, nbytes: int) -> tuple | None:
-        with self._lock:
-            got = self._d.get((device, ptr))
-        return got[1] if got is not None and got[0] == nbytes else None
+        got = self._d.lookup((device, ptr))
+        return got[1] if got is not MISSING and got[0] == nbytes else None
 
 
 _reserve_layouts = _ReserveLayouts()

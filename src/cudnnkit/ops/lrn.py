@@ -55,13 +55,13 @@ level.
 
 from __future__ import annotations
 
-import functools
 import numbers
 from typing import Any
 
 from .. import lib
 from ..runtime import DescriptorKind, get_cached
 from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime.cache import lru
 from ..runtime.dtypes import check_scalar, scaling_ref
 from ._layout import canonical_strides, describable, merge
 from ._primitive import Call, Operand, Output, Primitive, register, run
@@ -104,7 +104,7 @@ def _lrn_desc(size: int, alpha: float, beta: float, k: float, dtype: str) -> Any
     return get_cached(_LRN, (size, alpha, beta, k))
 
 
-@functools.lru_cache(maxsize=4096)
+@lru("lrn.lrn_describe", 4096)
 def _lrn_describe(shape: tuple[int, ...], strides: tuple[int, ...]):
     """How LRN describes an array to cuDNN, or None when it must be copied first.
 
@@ -248,7 +248,7 @@ def lrn_backward(
     return run(LRN_BACKWARD, {"dy": dy, "y": y, "x": x}, stream=stream, **kw)
 
 
-@functools.lru_cache(maxsize=4096)
+@lru("lrn.divnorm_describe", 4096)
 def _divnorm_describe(shape: tuple[int, ...], strides: tuple[int, ...]):
     """How divisive normalization describes an array: as it is when packed NCHW (C order) or channels-last,
     else None (copied to C order). cuDNN describes ``x``, ``means`` and its two scratch buffers with one

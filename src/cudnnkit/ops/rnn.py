@@ -63,7 +63,6 @@ import ctypes
 import math
 import numbers
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -81,14 +80,14 @@ from ..runtime import (
     get_cached,
     owned_descriptor,
     prepare,
-    register_cache,
     tensor_descriptor,
 )
 from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime.cache import LRU, MISSING
 from ..runtime.descriptors import int_array
 from ..runtime.dtypes import canonical, check_scalar, itemsize
 from ..runtime.launch import OPTIONAL, WRITTEN
-from .dropout import DropoutState, _check_p, _check_seed
+from .dropout import DropoutState, _check_p, _check_seed, _ledger
 from .tensor import set_tensor
 
 __all__ = [
@@ -322,16 +321,9 @@ class RNN:
     def _built(self, launch: Any, like: Any) -> _Built:
         # with dropout the descriptor points at this thread's RNG states, so it is per thread too
         key = (self, launch.device, self.resolved_math(), threading.get_ident() if self.dropout > 0 else None)
-        with _lock:
-            b = _built.get(key)
-            if b is not None:
-                _built.move_to_end(key)
-                return b
-        b = _Built(self, launch, like, key[2])
-        with _lock:
-            _built[key] = b
-            while len(_built) > _MAX_BUILT:
-                _built.popitem(last=False)
+        b = _built.lookup(key)
+        if b is MISSING:  # built outside the cache's lock (cuDNN calls); the first one stored is kept
+            b = _built.put(key, _Built(self, launch, like, key[2]), count_miss=True)
         return b
 
     def weight_space_size(self, like: Any, *, stream: Any = None) -> int:
@@ -407,9 +399,8 @@ def _dropout_state(rnn: RNN, launch: Any, like: Any) -> DropoutState:
 
 _MAX_BUILT = 64
 _MAX_TEMP = 256
-_built: OrderedDict[tuple, _Built] = OrderedDict()
-_lock = threading.Lock()
-register_cache(lambda: _built.clear())
+_built: LRU[tuple, _Built] = LRU("rnn.built", _MAX_BUILT)  # by (config, device, math mode, thread with dropout)
+_lock = threading.Lock()  # guards _dropout_states
 
 
 class _Built:
@@ -422,7 +413,7 @@ class _Built:
         self.math_mode = math_mode
         self._descs: dict[bool, Any] = {}
         self.dyn_batch: dict[bool, int] = {}
-        self.temp: OrderedDict[tuple, tuple[int, int]] = OrderedDict()
+        self.temp: LRU[tuple, tuple[int, int]] = LRU("rnn.temp_sizes", _MAX_TEMP)
         size = ctypes.c_size_t()
         with launch.on_device(), _explained(rnn, math_mode):
             lib.cudnnGetRNNWeightSpaceSize(launch.handle, self.desc(rnn.padded_io is not False), ctypes.byref(size))
@@ -494,22 +485,16 @@ class _Built:
     def temp_sizes(self, launch: Any, padded: bool, training: bool, xdesc: Any) -> tuple[int, int]:
         """(workspace, reserve) bytes from ``cudnnGetRNNTempSpaceSizes``, cached (LRU) per mode and x descriptor."""
         key = (padded, training, xdesc.key)
-        with self.lock:
-            got = self.temp.get(key)
-            if got is not None:
-                self.temp.move_to_end(key)
-                return got
+        got = self.temp.lookup(key)
+        if got is not MISSING:
+            return got
         ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
         mode = lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE
         with _explained(self.rnn, self.math_mode, f"; padded I/O {padded}, training={training}"):
             lib.cudnnGetRNNTempSpaceSizes(
                 launch.handle, self.desc(padded), mode, xdesc, ctypes.byref(ws), ctypes.byref(rs)
             )
-        with self.lock:
-            self.temp[key] = (ws.value, rs.value)
-            while len(self.temp) > _MAX_TEMP:
-                self.temp.popitem(last=False)
-        return ws.value, rs.value
+        return self.temp.put(key, (ws.value, rs.value), count_miss=True)
 
 
 def rnn_descriptor(
@@ -780,8 +765,7 @@ def _resolve(rnn: Any, layout: str) -> None:
 
 
 _LENGTHS_MAX = 64
-_lengths: OrderedDict[tuple, Any] = OrderedDict()
-register_cache(lambda: _lengths.clear())
+_lengths: LRU[tuple, Any] = LRU("rnn.lengths", _LENGTHS_MAX)
 
 
 def _dev_lengths(launch: Any, seq: _Seq) -> tuple[Any, Any]:
@@ -790,16 +774,9 @@ def _dev_lengths(launch: Any, seq: _Seq) -> tuple[Any, Any]:
     written again). The lengths cuDNN reads on the device are therefore always the host ``seq_lengths`` that the
     call was checked with: there is no separate device argument that could disagree with them."""
     key = (launch.adapter.name if launch.adapter is not None else None, launch.device, launch.stream, seq.lengths)
-    with _lock:
-        hit = _lengths.get(key)
-        if hit is not None:
-            _lengths.move_to_end(key)
-    if hit is None:
-        hit = launch.upload(seq.values, "seq_lengths")
-        with _lock:
-            _lengths[key] = hit
-            while len(_lengths) > _LENGTHS_MAX:
-                _lengths.popitem(last=False)
+    hit = _lengths.lookup(key)
+    if hit is MISSING:  # the first upload stored is kept (queued on this same stream before any call that uses it)
+        hit = _lengths.put(key, launch.upload(seq.values, "seq_lengths"), count_miss=True)
     arr, ptr = hit
     return arr, ctypes.cast(ptr, _INT32_P)
 
@@ -811,24 +788,19 @@ class _Reserves:
     different, wrong gradients), so each training forward allows one backward unless it keeps the reserve."""
 
     def __init__(self, maxsize: int = 4096):
-        self._d: OrderedDict[tuple[int, int], int] = OrderedDict()
-        self._lock = threading.Lock()
-        self.maxsize = maxsize
+        self._d: LRU[tuple[int, int], int] = _ledger("rnn.reserves", maxsize)  # not emptied by clear_caches
 
     def add(self, device: int, ptr: int, nbytes: int) -> None:
-        with self._lock:
-            self._d[(device, ptr)] = nbytes
-            self._d.move_to_end((device, ptr))
-            while len(self._d) > self.maxsize:
-                self._d.popitem(last=False)
+        # a new forward's reserve at a freed one's address replaces its record (put keeps an existing value);
+        # no other thread can add the same (device, pointer) in between: the memory is this forward's
+        self._d.pop((device, ptr))
+        self._d.put((device, ptr), nbytes)
 
     def fresh(self, device: int, ptr: int, nbytes: int) -> bool:
-        with self._lock:
-            return self._d.get((device, ptr)) == nbytes
+        return self._d.lookup((device, ptr)) == nbytes
 
     def take(self, device: int, ptr: int) -> None:
-        with self._lock:
-            self._d.pop((device, ptr), None)
+        self._d.pop((device, ptr))
 
 
 _reserves = _Reserves()

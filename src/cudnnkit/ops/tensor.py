@@ -23,7 +23,6 @@ layout, with or without padding (padding is a blend of the whole output, then a 
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import math
@@ -39,6 +38,7 @@ from ..runtime import (
     tensor_descriptor_of,
 )
 from ..runtime.arrays import ArrayView, contiguous_strides, like_strides
+from ..runtime.cache import lru
 from ..runtime.descriptors import INT_MAX
 from ..runtime.dtypes import check_choice, scaling_ref
 from ..runtime.shapes import expand
@@ -54,7 +54,7 @@ _log = logging.getLogger("cudnnkit")
 _CALL_DIMS = 4
 
 
-@functools.lru_cache(maxsize=1024)
+@lru("tensor.elementwise_plan", 1024)
 def _elementwise_plan(shape: tuple[int, ...], strides: tuple[int, ...]):
     """How an op that treats each element alone (set, scale) covers an array: ``(loop, call_shape, call_strides)``.
 

@@ -1,8 +1,8 @@
-"""L1 runtime: array views, adapters, handles, settings, descriptor cache, shape inference."""
+"""L1 runtime: array views, adapters, handles, settings, caches (one LRU), descriptors, shape inference."""
 
 from __future__ import annotations
 
-from . import adapters, driver, dtypes, shapes
+from . import adapters, cache, driver, dtypes, shapes
 from .arrays import (
     ArrayView,
     as_view,
@@ -41,6 +41,7 @@ from .settings import Settings, current_settings, settings
 
 __all__ = [
     "adapters",
+    "cache",
     "driver",
     "dtypes",
     "shapes",

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import adapters, driver
+from .cache import LRU, MISSING
 from .dtypes import canonical, itemsize
 
 __all__ = [
@@ -109,7 +110,8 @@ def like_strides(v: ArrayView) -> tuple[int, ...] | None:
     return v.strides if is_dense(v.shape, v.strides) else None
 
 
-_layout_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], str | None] = {}
+#: layout_problem's answers by (shape, strides): None for a layout cuDNN takes, else the problem
+_layout_cache: LRU[tuple[tuple[int, ...], tuple[int, ...]], str | None] = LRU("arrays.layout_problem", 4096)
 
 
 def layout_problem(shape: tuple[int, ...], strides: tuple[int, ...]) -> str | None:
@@ -121,19 +123,15 @@ def layout_problem(shape: tuple[int, ...], strides: tuple[int, ...]) -> str | No
       (``as_strided``). Decided by a sufficient test (each stride, in increasing order, reaches past what the
       smaller ones span), so a few exotic interleaved layouts that do not overlap are reported too.
 
-    Size-1 dims and empty arrays never have a problem. Cached per (shape, strides).
+    Size-1 dims and empty arrays never have a problem. Cached per (shape, strides) (an LRU of 4096).
     """
     key = (shape, strides)
     try:
-        return _layout_cache[key]
-    except KeyError:
-        pass
+        r = _layout_cache.lookup(key)
     except TypeError:  # unhashable: not a tuple of ints
         return _layout_problem(tuple(shape), tuple(strides))
-    r = _layout_problem(shape, strides)
-    if len(_layout_cache) >= 4096:
-        _layout_cache.clear()
-    _layout_cache[key] = r
+    if r is MISSING:
+        r = _layout_cache.put(key, _layout_problem(shape, strides), count_miss=True)
     return r
 
 

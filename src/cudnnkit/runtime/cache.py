@@ -42,11 +42,20 @@ class LRU(Generic[K, V]):
     """A bounded mapping that forgets its least recently used entry first.
 
     ``name`` names it in :func:`stats`; ``maxsize`` bounds it (``None``: unbounded); ``on_evict(key, value)`` is
-    called, outside the lock, for each entry dropped to respect the bound (not for :meth:`clear`)."""
+    called, outside the lock, for each entry dropped to respect the bound (not for :meth:`clear`); ``register``:
+    whether :func:`clear_all` and :func:`stats` see it (False for records of state rather than rebuildable
+    values)."""
 
     __slots__ = ("name", "maxsize", "hits", "misses", "_d", "_lock", "_on_evict", "__weakref__")
 
-    def __init__(self, name: str, maxsize: int | None = 1024, on_evict: Callable[[K, V], None] | None = None):
+    def __init__(
+        self,
+        name: str,
+        maxsize: int | None = 1024,
+        on_evict: Callable[[K, V], None] | None = None,
+        *,
+        register: bool = True,
+    ):
         if maxsize is not None and maxsize < 1:
             raise ValueError(f"maxsize must be a positive int or None, got {maxsize!r}")
         self.name, self.maxsize = name, maxsize
@@ -54,8 +63,9 @@ class LRU(Generic[K, V]):
         self._d: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
         self._on_evict = on_evict
-        with _registry_lock:
-            _registry.add(self)
+        if register:  # register=False: a record of state (which reserve came from which call), never cleared
+            with _registry_lock:
+                _registry.add(self)
 
     def lookup(self, key: K) -> V:
         """The value for ``key`` (counted as a hit), or :data:`MISSING` (not counted). Never builds."""
@@ -67,6 +77,11 @@ class LRU(Generic[K, V]):
             self._d.move_to_end(key)
             self.hits += 1
             return v
+
+    def peek(self, key: K, default: Any = None) -> Any:
+        """The value for ``key`` or ``default``: no lock, no reordering, no counting (one dict read, atomic in
+        CPython). For hot paths that only need to know whether an answer is cached (``prepare``'s layout check)."""
+        return self._d.get(key, default)
 
     def get(self, key: K, build: Callable[[], V]) -> V:
         """The value for ``key``, built by ``build()`` on a miss (outside the lock) and stored."""

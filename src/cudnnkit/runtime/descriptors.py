@@ -1,7 +1,7 @@
 """Legacy cuDNN descriptors, cached by value.
 
 A descriptor is created once per distinct value (dtype, shape, strides,
-parameters) and reused. The cache is bounded (LRU), thread-safe and keyed by
+parameters) and reused. The cache is bounded (a :class:`~cudnnkit.runtime.cache.LRU`), thread-safe and keyed by
 value, never by object identity. Descriptors that carry device state (dropout,
 RNN) are not value-cached: they belong to one object (a ``DropoutState``) and
 are made with :func:`owned_descriptor`. Eviction only drops the cache's reference: a
@@ -15,12 +15,11 @@ their own kinds (pooling, LRN, dropout, RNN, ...) the same way.
 from __future__ import annotations
 
 import ctypes
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from .. import lib
+from .cache import LRU, MISSING, clear_all
 from .dtypes import canonical, cudnn_dtype
 
 __all__ = [
@@ -92,69 +91,69 @@ class DescriptorKind:
 
 
 class DescriptorCache:
-    """Bounded, thread-safe LRU of descriptors keyed by (kind, value)."""
+    """Descriptors keyed by (kind, value): an :class:`~cudnnkit.runtime.cache.LRU` (bounded, thread-safe) whose
+    entries are built by their kind's :meth:`DescriptorKind.make`. Eviction only drops the cache's reference."""
 
-    def __init__(self, maxsize: int = 1024):
-        self.maxsize = maxsize
-        self._d: OrderedDict[tuple, Descriptor] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+    __slots__ = ("lru",)
+
+    def __init__(self, maxsize: int = 1024, name: str = "descriptors"):
+        self.lru: LRU[tuple, Descriptor] = LRU(name, maxsize)
 
     def lookup(self, kind: DescriptorKind, key: tuple) -> Descriptor | None:
-        """The cached descriptor for ``key``, or None (no creation). The per-call fast path."""
-        full = (kind.name, *key)
-        with self._lock:
-            d = self._d.get(full)
-            if d is not None:
-                self._d.move_to_end(full)
-                self.hits += 1
-            return d
+        """The cached descriptor for ``key``, or None (no creation)."""
+        d = self.lru.lookup((kind.name, *key))
+        return None if d is MISSING else d
 
     def get(self, kind: DescriptorKind, key: tuple) -> Descriptor:
-        d = self.lookup(kind, key)
-        if d is not None:
-            return d
+        """The cached descriptor for ``key``, made (outside the lock: cuDNN calls may be slow) on a miss."""
         full = (kind.name, *key)
-        d = kind.make(key)  # outside the lock: cuDNN calls may be slow
-        with self._lock:
-            self.misses += 1
-            existing = self._d.get(full)
-            if existing is not None:  # another thread made it meanwhile
-                return existing
-            self._d[full] = d
-            while len(self._d) > self.maxsize:
-                self._d.popitem(last=False)
-        return d
+        d = self.lru.lookup(full)
+        if d is not MISSING:
+            return d
+        return self.lru.put(full, kind.make(key), count_miss=True)  # another thread's, if it stored one first
+
+    @property
+    def maxsize(self) -> int | None:
+        return self.lru.maxsize
+
+    @property
+    def hits(self) -> int:
+        return self.lru.hits
+
+    @property
+    def misses(self) -> int:
+        return self.lru.misses
 
     def __len__(self) -> int:
-        return len(self._d)
+        return len(self.lru)
 
     def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-            self.hits = self.misses = 0
+        self.lru.clear()
 
 
 _cache = DescriptorCache()
+_lookup = _cache.lru.lookup  # the hot path's bound method (see tensor_descriptor)
 
 
 _other_caches: list[Callable[[], None]] = []
 
 
 def register_cache(clear: Callable[[], None]) -> None:
-    """Register the ``cache_clear`` of a cache that holds descriptors (an op's plan cache), so that
-    :func:`clear_caches` empties it too."""
+    """Register the ``clear`` of a cache that is not an :class:`~cudnnkit.runtime.cache.LRU` (those are emptied
+    by :func:`clear_caches` already), so that :func:`clear_caches` empties it too."""
     _other_caches.append(clear)
 
 
 def cache_info() -> dict[str, int]:
-    return {"size": len(_cache), "maxsize": _cache.maxsize, "hits": _cache.hits, "misses": _cache.misses}
+    """The descriptor cache's ``{"size", "maxsize", "hits", "misses"}`` (every cache's: ``cache.stats()``)."""
+    return _cache.lru.info()
 
 
 def clear_caches() -> None:
-    """Drop every cached descriptor (the value cache and the ops' plan caches)."""
-    _cache.clear()
+    """Drop every cached descriptor and empty every other cache: each live
+    :class:`~cudnnkit.runtime.cache.LRU` (:func:`cudnnkit.runtime.cache.clear_all`), then those registered with
+    :func:`register_cache`."""
+    clear_all()
     for clear in _other_caches:
         clear()
 
@@ -188,11 +187,12 @@ def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ..
         raise ValueError(f"min_dims must be in [3, {lib.CUDNN_DIM_MAX}], got {min_dims}")
     if type(shape) is tuple and type(strides) is tuple and len(shape) >= min_dims:
         # fast path for already-normalised keys (what ArrayView gives): no validation on a hit
+        # the LRU's own lookup, with the full key written out (what DescriptorCache.lookup builds from TENSOR)
         try:
-            d = _cache.lookup(TENSOR, (dtype, shape, strides))
+            d = _lookup(("tensor", dtype, shape, strides))
         except TypeError:  # unhashable element
-            d = None
-        if d is not None:
+            d = MISSING
+        if d is not MISSING:
             return d
     dtype = canonical(dtype)
     shape, strides = tuple(int(d) for d in shape), tuple(int(s) for s in strides)

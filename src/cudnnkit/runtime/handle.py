@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import lib
 from . import adapters, driver
-from .descriptors import register_cache
+from .cache import LRU, MISSING
 
 __all__ = ["Handle", "get_handle", "resolve_stream", "validate_stream", "check_device", "clear_stream_cache"]
 
@@ -145,16 +145,13 @@ def resolve_stream(stream: Any, adapter: Any, device: int) -> int:
 
 #: the handles every device has: 0 (the default stream), 1 (``cudaStreamLegacy``), 2 (``cudaStreamPerThread``)
 _SPECIAL_STREAMS = (0, 1, 2)
-_checked: dict[tuple[int, int], None] = {}  # (device, handle) of streams found live there
 _CHECKED_MAX = 256
+_checked: LRU[tuple[int, int], bool] = LRU("handle.live_streams", _CHECKED_MAX)  # (device, handle) found live there
 
 
 def clear_stream_cache() -> None:
     """Forget the stream handles :func:`validate_stream` found live (also done by ``runtime.clear_caches()``)."""
     _checked.clear()
-
-
-register_cache(clear_stream_cache)
 
 
 def validate_stream(stream: Any, adapter: Any, device: int, name: str = "stream", *, producer: bool = False) -> int:
@@ -175,7 +172,7 @@ def validate_stream(stream: Any, adapter: Any, device: int, name: str = "stream"
     The handle of ``adapter``'s current stream on ``device`` needs no query. Without a CUDA driver to ask,
     stream objects are taken as they are and other raw ints are refused (pass the library's stream object).
 
-    Handles found live are cached per (device, handle), up to 256, so repeated use costs a dict lookup. The
+    Handles found live are cached per (device, handle), up to 256 (an LRU), so repeated use costs a lookup. The
     trade-off: a stream destroyed after its first use, and its handle then passed again, is not re-checked (a
     dangling handle, like a dangling pointer, is the caller's bug); ``clear_stream_cache()`` forgets them.
     """
@@ -189,7 +186,7 @@ def validate_stream(stream: Any, adapter: Any, device: int, name: str = "stream"
         if refuse is not None:
             refuse(h, name)
         return h
-    if (device, h) in _checked:
+    if _checked.lookup((device, h)) is not MISSING:
         return h
     if not 0 <= h < 2**64:
         raise ValueError(f"{name}={h} is not a CUDA stream handle (handles are unsigned 64-bit pointers)")
@@ -218,9 +215,7 @@ def validate_stream(stream: Any, adapter: Any, device: int, name: str = "stream"
         raise ValueError(f"{name}={h:#x} is not a live CUDA stream")
     if dev != device:
         raise ValueError(f"{name}={h:#x} is a stream of cuda:{dev} but the arrays are on cuda:{device}")
-    if len(_checked) >= _CHECKED_MAX:
-        _checked.pop(next(iter(_checked)), None)
-    _checked[(device, h)] = None
+    _checked.put((device, h), True)
     return h
 
 

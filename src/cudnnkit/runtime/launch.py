@@ -294,7 +294,7 @@ def prepare(*named: tuple, stream: Any = None) -> tuple[Launch, list[ArrayView |
             v = as_view(a, item[0])
             views.append(v)
             # the cache answers None for a layout known to be fine: no call on the fast path
-            if _layouts.get((v.shape, v.strides), True) is not None and layout_problem(v.shape, v.strides):
+            if _layouts.peek((v.shape, v.strides), True) is not None and layout_problem(v.shape, v.strides):
                 odd = (odd or []) + [len(views) - 1]
     device = same_device(*((item[0], v) for item, v in zip(named, views)))
     adapter = next((v.adapter for v in views if v is not None and v.adapter is not None), None)

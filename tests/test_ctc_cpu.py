@@ -172,6 +172,25 @@ def test_host_torch_tensors_are_host_arrays():
         call(torch.zeros(T, N, A))
 
 
+def test_device_or_host_is_decided_by_the_adapters(monkeypatch):
+    """ctc.py knows no array library: which of labels/lengths are device arrays, adapters.is_device_array says."""
+    import inspect
+
+    from cudnnkit.ops import ctc
+    from cudnnkit.runtime import adapters
+
+    source = inspect.getsource(ctc)
+    for framework_test in ("is_cuda", "__dlpack_device__", "kDLCPU", "import torch", "import cupy"):
+        assert framework_test not in source, framework_test
+    asked = []
+    real = adapters.is_device_array
+    monkeypatch.setattr(adapters, "is_device_array", lambda obj: asked.append(obj) or real(obj))
+    labels, ll, il = np.array(LAB), list(LL), x((N,), "<i4")
+    with pytest.raises(TypeError, match="^input_lengths is a device array"):  # the device one reached prepare
+        call(labels=labels, ll=ll, il=il, **outs())
+    assert asked[:3] == [labels, ll, il]
+
+
 def test_empty_batch_returns_the_outputs_without_cudnn():
     o = outs(n=0)
     costs, grads = call(x((T, 0, A)), labels=[], ll=[], il=[], **o)

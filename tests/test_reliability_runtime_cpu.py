@@ -773,3 +773,263 @@ def test_prepare_fast_path_asks_nothing(fake_driver):
     _, vx = fview(ad, (8, 16, 32))
     launch, (w,) = prepare(("x", vx))
     assert w is vx and ad.calls == [] and fake_driver == [] and launch == Launch(0, ad, 0x1111)
+
+
+# ----------------------------------------------------------------- CAI v3 producer streams: ordered, not adopted
+#
+# An array whose ``__cuda_array_interface__`` names a producer ``stream`` other than the launch stream: the handle
+# is checked (as validate_stream checks a producer's int), then the launch stream waits for it through an event
+# (driver.order_after). Without an adapter and without ``stream=`` the first producer stream is still the launch
+# stream (so it needs no wait); every other one is waited for.
+
+
+@pytest.fixture
+def ordered(fake_driver, monkeypatch):
+    """fake_driver's streams, plus driver.order_after recorded as (producer, consumer, device)."""
+    waits: list[tuple[int, int, int]] = []
+
+    def order_after(producer, consumer, device):
+        waits.append((producer, consumer, device))
+        return True
+
+    monkeypatch.setattr(driver, "order_after", order_after)
+    return waits
+
+
+def test_cai_stream_without_adapter_first_is_the_launch_stream_others_are_waited_for(ordered, fake_driver):
+    launch, _ = prepare(("x", FakeCAI((2, 3), stream=0x5000)), ("w", FakeCAI((2, 3), stream=0x6000)))
+    assert launch.stream == 0x5000  # today's choice: the first producer's stream
+    assert fake_driver == [0x5000, 0x6000] and ordered == [(0x6000, 0x5000, 0)]
+    # an array without a stream in between changes nothing; one on the launch stream needs no wait
+    ordered.clear()
+    prepare(("a", FakeCAI((2, 3))), ("x", FakeCAI((2, 3), stream=0x5000)), ("w", FakeCAI((2, 3), stream=0x5000)))
+    assert ordered == []
+
+
+def test_cai_stream_with_an_adapter_is_waited_for_on_the_library_stream(ordered, fake_driver):
+    ad = FakeAdapter(stream=0x1111)
+    _, vx = fview(ad, (2, 3))
+    launch, _ = prepare(("x", vx), ("w", FakeCAI((2, 3), stream=0x5000)))
+    assert launch.stream == 0x1111  # the library's current stream, as before
+    assert fake_driver == [0x5000] and ordered == [(0x5000, 0x1111, 0)]
+
+
+def test_cai_stream_with_stream_given_is_waited_for_on_it(ordered, fake_driver):
+    launch, _ = prepare(("x", FakeCAI((2, 3), stream=0x5000)), stream=CoreStream(0x6000))
+    assert launch.stream == 0x6000 and ordered == [(0x5000, 0x6000, 0)]
+
+
+def test_cai_stream_equal_to_the_launch_stream_is_neither_asked_nor_waited_for(ordered, fake_driver):
+    ad = FakeAdapter(stream=0x5000)
+    _, vx = fview(ad, (2, 3))
+    prepare(("x", vx), ("w", FakeCAI((2, 3), stream=0x5000)))
+    assert fake_driver == [] and ordered == []
+
+
+def test_cai_default_stream_handles_need_no_query(ordered, fake_driver):
+    """1 (legacy default, CAI v3) and 0 (disallowed by CAI v3, taken as legacy) are one stream: no wait between
+    them; 2 (per-thread default) against another stream goes to order_after, which knows the default-stream
+    rules (tested below with a fake libcuda)."""
+    ad0 = FakeAdapter(stream=0)
+    _, v0 = fview(ad0, (2, 3))
+    for h in (0, 1):
+        prepare(("x", v0), ("w", FakeCAI((2, 3), stream=h)))
+    assert prepare(("x", FakeCAI((2, 3), stream=1)), ("w", FakeCAI((2, 3), stream=0)))[0].stream == 0
+    assert ordered == []
+    prepare(("x", v0), ("w", FakeCAI((2, 3), stream=2)))
+    assert ordered == [(2, 0, 0)] and fake_driver == []
+
+
+def test_cai_stream_per_thread_is_not_refused_for_a_library_that_cannot_allocate_on_it(ordered):
+    """torch refuses stream=2 for its allocator; a producer's 2 is only waited for, so it is taken."""
+    ad = FakeAdapter(stream=0x1111)
+    ad.refuse_special_stream = TorchLikeAdapter.refuse_special_stream
+    _, vx = fview(ad, (2, 3))
+    prepare(("x", vx), ("w", FakeCAI((2, 3), stream=2)))
+    assert ordered == [(2, 0x1111, 0)]
+
+
+@pytest.mark.parametrize("with_adapter", [False, True])
+def test_cai_stream_garbage_is_refused_naming_the_array_before_any_wait(ordered, fake_driver, with_adapter):
+    first = fview(FakeAdapter(), (2, 3))[1] if with_adapter else FakeCAI((2, 3), stream=0x5000)
+    with pytest.raises(ValueError, match=r"^w's __cuda_array_interface__ stream=0xbad000 is not a live CUDA stream"):
+        prepare(("x", first), ("w", FakeCAI((2, 3), stream=0xBAD000)))
+    with pytest.raises(ValueError, match=r"^w's __cuda_array_interface__ stream=0x7000 is a stream of cuda:1"):
+        prepare(("x", first), ("w", FakeCAI((2, 3), stream=0x7000)))
+    with pytest.raises(ValueError, match="not a CUDA stream handle"):
+        prepare(("x", first), ("w", FakeCAI((2, 3), stream=2**64)))
+    assert ordered == []
+
+
+def test_cai_stream_of_out_is_checked_and_waited_for(ordered, fake_driver):
+    ad = FakeAdapter(stream=0x1111)
+    _, vx = fview(ad, (2, 3))
+    launch, _ = prepare(("x", vx))
+    with pytest.raises(ValueError, match=r"^out's __cuda_array_interface__ stream=0xbad000 is not a live CUDA stream"):
+        launch.output(FakeCAI((2, 3), stream=0xBAD000), (2, 3), "float32")
+    with pytest.raises(ValueError, match=r"^out must have shape"):  # the array's own checks come first
+        launch.output(FakeCAI((3, 3), stream=0xBAD000), (2, 3), "float32")
+    assert ordered == []
+    out = FakeCAI((2, 3), stream=0x6000)
+    assert launch.output(out, (2, 3), "float32")[0] is out
+    assert ordered == [(0x6000, 0x1111, 0)]
+
+
+def test_cai_stream_without_a_driver_is_refused_as_uncheckable(no_driver, monkeypatch):
+    monkeypatch.setattr(driver, "order_after", lambda *a: pytest.fail("ordered without a check"))
+    _, vx = fview(FakeAdapter(), (2, 3))
+    with pytest.raises(ValueError, match=r"^w's __cuda_array_interface__ stream=0x5000: a raw stream handle cannot"):
+        prepare(("x", vx), ("w", FakeCAI((2, 3), stream=0x5000)))
+
+
+def test_cai_stream_a_driver_failure_names_the_array(fake_driver, monkeypatch):
+    def refuse(producer, consumer, device):
+        raise RuntimeError("cuEventRecord on stream 0x5000 failed with CUresult 400")
+
+    monkeypatch.setattr(driver, "order_after", refuse)
+    _, vx = fview(FakeAdapter(), (2, 3))
+    with pytest.raises(RuntimeError, match=r"^w's __cuda_array_interface__ stream=0x5000: cannot order the launch"):
+        prepare(("x", vx), ("w", FakeCAI((2, 3), stream=0x5000)))
+
+
+def test_cai_stream_absent_costs_nothing(ordered, fake_driver):
+    """The fast path: arrays without a producer stream (adapter arrays, CAI without 'stream') ask nothing."""
+    ad = FakeAdapter()
+    _, vx = fview(ad, (2, 3))
+    prepare(("x", vx), ("w", FakeCAI((2, 3))), ("b", FakeCAI((2, 3), stream=None)))
+    prepare(("x", FakeCAI((2, 3))))
+    assert ordered == [] and fake_driver == [] and ad.calls == []
+
+
+class TorchLikeAdapter:
+    @staticmethod
+    def refuse_special_stream(stream, name="stream"):
+        if stream == 2:
+            raise ValueError(f"{name}=2 (cudaStreamPerThread) has no fake stream object")
+
+
+class FakeCuda:
+    """libcuda's entry points order_after uses, recorded in order; streams 0x5000 (blocking) and 0x6000
+    (non-blocking) exist."""
+
+    FLAGS = {0x5000: 0, 0x6000: 1}
+
+    def __init__(self, fail=None):
+        self.calls: list[tuple] = []
+        self.fail = fail or {}
+        self._next = 0xE000
+
+    @staticmethod
+    def _h(p):
+        return p.value or 0 if isinstance(p, ctypes.c_void_p) else p
+
+    def _rc(self, name):
+        return self.fail.get(name, 0)
+
+    def cuStreamGetFlags(self, stream, pflags):
+        self.calls.append(("cuStreamGetFlags", self._h(stream)))
+        pflags._obj.value = self.FLAGS[self._h(stream)]
+        return self._rc("cuStreamGetFlags")
+
+    def cuDevicePrimaryCtxRetain(self, pctx, device):
+        self.calls.append(("cuDevicePrimaryCtxRetain", device))
+        pctx._obj.value = 0xC000 + device
+        return 0
+
+    def cuDevicePrimaryCtxRelease_v2(self, device):
+        self.calls.append(("cuDevicePrimaryCtxRelease", device))
+        return 0
+
+    def cuCtxPushCurrent_v2(self, ctx):
+        self.calls.append(("cuCtxPushCurrent", self._h(ctx)))
+        return 0
+
+    def cuCtxPopCurrent_v2(self, pctx):
+        self.calls.append(("cuCtxPopCurrent",))
+        return 0
+
+    def cuEventCreate(self, pev, flags):
+        self._next += 1
+        self.calls.append(("cuEventCreate", flags))
+        pev._obj.value = self._next
+        return self._rc("cuEventCreate")
+
+    def cuEventRecord(self, ev, stream):
+        self.calls.append(("cuEventRecord", self._h(ev), self._h(stream)))
+        return self._rc("cuEventRecord")
+
+    def cuStreamWaitEvent(self, stream, ev, flags):
+        self.calls.append(("cuStreamWaitEvent", self._h(stream), self._h(ev), flags))
+        return self._rc("cuStreamWaitEvent")
+
+    def cuEventDestroy_v2(self, ev):
+        self.calls.append(("cuEventDestroy", self._h(ev)))
+        return 0
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    cuda = FakeCuda()
+    monkeypatch.setattr(driver, "_load", lambda: cuda)
+    monkeypatch.setattr(driver, "_contexts", {})
+    monkeypatch.setattr(driver, "_events", {})
+    return cuda
+
+
+def test_order_after_skips_what_the_default_stream_rules_already_order(fake_cuda):
+    for producer, consumer in [(0x5000, 0x5000), (0, 1), (1, 0), (1, 1), (1, 2), (2, 1), (0, 2), (2, 0)]:
+        assert driver.order_after(producer, consumer, 0) is False, (producer, consumer)
+    assert fake_cuda.calls == []  # no driver call at all
+    # the legacy default stream and a blocking stream synchronize implicitly: one flags query
+    assert driver.order_after(1, 0x5000, 0) is False and driver.order_after(0x5000, 0, 0) is False
+    assert fake_cuda.calls == [("cuStreamGetFlags", 0x5000)] * 2
+
+
+def test_order_after_records_on_the_producer_and_waits_on_the_consumer(fake_cuda):
+    assert driver.order_after(0x5000, 0x6000, 0) is True
+    assert fake_cuda.calls == [
+        ("cuDevicePrimaryCtxRetain", 0),
+        ("cuCtxPushCurrent", 0xC000),
+        ("cuEventCreate", 2),  # CU_EVENT_DISABLE_TIMING
+        ("cuEventRecord", 0xE001, 0x5000),
+        ("cuStreamWaitEvent", 0x6000, 0xE001, 0),
+        ("cuCtxPopCurrent",),
+    ]
+    fake_cuda.calls.clear()
+    # the second time: the context is kept and the event comes back from the pool
+    assert driver.order_after(2, 0x5000, 0) is True
+    assert fake_cuda.calls == [
+        ("cuCtxPushCurrent", 0xC000),
+        ("cuEventRecord", 0xE001, 2),
+        ("cuStreamWaitEvent", 0x5000, 0xE001, 0),
+        ("cuCtxPopCurrent",),
+    ]
+
+
+def test_order_after_legacy_and_a_non_blocking_stream_need_the_event(fake_cuda):
+    assert driver.order_after(0, 0x6000, 1) is True  # producer 0 (CAI: legacy) is recorded as the NULL stream
+    assert fake_cuda.calls[0] == ("cuStreamGetFlags", 0x6000)
+    assert ("cuEventRecord", 0xE001, 0) in fake_cuda.calls and ("cuDevicePrimaryCtxRetain", 1) in fake_cuda.calls
+    fake_cuda.calls.clear()
+    assert driver.order_after(0x6000, 1, 1) is True
+    assert fake_cuda.calls[0] == ("cuStreamGetFlags", 0x6000)
+    assert fake_cuda.calls[-2] == ("cuStreamWaitEvent", 1, 0xE001, 0)
+
+
+@pytest.mark.parametrize("step", ["cuEventRecord", "cuStreamWaitEvent"])
+def test_order_after_driver_failure_raises_and_cleans_up(fake_cuda, step):
+    fake_cuda.fail = {step: 400}
+    with pytest.raises(RuntimeError, match=rf"^{step} on stream 0x[56]000 failed with CUresult 400"):
+        driver.order_after(0x5000, 0x6000, 0)
+    assert fake_cuda.calls[-2:] == [("cuEventDestroy", 0xE001), ("cuCtxPopCurrent",)]  # not kept, context popped
+    assert driver._events[0] == []
+
+
+def test_order_after_without_a_driver(monkeypatch):
+    def unavailable():
+        raise driver.DriverUnavailable("the CUDA driver is not available: libcuda.so.1 not found")
+
+    monkeypatch.setattr(driver, "_load", unavailable)
+    assert driver.order_after(0x5000, 0x5000, 0) is False  # nothing to do needs no driver
+    with pytest.raises(driver.DriverUnavailable):
+        driver.order_after(0x5000, 0x6000, 0)

@@ -371,8 +371,14 @@ def test_cai_producer_stream_is_used_for_arrays_without_an_adapter(monkeypatch, 
         prepare(("x", a))
     assert asked == [0x5000, 0xBAD000]
     stream = type("CupyLikeStream", (), {"ptr": 0x6000})()
-    assert prepare(("x", a), stream=stream)[0].stream == 0x6000  # an explicit stream= wins
-    assert asked == [0x5000, 0xBAD000, 0x6000]
+    with pytest.raises(ValueError, match="x's __cuda_array_interface__ stream=0xbad000 is not a live CUDA stream"):
+        prepare(("x", a), stream=stream)  # with stream= the producer's stream is still checked, then waited for
+    assert asked == [0x5000, 0xBAD000, 0x6000, 0xBAD000]
+    a.__cuda_array_interface__["stream"] = 0x5000
+    waits = []
+    monkeypatch.setattr(driver, "order_after", lambda p, c, d: waits.append((p, c, d)))
+    assert prepare(("x", a), stream=stream)[0].stream == 0x6000  # an explicit stream= wins: the producer's waited for
+    assert waits == [(0x5000, 0x6000, 0)]
     assert prepare(("x", FakeCAI((2, 3))))[0].stream == 0  # no stream named: the legacy default stream
     a.__cuda_array_interface__["stream"] = 1  # CAI's name for the legacy default stream
     assert prepare(("x", a))[0].stream == 0

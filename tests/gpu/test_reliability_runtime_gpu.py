@@ -416,3 +416,96 @@ def test_a_cai_out_with_a_garbage_producer_stream_is_written_without_a_crash(xp)
     target = xp.from_numpy(np.full((6, 2), np.nan), 0)
     ops.softmax_forward(x, axis=0, out=_CaiWithStream(target, 0xBAD000))
     assert rel(host(xp, target), ref_softmax(a.T, (0,), False)) < 1e-12
+
+
+# ----------------------------------------------------------------- CAI v3 producer streams are waited for
+
+_SPIN_CYCLES = 2**30  # about half a second of GPU clock: the op is queued long before the producer is done
+
+
+def _busy_then(xp, stream, write):
+    """Queue on library stream object ``stream``: a single-thread kernel spinning ``_SPIN_CYCLES``, then
+    ``write()`` (a library call, so it lands on ``stream`` too). Returns at once: the host does not wait."""
+    if xp.name == "torch":
+        torch = xp.module
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(_SPIN_CYCLES)
+            write()
+        return
+    cupy = xp.module
+    spin = cupy.RawKernel(
+        r"""extern "C" __global__ void spin(long long cycles) {
+            long long t0 = clock64();
+            while (clock64() - t0 < cycles) { }
+        }""",
+        "spin",
+    )
+    with stream:
+        spin((1,), (1,), (cupy.int64(_SPIN_CYCLES),))
+        write()
+
+
+class _CaiV3:
+    """A bare ``__cuda_array_interface__`` v3 over ``arr``'s memory naming producer stream ``stream`` (none
+    when ``None``: the array library's own ``stream`` entry, if any, is dropped)."""
+
+    def __init__(self, arr, stream):
+        cai = {k: v for k, v in arr.__cuda_array_interface__.items() if k != "stream"}
+        cai["version"] = 3
+        if stream is not None:
+            cai["stream"] = stream
+        self.__cuda_array_interface__ = cai
+        self._keep = arr
+
+
+def _fill(xp, arr, src):
+    """``arr[...] = src`` by the library (queued on its current stream)."""
+    if xp.name == "torch":
+        return lambda: arr.copy_(src)
+    return lambda: xp.module.copyto(arr, src)
+
+
+@pytest.mark.parametrize("case", ["input without adapter", "input with adapter", "out"])
+def test_cai_producer_stream_is_waited_for(xp, case):
+    """A CAI object naming a new non-blocking producer stream P, whose queued kernel writes the array after half
+    a second of spinning; the op runs on another stream (``stream=`` C, or the library's current stream) and
+    must see (input) or come after (out) that write. The control, the same CAI without its ``stream``, shows the
+    race is real: the op then ran before the write."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 1024))
+    want = ref_softmax(a)
+    src = dev(xp, a, "float32")
+    p, hp = new_stream(xp)
+    c, _ = new_stream(xp)
+    xp.synchronize(0)
+
+    def run(with_stream: bool):
+        cai_stream = hp if with_stream else None
+        if case == "out":  # P fills out with NaN late; the op's result must land after that
+            x = dev(xp, a, "float32")
+            out = poisoned(xp, a.shape, "float32")
+            nan = poisoned(xp, a.shape, "float32")
+            xp.synchronize(0)
+            _busy_then(xp, p, _fill(xp, out, nan))
+            ops.softmax_forward(x, out=_CaiV3(out, cai_stream), stream=c)
+            got, expect = out, want
+        else:  # P writes x late; the op must read the written values
+            x = dev(xp, np.zeros_like(a), "float32")
+            xp.synchronize(0)
+            _busy_then(xp, p, _fill(xp, x, src))
+            if case == "input without adapter":
+                got = dev(xp, np.zeros_like(a), "float32")
+                xp.synchronize(0)
+                ops.softmax_forward(_CaiV3(x, cai_stream), out=got, stream=c)
+            else:  # c of the library: its current stream is the launch stream
+                got = dev(xp, np.zeros_like(a), "float32")
+                xp.synchronize(0)
+                ops.add_tensor(_CaiV3(x, cai_stream), got)  # got = x + got
+            expect = ref_softmax(a) if case == "input without adapter" else a
+        xp.synchronize(0)  # every stream: P's write and the op are both done
+        return host(xp, got), expect
+
+    got, expect = run(with_stream=True)
+    assert np.isfinite(got).all() and rel(got, expect) < 1e-5, case
+    got, expect = run(with_stream=False)  # the control: nothing orders the op after P
+    assert not (np.isfinite(got).all() and rel(got, expect) < 1e-5), f"{case}: the op did not race ahead of P"

@@ -89,6 +89,7 @@ import numpy as np
 from .. import lib
 from ..runtime import (
     DescriptorKind,
+    adapters,
     check_choice,
     current_settings,
     get_cached,
@@ -127,26 +128,6 @@ CTC_LOSS = DescriptorKind("ctc_loss", "cudnnCreateCTCLossDescriptor", "cudnnDest
 def ctc_descriptor(normalization: str = "softmax", oob_grads: str = "zero", max_label_length: int = 1) -> Any:
     """The cached CTC loss descriptor (``cudnnSetCTCLossDescriptor_v9``, float32 compute)."""
     return get_cached(CTC_LOSS, ("float32", int(_NORMS[normalization]), int(_OOB[oob_grads]), int(max_label_length)))
-
-
-def _on_device(obj: Any) -> bool:
-    """True for a CUDA array (CAI, a CUDA torch tensor, a CUDA DLPack object); False for host data."""
-    if isinstance(obj, (list, tuple, range)) or hasattr(obj, "__array_interface__"):
-        return False
-    try:
-        if hasattr(obj, "__cuda_array_interface__"):
-            return True
-    except Exception:  # e.g. a torch tensor that refuses CAI export: let as_view say why
-        return True
-    if getattr(obj, "is_cuda", False) is True:
-        return True
-    dev = getattr(obj, "__dlpack_device__", None)
-    if dev is not None:
-        try:
-            return int(dev()[0]) != 1  # kDLCPU
-        except Exception:
-            return False
-    return False
 
 
 def _host_ints(obj: Any, name: str) -> np.ndarray:
@@ -269,7 +250,10 @@ def ctc_loss(
     C-contiguous (``costs_out``/``grads_out`` if given). ``blank`` must be 0.
     Both come from one ``cudnnCTCLoss_v8`` call.
     """
-    dev_labels, dev_ll, dev_il = _on_device(labels), _on_device(label_lengths), _on_device(input_lengths)
+    # device arrays go through prepare; host data (sequences, NumPy, CPU tensors) is uploaded by cudnnkit. Which is
+    # which, the adapters decide: this module knows no array library
+    on_device = adapters.is_device_array
+    dev_labels, dev_ll, dev_il = on_device(labels), on_device(label_lengths), on_device(input_lengths)
     launch, (vx, vlab, vll, vil) = prepare(
         ("x", x),
         ("labels", labels if dev_labels else None, OPTIONAL),

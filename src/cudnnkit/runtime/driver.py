@@ -14,12 +14,15 @@ reach cuDNN or an array library, because a bad one crashes the process there. Th
   before writing, see :meth:`cudnnkit.runtime.Launch.workspace`).
 * :func:`pointer_info` -- ``cuPointerGetAttributes`` (memory type, device, allocation range): it never
   dereferences the pointer and answers for any value.
+* :func:`order_after` -- ``cuEventRecord`` on one stream, ``cuStreamWaitEvent`` on another: work queued later on
+  the consumer waits for what the producer had queued (a ``__cuda_array_interface__`` v3 producer ``stream``,
+  :func:`cudnnkit.runtime.prepare`), without blocking the host.
 
-Without a driver (``libcuda.so.1`` missing) :func:`available` is False and both queries raise
-:class:`DriverUnavailable`; callers refuse what they cannot check.
+Without a driver (``libcuda.so.1`` missing) :func:`available` is False and every function here except
+:func:`readable` raises :class:`DriverUnavailable`; callers refuse what they cannot check.
 
-Tests replace :func:`stream_device` / :func:`pointer_info` (module attributes, looked up on every call) to fake a
-driver.
+Tests replace :func:`stream_device` / :func:`pointer_info` / :func:`order_after` (module attributes, looked up on
+every call) to fake a driver, or ``_load`` to fake ``libcuda`` itself.
 """
 
 from __future__ import annotations
@@ -29,7 +32,16 @@ import os
 import threading
 from typing import NamedTuple
 
-__all__ = ["DriverUnavailable", "PointerInfo", "available", "readable", "stream_device", "pointer_info", "memset_async"]
+__all__ = [
+    "DriverUnavailable",
+    "PointerInfo",
+    "available",
+    "readable",
+    "stream_device",
+    "pointer_info",
+    "memset_async",
+    "order_after",
+]
 
 
 class DriverUnavailable(RuntimeError):
@@ -53,6 +65,11 @@ _CUDA_ERROR_INVALID_CONTEXT = 201
 _MEMORY_TYPE, _IS_MANAGED, _DEVICE_ORDINAL, _RANGE_START, _RANGE_SIZE = 2, 8, 9, 11, 12
 # CUmemorytype
 _HOST, _DEVICE, _ARRAY, _UNIFIED = 1, 2, 3, 4
+_CU_EVENT_DISABLE_TIMING = 0x2
+_CU_STREAM_NON_BLOCKING = 0x1
+# the special stream handles: CU_STREAM_LEGACY (0, the NULL stream, is the legacy default stream too when called
+# through the non-``_ptsz`` entry points, as here) and CU_STREAM_PER_THREAD
+_LEGACY, _PER_THREAD = 1, 2
 
 _lock = threading.Lock()
 _cuda: ctypes.CDLL | None = None
@@ -97,6 +114,10 @@ def _declare(cuda: ctypes.CDLL) -> None:
     cuda.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(vp), ctypes.c_int]
     cuda.cuDevicePrimaryCtxRelease_v2.argtypes = [ctypes.c_int]
     cuda.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, vp]
+    cuda.cuEventCreate.argtypes = [ctypes.POINTER(vp), uint]
+    cuda.cuEventRecord.argtypes = [vp, vp]
+    cuda.cuStreamWaitEvent.argtypes = [vp, vp, uint]
+    cuda.cuEventDestroy_v2.argtypes = [vp]
 
 
 def available() -> bool:
@@ -209,3 +230,100 @@ def memset_async(ptr: int, nbytes: int, stream: int, value: int = 0) -> None:
     rc = cuda.cuMemsetD8Async(ptr, value, nbytes, ctypes.c_void_p(stream or None))
     if rc != _CUDA_SUCCESS:
         raise RuntimeError(f"cuMemsetD8Async of {nbytes} bytes at {ptr:#x} failed with CUresult {rc}")
+
+
+_contexts: dict[int, int] = {}  # device -> its primary context, retained once and kept for the process
+_events: dict[int, list[int]] = {}  # device -> idle events (created with CU_EVENT_DISABLE_TIMING)
+_EVENTS_KEPT = 32  # idle events kept per device; more (many threads at once) are destroyed after use
+
+
+def _primary_context(cuda: ctypes.CDLL, device: int) -> int:
+    ctx = _contexts.get(device)
+    if ctx is None:
+        h = ctypes.c_void_p()
+        rc = cuda.cuDevicePrimaryCtxRetain(ctypes.byref(h), device)
+        if rc != _CUDA_SUCCESS or not h.value:
+            raise RuntimeError(f"cuDevicePrimaryCtxRetain of cuda:{device} failed with CUresult {rc}")
+        with _lock:
+            ctx = _contexts.setdefault(device, h.value)
+        if ctx != h.value:  # another thread retained it first: keep one reference
+            cuda.cuDevicePrimaryCtxRelease_v2(device)
+    return ctx
+
+
+def _synchronizes_with_legacy(cuda: ctypes.CDLL, stream: int) -> bool:
+    """Whether ``stream`` (not 0/1) is a blocking stream, which the legacy default stream synchronizes with
+    implicitly (the per-thread default stream 2 is one; a stream created ``CU_STREAM_NON_BLOCKING`` is not)."""
+    if stream == _PER_THREAD:
+        return True
+    flags = ctypes.c_uint()
+    if cuda.cuStreamGetFlags(ctypes.c_void_p(stream), ctypes.byref(flags)) != _CUDA_SUCCESS:
+        return False  # cannot tell: order it explicitly
+    return not flags.value & _CU_STREAM_NON_BLOCKING
+
+
+def order_after(producer: int, consumer: int, device: int) -> bool:
+    """Make work queued on stream ``consumer`` from now on wait for the work already queued on stream
+    ``producer`` (both ``CUstream`` handles as ints, of ``device``'s primary context, already checked by
+    :func:`~cudnnkit.runtime.validate_stream`); the host does not wait. Returns whether a wait was queued.
+
+    This is how a ``__cuda_array_interface__`` v3 consumer honours the producer's ``stream`` (as ``cuda.core``'s
+    ``StridedMemoryView`` does): an event recorded on the producer, waited on by the consumer. Nothing is queued
+    when the stream semantics already order the two:
+
+    * ``producer == consumer`` (0 and 1 count as one stream: CAI v3 names the legacy default stream 1 and
+      disallows 0, which is taken as the legacy default stream, what 0 means to the driver API);
+    * one is the legacy default stream (0/1) and the other the per-thread default stream (2): they synchronize
+      with each other;
+    * one is the legacy default stream and the other a blocking stream (created without
+      ``CU_STREAM_NON_BLOCKING``, asked of ``cuStreamGetFlags``): the legacy default stream waits for, and is
+      waited for by, every blocking stream of its context.
+
+    Otherwise (two distinct streams, or the legacy default stream and a non-blocking stream such as torch's
+    side streams): ``cuEventRecord(event, producer)`` then ``cuStreamWaitEvent(consumer, event)`` with the device's
+    primary context pushed around them (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``; the context is retained once
+    per device). Events (``CU_EVENT_DISABLE_TIMING``) come from a per-device pool: ``cuEventCreate`` only when
+    the pool is empty, and an event is returned to it right after ``cuStreamWaitEvent``, which may then record
+    again without affecting the wait already queued.
+
+    Only producer-before-consumer order is made; work the producer queues later is not ordered after the
+    consumer's (the CAI v3 contract: the producer's later use is its own business). Raises
+    :class:`DriverUnavailable` without a driver and ``RuntimeError`` when the driver refuses (e.g. a stream of
+    another context)."""
+    p = _LEGACY if producer == 0 else producer
+    c = _LEGACY if consumer == 0 else consumer
+    if p == c:
+        return False
+    cuda = _load()
+    if p == _LEGACY and _synchronizes_with_legacy(cuda, c):
+        return False
+    if c == _LEGACY and _synchronizes_with_legacy(cuda, p):
+        return False
+    ctx = _primary_context(cuda, device)
+    rc = cuda.cuCtxPushCurrent_v2(ctypes.c_void_p(ctx))
+    if rc != _CUDA_SUCCESS:
+        raise RuntimeError(f"cuCtxPushCurrent of cuda:{device}'s primary context failed with CUresult {rc}")
+    try:
+        pool = _events.setdefault(device, [])
+        try:
+            ev = pool.pop()
+        except IndexError:
+            h = ctypes.c_void_p()
+            rc = cuda.cuEventCreate(ctypes.byref(h), _CU_EVENT_DISABLE_TIMING)
+            if rc != _CUDA_SUCCESS:
+                raise RuntimeError(f"cuEventCreate failed with CUresult {rc}") from None
+            ev = h.value
+        rc = cuda.cuEventRecord(ctypes.c_void_p(ev), ctypes.c_void_p(producer or None))
+        what = f"cuEventRecord on stream {producer:#x}"
+        if rc == _CUDA_SUCCESS:
+            rc = cuda.cuStreamWaitEvent(ctypes.c_void_p(consumer or None), ctypes.c_void_p(ev), 0)
+            what = f"cuStreamWaitEvent on stream {consumer:#x}"
+        if rc == _CUDA_SUCCESS and len(pool) < _EVENTS_KEPT:
+            pool.append(ev)
+        else:
+            cuda.cuEventDestroy_v2(ctypes.c_void_p(ev))
+        if rc != _CUDA_SUCCESS:
+            raise RuntimeError(f"{what} failed with CUresult {rc}")
+    finally:
+        cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+    return True

@@ -38,6 +38,7 @@ WRITTEN = 2
 ELEMENTWISE = 4
 
 _INT64_MAX = 2**63 - 1
+_CAI_STREAM = "__cuda_array_interface__ stream"
 
 
 def _describe_bytes(n: int) -> str:
@@ -112,7 +113,8 @@ class Launch:
         :func:`~cudnnkit.runtime.check_scalar` as ``beta_name``). A new array gets ``strides`` (elements) if
         given, else C-contiguous. ``out`` must address each element once: an expanded (stride-0), overlapping
         or reversed (negative-stride) ``out`` is refused with a ``ValueError`` naming ``name``; any other
-        strides (gapped, transposed) are the op's to handle.
+        strides (gapped, transposed) are the op's to handle. A producer ``stream`` in ``out``'s
+        ``__cuda_array_interface__`` is checked and waited for, as :func:`prepare` does for its arrays.
         """
         shape = tuple(shape)
         if out is None:
@@ -132,7 +134,30 @@ class Launch:
                 f"{name} {problem} (shape {v.shape}, strides {v.strides}); an output must address each element "
                 "once: pass an array that does not overlap itself"
             )
+        if v.stream is not None:  # a CAI v3 producer stream: the launch stream waits for it (after_producer)
+            self.after_producer(v.stream, name)
         return out, v
+
+    def after_producer(self, producer: int, name: str) -> None:
+        """Order the launch stream after ``producer``, the ``stream`` that argument ``name``'s
+        ``__cuda_array_interface__`` (v3) named: work cudnnkit queues from now on waits for what the producer had
+        queued (:func:`cudnnkit.runtime.driver.order_after`: an event recorded on the producer and waited on by
+        the launch stream; nothing when the two are one stream or the default-stream rules already order them).
+
+        The producer's handle is first checked as :func:`~cudnnkit.runtime.validate_stream` checks it
+        (``producer=True``: asked of the CUDA driver, so a garbage handle is refused, naming
+        ``"<name>'s __cuda_array_interface__ stream"``, instead of crashing); the launch stream's own handle needs
+        no check."""
+        if producer == self.stream or (producer in (0, 1) and self.stream in (0, 1)):
+            return
+        what = f"{name}'s {_CAI_STREAM}"
+        h = validate_stream(producer, None, self.device, what, producer=True)
+        try:
+            driver.order_after(h, self.stream, self.device)
+        except driver.DriverUnavailable:
+            raise
+        except RuntimeError as e:
+            raise RuntimeError(f"{what}={h:#x}: cannot order the launch stream {self.stream:#x} after it ({e})") from e
 
     def contiguous(self, arr: Any, v: ArrayView, name: str, why: str = "is not C-contiguous") -> tuple[Any, ArrayView]:
         """A C-contiguous copy of ``arr`` made on the launch stream, for a call that cannot take its strides.
@@ -224,9 +249,9 @@ def _without_producer_stream(obj: Any) -> Any:
 
     CuPy and torch synchronize on a CAI v3 producer stream when they view such an object, calling the driver with
     the raw handle: a garbage one crashes the process there (issue 10's fuzzer, a CAI ``out`` with stream
-    ``0xBAD000``). cudnnkit orders its work on the launch stream (the allocating library's current stream or
-    ``stream=``), as it does for every array of a library with an adapter, so the producer's stream is not
-    needed here."""
+    ``0xBAD000``). The producer's stream is not needed here: :func:`prepare` and :meth:`Launch.output` have
+    checked it and ordered the launch stream after it (:meth:`Launch.after_producer`), and the copy this view
+    is for runs on the launch stream."""
     try:
         cai = getattr(obj, "__cuda_array_interface__", None)
     except Exception:
@@ -275,7 +300,15 @@ def prepare(*named: tuple, stream: Any = None) -> tuple[Launch, list[ArrayView |
     * ``stream``: ``None`` (the allocating library's current stream), a stream object of any library (CuPy,
       torch, anything with ``__cuda_stream__``) or a raw ``cudaStream_t`` int, checked to be a live stream of
       the arrays' device by :func:`~cudnnkit.runtime.validate_stream` (``TypeError``/``ValueError`` naming
-      ``stream`` otherwise);
+      ``stream`` otherwise). With neither ``stream=`` nor an array of a library with an adapter, the launch
+      stream is the producer ``stream`` of the first array whose ``__cuda_array_interface__`` (v3) names one
+      (1, the legacy default stream, becomes 0; checked as above, naming
+      ``"x's __cuda_array_interface__ stream"``), else the legacy default stream 0;
+    * every other array whose ``__cuda_array_interface__`` names a producer ``stream`` different from the launch
+      stream (also with an adapter or ``stream=``): that handle is checked the same way, naming the array, then
+      the launch stream is made to wait for it (:meth:`Launch.after_producer`: an event recorded on the producer
+      stream and waited on by the launch stream, as ``cuda.core``'s ``StridedMemoryView`` does; none when the
+      default-stream rules already order them). Arrays without one cost nothing;
     * layouts cuDNN cannot take (:func:`~cudnnkit.runtime.arrays.layout_problem`: an expanded stride-0 view, an
       overlapping or a reversed one): an input is copied to C order on the launch stream (debug-logged, logger
       ``cudnnkit``; its view is the copy's) once every array has been read and checked; a ``WRITTEN`` array is
@@ -284,6 +317,7 @@ def prepare(*named: tuple, stream: Any = None) -> tuple[Launch, list[ArrayView |
     """
     views: list[ArrayView | None] = []
     odd: list[int] | None = None  # arrays whose layout cuDNN cannot take (rare)
+    produced: list[int] | None = None  # arrays whose __cuda_array_interface__ names a producer stream (rare)
     for item in named:
         a = item[1]
         if a is None:
@@ -296,20 +330,22 @@ def prepare(*named: tuple, stream: Any = None) -> tuple[Launch, list[ArrayView |
             # the cache answers None for a layout known to be fine: no call on the fast path
             if _layouts.peek((v.shape, v.strides), True) is not None and layout_problem(v.shape, v.strides):
                 odd = (odd or []) + [len(views) - 1]
+            if v.stream is not None:
+                produced = (produced or []) + [len(views) - 1]
     device = same_device(*((item[0], v) for item, v in zip(named, views)))
     adapter = next((v.adapter for v in views if v is not None and v.adapter is not None), None)
     stream_name = "stream"
-    if stream is None and adapter is None:
-        # arrays of a library without an adapter: work on the stream their producer named
+    if stream is None and adapter is None and produced is not None:
+        # arrays of a library without an adapter: work on the stream the first one's producer named
         # (``__cuda_array_interface__`` v3 ``stream``; 1 means the legacy default stream, which is 0 to cuDNN)
-        for item, v in zip(named, views):
-            if v is not None and v.stream is not None:
-                stream, stream_name = v.stream, f"{item[0]}'s __cuda_array_interface__ stream"
-                break
+        stream, stream_name = views[produced[0]].stream, f"{named[produced[0]][0]}'s {_CAI_STREAM}"
         if stream == 1:
             stream = 0
     s = validate_stream(stream, adapter, device, stream_name, producer=stream_name != "stream")
     launch = Launch(device, adapter, s, tuple(item[0] for item, v in zip(named, views) if v is not None))
+    if produced is not None:
+        for i in produced:
+            launch.after_producer(views[i].stream, named[i][0])
     if odd is None:
         return launch, views
     copies = []

@@ -1,25 +1,22 @@
 """Array-library adapters: the only modules below the integrations that import CuPy or torch.
 
-Each adapter module (``_cupy``, ``_torch``) defines a module-level ``ADAPTER``
-object with this interface:
+Each adapter module (``_cupy``, ``_torch``) defines a module-level ``ADAPTER`` object implementing
+:class:`ArrayAdapter` (``_protocol.py``: every member the runtime and the ops call, with its shapes, dtypes and
+stream semantics, and what a new adapter, such as the planned JAX one, must provide):
 
-* ``name``: the library name;
+* ``name``, ``module``: the library's name and module;
 * ``view(obj, name) -> ArrayView``: read an array of that library (rejects host arrays);
-* ``empty(shape, dtype, device, strides=None, stream=None)``: allocate an
-  output with the library's allocator (CuPy memory pool, torch caching allocator)
-  for use on ``stream`` (a ``cudaStream_t`` as int, default: the current stream);
-  the library's out-of-memory error is raised as ``MemoryError``;
-* ``wrap(obj, device)``: a zero-copy array of this library over another library's CUDA array
-  (through ``__cuda_array_interface__``), for copies between arrays of mixed libraries;
-* ``contiguous(arr, stream=None)``: a C-contiguous copy made on ``stream`` (or ``arr`` itself if it already is);
-* ``copy(dst, src, stream=None)``: device-to-device copy on ``stream`` (default: the current stream);
-* ``current_stream(device) -> int``: the library's current stream on ``device``;
-* ``current_device()``: the library's current device;
-* ``device_guard(device)``: a context manager making ``device`` current;
-* ``pointer_device(ptr) -> int | None``: the device of a device pointer, if the library can tell;
-* ``from_numpy(a, device, stream=None)`` / ``to_numpy(arr)``: host-to-device (queued on ``stream``, default
-  the current one) and device-to-host copies;
-* ``version()``, ``device_count()``, ``device_info(i) -> (name, (major, minor))``, ``synchronize(device)``.
+* ``empty(shape, dtype, device, strides=None, stream=None)``: allocate an output with the library's allocator;
+* ``wrap(obj, device)``: a zero-copy array of this library over another library's CUDA array;
+* ``contiguous(arr, stream=None)``, ``copy(dst, src, stream=None)``: device copies queued on ``stream``;
+* ``from_numpy(a, device, stream=None)`` / ``to_numpy(arr)``: host-to-device and device-to-host copies;
+* ``current_stream(device)``, ``current_device()``, ``device_guard(device)``, ``pointer_device(ptr)``;
+* ``is_device_array(obj)``: whether one of the library's objects lives on a CUDA device;
+* ``refuse_special_stream(stream, name)``: refuse a default-stream handle the library cannot use;
+* ``version()``, ``device_count()``, ``device_info(i)``, ``synchronize(device)``.
+
+:func:`is_device_array` answers "is this a CUDA array?" for any object (adapters first, then the generic
+``__cuda_array_interface__``/DLPack rules), so no module outside this package tests for a library's types.
 
 The library is imported only when one of its arrays is seen (or when asked
 for explicitly), so importing cudnnkit never imports CuPy or torch.
@@ -31,10 +28,12 @@ import importlib
 import importlib.util
 from typing import Any
 
+from ._protocol import MEMBERS, ArrayAdapter, missing_members
+
 _MODULES = {"cupy": "cudnnkit.runtime.adapters._cupy", "torch": "cudnnkit.runtime.adapters._torch"}
 _loaded: dict[str, Any] = {}
 
-__all__ = ["get", "for_object", "available", "names"]
+__all__ = ["ArrayAdapter", "MEMBERS", "missing_members", "get", "for_object", "available", "names", "is_device_array"]
 
 
 def names() -> tuple[str, ...]:
@@ -69,3 +68,40 @@ def available() -> list[Any]:
             except ImportError:
                 pass
     return out
+
+
+_KDLCPU = 1  # DLPack's device type for host memory
+
+
+def is_device_array(obj: Any) -> bool:
+    """Whether ``obj`` is an array on a CUDA device (``False`` for host data: sequences, NumPy arrays, host
+    tensors, CPU DLPack objects). Imports nothing that is not imported already; never raises.
+
+    In order: a ``list``/``tuple``/``range`` or an object with ``__array_interface__`` is host data; an object with
+    ``__cuda_array_interface__`` is a device array (also when reading it raises, e.g. a torch tensor that
+    requires grad: reading it as an array then says why); an object of a library with an adapter is what that
+    adapter's ``is_device_array`` answers (a torch tensor: ``is_cuda``), unless it answers ``None``; an object
+    with ``__dlpack_device__`` is a device array unless that names the CPU (or fails); anything else is not."""
+    if isinstance(obj, (list, tuple, range)) or hasattr(obj, "__array_interface__"):
+        return False
+    try:
+        if hasattr(obj, "__cuda_array_interface__"):
+            return True
+    except Exception:  # e.g. a torch tensor that refuses CAI export: let as_view say why
+        return True
+    try:
+        ad = for_object(obj)
+    except ImportError:
+        ad = None
+    ask = getattr(ad, "is_device_array", None)
+    if ask is not None:
+        answer = ask(obj)
+        if answer is not None:
+            return bool(answer)
+    dev = getattr(obj, "__dlpack_device__", None)
+    if dev is not None:
+        try:
+            return int(dev()[0]) != _KDLCPU
+        except Exception:
+            return False
+    return False

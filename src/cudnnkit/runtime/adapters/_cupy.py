@@ -11,6 +11,7 @@ import cupy
 
 from ..arrays import ArrayView, _element_strides
 from ..dtypes import canonical, itemsize
+from ._protocol import ArrayAdapter, missing_members
 
 
 def _numpy_dtype(dtype: str):
@@ -42,7 +43,10 @@ def _external(ptr: int):
     return cupy.cuda.ExternalStream(ptr)
 
 
-class CupyAdapter:
+class CupyAdapter(ArrayAdapter):
+    """The :class:`~cudnnkit.runtime.adapters.ArrayAdapter` of CuPy (``cupy.ndarray``, the CuPy memory pool,
+    CuPy's current stream)."""
+
     name = "cupy"
     module = cupy
 
@@ -122,6 +126,15 @@ class CupyAdapter:
     def current_device(self) -> int:
         return cupy.cuda.runtime.getDevice()
 
+    def is_device_array(self, obj: Any) -> bool | None:
+        """True for a ``cupy.ndarray`` (always on a device); None for CuPy's other objects."""
+        return True if isinstance(obj, cupy.ndarray) else None
+
+    @staticmethod
+    def refuse_special_stream(stream: int, name: str = "stream") -> None:
+        """CuPy takes all three special handles (``ExternalStream`` over 0, 1 or 2): nothing is refused."""
+        return None
+
     def device_guard(self, device: int):
         return cupy.cuda.Device(device)
 
@@ -152,3 +165,4 @@ class CupyAdapter:
 
 
 ADAPTER = CupyAdapter()
+assert not missing_members(CupyAdapter), missing_members(CupyAdapter)

@@ -8,6 +8,7 @@ import torch
 
 from ..arrays import ArrayView
 from ..dtypes import canonical
+from ._protocol import ArrayAdapter, missing_members
 
 _TO_TORCH = {
     "float32": torch.float32,
@@ -42,7 +43,10 @@ def _torch_stream(stream: int, dev: torch.device) -> Any:
     return torch.cuda.ExternalStream(stream, device=dev)
 
 
-class TorchAdapter:
+class TorchAdapter(ArrayAdapter):
+    """The :class:`~cudnnkit.runtime.adapters.ArrayAdapter` of torch (CUDA tensors, the caching allocator,
+    torch's current stream)."""
+
     name = "torch"
     module = torch
 
@@ -59,6 +63,11 @@ class TorchAdapter:
         if dtype is None:
             raise TypeError(f"{name} has dtype {obj.dtype}, which cuDNN does not support")
         return ArrayView(tuple(obj.shape), obj.stride(), dtype, obj.get_device(), obj.data_ptr(), obj, self, False)
+
+    def is_device_array(self, obj: Any) -> bool | None:
+        """True for a CUDA tensor (or storage: anything of torch's whose ``is_cuda`` is True); None otherwise, so
+        a CPU tensor is judged by its DLPack device (the CPU)."""
+        return True if getattr(obj, "is_cuda", False) is True else None
 
     @staticmethod
     def refuse_special_stream(stream: int, name: str = "stream") -> None:
@@ -158,3 +167,4 @@ class TorchAdapter:
 
 
 ADAPTER = TorchAdapter()
+assert not missing_members(TorchAdapter), missing_members(TorchAdapter)

@@ -24,7 +24,13 @@ from cudnnkit.graph import (
     UnsupportedGraphError,
     plan_cache,
 )
-from cudnnkit.graph import plan as plan_mod
+from cudnnkit.graph.plan import autotuner as autotune_mod
+from cudnnkit.graph.plan import cache as cache_mod
+from cudnnkit.graph.plan import engines as engines_mod
+from cudnnkit.graph.plan import plans as plans_mod
+from cudnnkit.graph.plan import search as search_mod
+from cudnnkit.graph.plan import spec as spec_mod
+from cudnnkit.runtime.cache import LRU
 
 from .test_runtime_cpu import FakeCAI
 
@@ -65,11 +71,11 @@ def test_fp32_math_detection_looks_at_conv_and_matmul_inputs():
     g = Graph()
     a, b = g.tensor((4, 8)), g.tensor((8, 2))
     g.mark_output(g.matmul(a, b))
-    assert plan_mod._fp32_math(g)
+    assert engines_mod.fp32_math(g)
     g = Graph()
     a, b = g.tensor((4, 8), dtype="bfloat16"), g.tensor((8, 2), dtype="bfloat16")
     g.mark_output(g.pointwise("RELU_FWD", g.matmul(a, b)))  # float32 intermediates, bf16 operands
-    assert not plan_mod._fp32_math(g)
+    assert not engines_mod.fp32_math(g)
 
 
 def test_workspace_limit_uses_config_then_plan_size():
@@ -223,16 +229,16 @@ def test_a_tensor_of_another_graph_with_other_dims_is_refused():
 
 
 def test_scalar_bytes_per_dtype():
-    assert plan_mod._scalar_bytes(1.5, "float32", "s") == struct.pack("<f", 1.5)
-    assert plan_mod._scalar_bytes(1.5, "float64", "s") == struct.pack("<d", 1.5)
-    assert plan_mod._scalar_bytes(1.5, "float16", "s") == struct.pack("<e", 1.5)
-    assert plan_mod._scalar_bytes(1.5, "bfloat16", "s") == struct.pack("<f", 1.5)[2:]
-    assert plan_mod._scalar_bytes(7, "int32", "s") == struct.pack("<i", 7)
-    assert plan_mod._scalar_bytes(-7, "int64", "s") == struct.pack("<q", -7)
+    assert spec_mod._scalar_bytes(1.5, "float32", "s") == struct.pack("<f", 1.5)
+    assert spec_mod._scalar_bytes(1.5, "float64", "s") == struct.pack("<d", 1.5)
+    assert spec_mod._scalar_bytes(1.5, "float16", "s") == struct.pack("<e", 1.5)
+    assert spec_mod._scalar_bytes(1.5, "bfloat16", "s") == struct.pack("<f", 1.5)[2:]
+    assert spec_mod._scalar_bytes(7, "int32", "s") == struct.pack("<i", 7)
+    assert spec_mod._scalar_bytes(-7, "int64", "s") == struct.pack("<q", -7)
 
 
 def bf16_bits(value):
-    return struct.unpack("<H", plan_mod._scalar_bytes(value, "bfloat16", "s"))[0]
+    return struct.unpack("<H", spec_mod._scalar_bytes(value, "bfloat16", "s"))[0]
 
 
 def f32(bits):
@@ -304,19 +310,19 @@ def test_variant_pack_key_ignores_the_scalar_host_buffers():
     g, x, w, s, y, spec = conv_spec()
     b = {x: arr(x), w: arr(w, BASE + 4096), s: 0.5, y: arr(y, BASE + 8192)}
     rs = [spec.resolve(b) for _ in range(5)]
-    keys = {plan_mod._pack_key(r.ptrs, r.by_value, 0, r.scalars) for r in rs}
+    keys = {plans_mod._pack_key(r.ptrs, r.by_value, 0, r.scalars) for r in rs}
     assert len(keys) == 1
     other = spec.resolve({**b, s: 0.25})
-    assert plan_mod._pack_key(other.ptrs, other.by_value, 0, other.scalars) not in keys  # another value
+    assert plans_mod._pack_key(other.ptrs, other.by_value, 0, other.scalars) not in keys  # another value
     moved = spec.resolve({**b, y: arr(y, BASE + 16384)})
-    assert plan_mod._pack_key(moved.ptrs, moved.by_value, 0, moved.scalars) not in keys  # another pointer
-    assert plan_mod._pack_key(rs[0].ptrs, rs[0].by_value, BASE, rs[0].scalars) not in keys  # another workspace
+    assert plans_mod._pack_key(moved.ptrs, moved.by_value, 0, moved.scalars) not in keys  # another pointer
+    assert plans_mod._pack_key(rs[0].ptrs, rs[0].by_value, BASE, rs[0].scalars) not in keys  # another workspace
 
 
 def test_variant_pack_cache_hits_for_graphs_with_by_value_scalars():
     g, x, w, s, y, spec = conv_spec()
-    p = plan_mod.ExecutionPlan.__new__(plan_mod.ExecutionPlan)  # no GPU: only the pack cache is exercised
-    p.spec, p._packs, p._max_packs, p._lock = spec, plan_mod.OrderedDict(), 64, threading.Lock()
+    p = plans_mod.ExecutionPlan.__new__(plans_mod.ExecutionPlan)  # no GPU: only the pack cache is exercised
+    p.spec, p._packs, p._lock = spec, LRU("t_packs", 64), threading.Lock()
     b = {x: arr(x), w: arr(w, BASE + 4096), s: 0.5, y: arr(y, BASE + 8192)}
     packs = [p._variant_pack(spec.resolve(b), 0) for _ in range(5)]
     assert len(p._packs) == 1 and all(vp is packs[0] for vp in packs)
@@ -345,9 +351,9 @@ class _FakeAdapter:
 
 def test_bound_plan_refuses_another_stream_than_its_buffers(monkeypatch):
     monkeypatch.setattr(
-        plan_mod.runtime, "validate_stream", lambda s, ad, dev, name="stream", **kw: s
+        spec_mod.runtime, "validate_stream", lambda s, ad, dev, name="stream", **kw: s
     )  # no driver here
-    bound = plan_mod.BoundPlan(_FakePlan(), _FakePack(), [], None, 0x10, False, home=0x10)
+    bound = plans_mod.BoundPlan(_FakePlan(), _FakePack(), [], None, 0x10, False, home=0x10)
     with pytest.raises(ValueError, match=r"bound for stream 0x10 .* cannot run on stream 0x20"):
         bound(stream=0x20)
     with pytest.raises(ValueError, match="cannot run on stream 0x30"):
@@ -355,13 +361,13 @@ def test_bound_plan_refuses_another_stream_than_its_buffers(monkeypatch):
     assert bound._stream_for(None) == 0x10 and bound._stream_for(0x10) == 0x10
     # bound without stream=: the library's current stream at call time must still be the bind-time one
     ad = _FakeAdapter(0x10)
-    bound = plan_mod.BoundPlan(_FakePlan(), _FakePack(), [], ad, None, False, home=0x10)
+    bound = plans_mod.BoundPlan(_FakePlan(), _FakePack(), [], ad, None, False, home=0x10)
     assert bound._stream_for(None) == 0x10
     ad.current = 0x40
     with pytest.raises(ValueError, match="cannot run on stream 0x40"):
         bound()
     # no plan-owned buffers (workspace= given, scratch bound): any stream
-    free = plan_mod.BoundPlan(_FakePlan(), _FakePack(), [], ad, None, False)
+    free = plans_mod.BoundPlan(_FakePlan(), _FakePack(), [], ad, None, False)
     assert free._stream_for(0x20) == 0x20 and free._stream_for(None) == 0x40
 
 
@@ -385,25 +391,25 @@ def test_autotune_skips_candidates_needing_more_than_the_given_workspace(monkeyp
             return lambda: runs.append(self.name)  # a raw-pointer binding: no adapter of its own
 
     g, x, w, s, y, spec = conv_spec()
-    ctx = plan_mod._Context(g, 0, EngineFilter(), ("k", 0, ()), cudnnkit.Settings(), "graph conv", spec)
+    ctx = search_mod.BuildContext(g, 0, EngineFilter(), ("k", 0, ()), cudnnkit.Settings(), "graph conv", spec)
 
     def env(c):
         c.adapter = Adapter()
         return contextlib.nullcontext()
 
-    monkeypatch.setattr(plan_mod, "_context", lambda *a: ctx)
-    monkeypatch.setattr(plan_mod, "_device_env", env)
-    monkeypatch.setattr(plan_mod, "_iter_plans", lambda c, att: iter([Cand("eng1", 1024), Cand("eng2", 128)]))
+    monkeypatch.setattr(autotune_mod, "build_context", lambda *a: ctx)
+    monkeypatch.setattr(autotune_mod, "device_env", env)
+    monkeypatch.setattr(autotune_mod, "iter_plans", lambda c, att: iter([Cand("eng1", 1024), Cand("eng2", 128)]))
     ws = FakeCAI((256,), "|u1", ptr=BASE)
     raw = {x: BASE, w: BASE + 4096, s: 1.0, y: BASE + 8192}  # checked before any candidate: all bound
     try:
-        plan = plan_mod.autotune(g, raw, workspace=ws, warmup=1, repeat=2, device=0, unchecked=True)
+        plan = autotune_mod.autotune(g, raw, workspace=ws, warmup=1, repeat=2, device=0, unchecked=True)
         assert plan.name == "eng2" and runs == ["eng2"] * 3
         assert plan.timings[0] == ("eng1", "needs 1024 bytes of workspace, workspace= has 256")
         assert plan.timings[1][0] == "eng2" and isinstance(plan.timings[1][1], float)
         assert synced == [0, 0]  # through the context's adapter, though the binding has none
         with pytest.raises(UnsupportedGraphError, match="needs 1024 bytes of workspace, workspace= has 16"):
-            plan_mod.autotune(
+            autotune_mod.autotune(
                 g, raw, workspace=FakeCAI((16,), "|u1", ptr=BASE), device=0, max_candidates=1, unchecked=True
             )
     finally:
@@ -448,7 +454,7 @@ def test_cache_is_thread_safe():
         t.join()
     s = c.stats
     assert not errors and s["size"] <= 64 and s["hits"] + s["misses"] == 8 * 2000
-    assert all(c._plans[k] == k for k in c._plans)
+    assert all(c._plans.lookup(k) == k for k in c._plans)
 
 
 def test_plan_cache_is_one_per_device_and_clear_caches_empties_it():
@@ -465,7 +471,7 @@ def test_cache_deserialize_keeps_plans_of_this_cudnn_pending_by_key():
     entry = {
         "format": "cudnnkit.plan/1",
         "cudnn_version": lib.version(),
-        "key_digest": plan_mod._digest(key),
+        "key_digest": plans_mod.key_digest(key),
         "plan": "{}",
         "spec": PlanSpec.of(g, 0).to_dict(),
     }
@@ -554,7 +560,7 @@ def _relu_graph(mark=True):
 
 
 def test_build_checks_the_graph_before_looking_up_the_device(monkeypatch):
-    monkeypatch.setattr(plan_mod.adapters, "available", lambda: [_NoCudaAdapter()])
+    monkeypatch.setattr(cache_mod.adapters, "available", lambda: [_NoCudaAdapter()])
     for device in (None, 0):
         with pytest.raises(cudnnkit.graph.GraphError, match="the graph has no operations"):
             Graph().build(device)
@@ -565,7 +571,7 @@ def test_build_checks_the_graph_before_looking_up_the_device(monkeypatch):
         _relu_graph().build()
     with pytest.raises(RuntimeError, match=r"torch sees no CUDA device .*device=0"):
         _relu_graph().build(0)
-    monkeypatch.setattr(plan_mod.adapters, "available", lambda: [_NoCudaAdapter(count=2)])
+    monkeypatch.setattr(cache_mod.adapters, "available", lambda: [_NoCudaAdapter(count=2)])
     with pytest.raises(ValueError, match=r"device=2, but torch sees 2 CUDA device\(s\): 0 to 1"):
         _relu_graph().build(2)
 
@@ -580,7 +586,7 @@ def test_build_checks_the_graph_before_looking_up_the_device(monkeypatch):
     ],
 )
 def test_build_refuses_a_bad_device_naming_it(monkeypatch, device, exc, msg):
-    monkeypatch.setattr(plan_mod.adapters, "available", lambda: [_NoCudaAdapter(count=1)])
+    monkeypatch.setattr(cache_mod.adapters, "available", lambda: [_NoCudaAdapter(count=1)])
     with pytest.raises(exc, match=msg):
         _relu_graph().build(device)
     with pytest.raises(exc, match=msg):

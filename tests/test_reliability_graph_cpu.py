@@ -25,7 +25,12 @@ import pytest
 import cudnnkit
 from cudnnkit import lib, runtime
 from cudnnkit.graph import BindingError, Graph, GraphError, PlanSpec, UnsupportedGraphError, plan_cache
-from cudnnkit.graph import plan as plan_mod
+from cudnnkit.graph.plan import autotuner as autotune_mod
+from cudnnkit.graph.plan import builder as build_mod
+from cudnnkit.graph.plan import engines as engines_mod
+from cudnnkit.graph.plan import plans as plans_mod
+from cudnnkit.graph.plan import search as search_mod
+from cudnnkit.graph.plan import spec as spec_mod
 from cudnnkit.runtime import driver
 
 from .test_runtime_cpu import FakeCAI
@@ -92,10 +97,10 @@ class Fake:
             self.packs.append((tuple(uids), tuple(ptrs), ws))
             return type("VariantPack", (), {"ptr": 0x3000 + len(self.packs), "_keep": list(keep)})()
 
-        monkeypatch.setattr(plan_mod, "get_handle", get_handle)
-        monkeypatch.setattr(plan_mod, "_raw_execute", lambda: execute)
-        monkeypatch.setattr(plan_mod, "_RAW_EXECUTE", [execute])  # what BoundPlan calls
-        monkeypatch.setattr(plan_mod, "_new_variant_pack", variant_pack)  # no cudnnBackendFinalize either
+        monkeypatch.setattr(plans_mod, "get_handle", get_handle)
+        monkeypatch.setattr(plans_mod, "_raw_execute", lambda: execute)
+        monkeypatch.setattr(plans_mod, "_RAW_EXECUTE", [execute])  # what BoundPlan calls
+        monkeypatch.setattr(plans_mod, "_new_variant_pack", variant_pack)  # no cudnnBackendFinalize either
         monkeypatch.setattr(driver, "pointer_info", pointer_info)
         monkeypatch.setattr(driver, "stream_device", stream_device)
         runtime.clear_stream_cache()
@@ -118,7 +123,7 @@ def add_graph(dims=(4, 64), strides=None, dtype="float32", scalar=False):
         else g.tensor(dims, strides, dtype, name="b")
     )
     y = g.mark_output(g.pointwise("ADD", x, b, name="y"))
-    plan = plan_mod.ExecutionPlan(_Desc(), PlanSpec.of(g, 0), key=None, engine=None)
+    plan = plans_mod.ExecutionPlan(_Desc(), PlanSpec.of(g, 0), key=None, engine=None)
     return g, x, b, y, plan
 
 
@@ -240,7 +245,7 @@ def test_C1_a_bound_plan_checks_each_new_stream_once(monkeypatch):
         return h
 
     fake = Fake(monkeypatch)
-    monkeypatch.setattr(plan_mod.runtime, "validate_stream", validate)
+    monkeypatch.setattr(spec_mod.runtime, "validate_stream", validate)
     g, x, b, y, plan = add_graph()
     bound = plan.bind({x: cai(x), b: cai(b, BASE + 4096), y: cai(y, BASE + 8192)}, stream=Stream(0x5000))
     assert calls == [0x5000]  # at bind time
@@ -282,7 +287,9 @@ def test_C1_autotune_refuses_a_bad_stream_before_lowering(monkeypatch):
 
     Fake(monkeypatch)
     g, x, b, y, plan = add_graph()
-    ctx = plan_mod._Context(g, 0, plan_mod.EngineFilter(), ("k", 0, ()), cudnnkit.Settings(), g._label(), plan.spec)
+    ctx = search_mod.BuildContext(
+        g, 0, engines_mod.EngineFilter(), ("k", 0, ()), cudnnkit.Settings(), g.label, plan.spec
+    )
 
     def env(c):
         c.adapter, c.handle = None, _Handle()
@@ -291,16 +298,16 @@ def test_C1_autotune_refuses_a_bad_stream_before_lowering(monkeypatch):
     def no_plans(c, attempts):
         raise AssertionError("the graph was lowered")
 
-    monkeypatch.setattr(plan_mod, "_context", lambda *a: ctx)
-    monkeypatch.setattr(plan_mod, "_device_env", env)
-    monkeypatch.setattr(plan_mod, "_iter_plans", no_plans)
+    monkeypatch.setattr(autotune_mod, "build_context", lambda *a: ctx)
+    monkeypatch.setattr(autotune_mod, "device_env", env)
+    monkeypatch.setattr(autotune_mod, "iter_plans", no_plans)
     arrays = {x: cai(x), b: cai(b, BASE + 4096), y: cai(y, BASE + 8192)}
     with pytest.raises(ValueError, match=rf"stream=0xbad000 {RAW}"):
-        plan_mod.autotune(g, arrays, stream=0xBAD000, device=0)
+        autotune_mod.autotune(g, arrays, stream=0xBAD000, device=0)
     with pytest.raises(ValueError, match="stream=0xbad000 is not a live CUDA stream"):
-        plan_mod.autotune(g, arrays, stream=Stream(0xBAD000), device=0)
+        autotune_mod.autotune(g, arrays, stream=Stream(0xBAD000), device=0)
     with pytest.raises(BindingError, match=r"unbound: tensor b \(uid 2\)"):  # bindings first, too
-        plan_mod.autotune(g, {x: cai(x), y: cai(y)}, device=0)
+        autotune_mod.autotune(g, {x: cai(x), y: cai(y)}, device=0)
 
 
 # ----------------------------------------------------------------- C2: raw pointers
@@ -372,7 +379,7 @@ def test_C2_unchecked_trusts_raw_pointers_and_bind_checks_once(monkeypatch):
 def test_C2_a_raw_workspace_pointer_is_checked_for_the_plan_s_workspace_size(monkeypatch):
     fake = Fake(monkeypatch, memory=[(BASE, 1 << 16, 0), (BASE + (1 << 20), 256, 0)])
     g, x, b, y, _ = add_graph()
-    plan = plan_mod.ExecutionPlan(_Desc(workspace=4096), PlanSpec.of(g, 0), key=None, engine=None)
+    plan = plans_mod.ExecutionPlan(_Desc(workspace=4096), PlanSpec.of(g, 0), key=None, engine=None)
     arrays = {x: cai(x), b: cai(b, BASE + 4096), y: cai(y, BASE + 8192)}
     with pytest.raises(BindingError, match=r"workspace=0x7f0000100000: its allocation holds 256 bytes.* 4096 bytes"):
         plan.execute(arrays, workspace=BASE + (1 << 20))
@@ -436,7 +443,7 @@ def test_U6_build_raises_unsupported_graph_error_not_a_bare_cudnn_error(monkeypa
         c.adapter, c.handle = None, type("H", (), {"ptr": None})()
         return contextlib.nullcontext()
 
-    monkeypatch.setattr(plan_mod, "_device_env", env)
+    monkeypatch.setattr(build_mod, "device_env", env)
     g = _avg_graph()
     if lib.version() >= 92000:
         pytest.skip("only cuDNN 9.19 is known to refuse the avg reduction")
@@ -460,15 +467,15 @@ def test_U6_heuristics_and_plan_failures_are_attempts_a_missing_driver_is_not(mo
         c.adapter, c.handle = None, type("H", (), {"ptr": None})()
         return contextlib.nullcontext()
 
-    monkeypatch.setattr(plan_mod, "_device_env", env)
+    monkeypatch.setattr(build_mod, "device_env", env)
     refused = lib.NotSupportedError(lib.CUDNN_STATUS_NOT_SUPPORTED, "cudnnBackendFinalize", "no engine here")
-    monkeypatch.setattr(plan_mod, "_heuristics", lambda op_graph, mode: (_ for _ in ()).throw(refused))
+    monkeypatch.setattr(engines_mod, "_heuristics", lambda op_graph, mode: (_ for _ in ()).throw(refused))
     with pytest.raises(
         UnsupportedGraphError, match=r"heuristics mode a \[heuristics\]: CUDNN_STATUS_NOT_SUPPORTED: no engine here"
     ):
         g.build(0)
     no_driver = lib.DriverNotFoundError(lib.CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED, "cudnnBackendFinalize")
-    monkeypatch.setattr(plan_mod, "_heuristics", lambda op_graph, mode: (_ for _ in ()).throw(no_driver))
+    monkeypatch.setattr(engines_mod, "_heuristics", lambda op_graph, mode: (_ for _ in ()).throw(no_driver))
     with pytest.raises(lib.DriverNotFoundError) as e:
         g.build(0)
     assert e.value is no_driver  # unchanged: tests and the doctor rely on it
@@ -669,13 +676,13 @@ def test_U8_constants_keep_what_masks_need():
     "call",
     [
         lambda g: g.build(-1),
-        lambda g: plan_mod.build(g, device=-1),
+        lambda g: build_mod.build(g, device=-1),
         lambda g: plan_cache(-1),
         lambda g: cudnnkit.graph.load_plan(
             json.dumps({"format": "cudnnkit.plan/1", "cudnn_version": lib.version(), "plan": "{}", "spec": {}}), -1
         ),
         lambda g: g.autotune({}, device=-1),
-        lambda g: plan_mod.autotune(g, {}, device=-1),
+        lambda g: autotune_mod.autotune(g, {}, device=-1),
     ],
     ids=["Graph.build", "build", "plan_cache", "load_plan", "Graph.autotune", "autotune"],
 )
@@ -766,14 +773,14 @@ def test_bindings_by_value_scalars_accept_numpy_scalars_and_infinities():
 
 
 def test_bindings_integer_and_bool_by_value_scalars():
-    assert plan_mod._scalar_bytes(np.int32(-3), "int32", "s") == struct.pack("<i", -3)
-    assert plan_mod._scalar_bytes(True, "bool", "s") == b"\x01" and plan_mod._scalar_bytes(0, "bool", "s") == b"\x00"
+    assert spec_mod._scalar_bytes(np.int32(-3), "int32", "s") == struct.pack("<i", -3)
+    assert spec_mod._scalar_bytes(True, "bool", "s") == b"\x01" and spec_mod._scalar_bytes(0, "bool", "s") == b"\x00"
     with pytest.raises(BindingError, match=r"s is a int32 by-value scalar: bind an int, got 2.5"):
-        plan_mod._scalar_bytes(2.5, "int32", "s")
+        spec_mod._scalar_bytes(2.5, "int32", "s")
     with pytest.raises(BindingError, match=r"s: 4294967296 does not fit the int32 by-value scalar"):
-        plan_mod._scalar_bytes(2**32, "int32", "s")
+        spec_mod._scalar_bytes(2**32, "int32", "s")
     with pytest.raises(BindingError, match=r"s is a bool by-value scalar: bind True/False \(or 0/1\), got 2"):
-        plan_mod._scalar_bytes(2, "bool", "s")
+        spec_mod._scalar_bytes(2, "bool", "s")
 
 
 @pytest.mark.parametrize(
@@ -787,7 +794,7 @@ def test_bindings_integer_and_bool_by_value_scalars():
 )
 def test_cuda_graph_handle_is_checked(graph, exc, msg):
     with pytest.raises(exc, match=msg):
-        plan_mod._graph_ptr(graph)
+        plans_mod._graph_ptr(graph)
 
 
 # ----------------------------------------------------------------- the fast paths stay fast

@@ -34,7 +34,8 @@ import numpy as np
 from . import __version__, lib, ops
 from .graph import Graph, plan_cache
 from .runtime import adapters, shapes
-from .runtime.descriptors import tensor_descriptor
+from .runtime.arrays import contiguous_strides
+from .runtime.descriptors import owned_descriptor, tensor_descriptor
 from .runtime.dtypes import scaling
 from .runtime.launch import prepare
 
@@ -143,6 +144,59 @@ def _summary(ok: bool, rows: list[tuple], scope: str = "") -> str:
 # ----------------------------------------------------------------- host checks
 
 
+def _dims_array(values) -> ctypes.Array:
+    return (ctypes.c_int * len(values))(*values)
+
+
+def _cudnn_conv_output_shape(x_shape, w_shape, *, stride, padding, dilation, groups) -> tuple[int, ...]:
+    """cuDNN's own answer for a float32 NCHW convolution's output shape: ``cudnnGetConvolutionNdForwardOutputDim``
+    (legacy descriptors, host-side; the parameters are per spatial dim)."""
+    nd, nsp = len(x_shape), len(x_shape) - 2
+    x = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
+    lib.cudnnSetTensorNdDescriptor(
+        x, lib.CUDNN_DATA_FLOAT, nd, _dims_array(x_shape), _dims_array(contiguous_strides(x_shape))
+    )
+    w = owned_descriptor("cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor")
+    lib.cudnnSetFilterNdDescriptor(w, lib.CUDNN_DATA_FLOAT, lib.CUDNN_TENSOR_NCHW, nd, _dims_array(w_shape))
+    c = owned_descriptor("cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor")
+    lib.cudnnSetConvolutionNdDescriptor(
+        c,
+        nsp,
+        _dims_array(padding),
+        _dims_array(stride),
+        _dims_array(dilation),
+        lib.CUDNN_CROSS_CORRELATION,
+        lib.CUDNN_DATA_FLOAT,
+    )
+    lib.cudnnSetConvolutionGroupCount(c, groups)
+    out = _dims_array([0] * nd)
+    lib.cudnnGetConvolutionNdForwardOutputDim(c, x, w, nd, out)
+    return tuple(out)
+
+
+def _cudnn_pool_output_shape(x_shape, window, *, stride, padding) -> tuple[int, ...]:
+    """cuDNN's own answer for a max pooling's output shape: ``cudnnGetPoolingNdForwardOutputDim`` (legacy
+    descriptors, host-side; the parameters are per spatial dim)."""
+    nd = len(x_shape)
+    x = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
+    lib.cudnnSetTensorNdDescriptor(
+        x, lib.CUDNN_DATA_FLOAT, nd, _dims_array(x_shape), _dims_array(contiguous_strides(x_shape))
+    )
+    pd = owned_descriptor("cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor")
+    lib.cudnnSetPoolingNdDescriptor(
+        pd,
+        lib.CUDNN_POOLING_MAX,
+        lib.CUDNN_NOT_PROPAGATE_NAN,
+        nd - 2,
+        _dims_array(window),
+        _dims_array(padding),
+        _dims_array(stride),
+    )
+    out = _dims_array([0] * nd)
+    lib.cudnnGetPoolingNdForwardOutputDim(pd, x, nd, out)
+    return tuple(out)
+
+
 def _host_checks() -> list[tuple[str, Check]]:
     def tensor_desc() -> str:
         d = tensor_descriptor("float16", (8, 16, 32, 32), (16384, 1, 512, 16))
@@ -156,13 +210,13 @@ def _host_checks() -> list[tuple[str, Check]]:
     def conv_shape() -> str:
         args = ((4, 6, 17, 23), (12, 3, 3, 5))
         kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
-        ours, theirs = shapes.conv_output_shape(*args, **kw), shapes.cudnn_conv_output_shape(*args, **kw)
+        ours, theirs = shapes.conv_output_shape(*args, **kw), _cudnn_conv_output_shape(*args, **kw)
         assert ours == theirs, (ours, theirs)
         return f"grouped dilated conv -> {ours} (matches cudnnGetConvolutionNdForwardOutputDim)"
 
     def pool_shape() -> str:
         ours = shapes.pool_output_shape((2, 3, 11, 9, 7), (3, 2, 2), stride=(2, 2, 1), padding=(1, 0, 1))
-        theirs = shapes.cudnn_pool_output_shape((2, 3, 11, 9, 7), (3, 2, 2), stride=(2, 2, 1), padding=(1, 0, 1))
+        theirs = _cudnn_pool_output_shape((2, 3, 11, 9, 7), (3, 2, 2), stride=(2, 2, 1), padding=(1, 0, 1))
         assert ours == theirs, (ours, theirs)
         return f"3-d pooling -> {ours} (matches cudnnGetPoolingNdForwardOutputDim)"
 

@@ -1,7 +1,9 @@
 """Record the cuDNN calls that fuzz cases make, on the CPU fakes: ``python -m tests.fuzz.callrecord OPS N SEED``.
 
 The fake backend's device gate is replaced by a recorder: every cuDNN function that takes a handle records its
-name and arguments and returns success, so a case runs to its end. Arguments are normalised so that two source
+name and arguments and returns success, so a case runs to its end; every graph-API attribute set
+(``cudnnkit.lib.backend.set_attribute``: the descriptor's type, the attribute, its value) is recorded in order and
+then set for real. Arguments are normalised so that two source
 trees can be compared: a descriptor by its key (its cached value), a scaling factor by its value, a device
 pointer by the order in which the case first passed it, other ints as they are. Each case runs twice (the second
 run takes the op-level caches' hit paths). Prints one JSON list: per case its op, its outcomes, its error
@@ -20,6 +22,19 @@ from typing import Any
 def _value(v: Any) -> Any:
     """A scalar, with NaN as the string "nan" (NaN never equals itself)."""
     return "nan" if isinstance(v, float) and v != v else v
+
+
+def _backend_value(v: Any) -> Any:
+    """A backend attribute's value, comparable across runs: descriptors by type, big ints (pointers) masked."""
+    if isinstance(v, (list, tuple)):
+        return [_backend_value(x) for x in v]
+    if hasattr(v, "type") and hasattr(v, "ptr"):
+        return ["descriptor", int(v.type)]
+    if isinstance(v, int) and not isinstance(v, bool) and v > 2**32:
+        return "ptr"
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return _value(float(v)) if isinstance(v, float) else (int(v) if isinstance(v, int) else v)
+    return type(v).__name__
 
 
 def _norm(a: Any, ptrs: dict[int, int]) -> Any:
@@ -53,8 +68,17 @@ def record(ops: list[str] | None, n: int, seed: int) -> list[dict[str, Any]]:
 
         return rec
 
+    from cudnnkit.lib import backend as bk
+
+    real_set = bk.set_attribute
+
+    def set_attribute(desc: Any, name: str, value: Any) -> None:  # the graph API's attributes, in order
+        calls.append(("set " + name, (getattr(desc, "type", None), _backend_value(value))))
+        return real_set(desc, name, value)
+
     backend = FakeBackend()
     with backend.installed():
+        backend._patch(bk, "set_attribute", set_attribute)
         for fname, proto in lib.FUNCTIONS.items():
             if "cudnnHandle_t" in proto.c_decl.partition("(")[2]:
                 backend._patch(lib, fname, recorder(fname))
@@ -70,7 +94,12 @@ def record(ops: list[str] | None, n: int, seed: int) -> list[dict[str, Any]]:
                     "op": c.op,
                     "outcomes": [first.kind, again.kind],
                     "error": re.sub(r"0x[0-9a-f]+", "0x?", first.detail[:300]) if first.kind != "correct" else "",
-                    "calls": [[f, [_norm(a, ptrs) for a in args]] for f, args in calls],
+                    "calls": [
+                        [f, [int(args[0]) if args[0] is not None else None, args[1]]]
+                        if f.startswith("set ")
+                        else [f, [_norm(a, ptrs) for a in args]]
+                        for f, args in calls
+                    ],
                 }
             )
     return out

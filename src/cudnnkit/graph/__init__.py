@@ -2,7 +2,7 @@
 
 :class:`Graph` defines tensors and operations (shape and dtype inference,
 dangling-tensor checks, a plan key, lowering to finalized backend
-descriptors). :mod:`cudnnkit.graph.plan` turns a graph into an
+descriptors; one module per operation kind in :mod:`cudnnkit.graph.nodes`). :mod:`cudnnkit.graph.plan` turns a graph into an
 :class:`ExecutionPlan`: heuristics, engine filters from
 :func:`cudnnkit.settings`, plan build, a per-device :func:`plan_cache` with
 serialization, execution with cached variant packs, a pre-bound fast path
@@ -17,30 +17,11 @@ serialization, execution with cached variant packs, a pre-bound fast path
 
 from __future__ import annotations
 
-from .graph import (
-    POINTWISE_ARITY,
-    Graph,
-    GraphError,
-    Lowered,
-    NormBackward,
-    NormForward,
-    SdpaBackward,
-    SdpaForward,
-    Tensor,
-)
-from .plan import (
-    Attempt,
-    BindingError,
-    BoundPlan,
-    EngineFilter,
-    EngineInfo,
-    ExecutionPlan,
-    PlanCache,
-    PlanSpec,
-    UnsupportedGraphError,
-    load_plan,
-    plan_cache,
-)
+from .constants import POINTWISE_ARITY
+from .errors import Attempt, BindingError, GraphError, UnsupportedGraphError
+from .graph import Graph
+from .plan import BoundPlan, EngineFilter, EngineInfo, ExecutionPlan, PlanCache, PlanSpec, load_plan, plan_cache
+from .tensor import Lowered, NormBackward, NormForward, SdpaBackward, SdpaForward, Tensor
 
 __all__ = [
     "Graph",

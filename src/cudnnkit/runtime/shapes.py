@@ -1,20 +1,28 @@
-"""Host-side output-shape inference for convolution and pooling (N-d, groups, dilation).
+"""Host-side output-shape inference for convolution and pooling (N-d, groups, dilation): the only one in cudnnkit.
+
+:func:`conv_output_sizes` and :func:`pool_output_sizes` hold the arithmetic, per spatial dim with separate
+pre- and post-padding (the graph API's asymmetric padding); :func:`conv_output_shape`,
+:func:`pool_output_shape` and :func:`conv_transpose_output_shape` check whole shapes with torch-style symmetric
+padding for the legacy ops, and the graph builder checks its own arguments before calling the sizes functions.
 
 These are pure Python and agree with cuDNN's own
 ``cudnnGetConvolutionNdForwardOutputDim`` and ``cudnnGetPoolingNdForwardOutputDim``
-(the CPU test tier checks that over a generated range of parameters). Invalid
-parameters raise ``ValueError`` naming the parameter.
+(the CPU test tier checks that over a generated range of parameters, against the oracles in
+``tests/oracles.py``). Invalid parameters raise ``ValueError`` naming the parameter.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .. import lib
-from .arrays import contiguous_strides
-from .descriptors import int_array, owned_descriptor
-
-__all__ = ["expand", "conv_output_shape", "pool_output_shape", "conv_transpose_output_shape"]
+__all__ = [
+    "expand",
+    "conv_output_sizes",
+    "pool_output_sizes",
+    "conv_output_shape",
+    "pool_output_shape",
+    "conv_transpose_output_shape",
+]
 
 
 def expand(
@@ -68,6 +76,43 @@ def _padding(
     return tuple((ki - 1) // 2 for ki in k)
 
 
+def conv_output_sizes(
+    sizes: Sequence[int],
+    kernel: Sequence[int],
+    *,
+    stride: Sequence[int],
+    pre_padding: Sequence[int],
+    post_padding: Sequence[int],
+    dilation: Sequence[int],
+) -> tuple[int, ...]:
+    """Spatial output sizes of a convolution, one per spatial dim of ``sizes`` (the input's):
+    ``out = (in + pre_padding + post_padding - dilation*(k - 1) - 1) // stride + 1``.
+
+    The arguments are sequences of ints, one per spatial dim, already checked (see :func:`expand`). A size
+    below 1 (a padded input smaller than the dilated kernel) is returned as is: the caller says which dim
+    and argument are wrong, in its own terms."""
+    return tuple(
+        (i + pre + post - (d * (k - 1) + 1)) // s + 1
+        for i, k, s, pre, post, d in zip(sizes, kernel, stride, pre_padding, post_padding, dilation)
+    )
+
+
+def pool_output_sizes(
+    sizes: Sequence[int],
+    window: Sequence[int],
+    *,
+    stride: Sequence[int],
+    pre_padding: Sequence[int],
+    post_padding: Sequence[int],
+) -> tuple[int, ...]:
+    """Spatial output sizes of pooling (cuDNN rounds down): :func:`conv_output_sizes` with the window as the
+    kernel and no dilation, ``out = (in + pre_padding + post_padding - window) // stride + 1`` (below 1 returned
+    as is)."""
+    return conv_output_sizes(
+        sizes, window, stride=stride, pre_padding=pre_padding, post_padding=post_padding, dilation=(1,) * len(sizes)
+    )
+
+
 def _check_groups(groups: int) -> None:
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"groups must be a positive int, got {groups!r}")
@@ -110,16 +155,14 @@ def conv_output_shape(
         raise ValueError(f"x has {c} channels but w expects {cg} per group x {groups} groups = {cg * groups}")
     if k % groups:
         raise ValueError(f"w's output channels ({k}) must be divisible by groups ({groups})")
-    out = [n, k]
-    for i, (xi, ki) in enumerate(zip(x_shape[2:], w_shape[2:])):
-        eff = d[i] * (ki - 1) + 1
-        o = (xi + 2 * p[i] - eff) // s[i] + 1
+    sizes = conv_output_sizes(x_shape[2:], w_shape[2:], stride=s, pre_padding=p, post_padding=p, dilation=d)
+    for i, (xi, ki, o) in enumerate(zip(x_shape[2:], w_shape[2:], sizes)):
         if o < 1:
+            eff = d[i] * (ki - 1) + 1
             raise ValueError(
                 f"spatial dim {i}: input {xi} with padding {p[i]} is smaller than the dilated kernel {eff}"
             )
-        out.append(o)
-    return tuple(out)
+    return (n, k, *sizes)
 
 
 def conv_transpose_output_shape(
@@ -183,59 +226,10 @@ def pool_output_shape(
     w = expand(window, nsp, "window", 1)
     s = expand(w if stride is None else stride, nsp, "stride", 1)
     p = _padding(padding, nsp, s, w, "window", " (the default: the window)" if stride is None else "")
-    out = list(x_shape[:2])
+    sizes = pool_output_sizes(x_shape[2:], w, stride=s, pre_padding=p, post_padding=p)
     for i in range(nsp):
         if p[i] >= w[i]:
             raise ValueError(f"padding {p[i]} must be smaller than the window {w[i]} (dim {i})")
-        o = (x_shape[2 + i] + 2 * p[i] - w[i]) // s[i] + 1
-        if o < 1:
+        if sizes[i] < 1:
             raise ValueError(f"spatial dim {i}: input {x_shape[2 + i]} + 2*padding is smaller than the window {w[i]}")
-        out.append(o)
-    return tuple(out)
-
-
-# ----------------------------------------------------------------- cuDNN's own answers
-# These call cuDNN (host-side only, no GPU needed) and serve as the reference the
-# pure-Python functions above are tested against. They raise cuDNN's error for
-# parameters cuDNN rejects.
-
-
-def cudnn_conv_output_shape(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1) -> tuple[int, ...]:
-    """``cudnnGetConvolutionNdForwardOutputDim`` for float32 NCHW tensors (legacy, host-only)."""
-    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
-    nsp = len(x_shape) - 2
-    s, p, d = (expand(v, nsp, n) for v, n in ((stride, "stride"), (padding, "padding"), (dilation, "dilation")))
-    x = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
-    lib.cudnnSetTensorNdDescriptor(
-        x, lib.CUDNN_DATA_FLOAT, len(x_shape), int_array(x_shape), int_array(contiguous_strides(x_shape))
-    )
-    w = owned_descriptor("cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor")
-    lib.cudnnSetFilterNdDescriptor(w, lib.CUDNN_DATA_FLOAT, lib.CUDNN_TENSOR_NCHW, len(w_shape), int_array(w_shape))
-    c = owned_descriptor("cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor")
-    lib.cudnnSetConvolutionNdDescriptor(
-        c, nsp, int_array(p), int_array(s), int_array(d), lib.CUDNN_CROSS_CORRELATION, lib.CUDNN_DATA_FLOAT
-    )
-    lib.cudnnSetConvolutionGroupCount(c, groups)
-    out = int_array([0] * len(x_shape))
-    lib.cudnnGetConvolutionNdForwardOutputDim(c, x, w, len(x_shape), out)
-    return tuple(out)
-
-
-def cudnn_pool_output_shape(x_shape, window, *, stride=None, padding=0) -> tuple[int, ...]:
-    """``cudnnGetPoolingNdForwardOutputDim`` (max pooling descriptor; legacy, host-only)."""
-    x_shape = tuple(x_shape)
-    nsp = len(x_shape) - 2
-    w = expand(window, nsp, "window")
-    s = expand(w if stride is None else stride, nsp, "stride")
-    p = expand(padding, nsp, "padding")
-    x = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
-    lib.cudnnSetTensorNdDescriptor(
-        x, lib.CUDNN_DATA_FLOAT, len(x_shape), int_array(x_shape), int_array(contiguous_strides(x_shape))
-    )
-    pd = owned_descriptor("cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor")
-    lib.cudnnSetPoolingNdDescriptor(
-        pd, lib.CUDNN_POOLING_MAX, lib.CUDNN_NOT_PROPAGATE_NAN, nsp, int_array(w), int_array(p), int_array(s)
-    )
-    out = int_array([0] * len(x_shape))
-    lib.cudnnGetPoolingNdForwardOutputDim(pd, x, len(x_shape), out)
-    return tuple(out)
+    return (*x_shape[:2], *sizes)

@@ -95,3 +95,20 @@ def pytest_runtest_makereport(item, call):
     if exc is not None:
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1] or 0, "Skipped: " + DriverNotFoundError.HINT)
+
+
+# ----------------------------------------------------------------- shared fakes (import them: from .conftest import FakeCAI)
+
+
+class FakeCAI:
+    """A device array as seen through __cuda_array_interface__ only (never dereferenced here)."""
+
+    def __init__(self, shape, typestr="<f4", strides=None, ptr=0x7F0000000000, device=0):
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "strides": strides,
+            "data": (ptr, False),
+            "version": 3,
+        }
+        self.device = device

@@ -11,7 +11,7 @@ import cudnnkit
 from cudnnkit import lib
 from cudnnkit.ops.ctc import MAX_LABEL_LENGTH, ctc_descriptor, ctc_loss
 
-from .test_runtime_cpu import FakeCAI
+from .conftest import FakeCAI
 
 T, N, A = 6, 2, 5
 LAB, LL, IL = [1, 2, 3], [2, 1], [6, 4]

@@ -10,7 +10,7 @@ from cudnnkit import lib
 from cudnnkit.graph import POINTWISE_ARITY, Graph, GraphError
 from cudnnkit.runtime import shapes
 
-from .test_runtime_cpu import FakeCAI
+from .conftest import FakeCAI
 
 
 def conv_bias_relu(dims=(8, 64, 16, 16), k=32, pad=1, stride=1, dtype="float16", **kw):

@@ -7,7 +7,7 @@ import pytest
 
 from cudnnkit import ops
 
-from .test_runtime_cpu import FakeCAI
+from .conftest import FakeCAI
 
 
 def x(shape=(2, 3, 4, 5), typestr="<f4", device=0):

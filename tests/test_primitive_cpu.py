@@ -12,7 +12,7 @@ from cudnnkit.graph import UnsupportedGraphError
 from cudnnkit.ops import _primitive as P
 from cudnnkit.runtime import FLOATS
 
-from .test_runtime_cpu import FakeCAI
+from .conftest import FakeCAI
 
 
 def fake(shape=(2, 3, 4), typestr="<f4"):

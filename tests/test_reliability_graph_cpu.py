@@ -33,7 +33,7 @@ from cudnnkit.graph.plan import search as search_mod
 from cudnnkit.graph.plan import spec as spec_mod
 from cudnnkit.runtime import driver
 
-from .test_runtime_cpu import FakeCAI
+from .conftest import FakeCAI
 
 BASE = 0x7F0000000000  # a fake device address (16-byte aligned)
 

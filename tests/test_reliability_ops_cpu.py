@@ -24,7 +24,7 @@ from cudnnkit.runtime import adapters
 from cudnnkit.runtime.arrays import _from_cai, contiguous_strides
 from cudnnkit.runtime.launch import Launch
 
-from .test_runtime_cpu import FakeCAI
+from .conftest import FakeCAI
 
 _TYPESTR = {"float16": "<f2", "float32": "<f4", "float64": "<f8", "uint8": "|u1", "int32": "<i4"}
 _ITEMSIZE = {"<f2": 2, "<f4": 4, "<f8": 8, "|u1": 1, "<i4": 4}

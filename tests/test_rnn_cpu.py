@@ -12,7 +12,7 @@ from cudnnkit import lib
 from cudnnkit.ops.rnn import RNN, RNN_DATA, _fill_bytes, rnn_backward, rnn_descriptor, rnn_forward, torch_param_names
 from cudnnkit.runtime import get_cached
 
-from .test_runtime_cpu import FakeCAI
+from .conftest import FakeCAI
 
 # ------------------------------------------------------------------ config
 

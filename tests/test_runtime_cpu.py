@@ -26,20 +26,7 @@ from cudnnkit.runtime import (
 )
 from cudnnkit.runtime import descriptors as D
 
-
-class FakeCAI:
-    """A device array as seen through __cuda_array_interface__ only (never dereferenced here)."""
-
-    def __init__(self, shape, typestr="<f4", strides=None, ptr=0x7F0000000000, device=0):
-        self.__cuda_array_interface__ = {
-            "shape": shape,
-            "typestr": typestr,
-            "strides": strides,
-            "data": (ptr, False),
-            "version": 3,
-        }
-        self.device = device
-
+from .conftest import FakeCAI
 
 # ----------------------------------------------------------------- views
 

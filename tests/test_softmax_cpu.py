@@ -7,7 +7,7 @@ import pytest
 
 from cudnnkit.ops import softmax_backward, softmax_forward
 
-from .test_runtime_cpu import FakeCAI
+from .conftest import FakeCAI
 
 
 def x(shape=(2, 3, 4), typestr="<f4", device=0):

@@ -21,7 +21,7 @@ from cudnnkit.ops.spatial_transformer import (
 from cudnnkit.runtime import cache_info, cudnn_dtype
 from cudnnkit.runtime.dtypes import DTYPES
 
-from .test_runtime_cpu import FakeCAI
+from .conftest import FakeCAI
 
 
 def a(shape, typestr="<f4", device=0, strides=None):

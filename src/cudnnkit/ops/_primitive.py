@@ -40,7 +40,7 @@ from typing import Any
 from ..runtime import OPTIONAL, WRITTEN, check_dtype, current_settings, prepare, tensor_descriptor
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import scaling_ref
-from ._layout import one_layout
+from ._layout import plan_layout
 
 __all__ = ["Operand", "Output", "Primitive", "Call", "REGISTRY", "register", "run", "route", "last_path"]
 
@@ -100,6 +100,10 @@ class Call:
     beta: Any = None
     #: per output with its own blend: its name -> (alpha ref, beta ref)
     blends: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    #: what ``check_plan`` and the legacy call hand on: the op's ``extras`` (dropout's reserve), its state
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: the arrays as the caller passed them, by operand name
+    arrays: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,11 @@ class Primitive:
       ``blend_names`` (LRN keeps ``y_alpha``/``y_beta``, since its ``alpha``/``beta`` are the formula's).
     * ``returns``: the operand returned when the op has no outputs (the in-place ops return their array).
     * ``family``: the name dtype errors use ("softmax" for both softmax primitives; default: ``name``).
+    * ``forced_strides(resolved)``: the layout the call must run in (dropout's backward: its forward's), or None.
+    * ``check_plan(call)``: the last checks, once the layout is chosen (``call.desc`` set, ``call.views`` still the
+      given ones) and before any copy is made; it may leave values in ``call.extra`` for the legacy call.
+    * ``extras``: names the legacy call leaves in ``call.extra`` and the function returns after its outputs
+      (dropout's ``reserve``); ``empty_extras(launch)`` gives them for an empty call.
     * ``empty(resolved)``: the call has nothing to compute (its outputs are returned as allocated); default: the
       first output's ``like`` operand is empty.
     * ``differentiable``, ``residuals``, ``backward``: for the autograd layer.
@@ -137,6 +146,10 @@ class Primitive:
     returns: str | None = None
     family: str = ""
     empty: Callable[[Any], bool] | None = None
+    forced_strides: Callable[[Any], tuple[int, ...] | None] | None = None
+    check_plan: Callable[[Call], None] | None = None
+    extras: tuple[str, ...] = ()
+    empty_extras: Callable[[Any], dict[str, Any]] | None = None
     differentiable: tuple[str, ...] = ()
     residuals: tuple[str, ...] = ()
     backward: str | None = None
@@ -155,7 +168,7 @@ class Primitive:
         """Which of "graph" and "legacy" this primitive has."""
         return tuple(f for f, fn in (("graph", self.graph), ("legacy", self.legacy)) if fn is not None)
 
-    def __call__(self, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs: Any) -> Any:
+    def __call__(self, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwargs: Any) -> Any:
         return run(self, arrays, stream=stream, **kwargs)
 
 
@@ -242,7 +255,7 @@ def plan_cache_info() -> dict[str, int]:
 # ----------------------------------------------------------------- the shared sequence
 
 
-def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs: Any) -> Any:
+def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwargs: Any) -> Any:
     """One call of primitive ``p``: ``arrays`` maps operand names to arrays (``None`` for an absent optional one),
     ``kwargs`` holds the op's keywords, ``out=`` (each output's keyword) and ``alpha``/``beta`` for blending ops.
     Returns the output (``out`` if given), a tuple of outputs, or the ``returns`` operand."""
@@ -295,7 +308,8 @@ def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs
     given = {o.name: kwargs.get(o.name) for o in outs}
     if like.size == 0:
         return _returned(p, {o.name: launch.output(given[o.name], like.shape, like.dtype, name=o.name, beta=beta,
-                                                   beta_name=bname)[0] for o in outs})  # fmt: skip
+                                                   beta_name=bname)[0] for o in outs},
+                         p.empty_extras(launch) if p.empty_extras is not None else {})  # fmt: skip
     missing = [o.name for o in outs if given[o.name] is None]
     if beta != 0 and missing:
         raise ValueError(f"{bname} != 0 blends into an existing output: pass {missing[0]}=")
@@ -322,11 +336,15 @@ def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs
             if given[o.name] is None:
                 given[o.name], vouts[o.name] = launch.empty(like.shape, like.dtype, alloc, name=o.name)
             results[o.name], call_views[o.name] = given[o.name], vouts[o.name]
-        _launch_form(p, Call(launch, call_views, resolved, desc, description, a_ref, b_ref), path, graph_key)
-        return _returned(p, results)
+        call = Call(launch, dict(views), resolved, desc, description, a_ref, b_ref, arrays=arrays)
+        if p.check_plan is not None:
+            p.check_plan(call)
+        call.views = call_views
+        _launch_form(p, call, path, graph_key)
+        return _returned(p, results, call.extra)
 
     describe = p.describe(resolved)  # type: ignore[misc]
-    lay = one_layout(
+    lay = plan_layout(
         launch,
         [(n, arrays.get(n), views[n]) for n in order],
         [(o.name, given[o.name], vouts[o.name], beta) for o in outs],
@@ -334,11 +352,17 @@ def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs
         shape=like.shape,
         dtype=like.dtype,
         what=p.layout_what,
+        strides=p.forced_strides(resolved) if p.forced_strides is not None else None,
     )
-    call_views = {n: v for n, (_, v) in zip(order, lay.inputs)}
+    desc = tensor_descriptor(like.dtype, *lay.description)
+    call = Call(launch, dict(views), resolved, desc, lay.description, a_ref, b_ref, arrays=arrays)
+    if p.check_plan is not None:
+        p.check_plan(call)  # before any copy
+    lay.apply()
+    call_views = dict(views)  # operands outside the layout (dropout's reserve) as given
+    call_views.update((n, v) for n, (_, v) in zip(order, lay.inputs))
     for o, (_, vo) in zip(outs, lay.outputs):
         call_views[o.name] = vo
-    desc = tensor_descriptor(like.dtype, *lay.description)
     direct = all(v is views[n] for n, v in call_views.items() if n in views) and all(
         vouts[o.name] is None or call_views[o.name] is vouts[o.name] for o in outs
     )
@@ -347,16 +371,17 @@ def run(p: Primitive, arrays: Mapping[str, Any], *, stream: Any = None, **kwargs
         same = all(call_views[o.name].strides == alloc for o in outs if vouts[o.name] is None)
         plan = ("direct", desc, lay.description, alloc) if direct and same else ("planned",)
         _plans.put(key, plan, count_miss=True)
-    _launch_form(p, Call(launch, call_views, resolved, desc, lay.description, a_ref, b_ref), path, graph_key)
+    call.views = call_views
+    _launch_form(p, call, path, graph_key)
     lay.finish()
-    return _returned(p, dict(zip((o.name for o in outs), lay.results)))
+    return _returned(p, dict(zip((o.name for o in outs), lay.results)), call.extra)
 
 
-def _returned(p: Primitive, results: dict[str, Any]) -> Any:
-    """What the public function returns: its one output, or a tuple of all (None for an absent one)."""
-    if len(p.outputs) == 1:
-        return results[p.outputs[0].name]
-    return tuple(results.get(o.name) for o in p.outputs)
+def _returned(p: Primitive, results: dict[str, Any], extra: Mapping[str, Any] | None = None) -> Any:
+    """What the public function returns: its one output, or a tuple of all (None for an absent one), then the
+    op's ``extras``."""
+    got = [results.get(o.name) for o in p.outputs] + [(extra or {}).get(n) for n in p.extras]
+    return got[0] if len(got) == 1 else tuple(got)
 
 
 def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mapping[str, Any], kwargs: Mapping[str, Any],

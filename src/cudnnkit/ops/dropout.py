@@ -27,10 +27,11 @@ import threading
 from typing import Any
 
 from .. import lib
-from ..runtime import check_dtype, owned_descriptor, prepare, tensor_descriptor
+from ..runtime import owned_descriptor, prepare
 from ..runtime.arrays import ArrayView
 from ..runtime.cache import LRU, MISSING, lru
-from ._layout import canonical_strides, describable, plan_layout
+from ._layout import canonical_strides, describable
+from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["DropoutState", "default_state", "dropout_forward", "dropout_backward"]
 
@@ -185,6 +186,127 @@ class _ReserveLayouts:
 _reserve_layouts = _ReserveLayouts()
 
 
+def _forward_resolve(views: Any, kw: Any) -> tuple[float, DropoutState | None]:
+    state = kw.get("state")
+    if state is not None:
+        _check_state(state, views["x"], "x")
+    return kw["p"], state
+
+
+def _forward_plan(c: Call) -> None:
+    """The state (the default one, made now, when none was given) and the reserve's size, before any copy."""
+    _, state = c.resolved
+    if state is None:  # x's view may be prepare's copy of an overlapping x: ask with it, never copy x again
+        vx = c.views["x"]
+        state = default_state(vx.owner if vx.adapter is not None else c.arrays["x"], stream=c.launch.stream, name="x")
+    c.extra["state"], c.extra["nres"] = state, _reserve_size(c.desc)
+
+
+def _forward_call(c: Call) -> None:
+    p, _ = c.resolved
+    state, nres = c.extra["state"], c.extra["nres"]
+    vx, vy, desc, launch = c.views["x"], c.views["out"], c.desc, c.launch
+    reserve, vr = launch.empty((nres,), "uint8", name="reserve")
+    with launch.on_device():
+        state._use(p, launch.handle)
+        lib.cudnnDropoutForward(launch.handle, state.desc, desc, vx.ptr, desc, vy.ptr, vr.ptr, nres)
+    _reserve_layouts.add(launch.device, vr.ptr, nres, c.description)
+    c.extra["reserve"] = reserve
+
+
+def _backward_resolve(views: Any, kw: Any) -> tuple[float, DropoutState | None, Any]:
+    vdy, vr = views["dy"], views["reserve"]
+    if vr.dtype != "uint8" or vr.ndim != 1:
+        raise TypeError(f"reserve must be the 1-d uint8 array dropout_forward returned, got {vr.dtype} {vr.shape}")
+    state = kw.get("state")
+    if state is not None:
+        _check_state(state, vdy, "dy")
+    recorded = _reserve_layouts.get(vdy.device, vr.ptr, vr.shape[0]) if vdy.size and vr.is_contiguous() else None
+    return kw["p"], state, recorded
+
+
+def _backward_forced(resolved: Any) -> tuple[int, ...] | None:
+    recorded = resolved[2]
+    return recorded[1] if recorded is not None else None
+
+
+def _backward_plan(c: Call) -> None:
+    """The reserve's checks (contiguous, this dy's forward, its size) and the state, before any copy."""
+    _, state, recorded = c.resolved
+    vdy, vr = c.views["dy"], c.views["reserve"]
+    if not vr.is_contiguous():
+        raise ValueError(f"reserve must be contiguous (the array dropout_forward returned), got strides {vr.strides}")
+    nres = _reserve_size(c.desc)
+    if vr.shape[0] != nres:
+        raise ValueError(f"reserve has {vr.shape[0]} bytes but dy's shape needs {nres}: not this dy's forward")
+    if state is None:
+        state = default_state(
+            vdy.owner if vdy.adapter is not None else c.arrays["dy"], stream=c.launch.stream, name="dy"
+        )
+    c.extra["state"], c.extra["nres"] = state, nres
+
+
+def _backward_call(c: Call) -> None:
+    p = c.resolved[0]
+    state, nres = c.extra["state"], c.extra["nres"]
+    vdy, vdx, vr, desc, launch = c.views["dy"], c.views["out"], c.views["reserve"], c.desc, c.launch
+    with launch.on_device():
+        state._use(p, launch.handle)
+        lib.cudnnDropoutBackward(launch.handle, state.desc, desc, vdy.ptr, desc, vdx.ptr, vr.ptr, nres)
+
+
+def _check_recorded_shape(views: Any, recorded: Any) -> None:
+    if recorded is not None and tuple(recorded[0]) != tuple(views["dy"].shape):
+        # reserve sizes are rounded, so the size check cannot tell a (5, 2) forward from a (5, 3) dy
+        raise ValueError(
+            f"dy has shape {views['dy'].shape}, but reserve was written by a dropout_forward of shape "
+            f"{tuple(recorded[0])}: pass the reserve of this dy's forward"
+        )
+
+
+DROPOUT_FORWARD = register(
+    Primitive(
+        "dropout_forward",
+        inputs=(Operand("x", _DTYPES),),
+        outputs=(Output("out", like="x"),),
+        resolve=_forward_resolve,
+        describe=lambda resolved: _describe,
+        check_plan=_forward_plan,
+        legacy=_forward_call,
+        layout_what="cuDNN's dropout is given x and y in one layout",
+        family="dropout",
+        extras=("reserve",),
+        empty_extras=lambda launch: {"reserve": launch.empty((0,), "uint8", name="reserve")[0]},
+        differentiable=("x",),
+        residuals=("reserve",),
+        backward="dropout_backward",
+    )
+)
+
+
+def _backward_resolve_checked(views: Any, kw: Any) -> Any:
+    resolved = _backward_resolve(views, kw)
+    _check_recorded_shape(views, resolved[2])
+    return resolved
+
+
+DROPOUT_BACKWARD = register(
+    Primitive(
+        "dropout_backward",
+        inputs=(Operand("dy", _DTYPES), Operand("reserve")),
+        outputs=(Output("out", like="dy"),),
+        resolve=_backward_resolve_checked,
+        describe=lambda resolved: _describe,
+        forced_strides=_backward_forced,
+        check_plan=_backward_plan,
+        legacy=_backward_call,
+        layout_what="the layout its forward ran in, so each element meets its own mask bit",
+        layout_order=("dy",),
+        family="dropout",
+    )
+)
+
+
 def dropout_forward(
     x: Any, p: float, *, state: DropoutState | None = None, out: Any = None, stream: Any = None
 ) -> tuple[Any, Any]:
@@ -195,40 +317,10 @@ def dropout_forward(
     ``state`` defaults to :func:`default_state` for ``x``. ``cudnnDropoutForward``
     with ``x`` and ``y`` in one layout: ``y`` is allocated in ``x``'s when ``x`` is
     dense; an ``x`` with gaps is copied to C order first, and an ``out`` in
-    another layout is written through a temporary (both logged).
+    another layout is written through a temporary (both logged). Primitive :data:`DROPOUT_FORWARD`.
     """
     p = _check_p(p)
-    launch, (vx,) = prepare(("x", x), stream=stream)
-    check_dtype(vx, "x", _DTYPES, "dropout")
-    if state is not None:
-        _check_state(state, vx, "x")
-    y, vy = (None, None) if out is None else launch.output(out, vx.shape, vx.dtype)
-    if vx.size == 0:
-        y = y if out is not None else launch.output(None, vx.shape, vx.dtype)[0]
-        return y, launch.empty((0,), "uint8", name="reserve")[0]
-    lay = plan_layout(
-        launch,
-        [("x", x, vx)],
-        [("out", y, vy, 0.0)],
-        _describe,
-        shape=vx.shape,
-        dtype=vx.dtype,
-        what="cuDNN's dropout is given x and y in one layout",
-    )
-    desc = tensor_descriptor(vx.dtype, *lay.description)
-    if state is None:  # x's view may be prepare's copy of an overlapping x: ask with it, never copy x again
-        state = default_state(vx.owner if vx.adapter is not None else x, stream=launch.stream, name="x")
-    lay.apply()
-    ((x, vx),) = lay.inputs
-    ((y, vy),) = lay.outputs
-    nres = _reserve_size(desc)
-    reserve, vr = launch.empty((nres,), "uint8", name="reserve")
-    with launch.on_device():
-        state._use(p, launch.handle)
-        lib.cudnnDropoutForward(launch.handle, state.desc, desc, vx.ptr, desc, vy.ptr, vr.ptr, nres)
-    lay.finish()
-    _reserve_layouts.add(launch.device, vr.ptr, nres, lay.description)
-    return lay.results[0], reserve
+    return run(DROPOUT_FORWARD, {"x": x}, p=p, state=state, out=out, stream=stream)
 
 
 def dropout_backward(
@@ -238,49 +330,7 @@ def dropout_backward(
 
     ``p`` must be the forward's. ``cudnnDropoutBackward``, in the layout the forward ran in (``dy`` is copied
     into it, and an ``out`` of another layout written through a temporary, where they differ; logged), so each
-    element meets its own mask bit whatever the layouts.
+    element meets its own mask bit whatever the layouts. Primitive :data:`DROPOUT_BACKWARD`.
     """
     p = _check_p(p)
-    launch, (vdy, vr) = prepare(("dy", dy), ("reserve", reserve), stream=stream)
-    check_dtype(vdy, "dy", _DTYPES, "dropout")
-    if vr.dtype != "uint8" or vr.ndim != 1:
-        raise TypeError(f"reserve must be the 1-d uint8 array dropout_forward returned, got {vr.dtype} {vr.shape}")
-    if state is not None:
-        _check_state(state, vdy, "dy")
-    dx, vdx = (None, None) if out is None else launch.output(out, vdy.shape, vdy.dtype)
-    if vdy.size == 0:
-        return dx if out is not None else launch.output(None, vdy.shape, vdy.dtype)[0]
-    if not vr.is_contiguous():
-        raise ValueError(f"reserve must be contiguous (the array dropout_forward returned), got strides {vr.strides}")
-    recorded = _reserve_layouts.get(launch.device, vr.ptr, vr.shape[0])
-    if recorded is not None and tuple(recorded[0]) != tuple(vdy.shape):
-        # reserve sizes are rounded, so the size check below cannot tell a (5, 2) forward from a (5, 3) dy
-        raise ValueError(
-            f"dy has shape {vdy.shape}, but reserve was written by a dropout_forward of shape {tuple(recorded[0])}: "
-            "pass the reserve of this dy's forward"
-        )
-    forced = recorded[1] if recorded is not None else None
-    lay = plan_layout(
-        launch,
-        [("dy", dy, vdy)],
-        [("out", dx, vdx, 0.0)],
-        _describe,
-        shape=vdy.shape,
-        dtype=vdy.dtype,
-        what="the layout its forward ran in, so each element meets its own mask bit",
-        strides=forced,
-    )
-    desc = tensor_descriptor(vdy.dtype, *lay.description)
-    nres = _reserve_size(desc)
-    if vr.shape[0] != nres:
-        raise ValueError(f"reserve has {vr.shape[0]} bytes but dy's shape needs {nres}: not this dy's forward")
-    if state is None:
-        state = default_state(vdy.owner if vdy.adapter is not None else dy, stream=launch.stream, name="dy")
-    lay.apply()
-    ((dy, vdy),) = lay.inputs
-    ((dx, vdx),) = lay.outputs
-    with launch.on_device():
-        state._use(p, launch.handle)
-        lib.cudnnDropoutBackward(launch.handle, state.desc, desc, vdy.ptr, desc, vdx.ptr, vr.ptr, nres)
-    lay.finish()
-    return lay.results[0]
+    return run(DROPOUT_BACKWARD, {"dy": dy, "reserve": reserve}, p=p, state=state, out=out, stream=stream)

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime import OPTIONAL, WRITTEN, check_dtype, current_settings, prepare, tensor_descriptor
+from ..runtime import OPTIONAL, WRITTEN, adapters, check_dtype, current_settings, prepare, tensor_descriptor
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import scaling_ref
 from ._layout import plan_layout
@@ -61,8 +61,11 @@ class Operand:
     optional: bool = False
     flags: int = 0
     #: cuDNN reads it through a bare pointer: copied to C order (logged) when it is not C-contiguous, after the
-    #: outputs are checked (ops without ``describe``)
-    packed: bool = False
+    #: outputs are checked (ops without ``describe``); a str says why, in the log and in errors
+    packed: bool | str = False
+    #: host data (a list, a NumPy array, a CPU tensor) is taken too: it reaches ``resolve`` as the caller's object
+    #: in place of a view (CTC's labels and lengths); a device array goes through ``prepare`` as usual
+    host_ok: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ class Output:
     shape: Callable[[Any], tuple[int, ...]] | None = None
     #: the strides of a new output, from ``resolved`` (None: C order)
     strides: Callable[[Any], tuple[int, ...] | None] | None = None
-    packed: bool = False
+    #: an ``out=`` must be C-contiguous; a str is the refusal's text (``{strides}`` and ``{shape}`` filled in)
+    packed: bool | str = False
     blend: tuple[str, str] | None = None
 
 
@@ -261,10 +265,16 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
     Returns the output (``out`` if given), a tuple of outputs, or the ``returns`` operand."""
     named = []
     for op in p.inputs:
-        flags = op.flags | (OPTIONAL if op.optional else 0)
-        named.append((op.name, arrays.get(op.name), flags) if flags else (op.name, arrays.get(op.name)))
+        a = arrays.get(op.name)
+        if op.host_ok and a is not None and not adapters.is_device_array(a):
+            a = None  # host data: resolve reads it from ``arrays``
+        flags = op.flags | (OPTIONAL if op.optional or op.host_ok else 0)
+        named.append((op.name, a, flags) if flags else (op.name, a))
     launch, vs = prepare(*named, stream=stream)
     views = {op.name: v for op, v in zip(p.inputs, vs)}
+    for op in p.inputs:  # host data of a host_ok operand reaches resolve as the caller's object
+        if op.host_ok and views[op.name] is None and arrays.get(op.name) is not None:
+            views[op.name] = arrays[op.name]
     first = p.inputs[0]
     v0 = views[first.name]
     for op in p.inputs:
@@ -408,26 +418,27 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
 
     empty = p.empty(resolved) if p.empty is not None else views[p.outputs[0].like].size == 0
     if empty:
-        results = [output(o)[0] for o in p.outputs]
+        got = {o.name: output(o)[0] for o in sorted(p.outputs, key=lambda o: kwargs.get(o.name) is None)}
+        results = [got[o.name] for o in p.outputs]
         return results[0] if len(results) == 1 else tuple(results)
     call_views = dict(views)
-    results = []
-    for o in p.outputs:
-        arr, v = output(o)
+    made: dict[str, tuple[Any, Any]] = {}
+    # given outputs are checked before anything is allocated
+    for o in sorted(p.outputs, key=lambda o: kwargs.get(o.name) is None):
+        made[o.name] = arr, v = output(o)
         if o.packed and not v.is_contiguous():
-            raise ValueError(
-                f"{o.name} must be C-contiguous (cuDNN writes it as a packed array), got shape {v.shape} "
-                f"strides {v.strides}"
-            )
-        results.append(arr)
-        call_views[o.name] = v
+            text = o.packed if isinstance(o.packed, str) else (
+                "{name} must be C-contiguous (cuDNN writes it as a packed array), got shape {shape} strides {strides}"
+            )  # fmt: skip
+            raise ValueError(text.format(name=o.name, shape=v.shape, strides=v.strides))
+    results = [made[o.name][0] for o in p.outputs]
+    call_views.update((o.name, made[o.name][1]) for o in p.outputs)
     # outputs checked: only now copy the inputs cuDNN cannot take as they are
     for op in p.inputs:
         v = views[op.name]
         if op.packed and v is not None and not v.is_contiguous():
-            _, call_views[op.name] = launch.contiguous(
-                arrays[op.name], v, op.name, "must be C-contiguous (cuDNN reads it as a packed array)"
-            )
+            why = op.packed if isinstance(op.packed, str) else "must be C-contiguous (cuDNN reads it as a packed array)"
+            _, call_views[op.name] = launch.contiguous(arrays[op.name], v, op.name, why)
     first = blends.get(p.outputs[0].name, (None, None))
     call = Call(launch, call_views, resolved, alpha=first[0], beta=first[1], blends=blends)
     _launch_form(p, call, route(p, dt), None)

@@ -82,24 +82,22 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import lib
 from ..runtime import (
     DescriptorKind,
-    adapters,
     check_choice,
     current_settings,
     get_cached,
-    prepare,
     scaling_ref,
     tensor_descriptor,
 )
 from ..runtime.arrays import ArrayView, contiguous_strides
-from ..runtime.launch import OPTIONAL
 from ._layout import check_fits
+from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["ctc_loss", "MAX_LABEL_LENGTH"]
 
@@ -226,6 +224,155 @@ def _validate(labels: np.ndarray, label_lengths: np.ndarray, input_lengths: np.n
         raise ValueError(f"labels[{i}] is {what}; labels must be in [1, A={A}) (label 0 is cuDNN's blank)")
 
 
+class _Ctc(NamedTuple):
+    T: int
+    N: int
+    A: int
+    norm: str
+    algo: str
+    oob: str
+    labels: _Index
+    label_lengths: _Index
+    input_lengths: _Index
+    short: np.ndarray  # samples with no possible alignment
+    grads_given: bool
+
+
+def _ctc_resolve(views: Any, kw: Any) -> _Ctc:
+    vx = views["x"]
+    if vx.dtype != "float32":
+        raise TypeError(f"x has dtype {vx.dtype}; cuDNN's CTC loss supports float32 only")
+    if vx.ndim != 3:
+        raise ValueError(f"x must have 3 dims (T, N, A), got shape {vx.shape}")
+    T, N, A = vx.shape
+    check_fits("x", vx.shape, contiguous_strides(vx.shape))  # cuDNN is given x C-contiguous (copied if not)
+    blank = kw["blank"]
+    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)):
+        raise TypeError(f"blank must be an int, got {blank!r}")
+    if blank != 0:
+        raise ValueError(
+            f"blank={blank}: cuDNN's CTC loss always uses label 0 as the blank; move the blank class to "
+            "index 0 of x's last axis and pass blank=0"
+        )
+    norm = check_choice(kw["normalization"], _NORMS, "normalization")
+    algo = check_choice(kw["algo"], _ALGOS, "algo")
+    oob = check_choice(kw["oob_grads"], _OOB, "oob_grads")
+    if algo == "non_deterministic" and current_settings().deterministic:
+        raise ValueError("algo='non_deterministic' is not allowed under cudnnkit.settings(deterministic=True)")
+    if N and (T == 0 or A == 0):
+        raise ValueError(f"x has shape {vx.shape}; CTC needs at least one time step and one class")
+    idx = []
+    for n in ("labels", "label_lengths", "input_lengths"):
+        v = views[n]  # a view of a device array, or the caller's host data
+        idx.append(_read_index(v.owner, v, n) if isinstance(v, ArrayView) else _read_index(v, None, n))
+    lab, ll, il = idx
+    _validate(lab.values, ll.values, il.values, T, N, A)
+    short = np.empty(0, np.int64)
+    if N:
+        short = np.flatnonzero(ll.values + _repeats(lab.values, ll.values) > il.values)
+        if short.size:
+            _log.debug(
+                "ctc_loss: samples %s have fewer input steps than label length + repeats: infinite cost, "
+                "gradient per oob_grads=%r",
+                short.tolist(),
+                oob,
+            )
+    return _Ctc(T, N, A, norm, algo, oob, lab, ll, il, short, kw.get("grads_out") is not None)
+
+
+def _ctc_call(c: Call) -> None:
+    r: _Ctc = c.resolved
+    T, N, A = r.T, r.N, r.A
+    vx, vc, vg, launch = c.views["x"], c.views["costs_out"], c.views["grads_out"], c.launch
+    # host-side values go to the device in one int32 buffer: [label_lengths, input_lengths, labels]
+    pending = [i for i in (r.label_lengths, r.input_lengths, r.labels) if i.ptr is None]
+    keep = None
+    if pending:
+        if launch.adapter is None:
+            raise TypeError(
+                "x comes from a library without a cudnnkit adapter, so host labels and lengths cannot be "
+                "copied to the device; pass them as int32 CuPy or torch device arrays, or pass x as a CuPy "
+                "array or torch tensor"
+            )
+        parts = [i.values for i in pending]
+        keep, base = launch.upload(np.concatenate(parts).astype(np.int32), "labels")
+        off = 0
+        for i, part in zip(pending, parts):
+            i.ptr = base + 4 * off
+            off += part.shape[0]
+
+    # maxLabelLength is always the limit, never the batch's longest label: measured under compute-sanitizer on an
+    # H200 (cuDNN 9.19, T=20, N=3, A=6, labels 3/2/1), compute_alphas_and_betas_v8 writes past its shared memory
+    # with maxLabelLength=3 (70 errors, then the launch fails) and is clean with T or 255 (what torch passes).
+    ctc = ctc_descriptor(r.norm, r.oob, MAX_LABEL_LENGTH)
+    desc = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)), min_dims=3)
+    il = r.input_lengths.values
+    with launch.on_device():
+        handle = launch.handle
+        size = ctypes.c_size_t()
+        lib.cudnnGetCTCLossWorkspaceSize_v8(handle, _ALGOS[r.algo], ctc, desc, desc, ctypes.byref(size))
+        ws, ws_ptr = launch.workspace(size.value)
+        padded = np.flatnonzero(il < T)
+        if not r.grads_given or (padded.size and r.oob == "zero"):
+            # cuDNN leaves the frames t >= input_lengths[n] (and, with oob_grads="skip", an infeasible
+            # sample's frames) unwritten: a new buffer is zeroed first, in one pass
+            whole = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)))
+            lib.cudnnSetTensor(handle, whole, vg.ptr, scaling_ref("float32", 0.0))
+        elif padded.size:
+            # oob_grads="skip" into grads_out: zero only each short sample's padded frames, keeping the rest
+            for n in padded.tolist():
+                t0 = int(il[n])
+                frames = tensor_descriptor("float32", (T - t0, A), (N * A, 1))
+                lib.cudnnSetTensor(handle, frames, vg.ptr + 4 * (t0 * N * A + n * A), scaling_ref("float32", 0.0))
+        lib.cudnnCTCLoss_v8(
+            handle,
+            _ALGOS[r.algo],
+            ctc,
+            desc,
+            vx.ptr,
+            ctypes.cast(r.labels.ptr, _INT_P),
+            ctypes.cast(r.label_lengths.ptr, _INT_P),
+            ctypes.cast(r.input_lengths.ptr, _INT_P),
+            vc.ptr,
+            desc,
+            vg.ptr,
+            size.value,
+            ws_ptr,
+        )
+        if r.short.size:
+            # cuDNN reports a cost of 0 for a sample with no possible alignment; its cost is +inf
+            one = tensor_descriptor("float32", (1,), (1,))
+            for n in r.short.tolist():
+                lib.cudnnSetTensor(handle, one, vc.ptr + 4 * n, scaling_ref("float32", float("inf"), finite=False))
+    del keep, ws
+
+
+CTC = register(
+    Primitive(
+        "ctc_loss",
+        inputs=(
+            Operand("x", packed="is not C-contiguous"),
+            Operand("labels", host_ok=True),
+            Operand("label_lengths", host_ok=True),
+            Operand("input_lengths", host_ok=True),
+        ),
+        outputs=(
+            Output("costs_out", shape=lambda r: (r.N,), packed="{name} must be contiguous, got strides {strides}"),
+            Output(
+                "grads_out",
+                shape=lambda r: (r.T, r.N, r.A),
+                packed="{name} must be C-contiguous (T, N, A), got strides {strides}",
+            ),
+        ),
+        resolve=_ctc_resolve,
+        legacy=_ctc_call,
+        empty=lambda r: r.N == 0,
+        differentiable=("x",),
+        residuals=("grads_out",),
+    )
+)
+
+
 def ctc_loss(
     x: Any,
     labels: Any,
@@ -248,132 +395,18 @@ def ctc_loss(
     integers; see the module doc for the host copy of device ones).
     ``costs``: ``(N,)`` float32; ``grads``: ``(T, N, A)`` float32,
     C-contiguous (``costs_out``/``grads_out`` if given). ``blank`` must be 0.
-    Both come from one ``cudnnCTCLoss_v8`` call.
+    Both come from one ``cudnnCTCLoss_v8`` call (primitive :data:`CTC`); which of ``labels`` and the lengths
+    are device arrays, the adapters decide (:func:`cudnnkit.runtime.adapters.is_device_array`).
     """
-    # device arrays go through prepare; host data (sequences, NumPy, CPU tensors) is uploaded by cudnnkit. Which is
-    # which, the adapters decide: this module knows no array library
-    on_device = adapters.is_device_array
-    dev_labels, dev_ll, dev_il = on_device(labels), on_device(label_lengths), on_device(input_lengths)
-    launch, (vx, vlab, vll, vil) = prepare(
-        ("x", x),
-        ("labels", labels if dev_labels else None, OPTIONAL),
-        ("label_lengths", label_lengths if dev_ll else None, OPTIONAL),
-        ("input_lengths", input_lengths if dev_il else None, OPTIONAL),
+    arrays = {"x": x, "labels": labels, "label_lengths": label_lengths, "input_lengths": input_lengths}
+    return run(
+        CTC,
+        arrays,
+        blank=blank,
+        normalization=normalization,
+        algo=algo,
+        oob_grads=oob_grads,
+        costs_out=costs_out,
+        grads_out=grads_out,
         stream=stream,
     )
-    if vx.dtype != "float32":
-        raise TypeError(f"x has dtype {vx.dtype}; cuDNN's CTC loss supports float32 only")
-    if vx.ndim != 3:
-        raise ValueError(f"x must have 3 dims (T, N, A), got shape {vx.shape}")
-    T, N, A = vx.shape
-    check_fits("x", vx.shape, contiguous_strides(vx.shape))  # cuDNN is given x C-contiguous (copied if not)
-    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)):
-        raise TypeError(f"blank must be an int, got {blank!r}")
-    if blank != 0:
-        raise ValueError(
-            f"blank={blank}: cuDNN's CTC loss always uses label 0 as the blank; move the blank class to "
-            "index 0 of x's last axis and pass blank=0"
-        )
-    norm = check_choice(normalization, _NORMS, "normalization")
-    algo = check_choice(algo, _ALGOS, "algo")
-    oob = check_choice(oob_grads, _OOB, "oob_grads")
-    if algo == "non_deterministic" and current_settings().deterministic:
-        raise ValueError("algo='non_deterministic' is not allowed under cudnnkit.settings(deterministic=True)")
-    if N and (T == 0 or A == 0):
-        raise ValueError(f"x has shape {vx.shape}; CTC needs at least one time step and one class")
-
-    idx_lab = _read_index(labels, vlab, "labels")
-    idx_ll = _read_index(label_lengths, vll, "label_lengths")
-    idx_il = _read_index(input_lengths, vil, "input_lengths")
-    _validate(idx_lab.values, idx_ll.values, idx_il.values, T, N, A)
-    short = np.empty(0, np.int64)
-    if N:
-        short = np.flatnonzero(idx_ll.values + _repeats(idx_lab.values, idx_ll.values) > idx_il.values)
-        if short.size:
-            _log.debug(
-                "ctc_loss: samples %s have fewer input steps than label length + repeats: infinite cost, "
-                "gradient per oob_grads=%r",
-                short.tolist(),
-                oob_grads,
-            )
-
-    # given outputs are checked before anything is allocated
-    if costs_out is not None:
-        costs, vc = launch.output(costs_out, (N,), "float32", name="costs_out")
-        if N and not vc.is_contiguous():
-            raise ValueError(f"costs_out must be contiguous, got strides {vc.strides}")
-    if grads_out is not None:
-        grads, vg = launch.output(grads_out, (T, N, A), "float32", name="grads_out")
-        if N and not vg.is_contiguous():
-            raise ValueError(f"grads_out must be C-contiguous (T, N, A), got strides {vg.strides}")
-    if costs_out is None:
-        costs, vc = launch.output(None, (N,), "float32", name="costs_out")
-    if grads_out is None:
-        grads, vg = launch.output(None, (T, N, A), "float32", name="grads_out")
-    if N == 0:
-        return costs, grads
-
-    if not vx.is_contiguous():
-        x, vx = launch.contiguous(x, vx, "x")
-
-    # host-side values go to the device in one int32 buffer: [label_lengths, input_lengths, labels]
-    pending = [i for i in (idx_ll, idx_il, idx_lab) if i.ptr is None]
-    keep = None
-    if pending:
-        if launch.adapter is None:
-            raise TypeError(
-                "x comes from a library without a cudnnkit adapter, so host labels and lengths cannot be "
-                "copied to the device; pass them as int32 CuPy or torch device arrays, or pass x as a CuPy "
-                "array or torch tensor"
-            )
-        parts = [i.values for i in pending]
-        keep, base = launch.upload(np.concatenate(parts).astype(np.int32), "labels")
-        off = 0
-        for i, part in zip(pending, parts):
-            i.ptr = base + 4 * off
-            off += part.shape[0]
-
-    # maxLabelLength is always the limit, never the batch's longest label: measured under compute-sanitizer on an
-    # H200 (cuDNN 9.19, T=20, N=3, A=6, labels 3/2/1), compute_alphas_and_betas_v8 writes past its shared memory
-    # with maxLabelLength=3 (70 errors, then the launch fails) and is clean with T or 255 (what torch passes).
-    ctc = ctc_descriptor(norm, oob, MAX_LABEL_LENGTH)
-    desc = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)), min_dims=3)
-    with launch.on_device():
-        handle = launch.handle
-        size = ctypes.c_size_t()
-        lib.cudnnGetCTCLossWorkspaceSize_v8(handle, _ALGOS[algo], ctc, desc, desc, ctypes.byref(size))
-        ws, ws_ptr = launch.workspace(size.value)
-        padded = np.flatnonzero(idx_il.values < T)
-        if grads_out is None or (padded.size and oob == "zero"):
-            # cuDNN leaves the frames t >= input_lengths[n] (and, with oob_grads="skip", an infeasible
-            # sample's frames) unwritten: a new buffer is zeroed first, in one pass
-            whole = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)))
-            lib.cudnnSetTensor(handle, whole, vg.ptr, scaling_ref("float32", 0.0))
-        elif padded.size:
-            # oob_grads="skip" into grads_out: zero only each short sample's padded frames, keeping the rest
-            for n in padded.tolist():
-                t0 = int(idx_il.values[n])
-                frames = tensor_descriptor("float32", (T - t0, A), (N * A, 1))
-                lib.cudnnSetTensor(handle, frames, vg.ptr + 4 * (t0 * N * A + n * A), scaling_ref("float32", 0.0))
-        lib.cudnnCTCLoss_v8(
-            handle,
-            _ALGOS[algo],
-            ctc,
-            desc,
-            vx.ptr,
-            ctypes.cast(idx_lab.ptr, _INT_P),
-            ctypes.cast(idx_ll.ptr, _INT_P),
-            ctypes.cast(idx_il.ptr, _INT_P),
-            vc.ptr,
-            desc,
-            vg.ptr,
-            size.value,
-            ws_ptr,
-        )
-        if short.size:
-            # cuDNN reports a cost of 0 for a sample with no possible alignment; its cost is +inf
-            one = tensor_descriptor("float32", (1,), (1,))
-            for n in short.tolist():
-                lib.cudnnSetTensor(handle, one, vc.ptr + 4 * n, scaling_ref("float32", float("inf"), finite=False))
-    del keep, ws
-    return costs, grads

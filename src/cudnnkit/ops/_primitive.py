@@ -162,6 +162,9 @@ class Primitive:
     def __post_init__(self) -> None:
         if self.legacy is None and self.graph is None:
             raise ValueError(f"primitive {self.name} declares neither a legacy call nor a graph")
+        forms = tuple(f for f, fn in (("graph", self.graph), ("legacy", self.legacy)) if fn is not None)
+        object.__setattr__(self, "_forms", forms)  # fixed at declaration: the router reads it on every call
+        object.__setattr__(self, "_names", tuple(op.name for op in self.inputs))
         names = [op.name for op in self.inputs]
         for op in self.inputs:
             if op.like is not None and op.like not in names[: names.index(op.name)]:
@@ -170,7 +173,7 @@ class Primitive:
     @property
     def forms(self) -> tuple[str, ...]:
         """Which of "graph" and "legacy" this primitive has."""
-        return tuple(f for f, fn in (("graph", self.graph), ("legacy", self.legacy)) if fn is not None)
+        return self._forms  # type: ignore[attr-defined]
 
     def __call__(self, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwargs: Any) -> Any:
         return run(self, arrays, stream=stream, **kwargs)
@@ -209,11 +212,13 @@ def route(p: Primitive, dtype: str, graph_key: Any = None) -> str:
     """``"graph"`` or ``"legacy"`` for one call of ``p`` on arrays of ``dtype`` (see the module docstring).
 
     ``graph_key`` identifies the graph the call would build (for the negative cache)."""
-    prefer = current_settings().prefer
     if p.graph is None or p.legacy is None:
-        path = p.forms[0]
-        why = f"{p.name} has only a {path} form"
-    elif dtype == "float64":
+        path = p._forms[0]  # type: ignore[attr-defined]
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("%s: %s path (%s has only a %s form)", p.name, path, p.name, path)
+        return path
+    prefer = current_settings().prefer
+    if dtype == "float64":
         path, why = "legacy", "float64 (the graph API has none)"
     elif prefer == "legacy":
         path, why = "legacy", "settings(prefer='legacy')"
@@ -331,11 +336,11 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
                 given[o.name], like.shape, like.dtype, name=o.name, beta=beta, beta_name=bname
             )
 
-    order = p.layout_order or tuple(op.name for op in p.inputs)
-    operands = tuple(None if views[n] is None else (views[n].dtype, views[n].shape, views[n].strides) for n in order)
+    order = p.layout_order or p._names  # type: ignore[attr-defined]
+    operands = tuple([None if views[n] is None else (views[n].dtype, views[n].shape, views[n].strides) for n in order])
     graph_key = (p.name, resolved, operands, launch.device) if p.graph is not None else None
     path = route(p, like.dtype, graph_key)
-    outkey = tuple(None if v is None else (v.shape, v.strides) for v in vouts.values())
+    outkey = tuple([None if v is None else (v.shape, v.strides) for v in vouts.values()])
     key = (p.name, resolved, operands, outkey, beta != 0, launch.device)
     hit = _plans.lookup(key)
     if hit is not MISSING and hit[0] == "direct":

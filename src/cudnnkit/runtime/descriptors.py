@@ -133,6 +133,8 @@ class DescriptorCache:
 
 _cache = DescriptorCache()
 _lookup = _cache.lru.lookup  # the hot path's bound method (see tensor_descriptor)
+#: tensor keys shorter than their min_dims (as callers pass them) -> their padded descriptor
+_short: LRU = LRU("descriptors.short_keys", 4096)
 
 
 _other_caches: list[Callable[[], None]] = []
@@ -185,15 +187,19 @@ def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ..
     """
     if not 3 <= min_dims <= lib.CUDNN_DIM_MAX:
         raise ValueError(f"min_dims must be in [3, {lib.CUDNN_DIM_MAX}], got {min_dims}")
-    if type(shape) is tuple and type(strides) is tuple and len(shape) >= min_dims:
-        # fast path for already-normalised keys (what ArrayView gives): no validation on a hit
-        # the LRU's own lookup, with the full key written out (what DescriptorCache.lookup builds from TENSOR)
+    if type(shape) is tuple and type(strides) is tuple:
+        # fast paths: a normalised key (what ArrayView gives, 4 dims or more) is the cache's own key; a shorter
+        # one (a 1-d set_tensor, a 3-d CTC) maps to its padded descriptor through _short. No validation on a hit
         try:
-            d = _lookup(("tensor", dtype, shape, strides))
+            if len(shape) >= min_dims:
+                d = _lookup(("tensor", dtype, shape, strides))
+            else:
+                d = _short.peek((dtype, shape, strides, min_dims), MISSING)
         except TypeError:  # unhashable element
             d = MISSING
         if d is not MISSING:
             return d
+    raw = (dtype, shape, strides, min_dims)
     dtype = canonical(dtype)
     shape, strides = tuple(int(d) for d in shape), tuple(int(s) for s in strides)
     # a size-1 dim's stride never addresses memory, but cuDNN refuses 0 (a broadcast view) there
@@ -204,9 +210,16 @@ def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ..
         raise ValueError(f"cuDNN tensors have at most {lib.CUDNN_DIM_MAX} dims, got {len(shape)}")
     if any(d <= 0 for d in shape):
         raise ValueError(f"cuDNN tensor dims must be positive, got shape {shape}")
+    padded = len(shape) < min_dims
     while len(shape) < min_dims:
         shape, strides = shape + (1,), strides + (1,)
-    return _cache.get(TENSOR, (dtype, shape, strides))
+    d = _cache.get(TENSOR, (dtype, shape, strides))
+    if padded and type(raw[1]) is tuple and type(raw[2]) is tuple:
+        try:
+            _short.put(raw, d)
+        except TypeError:  # unhashable element
+            pass
+    return d
 
 
 def owned_descriptor(create: str, destroy: str) -> Descriptor:

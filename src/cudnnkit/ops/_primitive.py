@@ -235,7 +235,8 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
         from ..graph import UnsupportedGraphError
 
         try:
-            p.graph(call)  # type: ignore[misc]
+            with call.launch.on_device():
+                p.graph(call)  # type: ignore[misc]
         except UnsupportedGraphError as e:
             if current_settings().prefer == "graph" or p.legacy is None:
                 raise
@@ -246,7 +247,8 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
         else:
             _last.path = (p.name, "graph")
             return
-    p.legacy(call)  # type: ignore[misc]
+    with call.launch.on_device():  # every form runs with the arrays' device current
+        p.legacy(call)  # type: ignore[misc]
     _last.path = (p.name, "legacy")
 
 

@@ -307,43 +307,42 @@ def _ctc_call(c: Call) -> None:
     ctc = ctc_descriptor(r.norm, r.oob, MAX_LABEL_LENGTH)
     desc = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)), min_dims=3)
     il = r.input_lengths.values
-    with launch.on_device():
-        handle = launch.handle
-        size = ctypes.c_size_t()
-        lib.cudnnGetCTCLossWorkspaceSize_v8(handle, _ALGOS[r.algo], ctc, desc, desc, ctypes.byref(size))
-        ws, ws_ptr = launch.workspace(size.value)
-        padded = np.flatnonzero(il < T)
-        if not r.grads_given or (padded.size and r.oob == "zero"):
-            # cuDNN leaves the frames t >= input_lengths[n] (and, with oob_grads="skip", an infeasible
-            # sample's frames) unwritten: a new buffer is zeroed first, in one pass
-            whole = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)))
-            lib.cudnnSetTensor(handle, whole, vg.ptr, scaling_ref("float32", 0.0))
-        elif padded.size:
-            # oob_grads="skip" into grads_out: zero only each short sample's padded frames, keeping the rest
-            for n in padded.tolist():
-                t0 = int(il[n])
-                frames = tensor_descriptor("float32", (T - t0, A), (N * A, 1))
-                lib.cudnnSetTensor(handle, frames, vg.ptr + 4 * (t0 * N * A + n * A), scaling_ref("float32", 0.0))
-        lib.cudnnCTCLoss_v8(
-            handle,
-            _ALGOS[r.algo],
-            ctc,
-            desc,
-            vx.ptr,
-            ctypes.cast(r.labels.ptr, _INT_P),
-            ctypes.cast(r.label_lengths.ptr, _INT_P),
-            ctypes.cast(r.input_lengths.ptr, _INT_P),
-            vc.ptr,
-            desc,
-            vg.ptr,
-            size.value,
-            ws_ptr,
-        )
-        if r.short.size:
-            # cuDNN reports a cost of 0 for a sample with no possible alignment; its cost is +inf
-            one = tensor_descriptor("float32", (1,), (1,))
-            for n in r.short.tolist():
-                lib.cudnnSetTensor(handle, one, vc.ptr + 4 * n, scaling_ref("float32", float("inf"), finite=False))
+    handle = launch.handle
+    size = ctypes.c_size_t()
+    lib.cudnnGetCTCLossWorkspaceSize_v8(handle, _ALGOS[r.algo], ctc, desc, desc, ctypes.byref(size))
+    ws, ws_ptr = launch.workspace(size.value)
+    padded = np.flatnonzero(il < T)
+    if not r.grads_given or (padded.size and r.oob == "zero"):
+        # cuDNN leaves the frames t >= input_lengths[n] (and, with oob_grads="skip", an infeasible
+        # sample's frames) unwritten: a new buffer is zeroed first, in one pass
+        whole = tensor_descriptor("float32", (T, N, A), contiguous_strides((T, N, A)))
+        lib.cudnnSetTensor(handle, whole, vg.ptr, scaling_ref("float32", 0.0))
+    elif padded.size:
+        # oob_grads="skip" into grads_out: zero only each short sample's padded frames, keeping the rest
+        for n in padded.tolist():
+            t0 = int(il[n])
+            frames = tensor_descriptor("float32", (T - t0, A), (N * A, 1))
+            lib.cudnnSetTensor(handle, frames, vg.ptr + 4 * (t0 * N * A + n * A), scaling_ref("float32", 0.0))
+    lib.cudnnCTCLoss_v8(
+        handle,
+        _ALGOS[r.algo],
+        ctc,
+        desc,
+        vx.ptr,
+        ctypes.cast(r.labels.ptr, _INT_P),
+        ctypes.cast(r.label_lengths.ptr, _INT_P),
+        ctypes.cast(r.input_lengths.ptr, _INT_P),
+        vc.ptr,
+        desc,
+        vg.ptr,
+        size.value,
+        ws_ptr,
+    )
+    if r.short.size:
+        # cuDNN reports a cost of 0 for a sample with no possible alignment; its cost is +inf
+        one = tensor_descriptor("float32", (1,), (1,))
+        for n in r.short.tolist():
+            lib.cudnnSetTensor(handle, one, vc.ptr + 4 * n, scaling_ref("float32", float("inf"), finite=False))
     del keep, ws
 
 

@@ -207,9 +207,8 @@ def _forward_call(c: Call) -> None:
     state, nres = c.extra["state"], c.extra["nres"]
     vx, vy, desc, launch = c.views["x"], c.views["out"], c.desc, c.launch
     reserve, vr = launch.empty((nres,), "uint8", name="reserve")
-    with launch.on_device():
-        state._use(p, launch.handle)
-        lib.cudnnDropoutForward(launch.handle, state.desc, desc, vx.ptr, desc, vy.ptr, vr.ptr, nres)
+    state._use(p, launch.handle)
+    lib.cudnnDropoutForward(launch.handle, state.desc, desc, vx.ptr, desc, vy.ptr, vr.ptr, nres)
     _reserve_layouts.add(launch.device, vr.ptr, nres, c.description)
     c.extra["reserve"] = reserve
 
@@ -250,9 +249,8 @@ def _backward_call(c: Call) -> None:
     p = c.resolved[0]
     state, nres = c.extra["state"], c.extra["nres"]
     vdy, vdx, vr, desc, launch = c.views["dy"], c.views["out"], c.views["reserve"], c.desc, c.launch
-    with launch.on_device():
-        state._use(p, launch.handle)
-        lib.cudnnDropoutBackward(launch.handle, state.desc, desc, vdy.ptr, desc, vdx.ptr, vr.ptr, nres)
+    state._use(p, launch.handle)
+    lib.cudnnDropoutBackward(launch.handle, state.desc, desc, vdy.ptr, desc, vdx.ptr, vr.ptr, nres)
 
 
 def _check_recorded_shape(views: Any, recorded: Any) -> None:

@@ -143,30 +143,28 @@ def _lrn_resolve(views: Any, kw: Any) -> Any:
 
 def _lrn_forward_call(c: Call) -> None:
     vx, vy, d = c.views["x"], c.views["out"], c.desc
-    with c.launch.on_device():
-        lib.cudnnLRNCrossChannelForward(
-            c.launch.handle, c.resolved, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1, c.alpha, d, vx.ptr, c.beta, d, vy.ptr
-        )
+    lib.cudnnLRNCrossChannelForward(
+        c.launch.handle, c.resolved, lib.CUDNN_LRN_CROSS_CHANNEL_DIM1, c.alpha, d, vx.ptr, c.beta, d, vy.ptr
+    )
 
 
 def _lrn_backward_call(c: Call) -> None:
     vx, vy, vdy, vdx, d = c.views["x"], c.views["y"], c.views["dy"], c.views["out"], c.desc
-    with c.launch.on_device():
-        lib.cudnnLRNCrossChannelBackward(
-            c.launch.handle,
-            c.resolved,
-            lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
-            c.alpha,
-            d,
-            vy.ptr,
-            d,
-            vdy.ptr,
-            d,
-            vx.ptr,
-            c.beta,
-            d,
-            vdx.ptr,
-        )
+    lib.cudnnLRNCrossChannelBackward(
+        c.launch.handle,
+        c.resolved,
+        lib.CUDNN_LRN_CROSS_CHANNEL_DIM1,
+        c.alpha,
+        d,
+        vy.ptr,
+        d,
+        vdy.ptr,
+        d,
+        vx.ptr,
+        c.beta,
+        d,
+        vdx.ptr,
+    )
 
 
 LRN_FORWARD = register(
@@ -303,26 +301,25 @@ def _divnorm_forward_call(c: Call) -> None:
     d = c.desc
     t1, v1, t2, v2 = _temps(c.launch, vx.shape, vx.dtype, c.description[1])
     b_ref = c.beta
-    with c.launch.on_device():
-        if b_ref._obj.value < 0:
-            # cuDNN 9.19 ignores a negative beta here (y_beta=-1 gives y_alpha * result, measured on an H200;
-            # positive betas blend as documented): scale out by y_beta first, then blend it in with beta 1
-            lib.cudnnScaleTensor(c.launch.handle, d, vy.ptr, b_ref)
-            b_ref = scaling_ref(vx.dtype, 1.0)
-        lib.cudnnDivisiveNormalizationForward(
-            c.launch.handle,
-            c.resolved,
-            lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
-            c.alpha,
-            d,
-            vx.ptr,
-            vm.ptr if vm is not None else None,
-            v1.ptr,
-            v2.ptr,
-            b_ref,
-            d,
-            vy.ptr,
-        )
+    if b_ref._obj.value < 0:
+        # cuDNN 9.19 ignores a negative beta here (y_beta=-1 gives y_alpha * result, measured on an H200;
+        # positive betas blend as documented): scale out by y_beta first, then blend it in with beta 1
+        lib.cudnnScaleTensor(c.launch.handle, d, vy.ptr, b_ref)
+        b_ref = scaling_ref(vx.dtype, 1.0)
+    lib.cudnnDivisiveNormalizationForward(
+        c.launch.handle,
+        c.resolved,
+        lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
+        c.alpha,
+        d,
+        vx.ptr,
+        vm.ptr if vm is not None else None,
+        v1.ptr,
+        v2.ptr,
+        b_ref,
+        d,
+        vy.ptr,
+    )
 
 
 def _divnorm_backward_call(c: Call) -> None:
@@ -330,23 +327,22 @@ def _divnorm_backward_call(c: Call) -> None:
     vdm = c.views.get("dmeans_out")
     d = c.desc
     t1, v1, t2, v2 = _temps(c.launch, vx.shape, vx.dtype, c.description[1])
-    with c.launch.on_device():
-        lib.cudnnDivisiveNormalizationBackward(
-            c.launch.handle,
-            c.resolved,
-            lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
-            c.alpha,
-            d,
-            vx.ptr,
-            vm.ptr if vm is not None else None,
-            vdy.ptr,
-            v1.ptr,
-            v2.ptr,
-            c.beta,
-            d,
-            vdx.ptr,
-            vdm.ptr if vdm is not None else None,
-        )
+    lib.cudnnDivisiveNormalizationBackward(
+        c.launch.handle,
+        c.resolved,
+        lib.CUDNN_DIVNORM_PRECOMPUTED_MEANS,
+        c.alpha,
+        d,
+        vx.ptr,
+        vm.ptr if vm is not None else None,
+        vdy.ptr,
+        v1.ptr,
+        v2.ptr,
+        c.beta,
+        d,
+        vdx.ptr,
+        vdm.ptr if vdm is not None else None,
+    )
 
 
 DIVISIVE_NORMALIZATION_FORWARD = register(

@@ -158,17 +158,15 @@ def _forward_call(c: Call) -> None:
         "softmax_forward: axes %d..%d as %s, mode %s", first, last, shape, "INSTANCE" if shape[2] == 1 else "CHANNEL"
     )
     vx, vy, desc = c.views["x"], c.views["out"], c.desc
-    with c.launch.on_device():
-        lib.cudnnSoftmaxForward(c.launch.handle, a, _mode(shape[2]), c.alpha, desc, vx.ptr, c.beta, desc, vy.ptr)
+    lib.cudnnSoftmaxForward(c.launch.handle, a, _mode(shape[2]), c.alpha, desc, vx.ptr, c.beta, desc, vy.ptr)
 
 
 def _backward_call(c: Call) -> None:
     a = c.resolved[2]
     vy, vdy, vdx, desc = c.views["y"], c.views["dy"], c.views["out"], c.desc
-    with c.launch.on_device():
-        lib.cudnnSoftmaxBackward(
-            c.launch.handle, a, _mode(c.description[0][2]), c.alpha, desc, vy.ptr, desc, vdy.ptr, c.beta, desc, vdx.ptr
-        )
+    lib.cudnnSoftmaxBackward(
+        c.launch.handle, a, _mode(c.description[0][2]), c.alpha, desc, vy.ptr, desc, vdy.ptr, c.beta, desc, vdx.ptr
+    )
 
 
 SOFTMAX_FORWARD = register(

@@ -227,16 +227,14 @@ def _grid_fwd_call(c: Call) -> None:
     vt, vg = c.views["theta"], c.views["out"]
     # C does not enter the grid: describe it as 1 so every C shares one descriptor
     st = _st_descriptor(vt.dtype, (n, 1, h, w))
-    with c.launch.on_device():
-        lib.cudnnSpatialTfGridGeneratorForward(c.launch.handle, st, vt.ptr, vg.ptr)
+    lib.cudnnSpatialTfGridGeneratorForward(c.launch.handle, st, vt.ptr, vg.ptr)
 
 
 def _grid_bwd_call(c: Call) -> None:
     n, h, w = c.resolved
     vd, vt = c.views["dgrid"], c.views["out"]
     st = _st_descriptor(vd.dtype, (n, 1, h, w))
-    with c.launch.on_device():
-        lib.cudnnSpatialTfGridGeneratorBackward(c.launch.handle, st, vd.ptr, vt.ptr)
+    lib.cudnnSpatialTfGridGeneratorBackward(c.launch.handle, st, vd.ptr, vt.ptr)
 
 
 def _sample_fwd_resolve(views: Any, kw: Any) -> tuple[int, int, int, int]:
@@ -272,8 +270,7 @@ def _sample_fwd_call(c: Call) -> None:
     y_desc = _out_descriptor(vy, "out")
     x_desc = tensor_descriptor(vx.dtype, vx.shape, _strides(vx))
     st = _st_descriptor(vx.dtype, c.resolved)
-    with c.launch.on_device():
-        lib.cudnnSpatialTfSamplerForward(c.launch.handle, st, c.alpha, x_desc, vx.ptr, vg.ptr, c.beta, y_desc, vy.ptr)
+    lib.cudnnSpatialTfSamplerForward(c.launch.handle, st, c.alpha, x_desc, vx.ptr, vg.ptr, c.beta, y_desc, vy.ptr)
 
 
 def _sample_bwd_call(c: Call) -> None:
@@ -283,10 +280,9 @@ def _sample_bwd_call(c: Call) -> None:
     dy_desc = tensor_descriptor(vdy.dtype, vdy.shape, _strides(vdy))
     (a, b), (ag, bg) = c.blends["dx_out"], c.blends["dgrid_out"]
     st = _st_descriptor(vx.dtype, c.resolved)
-    with c.launch.on_device():
-        lib.cudnnSpatialTfSamplerBackward(
-            c.launch.handle, st, a, x_desc, vx.ptr, b, dx_desc, vdx.ptr, ag, dy_desc, vdy.ptr, vg.ptr, bg, vdg.ptr
-        )
+    lib.cudnnSpatialTfSamplerBackward(
+        c.launch.handle, st, a, x_desc, vx.ptr, b, dx_desc, vdx.ptr, ag, dy_desc, vdy.ptr, vg.ptr, bg, vdg.ptr
+    )
 
 
 #: Most channels ``cudnnSpatialTfSamplerBackward`` accepts (cuDNN 9.19 refuses 1100).

@@ -131,10 +131,9 @@ def _add_call(c: Call) -> None:
     va, vc = c.views["a"], c.views["c"]
     check_fits("a", va.shape, va.strides)
     check_fits("c", vc.shape, vc.strides)
-    with c.launch.on_device():
-        lib.cudnnAddTensor(
-            c.launch.handle, c.alpha, tensor_descriptor_of(va), va.ptr, c.beta, tensor_descriptor_of(vc), vc.ptr
-        )
+    lib.cudnnAddTensor(
+        c.launch.handle, c.alpha, tensor_descriptor_of(va), va.ptr, c.beta, tensor_descriptor_of(vc), vc.ptr
+    )
 
 
 SET_TENSOR = register(
@@ -297,8 +296,7 @@ def _transform_call(c: Call) -> None:
         dst_desc, dst_ptr = tensor_descriptor(vy.dtype, vx.shape, vy.strides), vy.ptr + offset
         blend = scaling_ref(vx.dtype, 1.0)
         _log.debug("transform_tensor: %s -> %s with pads %s/%s", vx.shape, r.shape, r.before, r.after)
-    with launch.on_device():
-        lib.cudnnTransformTensor(launch.handle, c.alpha, tensor_descriptor_of(vx), vx.ptr, blend, dst_desc, dst_ptr)
+    lib.cudnnTransformTensor(launch.handle, c.alpha, tensor_descriptor_of(vx), vx.ptr, blend, dst_desc, dst_ptr)
 
 
 TRANSFORM_TENSOR = register(

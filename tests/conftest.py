@@ -101,14 +101,16 @@ def pytest_runtest_makereport(item, call):
 
 
 class FakeCAI:
-    """A device array as seen through __cuda_array_interface__ only (never dereferenced here)."""
+    """A device array as seen through __cuda_array_interface__ only (never dereferenced here); ``extra`` adds
+    keys to the interface (a producer ``stream``, a ``mask``)."""
 
-    def __init__(self, shape, typestr="<f4", strides=None, ptr=0x7F0000000000, device=0):
+    def __init__(self, shape, typestr="<f4", strides=None, ptr=0x7F0000000000, device=0, **extra):
         self.__cuda_array_interface__ = {
             "shape": shape,
             "typestr": typestr,
             "strides": strides,
             "data": (ptr, False),
             "version": 3,
+            **extra,
         }
         self.device = device

@@ -38,22 +38,9 @@ from cudnnkit.runtime import (
 )
 from cudnnkit.runtime.arrays import contiguous_strides
 
+from .conftest import FakeCAI
+
 PTR = 0x7F0000000000
-
-
-class FakeCAI:
-    """A device array seen through ``__cuda_array_interface__`` only (never dereferenced)."""
-
-    def __init__(self, shape, typestr="<f4", strides=None, ptr=PTR, device=0, **extra):
-        self.__cuda_array_interface__ = {
-            "shape": shape,
-            "typestr": typestr,
-            "strides": strides,
-            "data": (ptr, False),
-            "version": 3,
-            **extra,
-        }
-        self.device = device
 
 
 class FakeArray:

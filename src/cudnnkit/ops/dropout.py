@@ -221,6 +221,12 @@ def _backward_resolve(views: Any, kw: Any) -> tuple[float, DropoutState | None, 
     if state is not None:
         _check_state(state, vdy, "dy")
     recorded = _reserve_layouts.get(vdy.device, vr.ptr, vr.shape[0]) if vdy.size and vr.is_contiguous() else None
+    if recorded is not None and tuple(recorded[0]) != tuple(vdy.shape):
+        # reserve sizes are rounded, so the size check cannot tell a (5, 2) forward from a (5, 3) dy
+        raise ValueError(
+            f"dy has shape {vdy.shape}, but reserve was written by a dropout_forward of shape "
+            f"{tuple(recorded[0])}: pass the reserve of this dy's forward"
+        )
     return kw["p"], state, recorded
 
 
@@ -253,15 +259,6 @@ def _backward_call(c: Call) -> None:
     lib.cudnnDropoutBackward(launch.handle, state.desc, desc, vdy.ptr, desc, vdx.ptr, vr.ptr, nres)
 
 
-def _check_recorded_shape(views: Any, recorded: Any) -> None:
-    if recorded is not None and tuple(recorded[0]) != tuple(views["dy"].shape):
-        # reserve sizes are rounded, so the size check cannot tell a (5, 2) forward from a (5, 3) dy
-        raise ValueError(
-            f"dy has shape {views['dy'].shape}, but reserve was written by a dropout_forward of shape "
-            f"{tuple(recorded[0])}: pass the reserve of this dy's forward"
-        )
-
-
 DROPOUT_FORWARD = register(
     Primitive(
         "dropout_forward",
@@ -282,18 +279,12 @@ DROPOUT_FORWARD = register(
 )
 
 
-def _backward_resolve_checked(views: Any, kw: Any) -> Any:
-    resolved = _backward_resolve(views, kw)
-    _check_recorded_shape(views, resolved[2])
-    return resolved
-
-
 DROPOUT_BACKWARD = register(
     Primitive(
         "dropout_backward",
         inputs=(Operand("dy", _DTYPES), Operand("reserve")),
         outputs=(Output("out", like="dy"),),
-        resolve=_backward_resolve_checked,
+        resolve=_backward_resolve,
         describe=lambda resolved: _describe,
         forced_strides=_backward_forced,
         check_plan=_backward_plan,

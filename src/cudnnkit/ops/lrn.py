@@ -278,19 +278,30 @@ def _temps(launch, shape, dtype, strides) -> tuple[Any, ArrayView, Any, ArrayVie
 _DIVNORM_DIMS = " (cuDNN's divisive normalization takes 4-d and 5-d tensors; a 3-d array is run as 4-d)"
 
 
-def _divnorm_resolve(views: Any, kw: Any) -> Any:
-    """The LRN descriptor of a divisive normalization call, after the first array's dims (3 to 5) and, backward,
-    the outputs' consistency with ``means``."""
+def _divnorm_dims(views: Any) -> ArrayView:
+    """The call's first array, checked to have 3 to 5 dims."""
     name0, v0 = next(iter(views.items()))
     if not 3 <= v0.ndim <= 5:
         raise ValueError(f"{name0} must have 3 to 5 dims (N, C, spatial...){_DIVNORM_DIMS}, got shape {v0.shape}")
-    backward = "dx_beta" in kw
-    if backward and views["means"] is None and kw.get("dmeans_out") is not None:
+    return v0
+
+
+def _divnorm_resolve(views: Any, kw: Any) -> Any:
+    """The LRN descriptor of a divisive normalization call, after the first array's dims (3 to 5)."""
+    v0 = _divnorm_dims(views)
+    return _lrn_desc(kw["size"], kw["alpha"], kw["beta"], kw["k"], v0.dtype)
+
+
+def _divnorm_backward_resolve(views: Any, kw: Any) -> Any:
+    """:func:`_divnorm_resolve`, and the outputs' consistency with ``means`` (checked first: dims, dmeans_out,
+    the parameters, then the blend's outputs, as before the declaration)."""
+    v0 = _divnorm_dims(views)
+    if views["means"] is None and kw.get("dmeans_out") is not None:
         raise ValueError("dmeans_out needs means: without means there is no dmeans")
     desc = _lrn_desc(kw["size"], kw["alpha"], kw["beta"], kw["k"], v0.dtype)
-    b = kw.get("dx_beta", 0.0)
+    b = kw["dx_beta"]
     # a non-number is left to the blend's own check (a TypeError naming dx_beta)
-    if backward and isinstance(b, numbers.Real) and b != 0:
+    if isinstance(b, numbers.Real) and b != 0:
         if kw.get("dx_out") is None or (views["means"] is not None and kw.get("dmeans_out") is None):
             raise ValueError("dx_beta != 0 blends into existing outputs: pass dx_out= (and dmeans_out= with means)")
     return desc
@@ -371,7 +382,7 @@ DIVISIVE_NORMALIZATION_BACKWARD = register(
             Output("dx_out", like="x"),
             Output("dmeans_out", like="x", present=lambda views: views["means"] is not None),
         ),
-        resolve=_divnorm_resolve,
+        resolve=_divnorm_backward_resolve,
         describe=lambda resolved: _divnorm_describe,
         legacy=_divnorm_backward_call,
         layout_what="cuDNN's divisive normalization takes one layout for all its tensors",

@@ -136,22 +136,21 @@ def _add_call(c: Call) -> None:
     )
 
 
-SET_TENSOR = register(
-    Primitive(
-        "set_tensor",
-        inputs=(Operand("y", FLOATS, flags=WRITTEN | ELEMENTWISE),),
-        resolve=_set_resolve,
-        legacy=lambda c: _elementwise(c.launch, c.views["y"], lib.cudnnSetTensor, c.resolved, "set_tensor"),
+def _in_place(name: str, resolve: Any, function: str) -> Primitive:
+    """An op that writes every element of ``y`` in place with one scalar (``function``: "cudnnSetTensor" or
+    "cudnnScaleTensor", looked up on each call), over :func:`_elementwise`."""
+    return register(
+        Primitive(
+            name,
+            inputs=(Operand("y", FLOATS, flags=WRITTEN | ELEMENTWISE),),
+            resolve=resolve,
+            legacy=lambda c: _elementwise(c.launch, c.views["y"], getattr(lib, function), c.resolved, name),
+        )
     )
-)
-SCALE_TENSOR = register(
-    Primitive(
-        "scale_tensor",
-        inputs=(Operand("y", FLOATS, flags=WRITTEN | ELEMENTWISE),),
-        resolve=_scale_resolve,
-        legacy=lambda c: _elementwise(c.launch, c.views["y"], lib.cudnnScaleTensor, c.resolved, "scale_tensor"),
-    )
-)
+
+
+SET_TENSOR = _in_place("set_tensor", _set_resolve, "cudnnSetTensor")
+SCALE_TENSOR = _in_place("scale_tensor", _scale_resolve, "cudnnScaleTensor")
 ADD_TENSOR = register(
     Primitive(
         "add_tensor",
@@ -264,14 +263,11 @@ def _transform_resolve(views: Any, kw: Any) -> _Transform:
     shape = tuple(d + b + a for d, b, a in zip(vx.shape, before, after))
     padded = any(before) or any(after)
     strides = None
+    pads = (kw["pad_before"], kw["pad_after"])
     if kw.get("out") is None:
         strides = _layout_strides(shape, layout, vx)
-        _check_size(shape, strides if strides is not None else contiguous_strides(shape), *_kw_pads(kw))
-    return _Transform(before, after, shape, padded, strides, _kw_pads(kw))
-
-
-def _kw_pads(kw: Any) -> tuple[Any, Any]:
-    return kw["pad_before"], kw["pad_after"]
+        _check_size(shape, strides if strides is not None else contiguous_strides(shape), *pads)
+    return _Transform(before, after, shape, padded, strides, pads)
 
 
 def _transform_call(c: Call) -> None:

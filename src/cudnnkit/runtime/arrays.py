@@ -18,12 +18,12 @@ import ctypes
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from . import adapters, driver
 from .cache import LRU, MISSING
 from .dtypes import canonical, itemsize
+from .view import ArrayView, contiguous_strides, is_contiguous
 
 __all__ = [
     "ArrayView",
@@ -36,66 +36,6 @@ __all__ = [
     "layout_problem",
     "check_device_pointer",
 ]
-
-
-@dataclass(slots=True)
-class ArrayView:
-    """Shape, element strides, dtype name, device ordinal and data pointer of a CUDA array.
-
-    Read-only by convention (not frozen: it is built on every call, and a
-    frozen dataclass costs several times more to construct).
-
-    ``owner`` keeps the underlying array (or DLPack capsule) alive; ``adapter``
-    is the array library's adapter, or ``None`` for a library without one
-    (such arrays can be inputs, but outputs need ``out=``).
-    """
-
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]  # in elements
-    dtype: str
-    device: int
-    ptr: int
-    owner: Any
-    adapter: Any = None
-    readonly: bool = False
-    #: the producer's stream from ``__cuda_array_interface__`` v3 (None when not given or not CAI)
-    stream: int | None = None
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def itemsize(self) -> int:
-        return itemsize(self.dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.itemsize
-
-    @property
-    def library(self) -> str:
-        return self.adapter.name if self.adapter is not None else "unknown"
-
-    def is_contiguous(self) -> bool:
-        return is_contiguous(self.shape, self.strides)
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major (C-contiguous) element strides for ``shape``."""
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= max(d, 1)
-    return tuple(reversed(out))
-
-
-def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    return all(s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)) if d != 1)
 
 
 def is_dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # arrays imports this package: a runtime import here would be circular
-    from ..arrays import ArrayView
+if TYPE_CHECKING:
+    from ..view import ArrayView
 
 __all__ = ["ArrayAdapter", "MEMBERS", "missing_members"]
 

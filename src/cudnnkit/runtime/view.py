@@ -1,0 +1,73 @@
+"""The view of one CUDA array that every layer works with: :class:`ArrayView`, and the C-order stride helpers it
+uses. It knows no array library (the adapters build views; :mod:`cudnnkit.runtime.arrays` reads foreign arrays into
+them), so any module may import it without an import circle."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .dtypes import itemsize
+
+__all__ = ["ArrayView", "contiguous_strides", "is_contiguous"]
+
+
+@dataclass(slots=True)
+class ArrayView:
+    """Shape, element strides, dtype name, device ordinal and data pointer of a CUDA array.
+
+    Read-only by convention (not frozen: it is built on every call, and a
+    frozen dataclass costs several times more to construct).
+
+    ``owner`` keeps the underlying array (or DLPack capsule) alive; ``adapter``
+    is the array library's adapter, or ``None`` for a library without one
+    (such arrays can be inputs, but outputs need ``out=``).
+    """
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    dtype: str
+    device: int
+    ptr: int
+    owner: Any
+    adapter: Any = None
+    readonly: bool = False
+    #: the producer's stream from ``__cuda_array_interface__`` v3 (None when not given or not CAI)
+    stream: int | None = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return itemsize(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+    @property
+    def library(self) -> str:
+        return self.adapter.name if self.adapter is not None else "unknown"
+
+    def is_contiguous(self) -> bool:
+        return is_contiguous(self.shape, self.strides)
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major (C-contiguous) element strides for ``shape``."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    return all(s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)) if d != 1)

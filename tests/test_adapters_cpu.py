@@ -3,7 +3,7 @@
 * Both adapter classes implement every member of :class:`cudnnkit.runtime.adapters.ArrayAdapter`, which lists
   every member the runtime and the ops call on an adapter. torch's adapter is imported for real; CuPy's module
   imports ``cupy`` at its top, so without CuPy it is imported over a stand-in ``cupy`` module (the class body
-  reads only ``cupy`` itself), and the stand-in is removed afterwards.
+  reads only ``cupy`` and ``cupy.ndarray``), and the stand-in is removed afterwards.
 * :func:`cudnnkit.runtime.adapters.is_device_array` answers as ``ops/ctc.py``'s own ``_on_device`` did before it
   moved into the adapters package (the old function is kept below as the reference).
 """
@@ -71,7 +71,8 @@ def _cupy_adapter_class():
     if importlib.util.find_spec("cupy") is not None:
         return importlib.import_module(name).CupyAdapter
     saved = {k: sys.modules.pop(k) for k in ("cupy", name) if k in sys.modules}
-    sys.modules["cupy"] = types.ModuleType("cupy")
+    stand_in = sys.modules["cupy"] = types.ModuleType("cupy")
+    stand_in.ndarray = type("ndarray", (), {})  # the class body names the array type (``types``)
     try:
         return importlib.import_module(name).CupyAdapter
     finally:

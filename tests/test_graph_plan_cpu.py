@@ -561,6 +561,7 @@ def _relu_graph(mark=True):
 
 def test_build_checks_the_graph_before_looking_up_the_device(monkeypatch):
     monkeypatch.setattr(cache_mod.adapters, "available", lambda: [_NoCudaAdapter()])
+    monkeypatch.setattr(cache_mod.adapters, "in_use", lambda: [_NoCudaAdapter()])
     for device in (None, 0):
         with pytest.raises(cudnnkit.graph.GraphError, match="the graph has no operations"):
             Graph().build(device)
@@ -572,6 +573,7 @@ def test_build_checks_the_graph_before_looking_up_the_device(monkeypatch):
     with pytest.raises(RuntimeError, match=r"torch sees no CUDA device .*device=0"):
         _relu_graph().build(0)
     monkeypatch.setattr(cache_mod.adapters, "available", lambda: [_NoCudaAdapter(count=2)])
+    monkeypatch.setattr(cache_mod.adapters, "in_use", lambda: [_NoCudaAdapter(count=2)])
     with pytest.raises(ValueError, match=r"device=2, but torch sees 2 CUDA device\(s\): 0 to 1"):
         _relu_graph().build(2)
 
@@ -587,6 +589,7 @@ def test_build_checks_the_graph_before_looking_up_the_device(monkeypatch):
 )
 def test_build_refuses_a_bad_device_naming_it(monkeypatch, device, exc, msg):
     monkeypatch.setattr(cache_mod.adapters, "available", lambda: [_NoCudaAdapter(count=1)])
+    monkeypatch.setattr(cache_mod.adapters, "in_use", lambda: [_NoCudaAdapter(count=1)])
     with pytest.raises(exc, match=msg):
         _relu_graph().build(device)
     with pytest.raises(exc, match=msg):

@@ -52,12 +52,14 @@ def _norm(a: Any, ptrs: dict[int, int]) -> Any:
     return None if a is None else type(a).__name__
 
 
-def record(ops: list[str] | None, n: int, seed: int) -> list[dict[str, Any]]:
-    from cudnnkit import lib
+def record(ops: list[str] | None, n: int, seed: int, *, express: bool | None = None) -> list[dict[str, Any]]:
+    """The calls of ``n`` generated cases of ``ops``. ``express``: None runs each case twice, as the trees before
+    the express path did; True and False run each three times (the third can take the express path) with fake
+    arrays known to the express path (``adapters.KEYED``), and the path on or off (``_express.enabled``)."""
+    from cudnnkit.ops import _express
+    from cudnnkit.runtime import adapters
 
-    from .materialize import FakeBackend
-    from .runner import execute
-    from .strategies import generate
+    from .materialize import FakeArray, FakeBackend
 
     calls: list[tuple[str, tuple]] = []
 
@@ -77,6 +79,36 @@ def record(ops: list[str] | None, n: int, seed: int) -> list[dict[str, Any]]:
         return real_set(desc, name, value)
 
     backend = FakeBackend()
+
+    def fake_key(a: Any) -> tuple:
+        return backend.adapters[a.lib].key(a)
+
+    from cudnnkit.ops import dropout
+    from cudnnkit.runtime import clear_caches
+
+    clear_caches()  # each record starts from empty caches and no default dropout state (an earlier one's)
+    with dropout._defaults_lock:
+        dropout._defaults.clear()
+    was = _express.enabled()
+    if express is not None:
+        adapters.KEYED[FakeArray] = fake_key
+        _express.enabled(express)
+    try:
+        return _record(backend, calls, recorder, set_attribute, ops, n, seed, 2 if express is None else 3)
+    finally:
+        adapters.KEYED.pop(FakeArray, None)
+        with dropout._defaults_lock:  # states made under the recorder (size 0): never seen by a later test
+            dropout._defaults.clear()
+        _express.enabled(was)  # the entries stay (a test reads their hits); enabled(False) would drop them
+
+
+def _record(backend, calls, recorder, set_attribute, ops, n, seed, runs) -> list[dict[str, Any]]:
+    from cudnnkit import lib
+    from cudnnkit.lib import backend as bk
+
+    from .runner import execute
+    from .strategies import generate
+
     with backend.installed():
         backend._patch(bk, "set_attribute", set_attribute)
         for fname, proto in lib.FUNCTIONS.items():
@@ -86,13 +118,14 @@ def record(ops: list[str] | None, n: int, seed: int) -> list[dict[str, Any]]:
         for c in generate(n, seed, ("fakeA",), False, ops):
             c.other = "fakeB"
             calls.clear()
-            first, again = execute(c, backend), execute(c, backend)
+            got = [execute(c, backend) for _ in range(runs)]
+            first = got[0]
             ptrs: dict[int, int] = {}
             out.append(
                 {
                     "case": c.index,
                     "op": c.op,
-                    "outcomes": [first.kind, again.kind],
+                    "outcomes": [g.kind for g in got],
                     "error": re.sub(r"0x[0-9a-f]+", "0x?", first.detail[:300]) if first.kind != "correct" else "",
                     "calls": [
                         [f, [int(args[0]) if args[0] is not None else None, args[1]]]

@@ -303,6 +303,11 @@ class FakeAdapter:
         a = self._own(obj)
         return ArrayView(a.shape, a.strides, a.dtype, a.device, a.ptr, a, self, a.readonly)
 
+    def key(self, obj: Any) -> tuple:
+        """The express path's key (the optional adapter member): what ``view`` reads, and the pointer."""
+        a = self._own(obj)
+        return (self, a.dtype, a.shape, a.strides, a.device, a.readonly), a.ptr, self
+
     def empty(self, shape, dtype, device, strides=None, stream=None):
         shape = tuple(int(d) for d in shape)
         strides = _contig(shape) if strides is None else tuple(strides)
@@ -462,6 +467,7 @@ class FakeBackend:
 
         self._patch(adapters, "for_object", for_object)
         self._patch(adapters, "available", lambda: [fakes["fakeA"], *real_available()])
+        self._patch(adapters, "in_use", lambda: [fakes["fakeA"], *real_available()])
         self._patch(driver, "pointer_info", self._pointer_info)
         self._patch(driver, "stream_device", self._stream_device)
         self._patch(Launch, "handle", property(lambda self: _FakeHandle()))

@@ -292,6 +292,7 @@ DROPOUT_BACKWARD = register(
         layout_what="the layout its forward ran in, so each element meets its own mask bit",
         layout_order=("dy",),
         family="dropout",
+        express=False,  # resolve reads the reserve's pointer (which forward wrote it, in which layout)
     )
 )
 

@@ -79,7 +79,9 @@ from typing import Any
 from .. import lib
 from ..runtime import DescriptorKind, cudnn_dtype, get_cached, tensor_descriptor
 from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime.cache import lru
 from ..runtime.descriptors import INT_MAX, int_array
+from ..runtime.view import is_contiguous
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["affine_grid_forward", "affine_grid_backward", "grid_sample_forward", "grid_sample_backward"]
@@ -182,9 +184,14 @@ def _check_grid(v: ArrayView, name: str, n: int, n_from: str) -> tuple[int, int]
 
 def _strides(v: ArrayView) -> tuple[int, ...]:
     """``v``'s strides for a tensor descriptor: canonical when C-contiguous, size-1 dims made positive otherwise."""
-    if v.is_contiguous():
-        return contiguous_strides(v.shape)
-    return tuple(s if d > 1 or s > 0 else 1 for d, s in zip(v.shape, v.strides))
+    return _descriptor_strides(v.shape, v.strides)
+
+
+@lru("spatial_transformer.strides", 1024)
+def _descriptor_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    if is_contiguous(shape, strides):
+        return contiguous_strides(shape)
+    return tuple(s if d > 1 or s > 0 else 1 for d, s in zip(shape, strides))
 
 
 def _out_descriptor(v: ArrayView, name: str) -> Any:

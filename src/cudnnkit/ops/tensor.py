@@ -80,12 +80,19 @@ def _elementwise_plan(shape: tuple[int, ...], strides: tuple[int, ...]):
     return loop, tuple(d for d, _ in merged), tuple(s for _, s in merged)
 
 
+@lru("tensor.elementwise", 1024)
+def _elementwise_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple, Any]:
+    """``(loop, descriptor)`` of :func:`_elementwise_plan` for one array's metadata (checked to fit cuDNN's
+    ints), cached: the per-call work is the cuDNN call."""
+    loop, shape, strides = _elementwise_plan(shape, strides)
+    check_fits("y", shape, strides)
+    return loop, tensor_descriptor(dtype, shape, strides)
+
+
 def _elementwise(launch: Any, v: ArrayView, call: Any, scalar: Any, what: str) -> None:
     """Run ``call(handle, desc, ptr, scalar)`` (``cudnnSetTensor`` or ``cudnnScaleTensor``) over every element of
     ``v`` once, as :func:`_elementwise_plan` says."""
-    loop, shape, strides = _elementwise_plan(v.shape, v.strides)
-    check_fits("y", shape, strides)
-    desc = tensor_descriptor(v.dtype, shape, strides)
+    loop, desc = _elementwise_descriptor(v.dtype, v.shape, v.strides)
     if loop:
         n = math.prod(d for d, _ in loop)
         _log.debug(

@@ -255,7 +255,7 @@ def _pointer_device(ptr: int, obj: Any, name: str) -> int:
         return dev
     if ptr == 0:
         return 0
-    for ad in adapters.available():
+    for ad in adapters.in_use():
         d = ad.pointer_device(ptr)
         if d is not None:
             return d

@@ -84,10 +84,9 @@ _local = _PerThread()
 
 def _guard(device: int, adapter: Any):
     if adapter is None:
-        avail = adapters.available()
-        if not avail:
+        adapter = adapters.first_available()
+        if adapter is None:
             raise RuntimeError("creating a cuDNN handle needs CuPy or torch to select the CUDA device")
-        adapter = avail[0]
     return adapter.device_guard(device)
 
 
@@ -228,7 +227,7 @@ def check_device(device: Any, name: str = "device") -> int:
     if device < 0:
         raise ValueError(f"{name} must be >= 0, got {device}")
     counts = []
-    for ad in adapters.available():
+    for ad in adapters.in_use():
         try:
             counts.append(ad.device_count())
         except Exception:

@@ -176,10 +176,9 @@ def check_device(device: Any, name: str = "device") -> int | None:
 def default_device() -> int:
     """The current device of the first installed array library (0 when none is installed: building then
     says it needs one); ``RuntimeError`` when that library has no CUDA device (e.g. a CPU build of torch)."""
-    avail = adapters.available()
-    if not avail:
+    ad = adapters.first_available()
+    if ad is None:
         return 0
-    ad = avail[0]
     try:
         return int(ad.current_device())
     except Exception as e:
@@ -247,10 +246,9 @@ def load_plan(data: bytes | str | Mapping[str, Any], device: int | None = None) 
     if missing:
         raise ValueError(f"not a complete serialized cudnnkit plan: no {', '.join(missing)}")
     d = default_device() if d is None else d
-    avail = adapters.available()
-    if not avail:
+    ad = adapters.first_available()
+    if ad is None:
         raise RuntimeError("loading a plan needs a cuDNN handle, which needs CuPy or torch to select the device")
-    ad = avail[0]
     check_device_count(ad, d)
     with ad.device_guard(d):
         handle = get_handle(d, ad.current_stream(d), ad)

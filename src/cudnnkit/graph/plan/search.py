@@ -88,10 +88,9 @@ def build_context(graph: PlanGraph, device: int | None, options: dict[str, Any])
 
 
 def device_env(ctx: BuildContext):
-    avail = adapters.available()
-    if not avail:
+    ctx.adapter = adapters.first_available()
+    if ctx.adapter is None:
         raise RuntimeError("building a plan needs a cuDNN handle, which needs CuPy or torch to select the device")
-    ctx.adapter = avail[0]
     check_device_count(ctx.adapter, ctx.device)
     ctx.handle = get_handle(ctx.device, ctx.adapter.current_stream(ctx.device), ctx.adapter)
     return ctx.adapter.device_guard(ctx.device)

@@ -15,6 +15,11 @@ stream semantics, and what a new adapter, such as the planned JAX one, must prov
 * ``refuse_special_stream(stream, name)``: refuse a default-stream handle the library cannot use;
 * ``version()``, ``device_count()``, ``device_info(i)``, ``synchronize(device)``.
 
+Optional, for the ops' express path (:mod:`cudnnkit.ops._primitive`): ``types`` (the exact array types the
+adapter reads) and ``key(obj) -> (key, ptr, adapter) | None``. ``key`` is a hashable tuple of everything
+``view(obj)`` and the checks after it depend on (type, dtype, shape, strides, device), ``ptr`` the data pointer;
+None when ``obj`` is not one the express path can take. :data:`KEYED` maps each such type to its ``key``.
+
 :func:`is_device_array` answers "is this a CUDA array?" for any object (adapters first, then the generic
 ``__cuda_array_interface__``/DLPack rules), so no module outside this package tests for a library's types.
 
@@ -32,8 +37,22 @@ from ._protocol import MEMBERS, ArrayAdapter, missing_members
 
 _MODULES = {"cupy": "cudnnkit.runtime.adapters._cupy", "torch": "cudnnkit.runtime.adapters._torch"}
 _loaded: dict[str, Any] = {}
+#: exact array type -> the ``key`` function of its adapter (filled as adapters load; see the module docstring)
+KEYED: dict[type, Any] = {}
 
-__all__ = ["ArrayAdapter", "MEMBERS", "missing_members", "get", "for_object", "available", "names", "is_device_array"]
+__all__ = [
+    "ArrayAdapter",
+    "MEMBERS",
+    "missing_members",
+    "get",
+    "for_object",
+    "available",
+    "first_available",
+    "in_use",
+    "names",
+    "KEYED",
+    "is_device_array",
+]
 
 
 def names() -> tuple[str, ...]:
@@ -47,6 +66,8 @@ def get(name: str) -> Any:
         if name not in _MODULES:
             raise ValueError(f"no adapter for array library {name!r}; known: {sorted(_MODULES)}")
         ad = _loaded[name] = importlib.import_module(_MODULES[name]).ADAPTER
+        for t in getattr(ad, "types", ()):
+            KEYED[t] = ad.key
     return ad
 
 
@@ -56,6 +77,28 @@ def for_object(obj: Any) -> Any | None:
     if root in _MODULES:
         return get(root)
     return None
+
+
+def in_use() -> list[Any]:
+    """The adapters of the libraries the program has imported already, else (none imported) every installed one
+    (imported now). Building a plan, picking a device or counting devices asks these, so a torch program never
+    pays CuPy's import (0.1-0.4 s) and the reverse."""
+    import sys
+
+    out = []
+    for name in _MODULES:
+        if name in _loaded or name in sys.modules:
+            try:
+                out.append(get(name))
+            except ImportError:
+                pass
+    return out or available()
+
+
+def first_available() -> Any | None:
+    """The adapter that builds and selects devices when no array says which: the first of :func:`in_use`."""
+    got = in_use()
+    return got[0] if got else None
 
 
 def available() -> list[Any]:

@@ -49,6 +49,12 @@ class CupyAdapter(ArrayAdapter):
 
     name = "cupy"
     module = cupy
+    types = (cupy.ndarray,)
+
+    def key(self, obj: Any) -> tuple | None:
+        """The express path's key of an array (see :mod:`cudnnkit.runtime.adapters`): its dtype, shape, byte
+        strides and device, what :meth:`view` reads."""
+        return (self, obj.dtype, obj.shape, obj.strides, obj.device.id), obj.data.ptr, self
 
     def view(self, obj: Any, name: str) -> ArrayView:
         if not isinstance(obj, cupy.ndarray):

@@ -49,6 +49,18 @@ class TorchAdapter(ArrayAdapter):
 
     name = "torch"
     module = torch
+    types = (torch.Tensor, torch.nn.Parameter)
+
+    def key(self, obj: Any) -> tuple | None:
+        """The express path's key of a tensor (see :mod:`cudnnkit.runtime.adapters`): a CUDA, strided tensor of
+        a dtype cuDNN has, else None."""
+        d = obj.get_device()
+        if d < 0 or obj.layout is not torch.strided:
+            return None
+        dt = _FROM_TORCH.get(obj.dtype)
+        if dt is None:
+            return None
+        return (self, dt, obj.shape, obj.stride(), d), obj.data_ptr(), self
 
     def view(self, obj: Any, name: str) -> ArrayView:
         if not isinstance(obj, torch.Tensor):

@@ -1,0 +1,151 @@
+"""The express path: a repeated op call, recognised from its arrays' metadata and its keywords, runs with nothing
+checked, resolved, planned or described again.
+
+Every check :func:`~cudnnkit.ops._primitive.run` makes before the cuDNN call is a function of what
+:func:`signature` reads: per array, its adapter's ``key`` (type, dtype, shape, strides, device: see
+:mod:`cudnnkit.runtime.adapters`), and per keyword its type and value (an object that is not a plain value, such
+as a ``DropoutState``, by identity: the entry keeps it alive, so the identity cannot be reused). A call whose
+signature was seen before, on a call that went straight to cuDNN (the arrays as given, no copy, no temporary,
+the legacy path), is an :class:`Entry` hit: it reads the current stream, allocates the new outputs with the
+strides the first call chose, builds the views from the entry's templates and this call's pointers, runs the
+op's ``check_plan`` (which may read pointers, and hands the legacy call its extras) and the legacy call.
+
+Not express (always the full sequence): a ``stream=`` argument, arrays of a library without a ``key`` (bare
+``__cuda_array_interface__``/DLPack objects), primitives declared ``express=False`` (their checks read a
+pointer or the settings), ``host_ok`` operands, graph-form calls, and calls that needed a copy or a producer
+stream. :func:`enabled` turns the path off (tests compare both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..runtime import adapters
+from ..runtime.cache import LRU
+
+__all__ = ["Entry", "signature", "entries", "enabled", "info"]
+
+_SIMPLE = frozenset({int, float, bool, str, type(None)})
+
+#: signature -> Entry
+entries: LRU[tuple, Entry] = LRU("ops.express", 4096)
+_on = [True]
+
+
+def enabled(on: bool | None = None) -> bool:
+    """Whether the express path is on (default); ``enabled(False)`` turns it off for every thread (and drops
+    the entries), ``enabled(True)`` back on. Returns the setting."""
+    if on is not None:
+        _on[0] = bool(on)
+        if not on:
+            entries.clear()
+    return _on[0]
+
+
+def info() -> dict[str, int]:
+    """Entries held, their bound, and the express calls they served."""
+    held = list(entries._d.values())
+    return {"size": len(held), "maxsize": entries.maxsize, "hits": sum(e.hits for e in held)}
+
+
+def signature(p: Any, arrays: Any, kwargs: Any) -> tuple[tuple, list[int], list[Any]] | None:
+    """``(key, pointers, objects)`` of one call of primitive ``p``, or None when it cannot be express.
+
+    ``key`` is hashable; ``pointers`` are the data pointers of the present operands (``p``'s order) then of
+    the ``out=`` arrays (keyword order); ``objects`` the keyword values taken by identity."""
+    if not _on[0]:
+        return None
+    keyed = adapters.KEYED
+    parts: list[Any] = [p.name]
+    ptrs: list[int] = []
+    objs: list[Any] = []
+    for name in p._names:
+        a = arrays.get(name)
+        if a is None:
+            parts.append(None)
+            continue
+        key = keyed.get(type(a))
+        if key is None:
+            return None
+        got = key(a)
+        if got is None:
+            return None
+        parts.append(got[0])
+        ptrs.append(got[1])
+    outs = p._outnames
+    for k, v in kwargs.items():
+        t = type(v)
+        if t in _SIMPLE:
+            parts.append((k, t, v))
+        elif k in outs:
+            key = keyed.get(t)
+            got = key(v) if key is not None else None
+            if got is None:
+                return None
+            parts.append((k, got[0]))
+            ptrs.append(got[1])
+        elif t is tuple and all(type(x) in _SIMPLE for x in v):
+            parts.append((k, t, v, tuple(map(type, v))))
+        else:
+            parts.append((k, id(v)))
+            objs.append(v)
+    try:
+        hash(tuple(parts))
+    except TypeError:
+        return None
+    return tuple(parts), ptrs, objs
+
+
+@dataclass
+class Entry:
+    """What a hit needs (see the module docstring): the device and allocating adapter, the names the launch
+    reports, the operand templates ``(name, shape, strides, dtype, adapter)`` in pointer order (given outputs
+    last), the outputs to allocate ``(name, shape, dtype, strides, adapter)``, and the call's resolved
+    keywords, descriptor, description and scaling references."""
+
+    device: int
+    adapter: Any
+    inputs: tuple[str, ...]
+    views: tuple[tuple[str, tuple, tuple, str, Any], ...]
+    given: int  #: how many of ``views`` (the last ones) are given outputs
+    new: tuple[tuple[str, tuple, str, Any, Any], ...]
+    resolved: Any
+    desc: Any
+    description: Any
+    alpha: Any
+    beta: Any
+    blends: dict
+    shaped: bool
+    keep: tuple = ()
+    #: the optional operands the call did not have (their views are None, as in the full sequence)
+    absent: tuple[str, ...] = ()
+    #: calls that took this entry (counted without a lock: exact in one thread, about right in several)
+    hits: int = 0
+
+
+def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Any,
+               shaped: bool, objs: list[Any]) -> Entry:  # fmt: skip
+    """The :class:`Entry` of a call that went straight to cuDNN: ``views`` its operands' (present ones, in the
+    primitive's order), ``given`` the names of the outputs passed as ``out=`` (keyword order; their views are in
+    ``call.views``), ``new`` ``(name, view)`` of the outputs it allocated."""
+    cv = call.views
+    tmpl = [(n, v.shape, v.strides, v.dtype, v.adapter) for n, v in views.items() if v is not None]
+    tmpl += [(n, cv[n].shape, cv[n].strides, cv[n].dtype, cv[n].adapter) for n in given]
+    return Entry(
+        launch.device,
+        launch.adapter,
+        launch.inputs,
+        tuple(tmpl),
+        len(given),
+        tuple((n, v.shape, v.dtype, v.strides, v.adapter) for n, v in new),
+        call.resolved,
+        call.desc,
+        call.description,
+        call.alpha,
+        call.beta,
+        dict(call.blends),
+        shaped,
+        tuple(objs),
+        tuple(n for n, v in views.items() if v is None),
+    )

@@ -125,3 +125,72 @@ def test_every_primitive_is_fuzzed_with_its_own_operands():
             assert roles.get(o.name) is not None and roles[o.name].kind == "out", (name, o.name)
         if p.blend:
             assert set(p.blend_names) <= set(SPECS[name].params), (name, p.blend_names)
+
+
+def test_express_path_skips_the_checks_and_passes_this_calls_pointers():
+    """A legacy-only primitive called again with arrays of the same metadata (fresh pointers) and the same
+    keywords takes the express path: resolve and describe are not run again, the legacy call sees this call's
+    pointers and a newly allocated output; a changed keyword, a ``stream=`` or ``enabled(False)`` take the full
+    sequence."""
+    import numpy as np
+
+    from cudnnkit.ops import _express
+    from cudnnkit.runtime import adapters
+
+    from .fuzz.materialize import FakeArray, FakeBackend
+    from .fuzz.model import A
+
+    resolved, described, seen = [], [], []
+
+    def describe(r):
+        def d(shape, strides):
+            described.append(shape)
+            return (shape, strides)
+
+        return d
+
+    def resolve(views, kw):
+        resolved.append(kw.get("k"))
+        return (kw.get("k"),)
+
+    def legacy(call):
+        seen.append((call.views["x"].ptr, call.views["out"].ptr, call.resolved, call.alpha is not None))
+
+    p = P.Primitive(
+        "toy_express",
+        inputs=(P.Operand("x", FLOATS),),
+        outputs=(P.Output("out", like="x"),),
+        resolve=resolve,
+        describe=describe,
+        legacy=legacy,
+        layout_what="toy",
+        blend=True,
+    )
+    b = FakeBackend()
+    with b.installed():
+        adapters.KEYED[FakeArray] = lambda a: b.adapters[a.lib].key(a)
+        try:
+            _express.entries.clear()
+
+            def arr():
+                return b.array(A((2, 3, 4), "float32"), np.zeros((2, 3, 4)), "fakeA", None)
+
+            xs = [arr() for _ in range(5)]
+            outs = [p({"x": x}, k=1) for x in xs[:4]]
+            # call 1 misses the op-level cache, call 2 hits it and records the express entry, 3 and 4 are express
+            assert resolved == [1, 1] and len(described) == 1
+            assert [s[0] for s in seen] == [x.ptr for x in xs[:4]]
+            assert [s[1] for s in seen] == [o.ptr for o in outs] and len({o.ptr for o in outs}) == 4
+            assert all(s[2] == (1,) and s[3] for s in seen)
+            assert _express.info()["hits"] == 2
+            p({"x": xs[4]}, k=2)  # another keyword value: the full sequence
+            assert resolved[-1] == 2
+            p({"x": xs[4]}, k=1, stream=0)  # stream=: never express
+            assert resolved[-1] == 1 and len(resolved) == 4
+            _express.enabled(False)
+            p({"x": xs[4]}, k=1)
+            assert len(resolved) == 5 and _express.info()["size"] == 0
+        finally:
+            _express.enabled(True)
+            adapters.KEYED.pop(FakeArray, None)
+            _express.entries.clear()

@@ -404,18 +404,17 @@ class _CaiWithStream:
         self._keep = arr
 
 
-def test_a_cai_out_with_a_garbage_producer_stream_is_written_without_a_crash(xp):
-    # issue 10's fuzzer (a SIGSEGV): an out= CAI in another layout than x is written through a temporary and a
-    # copy, and the copy handed the CAI object to CuPy/torch, which synchronized on its producer stream 0xBAD000
-    # (a raw driver call on a garbage handle); cudnnkit's work is ordered on the launch stream, so the object is
-    # viewed without that stream
-    from .test_softmax_gpu import ref_softmax
-
+def test_a_cai_out_with_a_garbage_producer_stream_is_refused_without_a_crash(xp):
+    # issue 10's fuzzer (a SIGSEGV): an out= CAI in another layout than x, naming producer stream 0xBAD000, was
+    # written through a temporary and a copy that handed the CAI object to CuPy/torch, which synchronized on
+    # that garbage handle. Since issue 11 a producer stream is checked and waited for (an event), so a handle
+    # that is not a live stream is refused by name, before any GPU work, and out is left as it was
     a = np.random.default_rng().standard_normal((2, 6))
     x = xp.from_numpy(a, 0).T  # (6, 2), transposed
     target = xp.from_numpy(np.full((6, 2), np.nan), 0)
-    ops.softmax_forward(x, axis=0, out=_CaiWithStream(target, 0xBAD000))
-    assert rel(host(xp, target), ref_softmax(a.T, (0,), False)) < 1e-12
+    with pytest.raises(ValueError, match=r"out's __cuda_array_interface__ stream=0xbad000 is not a live CUDA stream"):
+        ops.softmax_forward(x, axis=0, out=_CaiWithStream(target, 0xBAD000))
+    assert np.isnan(host(xp, target)).all()
 
 
 # ----------------------------------------------------------------- CAI v3 producer streams are waited for
@@ -491,15 +490,12 @@ def test_cai_producer_stream_is_waited_for(xp, case):
             got, expect = out, want
         else:  # P writes x late; the op must read the written values
             x = dev(xp, np.zeros_like(a), "float32")
-            xp.synchronize(0)
+            got = dev(xp, np.zeros_like(a), "float32")
+            xp.synchronize(0)  # device-wide: only before P's spin is queued, or it would wait for P
             _busy_then(xp, p, _fill(xp, x, src))
             if case == "input without adapter":
-                got = dev(xp, np.zeros_like(a), "float32")
-                xp.synchronize(0)
                 ops.softmax_forward(_CaiV3(x, cai_stream), out=got, stream=c)
             else:  # c of the library: its current stream is the launch stream
-                got = dev(xp, np.zeros_like(a), "float32")
-                xp.synchronize(0)
                 ops.add_tensor(_CaiV3(x, cai_stream), got)  # got = x + got
             expect = ref_softmax(a) if case == "input without adapter" else a
         xp.synchronize(0)  # every stream: P's write and the op are both done

@@ -13,11 +13,13 @@ op's ``check_plan`` (which may read pointers, and hands the legacy call its extr
 Not express (always the full sequence): a ``stream=`` argument, arrays of a library without a ``key`` (bare
 ``__cuda_array_interface__``/DLPack objects), primitives declared ``express=False`` (their checks read a
 pointer or the settings), ``host_ok`` operands, graph-form calls, and calls that needed a copy or a producer
-stream. :func:`enabled` turns the path off (tests compare both).
+stream. :func:`enabled` turns the path off (tests compare both); so does the environment variable
+``CUDNNKIT_EXPRESS=0`` at import.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,7 @@ _SIMPLE = frozenset({int, float, bool, str, type(None)})
 
 #: signature -> Entry
 entries: LRU[tuple, Entry] = LRU("ops.express", 4096)
-_on = [True]
+_on = [os.environ.get("CUDNNKIT_EXPRESS", "1") != "0"]
 
 
 def enabled(on: bool | None = None) -> bool:

@@ -2,14 +2,19 @@
 
     PYTHONPATH=<tree>/src python3 tests/gpu/bitwise_digest.py OUT.json
 
-torch tensors, float16/32/64 where the op takes them; each call is made three times (so the express path runs on
+torch tensors, float16/32/64 where the op takes them
+each call is made three times (so the express path runs on
 a tree that has one) and the last outputs are hashed. Run it under each tree (and twice under one, to see which
 ops are nondeterministic: cuDNN's spatial-transformer backwards accumulate with atomics) and compare the JSON.
 Not a test module: it needs no pytest, and the trees it compares need not have this file."""
 
-import hashlib, json, sys
+import hashlib
+import json
+import sys
+
 import numpy as np
 import torch
+
 from cudnnkit import ops
 
 g = np.random.default_rng(7)

@@ -15,11 +15,11 @@ cuDNN below 9.0 is refused. The version formula in 9.x is
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import re
 import threading
 from dataclasses import dataclass
-import importlib.util
 from pathlib import Path
 
 from .errors import LibraryNotFoundError, UnsupportedVersionError

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import Any
 
 from ._protocol import MEMBERS, ArrayAdapter, missing_members
@@ -83,8 +84,6 @@ def in_use() -> list[Any]:
     """The adapters of the libraries the program has imported already, else (none imported) every installed one
     (imported now). Building a plan, picking a device or counting devices asks these, so a torch program never
     pays CuPy's import (0.1-0.4 s) and the reverse."""
-    import sys
-
     out = []
     for name in _MODULES:
         if name in _loaded or name in sys.modules:

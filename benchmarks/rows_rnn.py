@@ -10,8 +10,10 @@ sides, torch's default for cuDNN) and float16.
   weights into a zeroed ``dw``); torch the module's forward, then
   ``torch.autograd.grad`` of ``y`` (given ``dy``) with respect to the input and
   every parameter. Initial states are zeros on both sides.
-* ``persistent``: the persistent-static algorithm on a small batch (8) in float16,
-  LSTM, hidden 256, 1 layer; torch picks its own algorithm (it uses the
+* every row runs ``algo="auto"`` (the default: cuDNN's persistent kernels where
+  they were measured faster, see ``cudnnkit.ops.rnn._auto_algo``), and the small-batch
+  rows (batch 8, float16, LSTM, hidden 256, 1 layer) also run the standard and
+  persistent-static algorithms by name; torch picks its own algorithm (it uses the
   persistent one itself for some float16 small-batch shapes).
 
 ``flops``: the gate matrix products only, ``2 * G * H * (in + H) * N * T`` per
@@ -35,7 +37,7 @@ def _flops(cell: str, t: int, n: int, i: int, h: int, layers: int, dirs: int) ->
     return total
 
 
-def _case(cell: str, dtype: str, t: int, n: int, i: int, h: int, layers: int, bidir: bool, algo: str = "standard"):
+def _case(cell: str, dtype: str, t: int, n: int, i: int, h: int, layers: int, bidir: bool, algo: str = "auto"):
     import torch
 
     from cudnnkit.ops.rnn import RNN, load_torch_params, rnn_backward, rnn_forward
@@ -81,7 +83,7 @@ def rnn_rows() -> list[Row]:
             name = {"lstm": "LSTM", "gru": "GRU", "tanh": "RNN tanh"}[cell]
             rows.append(Row(FAMILY, f"{name} fwd (inference)", shape, dtype, ours=of, torch=tf, flops=fl))
             rows.append(Row(FAMILY, f"{name} fwd+bwd", shape, dtype, ours=ofb, torch=tfb, flops=3 * fl))
-    for algo in ("persist_static", "standard"):
+    for algo in ("auto", "persist_static", "standard"):
         of, ofb, tf, tfb = _case("lstm", "float16", T, 8, 256, 256, 1, False, algo)
         fl = _flops("lstm", T, 8, 256, 256, 1, 1)
         rows.append(

@@ -111,17 +111,17 @@ def test_reserve_ledgers_survive_clear_caches_and_a_new_forward_replaces_a_recor
     from cudnnkit.ops import dropout, rnn
 
     led = rnn._Reserves(maxsize=2)
-    led.add(0, 0x1000, 64)
+    led.add(0, 0x1000, 64, "standard")
     runtime.clear_caches()
-    assert led.fresh(0, 0x1000, 64) and not led.fresh(0, 0x1000, 32) and not led.fresh(1, 0x1000, 64)
-    led.add(0, 0x1000, 32)  # a later forward's reserve at the same address
-    assert led.fresh(0, 0x1000, 32) and not led.fresh(0, 0x1000, 64)
+    assert led.entry(0, 0x1000) == (64, "standard") and led.entry(1, 0x1000) is None
+    led.add(0, 0x1000, 32, "persist_static")  # a later forward's reserve at the same address, another algorithm
+    assert led.entry(0, 0x1000) == (32, "persist_static")
     led.take(0, 0x1000)
     led.take(0, 0x1000)  # taking twice is harmless
-    assert not led.fresh(0, 0x1000, 32)
+    assert led.entry(0, 0x1000) is None
     for p in (1, 2, 3):
-        led.add(0, p, 8)
-    assert not led.fresh(0, 1, 8) and led.fresh(0, 3, 8)  # bounded: the oldest is forgotten
+        led.add(0, p, 8, "standard")
+    assert led.entry(0, 1) is None and led.entry(0, 3) == (8, "standard")  # bounded: the oldest is forgotten
 
     lay = dropout._ReserveLayouts(maxsize=2)
     lay.add(0, 0x2000, 16, ((2, 3), (3, 1)))

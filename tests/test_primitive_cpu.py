@@ -115,6 +115,8 @@ def test_every_primitive_is_fuzzed_with_its_own_operands():
         assert name in SPECS, f"primitive {name} has no fuzz spec in tests/fuzz/specs.py"
         roles = SPECS[name].roles
         for op in p.inputs:
+            if op.name in SPECS[name].from_setup:
+                continue  # made by the spec's setup (the forward), as the op's own forward would
             assert op.name in roles, (name, op.name)
             assert roles[op.name].required == (not op.optional), (name, op.name)
             if op.dtypes is not None:
@@ -194,3 +196,19 @@ def test_express_path_skips_the_checks_and_passes_this_calls_pointers():
             _express.enabled(True)
             adapters.KEYED.pop(FakeArray, None)
             _express.entries.clear()
+
+
+def test_rnn_is_declared_and_runs_through_the_registry():
+    """The RNN keeps its own sequence (``Primitive.runner``) but is declared like every op: operands, the ``out=``
+    output, what it returns after it, residuals and backward; calling the primitive calls the function."""
+    from cudnnkit import ops
+
+    fwd, bwd = P.REGISTRY["rnn_forward"], P.REGISTRY["rnn_backward"]
+    assert fwd.runner is ops.rnn_forward and bwd.runner is ops.rnn_backward and fwd.forms == ("legacy",)
+    assert [op.name for op in fwd.inputs] == ["x", "w", "hx", "cx"] and fwd.extras == ("hy", "cy", "reserve")
+    assert fwd.backward == "rnn_backward" and set(fwd.residuals) >= {"x", "w", "out", "reserve"}
+    rnn = ops.RNN("gru", 4, 5)
+    for call in (lambda: fwd({"x": fake((3, 2, 5)), "w": fake((100,))}, rnn=rnn),
+                 lambda: ops.rnn_forward(fake((3, 2, 5)), fake((100,)), rnn=rnn)):  # fmt: skip
+        with pytest.raises(ValueError, match="x has feature size 5 but the RNN's input_size is 4"):
+            call()

@@ -615,7 +615,7 @@ def test_U13_rnn_device_lengths_are_the_upload_of_seq_lengths(fake):
     ad, _ = fake
     _lengths.clear()
     launch = Launch(0, ad, 0)
-    seq = _Seq(5, 3, (5, 3, 2), np.array([5, 3, 2], np.int32))
+    seq = _Seq(5, 3, (5, 3, 2), np.array([5, 3, 2], np.int32), False)
     arr, p = _dev_lengths(launch, seq)
     (up,) = ad.uploads
     assert up.dtype == np.int32 and up.tolist() == [5, 3, 2] and ctypes.cast(p, ctypes.c_void_p).value == ptr(arr)
@@ -656,11 +656,11 @@ def test_U5_not_supported_from_the_dynamic_build_names_the_config(monkeypatch):
     rnn = ops.RNN("gru", 6, 7, num_layers=2, algo="persist_dynamic", dtype="float64")
     b = object.__new__(m._Built)
     b.rnn, b.lock, b.math_mode, b.dyn_batch = rnn, m.threading.RLock(), rnn.resolved_math(), {}
-    b._descs = {True: "DESC"}
+    b.base, b._descs = rnn.algo, {(True, rnn.algo): "DESC"}
     launch = Launch(0, None, 0)
     monkeypatch.setattr(Launch, "handle", property(lambda self: "HANDLE"))
     with pytest.raises(NotSupportedError) as e:
-        b.prepare_call(launch, True, 9)
+        b.prepare_call(launch, True, 9, rnn.algo)
     msg = str(e.value)
     for part in (
         "cuDNN does not support this RNN",
@@ -680,7 +680,7 @@ def test_U5_not_supported_inside_a_call_is_explained_once():
     from cudnnkit.ops.rnn import _call_info, _explained, _Seq
 
     rnn = ops.RNN("lstm", 4, 5, algo="persist_static", dtype="float16")
-    seq = _Seq(6, 2, (6, 6), np.array([6, 6], np.int32))
+    seq = _Seq(6, 2, (6, 6), np.array([6, 6], np.int32), True)
     call = _call_info("batch_major", seq, True, False)
     with pytest.raises(NotSupportedError, match="layout='batch_major', batch N=2, T=6, sequence lengths all T"):
         with _explained(rnn, None, call):

@@ -123,7 +123,11 @@ def test_descriptor_read_back(rnn):
     from cudnnkit.ops import rnn as m
     from cudnnkit.runtime import cudnn_dtype
 
-    assert algo == m._ALGOS[rnn.algo] and cell == m._CELLS[rnn.cell] and bias == m._BIAS_MODES[rnn.bias_mode]
+    assert (
+        algo == m._ALGOS["standard" if rnn.algo == "auto" else rnn.algo]
+        and cell == m._CELLS[rnn.cell]
+        and bias == m._BIAS_MODES[rnn.bias_mode]
+    )
     assert dirm == (lib.CUDNN_BIDIRECTIONAL if rnn.bidirectional else lib.CUDNN_UNIDIRECTIONAL)
     assert inmode == m._INPUT_MODES[rnn.input_mode]
     assert dt == cudnn_dtype(rnn.dtype) and prec == cudnn_dtype(prec_name) and mt == m._MATH[mt_name]
@@ -135,6 +139,67 @@ def test_descriptor_read_back(rnn):
         assert mode.value == lib.CUDNN_RNN_CLIP_NONE
     else:
         assert mode.value == lib.CUDNN_RNN_CLIP_MINMAX and (lo.value, hi.value) == rnn.cell_clip
+
+
+def test_descriptor_algo_override_and_auto_default():
+    """``RNN()`` defaults to algo="auto", whose base descriptor is the standard algorithm's; ``algo=`` builds the
+    descriptor of the algorithm auto chose."""
+    from cudnnkit.ops import rnn as m
+
+    rnn = RNN("lstm", 8, 16, dtype="float16")
+    assert rnn.algo == "auto"
+    assert _read_back(rnn_descriptor(rnn))[0] == lib.CUDNN_RNN_ALGO_STANDARD
+    for name in ("persist_static", "persist_static_small_h", "standard"):
+        assert _read_back(rnn_descriptor(rnn, algo=name))[0] == m._ALGOS[name]
+    # a projection is standard-only: auto takes it (it will run standard), a named persistent algorithm does not
+    assert RNN("lstm", 8, 16, proj_size=4).algo == "auto"
+    with pytest.raises(ValueError, match="proj_size .* needs algo='standard'"):
+        RNN("lstm", 8, 16, proj_size=4, algo="persist_static")
+
+
+@pytest.mark.parametrize(
+    "kw, why",
+    [
+        (dict(proj_size=4), "projection"),
+        (dict(bias_mode="single_recurrent"), "single recurrent bias"),
+        (dict(math_precision="float16"), "float16 math"),
+        (dict(dtype="float64"), "float64"),
+    ],
+)
+def test_auto_never_picks_persistent_where_cudnn_refuses_it(kw, why):
+    from cudnnkit.ops.rnn import _auto_algo
+
+    kw = {"dtype": "float16", **kw}
+    rnn = RNN("lstm", 256, 256, **kw)
+    for n in (1, 8, 16, 64):
+        assert _auto_algo(rnn, n, 100, False, True, rnn.resolved_math()) == ("standard",), why
+        assert _auto_algo(rnn, n, 100, True, True, rnn.resolved_math()) == ("standard",), why
+
+
+def test_auto_needs_full_length_batches():
+    from cudnnkit.ops.rnn import _auto_algo
+
+    rnn = RNN("lstm", 256, 256, dtype="float16")
+    assert _auto_algo(rnn, 8, 100, False, True, rnn.resolved_math()) == ("persist_static", "standard")
+    assert _auto_algo(rnn, 8, 100, False, False, rnn.resolved_math()) == ("standard",)
+
+
+def test_auto_rule_follows_the_measured_work_sizes():
+    """The measured rule: small-h first for hidden sizes up to 128 and batches of 2 and more, persistent-static
+    up to the work size per step of ``_AUTO_WORK`` (float32's far below float16's), standard always last."""
+    from cudnnkit.ops.rnn import _AUTO_WORK, _auto_algo
+
+    def algos(cell, h, n, dtype, training=False):
+        rnn = RNN(cell, h, h, dtype=dtype)
+        return _auto_algo(rnn, n, 100, training, True, rnn.resolved_math())
+
+    assert algos("lstm", 128, 64, "float32") == ("persist_static_small_h", "standard")  # 4*64*128 > 2**14
+    assert algos("lstm", 128, 1, "float32") == ("persist_static", "standard")  # small-h needs a batch of 2+
+    assert algos("gru", 512, 8, "float16") == ("persist_static", "standard")
+    assert algos("lstm", 1024, 128, "float16") == ("standard",)  # 4*128*1024 = 2**19 > 2**18
+    assert algos("lstm", 512, 64, "float16") == ("persist_static", "standard")  # 2**17: inference
+    assert algos("lstm", 512, 64, "float16", training=True) == ("standard",)  # above 3 * 2**15: training
+    assert _AUTO_WORK[("float32", False)] < _AUTO_WORK[("float16", False)]
 
 
 def test_unsupported_combination_says_what():

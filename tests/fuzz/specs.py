@@ -131,6 +131,8 @@ class OpSpec:
     keywords: bool = True
     weight: float = 1.0
     graph: bool = False
+    #: operands the op's setup makes (a forward's outputs for its backward), so they are not drawn as roles
+    from_setup: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for n, p in self.params.items():
@@ -1040,7 +1042,7 @@ def _rnn_draw(d: Draw, lib: str, backward: bool = False) -> Base:
     if layout != "packed" and lengths is not None and d.bool(0.3):
         kw["padding_fill"] = d.choice([0.0, -1.5])
     if d.bool(0.2):
-        kw["y_out"] = A(ys, dt, fill="nan", out=True, seed=d.seed())
+        kw["out"] = A(ys, dt, fill="nan", out=True, seed=d.seed())
     return Base(kw, ("x", "w", "hx", "cx") if "cx" in kw and "hx" in kw else ("x", "w"), setup)
 
 
@@ -1208,7 +1210,7 @@ def _rnn_shape_rule(case: Case, name: str, old, new) -> str | None:
         return "refuse"
     if "seq_lengths" in case.kwargs and lengths is not None and new[t_ax] < max(lengths):
         return "refuse"
-    if "y_out" in case.kwargs:
+    if "out" in case.kwargs:
         return "refuse_gpu"
     return "any"
 
@@ -1219,7 +1221,7 @@ RNN_ROLES = {
     "w": Role("in", _RNN_DT, "data", late=True, huge=False),
     "hx": Role("in", _RNN_DT, "data", required=False, huge=False),
     "cx": Role("in", _RNN_DT, "data", required=False, huge=False),
-    "y_out": Role("out", _RNN_DT, "data", required=False, late=True, huge=False),
+    "out": Role("out", _RNN_DT, "data", required=False, late=True, huge=False),
 }
 RNN_BWD_ROLES = {
     "x": Role("in", _RNN_DT, huge=False),
@@ -1233,7 +1235,7 @@ RNN_BWD_ROLES = {
 
 
 def _rnn_dtype_rule(case: Case, name: str, new: str) -> str:
-    return "refuse_gpu" if name in ("w", "y_out") else "refuse"
+    return "refuse_gpu" if name in ("w", "out") else "refuse"
 
 
 def _linear_draw(d: Draw, lib: str) -> Base:
@@ -2449,7 +2451,7 @@ _add(OpSpec("rnn_backward", _bw(_rnn_draw, backward=True), RNN_BWD_ROLES,
              "accumulate": Param("bool", strict_verdict="refuse", optional_kw=True),
              "keep_reserve": Param("bool", strict_verdict="refuse", optional_kw=True)},
             check=_bw(_rnn_check, backward=True), setup=_rnn_setup, mutations=_rnn_mutations, mutation_weight=3,
-            shape_rule=_rnn_shape_rule, dtype_rule=_rnn_dtype_rule, weight=2))  # fmt: skip
+            shape_rule=_rnn_shape_rule, dtype_rule=_rnn_dtype_rule, weight=2, from_setup=("y", "reserve")))  # fmt: skip
 _add(OpSpec("torch_param_names", _names_draw, {}, {}, check=_names_check, streams=False, weight=0.3))
 _add(OpSpec("load_torch_params", _load_draw, {}, {}, check=_load_check, setup=_rnn_setup, mutations=_load_mutations,
             mutation_weight=4, weight=0.7))  # fmt: skip

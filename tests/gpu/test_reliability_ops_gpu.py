@@ -475,8 +475,8 @@ def test_W2_ctc_and_rnn_refuse_outputs_of_other_layouts(xp):
     ops.set_tensor(w, 0.1)
     xr = xp.from_numpy(rng.standard_normal((3, 2, 4)), 0)
     y_bad = permute(xp, poisoned(xp, (5, 2, 3), "float64"), (2, 1, 0))
-    with pytest.raises(ValueError, match="y_out must be C-contiguous"):
-        ops.rnn_forward(xr, w, rnn=rnn, y_out=y_bad)
+    with pytest.raises(ValueError, match=r"^out must be C-contiguous \(cuDNN writes y packed\)"):
+        ops.rnn_forward(xr, w, rnn=rnn, out=y_bad)
 
 
 def test_U13_rnn_padding_fill_nan_marks_padded_steps(xp):

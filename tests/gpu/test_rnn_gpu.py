@@ -297,7 +297,7 @@ def test_poisoned_out_and_hx_strides(xp):
     hxd = _dev(xp, hx, "float64")
     hxd = hxd.permute(1, 0, 2) if xp.name == "torch" else hxd.transpose(1, 0, 2)
     out = _dev(xp, np.full((4, 3, 5), np.nan), "float64")
-    y, hy, cy = rnn_forward(_dev(xp, x, "float64"), w, hxd, rnn=rnn, y_out=out)
+    y, hy, cy = rnn_forward(_dev(xp, x, "float64"), w, hxd, rnn=rnn, out=out)
     assert y is out
     ref = Reference(rnn, x, params, hx.transpose(1, 0, 2), None)
     assert rel(host(xp, y), ref.outputs()[0]) < 1e-10
@@ -432,3 +432,133 @@ def test_bad_weights(xp):
     with pytest.raises(ValueError, match="reserve must be"):
         y, _, _, r = rnn_forward(x, _dev(xp, np.zeros(n), "float32"), rnn=rnn, training=True)
         rnn_backward(x, y, y, _dev(xp, np.zeros(n), "float32"), r[:-1], rnn=rnn)
+
+
+# ----------------------------------------------------------------------------- algo="auto"
+
+
+def _inputs(xp, rnn, T, N, seed=0):
+    rng = np.random.default_rng(seed)
+    w, _ = _weights(xp, rnn, rng, scale=0.1)
+    x = _dev(xp, rng.standard_normal((T, N, rnn.input_size)), rnn.dtype)
+    dy = _dev(xp, rng.standard_normal((T, N, rnn.num_directions * rnn.output_size)), rnn.dtype)
+    return x, w, dy
+
+
+def _fb(x, w, dy, rnn):
+    y, hy, cy, res = rnn_forward(x, w, rnn=rnn, training=True)
+    dx, _, _, dw = rnn_backward(x, y, dy, w, res, rnn=rnn)
+    return y, hy, cy, dx, dw
+
+
+def _same(xp, a, b):
+    return all((p is None and q is None) or np.array_equal(host(xp, p), host(xp, q)) for p, q in zip(a, b))
+
+
+@pytest.mark.parametrize(
+    "cell, h, n, dtype, want",
+    [
+        ("lstm", 256, 8, "float16", "persist_static"),  # the N8 H256 benchmark row
+        ("gru", 64, 16, "float32", "persist_static_small_h"),
+        ("tanh", 512, 256, "float32", "standard"),  # 512*256 is far past float32's persistent work size
+    ],
+)
+def test_auto_choice_runs_the_named_algorithm_bitwise(xp, cell, h, n, dtype, want):
+    """algo="auto" (the default) runs what chosen_algo names, and gives bitwise what naming that algorithm gives,
+    forward and backward (one flat weight buffer serves both: the layouts are the same)."""
+    import dataclasses
+
+    rnn = RNN(cell, 48, h, dtype=dtype)
+    assert rnn.algo == "auto"
+    x, w, dy = _inputs(xp, rnn, 7, n)
+    assert rnn.chosen_algo(x, n, 7) == want
+    assert rnn.chosen_algo(x, n, 7, full=False) == "standard"  # persistent kernels take full-length batches only
+    named = dataclasses.replace(rnn, algo=want)
+    assert named.weight_count(x) == rnn.weight_count(x)
+    assert _same(xp, rnn_forward(x, w, rnn=rnn), rnn_forward(x, w, rnn=named))
+    assert _same(xp, _fb(x, w, dy, rnn), _fb(x, w, dy, named))
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "tanh"])
+@pytest.mark.parametrize("dtype, tf32", [("float16", True), ("float32", True), ("float32", False)])
+def test_auto_against_the_reference(xp, cell, dtype, tf32):
+    """Shapes where auto picks a persistent algorithm, against the float64 reference, forward and backward.
+    cuDNN's persistent kernels compute float32 in TF32 when ``allow_tf32`` (the default, as in torch) lets them
+    (measured: 2.7e-4 for a float32 LSTM, where the standard algorithm stays within 2e-5), so float32 is held to
+    TF32's tolerance there and to float32's with ``allow_tf32=False``."""
+    rnn = RNN(cell, 16, 64, num_layers=2, dtype=dtype)
+    like = xp.from_numpy(np.zeros(1, np_dtype(dtype)), 0)
+    with settings(allow_tf32=tf32):
+        chosen = rnn.chosen_algo(like, 8, 6, training=True)
+        tol = 2e-3 if dtype == "float32" and tf32 else TOL[dtype]
+        run_case(xp, rnn, T=6, N=8, tol=tol)
+    if tf32:
+        assert chosen != "standard"
+
+
+def test_auto_backward_runs_the_forwards_algorithm(xp, monkeypatch):
+    """The reserve remembers the algorithm of its training forward: a backward whose shape class auto would now
+    decide otherwise (decisions forgotten, the rule changed) still runs the forward's."""
+    import dataclasses
+
+    from cudnnkit.ops import rnn as rnn_mod
+
+    rnn = RNN("lstm", 40, 256, dtype="float16")
+    x, w, dy = _inputs(xp, rnn, 9, 8, seed=3)
+    assert rnn.chosen_algo(x, 8, 9, training=True) == "persist_static"
+    y, _, _, res = rnn_forward(x, w, rnn=rnn, training=True)
+    monkeypatch.setattr(rnn_mod, "_auto_algo", lambda *a: ("standard",))
+    b = rnn._built(rnn_mod.prepare(("x", x))[0], x)  # shared by CuPy and torch arrays on one device
+    b.auto.clear()
+    try:
+        assert rnn.chosen_algo(x, 8, 9, training=True) == "standard"
+        dx, _, _, dw = rnn_backward(x, y, dy, w, res, rnn=rnn)
+    finally:
+        b.auto.clear()  # the decision the patched rule made is not the measured rule's
+    named = dataclasses.replace(rnn, algo="persist_static")
+    y2, _, _, res2 = rnn_forward(x, w, rnn=named, training=True)
+    dx2, _, _, dw2 = rnn_backward(x, y2, dy, w, res2, rnn=named)
+    assert _same(xp, (y, dx, dw), (y2, dx2, dw2))
+
+
+def test_auto_takes_the_next_algorithm_when_cudnn_refuses_at_the_call(xp, monkeypatch):
+    """cuDNN 9.19 accepts the small-h descriptor of an H256 LSTM and refuses it only at the call (measured on an
+    H200): auto then runs the next choice, in that same call, and keeps it."""
+    import dataclasses
+
+    from cudnnkit.ops import rnn as rnn_mod
+
+    monkeypatch.setattr(rnn_mod, "_auto_algo", lambda *a: ("persist_static_small_h", "persist_static", "standard"))
+    rnn = RNN("lstm", 24, 256, dtype="float16")
+    x, w, _ = _inputs(xp, rnn, 5, 8, seed=4)
+    got = rnn_forward(x, w, rnn=rnn)
+    assert rnn.chosen_algo(x, 8, 5) == "persist_static"
+    assert _same(xp, got, rnn_forward(x, w, rnn=dataclasses.replace(rnn, algo="persist_static")))
+
+
+def test_forward_express_path(xp):
+    """A repeated rnn_forward (same arrays' metadata and keywords) takes the express path, with bitwise the
+    results of the full sequence; a new keyword or shape misses."""
+    from cudnnkit.ops import _express
+    from cudnnkit.ops import rnn as rnn_mod
+
+    rnn = RNN("gru", 20, 32, dtype="float32")
+    x, w, _ = _inputs(xp, rnn, 6, 4, seed=5)
+    rnn_mod._fwd_express.clear()
+    first = rnn_forward(x, w, rnn=rnn)
+    assert len(rnn_mod._fwd_express) == 1
+    calls = []
+    real = rnn_mod._forward_express
+    try:
+        rnn_mod._forward_express = lambda *a: calls.append(1) or real(*a)
+        again = rnn_forward(x, w, rnn=rnn)
+        rnn_forward(x, w, rnn=rnn, padding_fill=1.0)  # another keyword: the full sequence (then recorded)
+    finally:
+        rnn_mod._forward_express = real
+    assert calls == [1] and len(rnn_mod._fwd_express) == 2
+    assert _same(xp, first, again)
+    _express.enabled(False)
+    try:
+        assert _same(xp, first, rnn_forward(x, w, rnn=rnn))
+    finally:
+        _express.enabled(True)

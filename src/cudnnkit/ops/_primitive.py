@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +46,18 @@ from ..runtime.view import ArrayView
 from . import _express
 from ._layout import plan_layout
 
-__all__ = ["Operand", "Output", "Primitive", "Call", "REGISTRY", "register", "run", "route", "last_path"]
+__all__ = [
+    "Operand",
+    "Output",
+    "Primitive",
+    "Call",
+    "REGISTRY",
+    "register",
+    "run",
+    "route",
+    "last_path",
+    "split_out",
+]
 
 _log = logging.getLogger("cudnnkit")
 
@@ -163,12 +175,17 @@ class Primitive:
     #: repeated calls may take the express path (:mod:`cudnnkit.ops._express`): False when a check reads more
     #: than the arrays' metadata and the keywords (a pointer, the settings)
     express: bool = True
+    #: an op whose call does not fit the shared sequence runs this function instead (``runner(**arrays,
+    #: stream=, **kwargs)``, the public function itself): the RNN, whose arrays are sequences described per call
+    #: (lengths, layouts), whose algorithm is chosen per shape class and whose reserve is tracked by a ledger. Its
+    #: declaration still gives the L3 layers and the fuzzer its operands, outputs, residuals and backward.
+    runner: Callable[..., Any] | None = None
     doc: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
-        if self.legacy is None and self.graph is None:
+        if self.legacy is None and self.graph is None and self.runner is None:
             raise ValueError(f"primitive {self.name} declares neither a legacy call nor a graph")
-        forms = tuple(f for f, fn in (("graph", self.graph), ("legacy", self.legacy)) if fn is not None)
+        forms = tuple(f for f, fn in (("graph", self.graph), ("legacy", self.legacy or self.runner)) if fn is not None)
         object.__setattr__(self, "_forms", forms)  # fixed at declaration: the router reads it on every call
         object.__setattr__(self, "_names", tuple(op.name for op in self.inputs))
         object.__setattr__(self, "_outnames", frozenset(o.name for o in self.outputs))
@@ -198,6 +215,31 @@ def register(p: Primitive) -> Primitive:
         raise ValueError(f"a primitive named {p.name!r} is already registered")
     REGISTRY[p.name] = p
     return p
+
+
+def split_out(fn: str, out: Any, named: dict[str, Any]) -> tuple[Any, ...]:
+    """The given output arrays of a multi-output op, in the order it returns them: from ``out=`` (the keyword every
+    op takes: here a tuple with one array or ``None`` per output) or from the per-output keywords ``named`` (their
+    deprecated names, ``dx_out=``, ...: a ``DeprecationWarning``), never both. Errors about one output name it by
+    its per-output name, which the public docstrings list."""
+    given = [k for k, v in named.items() if v is not None]
+    if out is None:
+        if given:
+            warnings.warn(
+                f"{fn}: {', '.join(k + '=' for k in given)} is deprecated; pass out=({', '.join(named)}), with None "
+                "for an output to allocate",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+        return tuple(named.values())
+    if given:
+        raise TypeError(f"{fn}: pass out= or {given[0]}=, not both")
+    if not isinstance(out, (tuple, list)) or len(out) != len(named):
+        got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+        raise TypeError(
+            f"{fn}: out must be a tuple of {len(named)} (({', '.join(named)}), each an array or None), got {got}"
+        )
+    return tuple(out)
 
 
 # ----------------------------------------------------------------- the router
@@ -279,6 +321,8 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
     """One call of primitive ``p``: ``arrays`` maps operand names to arrays (``None`` for an absent optional one),
     ``kwargs`` holds the op's keywords, ``out=`` (each output's keyword) and ``alpha``/``beta`` for blending ops.
     Returns the output (``out`` if given), a tuple of outputs, or the ``returns`` operand."""
+    if p.runner is not None:
+        return p.runner(**arrays, stream=stream, **kwargs)
     sig = None
     if stream is None and p._express:  # type: ignore[attr-defined]
         sig = _express.signature(p, arrays, kwargs)

@@ -60,9 +60,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import math
 import numbers
 import threading
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -73,10 +75,12 @@ from .. import lib
 from ..lib.errors import NotSupportedError
 from ..runtime import (
     DescriptorKind,
+    adapters,
     as_view,
     check_choice,
     cudnn_dtype,
     current_settings,
+    driver,
     get_cached,
     owned_descriptor,
     prepare,
@@ -86,9 +90,10 @@ from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.cache import LRU, MISSING
 from ..runtime.descriptors import int_array
 from ..runtime.dtypes import canonical, check_scalar, itemsize
-from ..runtime.launch import OPTIONAL, WRITTEN
+from ..runtime.launch import OPTIONAL, WRITTEN, Launch
+from . import _express
+from ._primitive import Operand, Output, Primitive, register
 from .dropout import DropoutState, _check_p, _check_seed, _ledger
-from .tensor import set_tensor
 
 __all__ = [
     "RNN",
@@ -100,6 +105,7 @@ __all__ = [
     "torch_param_names",
 ]
 
+_log = logging.getLogger("cudnnkit")
 _INT32_P = ctypes.POINTER(ctypes.c_int32)
 _CELLS = {"relu": lib.CUDNN_RNN_RELU, "tanh": lib.CUDNN_RNN_TANH, "lstm": lib.CUDNN_LSTM, "gru": lib.CUDNN_GRU}
 _INPUT_MODES = {"linear": lib.CUDNN_LINEAR_INPUT, "skip": lib.CUDNN_SKIP_INPUT}
@@ -115,6 +121,8 @@ _ALGOS = {
     "persist_dynamic": lib.CUDNN_RNN_ALGO_PERSIST_DYNAMIC,
     "persist_static_small_h": lib.CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H,
 }
+#: what ``RNN(algo=...)`` takes: "auto" (the default, see :func:`_auto_algo`) or one of cuDNN's algorithms
+_ALGO_CHOICES = ("auto", *_ALGOS)
 _MATH = {
     "default": lib.CUDNN_DEFAULT_MATH,
     "tensor_op": lib.CUDNN_TENSOR_OP_MATH,
@@ -172,8 +180,16 @@ class RNN:
     ``proj_size < hidden_size`` outputs (0: none). ``dropout``: probability
     of dropping the output of each layer but the last, in training;
     ``dropout_seed`` seeds its RNG states (one :class:`DropoutState` per
-    device, see :meth:`dropout_state`). ``algo``: "standard",
-    "persist_static", "persist_dynamic" or "persist_static_small_h".
+    device, see :meth:`dropout_state`). ``algo``: "auto" (the default),
+    "standard", "persist_static", "persist_dynamic" or
+    "persist_static_small_h". "auto" runs cuDNN's persistent-static
+    algorithm where it supports the config and the call and was measured
+    faster than the standard one (float16 and float32 data, one
+    direction, full-length sequences, shapes of the kind in
+    :func:`_auto_algo`), and the standard algorithm otherwise; it decides once
+    per (config, batch, length class, training), :meth:`chosen_algo` says
+    what it picked, and a training forward's reserve remembers the algorithm
+    its backward must use. Name an algorithm to override it.
     ``dtype``: the data type of x, y, h, c and w: float16, float32 or float64.
     ``math_precision``: the compute type (default float32 for float16 and
     float32, float64 for float64; float16 may compute in float16).
@@ -204,7 +220,7 @@ class RNN:
     proj_size: int = 0
     dropout: float = 0.0
     dropout_seed: int = 0
-    algo: str = "standard"
+    algo: str = "auto"
     dtype: str = "float32"
     math_precision: str | None = None
     math_type: str | None = None
@@ -234,7 +250,7 @@ class RNN:
             )
         object.__setattr__(self, "dropout", _check_p(self.dropout, "dropout"))
         _check_seed(self.dropout_seed, "dropout_seed")
-        check_choice(self.algo, _ALGOS, "algo")
+        check_choice(self.algo, _ALGO_CHOICES, "algo")
         object.__setattr__(self, "dtype", canonical(self.dtype, "dtype"))
         if self.dtype not in _PRECISIONS:
             raise TypeError(
@@ -242,7 +258,7 @@ class RNN:
             )
         # what cuDNN documents the persistent algorithms not to support ("Features of RNN Functions"); a
         # descriptor with these is accepted, and the first call fails with a bare NOT_SUPPORTED
-        if self.proj_size and self.algo != "standard":
+        if self.proj_size and self.algo not in ("standard", "auto"):
             raise ValueError(
                 f"proj_size (LSTM recurrent projection) needs algo='standard': cuDNN's persistent algorithms do "
                 f"not support it, got algo={self.algo!r}"
@@ -375,6 +391,18 @@ class RNN:
         launch, _ = prepare(("like", like), stream=stream)
         return _dropout_state(self, launch, like)
 
+    def chosen_algo(self, like: Any, batch: int, seq_len: int, *, training: bool = False, full: bool = True,
+                    stream: Any = None) -> str:  # fmt: skip
+        """The cuDNN algorithm a call on ``like``'s device runs: ``algo`` itself, or what "auto" picks for a batch
+        of ``batch`` sequences of longest length ``seq_len`` (``full``: all of that length), in training or
+        inference. The same decision the calls make (and keep), so reading it changes nothing."""
+        batch = _positive_int(batch, "batch")
+        seq_len = _positive_int(seq_len, "seq_len")
+        launch, _ = prepare(("like", like), stream=stream)
+        lengths = (seq_len,) * batch if full else (seq_len,) + (1,) * (batch - 1)
+        seq = _Seq(seq_len, batch, lengths, np.asarray(lengths, np.int32), full or batch == 1)
+        return self._built(launch, like).choose(launch, seq, bool(training))
+
 
 _dropout_states: dict[tuple, DropoutState] = {}
 
@@ -404,23 +432,35 @@ _lock = threading.Lock()  # guards _dropout_states
 
 
 class _Built:
-    """The RNN descriptor of one config on one device, with what cuDNN told about it."""
+    """The RNN descriptors of one config on one device (one per padded-I/O flag and algorithm), with what cuDNN
+    told about them: the weight space size and layout (the base algorithm's: the config's, "standard" for
+    "auto"), the temp-space sizes, and for "auto" its decisions and which persistent algorithms may stand in."""
 
     def __init__(self, rnn: RNN, launch: Any, like: Any, math_mode: tuple[str, str]):
         self.rnn = rnn
         self.lock = threading.RLock()
         self.dropout = _dropout_state(rnn, launch, like) if rnn.dropout > 0 else None
         self.math_mode = math_mode
-        self._descs: dict[bool, Any] = {}
+        self.base = "standard" if rnn.algo == "auto" else rnn.algo
+        self._descs: dict[tuple[bool, str], Any] = {}
         self.dyn_batch: dict[bool, int] = {}
         self.temp: LRU[tuple, tuple[int, int]] = LRU("rnn.temp_sizes", _MAX_TEMP)
-        size = ctypes.c_size_t()
-        with launch.on_device(), _explained(rnn, math_mode):
-            lib.cudnnGetRNNWeightSpaceSize(launch.handle, self.desc(rnn.padded_io is not False), ctypes.byref(size))
-            self.weight_bytes = size.value
-            self.layout = self._weight_layout(launch)
+        #: algo="auto": shape class -> the algorithm chosen (see :func:`_auto_algo`)
+        self.auto: LRU[tuple, str] = LRU("rnn.auto", _MAX_TEMP)
+        #: algo="auto": whether cuDNN takes a persistent algorithm for this config with the same weight layout
+        self._stand_in: dict[str, bool] = {}
+        with launch.on_device(), _explained(rnn, math_mode, algo=self.base):
+            desc = self.desc(rnn.padded_io is not False)
+            self.weight_bytes = self._weight_bytes(launch, desc)
+            self.layout = self._weight_layout(launch, desc)
 
-    def _weight_layout(self, launch: Any) -> list[list[tuple[Any, Any]]]:
+    @staticmethod
+    def _weight_bytes(launch: Any, desc: Any) -> int:
+        size = ctypes.c_size_t()
+        lib.cudnnGetRNNWeightSpaceSize(launch.handle, desc, ctypes.byref(size))
+        return size.value
+
+    def _weight_layout(self, launch: Any, desc: Any) -> list[list[tuple[Any, Any]]]:
         """Per pseudo-layer and linear id: ((offset, (rows, cols)) | None, (offset, rows) | None), in elements.
 
         cuDNN computes the addresses from a base pointer without touching
@@ -431,7 +471,6 @@ class _Built:
         mdesc = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
         bdesc = owned_descriptor("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
         maddr, baddr = ctypes.c_void_p(), ctypes.c_void_p()
-        desc = self.desc(rnn.padded_io is not False)
         layout = []
         for pl in range(rnn.num_layers * rnn.num_directions):
             ids = []
@@ -454,27 +493,50 @@ class _Built:
             layout.append(ids)
         return layout
 
-    def desc(self, padded: bool) -> Any:
-        """The RNN descriptor with padded I/O enabled or not (made on first use; they share the dropout state)."""
-        d = self._descs.get(padded)
+    def desc(self, padded: bool, algo: str | None = None) -> Any:
+        """The RNN descriptor with padded I/O enabled or not, for ``algo`` (default: the base algorithm); made on
+        first use, they share the dropout state."""
+        key = (padded, algo or self.base)
+        d = self._descs.get(key)
         if d is None:
             with self.lock:
-                d = self._descs.get(padded)
+                d = self._descs.get(key)
                 if d is None:
                     drop = None if self.dropout is None else self.dropout.desc
-                    d = self._descs[padded] = rnn_descriptor(self.rnn, self.math_mode, drop, padded)
+                    d = self._descs[key] = rnn_descriptor(self.rnn, self.math_mode, drop, padded, key[1])
         return d
 
-    def call_lock(self) -> Any:
+    def stands_in(self, launch: Any, algo: str) -> bool:
+        """algo="auto": whether cuDNN accepts ``algo`` for this config and gives it the base algorithm's weight
+        space (size and every matrix and bias at the same offset), so that one ``w`` serves both. Asked once."""
+        ok = self._stand_in.get(algo)
+        if ok is None:
+            try:
+                with launch.on_device():
+                    d = self.desc(self.rnn.padded_io is not False, algo)
+                    ok = self._weight_bytes(launch, d) == self.weight_bytes and self._weight_layout(launch, d) == (
+                        self.layout
+                    )
+            except NotSupportedError:
+                ok = False
+            self._stand_in[algo] = ok
+        return ok
+
+    def refused(self, algo: str) -> None:
+        """algo="auto": cuDNN refused ``algo`` at a call; the standard algorithm runs this config from now on."""
+        self._stand_in[algo] = False
+        self.auto.clear()
+
+    def call_lock(self, algo: str) -> Any:
         """Held around :meth:`prepare_call` and the cuDNN call after it: for the persistent-dynamic algorithm the
         descriptor is compiled for one batch size, so another thread must not rebuild it in between."""
-        return self.lock if self.rnn.algo == "persist_dynamic" else contextlib.nullcontext()
+        return self.lock if algo == "persist_dynamic" else contextlib.nullcontext()
 
-    def prepare_call(self, launch: Any, padded: bool, batch: int) -> Any:
+    def prepare_call(self, launch: Any, padded: bool, batch: int, algo: str) -> Any:
         """The descriptor for the call (under :meth:`call_lock`); ``cudnnBuildRNNDynamic`` first for the
         persistent-dynamic algorithm when the batch size changed."""
-        d = self.desc(padded)
-        if self.rnn.algo == "persist_dynamic" and batch != self.dyn_batch.get(padded):
+        d = self.desc(padded, algo)
+        if algo == "persist_dynamic" and batch != self.dyn_batch.get(padded):
             with self.lock:
                 if batch != self.dyn_batch.get(padded):
                     with _explained(self.rnn, self.math_mode, f"; cudnnBuildRNNDynamic for a batch of {batch}"):
@@ -482,36 +544,61 @@ class _Built:
                     self.dyn_batch[padded] = batch
         return d
 
-    def temp_sizes(self, launch: Any, padded: bool, training: bool, xdesc: Any) -> tuple[int, int]:
-        """(workspace, reserve) bytes from ``cudnnGetRNNTempSpaceSizes``, cached (LRU) per mode and x descriptor."""
-        key = (padded, training, xdesc.key)
+    def temp_sizes(self, launch: Any, padded: bool, training: bool, xdesc: Any, algo: str) -> tuple[int, int]:
+        """(workspace, reserve) bytes from ``cudnnGetRNNTempSpaceSizes``, cached (LRU) per mode, x descriptor and
+        algorithm."""
+        key = (padded, training, xdesc.key, algo)
         got = self.temp.lookup(key)
         if got is not MISSING:
             return got
         ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
         mode = lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE
-        with _explained(self.rnn, self.math_mode, f"; padded I/O {padded}, training={training}"):
+        with _explained(self.rnn, self.math_mode, f"; padded I/O {padded}, training={training}", algo):
             lib.cudnnGetRNNTempSpaceSizes(
-                launch.handle, self.desc(padded), mode, xdesc, ctypes.byref(ws), ctypes.byref(rs)
+                launch.handle, self.desc(padded, algo), mode, xdesc, ctypes.byref(ws), ctypes.byref(rs)
             )
         return self.temp.put(key, (ws.value, rs.value), count_miss=True)
 
+    def choose(self, launch: Any, seq: _Seq, training: bool) -> str:
+        """The algorithm a call runs: the config's, or for "auto" :func:`_auto_algo`'s choice for this shape class
+        (batch, length class, training, full-length or not), decided once and kept."""
+        if self.rnn.algo != "auto":
+            return self.rnn.algo
+        full = seq.full
+        key = (seq.N, seq.T.bit_length(), training, full)
+        got = self.auto.lookup(key)
+        if got is MISSING:
+            for algo in _auto_algo(self.rnn, seq.N, seq.T, training, full, self.math_mode):
+                if algo == "standard" or self.stands_in(launch, algo):
+                    break
+            got = self.auto.put(key, algo, count_miss=True)
+            _log.debug("rnn: algo='auto' chose %r for %s, batch %d, T %d, training=%s", got, self.rnn, seq.N,
+                       seq.T, training)  # fmt: skip
+        return got
+
 
 def rnn_descriptor(
-    rnn: RNN, math_mode: tuple[str, str] | None = None, dropout: Any = None, padded_io: bool | None = None
+    rnn: RNN,
+    math_mode: tuple[str, str] | None = None,
+    dropout: Any = None,
+    padded_io: bool | None = None,
+    algo: str | None = None,
 ) -> Any:
     """A new ``cudnnRNNDescriptor_t`` for ``rnn`` (``cudnnSetRNNDescriptor_v8``, then ``cudnnRNNSetClip_v9``
     with ``cell_clip``). ``math_mode``: (precision, math type), default :meth:`RNN.resolved_math`; ``dropout``: a
-    dropout descriptor or None; ``padded_io``: the aux flag (default: ``rnn.padded_io``, None meaning enabled).
-    Host-side only (no handle): what ops use through their per-device cache."""
+    dropout descriptor or None; ``padded_io``: the aux flag (default: ``rnn.padded_io``, None meaning enabled);
+    ``algo``: a cuDNN algorithm (default ``rnn.algo``, "standard" for "auto"). Host-side only (no handle): what
+    ops use through their per-device cache."""
     if padded_io is None:
         padded_io = rnn.padded_io is not False
+    if algo is None:
+        algo = "standard" if rnn.algo == "auto" else rnn.algo
     prec, mt = math_mode or rnn.resolved_math()
     desc = owned_descriptor("cudnnCreateRNNDescriptor", "cudnnDestroyRNNDescriptor")
     try:
         lib.cudnnSetRNNDescriptor_v8(
             desc,
-            _ALGOS[rnn.algo],
+            _ALGOS[algo],
             _CELLS[rnn.cell],
             _BIAS_MODES[rnn.bias_mode],
             lib.CUDNN_BIDIRECTIONAL if rnn.bidirectional else lib.CUDNN_UNIDIRECTIONAL,
@@ -527,26 +614,27 @@ def rnn_descriptor(
             lib.CUDNN_RNN_PADDED_IO_ENABLED if padded_io else lib.CUDNN_RNN_PADDED_IO_DISABLED,
         )
     except NotSupportedError as e:
-        raise _not_supported(rnn, e, (prec, mt)) from None
+        raise _not_supported(rnn, e, (prec, mt), algo=algo) from None
     if rnn.cell_clip is not None:
         lib.cudnnRNNSetClip_v9(desc, lib.CUDNN_RNN_CLIP_MINMAX, *rnn.cell_clip)
     return desc
 
 
 def _not_supported(
-    rnn: RNN, e: NotSupportedError, math_mode: tuple[str, str] | None = None, call: str = ""
+    rnn: RNN, e: NotSupportedError, math_mode: tuple[str, str] | None = None, call: str = "", algo: str | None = None
 ) -> NotSupportedError:
     """``e`` (a cuDNN NOT_SUPPORTED for an RNN) again, with a message naming every config field and, in ``call``,
-    what the call that failed was given (layout, batch, lengths)."""
+    what the call that failed was given (layout, batch, lengths); ``algo``: the algorithm the call ran."""
     prec, mt = math_mode or rnn.resolved_math()
+    algo = algo or rnn.algo
     hint = ""
-    if rnn.algo == "persist_dynamic":
+    if algo == "persist_dynamic":
         hint = (
             " (algo='persist_dynamic' compiles its kernels at run time with NVRTC, which must be loadable, and has "
             "size limits that depend on the GPU; its descriptor is accepted before that, so such limits show only "
             "at the first call; algo='standard' supports every configuration)"
         )
-    elif rnn.algo != "standard":
+    elif algo not in ("standard", "auto"):
         hint = (
             " (the persistent algorithms refuse, among others, bias_mode='single_recurrent' and float16 math "
             "precision in cuDNN 9.19, and have size limits that depend on the GPU; algo='standard' supports every "
@@ -555,7 +643,9 @@ def _not_supported(
     return NotSupportedError(
         e.status,
         e.function,
-        f"cuDNN does not support this RNN: algo={rnn.algo!r}, dtype={rnn.dtype}, math precision {prec}, math type "
+        f"cuDNN does not support this RNN: algo={algo!r}"
+        + (" (chosen by algo='auto')" if rnn.algo == "auto" and algo != "auto" else "")
+        + f", dtype={rnn.dtype}, math precision {prec}, math type "
         f"{mt!r}, bias_mode={rnn.bias_mode!r}, cell={rnn.cell!r}, input_mode={rnn.input_mode!r}, "
         f"input_size={rnn.input_size}, hidden_size={rnn.hidden_size}, proj_size={rnn.proj_size}, "
         f"num_layers={rnn.num_layers}, bidirectional={rnn.bidirectional}, dropout={rnn.dropout}, "
@@ -564,14 +654,14 @@ def _not_supported(
 
 
 @contextlib.contextmanager
-def _explained(rnn: RNN, math_mode: tuple[str, str] | None = None, call: str = ""):
+def _explained(rnn: RNN, math_mode: tuple[str, str] | None = None, call: str = "", algo: str | None = None):
     """Turn a bare NOT_SUPPORTED from the RNN calls inside into :func:`_not_supported`'s message."""
     try:
         yield
     except NotSupportedError as e:
         if "cuDNN does not support this RNN" in str(e):
             raise
-        raise _not_supported(rnn, e, math_mode, call) from None
+        raise _not_supported(rnn, e, math_mode, call, algo) from None
 
 
 def _matrix_dims(desc: Any, n: int) -> tuple[int, ...]:
@@ -620,6 +710,8 @@ class _Seq(NamedTuple):
     N: int
     lengths: tuple[int, ...]
     values: np.ndarray
+    #: every sequence has the full length T
+    full: bool
 
 
 def _seq_lengths(layout: str, vx: ArrayView, seq_lengths: Any, input_size: int) -> _Seq:
@@ -671,7 +763,8 @@ def _seq_lengths(layout: str, vx: ArrayView, seq_lengths: Any, input_size: int) 
         values = values.astype(np.int32)
     if N == 0 or T == 0:
         raise ValueError(f"x has shape {vx.shape}: an RNN needs at least one sample and one time step")
-    return _Seq(T, N, tuple(values.tolist()), values)
+    lengths = tuple(values.tolist())
+    return _Seq(T, N, lengths, values, min(lengths) == T)
 
 
 def _seq_shape(layout: str, seq: _Seq, vec: int) -> tuple[int, ...]:
@@ -722,6 +815,38 @@ def _check_fill(fill: Any, dtype: str) -> float:
     return value
 
 
+#: ``algo="auto"``'s persistent-static rule: the largest gates x batch x hidden size (``G * N * H``, G = 4 LSTM,
+#: 3 GRU, 1 RELU/TANH) at which it beat the standard algorithm, per (dtype, training), measured on an H200 with
+#: cuDNN 9.19 at T=100 over every cell, H 128-1024, N 1-256, 1 layer and 2 bidirectional layers
+#: (``benchmarks/NOTES.md``, "RNN algo='auto'")
+_AUTO_WORK = {("float16", False): 1 << 18, ("float16", True): 3 << 15, ("float32", False): 1 << 14,
+              ("float32", True): 3 << 12}  # fmt: skip
+_GATES = {"lstm": 4, "gru": 3, "relu": 1, "tanh": 1}
+
+
+def _auto_algo(rnn: RNN, N: int, T: int, training: bool, full: bool, math_mode: tuple[str, str]) -> tuple[str, ...]:
+    """What ``algo="auto"`` may run for a call, best first: the first one cuDNN accepts for the config is used
+    ("standard", always last, takes everything).
+
+    Persistent kernels keep the recurrent weights on chip for all T steps, where the standard algorithm launches
+    kernels per step (so on small batches it is bound by launches: about 1.4 ms for 100 steps, whatever the size).
+    cuDNN's persistent algorithms take only full-length batches, float16/float32 data, no projection, double bias
+    and float32 math (cuDNN 9.19 refuses the rest, and more size limits show only at the call). Measured
+    (``benchmarks/NOTES.md``, "RNN algo='auto'"): the small-hidden-size variant is the fastest wherever cuDNN
+    takes it (hidden size 128 and below) for batches of 2 and more; the persistent-static one is faster than
+    the standard one up to a work size per step, ``_AUTO_WORK``."""
+    if not full or rnn.proj_size or rnn.bias_mode != "double" or math_mode[0] == "float16":
+        return ("standard",)
+    if rnn.dtype not in ("float16", "float32"):
+        return ("standard",)
+    got: list[str] = []
+    if rnn.hidden_size <= 128 and N >= 2:
+        got.append("persist_static_small_h")
+    if _GATES[rnn.cell] * N * rnn.hidden_size <= _AUTO_WORK[(rnn.dtype, training)]:
+        got.append("persist_static")
+    return (*got, "standard")
+
+
 #: the algorithms whose kernels run every sample for all T steps (cuDNN documents variable sequence lengths in a
 #: batch as not supported by them: "Features of RNN Functions")
 _PERSISTENT = ("persist_static", "persist_dynamic", "persist_static_small_h")
@@ -729,7 +854,7 @@ _PERSISTENT = ("persist_static", "persist_dynamic", "persist_static_small_h")
 
 def _check_algo_lengths(rnn: RNN, seq: _Seq, layout: str) -> None:
     """The persistent algorithms take only batches whose sequences all have the full length T."""
-    if rnn.algo in _PERSISTENT and seq.values.min() != seq.T:
+    if rnn.algo in _PERSISTENT and not seq.full:
         raise ValueError(
             f"algo={rnn.algo!r} does not support sequences of different lengths in one batch (cuDNN's persistent "
             f"RNN algorithms run every sample for all T={seq.T} steps); seq_lengths has lengths from "
@@ -782,22 +907,25 @@ def _dev_lengths(launch: Any, seq: _Seq) -> tuple[Any, Any]:
 
 
 class _Reserves:
-    """Reserve spaces that a training forward made and no backward has used yet, by (device, pointer).
+    """Reserve spaces that a training forward made and no backward has used yet, by (device, pointer), with their
+    size and the algorithm the forward ran (the backward must run the same one: "auto" may pick either).
 
     ``cudnnRNNBackwardData_v8`` overwrites the reserve space (measured: a second backward from the same reserve gives
     different, wrong gradients), so each training forward allows one backward unless it keeps the reserve."""
 
     def __init__(self, maxsize: int = 4096):
-        self._d: LRU[tuple[int, int], int] = _ledger("rnn.reserves", maxsize)  # not emptied by clear_caches
+        self._d: LRU[tuple[int, int], tuple[int, str]] = _ledger("rnn.reserves", maxsize)  # not emptied by clear_caches
 
-    def add(self, device: int, ptr: int, nbytes: int) -> None:
+    def add(self, device: int, ptr: int, nbytes: int, algo: str) -> None:
         # a new forward's reserve at a freed one's address replaces its record (put keeps an existing value);
         # no other thread can add the same (device, pointer) in between: the memory is this forward's
         self._d.pop((device, ptr))
-        self._d.put((device, ptr), nbytes)
+        self._d.put((device, ptr), (nbytes, algo))
 
-    def fresh(self, device: int, ptr: int, nbytes: int) -> bool:
-        return self._d.lookup((device, ptr)) == nbytes
+    def entry(self, device: int, ptr: int) -> tuple[int, str] | None:
+        """(bytes, algorithm) of an unused reserve, else None."""
+        got = self._d.lookup((device, ptr))
+        return None if got is MISSING else got
 
     def take(self, device: int, ptr: int) -> None:
         self._d.pop((device, ptr))
@@ -808,7 +936,7 @@ _reserves = _Reserves()
 
 def _dual(rnn: RNN, layout: str, seq: _Seq, fill: float) -> tuple[bool, Any, Any]:
     """(padded I/O or not, the x and y RNN data descriptors) for a call; see ``RNN.padded_io``."""
-    packed_in_memory = layout == "packed" or (layout == "seq_major" and seq.values.min() == seq.T)
+    packed_in_memory = layout == "packed" or (layout == "seq_major" and seq.full)
     padded = rnn.padded_io is True or (rnn.padded_io is None and not packed_in_memory)
     data = layout if padded or layout == "packed" else "packed"
     fb = _fill_bytes(rnn.dtype, fill)
@@ -819,7 +947,7 @@ def _dual(rnn: RNN, layout: str, seq: _Seq, fill: float) -> tuple[bool, Any, Any
 
 def _call_info(layout: str, seq: _Seq, padded: bool, training: bool) -> str:
     """What a call gave cuDNN, for :func:`_not_supported`."""
-    lengths = "all T" if seq.values.min() == seq.T else f"{int(seq.values.min())} to {seq.T}"
+    lengths = "all T" if seq.full else f"{min(seq.lengths)} to {seq.T}"
     return (
         f"; the call: layout={layout!r}, batch N={seq.N}, T={seq.T}, sequence lengths {lengths}, padded I/O "
         f"{padded}, training={training}"
@@ -845,8 +973,9 @@ def rnn_forward(
     layout: str = "seq_major",
     seq_lengths: Any = None,
     padding_fill: float = 0.0,
-    y_out: Any = None,
+    out: Any = None,
     stream: Any = None,
+    y_out: Any = None,
 ) -> tuple[Any, ...]:
     """Run the RNN over ``x``: ``(y, hy, cy)``, and with ``training=True`` ``(y, hy, cy, reserve)``.
 
@@ -862,6 +991,18 @@ def rnn_forward(
     copied. ``cudnnRNNForward`` (after ``cudnnBuildRNNDynamic`` for
     ``algo="persist_dynamic"``).
     """
+    if y_out is not None:
+        if out is not None:
+            raise TypeError("rnn_forward: pass out= or its deprecated name y_out=, not both")
+        warnings.warn("rnn_forward: y_out= is deprecated; pass out=", DeprecationWarning, stacklevel=2)
+        out = y_out
+    sig = None
+    if stream is None and seq_lengths is None and out is None and _express.enabled():
+        sig = _forward_signature(rnn, training, layout, padding_fill, (x, w, hx, cx))
+        if sig is not None:
+            e = _fwd_express.peek(sig[0], MISSING)
+            if e is not MISSING:
+                return _forward_express(e, sig[1], hx, cx, training)
     _resolve(rnn, layout)
     if not isinstance(training, bool):
         raise TypeError(f"training must be a bool, got {training!r}")
@@ -884,60 +1025,175 @@ def rnn_forward(
     b = rnn._built(launch, x)
     _check_weights(vw, b, "w")
     yshape = _seq_shape(layout, seq, rnn.num_directions * rnn.output_size)
-    if y_out is not None:
-        y, vy = launch.output(y_out, yshape, rnn.dtype, name="y_out")
+    if out is not None:
+        y, vy = launch.output(out, yshape, rnn.dtype, name="out")
         if not vy.is_contiguous():
-            raise ValueError(f"y_out must be C-contiguous, got strides {vy.strides}")
+            raise ValueError(f"out must be C-contiguous (cuDNN writes y packed), got strides {vy.strides}")
     padded, xd, yd = _dual(rnn, layout, seq, fill)
     hd, cd = _hc_descs(rnn, seq.N)
     # then copies and allocations, all on the launch stream
+    given = (x, hx, cx)
     x, x_ptr = _packed(launch, x, vx, "x")
     hx, hx_ptr = _packed(launch, hx, vhx, "hx")
     cx, cx_ptr = _packed(launch, cx, vcx, "cx")
-    if y_out is None:
-        y, vy = launch.output(None, yshape, rnn.dtype, name="y_out")
+    if out is None:
+        y, vy = launch.output(None, yshape, rnn.dtype, name="y")
     hy, vhy = launch.empty(rnn.hidden_shape(seq.N), rnn.dtype, name="hy")
     cy, vcy = (None, None) if rnn.cell != "lstm" else launch.empty(rnn.cell_shape(seq.N), rnn.dtype, name="cy")
+    ptrs = (x_ptr, vy.ptr, hx_ptr, vhy.ptr, cx_ptr, None if vcy is None else vcy.ptr, vw.ptr)
+    out = _forward_rest(launch, b, layout, seq, padded, training, (xd, yd, hd, cd), ptrs, (y, hy, cy))
+    if sig is not None and all(
+        v is None or (v.owner is a and v.stream is None and v.adapter is launch.adapter and v.is_contiguous())
+        for v, a in ((vx, given[0]), (vhx, given[1]), (vcx, given[2]), (vw, w))
+    ):
+        _fwd_express.put(sig[0], _FwdEntry(launch.device, launch.adapter, launch.inputs, b, layout, seq, yshape,
+                                           padded, (xd, yd, hd, cd)))  # fmt: skip
+    return out
+
+
+def _forward_rest(
+    launch: Any, b: _Built, layout: str, seq: _Seq, padded: bool, training: bool, descs: tuple, ptrs: tuple,
+    outs: tuple,
+) -> tuple:  # fmt: skip
+    """The forward once everything is checked and allocated: the algorithm, the cuDNN call (again with the
+    standard algorithm if cuDNN refuses the persistent one "auto" chose), the reserve recorded."""
+    rnn = b.rnn
     lengths, lengths_ptr = _dev_lengths(launch, seq)
-    call = _call_info(layout, seq, padded, training)
-    with launch.on_device(), b.call_lock(), _explained(rnn, b.math_mode, call):
-        handle = launch.handle
-        desc = b.prepare_call(launch, padded, seq.N)
-        ws_bytes, rs_bytes = b.temp_sizes(launch, padded, training, xd)
-        # zeroed: cuDNN 9.19's elemWiseRNNcell reads workspace bytes it has not written (compute-sanitizer
-        # initcheck on an H200, 720 reads for a 2-layer bidirectional LSTM; torch's own cuDNN LSTM shows the same
-        # reads, and zeroing the workspace removes them); the memset is a few microseconds next to the call
-        ws, ws_ptr = launch.workspace(ws_bytes, zeroed=True)
-        reserve, rs_ptr = None, 0
-        if training:
-            reserve, vr = launch.empty((rs_bytes,), "uint8", name="reserve")
-            rs_ptr = vr.ptr
-        lib.cudnnRNNForward(
-            handle,
-            desc,
-            lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE,
-            lengths_ptr,
-            xd,
-            x_ptr,
-            yd,
-            vy.ptr,
-            hd,
-            hx_ptr,
-            vhy.ptr,
-            cd,
-            cx_ptr,
-            None if vcy is None else vcy.ptr,
-            b.weight_bytes,
-            vw.ptr,
-            ws_bytes,
-            ws_ptr,
-            rs_bytes,
-            rs_ptr,
-        )
+    algo = b.choose(launch, seq, training)
+    while True:
+        try:
+            reserve, rs_ptr, rs_bytes = _forward_call(launch, b, algo, layout, seq, padded, training, descs,
+                                                      lengths_ptr, ptrs)  # fmt: skip
+            break
+        except NotSupportedError:
+            if rnn.algo != "auto" or algo == "standard":
+                raise
+            # cuDNN refused at the call the persistent algorithm "auto" chose (a size limit only the call shows):
+            # this config runs the next choice from now on, this call included (nothing was written)
+            _log.debug("rnn: cuDNN refused algo=%r for %s at the call; choosing again", algo, rnn)
+            b.refused(algo)
+            algo = b.choose(launch, seq, training)
     if training:
-        _reserves.add(launch.device, rs_ptr, rs_bytes)
-    del ws, lengths
-    return (y, hy, cy, reserve) if training else (y, hy, cy)
+        _reserves.add(launch.device, rs_ptr, rs_bytes, algo)
+    del lengths
+    return (*outs, reserve) if training else outs
+
+
+# --------------------------------------------------------------------- the forward's express path
+
+#: signature -> _FwdEntry (see :func:`_forward_signature`)
+_fwd_express: LRU[tuple, _FwdEntry] = LRU("rnn.express", 1024)
+
+
+class _FwdEntry(NamedTuple):
+    """What a repeated :func:`rnn_forward` needs: everything its checks and descriptors gave the first time."""
+
+    device: int
+    adapter: Any
+    inputs: tuple[str, ...]
+    built: _Built
+    layout: str
+    seq: _Seq
+    yshape: tuple[int, ...]
+    padded: bool
+    descs: tuple[Any, Any, Any, Any]  #: the x, y, h and c descriptors
+
+
+def _forward_signature(rnn: Any, training: Any, layout: Any, fill: Any, arrays: tuple) -> tuple | None:
+    """(key, pointers) of an :func:`rnn_forward` call that may take the express path, or None. The key holds
+    everything the forward's checks and descriptors are a function of: the config, the keywords (by type and
+    value), each array's adapter key (type, dtype, shape, strides, device), the thread's settings (the math
+    mode) and, with dropout, the thread (its RNG states)."""
+    keyed = adapters.KEYED
+    parts: list[Any] = [rnn, type(training), training, type(layout), layout, type(fill), fill]
+    ptrs: list[int] = []
+    for a in arrays:
+        if a is None:
+            parts.append(None)
+            continue
+        key = keyed.get(type(a))
+        got = key(a) if key is not None else None
+        if got is None:
+            return None
+        parts.append(got[0])
+        ptrs.append(got[1])
+    parts.append(current_settings())
+    if getattr(rnn, "dropout", 0):
+        parts.append(threading.get_ident())
+    try:
+        key = tuple(parts)
+        hash(key)
+    except TypeError:
+        return None
+    return key, ptrs
+
+
+def _forward_express(e: _FwdEntry, ptrs: list[int], hx: Any, cx: Any, training: bool) -> tuple:
+    """:func:`rnn_forward` for a call whose signature an earlier call (with its arrays as given) recorded: the
+    current stream, new outputs, the algorithm and the cuDNN call; nothing checked or described again."""
+    dev, ad, b = e.device, e.adapter, e.built
+    rnn = b.rnn
+    launch = Launch(dev, ad, ad.current_stream(dev), e.inputs)
+    x_ptr, w_ptr = ptrs[0], ptrs[1]
+    hx_ptr = None if hx is None else ptrs[2]
+    cx_ptr = None if cx is None else ptrs[2 + (hx is not None)]
+    N = e.seq.N
+    y, vy = launch.empty(e.yshape, rnn.dtype, name="y")
+    hy, vhy = launch.empty(rnn.hidden_shape(N), rnn.dtype, name="hy")
+    cy, vcy = (None, None) if rnn.cell != "lstm" else launch.empty(rnn.cell_shape(N), rnn.dtype, name="cy")
+    ptrs = (x_ptr, vy.ptr, hx_ptr, vhy.ptr, cx_ptr, None if vcy is None else vcy.ptr, w_ptr)
+    return _forward_rest(launch, b, e.layout, e.seq, e.padded, training, e.descs, ptrs, (y, hy, cy))
+
+
+def _forward_call(
+    launch: Any, b: _Built, algo: str, layout: str, seq: _Seq, padded: bool, training: bool, descs: tuple,
+    lengths_ptr: Any, ptrs: tuple[Any, ...],
+) -> tuple[Any, int, int]:  # fmt: skip
+    """``cudnnRNNForward`` with ``algo``'s descriptor, its workspace and (training) a new reserve: (reserve, its
+    pointer, its bytes). ``descs``: the x, y, h and c descriptors; ``ptrs``: x, y, hx, hy, cx, cy, w."""
+    xd, yd, hd, cd = descs
+    x_ptr, y_ptr, hx_ptr, hy_ptr, cx_ptr, cy_ptr, w_ptr = ptrs
+    try:
+        with launch.on_device(), b.call_lock(algo):
+            handle = launch.handle
+            desc = b.prepare_call(launch, padded, seq.N, algo)
+            ws_bytes, rs_bytes = b.temp_sizes(launch, padded, training, xd, algo)
+            # zeroed: cuDNN 9.19's elemWiseRNNcell reads workspace bytes it has not written (compute-sanitizer
+            # initcheck on an H200, 720 reads for a 2-layer bidirectional LSTM; torch's own cuDNN LSTM shows the
+            # same reads, and zeroing the workspace removes them); the memset is a few microseconds next to the call
+            ws, ws_ptr = launch.workspace(ws_bytes, zeroed=True)
+            reserve, rs_ptr = None, 0
+            if training:
+                reserve, vr = launch.empty((rs_bytes,), "uint8", name="reserve")
+                rs_ptr = vr.ptr
+            lib.cudnnRNNForward(
+                handle,
+                desc,
+                lib.CUDNN_FWD_MODE_TRAINING if training else lib.CUDNN_FWD_MODE_INFERENCE,
+                lengths_ptr,
+                xd,
+                x_ptr,
+                yd,
+                y_ptr,
+                hd,
+                hx_ptr,
+                hy_ptr,
+                cd,
+                cx_ptr,
+                cy_ptr,
+                b.weight_bytes,
+                w_ptr,
+                ws_bytes,
+                ws_ptr,
+                rs_bytes,
+                rs_ptr,
+            )
+    except NotSupportedError as e:  # what the call was given is formatted only here, not on every call
+        if "cuDNN does not support this RNN" in str(e):
+            raise
+        raise _not_supported(b.rnn, e, b.math_mode, _call_info(layout, seq, padded, training), algo) from None
+    del ws
+    return reserve, rs_ptr, rs_bytes
 
 
 def rnn_backward(
@@ -1021,14 +1277,18 @@ def rnn_backward(
         if vdw.readonly:
             raise ValueError("dw is read-only")
     padded, xd, yd = _dual(rnn, layout, seq, 0.0)
+    entry = _reserves.entry(launch.device, vr.ptr)
+    # the forward's algorithm ("auto" may have chosen either); for a reserve the ledger does not know, the one a
+    # forward of these shapes would run, for the sizes in the error below
+    algo = entry[1] if rnn.algo == "auto" and entry is not None else b.choose(launch, seq, True)
     with launch.on_device():
-        ws_bytes, rs_bytes = b.temp_sizes(launch, padded, True, xd)
+        ws_bytes, rs_bytes = b.temp_sizes(launch, padded, True, xd, algo)
     if vr.dtype != "uint8" or vr.shape != (rs_bytes,) or not vr.is_contiguous():
         raise ValueError(
             f"reserve must be the uint8 array of {rs_bytes} bytes a training rnn_forward returned for "
             f"these shapes, got {vr.dtype} {vr.shape}"
         )
-    if not _reserves.fresh(launch.device, vr.ptr, rs_bytes):
+    if entry is None or entry[0] != rs_bytes:
         raise ValueError(
             "reserve has been used by an rnn_backward already (cuDNN's backward overwrites the reserve "
             "space) or does not come from a training rnn_forward: run the training forward again, or "
@@ -1054,12 +1314,14 @@ def rnn_backward(
         kept, vk = launch.empty((rs_bytes,), "uint8", name="reserve")
         launch.adapter.copy(kept, reserve, launch.stream)
         rs_ptr = vk.ptr
-    with launch.on_device(), b.call_lock(), _explained(rnn, b.math_mode, _call_info(layout, seq, padded, True)):
+    call = _call_info(layout, seq, padded, True)
+    with launch.on_device(), b.call_lock(algo), _explained(rnn, b.math_mode, call, algo):
         handle = launch.handle
-        desc = b.prepare_call(launch, padded, seq.N)
+        desc = b.prepare_call(launch, padded, seq.N, algo)
         ws, ws_ptr = launch.workspace(ws_bytes, zeroed=True)  # as in rnn_forward
         if not accumulate:
-            set_tensor(dw, 0.0, stream=launch.stream)
+            # all-zero bytes are 0.0 in every float type: one cuMemsetD8Async, not a cuDNN kernel
+            driver.memset_async(vdw.ptr, vdw.shape[0] * itemsize(rnn.dtype), launch.stream)
         if not keep_reserve:
             _reserves.take(launch.device, vr.ptr)
         lib.cudnnRNNBackwardData_v8(
@@ -1106,6 +1368,54 @@ def rnn_backward(
         )
     del ws, lengths, kept
     return dx, dhx, dcx, dw
+
+
+# --------------------------------------------------------------------- the declarations
+
+_RNN_DT = tuple(_PRECISIONS)
+
+#: ``rnn_forward`` in the registry (its own sequence: ``Primitive.runner``)
+RNN_FORWARD = register(
+    Primitive(
+        "rnn_forward",
+        inputs=(
+            Operand("x", _RNN_DT),
+            Operand("w", _RNN_DT),
+            Operand("hx", _RNN_DT, optional=True),
+            Operand("cx", _RNN_DT, optional=True),
+        ),
+        outputs=(Output("out", like="x"),),  # y (out= passes it), then hy, cy and, training, the reserve
+        extras=("hy", "cy", "reserve"),
+        runner=rnn_forward,
+        family="rnn",
+        differentiable=("x", "w", "hx", "cx"),
+        residuals=("x", "w", "hx", "cx", "out", "reserve"),
+        backward="rnn_backward",
+        express=False,  # its own express path (_forward_express)
+    )
+)
+
+#: ``rnn_backward`` in the registry (its own sequence: ``Primitive.runner``)
+RNN_BACKWARD = register(
+    Primitive(
+        "rnn_backward",
+        inputs=(
+            Operand("x", _RNN_DT),
+            Operand("y", _RNN_DT),
+            Operand("dy", _RNN_DT),
+            Operand("w", _RNN_DT),
+            Operand("reserve", ("uint8",)),
+            Operand("hx", _RNN_DT, optional=True),
+            Operand("cx", _RNN_DT, optional=True),
+            Operand("dhy", _RNN_DT, optional=True),
+            Operand("dcy", _RNN_DT, optional=True),
+        ),
+        extras=("dx", "dhx", "dcx", "dw"),  # what it returns; dw= passes a weight-gradient buffer (accumulate=)
+        runner=rnn_backward,
+        family="rnn",
+        express=False,
+    )
+)
 
 
 # --------------------------------------------------------------------- torch parameter layout

@@ -36,7 +36,7 @@ CASES = [
     (lambda: ops.lrn_forward(x(), size=17), ValueError, "size must be in \\[1, 16\\]"),
     (lambda: ops.lrn_forward(x(), size=5.0), TypeError, "size must be an int"),
     (lambda: ops.lrn_forward(x(), k=0.0), ValueError, "k must be >= 1e-05"),
-    (lambda: ops.lrn_forward(x(), beta=0.001), ValueError, "beta must be >= 0.01"),
+    (lambda: ops.lrn_forward(x(), lrn_beta=0.001), ValueError, "lrn_beta must be >= 0.01"),
     (lambda: ops.lrn_forward(x((2, 3))), ValueError, "x must have 3 to 8 dims"),
     (lambda: ops.lrn_forward(x(typestr="<i4")), TypeError, "x has dtype int32; normalization needs"),
     (lambda: ops.lrn_forward(np.ones((2, 3, 4), np.float32)), TypeError, "^x is a host array"),
@@ -56,12 +56,12 @@ CASES = [
     ),
     (
         lambda: ops.divisive_normalization_backward(
-            x(), x(), x(), dx_out=x(), dmeans_out=FakeCAI((2, 3, 4, 5), strides=(4, 160, 40, 8))
+            x(), x(), x(), out=(x(), FakeCAI((2, 3, 4, 5), strides=(4, 160, 40, 8)))
         ),
         ValueError,
         "dmeans_out must be laid out like the inputs",
     ),
-    (lambda: ops.divisive_normalization_backward(x(), x(), dmeans_out=x()), ValueError, "dmeans_out needs means"),
+    (lambda: ops.divisive_normalization_backward(x(), x(), out=(None, x())), ValueError, "dmeans_out needs means"),
     (lambda: ops.divisive_normalization_backward(x(), x(), x(), size=20), ValueError, "size must be in"),
     # dropout
     (lambda: ops.dropout_forward(x(), 1.0), ValueError, "p must be in \\[0, 1\\), got 1.0"),
@@ -79,3 +79,52 @@ CASES = [
 def test_bad_input_is_refused_before_cudnn(call, exc, msg):
     with pytest.raises(exc, match=msg):
         call()
+
+
+# ----------------------------------------------------------------- the uniform names (out=, lrn_alpha/lrn_beta)
+
+
+def test_multi_output_ops_take_out_as_a_tuple():
+    """``out=(a, b)`` is the keyword every multi-output op takes; the per-output keywords still work, with a
+    ``DeprecationWarning``; both at once, or a tuple of the wrong length, are a ``TypeError`` naming ``out``."""
+    bad = FakeCAI((2, 3, 4, 5), strides=(4, 160, 40, 8))
+    with pytest.raises(ValueError, match="dmeans_out must be laid out like the inputs"):
+        ops.divisive_normalization_backward(x(), x(), x(), out=(x(), bad))
+    with pytest.warns(DeprecationWarning, match=r"dmeans_out= is deprecated; pass out=\(dx_out, dmeans_out\)"):
+        with pytest.raises(ValueError, match="dmeans_out must be laid out like the inputs"):
+            ops.divisive_normalization_backward(x(), x(), x(), dmeans_out=bad)
+    with pytest.raises(TypeError, match="pass out= or dx_out=, not both"):
+        ops.divisive_normalization_backward(x(), x(), x(), out=(x(), None), dx_out=x())
+    with pytest.raises(TypeError, match=r"out must be a tuple of 2 \(\(dx_out, dgrid_out\), .*got a tuple of 1"):
+        ops.grid_sample_backward(x(), x((2, 4, 5, 2)), x(), out=(x(),))
+    with pytest.raises(TypeError, match="ctc_loss: out must be a tuple of 2 .*got FakeCAI"):
+        ops.ctc_loss(x((6, 2, 5)), [1, 2], [1, 1], [6, 6], out=x((2,)))
+    with pytest.warns(DeprecationWarning, match="rnn_forward: y_out= is deprecated; pass out="):
+        with pytest.raises(TypeError):
+            ops.rnn_forward(x((3, 2, 4)), x((100,)), rnn=ops.RNN("gru", 4, 5), y_out=x((3, 2, 5)))
+    with pytest.raises(TypeError, match="pass out= or its deprecated name y_out=, not both"):
+        ops.rnn_forward(x((3, 2, 4)), x((100,)), rnn=ops.RNN("gru", 4, 5), out=x(), y_out=x())
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda **kw: ops.lrn_forward(x(), **kw),
+        lambda **kw: ops.lrn_backward(x(), x(), x(), **kw),
+        lambda **kw: ops.divisive_normalization_forward(x(), **kw),
+        lambda **kw: ops.divisive_normalization_backward(x(), x(), **kw),
+    ],
+)
+def test_lrn_formula_names(call):
+    """The formula's parameters are ``lrn_alpha``/``lrn_beta``, named in their errors; ``alpha=``/``beta=`` are
+    still the formula's in 0.2, with a ``FutureWarning`` (they become the output blend in 0.3), and named as
+    written; ``lrn_beta`` and ``beta`` together are a ``TypeError``."""
+    with pytest.raises(ValueError, match="^lrn_beta must be >= 0.01"):
+        call(lrn_beta=0.001)
+    with pytest.raises(TypeError, match="^lrn_alpha must be a real number"):
+        call(lrn_alpha="1e-4")
+    with pytest.warns(FutureWarning, match="alpha=/beta= name the LRN formula's parameters here"):
+        with pytest.raises(ValueError, match="^beta must be >= 0.01"):
+            call(beta=0.001)
+    with pytest.raises(TypeError, match="pass lrn_beta= or its deprecated name beta=, not both"):
+        call(lrn_beta=0.5, beta=0.5)

@@ -97,7 +97,7 @@ from ..runtime import (
 )
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ._layout import check_fits
-from ._primitive import Call, Operand, Output, Primitive, register, run
+from ._primitive import Call, Operand, Output, Primitive, register, run, split_out
 
 __all__ = ["ctc_loss", "MAX_LABEL_LENGTH"]
 
@@ -382,9 +382,10 @@ def ctc_loss(
     normalization: str = "softmax",
     algo: str = "deterministic",
     oob_grads: str = "zero",
+    out: tuple[Any, Any] | None = None,
+    stream: Any = None,
     costs_out: Any = None,
     grads_out: Any = None,
-    stream: Any = None,
 ) -> tuple[Any, Any]:
     """CTC loss of each sample and its gradient with respect to ``x``; returns ``(costs, grads)``.
 
@@ -393,10 +394,13 @@ def ctc_loss(
     ``label_lengths``, ``input_lengths``: ``N`` values each (host or device
     integers; see the module doc for the host copy of device ones).
     ``costs``: ``(N,)`` float32; ``grads``: ``(T, N, A)`` float32,
-    C-contiguous (``costs_out``/``grads_out`` if given). ``blank`` must be 0.
+    C-contiguous; ``out=(costs_out, grads_out)`` gives either or both (None to allocate; the per-output
+    keywords ``costs_out=``/``grads_out=`` are its deprecated form, and errors name an output by them).
+    ``blank`` must be 0.
     Both come from one ``cudnnCTCLoss_v8`` call (primitive :data:`CTC`); which of ``labels`` and the lengths
     are device arrays, the adapters decide (:func:`cudnnkit.runtime.adapters.is_device_array`).
     """
+    costs_out, grads_out = split_out("ctc_loss", out, {"costs_out": costs_out, "grads_out": grads_out})
     arrays = {"x": x, "labels": labels, "label_lengths": label_lengths, "input_lengths": input_lengths}
     return run(
         CTC,

@@ -28,13 +28,24 @@ than its mirror image, so its ``dx`` is not the exact gradient there (odd
 sizes are exact); prefer odd sizes when training. The two
 temporary buffers cuDNN needs are allocated here, with the input's library.
 
-Parameters are checked before any call: ``size`` an int in
-``[1, 16]`` (``CUDNN_LRN_MIN_N``/``MAX_N``); ``alpha``, ``beta`` and ``k``
-real and finite (``TypeError``/``ValueError`` naming them) and within
+In the functions the formula's ``alpha`` and ``beta`` are the keywords
+``lrn_alpha`` (default 1e-4) and ``lrn_beta`` (0.75), cuDNN's ``lrnAlpha``/
+``lrnBeta``. Parameters are checked before any call: ``size`` an int in
+``[1, 16]`` (``CUDNN_LRN_MIN_N``/``MAX_N``); ``lrn_alpha``, ``lrn_beta`` and
+``k`` real and finite (``TypeError``/``ValueError`` naming them) and within
 float32 for every dtype (cuDNN casts them to the data's type),
-``k >= 1e-5`` and ``beta >= 0.01``. Dtypes: float16, float32, float64
+``k >= 1e-5`` and ``lrn_beta >= 0.01``. Dtypes: float16, float32, float64
 (cuDNN refuses bfloat16 here). The output blend is
-``out = y_alpha * result + y_beta * out``.
+``out = y_alpha * result + y_beta * out`` (``dx_alpha``/``dx_beta`` in the
+backwards).
+
+Renaming, in two steps. Every other op blends its output with ``alpha``/``beta``;
+here those names were the formula's (as in torch's ``LocalResponseNorm``). In
+0.2 the formula moved to ``lrn_alpha``/``lrn_beta``; ``alpha=``/``beta=`` still
+mean the formula, with a ``FutureWarning``. In 0.3 ``alpha``/``beta`` become the
+output blend, and ``y_alpha``/``y_beta``/``dx_alpha``/``dx_beta`` their
+deprecated names. ``divisive_normalization_backward`` takes its two outputs as
+``out=(dx, dmeans)`` (``dx_out=``/``dmeans_out=`` are deprecated).
 
 Dims and layouts. cuDNN's LRN takes 4-d tensors of any positive strides and
 5-d ones only NCDHW DHW-packed; LRN here takes 3 to 8 dims ``(N, C,
@@ -56,6 +67,7 @@ level.
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import Any
 
 from .. import lib
@@ -64,7 +76,7 @@ from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.cache import lru
 from ..runtime.dtypes import check_scalar, scaling_ref
 from ._layout import canonical_strides, describable, merge
-from ._primitive import Call, Operand, Output, Primitive, register, run
+from ._primitive import Call, Operand, Output, Primitive, register, run, split_out
 
 __all__ = ["lrn_forward", "lrn_backward", "divisive_normalization_forward", "divisive_normalization_backward"]
 
@@ -81,7 +93,9 @@ def _set_lrn(ptr: int, n: int, alpha: float, beta: float, k: float) -> None:
 _LRN = DescriptorKind("lrn", "cudnnCreateLRNDescriptor", "cudnnDestroyLRNDescriptor", _set_lrn)
 
 
-def _lrn_desc(size: int, alpha: float, beta: float, k: float, dtype: str) -> Any:
+def _lrn_desc(
+    size: int, alpha: float, beta: float, k: float, dtype: str, names: tuple[str, str] = ("lrn_alpha", "lrn_beta")
+) -> Any:
     """The cached LRN descriptor, every parameter checked first: ``size`` an int in cuDNN's range; ``alpha``,
     ``beta``, ``k`` real and finite (``TypeError``/``ValueError`` naming them) and within float32 (cuDNN casts them
     to the data's type: for all but float64 data they would overflow; for float64 such values are no sane LRN
@@ -90,8 +104,9 @@ def _lrn_desc(size: int, alpha: float, beta: float, k: float, dtype: str) -> Any
         raise TypeError(f"size must be an int, got {size!r}")
     if not lib.CUDNN_LRN_MIN_N <= size <= lib.CUDNN_LRN_MAX_N:
         raise ValueError(f"size must be in [{lib.CUDNN_LRN_MIN_N}, {lib.CUDNN_LRN_MAX_N}] (cuDNN's limit), got {size}")
-    alpha, beta, k = (check_scalar(v, name, dtype=dtype) for v, name in ((alpha, "alpha"), (beta, "beta"), (k, "k")))
-    for v, name in ((alpha, "alpha"), (beta, "beta"), (k, "k")):
+    an, bn = names
+    alpha, beta, k = (check_scalar(v, name, dtype=dtype) for v, name in ((alpha, an), (beta, bn), (k, "k")))
+    for v, name in ((alpha, an), (beta, bn), (k, "k")):
         if abs(v) > _FLOAT32_MAX:
             raise ValueError(
                 f"{name}={v!r} is out of range: LRN parameters must be within float32 (|{name}| <= "
@@ -100,8 +115,43 @@ def _lrn_desc(size: int, alpha: float, beta: float, k: float, dtype: str) -> Any
     if not k >= lib.CUDNN_LRN_MIN_K:
         raise ValueError(f"k must be >= {lib.CUDNN_LRN_MIN_K} (cuDNN's limit), got {k}")
     if not beta >= lib.CUDNN_LRN_MIN_BETA:
-        raise ValueError(f"beta must be >= {lib.CUDNN_LRN_MIN_BETA} (cuDNN's limit), got {beta}")
+        raise ValueError(f"{bn} must be >= {lib.CUDNN_LRN_MIN_BETA} (cuDNN's limit), got {beta}")
     return get_cached(_LRN, (size, alpha, beta, k))
+
+
+class _Unset:
+    """The default of the deprecated ``alpha``/``beta`` keywords: not given."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_UNSET: Any = _Unset()
+
+
+def _formula(fn: str, lrn_alpha: Any, lrn_beta: Any, alpha: Any, beta: Any, blend: str) -> dict[str, Any]:
+    """The formula's parameters of a call in the renaming's deprecation window (see the module docstring):
+    ``lrn_alpha``/``lrn_beta``, or the deprecated ``alpha``/``beta`` when given (with a ``FutureWarning``; a
+    non-default ``lrn_alpha`` beside ``alpha`` is a ``TypeError``); errors name what the user wrote."""
+    for new, old, nn, on, default in (
+        (lrn_alpha, alpha, "lrn_alpha", "alpha", 1e-4),
+        (lrn_beta, beta, "lrn_beta", "beta", 0.75),
+    ):
+        if old is not _UNSET and not (type(new) is float and new == default):
+            raise TypeError(f"{fn}: pass {nn}= or its deprecated name {on}=, not both")
+    if alpha is not _UNSET or beta is not _UNSET:
+        warnings.warn(
+            f"{fn}: alpha=/beta= name the LRN formula's parameters here, where every other op's alpha/beta blend "
+            f"the output; pass lrn_alpha=/lrn_beta= for the formula. From cudnnkit 0.3 alpha/beta will be this "
+            f"op's output blend (today's {blend}), as everywhere else",
+            FutureWarning,
+            stacklevel=3,
+        )
+    return {
+        "alpha": lrn_alpha if alpha is _UNSET else alpha,
+        "beta": lrn_beta if beta is _UNSET else beta,
+        "names": ("lrn_alpha" if alpha is _UNSET else "alpha", "lrn_beta" if beta is _UNSET else "beta"),
+    }
 
 
 @lru("lrn.lrn_describe", 4096)
@@ -138,7 +188,7 @@ def _lrn_resolve(views: Any, kw: Any) -> Any:
     name0, v0 = next(iter(views.items()))
     if not 3 <= v0.ndim <= 8:
         raise ValueError(f"{name0} must have 3 to 8 dims (N, C, spatial...), got shape {v0.shape}")
-    return _lrn_desc(kw["size"], kw["alpha"], kw["beta"], kw["k"], v0.dtype)
+    return _lrn_desc(kw["size"], kw["alpha"], kw["beta"], kw["k"], v0.dtype, kw["names"])
 
 
 def _lrn_forward_call(c: Call) -> None:
@@ -206,20 +256,25 @@ def lrn_forward(
     x: Any,
     *,
     size: int = 5,
-    alpha: float = 1e-4,
-    beta: float = 0.75,
+    lrn_alpha: float = 1e-4,
+    lrn_beta: float = 0.75,
     k: float = 2.0,
     out: Any = None,
     y_alpha: float = 1.0,
     y_beta: float = 0.0,
     stream: Any = None,
+    alpha: float = _UNSET,
+    beta: float = _UNSET,
 ) -> Any:
     """Cross-channel LRN of ``x`` ``(N, C, ...)`` (3 to 8 dims, any strides); returns ``y`` of the same shape and
     dtype (``out`` if given, any layout: see the module docstring for the copies a layout unlike ``x``'s costs).
 
+    ``lrn_alpha`` (default 1e-4), ``lrn_beta`` (0.75), ``size`` and ``k`` are the formula's (``alpha``/``beta``:
+    their deprecated names, see the module docstring); ``out = y_alpha * result + y_beta * out``.
     ``cudnnLRNCrossChannelForward`` (primitive :data:`LRN_FORWARD`). The backward needs ``x`` and this ``y``.
     """
-    kw = dict(size=size, alpha=alpha, beta=beta, k=k, out=out, y_alpha=y_alpha, y_beta=y_beta)
+    f = _formula("lrn_forward", lrn_alpha, lrn_beta, alpha, beta, "y_alpha/y_beta")
+    kw = dict(size=size, k=k, out=out, y_alpha=y_alpha, y_beta=y_beta, **f)
     return run(LRN_FORWARD, {"x": x}, stream=stream, **kw)
 
 
@@ -229,20 +284,24 @@ def lrn_backward(
     x: Any,
     *,
     size: int = 5,
-    alpha: float = 1e-4,
-    beta: float = 0.75,
+    lrn_alpha: float = 1e-4,
+    lrn_beta: float = 0.75,
     k: float = 2.0,
     out: Any = None,
     dx_alpha: float = 1.0,
     dx_beta: float = 0.0,
     stream: Any = None,
+    alpha: float = _UNSET,
+    beta: float = _UNSET,
 ) -> Any:
     """Gradient of :func:`lrn_forward`: ``dx`` from ``dy``, the forward's ``y`` and its input ``x``.
 
     ``cudnnLRNCrossChannelBackward`` (primitive :data:`LRN_BACKWARD`), with ``y``, ``dy``, ``x`` and ``dx`` in
-    one layout (copies where they differ); the LRN parameters must be the forward's.
+    one layout (copies where they differ); the LRN parameters must be the forward's;
+    ``out = dx_alpha * dx + dx_beta * out``.
     """
-    kw = dict(size=size, alpha=alpha, beta=beta, k=k, out=out, dx_alpha=dx_alpha, dx_beta=dx_beta)
+    f = _formula("lrn_backward", lrn_alpha, lrn_beta, alpha, beta, "dx_alpha/dx_beta")
+    kw = dict(size=size, k=k, out=out, dx_alpha=dx_alpha, dx_beta=dx_beta, **f)
     return run(LRN_BACKWARD, {"dy": dy, "y": y, "x": x}, stream=stream, **kw)
 
 
@@ -289,7 +348,7 @@ def _divnorm_dims(views: Any) -> ArrayView:
 def _divnorm_resolve(views: Any, kw: Any) -> Any:
     """The LRN descriptor of a divisive normalization call, after the first array's dims (3 to 5)."""
     v0 = _divnorm_dims(views)
-    return _lrn_desc(kw["size"], kw["alpha"], kw["beta"], kw["k"], v0.dtype)
+    return _lrn_desc(kw["size"], kw["alpha"], kw["beta"], kw["k"], v0.dtype, kw["names"])
 
 
 def _divnorm_backward_resolve(views: Any, kw: Any) -> Any:
@@ -298,7 +357,7 @@ def _divnorm_backward_resolve(views: Any, kw: Any) -> Any:
     v0 = _divnorm_dims(views)
     if views["means"] is None and kw.get("dmeans_out") is not None:
         raise ValueError("dmeans_out needs means: without means there is no dmeans")
-    desc = _lrn_desc(kw["size"], kw["alpha"], kw["beta"], kw["k"], v0.dtype)
+    desc = _lrn_desc(kw["size"], kw["alpha"], kw["beta"], kw["k"], v0.dtype, kw["names"])
     b = kw["dx_beta"]
     # a non-number is left to the blend's own check (a TypeError naming dx_beta)
     if isinstance(b, numbers.Real) and b != 0:
@@ -399,13 +458,15 @@ def divisive_normalization_forward(
     means: Any = None,
     *,
     size: int = 5,
-    alpha: float = 1e-4,
-    beta: float = 0.75,
+    lrn_alpha: float = 1e-4,
+    lrn_beta: float = 0.75,
     k: float = 2.0,
     out: Any = None,
     y_alpha: float = 1.0,
     y_beta: float = 0.0,
     stream: Any = None,
+    alpha: float = _UNSET,
+    beta: float = _UNSET,
 ) -> Any:
     """Spatial divisive normalization of ``x`` ``(N, C, H, W)`` (3 to 5 dims; with precomputed ``means``, same
     shape, if given).
@@ -418,7 +479,8 @@ def divisive_normalization_forward(
     NCHW or NHWC here: ``x`` and ``means`` are copied when they have gaps, another layout or differ in layout,
     and an ``out`` of another layout is computed into a temporary and copied into (see the module docstring).
     """
-    kw = dict(size=size, alpha=alpha, beta=beta, k=k, out=out, y_alpha=y_alpha, y_beta=y_beta)
+    f = _formula("divisive_normalization_forward", lrn_alpha, lrn_beta, alpha, beta, "y_alpha/y_beta")
+    kw = dict(size=size, k=k, out=out, y_alpha=y_alpha, y_beta=y_beta, **f)
     return run(DIVISIVE_NORMALIZATION_FORWARD, {"x": x, "means": means}, stream=stream, **kw)
 
 
@@ -428,14 +490,17 @@ def divisive_normalization_backward(
     means: Any = None,
     *,
     size: int = 5,
-    alpha: float = 1e-4,
-    beta: float = 0.75,
+    lrn_alpha: float = 1e-4,
+    lrn_beta: float = 0.75,
     k: float = 2.0,
-    dx_out: Any = None,
-    dmeans_out: Any = None,
+    out: tuple[Any, Any] | None = None,
     dx_alpha: float = 1.0,
     dx_beta: float = 0.0,
     stream: Any = None,
+    alpha: float = _UNSET,
+    beta: float = _UNSET,
+    dx_out: Any = None,
+    dmeans_out: Any = None,
 ) -> tuple[Any, Any]:
     """Gradients of :func:`divisive_normalization_forward`: ``(dx, dmeans)`` from one call.
 
@@ -444,7 +509,9 @@ def divisive_normalization_backward(
     ``dy``, ``dx`` and ``dmeans`` share one layout in cuDNN (copies and temporaries where they differ, as in the
     forward).
     """
-    kw = dict(size=size, alpha=alpha, beta=beta, k=k, dx_out=dx_out, dmeans_out=dmeans_out)
+    dx_out, dmeans_out = split_out("divisive_normalization_backward", out, {"dx_out": dx_out, "dmeans_out": dmeans_out})
+    f = _formula("divisive_normalization_backward", lrn_alpha, lrn_beta, alpha, beta, "dx_alpha/dx_beta")
+    kw = dict(size=size, k=k, dx_out=dx_out, dmeans_out=dmeans_out, **f)
     return run(
         DIVISIVE_NORMALIZATION_BACKWARD,
         {"dy": dy, "x": x, "means": means},

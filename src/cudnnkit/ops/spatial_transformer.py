@@ -82,7 +82,7 @@ from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.cache import lru
 from ..runtime.descriptors import INT_MAX, int_array
 from ..runtime.view import is_contiguous
-from ._primitive import Call, Operand, Output, Primitive, register, run
+from ._primitive import Call, Operand, Output, Primitive, register, run, split_out
 
 __all__ = ["affine_grid_forward", "affine_grid_backward", "grid_sample_forward", "grid_sample_backward"]
 
@@ -412,20 +412,24 @@ def grid_sample_backward(
     beta: float = 0.0,
     alpha_dgrid: float = 1.0,
     beta_dgrid: float = 0.0,
+    out: tuple[Any, Any] | None = None,
+    stream: Any = None,
     dx_out: Any = None,
     dgrid_out: Any = None,
-    stream: Any = None,
 ) -> tuple[Any, Any]:
     """Gradients of :func:`grid_sample_forward`: ``(dx, dgrid)`` from one call.
 
     ``x`` and ``grid`` are the forward's inputs; ``dy``: ``(N, C, H_out, W_out)``,
-    any strides. ``dx``: ``x``'s shape, C-contiguous unless ``dx_out`` is given,
+    any strides. ``out=(dx_out, dgrid_out)``: given outputs (either may be None; the
+    per-output keywords ``dx_out=``/``dgrid_out=`` are its deprecated form, and
+    errors name an output by them). ``dx``: ``x``'s shape, C-contiguous unless ``dx_out`` is given,
     ``dx = alpha * dL/dx + beta * dx``. ``dgrid``: ``grid``'s shape,
     C-contiguous, the gradient with respect to the normalized coordinates,
     ``dgrid = alpha_dgrid * dL/dgrid + beta_dgrid * dgrid``. All of ``x``'s dtype.
 
     Calls ``cudnnSpatialTfSamplerBackward`` once (none when N is 0; primitive :data:`GRID_SAMPLE_BACKWARD`).
     """
+    dx_out, dgrid_out = split_out("grid_sample_backward", out, {"dx_out": dx_out, "dgrid_out": dgrid_out})
     return run(
         GRID_SAMPLE_BACKWARD,
         {"x": x, "grid": grid, "dy": dy},

@@ -197,8 +197,9 @@ def test_auto_rule_follows_the_measured_work_sizes():
     assert algos("lstm", 128, 1, "float32") == ("persist_static", "standard")  # small-h needs a batch of 2+
     assert algos("gru", 512, 8, "float16") == ("persist_static", "standard")
     assert algos("lstm", 1024, 128, "float16") == ("standard",)  # 4*128*1024 = 2**19 > 2**18
-    assert algos("lstm", 512, 64, "float16") == ("persist_static", "standard")  # 2**17: inference
-    assert algos("lstm", 512, 64, "float16", training=True) == ("standard",)  # above 3 * 2**15: training
+    assert algos("lstm", 512, 64, "float16") == ("persist_static", "standard")  # 2**17
+    assert algos("lstm", 512, 64, "float16", training=True) == ("persist_static", "standard")
+    assert algos("lstm", 512, 64, "float32", training=True) == ("standard",)  # far above 3 * 2**12
     assert _AUTO_WORK[("float32", False)] < _AUTO_WORK[("float16", False)]
 
 

@@ -819,7 +819,7 @@ def _check_fill(fill: Any, dtype: str) -> float:
 #: 3 GRU, 1 RELU/TANH) at which it beat the standard algorithm, per (dtype, training), measured on an H200 with
 #: cuDNN 9.19 at T=100 over every cell, H 128-1024, N 1-256, 1 layer and 2 bidirectional layers
 #: (``benchmarks/NOTES.md``, "RNN algo='auto'")
-_AUTO_WORK = {("float16", False): 1 << 18, ("float16", True): 3 << 15, ("float32", False): 1 << 14,
+_AUTO_WORK = {("float16", False): 1 << 18, ("float16", True): 1 << 18, ("float32", False): 1 << 14,
               ("float32", True): 3 << 12}  # fmt: skip
 _GATES = {"lstm": 4, "gru": 3, "relu": 1, "tanh": 1}
 

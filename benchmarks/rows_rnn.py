@@ -11,7 +11,7 @@ sides, torch's default for cuDNN) and float16.
   ``torch.autograd.grad`` of ``y`` (given ``dy``) with respect to the input and
   every parameter. Initial states are zeros on both sides.
 * every row runs ``algo="auto"`` (the default: cuDNN's persistent kernels where
-  they were measured faster, see ``cudnnkit.ops.rnn._auto_algo``), and the small-batch
+  they were measured faster, see ``cudnnkit.ops._rnn_desc._auto_algo``), and the small-batch
   rows (batch 8, float16, LSTM, hidden 256, 1 layer) also run the standard and
   persistent-static algorithms by name; torch picks its own algorithm (it uses the
   persistent one itself for some float16 small-batch shapes).

@@ -69,7 +69,8 @@ def test_lru_rejects_a_bad_bound():
 
 
 def test_every_cache_is_an_lru_with_its_bound():
-    from cudnnkit.ops import _layout, rnn
+    from cudnnkit.ops import _layout
+    from cudnnkit.ops import _rnn_desc as rnn
     from cudnnkit.runtime import arrays, descriptors, handle
 
     for c, bound in [
@@ -108,7 +109,8 @@ def test_descriptor_cache_info_and_clear_caches_empty_every_lru():
 
 def test_reserve_ledgers_survive_clear_caches_and_a_new_forward_replaces_a_record():
     from cudnnkit import runtime
-    from cudnnkit.ops import dropout, rnn
+    from cudnnkit.ops import _rnn_desc as rnn
+    from cudnnkit.ops import dropout
 
     led = rnn._Reserves(maxsize=2)
     led.add(0, 0x1000, 64, "standard")

@@ -610,7 +610,7 @@ def test_U13_rnn_has_no_separate_device_lengths():
 
 
 def test_U13_rnn_device_lengths_are_the_upload_of_seq_lengths(fake):
-    from cudnnkit.ops.rnn import _dev_lengths, _lengths, _Seq
+    from cudnnkit.ops._rnn_desc import _dev_lengths, _lengths, _Seq
 
     ad, _ = fake
     _lengths.clear()
@@ -647,7 +647,7 @@ def test_U5_persistent_algorithms_refuse_what_cudnn_documents_they_lack():
 def test_U5_not_supported_from_the_dynamic_build_names_the_config(monkeypatch):
     """A NOT_SUPPORTED at cudnnBuildRNNDynamic (the first call of a persist_dynamic RNN) names every config field and
     what the call was given, instead of a bare status."""
-    from cudnnkit.ops import rnn as m
+    from cudnnkit.ops import _rnn_desc as m
 
     def refuse(*args):
         raise NotSupportedError(lib.CUDNN_STATUS_NOT_SUPPORTED, "cudnnBuildRNNDynamic", "")
@@ -677,7 +677,7 @@ def test_U5_not_supported_from_the_dynamic_build_names_the_config(monkeypatch):
 
 
 def test_U5_not_supported_inside_a_call_is_explained_once():
-    from cudnnkit.ops.rnn import _call_info, _explained, _Seq
+    from cudnnkit.ops._rnn_desc import _call_info, _explained, _Seq
 
     rnn = ops.RNN("lstm", 4, 5, algo="persist_static", dtype="float16")
     seq = _Seq(6, 2, (6, 6), np.array([6, 6], np.int32), True)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from cudnnkit import lib
-from cudnnkit.ops.rnn import RNN, RNN_DATA, _fill_bytes, rnn_backward, rnn_descriptor, rnn_forward, torch_param_names
+from cudnnkit.ops._rnn_desc import _fill_bytes
+from cudnnkit.ops.rnn import RNN, RNN_DATA, rnn_backward, rnn_descriptor, rnn_forward, torch_param_names
 from cudnnkit.runtime import get_cached
 
 from .conftest import FakeCAI
@@ -120,7 +121,7 @@ def test_descriptor_read_back(rnn):
     d = rnn_descriptor(rnn)
     (algo, cell, bias, dirm, inmode, dt, prec, mt, insz, hid, proj, layers, drop, aux) = _read_back(d)
     prec_name, mt_name = rnn.resolved_math()
-    from cudnnkit.ops import rnn as m
+    from cudnnkit.ops import _rnn_desc as m
     from cudnnkit.runtime import cudnn_dtype
 
     assert (
@@ -144,7 +145,7 @@ def test_descriptor_read_back(rnn):
 def test_descriptor_algo_override_and_auto_default():
     """``RNN()`` defaults to algo="auto", whose base descriptor is the standard algorithm's; ``algo=`` builds the
     descriptor of the algorithm auto chose."""
-    from cudnnkit.ops import rnn as m
+    from cudnnkit.ops import _rnn_desc as m
 
     rnn = RNN("lstm", 8, 16, dtype="float16")
     assert rnn.algo == "auto"
@@ -167,7 +168,7 @@ def test_descriptor_algo_override_and_auto_default():
     ],
 )
 def test_auto_never_picks_persistent_where_cudnn_refuses_it(kw, why):
-    from cudnnkit.ops.rnn import _auto_algo
+    from cudnnkit.ops._rnn_desc import _auto_algo
 
     kw = {"dtype": "float16", **kw}
     rnn = RNN("lstm", 256, 256, **kw)
@@ -177,7 +178,7 @@ def test_auto_never_picks_persistent_where_cudnn_refuses_it(kw, why):
 
 
 def test_auto_needs_full_length_batches():
-    from cudnnkit.ops.rnn import _auto_algo
+    from cudnnkit.ops._rnn_desc import _auto_algo
 
     rnn = RNN("lstm", 256, 256, dtype="float16")
     assert _auto_algo(rnn, 8, 100, False, True, rnn.resolved_math()) == ("persist_static", "standard")
@@ -187,7 +188,7 @@ def test_auto_needs_full_length_batches():
 def test_auto_rule_follows_the_measured_work_sizes():
     """The measured rule: small-h first for hidden sizes up to 128 and batches of 2 and more, persistent-static
     up to the work size per step of ``_AUTO_WORK`` (float32's far below float16's), standard always last."""
-    from cudnnkit.ops.rnn import _AUTO_WORK, _auto_algo
+    from cudnnkit.ops._rnn_desc import _AUTO_WORK, _auto_algo
 
     def algos(cell, h, n, dtype, training=False):
         rnn = RNN(cell, h, h, dtype=dtype)
@@ -225,7 +226,7 @@ def test_rnn_data_descriptor_read_back(layout, dtype, fill):
     lib.cudnnGetRNNDataDescriptor(
         d, ctypes.byref(dt), ctypes.byref(lay), ctypes.byref(T), ctypes.byref(N), ctypes.byref(vec), 4, arr, buf
     )
-    from cudnnkit.ops import rnn as m
+    from cudnnkit.ops import _rnn_desc as m
 
     assert (lay.value, T.value, N.value, vec.value, tuple(arr)) == (m._LAYOUTS[layout], 5, 4, 7, lengths)
     np_dt = {"float32": np.float32, "float16": np.float16, "float64": np.float64}[dtype]

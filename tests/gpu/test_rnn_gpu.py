@@ -501,13 +501,14 @@ def test_auto_backward_runs_the_forwards_algorithm(xp, monkeypatch):
     decide otherwise (decisions forgotten, the rule changed) still runs the forward's."""
     import dataclasses
 
+    from cudnnkit.ops import _rnn_desc
     from cudnnkit.ops import rnn as rnn_mod
 
     rnn = RNN("lstm", 40, 256, dtype="float16")
     x, w, dy = _inputs(xp, rnn, 9, 8, seed=3)
     assert rnn.chosen_algo(x, 8, 9, training=True) == "persist_static"
     y, _, _, res = rnn_forward(x, w, rnn=rnn, training=True)
-    monkeypatch.setattr(rnn_mod, "_auto_algo", lambda *a: ("standard",))
+    monkeypatch.setattr(_rnn_desc, "_auto_algo", lambda *a: ("standard",))
     b = rnn._built(rnn_mod.prepare(("x", x))[0], x)  # shared by CuPy and torch arrays on one device
     b.auto.clear()
     try:
@@ -526,9 +527,9 @@ def test_auto_takes_the_next_algorithm_when_cudnn_refuses_at_the_call(xp, monkey
     H200): auto then runs the next choice, in that same call, and keeps it."""
     import dataclasses
 
-    from cudnnkit.ops import rnn as rnn_mod
+    from cudnnkit.ops import _rnn_desc
 
-    monkeypatch.setattr(rnn_mod, "_auto_algo", lambda *a: ("persist_static_small_h", "persist_static", "standard"))
+    monkeypatch.setattr(_rnn_desc, "_auto_algo", lambda *a: ("persist_static_small_h", "persist_static", "standard"))
     rnn = RNN("lstm", 24, 256, dtype="float16")
     x, w, _ = _inputs(xp, rnn, 5, 8, seed=4)
     got = rnn_forward(x, w, rnn=rnn)

@@ -107,7 +107,21 @@ def test_matmul_reduction_and_conv_backward_lower():
         (lambda g: g.pointwise("GEN_INDEX", g.tensor((2,))), "GEN_INDEX needs axis="),
         (lambda g: g.pointwise("EXP", g.tensor((2,)), elu_alpha=1.0), "elu_alpha applies to"),
         (lambda g: g.matmul(g.tensor((2, 3)), g.tensor((4, 5))), "K must agree"),
-        (lambda g: g.conv_fprop(g.tensor((1, 6, 8, 8)), g.tensor((4, 4, 3, 3))), "not a multiple"),
+        (
+            lambda g: g.conv_fprop(g.tensor((1, 6, 8, 8)), g.tensor((4, 4, 3, 3))),
+            r"x has 6 channels but w expects 4 per group x groups=1 = 4: w is \(K, C / groups, \*kernel\)",
+        ),
+        # a channel mistake that divides evenly is no longer taken as groups (cuDNN would infer groups=2)
+        (
+            lambda g: g.conv_fprop(g.tensor((1, 8, 8, 8)), g.tensor((4, 4, 3, 3))),
+            r"x has 8 channels but w expects 4 per group x groups=1 = 4 \(groups=2\?\)",
+        ),
+        (lambda g: g.conv_fprop(g.tensor((1, 8, 8, 8)), g.tensor((6, 2, 3, 3)), groups=4), "not divisible by groups=4"),
+        (lambda g: g.conv_fprop(g.tensor((1, 8, 8, 8)), g.tensor((8, 2, 3, 3)), groups=0), "groups must be a positive"),
+        (
+            lambda g: g.conv_fprop(g.tensor((1, 8, 8, 8)), g.tensor((8, 8, 3, 3)), padding=1, pre_padding=1),
+            "pass padding= or pre_padding=/post_padding=, not both",
+        ),
         (
             lambda g: g.conv_fprop(g.tensor((1, 4, 2, 2)), g.tensor((4, 4, 5, 5))),
             "plus pre_padding 0 and post_padding 0 is smaller than w.s kernel 5 at dilation 1",
@@ -165,3 +179,26 @@ def test_key_is_stable_and_sensitive_to_every_attribute():
     # settings are part of the key
     with cudnnkit.settings(deterministic=True):
         assert conv_bias_relu()[0].key() != base
+
+
+def test_conv_padding_forms_and_explicit_groups():
+    """``padding=`` (symmetric as in cudnn-frontend; pairs, "same" and "valid" too) sets the same pre/post paddings
+    as ``pre_padding``/``post_padding``; ``groups=`` is recorded and checked (depthwise: groups = C)."""
+    g = Graph()
+    x = g.tensor((2, 8, 9, 8))
+    a = g.conv_fprop(x, g.tensor((8, 8, 3, 3)), padding=1)
+    b = g.conv_fprop(x, g.tensor((8, 8, 3, 3)), pre_padding=1)
+    c = g.conv_fprop(x, g.tensor((8, 8, 4, 3)), padding="same")  # even kernel: one more after, as torch
+    d = g.conv_fprop(x, g.tensor((8, 8, 3, 3)), padding=((0, 2), (1, 0)), stride=2)
+    dw = g.conv_fprop(x, g.tensor((16, 1, 3, 3)), padding="same", groups=8)
+    assert a.dims == b.dims == c.dims[:2] + (9, 8) == (2, 8, 9, 8)
+    assert d.dims == shapes.conv_output_shape((2, 8, 9, 8), (8, 8, 3, 3), padding=((0, 2), (1, 0)), stride=2)
+    assert dw.dims == (2, 16, 9, 8)
+    convs = [dict(n.attrs) for n in g._nodes]
+    assert convs[0]["pre_padding"] == convs[1]["pre_padding"] == (1, 1) and convs[0]["post_padding"] == (1, 1)
+    assert (convs[2]["pre_padding"], convs[2]["post_padding"]) == ((1, 1), (2, 1))
+    assert (convs[3]["pre_padding"], convs[3]["post_padding"]) == ((0, 1), (2, 0))
+    assert convs[4]["groups"] == 8 and convs[0]["groups"] == 1
+    dx = g.conv_dgrad(g.tensor((2, 16, 9, 8)), g.tensor((16, 1, 3, 3)), (2, 8, 9, 8), padding=1, groups=8)
+    dwt = g.conv_wgrad(x, g.tensor((2, 16, 9, 8)), (16, 1, 3, 3), padding=1, groups=8)
+    assert dx.dims == (2, 8, 9, 8) and dwt.dims == (16, 1, 3, 3)

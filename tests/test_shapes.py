@@ -127,14 +127,13 @@ def test_transpose_shape_inverts_forward():
 def test_same_padding_keeps_the_size_and_cudnn_agrees(case):
     x, k, d = case
     x_shape, w_shape = (2, 3, *x), (4, 3, *k)
-    if any(di * (ki - 1) % 2 for di, ki in zip(d, k)):  # an odd total padding: not symmetric
-        with pytest.raises(ValueError, match=r"padding='same' with dilated kernel \d+ in spatial dim \d+ needs"):
-            shapes.conv_output_shape(x_shape, w_shape, padding="same", dilation=d)
-        return
     ours = shapes.conv_output_shape(x_shape, w_shape, padding="same", dilation=d)
     assert ours == (2, 4, *x)
-    pad = [di * (ki - 1) // 2 for di, ki in zip(d, k)]
-    assert ours == oracles.cudnn_conv_output_shape(x_shape, w_shape, padding=pad, dilation=d)
+    ext = tuple(di * (ki - 1) + 1 for di, ki in zip(d, k))
+    pre, post = shapes.resolve_padding("same", len(x), (1,) * len(x), ext)
+    assert all(b - a in (0, 1) and a + b == e - 1 for a, b, e in zip(pre, post, ext))  # torch's split
+    if pre == post:  # symmetric: cuDNN's own output-dim query agrees
+        assert ours == oracles.cudnn_conv_output_shape(x_shape, w_shape, padding=list(pre), dilation=d)
 
 
 def test_valid_padding_is_no_padding():
@@ -149,8 +148,7 @@ def test_same_padding_for_pooling():
     assert shapes.pool_output_shape((1, 3, 9, 8), 3, stride=1, padding="same") == oracles.cudnn_pool_output_shape(
         (1, 3, 9, 8), 3, stride=1, padding=1
     )
-    with pytest.raises(ValueError, match=r"padding='same' with window 2 in spatial dim 0 needs 1 padding in all"):
-        shapes.pool_output_shape((1, 3, 9, 8), (2, 3), stride=1, padding="same")
+    assert shapes.pool_output_shape((1, 3, 9, 8), (2, 3), stride=1, padding="same") == (1, 3, 9, 8)  # (0, 1), 1
     with pytest.raises(
         ValueError, match=r"padding='same' needs stride 1 .* got stride \(3, 3\) \(the default: the window\)"
     ):
@@ -166,14 +164,50 @@ def test_same_padding_for_pooling():
             r"padding='same' needs stride 1 \(as in torch\), got stride \(2, 2\)",
         ),
         (
-            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 2, 3), padding="same"),
-            ValueError,
-            r"padding='same' with dilated kernel 2 in spatial dim 0 needs 1 padding in all, which cuDNN's symmetric",
-        ),
-        (
             lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), padding="full"),
             ValueError,
-            r"padding must be an int, a sequence of 2 ints, 'valid' or 'same', got 'full'",
+            r"padding must be an int, a sequence of 2 ints, a sequence of 2 \(before, after\) pairs, 'valid' or "
+            r"'same', got 'full'",
+        ),
+        (
+            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), padding=((1, 2), (1,))),
+            ValueError,
+            r"padding pairs must be \(before, after\), got \(1,\)",
+        ),
+        (
+            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), padding=((1, 2),)),
+            ValueError,
+            r"padding must have 2 \(before, after\) pairs \(one per spatial dim\), got 1",
+        ),
+        (
+            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), padding=((1, -2), (0, 0))),
+            ValueError,
+            r"padding must be >= 0",
+        ),
+        (
+            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), padding=1.5),
+            TypeError,
+            r"padding must be an int, a sequence of 2 ints, .* got 1.5",
+        ),
+        (
+            lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), dilation=2**31),
+            ValueError,
+            r"dilation must be at most 2147483647",
+        ),
+        (
+            lambda: shapes.conv_transpose_output_shape((1, 6, 8, 8), (6, 3, 3, 3), groups=4),
+            ValueError,
+            r"w's output channels \(6\) must be divisible by groups \(4\)",
+        ),
+        (
+            lambda: shapes.pool_output_shape((1, 3, 8, 8), 3, padding=((0, 3), (1, 1))),
+            ValueError,
+            r"padding \(0, 3\) must be smaller than the window 3 \(dim 0\)",
+        ),
+        (
+            lambda: shapes.pool_output_shape((1, 3, 8, 8), 3, ceil_mode=1),
+            TypeError,
+            r"ceil_mode must be a bool, got 1",
         ),
         (
             lambda: shapes.conv_output_shape((1, 3, 8, 8), (4, 3, 3, 3), padding="SAME"),
@@ -205,3 +239,56 @@ def test_same_and_valid_padding_agree_with_torch():
         for padding in ("same", "valid"):
             want = tuple(torch.nn.functional.conv2d(x, w, padding=padding, dilation=d).shape)
             assert shapes.conv_output_shape(tuple(x.shape), tuple(w.shape), padding=padding, dilation=d) == want
+
+
+@pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel lengths")
+def test_asymmetric_and_same_padding_agree_with_torch():
+    """``(before, after)`` pairs, and ``"same"`` with even dilated kernels (one more after, torch's split), give
+    torch's shapes; the split is checked numerically: conv of the explicitly padded input equals torch's
+    ``padding="same"`` result."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 9, 8, generator=g, dtype=torch.float64)
+    for k, d in (((2, 3), (1, 1)), ((4, 2), (1, 3)), ((2, 2), (2, 1)), ((3, 5), (1, 1))):
+        w = torch.randn(4, 3, *k, generator=g, dtype=torch.float64)
+        want = F.conv2d(x, w, padding="same", dilation=d)
+        ext = tuple(di * (ki - 1) + 1 for di, ki in zip(d, k))
+        pre, post = shapes.resolve_padding("same", 2, (1, 1), ext)
+        got = F.conv2d(F.pad(x, (pre[1], post[1], pre[0], post[0])), w, dilation=d)
+        assert torch.equal(got, want)
+        assert shapes.conv_output_shape(tuple(x.shape), tuple(w.shape), padding="same", dilation=d) == want.shape
+    for pads in (((0, 2), (1, 0)), ((3, 1), (2, 2))):
+        w = torch.zeros(4, 3, 3, 3, dtype=torch.float64)
+        want = F.conv2d(F.pad(x, (pads[1][0], pads[1][1], pads[0][0], pads[0][1])), w, stride=(2, 1)).shape
+        assert shapes.conv_output_shape(tuple(x.shape), tuple(w.shape), padding=pads, stride=(2, 1)) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 3).flatmap(
+        lambda nsp: st.tuples(
+            st.lists(st.integers(1, 17), min_size=nsp, max_size=nsp),  # input
+            st.lists(st.integers(1, 5), min_size=nsp, max_size=nsp),  # window
+            st.lists(st.integers(1, 4), min_size=nsp, max_size=nsp),  # stride
+            st.lists(st.integers(0, 2), min_size=nsp, max_size=nsp),  # padding
+        )
+    )
+)
+def test_ceil_mode_pool_shapes_agree_with_torch(case):
+    """``ceil_mode=True`` gives torch's output sizes (max pooling, 1- to 3-d), including torch's rule that the last
+    window starts inside the input or its padding before; torch's own limit (padding at most half the window) is
+    where it refuses."""
+    torch = pytest.importorskip("torch")
+    x, win, stride, pad = case
+    if any(p > w // 2 for p, w in zip(pad, win)) or any(xi + 2 * p < w for xi, p, w in zip(x, pad, win)):
+        return  # torch refuses these (cudnnkit's own limits are tested above)
+    pool = {1: torch.nn.functional.max_pool1d, 2: torch.nn.functional.max_pool2d, 3: torch.nn.functional.max_pool3d}
+    t = torch.zeros(1, 2, *x)
+    for ceil in (False, True):
+        want = tuple(pool[len(x)](t, win, stride, pad, ceil_mode=ceil).shape)
+        assert shapes.pool_output_shape(tuple(t.shape), win, stride=stride, padding=pad, ceil_mode=ceil) == want
+        pre, post = shapes.pool_padding(x, win, stride=stride, padding=pad, ceil_mode=ceil)
+        assert pre == tuple(pad) and all(b >= a for a, b in zip(pre, post))
+        # what cuDNN is given (round-down with the extra padding after) lands on the same sizes
+        assert shapes.pool_output_sizes(x, win, stride=stride, pre_padding=pre, post_padding=post) == want[2:]

@@ -16,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "INT32_MAX",
     "expand",
+    "resolve_padding",
+    "pool_padding",
     "conv_output_sizes",
     "pool_output_sizes",
     "conv_output_shape",
@@ -50,30 +53,60 @@ def expand(
     return out
 
 
+#: the largest value cuDNN's int32 descriptor fields take
+INT32_MAX = 2**31 - 1
+
 _PADDING_WORDS = ("valid", "same")
+_PADDING_FORMS = "an int, a sequence of {n} ints, a sequence of {n} (before, after) pairs, 'valid' or 'same'"
 
 
-def _padding(
-    padding: int | Sequence[int] | str, nsp: int, s: tuple[int, ...], k: tuple[int, ...], what: str, note: str = ""
-) -> tuple[int, ...]:
-    """``padding`` per spatial dim: ints as :func:`expand` takes them, or torch's ``"valid"`` (no padding) or
-    ``"same"`` (output size = input size: needs stride 1, and pads ``(k - 1) // 2`` on each side, where ``k`` is
-    the dilated kernel/window size; cuDNN pads both sides alike, so an even ``k`` cannot be expressed)."""
-    if not isinstance(padding, str):
-        return expand(padding, nsp, "padding", 0)
-    if padding == "valid":
-        return (0,) * nsp
-    if padding != "same":
-        raise ValueError(f"padding must be an int, a sequence of {nsp} ints, 'valid' or 'same', got {padding!r}")
-    if any(v != 1 for v in s):
-        raise ValueError(f"padding='same' needs stride 1 (as in torch), got stride {s}{note}")
-    for i, ki in enumerate(k):
-        if (ki - 1) % 2:
-            raise ValueError(
-                f"padding='same' with {what} {ki} in spatial dim {i} needs {ki - 1} padding in all, which cuDNN's "
-                "symmetric padding cannot split evenly: pad explicitly (or pre-pad the input)"
-            )
-    return tuple((ki - 1) // 2 for ki in k)
+def resolve_padding(
+    padding: int | Sequence[int] | Sequence[Sequence[int]] | str,
+    nsp: int,
+    stride: tuple[int, ...],
+    extent: tuple[int, ...],
+    what: str = "dilated kernel",
+    note: str = "",
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(pre, post)``: the padding before and after each of ``nsp`` spatial dims.
+
+    ``padding`` is an int (every side), a sequence of ``nsp`` ints (both sides of each dim), a sequence of ``nsp``
+    ``(before, after)`` pairs (asymmetric), torch's ``"valid"`` (none) or ``"same"`` (the output keeps the input's
+    size: stride 1 only, and a total of ``extent - 1`` per dim, where ``extent`` is the dilated kernel or window,
+    split as torch splits it: ``before = total // 2``, ``after = total - before``, so an even extent pads one more
+    after). Every value must be a non-negative int; errors name ``padding``."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            zero = (0,) * nsp
+            return zero, zero
+        if padding != "same":
+            raise ValueError(f"padding must be {_PADDING_FORMS.format(n=nsp)}, got {padding!r}")
+        if any(v != 1 for v in stride):
+            raise ValueError(f"padding='same' needs stride 1 (as in torch), got stride {stride}{note}")
+        pre = tuple((e - 1) // 2 for e in extent)
+        return pre, tuple(e - 1 - p for e, p in zip(extent, pre))
+    if not isinstance(padding, (int, bool)) and not isinstance(padding, (bytes,)):
+        try:
+            items = tuple(padding)
+        except TypeError:
+            items = None
+        if items is not None and items and all(isinstance(v, (tuple, list)) for v in items):
+            if len(items) != nsp:
+                raise ValueError(
+                    f"padding must have {nsp} (before, after) pairs (one per spatial dim), got {len(items)}: "
+                    f"{padding!r}"
+                )
+            for v in items:
+                if len(v) != 2:
+                    raise ValueError(f"padding pairs must be (before, after), got {v!r} in {padding!r}")
+            pre = expand(tuple(v[0] for v in items), nsp, "padding", 0, INT32_MAX)
+            post = expand(tuple(v[1] for v in items), nsp, "padding", 0, INT32_MAX)
+            return pre, post
+    try:
+        sym = expand(padding, nsp, "padding", 0, INT32_MAX)
+    except TypeError:
+        raise TypeError(f"padding must be {_PADDING_FORMS.format(n=nsp)}, got {padding!r}") from None
+    return sym, sym
 
 
 def conv_output_sizes(
@@ -118,12 +151,16 @@ def _check_groups(groups: int) -> None:
         raise ValueError(f"groups must be a positive int, got {groups!r}")
 
 
+def _pad_text(pre: int, post: int) -> str:
+    return str(pre) if pre == post else f"({pre}, {post})"
+
+
 def conv_output_shape(
     x_shape: Sequence[int],
     w_shape: Sequence[int],
     *,
     stride: int | Sequence[int] = 1,
-    padding: int | Sequence[int] | str = 0,
+    padding: int | Sequence[int] | Sequence[Sequence[int]] | str = 0,
     dilation: int | Sequence[int] = 1,
     groups: int = 1,
 ) -> tuple[int, ...]:
@@ -131,9 +168,10 @@ def conv_output_shape(
 
     ``x_shape`` is ``(N, C, *spatial)`` and ``w_shape`` is ``(K, C // groups, *kernel)``,
     both in logical NCHW order whatever the memory layout. Per spatial dim:
-    ``out = (in + 2*pad - dilation*(k - 1) - 1) // stride + 1``, which must be >= 1.
-    ``padding`` is per-side and symmetric, or torch's ``"valid"`` (0) or ``"same"``
-    (stride 1 only; ``dilation*(k - 1)`` must be even, as cuDNN pads both sides alike).
+    ``out = (in + before + after - dilation*(k - 1) - 1) // stride + 1``, which must be >= 1.
+    ``padding``: see :func:`resolve_padding` (ints, per-dim ``(before, after)`` pairs, torch's ``"valid"`` and
+    ``"same"``; an even dilated kernel under ``"same"`` pads one more after, as torch does). ``C`` must be
+    ``groups`` times ``w``'s input channels and ``K`` divisible by ``groups``.
     """
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if len(x_shape) < 3:
@@ -142,25 +180,26 @@ def conv_output_shape(
         raise ValueError(f"w must have as many dims as x ({len(x_shape)}), got shape {w_shape}")
     nsp = len(x_shape) - 2
     _check_groups(groups)
-    s = expand(stride, nsp, "stride", 1)
-    d = expand(dilation, nsp, "dilation", 1)
+    s = expand(stride, nsp, "stride", 1, INT32_MAX)
+    d = expand(dilation, nsp, "dilation", 1, INT32_MAX)
     n, c = x_shape[:2]
     k, cg = w_shape[:2]
     if any(v <= 0 for v in x_shape):
         raise ValueError(f"x dims must be positive, got {x_shape}")
     if any(v <= 0 for v in w_shape):
         raise ValueError(f"w dims must be positive, got {w_shape}")
-    p = _padding(padding, nsp, s, tuple(di * (ki - 1) + 1 for di, ki in zip(d, w_shape[2:])), "dilated kernel")
+    pre, post = resolve_padding(padding, nsp, s, tuple(di * (ki - 1) + 1 for di, ki in zip(d, w_shape[2:])))
     if c != cg * groups:
         raise ValueError(f"x has {c} channels but w expects {cg} per group x {groups} groups = {cg * groups}")
     if k % groups:
         raise ValueError(f"w's output channels ({k}) must be divisible by groups ({groups})")
-    sizes = conv_output_sizes(x_shape[2:], w_shape[2:], stride=s, pre_padding=p, post_padding=p, dilation=d)
+    sizes = conv_output_sizes(x_shape[2:], w_shape[2:], stride=s, pre_padding=pre, post_padding=post, dilation=d)
     for i, (xi, ki, o) in enumerate(zip(x_shape[2:], w_shape[2:], sizes)):
         if o < 1:
             eff = d[i] * (ki - 1) + 1
             raise ValueError(
-                f"spatial dim {i}: input {xi} with padding {p[i]} is smaller than the dilated kernel {eff}"
+                f"spatial dim {i}: input {xi} with padding {_pad_text(pre[i], post[i])} is smaller than the "
+                f"dilated kernel {eff}"
             )
     return (n, k, *sizes)
 
@@ -191,6 +230,8 @@ def conv_transpose_output_shape(
     _check_groups(groups)
     if dy_shape[1] != w_shape[0]:
         raise ValueError(f"dy has {dy_shape[1]} channels but w has {w_shape[0]} output channels")
+    if w_shape[0] % groups:
+        raise ValueError(f"w's output channels ({w_shape[0]}) must be divisible by groups ({groups})")
     out = [dy_shape[0], w_shape[1] * groups]
     for i in range(nsp):
         if op[i] >= max(s[i], d[i]):
@@ -202,20 +243,59 @@ def conv_transpose_output_shape(
     return tuple(out)
 
 
+def pool_padding(
+    sizes: Sequence[int],
+    window: Sequence[int],
+    *,
+    stride: Sequence[int],
+    padding: int | Sequence[int] | Sequence[Sequence[int]] | str = 0,
+    ceil_mode: bool = False,
+    note: str = "",
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(pre, post)`` padding per spatial dim of a pooling of input ``sizes`` (checked ``window`` and ``stride``).
+
+    ``padding`` as :func:`resolve_padding` takes it, each side smaller than the window (cuDNN's rule). With
+    ``ceil_mode`` (torch's), the output size rounds up, ``out = ceil((in + before + after - window) / stride) + 1``,
+    less one when the last window would start past the input and its padding before (``(out - 1) * stride >=
+    in + before``); that is expressed as extra padding after, which is what cuDNN (which rounds down) is given.
+    A ceil-mode window hanging past the declared padding covers only padding there: max pooling ignores it, and
+    for averages including padding torch divides by the window clipped to input plus declared padding, which the
+    pooling op states."""
+    nsp = len(sizes)
+    pre, post = resolve_padding(padding, nsp, tuple(stride), tuple(window), "window", note)
+    for i in range(nsp):
+        if pre[i] >= window[i] or post[i] >= window[i]:
+            raise ValueError(
+                f"padding {_pad_text(pre[i], post[i])} must be smaller than the window {window[i]} (dim {i})"
+            )
+    if not isinstance(ceil_mode, bool):
+        raise TypeError(f"ceil_mode must be a bool, got {ceil_mode!r}")
+    if not ceil_mode:
+        return pre, post
+    extra = []
+    for i in range(nsp):
+        span = sizes[i] + pre[i] + post[i] - window[i]
+        out = -(-span // stride[i]) + 1 if span >= 0 else span // stride[i] + 1
+        if out > 1 and (out - 1) * stride[i] >= sizes[i] + pre[i]:
+            out -= 1
+        extra.append(max(0, (out - 1) * stride[i] + window[i] - (sizes[i] + pre[i] + post[i])))
+    return pre, tuple(p + e for p, e in zip(post, extra))
+
+
 def pool_output_shape(
     x_shape: Sequence[int],
     window: int | Sequence[int],
     *,
     stride: int | Sequence[int] | None = None,
-    padding: int | Sequence[int] | str = 0,
+    padding: int | Sequence[int] | Sequence[Sequence[int]] | str = 0,
+    ceil_mode: bool = False,
 ) -> tuple[int, ...]:
-    """Output shape ``(N, C, *spatial)`` of pooling (cuDNN rounds down).
+    """Output shape ``(N, C, *spatial)`` of pooling.
 
     ``stride`` defaults to ``window``. Per spatial dim:
-    ``out = (in + 2*pad - window) // stride + 1``, which must be >= 1; padding
-    must be smaller than the window. ``padding`` may also be ``"valid"`` (0) or
-    ``"same"`` (stride 1, an odd window: ``(window - 1) // 2`` per side), as for
-    :func:`conv_output_shape`.
+    ``out = (in + before + after - window) // stride + 1``, which must be >= 1, each padding smaller than the
+    window; ``ceil_mode=True`` rounds up as torch does (:func:`pool_padding`). ``padding`` as
+    :func:`resolve_padding` takes it (``"same"``: stride 1, as for :func:`conv_output_shape`).
     """
     x_shape = tuple(x_shape)
     if len(x_shape) < 3:
@@ -223,13 +303,15 @@ def pool_output_shape(
     if any(v <= 0 for v in x_shape):
         raise ValueError(f"x dims must be positive, got {x_shape}")
     nsp = len(x_shape) - 2
-    w = expand(window, nsp, "window", 1)
-    s = expand(w if stride is None else stride, nsp, "stride", 1)
-    p = _padding(padding, nsp, s, w, "window", " (the default: the window)" if stride is None else "")
-    sizes = pool_output_sizes(x_shape[2:], w, stride=s, pre_padding=p, post_padding=p)
+    w = expand(window, nsp, "window", 1, INT32_MAX)
+    s = expand(w if stride is None else stride, nsp, "stride", 1, INT32_MAX)
+    note = " (the default: the window)" if stride is None else ""
+    pre, post = pool_padding(x_shape[2:], w, stride=s, padding=padding, ceil_mode=ceil_mode, note=note)
+    sizes = pool_output_sizes(x_shape[2:], w, stride=s, pre_padding=pre, post_padding=post)
     for i in range(nsp):
-        if p[i] >= w[i]:
-            raise ValueError(f"padding {p[i]} must be smaller than the window {w[i]} (dim {i})")
         if sizes[i] < 1:
-            raise ValueError(f"spatial dim {i}: input {x_shape[2 + i]} + 2*padding is smaller than the window {w[i]}")
+            raise ValueError(
+                f"spatial dim {i}: input {x_shape[2 + i]} with padding {_pad_text(pre[i], post[i])} is smaller "
+                f"than the window {w[i]}"
+            )
     return (*x_shape[:2], *sizes)

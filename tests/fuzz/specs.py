@@ -2378,6 +2378,128 @@ SDPA_PARAMS = {
 # ----------------------------------------------------------------- the table
 
 
+# ----------------------------------------------------------------- convolution
+
+
+def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
+    """A valid convolution call: 1 to 3 spatial dims, groups (depthwise too), stride, symmetric padding, dilation,
+    NCHW or channels-last, maybe ``out=`` with a blend."""
+    dt = d.choice(F)
+    nsp = d.int(1, 3)
+    groups = d.choice([1, 1, 2, 3])
+    cg, kg = d.int(1, 3), d.int(1, 3)
+    c, k = cg * groups, kg * groups
+    ksz = tuple(d.int(1, 3) for _ in range(nsp))
+    dil = tuple(d.int(1, 2) for _ in range(nsp))
+    pad = tuple(d.int(0, 2) for _ in range(nsp))
+    st = tuple(d.int(1, 2) for _ in range(nsp))
+    ext = [di * (ki - 1) + 1 for di, ki in zip(dil, ksz)]
+    sp = tuple(max(e - 2 * p, 1) + d.int(0, 4) for e, p in zip(ext, pad))
+    n = d.int(0, 2) if d.bool(0.05) else d.int(1, 2)
+    xs, ws = (n, c, *sp), (k, cg, *ksz)
+    ys = (n, k, *((i + 2 * p - e) // s + 1 for i, p, e, s in zip(sp, pad, ext, st)))
+    lay = nchw_or_nhwc(d, nsp + 2)
+    kw: dict[str, Any] = {}
+    if which == "forward":
+        kw["x"] = A(xs, dt, layout=lay, seed=d.seed())
+        kw["w"] = A(ws, dt, fill="normal:0.5", layout=nchw_or_nhwc(d, nsp + 2), seed=d.seed())
+        res, names = ys, ("x", "w")
+    elif which == "data":
+        kw["dy"] = A(ys, dt, layout=lay, seed=d.seed())
+        kw["w"] = A(ws, dt, fill="normal:0.5", layout=nchw_or_nhwc(d, nsp + 2), seed=d.seed())
+        kw["x_shape"] = xs
+        res, names = xs, ("dy", "w")
+    elif which == "filter":
+        kw["x"] = A(xs, dt, layout=lay, seed=d.seed())
+        kw["dy"] = A(ys, dt, layout=lay, seed=d.seed())
+        kw["w_shape"] = ws
+        res, names = ws, ("x", "dy")
+    else:
+        kw["dy"] = A(ys, dt, layout=lay, seed=d.seed())
+        res, names = (k,), ("dy",)
+    if which != "bias":
+        kw["stride"], kw["padding"], kw["dilation"] = st, pad, dil
+        if groups > 1:
+            kw["groups"] = groups
+        if d.bool(0.2):
+            kw["mode"] = "convolution"
+    draw_blend(d, kw, dt, res, layout=("c",))
+    return Base(kw, names, {"dtype": dt, "groups": groups})
+
+
+def _convolution_check(ctx: Any, res: Any, which: str = "forward") -> list[str]:
+    from ..conv_reference import conv_backward_bias, conv_backward_data, conv_backward_filter, conv_forward
+
+    g = ctx.case.setup
+    if which == "bias":
+        ref = conv_backward_bias(ctx.x("dy"))
+    else:
+        kw = dict(stride=tuple(ctx.param("stride")), pad=tuple(ctx.param("padding")),
+                  dilation=tuple(ctx.param("dilation")), groups=int(g["groups"]),
+                  mode=ctx.param("mode", "cross_correlation"))  # fmt: skip
+        if which == "forward":
+            ref = conv_forward(ctx.x("x"), ctx.x("w"), **kw)
+        elif which == "data":
+            ref = conv_backward_data(ctx.x("dy"), ctx.x("w"), tuple(ctx.param("x_shape")), **kw)
+        else:
+            ref = conv_backward_filter(ctx.x("x"), ctx.x("dy"), tuple(ctx.param("w_shape")), **kw)
+    ref = ctx.blend(ref, "out", "alpha", "beta")
+    dt = ctx.dtype
+    return ctx.compare(res, ref, dt, {"forward": "y", "data": "dx", "filter": "dw", "bias": "db"}[which],
+                       _tol(dt, 4.0, f32=2e-3, half=2e-2))  # fmt: skip
+
+
+def _convolution_ctor_draw(d: Draw, lib: str) -> Base:
+    kw: dict[str, Any] = {}
+    if d.bool(0.6):
+        kw["stride"] = d.choice([1, 2, (1, 2)])
+    if d.bool(0.6):
+        kw["padding"] = d.choice([0, 1, (1, 0), "same", "valid", ((0, 1), (1, 1))])
+    if d.bool(0.5):
+        kw["dilation"] = d.choice([1, 2, (2, 1)])
+    if d.bool(0.4):
+        kw["groups"] = d.int(1, 8)
+    if d.bool(0.3):
+        kw["mode"] = d.choice(["cross_correlation", "convolution"])
+    return Base(kw, (), {"dtype": "float32"})
+
+
+def _convolution_ctor_check(ctx: Any, r: Any) -> list[str]:
+    from cudnnkit import ops
+
+    if not isinstance(r, ops.Convolution):
+        return [f"returned {type(r).__name__}"]
+    for k, v in ctx.case.kwargs.items():
+        if getattr(r, k) != v:
+            return [f"Convolution.{k} is {getattr(r, k)!r}, given {v!r}"]
+    hash(r)
+    return []
+
+
+def _convolution_shape_rule(case: Case, name: str, old, new) -> str | None:
+    """A changed dim of a convolution operand may still make a valid call (a larger spatial size, another batch
+    without out=); whichever it is, it must be a clean outcome."""
+    return "any"
+
+
+CONVOLUTION_CTOR_PARAMS = {  # a Convolution takes 1 to 3 values per parameter (the rank is the call's)
+    "stride": Param("ints", optional_kw=True, fixed_length=False),
+    "padding": Param("ints", optional_kw=True, fixed_length=False),
+    "dilation": Param("ints", optional_kw=True, fixed_length=False),
+    "groups": Param("int", lo=1, optional_kw=True),
+    "mode": Param("choice", optional_kw=True),
+}
+CONVOLUTION_PARAMS = {
+    "stride": Param("ints", optional_kw=True),
+    "padding": Param("ints", optional_kw=True),
+    "dilation": Param("ints", optional_kw=True),
+    "groups": Param("int", lo=1, optional_kw=True),
+    "mode": Param("choice", optional_kw=True),
+    "alpha": SCALE,
+    "beta": BETA,
+}
+
+
 def _bw(fn: Callable, **kw: Any) -> Callable:
     return lambda *a: fn(*a, **kw)
 
@@ -2397,6 +2519,18 @@ def _add(spec: OpSpec) -> None:
     SPECS[spec.name] = spec
 
 
+_add(OpSpec("Convolution", _convolution_ctor_draw, {}, CONVOLUTION_CTOR_PARAMS,
+            check=_convolution_ctor_check, streams=False, weight=0.3))  # fmt: skip
+_add(OpSpec("convolution_forward", _convolution_draw, {"x": _in(), "w": _in(), "out": _out()}, CONVOLUTION_PARAMS,
+            check=_convolution_check, shape_rule=_convolution_shape_rule, weight=1.5))  # fmt: skip
+_add(OpSpec("convolution_backward_data", _bw(_convolution_draw, which="data"), {"dy": _in(), "w": _in(), "out": _out()},
+            {**CONVOLUTION_PARAMS, "x_shape": Param("ints", optional_kw=True)}, check=_bw(_convolution_check, which="data"),
+            shape_rule=_convolution_shape_rule))  # fmt: skip
+_add(OpSpec("convolution_backward_filter", _bw(_convolution_draw, which="filter"), {"x": _in(), "dy": _in(), "out": _out()},
+            {**CONVOLUTION_PARAMS, "w_shape": Param("ints")}, check=_bw(_convolution_check, which="filter"),
+            shape_rule=_convolution_shape_rule))  # fmt: skip
+_add(OpSpec("convolution_backward_bias", _bw(_convolution_draw, which="bias"), {"dy": _in(), "out": _out()},
+            {"alpha": SCALE, "beta": BETA}, check=_bw(_convolution_check, which="bias"), shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("softmax_forward", _softmax_draw, _SOFTMAX_ROLES, SOFTMAX_PARAMS, check=_softmax_check, weight=2))
 _add(OpSpec("softmax_backward", _bw(_softmax_draw, backward=True), _SOFTMAX_BWD_ROLES, SOFTMAX_PARAMS,
             check=_bw(_softmax_check, backward=True), weight=1.5))  # fmt: skip

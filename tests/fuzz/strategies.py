@@ -280,6 +280,16 @@ def _bad_bool(d: Draw, p: Any, case: Case) -> tuple[Any, str, str]:
     )
 
 
+class _AnObject:
+    """A plain object with a stable repr (a case's repro text must be the same in every run)."""
+
+    def __repr__(self) -> str:
+        return "<an object>"
+
+
+_AN_OBJECT = _AnObject()
+
+
 def _bad_ints(d: Draw, p: Any, case: Case) -> tuple[Any, str, str]:
     """A tuple-of-ints parameter (a size, paddings, dims)."""
     cur = case.kwargs.get(p.name)
@@ -293,7 +303,7 @@ def _bad_ints(d: Draw, p: Any, case: Case) -> tuple[Any, str, str]:
         (tuple([-1] * n), "negative values", "refuse" if (p.lo or 0) >= 0 else "any"),
         (tuple([2**40] * n), "huge values", "refuse"),
         ((True,) * n, "bools", "refuse"),
-        (object(), "an object", "refuse"),
+        (_AN_OBJECT, "an object", "refuse"),
     ]
     if n > 1:
         options.append((tuple([1] * (n - 1)), f"{n - 1} values", "refuse" if p.fixed_length else "any"))

@@ -16,6 +16,13 @@ the legacy call.
 from __future__ import annotations
 
 from ._primitive import REGISTRY, Primitive, last_path
+from .convolution import (
+    Convolution,
+    convolution_backward_bias,
+    convolution_backward_data,
+    convolution_backward_filter,
+    convolution_forward,
+)
 from .ctc import ctc_loss
 from .dropout import DropoutState, default_state, dropout_backward, dropout_forward
 from .lrn import divisive_normalization_backward, divisive_normalization_forward, lrn_backward, lrn_forward
@@ -35,6 +42,11 @@ __all__ = [
     "last_path",
     "softmax_forward",
     "softmax_backward",
+    "Convolution",
+    "convolution_forward",
+    "convolution_backward_data",
+    "convolution_backward_filter",
+    "convolution_backward_bias",
     "ctc_loss",
     "RNN",
     "LinearParams",

@@ -37,11 +37,29 @@ from ..runtime.arrays import ArrayView, contiguous_strides, is_contiguous, is_de
 from ..runtime.cache import lru
 from ..runtime.descriptors import INT_MAX
 
-__all__ = ["one_layout", "plan_layout", "OneLayout", "canonical_strides", "merge", "describable", "check_fits", "fits"]
+__all__ = [
+    "one_layout",
+    "plan_layout",
+    "OneLayout",
+    "canonical_strides",
+    "channels_last_strides",
+    "merge",
+    "describable",
+    "check_fits",
+    "fits",
+]
 
 _log = logging.getLogger("cudnnkit")
 
 Description = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides (elements) of a dense channels-last array of logical shape ``(N, C, *spatial)``: C order of
+    ``(N, *spatial, C)``, as strides of ``shape``."""
+    perm = (shape[0], *shape[2:], shape[1])
+    cs = contiguous_strides(perm)
+    return (cs[0], cs[-1], *cs[1:-1])
 
 
 def describable(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

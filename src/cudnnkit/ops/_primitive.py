@@ -515,7 +515,7 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
             why = op.packed if isinstance(op.packed, str) else "must be C-contiguous (cuDNN reads it as a packed array)"
             _, call_views[op.name] = launch.contiguous(arrays[op.name], v, op.name, why)
     first = blends.get(p.outputs[0].name, (None, None))
-    call = Call(launch, call_views, resolved, alpha=first[0], beta=first[1], blends=blends)
+    call = Call(launch, call_views, resolved, alpha=first[0], beta=first[1], blends=blends, arrays=arrays)
     path = route(p, dt)
     _launch_form(p, call, path, None)
     if (sig is not None and path == "legacy" and _as_given(views, arrays)

@@ -75,7 +75,7 @@ from ..runtime import DescriptorKind, get_cached
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.cache import lru
 from ..runtime.dtypes import check_scalar, scaling_ref
-from ._layout import canonical_strides, describable, merge
+from ._layout import canonical_strides, channels_last_strides, describable, merge
 from ._primitive import Call, Operand, Output, Primitive, register, run, split_out
 
 __all__ = ["lrn_forward", "lrn_backward", "divisive_normalization_forward", "divisive_normalization_backward"]
@@ -315,16 +315,9 @@ def _divnorm_describe(shape: tuple[int, ...], strides: tuple[int, ...]):
     if not describable(shape, strides):
         return None
     st = canonical_strides(shape, strides)
-    if st == contiguous_strides(shape) or st == canonical_strides(shape, _channels_last(shape)):
+    if st == contiguous_strides(shape) or st == canonical_strides(shape, channels_last_strides(shape)):
         return shape, st
     return None
-
-
-def _channels_last(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """C-contiguous strides of ``(N, spatial..., C)`` memory, as strides of ``shape`` ``(N, C, spatial...)``."""
-    perm = (shape[0], *shape[2:], shape[1])
-    cs = contiguous_strides(perm)
-    return (cs[0], cs[-1], *cs[1:-1])
 
 
 def _temps(launch, shape, dtype, strides) -> tuple[Any, ArrayView, Any, ArrayView]:

@@ -1,0 +1,689 @@
+"""N-d convolution on cuDNN's legacy API: forward, backward data (the transposed convolution), backward filter and
+backward bias, with groups (depthwise included), dilation, both modes, and the algorithm chosen as
+``cudnnkit.settings`` says.
+
+Shapes (logical NCHW order whatever the memory layout; ``S`` = 1, 2 or 3 spatial dims)
+
+=============  ===========================  =============================================================
+array          shape                        notes
+=============  ===========================  =============================================================
+``x``          ``(N, C, *in)``              dense channels-first (C order) or channels-last; else copied
+``w``          ``(K, C // groups, *k)``     dense ``(K, C/g, *k)`` (filter format NCHW) or channels-last
+                                            (``KRSC``, format NHWC); else copied to C order
+``y``, ``dy``  ``(N, K, *out)``             ``out = (in + 2 * pad - dilation * (k - 1) - 1) // stride + 1``
+``db``         ``(K,)``                     :func:`convolution_backward_bias`
+=============  ===========================  =============================================================
+
+A new ``y``/``dx`` takes ``x``'s layout (channels-last stays channels-last); a given ``out`` must be dense
+channels-first or channels-last. Dtypes: ``x``, ``w`` and the result share one of float16, bfloat16, float32
+(TF32 tensor cores as ``cudnnkit.settings(allow_tf32=...)`` says) and float64; half types compute in float32.
+A 1-d convolution runs as 2-d with a trailing size-1 dim (cuDNN's Nd descriptors take 2 or 3 spatial dims).
+
+Parameters: ``stride``, ``padding`` and ``dilation`` are an int or one per spatial dim; ``padding`` may also be
+``"valid"`` or ``"same"`` (torch's; stride 1), and must be symmetric on this path: cuDNN's legacy descriptor pads
+both sides alike, so ``(before, after)`` pairs that differ (and ``"same"`` with an even dilated kernel) are refused
+by name until the graph path, which takes them, lands (``cudnnkit.ops.convolution`` docstring, issue 12).
+``groups`` divides ``C`` and ``K``; ``mode`` is "cross_correlation" (the default, torch's) or "convolution" (the
+kernel flipped). All of it is checked before any GPU work (:func:`cudnnkit.runtime.shapes.conv_output_shape`).
+A :class:`Convolution` holds the parameters for reuse.
+
+Algorithm choice, per (descriptors, settings), cached: ``autotune="heuristics"`` (the default) or ``"off"`` take
+cuDNN's heuristic order (``cudnnGetConvolution*Algorithm_v7``); ``"exhaustive"`` times the candidates once
+(``cudnnFindConvolution*AlgorithmEx``, on scratch outputs, with the workspace capped at ``workspace_limit`` or
+256 MiB). Candidates that need more workspace than ``workspace_limit``, or, with ``deterministic=True``, that
+are not deterministic, are dropped. When a candidate's workspace cannot be allocated, the next one with a smaller
+workspace runs (logged on the ``cudnnkit`` logger); a workspace never raises out-of-memory while an algorithm
+with a smaller one remains.
+
+Calls: ``cudnnConvolutionForward``, ``cudnnConvolutionBackwardData``, ``cudnnConvolutionBackwardFilter``,
+``cudnnConvolutionBackwardBias``, each with ``alpha``/``beta`` blending (``out = alpha * result + beta * out``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .. import lib
+from ..runtime import DescriptorKind, check_choice, cudnn_dtype, current_settings, get_cached, tensor_descriptor
+from ..runtime.arrays import contiguous_strides
+from ..runtime.cache import LRU, MISSING
+from ..runtime.dtypes import scaling_ref
+from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
+from ._layout import channels_last_strides
+from ._primitive import Call, Operand, Output, Primitive, register, run
+
+__all__ = [
+    "Convolution",
+    "convolution_forward",
+    "convolution_backward_data",
+    "convolution_backward_filter",
+    "convolution_backward_bias",
+]
+
+_log = logging.getLogger("cudnnkit")
+
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_MODES = {"cross_correlation": lib.CUDNN_CROSS_CORRELATION, "convolution": lib.CUDNN_CONVOLUTION}
+_FAMILY = "convolution"
+#: the workspace ``autotune="exhaustive"`` gives cuDNN's Find calls without a ``workspace_limit``
+FIND_WORKSPACE = 256 << 20
+
+
+@dataclass(frozen=True)
+class Convolution:
+    """A convolution's parameters, for reuse (hashable): ``stride``, ``padding`` (int, per-dim ints, ``"valid"``,
+    ``"same"``), ``dilation`` (ints or one per spatial dim), ``groups`` and ``mode`` ("cross_correlation" or
+    "convolution"). Checked against the arrays at each call (the rank decides what an int expands to)."""
+
+    stride: int | tuple[int, ...] = 1
+    padding: int | tuple[int, ...] | str = 0
+    dilation: int | tuple[int, ...] = 1
+    groups: int = 1
+    mode: str = "cross_correlation"
+
+    def __post_init__(self) -> None:
+        check_choice(self.mode, _MODES, "mode")
+        if isinstance(self.groups, bool) or not isinstance(self.groups, int) or not 1 <= self.groups <= INT32_MAX:
+            raise ValueError(f"groups must be a positive int, got {self.groups!r}")
+        for name, minimum in (("stride", 1), ("dilation", 1), ("padding", 0)):
+            object.__setattr__(self, name, _form(getattr(self, name), name, minimum))
+
+
+def _form(value: Any, name: str, minimum: int) -> Any:
+    """A parameter checked for any rank (1 to 3 spatial dims): an int, or a tuple of 1 to 3 ints (for ``padding``
+    also ``(before, after)`` pairs, ``"valid"`` or ``"same"``); lists become tuples. Errors name ``name``."""
+    if name == "padding" and isinstance(value, str):
+        if value not in ("valid", "same"):
+            raise ValueError(f"padding must be an int, ints, (before, after) pairs, 'valid' or 'same', got {value!r}")
+        return value
+    if isinstance(value, (list, tuple)):
+        if not 1 <= len(value) <= 3:
+            raise ValueError(f"{name} must have 1 to 3 values (one per spatial dim), got {value!r}")
+        if name == "padding" and all(isinstance(v, (list, tuple)) for v in value):
+            return tuple(tuple(expand(v, 2, "padding", 0, INT32_MAX)) for v in value)
+        return expand(tuple(value), len(value), name, minimum, INT32_MAX)
+    return expand(value, 1, name, minimum, INT32_MAX)[0]
+
+
+class _Conv(NamedTuple):
+    """A call's resolved convolution (hashable: the op-level caches key on it)."""
+
+    dtype: str
+    nsp: int  #: the caller's spatial dims (1-d runs as 2-d)
+    pad: tuple[int, ...]  #: cuDNN's spatial dims from here on (2 or 3)
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    mode: str
+    compute: str
+    math: int
+    channels_last: bool  #: the layout of new outputs (x's, or dy's for backward data)
+    y_shape: tuple[int, ...]  #: the output's logical shape, the caller's rank
+    y_strides: tuple[int, ...] | None  #: a new output's strides (None: C order)
+    #: a reduction over an empty batch (backward filter): the result is 0 (beta * out when ``keep``)
+    empty_sum: bool = False
+    keep: bool = False
+
+
+def _params(conv: Any, stride: Any, padding: Any, dilation: Any, groups: Any, mode: Any) -> Convolution:
+    """The call's :class:`Convolution`: ``conv=`` or the keywords (not both)."""
+    if conv is None:
+        return Convolution(stride, padding, dilation, groups, mode)
+    if not isinstance(conv, Convolution):
+        raise TypeError(f"conv must be a cudnnkit.ops.Convolution, got {type(conv).__name__}")
+    if (stride, padding, dilation, groups, mode) != (1, 0, 1, 1, "cross_correlation"):
+        raise TypeError("pass conv= or stride=/padding=/dilation=/groups=/mode=, not both")
+    return conv
+
+
+def _layout_of(v: Any) -> str | None:
+    """ "nchw" (dense C order), "nhwc" (dense channels-last) or None (another layout: copied), size-1 dims aside."""
+    if v.is_contiguous():
+        return "nchw"
+    shape = v.shape
+    want = channels_last_strides(shape)
+    if all(d == 1 or s == w for d, s, w in zip(shape, v.strides, want)):
+        return "nhwc"
+    return None
+
+
+def _math_type(dtype: str) -> int:
+    if dtype in ("float16", "bfloat16"):
+        return lib.CUDNN_TENSOR_OP_MATH
+    if dtype == "float32":
+        return lib.CUDNN_DEFAULT_MATH if current_settings().allow_tf32 else lib.CUDNN_FMA_MATH
+    return lib.CUDNN_DEFAULT_MATH
+
+
+def _symmetric(p: Convolution, nsp: int, kernel: tuple[int, ...]) -> tuple[int, ...]:
+    """The padding per spatial dim, which this path needs symmetric (``ValueError`` naming ``padding``)."""
+    d = expand(p.dilation, nsp, "dilation", 1, INT32_MAX)
+    s = expand(p.stride, nsp, "stride", 1, INT32_MAX)
+    pre, post = resolve_padding(p.padding, nsp, s, tuple(di * (ki - 1) + 1 for di, ki in zip(d, kernel)))
+    if pre != post:
+        raise ValueError(
+            f"padding {p.padding!r} pads {pre} before and {post} after: cuDNN's legacy convolution pads both sides "
+            "alike; asymmetric padding needs the graph path (not yet routed here): pad the input explicitly"
+        )
+    return pre
+
+
+def _batch1(shape: tuple) -> tuple:
+    """``shape`` with a batch of at least 1: an empty batch has the shapes of a batch of one, with N = 0."""
+    return (max(shape[0], 1), *shape[1:])
+
+
+def _with_batch(shape: tuple, n: int) -> tuple:
+    return (n, *shape[1:])
+
+
+def _resolve(p: Convolution, dtype: str, x_shape: tuple, w_shape: tuple, channels_last: bool, out_shape: tuple
+             ) -> _Conv:  # fmt: skip
+    nsp = len(x_shape) - 2
+    pad = _symmetric(p, nsp, w_shape[2:])
+    s = expand(p.stride, nsp, "stride", 1, INT32_MAX)
+    d = expand(p.dilation, nsp, "dilation", 1, INT32_MAX)
+    if nsp == 1:  # cuDNN's Nd descriptors take 2 or 3 spatial dims: a trailing size-1 dim
+        pad, s, d = pad + (0,), s + (1,), d + (1,)
+    compute = "float64" if dtype == "float64" else "float32"
+    strides = channels_last_strides(out_shape) if channels_last else None
+    return _Conv(dtype, nsp, pad, s, d, p.groups, p.mode, compute, _math_type(dtype), channels_last, out_shape,
+                 strides)  # fmt: skip
+
+
+def _check_dims(v: Any, name: str, rank: int | None = None) -> None:
+    if not 3 <= v.ndim <= 5:
+        raise ValueError(f"{name} must have 3 to 5 dims (N, C, 1 to 3 spatial), got shape {v.shape}")
+    if rank is not None and v.ndim != rank:
+        raise ValueError(f"{name} must have {rank} dims like x, got shape {v.shape}")
+
+
+def _same_dtype(v: Any, name: str, dtype: str, ref: str) -> None:
+    if v.dtype != dtype:
+        raise TypeError(f"{name} has dtype {v.dtype} but {ref} has dtype {dtype}")
+
+
+def _fwd_resolve(views: Any, kw: Any) -> _Conv:
+    vx, vw = views["x"], views["w"]
+    _check_dims(vx, "x")
+    _check_dims(vw, "w", vx.ndim)
+    _same_dtype(vw, "w", vx.dtype, "x")
+    p = _params(kw.get("conv"), kw.get("stride", 1), kw.get("padding", 0), kw.get("dilation", 1),
+                kw.get("groups", 1), kw.get("mode", "cross_correlation"))  # fmt: skip
+    y = conv_output_shape(_batch1(vx.shape), vw.shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
+                          groups=p.groups)  # fmt: skip
+    return _resolve(p, vx.dtype, vx.shape, vw.shape, _layout_of(vx) == "nhwc", _with_batch(y, vx.shape[0]))
+
+
+def _bwd_data_resolve(views: Any, kw: Any) -> _Conv:
+    vdy, vw = views["dy"], views["w"]
+    _check_dims(vdy, "dy")
+    _check_dims(vw, "w", vdy.ndim)
+    _same_dtype(vw, "w", vdy.dtype, "dy")
+    p = _params(kw.get("conv"), kw.get("stride", 1), kw.get("padding", 0), kw.get("dilation", 1),
+                kw.get("groups", 1), kw.get("mode", "cross_correlation"))  # fmt: skip
+    nsp = vdy.ndim - 2
+    x_shape = kw.get("x_shape")
+    if x_shape is None:
+        if isinstance(p.padding, str):
+            raise ValueError(f"padding={p.padding!r} needs x_shape= in the backward (it depends on x's size)")
+        x_shape = conv_transpose_output_shape(_batch1(vdy.shape), vw.shape, stride=p.stride, padding=p.padding,
+                                              dilation=p.dilation, output_padding=kw.get("output_padding", 0),
+                                              groups=p.groups)  # fmt: skip
+        x_shape = _with_batch(x_shape, vdy.shape[0])
+    else:
+        if kw.get("output_padding", 0) != 0:
+            raise TypeError("pass x_shape= or output_padding=, not both (x_shape fixes the output size)")
+        x_shape = tuple(expand(x_shape, nsp + 2, "x_shape", 0, INT32_MAX))
+        if x_shape[0] != vdy.shape[0]:
+            raise ValueError(f"x_shape {x_shape} has a batch of {x_shape[0]} but dy has {vdy.shape[0]}")
+    want = conv_output_shape(_batch1(x_shape), vw.shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
+                             groups=p.groups)  # fmt: skip
+    if _with_batch(want, x_shape[0]) != vdy.shape:
+        raise ValueError(f"dy has shape {vdy.shape} but a convolution of x {x_shape} with w {vw.shape} gives {want}")
+    return _resolve(p, vdy.dtype, x_shape, vw.shape, _layout_of(vdy) == "nhwc", x_shape)
+
+
+def _bwd_filter_resolve(views: Any, kw: Any) -> _Conv:
+    vx, vdy = views["x"], views["dy"]
+    _check_dims(vx, "x")
+    _check_dims(vdy, "dy", vx.ndim)
+    _same_dtype(vdy, "dy", vx.dtype, "x")
+    p = _params(kw.get("conv"), kw.get("stride", 1), kw.get("padding", 0), kw.get("dilation", 1),
+                kw.get("groups", 1), kw.get("mode", "cross_correlation"))  # fmt: skip
+    w_shape = kw.get("w_shape")
+    if w_shape is None:
+        raise TypeError("w_shape is required: the filter's shape (K, C // groups, *kernel)")
+    w_shape = tuple(expand(w_shape, vx.ndim, "w_shape", 1, INT32_MAX))
+    want = conv_output_shape(_batch1(vx.shape), w_shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
+                             groups=p.groups)  # fmt: skip
+    want = _with_batch(want, vx.shape[0])
+    if want != vdy.shape:
+        raise ValueError(f"dy has shape {vdy.shape} but a convolution of x {vx.shape} with w {w_shape} gives {want}")
+    # a channels-last x gets a channels-last (KRSC) dw; an empty batch sums nothing: zeros (or beta * out)
+    return _resolve(p, vx.dtype, vx.shape, w_shape, _layout_of(vx) == "nhwc", w_shape)._replace(
+        empty_sum=vx.shape[0] == 0, keep=kw.get("beta", 0.0) != 0
+    )
+
+
+# ----------------------------------------------------------------- descriptors
+
+
+def _set_conv(ptr: int, pad: tuple, stride: tuple, dilation: tuple, mode: str, compute: str, groups: int,
+              math: int) -> None:  # fmt: skip
+    from ..runtime.descriptors import int_array
+
+    n = len(pad)
+    lib.cudnnSetConvolutionNdDescriptor(
+        ptr, n, int_array(pad), int_array(stride), int_array(dilation), _MODES[mode], cudnn_dtype(compute)
+    )
+    lib.cudnnSetConvolutionGroupCount(ptr, groups)
+    lib.cudnnSetConvolutionMathType(ptr, math)
+
+
+def _set_filter(ptr: int, dtype: str, fmt: int, shape: tuple) -> None:
+    from ..runtime.descriptors import int_array
+
+    lib.cudnnSetFilterNdDescriptor(ptr, cudnn_dtype(dtype), fmt, len(shape), int_array(shape))
+
+
+CONV = DescriptorKind("convolution", "cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor",
+                      _set_conv)  # fmt: skip
+FILTER = DescriptorKind("filter", "cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor", _set_filter)
+
+
+def conv_descriptor(r: _Conv) -> Any:
+    """The cached ``cudnnConvolutionDescriptor_t`` of a resolved call (``cudnnSetConvolutionNdDescriptor``,
+    ``cudnnSetConvolutionGroupCount``, ``cudnnSetConvolutionMathType``). Host-side only."""
+    return get_cached(CONV, (r.pad, r.stride, r.dilation, r.mode, r.compute, r.groups, r.math))
+
+
+def _as_2d(shape: tuple, strides: tuple) -> tuple[tuple, tuple]:
+    """A 1-d array's (shape, strides) with a trailing size-1 spatial dim."""
+    return (*shape, 1), (*strides, 1)
+
+
+def _tensor(v: Any, r: _Conv) -> Any:
+    shape, strides = v.shape, v.strides
+    if r.nsp == 1:
+        shape, strides = _as_2d(shape, strides)
+    return tensor_descriptor(v.dtype, shape, strides)
+
+
+def _filter(v: Any, r: _Conv, layout: str) -> Any:
+    shape = v.shape + (1,) if r.nsp == 1 else v.shape
+    fmt = lib.CUDNN_TENSOR_NHWC if layout == "nhwc" else lib.CUDNN_TENSOR_NCHW
+    return get_cached(FILTER, (v.dtype, fmt, shape))
+
+
+def _dense(c: Call, name: str) -> tuple[Any, str]:
+    """``c.views[name]`` in a layout cuDNN takes (dense channels-first or channels-last), copied to C order
+    otherwise (logged); and that layout."""
+    v = c.views[name]
+    lay = _layout_of(v)
+    if lay is None:
+        _, v = c.launch.contiguous(c.arrays[name], v, name, "cuDNN's convolution takes dense NCHW or NHWC arrays")
+        lay = "nchw"
+    return v, lay
+
+
+def _out_view(c: Call, name: str) -> Any:
+    v = c.views[name]
+    if _layout_of(v) is None:
+        raise ValueError(
+            f"{name} must be dense channels-first (C order) or channels-last, got shape {v.shape} strides {v.strides}"
+        )
+    return v
+
+
+# ----------------------------------------------------------------- algorithms
+
+
+class _Family(NamedTuple):
+    name: str
+    get: str  #: cudnnGet...Algorithm_v7
+    find: str  #: cudnnFind...AlgorithmEx
+    count: str  #: cudnnGet...AlgorithmMaxCount
+    perf: type
+
+
+_FWD = _Family("forward", "cudnnGetConvolutionForwardAlgorithm_v7", "cudnnFindConvolutionForwardAlgorithmEx",
+               "cudnnGetConvolutionForwardAlgorithmMaxCount", lib.cudnnConvolutionFwdAlgoPerf_t)  # fmt: skip
+_BWD_DATA = _Family("backward data", "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+                    "cudnnFindConvolutionBackwardDataAlgorithmEx", "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
+                    lib.cudnnConvolutionBwdDataAlgoPerf_t)  # fmt: skip
+_BWD_FILTER = _Family("backward filter", "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                      "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+                      "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
+                      lib.cudnnConvolutionBwdFilterAlgoPerf_t)  # fmt: skip
+
+#: (family, descriptors' keys, settings) -> [(algo, workspace bytes)], best first
+_algos: LRU[tuple, list[tuple[int, int]]] = LRU("ops.convolution_algos", 1024)
+
+
+def algorithm_cache_info() -> dict[str, int]:
+    """Size, bound, hits and misses of the convolution algorithm cache."""
+    return _algos.info()
+
+
+def _candidates(f: _Family, c: Call, descs: tuple, find_args: tuple) -> list[tuple[int, int]]:
+    """The algorithms of one call, best first, as ``(algo, workspace bytes)``: cuDNN's heuristic order or, with
+    ``autotune="exhaustive"``, its timed order; without the non-deterministic ones under ``deterministic=True``
+    and those over ``workspace_limit``. ``find_args`` builds the Find call's data pointers (scratch outputs)."""
+    st = current_settings()
+    key = (f.name, tuple(d.key for d in descs), st.deterministic, st.workspace_limit, st.autotune, c.launch.device)
+    got = _algos.lookup(key)
+    if got is not MISSING:
+        return got
+    h = c.launch.handle
+    cap = ctypes.c_int()
+    lib.function(f.count)(h, ctypes.byref(cap))
+    n = max(cap.value, 1)
+    perf = (f.perf * n)()
+    returned = ctypes.c_int()
+    if st.autotune == "exhaustive":
+        limit = FIND_WORKSPACE if st.workspace_limit is None else min(st.workspace_limit, FIND_WORKSPACE)
+        ws, ws_ptr, limit = _find_workspace(c, limit)
+        args = find_args(ws_ptr, limit)
+        lib.function(f.find)(h, *args[:-2], n, ctypes.byref(returned), perf, *args[-2:])
+        del ws
+    else:
+        lib.function(f.get)(h, *descs, n, ctypes.byref(returned), perf)
+    out = []
+    for p in perf[: returned.value]:
+        if p.status != lib.CUDNN_STATUS_SUCCESS:
+            continue
+        if st.deterministic and p.determinism != lib.CUDNN_DETERMINISTIC:
+            continue
+        if st.workspace_limit is not None and p.memory > st.workspace_limit:
+            continue
+        out.append((int(p.algo), int(p.memory)))
+    if not out:
+        why = []
+        if st.deterministic:
+            why.append("deterministic=True")
+        if st.workspace_limit is not None:
+            why.append(f"workspace_limit={st.workspace_limit}")
+        raise lib.errors.NotSupportedError(
+            lib.CUDNN_STATUS_NOT_SUPPORTED,
+            f.get,
+            f"cuDNN has no convolution {f.name} algorithm for these arrays"
+            + (f" under {', '.join(why)}" if why else "")
+            + f" ({returned.value} candidates returned)",
+        )
+    return _algos.put(key, out, count_miss=True)
+
+
+def _find_workspace(c: Call, limit: int) -> tuple[Any, int, int]:
+    """A workspace for the Find calls: ``limit`` bytes, halved until it can be allocated (down to none)."""
+    while limit > 0:
+        try:
+            ws, ptr = c.launch.workspace(limit)
+            return ws, ptr, limit
+        except MemoryError:
+            limit //= 2
+    return None, 0, 0
+
+
+def _run_algos(f: _Family, c: Call, algos: list[tuple[int, int]], launch_one: Any) -> None:
+    """Run the first algorithm whose workspace can be allocated; the ones after it need no more (cuDNN lists
+    faster first), so on out-of-memory the next one with a smaller workspace is tried, and logged."""
+    last_error = None
+    smallest = None
+    for algo, ws_bytes in algos:
+        if smallest is not None and ws_bytes >= smallest:
+            continue
+        try:
+            ws, ws_ptr = c.launch.workspace(ws_bytes)
+        except MemoryError as e:
+            _log.info("convolution %s: algorithm %d's workspace (%d bytes) could not be allocated (%s); trying one "
+                      "with a smaller workspace", f.name, algo, ws_bytes, e)  # fmt: skip
+            smallest, last_error = ws_bytes, e
+            continue
+        launch_one(algo, ws_ptr, ws_bytes)
+        del ws
+        return
+    raise MemoryError(f"convolution {f.name}: no algorithm's workspace could be allocated ({last_error})")
+
+
+# ----------------------------------------------------------------- the legacy calls
+
+
+class _Kind(NamedTuple):
+    """One of the three convolution calls: its algorithm family, its two inputs (the one cuDNN takes as a filter,
+    if any) and output (its filter-ness), the order of the Get/Find descriptors, and the call."""
+
+    family: _Family
+    a: str
+    b: str
+    filter_in: str | None
+    filter_out: bool
+    call: str
+
+
+_KINDS = {
+    "forward": _Kind(_FWD, "x", "w", "w", False, "cudnnConvolutionForward"),
+    "data": _Kind(_BWD_DATA, "w", "dy", "w", False, "cudnnConvolutionBackwardData"),
+    "filter": _Kind(_BWD_FILTER, "x", "dy", None, True, "cudnnConvolutionBackwardFilter"),
+}
+
+
+def _legacy(which: str) -> Any:
+    """The legacy call of convolution ``which``: its two inputs and output in layouts cuDNN takes, their
+    descriptors, the algorithms (:func:`_candidates`) and the first one whose workspace can be allocated
+    (:func:`_run_algos`). cuDNN takes ``(handle, alpha, descA, a, descB, b, conv, algo, ws, ws_bytes, beta,
+    descOut, out)`` in all three, with the inputs in the order of ``_KINDS``."""
+    k = _KINDS[which]
+
+    def call(c: Call) -> None:
+        r = c.resolved
+        if r.empty_sum:
+            vo = _out_view(c, "out")
+            _empty_sum(c, vo, _tensor(vo, r), r.keep)
+            return
+        ins = {}
+        for name in (k.a, k.b):
+            v, lay = _dense(c, name)
+            ins[name] = (v, _filter(v, r, lay) if name == k.filter_in else _tensor(v, r))
+        vo = _out_view(c, "out")
+        od = _filter(vo, r, _layout_of(vo) or "nchw") if k.filter_out else _tensor(vo, r)
+        (va, da), (vb, db) = ins[k.a], ins[k.b]
+        cd = conv_descriptor(r)
+
+        def find_args(ws_ptr: int, ws_bytes: int) -> tuple:
+            scratch, vs = c.launch.empty(vo.shape, vo.dtype, vo.strides, name="out")  # Find writes its output
+            c.extra["_scratch"] = scratch  # kept until the call ends
+            return (da, va.ptr, db, vb.ptr, cd, od, vs.ptr, ws_ptr, ws_bytes)
+
+        algos = _candidates(k.family, c, (da, db, cd, od), find_args)
+        h, fn = c.launch.handle, lib.function(k.call)
+        _run_algos(
+            k.family,
+            c,
+            algos,
+            lambda algo, ws, n: fn(h, c.alpha, da, va.ptr, db, vb.ptr, cd, algo, ws, n, c.beta, od, vo.ptr),
+        )
+        c.extra.pop("_scratch", None)
+
+    return call
+
+
+def _bias_resolve(views: Any, kw: Any) -> tuple[tuple[int, ...], bool, bool]:
+    """((K,), whether dy is empty, whether beta keeps out)."""
+    vdy = views["dy"]
+    _check_dims(vdy, "dy")
+    return (vdy.shape[1],), vdy.size == 0, kw.get("beta", 0.0) != 0
+
+
+def _empty_sum(c: Call, v: Any, desc: Any, keep: bool) -> None:
+    """A sum over nothing: ``out = beta * out`` (``cudnnScaleTensor``), or zeros (``cudnnSetTensor``, so a NaN
+    in a poisoned ``out`` does not survive ``0 * NaN``) when beta is 0."""
+    if keep:
+        lib.cudnnScaleTensor(c.launch.handle, desc, v.ptr, c.beta)
+    else:
+        lib.cudnnSetTensor(c.launch.handle, desc, v.ptr, scaling_ref(v.dtype, 0.0))
+
+
+def _bias_call(c: Call) -> None:
+    vdb = c.views["out"]
+    if c.resolved[1]:
+        k = vdb.shape[0]
+        _empty_sum(c, vdb, tensor_descriptor(vdb.dtype, (1, k, 1, 1), (k, 1, 1, 1)), c.resolved[2])
+        return
+    vdy, _ = _dense(c, "dy")
+    k = vdy.shape[1]
+    nd = max(vdy.ndim, 4)
+    db_shape = (1, k) + (1,) * (nd - 2)
+    dy_shape, dy_strides = (vdy.shape, vdy.strides) if vdy.ndim >= 4 else _as_2d(vdy.shape, vdy.strides)
+    lib.cudnnConvolutionBackwardBias(
+        c.launch.handle,
+        c.alpha,
+        tensor_descriptor(vdy.dtype, dy_shape, dy_strides),
+        vdy.ptr,
+        c.beta,
+        tensor_descriptor(vdb.dtype, db_shape, contiguous_strides(db_shape)),
+        vdb.ptr,
+    )
+
+
+def _out_strides(r: _Conv) -> tuple[int, ...] | None:
+    return r.y_strides
+
+
+CONVOLUTION_FORWARD = register(
+    Primitive(
+        "convolution_forward",
+        inputs=(Operand("x", _DTYPES), Operand("w", _DTYPES)),
+        outputs=(Output("out", shape=lambda r: r.y_shape, strides=_out_strides, blend=("alpha", "beta")),),
+        resolve=_fwd_resolve,
+        legacy=_legacy("forward"),
+        empty=lambda r: 0 in r.y_shape,
+        family=_FAMILY,
+        differentiable=("x", "w"),
+        residuals=("x", "w"),
+        backward="convolution_backward_data",
+        express=False,  # its algorithm choice reads the settings
+    )
+)
+CONVOLUTION_BACKWARD_DATA = register(
+    Primitive(
+        "convolution_backward_data",
+        inputs=(Operand("dy", _DTYPES), Operand("w", _DTYPES)),
+        outputs=(Output("out", shape=lambda r: r.y_shape, strides=_out_strides, blend=("alpha", "beta")),),
+        resolve=_bwd_data_resolve,
+        legacy=_legacy("data"),
+        empty=lambda r: 0 in r.y_shape,
+        family=_FAMILY,
+        express=False,
+    )
+)
+CONVOLUTION_BACKWARD_FILTER = register(
+    Primitive(
+        "convolution_backward_filter",
+        inputs=(Operand("x", _DTYPES), Operand("dy", _DTYPES)),
+        outputs=(Output("out", shape=lambda r: r.y_shape, strides=_out_strides, blend=("alpha", "beta")),),
+        resolve=_bwd_filter_resolve,
+        legacy=_legacy("filter"),
+        empty=lambda r: False,
+        family=_FAMILY,
+        express=False,
+    )
+)
+CONVOLUTION_BACKWARD_BIAS = register(
+    Primitive(
+        "convolution_backward_bias",
+        inputs=(Operand("dy", _DTYPES),),
+        outputs=(Output("out", shape=lambda r: r[0], packed=True, blend=("alpha", "beta")),),
+        resolve=_bias_resolve,
+        legacy=_bias_call,
+        empty=lambda r: False,
+        family=_FAMILY,
+    )
+)
+
+
+# ----------------------------------------------------------------- the public functions
+
+
+def convolution_forward(
+    x: Any,
+    w: Any,
+    *,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] | str = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+    mode: str = "cross_correlation",
+    conv: Convolution | None = None,
+    out: Any = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    stream: Any = None,
+) -> Any:
+    """``y = alpha * conv(x, w) + beta * out``: ``x`` ``(N, C, *in)``, ``w`` ``(K, C // groups, *k)`` -> ``y``
+    ``(N, K, *out)`` (see the module docstring for layouts, dtypes and the algorithm choice); ``conv=`` a
+    :class:`Convolution` in place of the keywords. ``cudnnConvolutionForward`` (primitive
+    :data:`CONVOLUTION_FORWARD`)."""
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv)
+    return run(CONVOLUTION_FORWARD, {"x": x, "w": w}, out=out, alpha=alpha, beta=beta, stream=stream, **kw)
+
+
+def convolution_backward_data(
+    dy: Any,
+    w: Any,
+    *,
+    x_shape: Sequence[int] | None = None,
+    output_padding: int | Sequence[int] = 0,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] | str = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+    mode: str = "cross_correlation",
+    conv: Convolution | None = None,
+    out: Any = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    stream: Any = None,
+) -> Any:
+    """``dx`` of a convolution from ``dy`` ``(N, K, *out)`` and ``w``, which is also the transposed convolution
+    of ``dy``: ``dx`` has ``x_shape`` if given, else ``(out - 1) * stride - 2 * pad + dilation * (k - 1) + 1 +
+    output_padding`` per spatial dim (``0 <= output_padding < max(stride, dilation)``, torch's
+    ``conv_transpose``). ``cudnnConvolutionBackwardData`` (primitive :data:`CONVOLUTION_BACKWARD_DATA`)."""
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
+              x_shape=x_shape, output_padding=output_padding)  # fmt: skip
+    return run(CONVOLUTION_BACKWARD_DATA, {"dy": dy, "w": w}, out=out, alpha=alpha, beta=beta, stream=stream, **kw)
+
+
+def convolution_backward_filter(
+    x: Any,
+    dy: Any,
+    *,
+    w_shape: Sequence[int],
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] | str = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+    mode: str = "cross_correlation",
+    conv: Convolution | None = None,
+    out: Any = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    stream: Any = None,
+) -> Any:
+    """``dw`` ``w_shape`` ``(K, C // groups, *k)`` of a convolution from its input ``x`` and ``dy``
+    (C-contiguous unless ``out`` is given; ``beta=1`` accumulates). ``cudnnConvolutionBackwardFilter`` (primitive
+    :data:`CONVOLUTION_BACKWARD_FILTER`)."""
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
+              w_shape=w_shape)  # fmt: skip
+    return run(CONVOLUTION_BACKWARD_FILTER, {"x": x, "dy": dy}, out=out, alpha=alpha, beta=beta, stream=stream, **kw)
+
+
+def convolution_backward_bias(dy: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0,
+                              stream: Any = None) -> Any:  # fmt: skip
+    """``db`` ``(K,)``: ``dy`` ``(N, K, *out)`` summed over every dim but the channels.
+    ``cudnnConvolutionBackwardBias`` (primitive :data:`CONVOLUTION_BACKWARD_BIAS`)."""
+    return run(CONVOLUTION_BACKWARD_BIAS, {"dy": dy}, out=out, alpha=alpha, beta=beta, stream=stream)

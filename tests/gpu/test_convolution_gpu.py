@@ -1,0 +1,182 @@
+"""Convolution (legacy path: ``cudnnConvolutionForward``/``BackwardData``/``BackwardFilter``/``BackwardBias``) against
+the float64 references of ``tests/conv_reference.py`` (themselves held to torch on the CPU): dtypes, layouts,
+groups and depthwise, dilation, 1-d to 3-d, both modes, blends into poisoned outputs, the transposed convolution,
+the algorithm settings and the workspace fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudnnkit import ops, settings
+from cudnnkit.ops import convolution as cv
+
+from .. import conv_reference as ref
+from ..numerics import dev, host, poisoned, rel, seen
+
+pytestmark = pytest.mark.gpu
+
+#: relative error per dtype (float32 with TF32 allowed is TF32's; the half types accumulate in float32)
+TOL = {"float64": 1e-12, "float32": 1e-5, "tf32": 3e-3, "float16": 3e-3, "bfloat16": 2e-2}
+
+
+def _tol(dtype, tf32):
+    return TOL["tf32"] if dtype == "float32" and tf32 else TOL[dtype]
+
+
+CASES = [
+    # nsp, N, C, K, spatial, kernel, stride, pad, dilation, groups, mode
+    (2, 2, 8, 16, (9, 8), (3, 3), (1, 1), (1, 1), (1, 1), 1, "cross_correlation"),
+    (2, 2, 8, 8, (9, 8), (3, 3), (2, 1), (1, 0), (2, 2), 2, "convolution"),
+    (2, 3, 8, 8, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), 8, "cross_correlation"),  # depthwise
+    (1, 2, 4, 6, (17,), (5,), (2,), (2,), (1,), 1, "cross_correlation"),
+    (3, 1, 4, 4, (6, 5, 7), (3, 2, 3), (1, 2, 1), (1, 0, 1), (1, 1, 2), 2, "cross_correlation"),
+]
+
+
+def _case(rng, c, dtype):
+    nsp, n, ch, k, sp, ks, st, pd, dl, g, mode = c
+    x = seen(rng.standard_normal((n, ch, *sp)), dtype)
+    w = seen(rng.standard_normal((k, ch // g, *ks)) / np.sqrt(ch // g * np.prod(ks)), dtype)
+    kw = dict(stride=st, padding=pd, dilation=dl, groups=g, mode=mode)
+    rkw = dict(stride=st, pad=pd, dilation=dl, groups=g, mode=mode)
+    return x, w, kw, rkw
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}d-g{c[9]}-{c[10][:5]}")
+@pytest.mark.parametrize("dtype, tf32", [("float16", True), ("bfloat16", True), ("float32", True),
+                                         ("float32", False), ("float64", True)])  # fmt: skip
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_forward_and_backwards_match_the_reference(xp, case, dtype, tf32, layout):
+    if dtype == "bfloat16" and xp.name == "cupy":
+        pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(hash((case[0], case[9], dtype)) % 2**32)
+    x, w, kw, rkw = _case(rng, case, dtype)
+    tol = _tol(dtype, tf32)
+    with settings(allow_tf32=tf32):
+        xd, wd = dev(xp, x, dtype, layout), dev(xp, w, dtype, layout)
+        y = ops.convolution_forward(xd, wd, **kw)
+        want = ref.conv_forward(x, w, **rkw)
+        assert y.shape == want.shape and rel(host(xp, y), want) < tol
+        dy = seen(rng.standard_normal(want.shape), dtype)
+        dyd = dev(xp, dy, dtype, layout)
+        dx = ops.convolution_backward_data(dyd, wd, x_shape=x.shape, **kw)
+        assert rel(host(xp, dx), ref.conv_backward_data(dy, w, x.shape, **rkw)) < tol * 4
+        dw = ops.convolution_backward_filter(xd, dyd, w_shape=w.shape, **kw)
+        assert rel(host(xp, dw), ref.conv_backward_filter(x, dy, w.shape, **rkw)) < tol * 4
+        db = ops.convolution_backward_bias(dyd)
+        assert db.shape == (w.shape[0],) and rel(host(xp, db), ref.conv_backward_bias(dy)) < tol * 4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_blends_into_poisoned_and_given_outputs(xp, dtype):
+    """``out=`` with beta 0 overwrites NaN; beta != 0 blends; the output's own layout (channels-last) is kept."""
+    rng = np.random.default_rng(1)
+    x, w, kw, rkw = _case(rng, CASES[0], dtype)
+    want = ref.conv_forward(x, w, **rkw)
+    with settings(allow_tf32=False):
+        xd, wd = dev(xp, x, dtype), dev(xp, w, dtype)
+        out = poisoned(xp, want.shape, dtype)
+        assert ops.convolution_forward(xd, wd, out=out, **kw) is out
+        assert rel(host(xp, out), want) < TOL[dtype]
+        prev = rng.standard_normal(want.shape)
+        out2 = dev(xp, prev, dtype, "nhwc")
+        ops.convolution_forward(xd, wd, out=out2, alpha=0.5, beta=-2.0, **kw)
+        assert rel(host(xp, out2), 0.5 * want - 2.0 * prev) < TOL[dtype] * 4
+        dw0 = rng.standard_normal(w.shape)
+        dyd = dev(xp, seen(rng.standard_normal(want.shape), dtype), dtype)
+        dwd = dev(xp, dw0, dtype)
+        ops.convolution_backward_filter(xd, dyd, w_shape=w.shape, out=dwd, beta=1.0, **kw)  # accumulates
+        want_dw = ref.conv_backward_filter(x, host(xp, dyd), w.shape, **rkw) + dw0
+        assert rel(host(xp, dwd), want_dw) < TOL[dtype] * 4
+
+
+def test_transposed_convolution_with_output_padding(xp):
+    """backward data without ``x_shape`` is torch's ``conv_transpose`` size rule, ``output_padding`` included."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    dy = rng.standard_normal((2, 6, 5, 4))
+    w = rng.standard_normal((6, 3, 3, 3))
+    want = torch.nn.functional.conv_transpose2d(torch.tensor(dy), torch.tensor(w), stride=2, padding=1,
+                                                output_padding=1).numpy()  # fmt: skip
+    got = ops.convolution_backward_data(dev(xp, dy), dev(xp, w), stride=2, padding=1, output_padding=1)
+    assert got.shape == want.shape and rel(host(xp, got), want) < 1e-12
+
+
+def test_empty_batch(xp):
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 2, 3, 3))
+    x = np.zeros((0, 2, 6, 6))
+    y = ops.convolution_forward(dev(xp, x), dev(xp, w))
+    assert y.shape == (0, 4, 4, 4)
+    dw = poisoned(xp, w.shape, "float64")
+    ops.convolution_backward_filter(dev(xp, x), dev(xp, np.zeros((0, 4, 4, 4))), w_shape=w.shape, out=dw)
+    assert np.all(host(xp, dw) == 0)  # a sum over nothing, NaN overwritten
+    db = ops.convolution_backward_bias(dev(xp, np.zeros((0, 4, 4, 4))))
+    assert np.all(host(xp, db) == 0)
+
+
+@pytest.mark.parametrize("autotune", ["heuristics", "exhaustive", "off"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_algorithm_settings(xp, autotune, deterministic):
+    rng = np.random.default_rng(4)
+    x, w, kw, rkw = _case(rng, CASES[1], "float32")
+    want = ref.conv_forward(x, w, **rkw)
+    with settings(autotune=autotune, deterministic=deterministic, allow_tf32=False):
+        a = host(xp, ops.convolution_forward(dev(xp, x, "float32"), dev(xp, w, "float32"), **kw))
+        b = host(xp, ops.convolution_forward(dev(xp, x, "float32"), dev(xp, w, "float32"), **kw))
+        dy = dev(xp, seen(rng.standard_normal(want.shape), "float32"), "float32")
+        dw1 = host(xp, ops.convolution_backward_filter(dev(xp, x, "float32"), dy, w_shape=w.shape, **kw))
+        dw2 = host(xp, ops.convolution_backward_filter(dev(xp, x, "float32"), dy, w_shape=w.shape, **kw))
+    assert rel(a, want) < 1e-5 and np.array_equal(a, b)
+    if deterministic:
+        assert np.array_equal(dw1, dw2)
+
+
+def test_workspace_limit_and_fallback(xp, monkeypatch, caplog):
+    """A workspace that cannot be allocated falls back to an algorithm with a smaller one (logged), never raising
+    out-of-memory; ``workspace_limit=0`` runs an algorithm without workspace."""
+    from cudnnkit.runtime.launch import Launch
+
+    rng = np.random.default_rng(5)
+    x, w, kw, rkw = _case(rng, CASES[0], "float32")
+    want = ref.conv_forward(x, w, **rkw)
+    real = Launch.workspace
+
+    def capped(self, nbytes, zeroed=False):
+        if nbytes > 0:
+            raise MemoryError(f"capped: {nbytes} bytes")
+        return real(self, nbytes, zeroed)
+
+    cv._algos.clear()
+    monkeypatch.setattr(Launch, "workspace", capped)
+    with settings(allow_tf32=False), caplog.at_level("INFO", logger="cudnnkit"):
+        got = ops.convolution_forward(dev(xp, x, "float32"), dev(xp, w, "float32"), **kw)
+    assert rel(host(xp, got), want) < 1e-5
+    monkeypatch.setattr(Launch, "workspace", real)
+    with settings(allow_tf32=False, workspace_limit=0):
+        got = ops.convolution_forward(dev(xp, x, "float32"), dev(xp, w, "float32"), **kw)
+    assert rel(host(xp, got), want) < 1e-5
+    assert all(ws == 0 for key, algos in [(k, cv._algos.peek(k)) for k in cv._algos.keys()] if key[3] == 0
+               for _, ws in algos)  # fmt: skip
+
+
+def test_finite_differences_float64(xp):
+    """Gradients by central differences in float64, through the ops themselves (not the reference)."""
+    rng = np.random.default_rng(6)
+    x, w, kw, _ = _case(rng, (2, 1, 2, 2, (5, 4), (3, 2), (1, 1), (1, 0), (1, 1), 1, "cross_correlation"), "float64")
+    dy = rng.standard_normal(ops.convolution_forward(dev(xp, x), dev(xp, w), **kw).shape)
+
+    def loss(xa, wa):
+        return float(np.sum(host(xp, ops.convolution_forward(dev(xp, xa), dev(xp, wa), **kw)) * dy))
+
+    dx = host(xp, ops.convolution_backward_data(dev(xp, dy), dev(xp, w), x_shape=x.shape, **kw))
+    dw = host(xp, ops.convolution_backward_filter(dev(xp, x), dev(xp, dy), w_shape=w.shape, **kw))
+    eps = 1e-6
+    for arr, grad, which in ((x, dx, "x"), (w, dw, "w")):
+        for idx in list(np.ndindex(arr.shape))[:: max(1, arr.size // 12)]:
+            a, b = arr.copy(), arr.copy()
+            a[idx] += eps
+            b[idx] -= eps
+            fd = (loss(a, w) - loss(b, w)) / (2 * eps) if which == "x" else (loss(x, a) - loss(x, b)) / (2 * eps)
+            assert abs(fd - grad[idx]) < 1e-6 * max(1.0, abs(fd)), (which, idx, fd, grad[idx])

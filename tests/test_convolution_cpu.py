@@ -1,0 +1,226 @@
+"""Convolution on the CPU: the float64 references against torch, bad input refused before any cuDNN call, and the
+legacy descriptors read back from cuDNN (host-side calls)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from cudnnkit import lib, ops, settings
+from cudnnkit.ops import convolution as cv
+from cudnnkit.runtime import cudnn_dtype
+
+from . import conv_reference as ref
+from .conftest import FakeCAI
+
+
+def x(shape=(2, 4, 8, 8), typestr="<f4", device=0, strides=None):
+    return FakeCAI(shape, typestr, device=device, strides=strides)
+
+
+# ----------------------------------------------------------------- the references, held to torch
+
+
+@pytest.mark.parametrize(
+    "nsp, groups, stride, pad, dilation, mode",
+    [
+        (1, 1, (2,), (1,), (1,), "cross_correlation"),
+        (2, 1, (1, 2), (1, 0), (2, 1), "cross_correlation"),
+        (2, 2, (2, 1), (0, 2), (1, 2), "convolution"),
+        (2, 4, (1, 1), (1, 1), (1, 1), "cross_correlation"),  # depthwise: groups = C
+        (3, 2, (1, 2, 1), (1, 0, 1), (1, 1, 2), "cross_correlation"),
+    ],
+)
+def test_references_agree_with_torch(nsp, groups, stride, pad, dilation, mode):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(nsp * 10 + groups)
+    c, k = 4, 4 * (2 if groups > 1 else 1)
+    xs = (2, c, *([7, 6, 5][:nsp]))
+    ws = (k, c // groups, *([3, 2, 3][:nsp]))
+    xa, wa = rng.standard_normal(xs), rng.standard_normal(ws)
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
+    xt = torch.tensor(xa, requires_grad=True)
+    wt = torch.tensor(wa if mode == "cross_correlation" else np.flip(wa, tuple(range(2, 2 + nsp))).copy(),
+                      requires_grad=True)  # fmt: skip
+    yt = conv(xt, wt, stride=stride, padding=pad, dilation=dilation, groups=groups)
+    kw = dict(stride=stride, pad=pad, dilation=dilation, groups=groups, mode=mode)
+    y = ref.conv_forward(xa, wa, **kw)
+    assert np.allclose(y, yt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    yt.backward(torch.tensor(dy))
+    dx = ref.conv_backward_data(dy, wa, xs, **kw)
+    dw = ref.conv_backward_filter(xa, dy, ws, **kw)
+    wgrad = wt.grad.numpy() if mode == "cross_correlation" else np.flip(wt.grad.numpy(), tuple(range(2, 2 + nsp)))
+    assert np.allclose(dx, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert np.allclose(dw, wgrad, rtol=1e-12, atol=1e-12)
+    assert np.allclose(ref.conv_backward_bias(dy), dy.sum(axis=(0, *range(2, dy.ndim))))
+
+
+# ----------------------------------------------------------------- refused before any cuDNN call
+
+CASES = [
+    (lambda: ops.convolution_forward(x(), x((4, 3, 3, 3))), ValueError, "x has 4 channels but w expects 3 per group"),
+    (lambda: ops.convolution_forward(x(), x((6, 2, 3, 3)), groups=4), ValueError, "x has 4 channels but w expects 2"),
+    (lambda: ops.convolution_forward(x(), x((6, 1, 3, 3)), groups=4), ValueError, r"output channels \(6\) must be"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), groups=0), ValueError, "groups must be a positive int"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3))), ValueError, "w must have 4 dims like x"),
+    (lambda: ops.convolution_forward(x((2, 4)), x((4, 4))), ValueError, "x must have 3 to 5 dims"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3), "<f2")), TypeError, "w has dtype float16 but x has"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3), device=1)), ValueError, "w is on cuda:1 but x is on"),
+    (lambda: ops.convolution_forward(x(typestr="<i4"), x((4, 4, 3, 3))), TypeError, "x has dtype int32"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 9, 9))), ValueError, "smaller than the dilated kernel 9"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), dilation=4), ValueError, "smaller than the dilated kernel"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), dilation=0), ValueError, "dilation must be >= 1"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), dilation=2**31), ValueError, "dilation must be at most"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), stride=(1, 1, 1)), ValueError, "stride must have 2"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), mode="conv"), ValueError, "mode must be one of"),
+    (
+        lambda: ops.convolution_forward(x(), x((4, 4, 2, 2)), padding="same"),
+        ValueError,
+        r"pads \(0, 0\) before and \(1, 1\) after: cuDNN's legacy convolution pads both sides alike",
+    ),
+    (
+        lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), padding=((0, 1), (1, 1))),
+        ValueError,
+        "asymmetric padding needs the graph path",
+    ),
+    (
+        lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), conv=ops.Convolution(padding=1), stride=2),
+        TypeError,
+        "pass conv= or stride=/padding=/dilation=/groups=/mode=, not both",
+    ),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), conv=(1, 1)), TypeError, "conv must be a cudnnkit"),
+    (
+        lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), out=x((2, 4, 7, 7))),
+        ValueError,
+        r"out must have shape \(2, 4, 6, 6\)",
+    ),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), beta=1.0), ValueError, "beta != 0 blends"),
+    (
+        lambda: ops.convolution_backward_data(x((2, 4, 6, 6)), x((4, 4, 3, 3)), x_shape=(2, 4, 9, 9)),
+        ValueError,
+        r"dy has shape \(2, 4, 6, 6\) but a convolution of x \(2, 4, 9, 9\)",
+    ),
+    (
+        lambda: ops.convolution_backward_data(x((2, 4, 6, 6)), x((4, 4, 3, 3)), output_padding=1),
+        ValueError,
+        "output_padding 1 must be smaller than stride or dilation",
+    ),
+    (
+        lambda: ops.convolution_backward_data(
+            x((2, 4, 6, 6)), x((4, 4, 3, 3)), x_shape=(2, 4, 8, 8), output_padding=1
+        ),  # fmt: skip
+        TypeError,
+        "pass x_shape= or output_padding=, not both",
+    ),
+    (
+        lambda: ops.convolution_backward_data(x((2, 4, 6, 6)), x((4, 4, 3, 3)), padding="same"),
+        ValueError,
+        "padding='same' needs x_shape=",
+    ),
+    (
+        lambda: ops.convolution_backward_filter(x(), x((2, 4, 6, 6)), w_shape=(4, 4, 2, 2)),
+        ValueError,
+        r"dy has shape \(2, 4, 6, 6\) but a convolution of x \(2, 4, 8, 8\) with w \(4, 4, 2, 2\) gives",
+    ),
+    (lambda: ops.convolution_backward_filter(x(), x((2, 4, 6, 6)), w_shape=None), TypeError, "w_shape is required"),
+    (lambda: ops.convolution_backward_bias(x((2, 4))), ValueError, "dy must have 3 to 5 dims"),
+]
+
+
+@pytest.mark.parametrize("call, exc, msg", CASES)
+def test_bad_input_is_refused_before_cudnn(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
+
+
+def test_the_ops_are_declared():
+    for name in ("convolution_forward", "convolution_backward_data", "convolution_backward_filter",
+                 "convolution_backward_bias"):  # fmt: skip
+        p = ops.REGISTRY[name]
+        assert p.forms == ("legacy",) and p.family == "convolution"
+    assert ops.REGISTRY["convolution_forward"].differentiable == ("x", "w")
+
+
+# ----------------------------------------------------------------- descriptors, read back from cuDNN
+
+
+def _read_conv(d, nsp):
+    n = ctypes.c_int()
+    pad, stride, dil = (ctypes.c_int * 8)(), (ctypes.c_int * 8)(), (ctypes.c_int * 8)()
+    mode, comp = ctypes.c_int(), ctypes.c_int()
+    lib.cudnnGetConvolutionNdDescriptor(
+        d, nsp, ctypes.byref(n), pad, stride, dil, ctypes.byref(mode), ctypes.byref(comp)
+    )
+    g, m = ctypes.c_int(), ctypes.c_int()
+    lib.cudnnGetConvolutionGroupCount(d, ctypes.byref(g))
+    lib.cudnnGetConvolutionMathType(d, ctypes.byref(m))
+    k = n.value
+    return tuple(pad[:k]), tuple(stride[:k]), tuple(dil[:k]), mode.value, comp.value, g.value, m.value
+
+
+@pytest.mark.parametrize(
+    "dtype, tf32, nsp, want_math",
+    [
+        ("float16", True, 2, lib.CUDNN_TENSOR_OP_MATH),
+        ("bfloat16", True, 3, lib.CUDNN_TENSOR_OP_MATH),
+        ("float32", True, 2, lib.CUDNN_DEFAULT_MATH),
+        ("float32", False, 1, lib.CUDNN_FMA_MATH),
+        ("float64", True, 2, lib.CUDNN_DEFAULT_MATH),
+    ],
+)
+def test_conv_descriptor_reads_back(dtype, tf32, nsp, want_math):
+    p = ops.Convolution(stride=2, padding=1, dilation=(3,) * nsp, groups=2, mode="convolution")
+    xs, ws = (2, 4, *([9] * nsp)), (6, 2, *([2] * nsp))
+    with settings(allow_tf32=tf32):
+        y = cv.conv_output_shape(xs, ws, stride=2, padding=1, dilation=3, groups=2)
+        r = cv._resolve(p, dtype, xs, ws, False, y)
+    n = max(nsp, 2)  # 1-d runs as 2-d
+    pad, stride, dil, mode, comp, g, math = _read_conv(cv.conv_descriptor(r), n)
+    assert (pad, stride, dil) == ((1,) * nsp + (0,) * (n - nsp), (2,) * nsp + (1,) * (n - nsp),
+                                  (3,) * nsp + (1,) * (n - nsp))  # fmt: skip
+    assert mode == lib.CUDNN_CONVOLUTION and g == 2 and math == want_math
+    assert comp == cudnn_dtype("float64" if dtype == "float64" else "float32")
+
+
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+def test_output_dims_agree_with_cudnn(nsp):
+    """cuDNN's own output-dim query on the descriptors a call makes gives the output shape the op allocates."""
+    from cudnnkit.runtime.descriptors import int_array, tensor_descriptor
+    from cudnnkit.runtime.view import contiguous_strides
+
+    xs, ws = (3, 6, *([11, 9, 7][:nsp])), (4, 3, *([3, 2, 3][:nsp]))
+    p = ops.Convolution(stride=(2, 1, 3)[:nsp], padding=(1, 0, 2)[:nsp], dilation=(1, 2, 1)[:nsp], groups=2)
+    y = cv.conv_output_shape(xs, ws, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=2)
+    r = cv._resolve(p, "float32", xs, ws, False, y)
+    xs4 = xs + (1,) if nsp == 1 else xs
+    ws4 = ws + (1,) if nsp == 1 else ws
+    xd = tensor_descriptor("float32", xs4, contiguous_strides(xs4))
+    wd = cv.get_cached(cv.FILTER, ("float32", lib.CUDNN_TENSOR_NCHW, ws4))
+    out = int_array([0] * len(xs4))
+    lib.cudnnGetConvolutionNdForwardOutputDim(cv.conv_descriptor(r), xd, wd, len(xs4), out)
+    assert tuple(out)[: len(y)] == y
+
+
+def test_layouts_and_new_output_strides():
+    """A channels-last x gives a channels-last y; other layouts are copied (C order)."""
+    shape = (2, 4, 5, 3)
+    cl = cv.channels_last_strides(shape)
+    assert cl == (60, 1, 12, 4)
+
+    class V:
+        def __init__(self, shape, strides):
+            self.shape, self.strides = shape, strides
+
+        def is_contiguous(self):
+            from cudnnkit.runtime.view import contiguous_strides
+
+            return self.strides == contiguous_strides(self.shape)
+
+    assert cv._layout_of(V(shape, (60, 15, 3, 1))) == "nchw"
+    assert cv._layout_of(V(shape, cl)) == "nhwc"
+    assert cv._layout_of(V(shape, (120, 30, 6, 2))) is None  # gaps: copied
+    assert cv._layout_of(V((2, 1, 5, 3), (15, 99, 3, 1))) is not None  # one channel: a size-1 dim's stride is moot

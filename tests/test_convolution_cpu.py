@@ -224,3 +224,107 @@ def test_layouts_and_new_output_strides():
     assert cv._layout_of(V(shape, cl)) == "nhwc"
     assert cv._layout_of(V(shape, (120, 30, 6, 2))) is None  # gaps: copied
     assert cv._layout_of(V((2, 1, 5, 3), (15, 99, 3, 1))) is not None  # one channel: a size-1 dim's stride is moot
+
+
+# ----------------------------------------------------------------- the call sequence, on the CPU fakes
+
+
+class _Emulated:
+    """cuDNN's convolution algorithm queries and calls emulated on the CPU fakes: three forward candidates (the
+    fastest non-deterministic with 1 GiB of workspace, a deterministic one with 4 KiB, one without workspace)."""
+
+    PERF = [(1, 1 << 30, 0), (2, 4096, 1), (0, 0, 1)]
+
+    def __init__(self, backend):
+        self.calls: list[tuple] = []
+        for name in ("cudnnGetConvolutionForwardAlgorithmMaxCount", "cudnnGetConvolutionForwardAlgorithm_v7",
+                     "cudnnConvolutionForward", "cudnnConvolutionBackwardBias"):  # fmt: skip
+            backend._patch(lib, name, getattr(self, name[5:]))
+
+    def GetConvolutionForwardAlgorithmMaxCount(self, h, count):
+        count._obj.value = len(self.PERF)
+        return 0
+
+    def GetConvolutionForwardAlgorithm_v7(self, h, xd, wd, cd, yd, n, returned, perf):
+        self.calls.append(("get", xd.key, wd.key, yd.key))
+        for i, (algo, mem, det) in enumerate(self.PERF[:n]):
+            perf[i].algo, perf[i].status, perf[i].memory, perf[i].determinism = algo, 0, mem, det
+        returned._obj.value = min(n, len(self.PERF))
+        return 0
+
+    def ConvolutionForward(self, h, alpha, xd, x, wd, w, cd, algo, ws, n, beta, yd, y):
+        self.calls.append(("forward", algo, n, xd.key, wd.key, yd.key))
+        return 0
+
+    def ConvolutionBackwardBias(self, h, alpha, dyd, dy, beta, dbd, db):
+        self.calls.append(("bias", dyd.key, dbd.key))
+        return 0
+
+
+@pytest.fixture
+def emulated():
+    from .fuzz.materialize import FakeBackend
+
+    b = FakeBackend()
+    with b.installed():
+        cv._algos.clear()
+        yield b, _Emulated(b)
+    cv._algos.clear()
+
+
+def _fake(backend, shape, dtype="float32", layout=("c",)):
+    from .fuzz.model import A
+
+    return backend.array(A(tuple(shape), dtype, layout=layout), None, "fakeA", None)
+
+
+def test_algorithm_choice_follows_the_settings(emulated, caplog):
+    from cudnnkit.runtime.launch import Launch
+
+    b, emu = emulated
+    x, w = _fake(b, (2, 4, 8, 8)), _fake(b, (4, 4, 3, 3))
+
+    def algos():
+        return [c[1:3] for c in emu.calls if c[0] == "forward"]
+
+    ops.convolution_forward(x, w, padding=1)
+    ops.convolution_forward(x, w, padding=1)  # cached: no second query
+    with settings(deterministic=True):
+        ops.convolution_forward(x, w, padding=1)
+    with settings(workspace_limit=100):
+        ops.convolution_forward(x, w, padding=1)
+    assert algos() == [(1, 1 << 30), (1, 1 << 30), (2, 4096), (0, 0)]
+    assert [c[0] for c in emu.calls].count("get") == 3  # one per settings, not per call
+    real = Launch.workspace
+
+    def small(self, nbytes, zeroed=False):  # memory for 1 MiB of workspace at most
+        if nbytes > 1 << 20:
+            raise MemoryError(f"{nbytes} bytes")
+        return real(self, nbytes, zeroed)
+
+    b._patch(Launch, "workspace", small)
+    emu.calls.clear()
+    with caplog.at_level("INFO", logger="cudnnkit"):
+        ops.convolution_forward(x, w, padding=1)
+    assert algos() == [(2, 4096)]  # the next one with a smaller workspace, never an out-of-memory error
+    assert "could not be allocated" in caplog.text
+
+
+def test_descriptors_of_a_1d_and_a_channels_last_call(emulated):
+    b, emu = emulated
+    x1, w1 = _fake(b, (2, 3, 10)), _fake(b, (6, 3, 3))
+    y = ops.convolution_forward(x1, w1, stride=2)
+    assert tuple(y.shape) == (2, 6, 4)
+    fwd = [c for c in emu.calls if c[0] == "forward"][-1]
+    assert fwd[3][2] == (2, 3, 10, 1)  # x as 2-d with a trailing size-1 dim
+    assert fwd[4][-1] == (6, 3, 3, 1) and fwd[4][-2] == lib.CUDNN_TENSOR_NCHW  # the filter too
+    nhwc = ("perm", (0, 2, 3, 1))
+    x, w = _fake(b, (2, 4, 8, 8), layout=nhwc), _fake(b, (8, 4, 3, 3), layout=nhwc)
+    y = ops.convolution_forward(x, w, padding=1)
+    assert tuple(y.strides) == cv.channels_last_strides((2, 8, 8, 8))  # y stays channels-last (fake strides: elements)
+    fwd = [c for c in emu.calls if c[0] == "forward"][-1]
+    assert fwd[4][-2] == lib.CUDNN_TENSOR_NHWC  # a channels-last filter is described as NHWC (KRSC)
+    db = ops.convolution_backward_bias(_fake(b, (2, 8, 5)))
+    assert tuple(db.shape) == (8,)
+    bias = [c for c in emu.calls if c[0] == "bias"][-1]
+    assert bias[1][2] == (2, 8, 5, 1) and bias[2][2] == (1, 8, 1, 1)

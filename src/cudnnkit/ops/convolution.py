@@ -381,7 +381,7 @@ def _candidates(f: _Family, c: Call, descs: tuple, find_args: tuple) -> list[tup
         return got
     h = c.launch.handle
     cap = ctypes.c_int()
-    lib.function(f.count)(h, ctypes.byref(cap))
+    getattr(lib, f.count)(h, ctypes.byref(cap))
     n = max(cap.value, 1)
     perf = (f.perf * n)()
     returned = ctypes.c_int()
@@ -389,10 +389,10 @@ def _candidates(f: _Family, c: Call, descs: tuple, find_args: tuple) -> list[tup
         limit = FIND_WORKSPACE if st.workspace_limit is None else min(st.workspace_limit, FIND_WORKSPACE)
         ws, ws_ptr, limit = _find_workspace(c, limit)
         args = find_args(ws_ptr, limit)
-        lib.function(f.find)(h, *args[:-2], n, ctypes.byref(returned), perf, *args[-2:])
+        getattr(lib, f.find)(h, *args[:-2], n, ctypes.byref(returned), perf, *args[-2:])
         del ws
     else:
-        lib.function(f.get)(h, *descs, n, ctypes.byref(returned), perf)
+        getattr(lib, f.get)(h, *descs, n, ctypes.byref(returned), perf)
     out = []
     for p in perf[: returned.value]:
         if p.status != lib.CUDNN_STATUS_SUCCESS:
@@ -500,7 +500,7 @@ def _legacy(which: str) -> Any:
             return (da, va.ptr, db, vb.ptr, cd, od, vs.ptr, ws_ptr, ws_bytes)
 
         algos = _candidates(k.family, c, (da, db, cd, od), find_args)
-        h, fn = c.launch.handle, lib.function(k.call)
+        h, fn = c.launch.handle, getattr(lib, k.call)
         _run_algos(
             k.family,
             c,

@@ -220,10 +220,10 @@ def test_layouts_and_new_output_strides():
 
             return self.strides == contiguous_strides(self.shape)
 
-    assert cv._layout_of(V(shape, (60, 15, 3, 1))) == "nchw"
-    assert cv._layout_of(V(shape, cl)) == "nhwc"
-    assert cv._layout_of(V(shape, (120, 30, 6, 2))) is None  # gaps: copied
-    assert cv._layout_of(V((2, 1, 5, 3), (15, 99, 3, 1))) is not None  # one channel: a size-1 dim's stride is moot
+    assert cv.layout_of(V(shape, (60, 15, 3, 1))) == "nchw"
+    assert cv.layout_of(V(shape, cl)) == "nhwc"
+    assert cv.layout_of(V(shape, (120, 30, 6, 2))) is None  # gaps: copied
+    assert cv.layout_of(V((2, 1, 5, 3), (15, 99, 3, 1))) is not None  # one channel: a size-1 dim's stride is moot
 
 
 # ----------------------------------------------------------------- the call sequence, on the CPU fakes

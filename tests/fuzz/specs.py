@@ -2500,6 +2500,107 @@ CONVOLUTION_PARAMS = {
 }
 
 
+# ----------------------------------------------------------------- pooling
+
+
+def _pooling_draw(d: Draw, lib: str, backward: bool = False) -> Base:
+    """A valid pooling call: 1 to 3 spatial dims, every mode, symmetric padding below the window, NCHW or
+    channels-last, maybe ``out=`` with a blend; the backward's ``y`` is the forward's (derived)."""
+    dt = d.choice(F)
+    nsp = d.int(1, 3)
+    win = tuple(d.int(1, 3) for _ in range(nsp))
+    st = tuple(d.int(1, 2) for _ in range(nsp))
+    pad = tuple(d.int(0, w - 1) for w in win)
+    n = d.int(0, 2) if d.bool(0.05) else d.int(1, 2)
+    sp = tuple(max(w - 2 * p, 1) + d.int(0, 4) for w, p in zip(win, pad))
+    xs = (n, d.int(1, 4), *sp)
+    ys = (*xs[:2], *((i + 2 * p - w) // s + 1 for i, p, w, s in zip(sp, pad, win, st)))
+    lay = nchw_or_nhwc(d, nsp + 2)
+    kw: dict[str, Any] = {}
+    # distinct values (a permutation): max pooling's gradient has one winner per window, as in the reference
+    if backward:
+        kw["dy"] = A(ys, dt, layout=lay, seed=d.seed())
+        kw["y"] = A(ys, dt, fill="derived:y", layout=lay, seed=d.seed())
+    kw["x"] = A(xs, dt, fill="derived:x", layout=lay, seed=d.seed())
+    mode = d.choice(["max", "max_deterministic", "avg_include_padding", "avg_exclude_padding"])
+    kw.update(mode=mode, window=win, stride=st, padding=pad)
+    draw_blend(d, kw, dt, xs if backward else ys, layout=("c",))
+    return Base(kw, ("dy", "y", "x") if backward else ("x",), {"dtype": dt})
+
+
+def _pooling_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
+    from ..pool_reference import pool_forward
+
+    if key == "x":  # distinct values, exactly representable in every float type
+        rng = np.random.default_rng(a.seed)
+        return rng.permutation(max(a.size, 1))[: a.size].reshape(a.shape).astype(np.float64) % 256 / 4
+    x = ctx.x("x")
+    if x is None:
+        return None
+    y = pool_forward(x, ctx.param("mode"), tuple(ctx.param("window")), tuple(ctx.param("stride")),
+                     tuple(ctx.param("padding")))  # fmt: skip
+    return y if y.shape == a.shape else None
+
+
+def _pooling_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
+    from ..pool_reference import pool_backward, pool_forward
+
+    args = (ctx.param("mode"), tuple(ctx.param("window")), tuple(ctx.param("stride")), tuple(ctx.param("padding")))
+    x = ctx.x("x")
+    ref = pool_backward(x, ctx.x("dy"), *args) if backward else pool_forward(x, *args)
+    ref = ctx.blend(ref, "out", "alpha", "beta")
+    dt = ctx.dtype
+    return ctx.compare(res, ref, dt, "dx" if backward else "y", _tol(dt, 4.0, f32=1e-5, half=2e-2))
+
+
+def _pooling_ctor_draw(d: Draw, lib: str) -> Base:
+    kw: dict[str, Any] = {}
+    if d.bool(0.6):
+        kw["mode"] = d.choice(["max", "max_deterministic", "avg_include_padding", "avg_exclude_padding"])
+    if d.bool(0.6):
+        kw["window"] = d.choice([2, 3, (3, 2)])
+    if d.bool(0.4):
+        kw["stride"] = d.choice([1, 2, (2, 1)])
+    if d.bool(0.4):
+        kw["padding"] = d.choice([0, 1, "same", ((0, 1), (1, 1))])
+    if d.bool(0.3):
+        kw["ceil_mode"] = d.bool()
+    if d.bool(0.3):
+        kw["propagate_nan"] = d.bool()
+    return Base(kw, (), {"dtype": "float32"})
+
+
+def _pooling_ctor_check(ctx: Any, r: Any) -> list[str]:
+    from cudnnkit import ops
+
+    if not isinstance(r, ops.Pooling):
+        return [f"returned {type(r).__name__}"]
+    for k, v in ctx.case.kwargs.items():
+        if getattr(r, k) != v:
+            return [f"Pooling.{k} is {getattr(r, k)!r}, given {v!r}"]
+    return []
+
+
+POOLING_PARAMS = {
+    "mode": Param("choice", optional_kw=True),
+    "window": Param("ints", optional_kw=True),
+    "stride": Param("ints", optional_kw=True, nullable=True),
+    "padding": Param("ints", optional_kw=True),
+    "ceil_mode": Param("bool", strict_verdict="refuse", optional_kw=True),
+    "propagate_nan": Param("bool", strict_verdict="refuse", optional_kw=True),
+    "alpha": SCALE,
+    "beta": BETA,
+}
+POOLING_CTOR_PARAMS = {
+    "mode": Param("choice", optional_kw=True),
+    "window": Param("ints", optional_kw=True, fixed_length=False),
+    "stride": Param("ints", optional_kw=True, nullable=True, fixed_length=False),
+    "padding": Param("ints", optional_kw=True, fixed_length=False),
+    "ceil_mode": Param("bool", strict_verdict="refuse", optional_kw=True),
+    "propagate_nan": Param("bool", strict_verdict="refuse", optional_kw=True),
+}
+
+
 def _bw(fn: Callable, **kw: Any) -> Callable:
     return lambda *a: fn(*a, **kw)
 
@@ -2531,6 +2632,13 @@ _add(OpSpec("convolution_backward_filter", _bw(_convolution_draw, which="filter"
             shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("convolution_backward_bias", _bw(_convolution_draw, which="bias"), {"dy": _in(), "out": _out()},
             {"alpha": SCALE, "beta": BETA}, check=_bw(_convolution_check, which="bias"), shape_rule=_convolution_shape_rule))  # fmt: skip
+_add(OpSpec("Pooling", _pooling_ctor_draw, {}, POOLING_CTOR_PARAMS, check=_pooling_ctor_check, streams=False,
+            weight=0.3))  # fmt: skip
+_add(OpSpec("pooling_forward", _pooling_draw, {"x": _in(), "out": _out()}, POOLING_PARAMS, check=_pooling_check,
+            derive=_pooling_derive, shape_rule=_convolution_shape_rule))  # fmt: skip
+_add(OpSpec("pooling_backward", _bw(_pooling_draw, backward=True), {"dy": _in(), "y": _in(), "x": _in(), "out": _out()},
+            POOLING_PARAMS, check=_bw(_pooling_check, backward=True), derive=_pooling_derive,
+            shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("softmax_forward", _softmax_draw, _SOFTMAX_ROLES, SOFTMAX_PARAMS, check=_softmax_check, weight=2))
 _add(OpSpec("softmax_backward", _bw(_softmax_draw, backward=True), _SOFTMAX_BWD_ROLES, SOFTMAX_PARAMS,
             check=_bw(_softmax_check, backward=True), weight=1.5))  # fmt: skip

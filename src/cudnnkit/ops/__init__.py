@@ -26,6 +26,7 @@ from .convolution import (
 from .ctc import ctc_loss
 from .dropout import DropoutState, default_state, dropout_backward, dropout_forward
 from .lrn import divisive_normalization_backward, divisive_normalization_forward, lrn_backward, lrn_forward
+from .pooling import Pooling, pooling_backward, pooling_forward
 from .rnn import RNN, LinearParams, load_torch_params, rnn_backward, rnn_forward, to_torch_params, torch_param_names
 from .softmax import softmax_backward, softmax_forward
 from .spatial_transformer import (
@@ -47,6 +48,9 @@ __all__ = [
     "convolution_backward_data",
     "convolution_backward_filter",
     "convolution_backward_bias",
+    "Pooling",
+    "pooling_forward",
+    "pooling_backward",
     "ctc_loss",
     "RNN",
     "LinearParams",

@@ -54,6 +54,7 @@ from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
 from ._layout import channels_last_strides
+from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = [
@@ -90,23 +91,7 @@ class Convolution:
         if isinstance(self.groups, bool) or not isinstance(self.groups, int) or not 1 <= self.groups <= INT32_MAX:
             raise ValueError(f"groups must be a positive int, got {self.groups!r}")
         for name, minimum in (("stride", 1), ("dilation", 1), ("padding", 0)):
-            object.__setattr__(self, name, _form(getattr(self, name), name, minimum))
-
-
-def _form(value: Any, name: str, minimum: int) -> Any:
-    """A parameter checked for any rank (1 to 3 spatial dims): an int, or a tuple of 1 to 3 ints (for ``padding``
-    also ``(before, after)`` pairs, ``"valid"`` or ``"same"``); lists become tuples. Errors name ``name``."""
-    if name == "padding" and isinstance(value, str):
-        if value not in ("valid", "same"):
-            raise ValueError(f"padding must be an int, ints, (before, after) pairs, 'valid' or 'same', got {value!r}")
-        return value
-    if isinstance(value, (list, tuple)):
-        if not 1 <= len(value) <= 3:
-            raise ValueError(f"{name} must have 1 to 3 values (one per spatial dim), got {value!r}")
-        if name == "padding" and all(isinstance(v, (list, tuple)) for v in value):
-            return tuple(tuple(expand(v, 2, "padding", 0, INT32_MAX)) for v in value)
-        return expand(tuple(value), len(value), name, minimum, INT32_MAX)
-    return expand(value, 1, name, minimum, INT32_MAX)[0]
+            object.__setattr__(self, name, param_form(getattr(self, name), name, minimum))
 
 
 class _Conv(NamedTuple):
@@ -140,17 +125,6 @@ def _params(conv: Any, stride: Any, padding: Any, dilation: Any, groups: Any, mo
     return conv
 
 
-def _layout_of(v: Any) -> str | None:
-    """ "nchw" (dense C order), "nhwc" (dense channels-last) or None (another layout: copied), size-1 dims aside."""
-    if v.is_contiguous():
-        return "nchw"
-    shape = v.shape
-    want = channels_last_strides(shape)
-    if all(d == 1 or s == w for d, s, w in zip(shape, v.strides, want)):
-        return "nhwc"
-    return None
-
-
 def _math_type(dtype: str) -> int:
     if dtype in ("float16", "bfloat16"):
         return lib.CUDNN_TENSOR_OP_MATH
@@ -172,15 +146,6 @@ def _symmetric(p: Convolution, nsp: int, kernel: tuple[int, ...]) -> tuple[int, 
     return pre
 
 
-def _batch1(shape: tuple) -> tuple:
-    """``shape`` with a batch of at least 1: an empty batch has the shapes of a batch of one, with N = 0."""
-    return (max(shape[0], 1), *shape[1:])
-
-
-def _with_batch(shape: tuple, n: int) -> tuple:
-    return (n, *shape[1:])
-
-
 def _resolve(p: Convolution, dtype: str, x_shape: tuple, w_shape: tuple, channels_last: bool, out_shape: tuple
              ) -> _Conv:  # fmt: skip
     nsp = len(x_shape) - 2
@@ -195,35 +160,23 @@ def _resolve(p: Convolution, dtype: str, x_shape: tuple, w_shape: tuple, channel
                  strides)  # fmt: skip
 
 
-def _check_dims(v: Any, name: str, rank: int | None = None) -> None:
-    if not 3 <= v.ndim <= 5:
-        raise ValueError(f"{name} must have 3 to 5 dims (N, C, 1 to 3 spatial), got shape {v.shape}")
-    if rank is not None and v.ndim != rank:
-        raise ValueError(f"{name} must have {rank} dims like x, got shape {v.shape}")
-
-
-def _same_dtype(v: Any, name: str, dtype: str, ref: str) -> None:
-    if v.dtype != dtype:
-        raise TypeError(f"{name} has dtype {v.dtype} but {ref} has dtype {dtype}")
-
-
 def _fwd_resolve(views: Any, kw: Any) -> _Conv:
     vx, vw = views["x"], views["w"]
-    _check_dims(vx, "x")
-    _check_dims(vw, "w", vx.ndim)
-    _same_dtype(vw, "w", vx.dtype, "x")
+    check_dims(vx, "x")
+    check_dims(vw, "w", vx.ndim)
+    same_dtype(vw, "w", vx.dtype, "x")
     p = _params(kw.get("conv"), kw.get("stride", 1), kw.get("padding", 0), kw.get("dilation", 1),
                 kw.get("groups", 1), kw.get("mode", "cross_correlation"))  # fmt: skip
-    y = conv_output_shape(_batch1(vx.shape), vw.shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
+    y = conv_output_shape(batch1(vx.shape), vw.shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
                           groups=p.groups)  # fmt: skip
-    return _resolve(p, vx.dtype, vx.shape, vw.shape, _layout_of(vx) == "nhwc", _with_batch(y, vx.shape[0]))
+    return _resolve(p, vx.dtype, vx.shape, vw.shape, layout_of(vx) == "nhwc", with_batch(y, vx.shape[0]))
 
 
 def _bwd_data_resolve(views: Any, kw: Any) -> _Conv:
     vdy, vw = views["dy"], views["w"]
-    _check_dims(vdy, "dy")
-    _check_dims(vw, "w", vdy.ndim)
-    _same_dtype(vw, "w", vdy.dtype, "dy")
+    check_dims(vdy, "dy")
+    check_dims(vw, "w", vdy.ndim)
+    same_dtype(vw, "w", vdy.dtype, "dy")
     p = _params(kw.get("conv"), kw.get("stride", 1), kw.get("padding", 0), kw.get("dilation", 1),
                 kw.get("groups", 1), kw.get("mode", "cross_correlation"))  # fmt: skip
     nsp = vdy.ndim - 2
@@ -231,41 +184,41 @@ def _bwd_data_resolve(views: Any, kw: Any) -> _Conv:
     if x_shape is None:
         if isinstance(p.padding, str):
             raise ValueError(f"padding={p.padding!r} needs x_shape= in the backward (it depends on x's size)")
-        x_shape = conv_transpose_output_shape(_batch1(vdy.shape), vw.shape, stride=p.stride, padding=p.padding,
+        x_shape = conv_transpose_output_shape(batch1(vdy.shape), vw.shape, stride=p.stride, padding=p.padding,
                                               dilation=p.dilation, output_padding=kw.get("output_padding", 0),
                                               groups=p.groups)  # fmt: skip
-        x_shape = _with_batch(x_shape, vdy.shape[0])
+        x_shape = with_batch(x_shape, vdy.shape[0])
     else:
         if kw.get("output_padding", 0) != 0:
             raise TypeError("pass x_shape= or output_padding=, not both (x_shape fixes the output size)")
         x_shape = tuple(expand(x_shape, nsp + 2, "x_shape", 0, INT32_MAX))
         if x_shape[0] != vdy.shape[0]:
             raise ValueError(f"x_shape {x_shape} has a batch of {x_shape[0]} but dy has {vdy.shape[0]}")
-    want = conv_output_shape(_batch1(x_shape), vw.shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
+    want = conv_output_shape(batch1(x_shape), vw.shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
                              groups=p.groups)  # fmt: skip
-    if _with_batch(want, x_shape[0]) != vdy.shape:
+    if with_batch(want, x_shape[0]) != vdy.shape:
         raise ValueError(f"dy has shape {vdy.shape} but a convolution of x {x_shape} with w {vw.shape} gives {want}")
-    return _resolve(p, vdy.dtype, x_shape, vw.shape, _layout_of(vdy) == "nhwc", x_shape)
+    return _resolve(p, vdy.dtype, x_shape, vw.shape, layout_of(vdy) == "nhwc", x_shape)
 
 
 def _bwd_filter_resolve(views: Any, kw: Any) -> _Conv:
     vx, vdy = views["x"], views["dy"]
-    _check_dims(vx, "x")
-    _check_dims(vdy, "dy", vx.ndim)
-    _same_dtype(vdy, "dy", vx.dtype, "x")
+    check_dims(vx, "x")
+    check_dims(vdy, "dy", vx.ndim)
+    same_dtype(vdy, "dy", vx.dtype, "x")
     p = _params(kw.get("conv"), kw.get("stride", 1), kw.get("padding", 0), kw.get("dilation", 1),
                 kw.get("groups", 1), kw.get("mode", "cross_correlation"))  # fmt: skip
     w_shape = kw.get("w_shape")
     if w_shape is None:
         raise TypeError("w_shape is required: the filter's shape (K, C // groups, *kernel)")
     w_shape = tuple(expand(w_shape, vx.ndim, "w_shape", 1, INT32_MAX))
-    want = conv_output_shape(_batch1(vx.shape), w_shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
+    want = conv_output_shape(batch1(vx.shape), w_shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
                              groups=p.groups)  # fmt: skip
-    want = _with_batch(want, vx.shape[0])
+    want = with_batch(want, vx.shape[0])
     if want != vdy.shape:
         raise ValueError(f"dy has shape {vdy.shape} but a convolution of x {vx.shape} with w {w_shape} gives {want}")
     # a channels-last x gets a channels-last (KRSC) dw; an empty batch sums nothing: zeros (or beta * out)
-    return _resolve(p, vx.dtype, vx.shape, w_shape, _layout_of(vx) == "nhwc", w_shape)._replace(
+    return _resolve(p, vx.dtype, vx.shape, w_shape, layout_of(vx) == "nhwc", w_shape)._replace(
         empty_sum=vx.shape[0] == 0, keep=kw.get("beta", 0.0) != 0
     )
 
@@ -302,42 +255,14 @@ def conv_descriptor(r: _Conv) -> Any:
     return get_cached(CONV, (r.pad, r.stride, r.dilation, r.mode, r.compute, r.groups, r.math))
 
 
-def _as_2d(shape: tuple, strides: tuple) -> tuple[tuple, tuple]:
-    """A 1-d array's (shape, strides) with a trailing size-1 spatial dim."""
-    return (*shape, 1), (*strides, 1)
-
-
 def _tensor(v: Any, r: _Conv) -> Any:
-    shape, strides = v.shape, v.strides
-    if r.nsp == 1:
-        shape, strides = _as_2d(shape, strides)
-    return tensor_descriptor(v.dtype, shape, strides)
+    return nd_tensor(v, r.nsp)
 
 
 def _filter(v: Any, r: _Conv, layout: str) -> Any:
     shape = v.shape + (1,) if r.nsp == 1 else v.shape
     fmt = lib.CUDNN_TENSOR_NHWC if layout == "nhwc" else lib.CUDNN_TENSOR_NCHW
     return get_cached(FILTER, (v.dtype, fmt, shape))
-
-
-def _dense(c: Call, name: str) -> tuple[Any, str]:
-    """``c.views[name]`` in a layout cuDNN takes (dense channels-first or channels-last), copied to C order
-    otherwise (logged); and that layout."""
-    v = c.views[name]
-    lay = _layout_of(v)
-    if lay is None:
-        _, v = c.launch.contiguous(c.arrays[name], v, name, "cuDNN's convolution takes dense NCHW or NHWC arrays")
-        lay = "nchw"
-    return v, lay
-
-
-def _out_view(c: Call, name: str) -> Any:
-    v = c.views[name]
-    if _layout_of(v) is None:
-        raise ValueError(
-            f"{name} must be dense channels-first (C order) or channels-last, got shape {v.shape} strides {v.strides}"
-        )
-    return v
 
 
 # ----------------------------------------------------------------- algorithms
@@ -482,15 +407,15 @@ def _legacy(which: str) -> Any:
     def call(c: Call) -> None:
         r = c.resolved
         if r.empty_sum:
-            vo = _out_view(c, "out")
+            vo = out_view(c, "out")
             _empty_sum(c, vo, _tensor(vo, r), r.keep)
             return
         ins = {}
         for name in (k.a, k.b):
-            v, lay = _dense(c, name)
+            v, lay = dense(c, name)
             ins[name] = (v, _filter(v, r, lay) if name == k.filter_in else _tensor(v, r))
-        vo = _out_view(c, "out")
-        od = _filter(vo, r, _layout_of(vo) or "nchw") if k.filter_out else _tensor(vo, r)
+        vo = out_view(c, "out")
+        od = _filter(vo, r, layout_of(vo) or "nchw") if k.filter_out else _tensor(vo, r)
         (va, da), (vb, db) = ins[k.a], ins[k.b]
         cd = conv_descriptor(r)
 
@@ -515,7 +440,7 @@ def _legacy(which: str) -> Any:
 def _bias_resolve(views: Any, kw: Any) -> tuple[tuple[int, ...], bool, bool]:
     """((K,), whether dy is empty, whether beta keeps out)."""
     vdy = views["dy"]
-    _check_dims(vdy, "dy")
+    check_dims(vdy, "dy")
     return (vdy.shape[1],), vdy.size == 0, kw.get("beta", 0.0) != 0
 
 
@@ -534,11 +459,11 @@ def _bias_call(c: Call) -> None:
         k = vdb.shape[0]
         _empty_sum(c, vdb, tensor_descriptor(vdb.dtype, (1, k, 1, 1), (k, 1, 1, 1)), c.resolved[2])
         return
-    vdy, _ = _dense(c, "dy")
+    vdy, _ = dense(c, "dy")
     k = vdy.shape[1]
     nd = max(vdy.ndim, 4)
     db_shape = (1, k) + (1,) * (nd - 2)
-    dy_shape, dy_strides = (vdy.shape, vdy.strides) if vdy.ndim >= 4 else _as_2d(vdy.shape, vdy.strides)
+    dy_shape, dy_strides = (vdy.shape, vdy.strides) if vdy.ndim >= 4 else as_2d(vdy.shape, vdy.strides)
     lib.cudnnConvolutionBackwardBias(
         c.launch.handle,
         c.alpha,

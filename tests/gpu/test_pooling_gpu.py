@@ -1,0 +1,72 @@
+"""Pooling (``cudnnPoolingForward``/``Backward``, legacy) against the float64 references of
+``tests/pool_reference.py`` (held to torch on the CPU): every mode, 1-d to 3-d, NCHW and channels-last, dtypes,
+exclude-padding with padding > 0 (where it differs from include-padding), NaN propagation, blends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudnnkit import ops
+
+from .. import pool_reference as ref
+from ..numerics import dev, host, poisoned, rel
+
+pytestmark = pytest.mark.gpu
+
+TOL = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3, "bfloat16": 1e-2}
+MODES = ["max", "max_deterministic", "avg_include_padding", "avg_exclude_padding"]
+
+
+def _distinct(rng, shape):
+    """Distinct values exact in every float type (no ties for max pooling's gradient)."""
+    return rng.permutation(int(np.prod(shape))).reshape(shape).astype(np.float64) % 256 / 4
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("nsp, window, stride, pad", [(1, (3,), (2,), (1,)), (2, (3, 3), (2, 2), (1, 1)),
+                                                      (2, (2, 3), (1, 2), (0, 1)), (3, (3, 2, 2), (2, 1, 2), (1, 0, 1))])  # fmt: skip
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_forward_and_backward_match_the_reference(xp, mode, nsp, window, stride, pad, dtype, layout):
+    rng = np.random.default_rng(nsp)
+    shape = (2, 3, *([9, 8, 7][:nsp]))
+    x = _distinct(rng, shape)
+    xd = dev(xp, x, dtype, layout)
+    kw = dict(mode=mode, window=window, stride=stride, padding=pad)
+    y = ops.pooling_forward(xd, **kw)
+    want = ref.pool_forward(x, mode, window, stride, pad)
+    assert y.shape == want.shape and rel(host(xp, y), want) < TOL[dtype]
+    dy = np.round(rng.standard_normal(want.shape) * 8) / 8
+    dx = ops.pooling_backward(dev(xp, dy, dtype, layout), y, xd, **kw)
+    assert (
+        dx.shape == x.shape and rel(host(xp, dx), ref.pool_backward(x, dy, mode, window, stride, pad)) < TOL[dtype] * 4
+    )
+
+
+def test_exclude_padding_differs_from_include_padding(xp):
+    x = np.ones((1, 1, 4, 4))
+    inc = host(xp, ops.pooling_forward(dev(xp, x), mode="avg_include_padding", window=3, stride=1, padding=1))
+    exc = host(xp, ops.pooling_forward(dev(xp, x), mode="avg_exclude_padding", window=3, stride=1, padding=1))
+    assert exc[0, 0, 0, 0] == 1.0 and inc[0, 0, 0, 0] == pytest.approx(4 / 9)  # a corner: 4 cells inside of 9
+
+
+def test_nan_propagation(xp):
+    x = np.arange(16.0).reshape(1, 1, 4, 4)
+    x[0, 0, 0, 0] = np.nan
+    kept = host(xp, ops.pooling_forward(dev(xp, x), window=2, propagate_nan=True))
+    dropped = host(xp, ops.pooling_forward(dev(xp, x), window=2, propagate_nan=False))
+    assert np.isnan(kept[0, 0, 0, 0]) and dropped[0, 0, 0, 0] == 5.0
+
+
+def test_blend_into_poisoned_and_given_outputs(xp):
+    rng = np.random.default_rng(7)
+    x = _distinct(rng, (2, 3, 8, 8))
+    want = ref.pool_forward(x, "max", (2, 2), (2, 2), (0, 0))
+    out = poisoned(xp, want.shape, "float32")
+    assert ops.pooling_forward(dev(xp, x, "float32"), window=2, out=out) is out
+    assert rel(host(xp, out), want) < 1e-6
+    prev = rng.standard_normal(want.shape)
+    out2 = dev(xp, prev, "float32")
+    ops.pooling_forward(dev(xp, x, "float32"), window=2, out=out2, alpha=2.0, beta=-1.0)
+    assert rel(host(xp, out2), 2 * want - prev) < 1e-6

@@ -1,0 +1,120 @@
+"""Pooling on the CPU: the float64 references against torch, bad input refused before any cuDNN call, and the
+legacy descriptor read back from cuDNN."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from cudnnkit import lib, ops
+from cudnnkit.ops import pooling as pl
+
+from . import pool_reference as ref
+from .conftest import FakeCAI
+
+
+def x(shape=(2, 3, 8, 8), typestr="<f4", device=0):
+    return FakeCAI(shape, typestr, device=device)
+
+
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+@pytest.mark.parametrize("mode", ["max", "avg_include_padding", "avg_exclude_padding"])
+def test_references_agree_with_torch(nsp, mode):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(nsp)
+    shape = (2, 3, *([9, 8, 7][:nsp]))
+    window, stride, pad = (3, 2, 3)[:nsp], (2, 1, 2)[:nsp], (1, 1, 0)[:nsp]
+    xa = rng.permutation(np.prod(shape)).reshape(shape).astype(np.float64) / 7.0  # distinct values: no ties
+    xt = torch.tensor(xa, requires_grad=True)
+    if mode == "max":
+        yt = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[nsp](xt, window, stride, pad)
+    else:
+        pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[nsp]
+        yt = pool(xt, window, stride, pad, count_include_pad=mode == "avg_include_padding")
+    y = ref.pool_forward(xa, mode, window, stride, pad)
+    assert np.allclose(y, yt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    yt.backward(torch.tensor(dy))
+    assert np.allclose(ref.pool_backward(xa, dy, mode, window, stride, pad), xt.grad.numpy(), atol=1e-12)
+
+
+CASES = [
+    (lambda: ops.pooling_forward(x(), mode="min"), ValueError, "mode must be one of"),
+    (lambda: ops.pooling_forward(x(), window=9), ValueError, "input 8 with padding 0 is smaller than the window 9"),
+    (lambda: ops.pooling_forward(x(), window=3, padding=3), ValueError, "padding 3 must be smaller than the window"),
+    (lambda: ops.pooling_forward(x(), window=0), ValueError, "window must be >= 1"),
+    (lambda: ops.pooling_forward(x(), window=(2, 2, 2)), ValueError, "window must have 2 values"),
+    (lambda: ops.pooling_forward(x(), ceil_mode=1), TypeError, "ceil_mode must be a bool"),
+    (lambda: ops.pooling_forward(x(), propagate_nan="yes"), TypeError, "propagate_nan must be a bool"),
+    (
+        lambda: ops.pooling_forward(x(), window=3, stride=2, ceil_mode=True),
+        ValueError,
+        r"ceil_mode adds padding after\): cuDNN's legacy pooling pads both sides alike",
+    ),
+    (
+        lambda: ops.pooling_forward(x(), window=3, padding=((0, 1), (1, 1))),
+        ValueError,
+        "the padding differs between sides",
+    ),
+    (lambda: ops.pooling_forward(x((2, 3))), ValueError, "x must have 3 to 5 dims"),
+    (lambda: ops.pooling_forward(x(typestr="<i4")), TypeError, "x has dtype int32"),
+    (lambda: ops.pooling_forward(x(), pool=ops.Pooling(), window=3), TypeError, "pass pool= or mode="),
+    (lambda: ops.pooling_forward(x(), out=x((2, 3, 5, 4))), ValueError, r"out must have shape \(2, 3, 4, 4\)"),
+    (
+        lambda: ops.pooling_backward(x((2, 3, 4, 4)), x((2, 3, 4, 5)), x()),
+        ValueError,
+        r"y must have the forward output's shape \(2, 3, 4, 4\)",
+    ),
+    (lambda: ops.pooling_backward(x((2, 3, 4, 4)), x((2, 3, 4, 4), "<f2"), x()), TypeError, "y has dtype float16"),
+    (lambda: ops.pooling_backward(x((2, 3, 4, 4)), x((2, 3, 4, 4)), x(device=1)), ValueError, "is on cuda:1"),
+]
+
+
+@pytest.mark.parametrize("call, exc, msg", CASES)
+def test_bad_input_is_refused_before_cudnn(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
+
+
+def test_ceil_mode_that_changes_nothing_is_taken():
+    """ceil_mode where the windows tile the input exactly adds no padding: the legacy path takes it."""
+    r = pl._resolve_for(type("V", (), {"ndim": 4, "shape": (2, 3, 9, 9), "strides": (243, 81, 9, 1),
+                                       "is_contiguous": lambda self: True})(), "x",
+                        {"window": 3, "stride": 3, "ceil_mode": True})  # fmt: skip
+    assert r.y_shape == (2, 3, 3, 3) and r.pad == (0, 0)
+
+
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+@pytest.mark.parametrize("mode", sorted(pl._MODES))
+def test_descriptor_reads_back_and_cudnn_agrees_on_the_output(nsp, mode):
+    from cudnnkit.runtime.descriptors import int_array, tensor_descriptor
+    from cudnnkit.runtime.view import contiguous_strides
+
+    shape = (2, 3, *([9, 8, 7][:nsp]))
+    window, stride, pad = (3, 2, 3)[:nsp], (2, 1, 2)[:nsp], (1, 1, 0)[:nsp]
+
+    class V:
+        ndim, strides = len(shape), contiguous_strides(shape)
+
+        def __init__(self):
+            self.shape = shape
+
+        def is_contiguous(self):
+            return True
+
+    r = pl._resolve_for(V(), "x", {"mode": mode, "window": window, "stride": stride, "padding": pad,
+                                   "propagate_nan": True})  # fmt: skip
+    d = pl.pooling_descriptor(r)
+    m, nan, n = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    w, p, s = (ctypes.c_int * 8)(), (ctypes.c_int * 8)(), (ctypes.c_int * 8)()
+    k = max(nsp, 2)
+    lib.cudnnGetPoolingNdDescriptor(d, k, ctypes.byref(m), ctypes.byref(nan), ctypes.byref(n), w, p, s)
+    assert m.value == pl._MODES[mode] and nan.value == lib.CUDNN_PROPAGATE_NAN and n.value == k
+    assert tuple(w[:k]) == r.window and tuple(p[:k]) == r.pad and tuple(s[:k]) == r.stride
+    xs = shape + (1,) if nsp == 1 else shape
+    out = int_array([0] * len(xs))
+    lib.cudnnGetPoolingNdForwardOutputDim(d, tensor_descriptor("float32", xs, contiguous_strides(xs)), len(xs), out)
+    assert tuple(out)[: len(r.y_shape)] == r.y_shape

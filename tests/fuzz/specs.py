@@ -2601,6 +2601,66 @@ POOLING_CTOR_PARAMS = {
 }
 
 
+# ----------------------------------------------------------------- activation
+
+_ACT_MODES = ["sigmoid", "relu", "tanh", "clipped_relu", "elu", "swish", "identity"]
+
+
+def _activation_draw(d: Draw, lib: str, backward: bool = False) -> Base:
+    dt = d.choice(F)
+    shape = tuple(d.int(0, 4) if d.bool(0.03) else d.int(1, 6) for _ in range(d.int(1, 5)))
+    lay = valid_layout(d, shape)
+    mode = d.choice(_ACT_MODES)
+    kw: dict[str, Any] = {}
+    if backward:
+        kw["dy"] = A(shape, dt, layout=lay, seed=d.seed())
+        kw["y"] = A(shape, dt, fill="derived:y", layout=lay, seed=d.seed())
+    kw["x"] = A(shape, dt, fill="normal:2", layout=lay, seed=d.seed())
+    kw["mode"] = mode
+    if mode == "clipped_relu":
+        kw["coef"] = d.choice([1.0, 6.0])
+    elif mode in ("elu", "swish") and d.bool(0.5):
+        kw["coef"] = d.choice([0.5, 1.0, 1.7])
+    if d.bool(0.2):
+        kw["propagate_nan"] = d.bool()
+    draw_blend(d, kw, dt, shape, layout=("c",))
+    return Base(kw, ("dy", "y", "x") if backward else ("x",), {"dtype": dt})
+
+
+def _activation_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
+    from ..act_reference import act_forward
+
+    x = ctx.x("x")
+    if x is None or x.shape != a.shape:
+        return None
+    return act_forward(x, ctx.param("mode", "relu"), ctx.param("coef"))
+
+
+def _activation_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
+    from ..act_reference import act_backward, act_forward
+
+    mode, coef = ctx.param("mode", "relu"), ctx.param("coef")
+    x = ctx.x("x")
+    ref = act_backward(x, ctx.x("dy"), mode, coef) if backward else act_forward(x, mode, coef)
+    ref = ctx.blend(ref, "out", "alpha", "beta")
+    mask = None
+    if backward and mode in ("relu", "clipped_relu"):  # at the kinks cuDNN and the reference may pick sides
+        kink = (x == 0) | (x == coef) if coef is not None else x == 0
+        if kink.any():
+            mask, ref = ~kink, np.where(kink, 0.0, ref)
+    dt = ctx.dtype
+    return ctx.compare(res, ref, dt, "dx" if backward else "y", _tol(dt, 4.0, f32=1e-5, half=1e-2), mask=mask)
+
+
+ACTIVATION_PARAMS = {
+    "mode": Param("choice", optional_kw=True),
+    "coef": Param("float", nullable=True, optional_kw=True),
+    "propagate_nan": Param("bool", strict_verdict="refuse", optional_kw=True),
+    "alpha": SCALE,
+    "beta": BETA,
+}
+
+
 def _bw(fn: Callable, **kw: Any) -> Callable:
     return lambda *a: fn(*a, **kw)
 
@@ -2639,6 +2699,11 @@ _add(OpSpec("pooling_forward", _pooling_draw, {"x": _in(), "out": _out()}, POOLI
 _add(OpSpec("pooling_backward", _bw(_pooling_draw, backward=True), {"dy": _in(), "y": _in(), "x": _in(), "out": _out()},
             POOLING_PARAMS, check=_bw(_pooling_check, backward=True), derive=_pooling_derive,
             shape_rule=_convolution_shape_rule))  # fmt: skip
+_add(OpSpec("activation_forward", _activation_draw, {"x": _in(shaped=False, ranks=(1, 8)), "out": _out()},
+            ACTIVATION_PARAMS, check=_activation_check))  # fmt: skip
+_add(OpSpec("activation_backward", _bw(_activation_draw, backward=True),
+            {"dy": _in(), "y": _in(), "x": _in(), "out": _out()}, ACTIVATION_PARAMS,
+            check=_bw(_activation_check, backward=True), derive=_activation_derive))  # fmt: skip
 _add(OpSpec("softmax_forward", _softmax_draw, _SOFTMAX_ROLES, SOFTMAX_PARAMS, check=_softmax_check, weight=2))
 _add(OpSpec("softmax_backward", _bw(_softmax_draw, backward=True), _SOFTMAX_BWD_ROLES, SOFTMAX_PARAMS,
             check=_bw(_softmax_check, backward=True), weight=1.5))  # fmt: skip

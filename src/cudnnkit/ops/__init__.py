@@ -16,6 +16,7 @@ the legacy call.
 from __future__ import annotations
 
 from ._primitive import REGISTRY, Primitive, last_path
+from .activation import activation_backward, activation_forward
 from .convolution import (
     Convolution,
     convolution_backward_bias,
@@ -43,6 +44,8 @@ __all__ = [
     "last_path",
     "softmax_forward",
     "softmax_backward",
+    "activation_forward",
+    "activation_backward",
     "Convolution",
     "convolution_forward",
     "convolution_backward_data",

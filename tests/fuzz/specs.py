@@ -2661,6 +2661,82 @@ ACTIVATION_PARAMS = {
 }
 
 
+# ----------------------------------------------------------------- op_tensor, reduce_tensor
+
+
+def _op_tensor_draw(d: Draw, lib: str) -> Base:
+    dt = d.choice(F)
+    shape = tuple(d.int(0, 3) if d.bool(0.03) else d.int(1, 5) for _ in range(d.int(1, 5)))
+    op = d.choice(["add", "mul", "min", "max", "sqrt", "not"])
+    kw: dict[str, Any] = {"a": A(shape, dt, fill="uniform:0.1:2" if op == "sqrt" else "normal",
+                                 layout=valid_layout(d, shape), seed=d.seed()), "op": op}  # fmt: skip
+    if op not in ("sqrt", "not"):
+        bs = tuple(s if d.bool(0.6) else 1 for s in shape)
+        kw["b"] = A(bs, dt, layout=valid_layout(d, bs), seed=d.seed())
+        if d.bool(0.3):
+            kw["alpha2"] = d.choice([0.5, -1.0])
+    if d.bool(0.3):
+        kw["alpha1"] = d.choice([1.0, 2.0, -0.5])
+    draw_blend(d, kw, dt, shape, alpha="alpha1", layout=("c",))
+    return Base(kw, ("a", "b") if "b" in kw else ("a",), {"dtype": dt})
+
+
+def _op_tensor_check(ctx: Any, res: Any) -> list[str]:
+    op = ctx.param("op", "add")
+    a = ctx.x("a") * fnum(ctx.param("alpha1", 1.0), 1.0)
+    b = ctx.x("b") * fnum(ctx.param("alpha2", 1.0), 1.0) if ctx.x("b") is not None else None
+    ref = {"add": lambda: a + b, "mul": lambda: a * b, "min": lambda: np.minimum(a, b),
+           "max": lambda: np.maximum(a, b), "sqrt": lambda: np.sqrt(a), "not": lambda: 1.0 - a}[op]()  # fmt: skip
+    ref = ctx.blend(ref, "out", "alpha1", "beta")
+    dt = ctx.dtype
+    return ctx.compare(res, ref, dt, "c", _tol(dt, 4.0, f32=1e-6, half=4e-3))
+
+
+def _reduce_draw(d: Draw, lib: str) -> Base:
+    dt = d.choice(F)
+    nd = d.int(1, 5)
+    shape = tuple(d.int(1, 5) for _ in range(nd))
+    op = d.choice(["add", "mul", "min", "max", "amax", "avg", "norm1", "norm2", "mul_no_zeros"])
+    kw: dict[str, Any] = {"a": A(shape, dt, fill="uniform:0.5:1.5" if op.startswith("mul") else "normal",
+                                 layout=valid_layout(d, shape), seed=d.seed()), "op": op}  # fmt: skip
+    axes = None
+    if d.bool(0.6):
+        axes = tuple(sorted({d.int(0, nd - 1) for _ in range(d.int(1, nd))}))
+        kw["axes"] = axes
+    out_shape = tuple(1 if axes is None or i in axes else n for i, n in enumerate(shape))
+    draw_blend(d, kw, dt, out_shape, layout=("c",))
+    return Base(kw, ("a",), {"dtype": dt})
+
+
+def _reduce_check(ctx: Any, res: Any) -> list[str]:
+    a = ctx.x("a")
+    op, axes = ctx.param("op", "add"), ctx.param("axes")
+    ax = tuple(range(a.ndim)) if axes is None else tuple(int(i) % a.ndim for i in np.atleast_1d(axes))
+    f = {"add": np.sum, "mul": np.prod, "min": np.min, "max": np.max, "avg": np.mean,
+         "amax": lambda v, **k: np.max(np.abs(v), **k), "norm1": lambda v, **k: np.sum(np.abs(v), **k),
+         "norm2": lambda v, **k: np.sqrt(np.sum(v * v, **k)),
+         "mul_no_zeros": lambda v, **k: np.prod(np.where(v == 0, 1.0, v), **k)}[op]  # fmt: skip
+    ref = ctx.blend(f(a, axis=ax, keepdims=True), "out", "alpha", "beta")
+    dt = ctx.dtype
+    return ctx.compare(res, ref, dt, "c", _tol(dt, 8.0, f32=1e-5, half=1e-2))
+
+
+OP_TENSOR_PARAMS = {
+    "op": Param("choice", optional_kw=True),
+    "alpha1": SCALE,
+    "alpha2": SCALE,
+    "beta": BETA,
+    "propagate_nan": Param("bool", strict_verdict="refuse", optional_kw=True),
+}
+REDUCE_PARAMS = {
+    "op": Param("choice", optional_kw=True),
+    "indices": Param("bool", strict_verdict="refuse", optional_kw=True),
+    "propagate_nan": Param("bool", strict_verdict="refuse", optional_kw=True),
+    "alpha": SCALE,
+    "beta": BETA,
+}
+
+
 def _bw(fn: Callable, **kw: Any) -> Callable:
     return lambda *a: fn(*a, **kw)
 
@@ -2704,6 +2780,10 @@ _add(OpSpec("activation_forward", _activation_draw, {"x": _in(shaped=False, rank
 _add(OpSpec("activation_backward", _bw(_activation_draw, backward=True),
             {"dy": _in(), "y": _in(), "x": _in(), "out": _out()}, ACTIVATION_PARAMS,
             check=_bw(_activation_check, backward=True), derive=_activation_derive))  # fmt: skip
+_add(OpSpec("op_tensor", _op_tensor_draw, {"a": _in(shaped=False, ranks=(1, 8)), "b": _in(required=False, shaped="broadcast"),
+            "out": _out()}, OP_TENSOR_PARAMS, check=_op_tensor_check, shape_rule=_convolution_shape_rule))  # fmt: skip
+_add(OpSpec("reduce_tensor", _reduce_draw, {"a": _in(shaped=False, ranks=(1, 8)), "out": _out()}, REDUCE_PARAMS,
+            check=_reduce_check, shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("softmax_forward", _softmax_draw, _SOFTMAX_ROLES, SOFTMAX_PARAMS, check=_softmax_check, weight=2))
 _add(OpSpec("softmax_backward", _bw(_softmax_draw, backward=True), _SOFTMAX_BWD_ROLES, SOFTMAX_PARAMS,
             check=_bw(_softmax_check, backward=True), weight=1.5))  # fmt: skip

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ._primitive import REGISTRY, Primitive, last_path
 from .activation import activation_backward, activation_forward
+from .arith import op_tensor, reduce_tensor
 from .convolution import (
     Convolution,
     convolution_backward_bias,
@@ -74,6 +75,8 @@ __all__ = [
     "affine_grid_backward",
     "grid_sample_forward",
     "grid_sample_backward",
+    "op_tensor",
+    "reduce_tensor",
     "set_tensor",
     "scale_tensor",
     "add_tensor",

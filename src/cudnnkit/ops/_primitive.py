@@ -518,9 +518,10 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
     call = Call(launch, call_views, resolved, alpha=first[0], beta=first[1], blends=blends, arrays=arrays)
     path = route(p, dt)
     _launch_form(p, call, path, None)
-    if (sig is not None and path == "legacy" and _as_given(views, arrays)
+    if (sig is not None and path == "legacy" and _as_given(views, arrays) and not p.extras
             and all(call_views[op.name] is views[op.name] for op in p.inputs)):  # fmt: skip
         _remember_outputs(p, sig, launch, views, kwargs, call, shaped=True)
+    results += [call.extra.get(n) for n in p.extras]  # what the legacy call left (reduce_tensor's indices)
     return results[0] if len(results) == 1 else tuple(results)
 
 

@@ -1,0 +1,279 @@
+"""Tensor arithmetic on cuDNN's legacy API: ``cudnnOpTensor`` (elementwise, with broadcasting) and
+``cudnnReduceTensor`` (reductions over chosen dims, with indices for min/max/amax).
+
+``op_tensor(a, b, op=...)``: ``c = op(alpha1 * a, alpha2 * b) + beta * out``, for ``op`` in ``"add"``,
+``"mul"``, ``"min"``, ``"max"`` (binary: ``b`` has ``a``'s number of dims, each of its dims ``a``'s or 1, and
+is broadcast), ``"sqrt"`` and ``"not"`` (unary: ``c = op(alpha1 * a) + beta * out``; ``not`` is ``1 - x``,
+cuDNN's). ``c`` has ``a``'s shape.
+
+``reduce_tensor(a, op=..., axes=...)``: ``c = alpha * reduce(a) + beta * out`` over ``axes`` (default: all),
+``c`` keeping ``a``'s rank with size 1 on the reduced dims, for ``op`` in ``"add"``, ``"mul"``, ``"min"``,
+``"max"``, ``"amax"`` (max of absolute values), ``"avg"``, ``"norm1"``, ``"norm2"`` and ``"mul_no_zeros"`` (the
+product of the non-zero values). ``indices=True`` (min, max and amax only) also returns the uint32 flat index,
+within each reduced slice, of the element chosen (``CUDNN_REDUCE_TENSOR_FLATTENED_INDICES``).
+
+Both take 1 to 8 dims (cuDNN pads fewer than 4 with size-1 dims), float16, bfloat16, float32 and float64
+(computing in float32, or float64 for float64 data), and read and write packed arrays: inputs with other strides
+are copied to C order first, and a given ``out`` must be C-contiguous. ``propagate_nan``: min/max-type ops return
+NaN where one is read (``CUDNN_PROPAGATE_NAN``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from .. import lib
+from ..runtime import DescriptorKind, check_choice, cudnn_dtype, get_cached, tensor_descriptor
+from ..runtime.dtypes import check_scalar, scaling_ref
+from ._primitive import Call, Operand, Output, Primitive, register, run
+
+__all__ = ["op_tensor", "reduce_tensor"]
+
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_OPS = {
+    "add": lib.CUDNN_OP_TENSOR_ADD,
+    "mul": lib.CUDNN_OP_TENSOR_MUL,
+    "min": lib.CUDNN_OP_TENSOR_MIN,
+    "max": lib.CUDNN_OP_TENSOR_MAX,
+    "sqrt": lib.CUDNN_OP_TENSOR_SQRT,
+    "not": lib.CUDNN_OP_TENSOR_NOT,
+}
+_UNARY = ("sqrt", "not")
+_REDUCE = {
+    "add": lib.CUDNN_REDUCE_TENSOR_ADD,
+    "mul": lib.CUDNN_REDUCE_TENSOR_MUL,
+    "min": lib.CUDNN_REDUCE_TENSOR_MIN,
+    "max": lib.CUDNN_REDUCE_TENSOR_MAX,
+    "amax": lib.CUDNN_REDUCE_TENSOR_AMAX,
+    "avg": lib.CUDNN_REDUCE_TENSOR_AVG,
+    "norm1": lib.CUDNN_REDUCE_TENSOR_NORM1,
+    "norm2": lib.CUDNN_REDUCE_TENSOR_NORM2,
+    "mul_no_zeros": lib.CUDNN_REDUCE_TENSOR_MUL_NO_ZEROS,
+}
+_WITH_INDICES = ("min", "max", "amax")
+
+
+def _compute(dtype: str) -> str:
+    return "float64" if dtype == "float64" else "float32"
+
+
+def _nan(v: Any) -> int:
+    if not isinstance(v, bool):
+        raise TypeError(f"propagate_nan must be a bool, got {v!r}")
+    return lib.CUDNN_PROPAGATE_NAN if v else lib.CUDNN_NOT_PROPAGATE_NAN
+
+
+def _set_op(ptr: int, op: str, compute: str, nan: int) -> None:
+    lib.cudnnSetOpTensorDescriptor(ptr, _OPS[op], cudnn_dtype(compute), nan)
+
+
+def _set_reduce(ptr: int, op: str, compute: str, nan: int, indices: bool) -> None:
+    lib.cudnnSetReduceTensorDescriptor(
+        ptr,
+        _REDUCE[op],
+        cudnn_dtype(compute),
+        nan,
+        lib.CUDNN_REDUCE_TENSOR_FLATTENED_INDICES if indices else lib.CUDNN_REDUCE_TENSOR_NO_INDICES,
+        lib.CUDNN_32BIT_INDICES,
+    )
+
+
+OP_TENSOR = DescriptorKind("op_tensor", "cudnnCreateOpTensorDescriptor", "cudnnDestroyOpTensorDescriptor", _set_op)
+REDUCE_TENSOR = DescriptorKind("reduce_tensor", "cudnnCreateReduceTensorDescriptor",
+                               "cudnnDestroyReduceTensorDescriptor", _set_reduce)  # fmt: skip
+
+
+def _check_rank(v: Any, name: str) -> None:
+    if not 1 <= v.ndim <= 8:
+        raise ValueError(f"{name} must have 1 to 8 dims (cuDNN's tensors), got shape {v.shape}")
+
+
+# ----------------------------------------------------------------- op_tensor
+
+
+class _Op(NamedTuple):
+    op: str
+    nan: int
+    shape: tuple[int, ...]
+    desc: Any  #: the op descriptor
+    alpha2: float  #: b's scale (checked)
+
+
+def _op_resolve(views: Any, kw: Any) -> _Op:
+    va, vb = views["a"], views["b"]
+    op = check_choice(kw.get("op", "add"), _OPS, "op")
+    _check_rank(va, "a")
+    if op in _UNARY:
+        if vb is not None:
+            raise ValueError(f"op={op!r} is unary: it reads only a (pass b=None)")
+    else:
+        if vb is None:
+            raise TypeError(f"op={op!r} is binary: b is required")
+        if vb.ndim != va.ndim:
+            raise ValueError(f"b has {vb.ndim} dims but a has {va.ndim} (cuDNN broadcasts size-1 dims only)")
+        for i, (db, da) in enumerate(zip(vb.shape, va.shape)):
+            if db not in (1, da):
+                raise ValueError(f"b's dim {i} is {db}; it must equal a's ({da}) or be 1 (it is broadcast)")
+        if vb.dtype != va.dtype:
+            raise TypeError(f"b has dtype {vb.dtype} but a has dtype {va.dtype}")
+    nan = _nan(kw.get("propagate_nan", False))
+    alpha2 = check_scalar(kw.get("alpha2", 1.0), "alpha2", dtype=va.dtype)
+    return _Op(op, nan, va.shape, get_cached(OP_TENSOR, (op, _compute(va.dtype), nan)), alpha2)
+
+
+def _desc(v: Any) -> Any:
+    return tensor_descriptor(v.dtype, v.shape, v.strides)
+
+
+def _op_call(c: Call) -> None:
+    r = c.resolved
+    va, vb, vc = c.views["a"], c.views["b"], c.views["out"]
+    vb = va if vb is None else vb  # unary ops read only a; cuDNN still takes a b descriptor
+    lib.cudnnOpTensor(
+        c.launch.handle,
+        r.desc,
+        c.alpha,
+        _desc(va),
+        va.ptr,
+        scaling_ref(va.dtype, r.alpha2, "alpha2"),
+        _desc(vb),
+        vb.ptr,
+        c.beta,
+        _desc(vc),
+        vc.ptr,
+    )
+
+
+OP_TENSOR_OP = register(
+    Primitive(
+        "op_tensor",
+        inputs=(Operand("a", _DTYPES, packed=True), Operand("b", _DTYPES, optional=True, packed=True)),
+        outputs=(Output("out", shape=lambda r: r.shape, packed=True, blend=("alpha1", "beta")),),
+        resolve=_op_resolve,
+        legacy=_op_call,
+        empty=lambda r: 0 in r.shape,
+        family="op_tensor",
+    )
+)
+
+
+def op_tensor(
+    a: Any,
+    b: Any = None,
+    *,
+    op: str = "add",
+    alpha1: float = 1.0,
+    alpha2: float = 1.0,
+    beta: float = 0.0,
+    propagate_nan: bool = False,
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """``c = op(alpha1 * a, alpha2 * b) + beta * out`` (see the module docstring); ``cudnnOpTensor`` (primitive
+    ``op_tensor``). ``alpha1``/``alpha2`` are cuDNN's names for the two inputs' scales."""
+    kw = dict(op=op, alpha1=alpha1, alpha2=alpha2, beta=beta, propagate_nan=propagate_nan, out=out)
+    return run(OP_TENSOR_OP, {"a": a, "b": b}, stream=stream, **kw)
+
+
+# ----------------------------------------------------------------- reduce_tensor
+
+
+class _Reduce(NamedTuple):
+    op: str
+    nan: int
+    indices: bool
+    shape: tuple[int, ...]  #: c's shape (a's, 1 on the reduced dims)
+    desc: Any
+
+
+def _axes(axes: Any, nd: int) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(nd))
+    items = [axes] if isinstance(axes, int) and not isinstance(axes, bool) else axes
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(f"axes must be an int, a sequence of ints or None, got {axes!r}") from None
+    out = set()
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, int):
+            raise TypeError(f"axes must hold ints, got {a!r}")
+        if not -nd <= a < nd:
+            raise ValueError(f"axis {a} is out of range for {nd} dims")
+        if a % nd in out:
+            raise ValueError(f"axis {a} is given twice in axes={axes!r}")
+        out.add(a % nd)
+    return tuple(sorted(out))
+
+
+def _reduce_resolve(views: Any, kw: Any) -> _Reduce:
+    va = views["a"]
+    _check_rank(va, "a")
+    op = check_choice(kw.get("op", "add"), _REDUCE, "op")
+    if va.size == 0:
+        raise ValueError(f"a has shape {va.shape}: cuDNN reduces non-empty tensors only")
+    indices = kw.get("indices", False)
+    if not isinstance(indices, bool):
+        raise TypeError(f"indices must be a bool, got {indices!r}")
+    if indices and op not in _WITH_INDICES:
+        raise ValueError(f"indices=True is for op in {_WITH_INDICES} (cuDNN gives none for {op!r})")
+    axes = _axes(kw.get("axes"), va.ndim)
+    shape = tuple(1 if i in axes else d for i, d in enumerate(va.shape))
+    nan = _nan(kw.get("propagate_nan", False))
+    return _Reduce(op, nan, indices, shape, get_cached(REDUCE_TENSOR, (op, _compute(va.dtype), nan, indices)))
+
+
+def _reduce_call(c: Call) -> None:
+    r = c.resolved
+    va, vc = c.views["a"], c.views["out"]
+    h = c.launch.handle
+    ad, cd = _desc(va), _desc(vc)
+    ws, isz = ctypes.c_size_t(), ctypes.c_size_t()
+    lib.cudnnGetReductionWorkspaceSize(h, r.desc, ad, cd, ctypes.byref(ws))
+    lib.cudnnGetReductionIndicesSize(h, r.desc, ad, cd, ctypes.byref(isz))
+    work, work_ptr = c.launch.workspace(ws.value)
+    if r.indices:
+        idx, vi = c.launch.empty(r.shape, "uint32", name="indices")
+        c.extra["indices"] = idx
+        idx_ptr, idx_bytes = vi.ptr, max(isz.value, vi.size * 4)
+    else:
+        scratch, idx_ptr = c.launch.workspace(isz.value)
+        idx_bytes = isz.value
+    lib.cudnnReduceTensor(h, r.desc, idx_ptr or None, idx_bytes, work_ptr or None, ws.value, c.alpha, ad, va.ptr,
+                          c.beta, cd, vc.ptr)  # fmt: skip
+    del work
+
+
+REDUCE_TENSOR_OP = register(
+    Primitive(
+        "reduce_tensor",
+        inputs=(Operand("a", _DTYPES, packed=True),),
+        outputs=(Output("out", shape=lambda r: r.shape, packed=True, blend=("alpha", "beta")),),
+        resolve=_reduce_resolve,
+        legacy=_reduce_call,
+        extras=("indices",),
+        empty=lambda r: False,
+        family="reduce_tensor",
+    )
+)
+
+
+def reduce_tensor(
+    a: Any,
+    op: str = "add",
+    *,
+    axes: int | Sequence[int] | None = None,
+    indices: bool = False,
+    propagate_nan: bool = False,
+    out: Any = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    stream: Any = None,
+) -> Any:
+    """``c = alpha * reduce(a) + beta * out`` over ``axes`` (see the module docstring); ``(c, indices)`` with
+    ``indices=True``. ``cudnnReduceTensor`` (primitive ``reduce_tensor``)."""
+    kw = dict(op=op, axes=axes, indices=indices, propagate_nan=propagate_nan, out=out, alpha=alpha, beta=beta)
+    c, idx = run(REDUCE_TENSOR_OP, {"a": a}, stream=stream, **kw)
+    return (c, idx) if indices else c

@@ -1,0 +1,57 @@
+"""op_tensor (``cudnnOpTensor``) and reduce_tensor (``cudnnReduceTensor``) against NumPy in float64: every op,
+broadcasting, axes, indices, dtypes, blends into poisoned outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudnnkit import ops
+
+from ..numerics import dev, host, poisoned, rel, seen
+
+pytestmark = pytest.mark.gpu
+
+TOL = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3, "bfloat16": 1e-2}
+
+
+@pytest.mark.parametrize("op", ["add", "mul", "min", "max", "sqrt", "not"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_op_tensor(xp, op, dtype):
+    rng = np.random.default_rng(0)
+    a = seen(rng.uniform(0.1, 2.0, (2, 3, 4, 5)), dtype)
+    b = seen(rng.standard_normal((1, 3, 1, 5)), dtype)
+    unary = op in ("sqrt", "not")
+    want = {"add": lambda: 2 * a - b, "mul": lambda: 2 * a * -b, "min": lambda: np.minimum(2 * a, -b),
+            "max": lambda: np.maximum(2 * a, -b), "sqrt": lambda: np.sqrt(2 * a), "not": lambda: 1 - 2 * a}[op]()  # fmt: skip
+    out = poisoned(xp, a.shape, dtype)
+    got = ops.op_tensor(dev(xp, a, dtype), None if unary else dev(xp, b, dtype), op=op, alpha1=2.0, alpha2=-1.0,
+                        out=out)  # fmt: skip
+    assert got is out and rel(host(xp, out), want) < TOL[dtype] * 4
+
+
+@pytest.mark.parametrize("op", ["add", "mul", "min", "max", "amax", "avg", "norm1", "norm2", "mul_no_zeros"])
+@pytest.mark.parametrize("axes", [None, 1, (0, 2), (-1,)])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_reduce_tensor(xp, op, axes, dtype):
+    rng = np.random.default_rng(1)
+    a = seen(rng.uniform(0.5, 1.5, (3, 4, 5)) * rng.choice([-1, 1], (3, 4, 5)), dtype)
+    if op == "mul_no_zeros":
+        a[0, 0, 0] = 0.0
+    ax = tuple(range(3)) if axes is None else tuple(i % 3 for i in np.atleast_1d(axes))
+    f = {"add": np.sum, "mul": np.prod, "min": np.min, "max": np.max, "avg": np.mean,
+         "amax": lambda v, **k: np.max(np.abs(v), **k), "norm1": lambda v, **k: np.sum(np.abs(v), **k),
+         "norm2": lambda v, **k: np.sqrt(np.sum(v * v, **k)),
+         "mul_no_zeros": lambda v, **k: np.prod(np.where(v == 0, 1.0, v), **k)}[op]  # fmt: skip
+    want = f(a, axis=ax, keepdims=True)
+    got = ops.reduce_tensor(dev(xp, a, dtype), op, axes=axes)
+    assert got.shape == want.shape and rel(host(xp, got), want) < TOL[dtype] * 8
+
+
+@pytest.mark.parametrize("op, pick", [("max", np.argmax), ("min", np.argmin)])
+def test_reduce_indices(xp, op, pick):
+    rng = np.random.default_rng(2)
+    a = rng.permutation(60).reshape(3, 4, 5).astype(np.float64)
+    c, idx = ops.reduce_tensor(dev(xp, a), op, axes=2, indices=True)
+    assert host(xp, idx).astype(int).reshape(3, 4).tolist() == pick(a, axis=2).tolist()
+    assert np.array_equal(host(xp, c)[..., 0], (np.max if op == "max" else np.min)(a, axis=2))

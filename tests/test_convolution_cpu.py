@@ -328,3 +328,32 @@ def test_descriptors_of_a_1d_and_a_channels_last_call(emulated):
     assert tuple(db.shape) == (8,)
     bias = [c for c in emu.calls if c[0] == "bias"][-1]
     assert bias[1][2] == (2, 8, 5, 1) and bias[2][2] == (1, 8, 1, 1)
+
+
+def test_math_types_a_call_may_take():
+    """float32 without TF32 runs FMA candidates only; no call takes a down-converting math type."""
+    p = ops.Convolution()
+    for dtype, tf32, want in (("float32", False, {lib.CUDNN_FMA_MATH}),
+                              ("float32", True, {lib.CUDNN_DEFAULT_MATH, lib.CUDNN_TENSOR_OP_MATH, lib.CUDNN_FMA_MATH}),
+                              ("float16", True, {lib.CUDNN_DEFAULT_MATH, lib.CUDNN_TENSOR_OP_MATH, lib.CUDNN_FMA_MATH})):  # fmt: skip
+        with settings(allow_tf32=tf32):
+            r = cv._resolve(p, dtype, (1, 2, 4, 4), (2, 2, 3, 3), False, (1, 2, 2, 2))
+        assert cv._allowed_math(r) == want
+        assert lib.CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION not in cv._allowed_math(r)
+
+
+def test_a_1d_channels_last_array_keeps_its_layout_as_2d():
+    from cudnnkit.ops._nd import as_2d
+
+    assert as_2d((2, 4, 5), (20, 1, 4)) == ((2, 4, 5, 1), (20, 1, 4, 4))  # channels-last: W's stride is C
+    assert as_2d((2, 4, 5), (20, 5, 1)) == ((2, 4, 5, 1), (20, 5, 1, 1))  # C order
+
+
+def test_a_filter_in_another_layout_than_x_is_copied_to_xs(emulated):
+    """x channels-last and w in C order: w is copied to KRSC, so cuDNN sees one format (torch does the same)."""
+    b, emu = emulated
+    nhwc = ("perm", (0, 2, 3, 1))
+    x, w = _fake(b, (2, 4, 8, 8), layout=nhwc), _fake(b, (8, 4, 3, 3))
+    ops.convolution_forward(x, w, padding=1)
+    fwd = [c for c in emu.calls if c[0] == "forward"][-1]
+    assert fwd[4][-2] == lib.CUDNN_TENSOR_NHWC

@@ -2603,7 +2603,7 @@ POOLING_CTOR_PARAMS = {
 
 # ----------------------------------------------------------------- activation
 
-_ACT_MODES = ["sigmoid", "relu", "tanh", "clipped_relu", "elu", "swish", "identity"]
+_ACT_MODES = ["sigmoid", "relu", "tanh", "clipped_relu", "elu", "swish"]
 
 
 def _activation_draw(d: Draw, lib: str, backward: bool = False) -> Base:

@@ -58,8 +58,13 @@ def same_dtype(v: Any, name: str, dtype: str, ref: str) -> None:
 
 
 def as_2d(shape: tuple, strides: tuple) -> tuple[tuple, tuple]:
-    """A 1-d array's (shape, strides) with a trailing size-1 spatial dim."""
-    return (*shape, 1), (*strides, 1)
+    """A 1-d array's (shape, strides) ``(N, C, L)`` with a trailing size-1 spatial dim, whose stride keeps the
+    array's layout: 1 in C order, ``C`` for channels-last (cuDNN reads the layout from every stride, size-1 dims
+    included, as torch's ``fixSizeOneDimStride`` knows)."""
+    channels_last = (
+        len(shape) == 3 and strides[1] == 1 and shape[1] > 1 and strides != (shape[1] * shape[2], shape[2], 1)
+    )
+    return (*shape, 1), (*strides, shape[1] if channels_last else 1)
 
 
 def dense(c: Call, name: str) -> tuple[Any, str]:

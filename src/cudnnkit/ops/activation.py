@@ -11,10 +11,10 @@ mode               f(x)                                        ``coef``
 ``"clipped_relu"`` ``min(max(x, 0), coef)``                    the ceiling (> 0)
 ``"elu"``          ``x`` if ``x > 0`` else ``coef * (exp(x) - 1)`` alpha (default 1.0)
 ``"swish"``        ``x * sigmoid(coef * x)``                   beta (default 1.0; SiLU)
-``"identity"``     ``x``                                       --
 =================  ==========================================  =========================================
 
-These are the modes the legacy API has. GELU, softplus and leaky ReLU exist only as graph pointwise operations;
+These are the modes the legacy API has for these calls (its ``CUDNN_ACTIVATION_IDENTITY`` is documented for
+``cudnnConvolutionBiasActivationForward`` only, so it is not offered here). GELU, softplus and leaky ReLU exist only as graph pointwise operations;
 they come with the graph path of this issue (12). ``propagate_nan``: relu and clipped relu return NaN for a NaN
 input (``CUDNN_PROPAGATE_NAN``), else 0. Dtypes: float16, bfloat16, float32, float64. Both calls blend
 (``out = alpha * result + beta * out``); the backward takes ``y`` and ``x`` (cuDNN reads whichever its mode
@@ -43,7 +43,6 @@ _MODES = {
     "clipped_relu": lib.CUDNN_ACTIVATION_CLIPPED_RELU,
     "elu": lib.CUDNN_ACTIVATION_ELU,
     "swish": lib.CUDNN_ACTIVATION_SWISH,
-    "identity": lib.CUDNN_ACTIVATION_IDENTITY,
 }
 _COEF_DEFAULT = {"elu": 1.0, "swish": 1.0}
 

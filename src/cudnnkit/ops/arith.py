@@ -9,10 +9,11 @@ cuDNN's). ``c`` has ``a``'s shape.
 ``reduce_tensor(a, op=..., axes=...)``: ``c = alpha * reduce(a) + beta * out`` over ``axes`` (default: all),
 ``c`` keeping ``a``'s rank with size 1 on the reduced dims, for ``op`` in ``"add"``, ``"mul"``, ``"min"``,
 ``"max"``, ``"amax"`` (max of absolute values), ``"avg"``, ``"norm1"``, ``"norm2"`` and ``"mul_no_zeros"`` (the
-product of the non-zero values). ``indices=True`` (min, max and amax only) also returns the uint32 flat index,
-within each reduced slice, of the element chosen (``CUDNN_REDUCE_TENSOR_FLATTENED_INDICES``).
+product of the non-zero values). ``indices=True`` (min and max only, as cuDNN documents) also returns the flat
+index, within each reduced slice, of the element chosen (``CUDNN_REDUCE_TENSOR_FLATTENED_INDICES``; cuDNN's
+32-bit unsigned indices, returned as int32, the same bits for any tensor of fewer than 2**31 elements).
 
-Both take 1 to 8 dims (cuDNN pads fewer than 4 with size-1 dims), float16, bfloat16, float32 and float64
+``op_tensor`` takes 1 to 5 dims, ``reduce_tensor`` 1 to 8 (cuDNN pads fewer than 4 with size-1 dims); both take float16, bfloat16, float32 and float64
 (computing in float32, or float64 for float64 data), and read and write packed arrays: inputs with other strides
 are copied to C order first, and a given ``out`` must be C-contiguous. ``propagate_nan``: min/max-type ops return
 NaN where one is read (``CUDNN_PROPAGATE_NAN``).
@@ -21,6 +22,7 @@ NaN where one is read (``CUDNN_PROPAGATE_NAN``).
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -52,7 +54,9 @@ _REDUCE = {
     "norm2": lib.CUDNN_REDUCE_TENSOR_NORM2,
     "mul_no_zeros": lib.CUDNN_REDUCE_TENSOR_MUL_NO_ZEROS,
 }
-_WITH_INDICES = ("min", "max", "amax")
+#: cuDNN computes indices for min and max only ("requesting indices for the other reduction ops results in an
+#: error", cudnnReduceTensor's documentation)
+_WITH_INDICES = ("min", "max")
 
 
 def _compute(dtype: str) -> str:
@@ -85,9 +89,9 @@ REDUCE_TENSOR = DescriptorKind("reduce_tensor", "cudnnCreateReduceTensorDescript
                                "cudnnDestroyReduceTensorDescriptor", _set_reduce)  # fmt: skip
 
 
-def _check_rank(v: Any, name: str) -> None:
-    if not 1 <= v.ndim <= 8:
-        raise ValueError(f"{name} must have 1 to 8 dims (cuDNN's tensors), got shape {v.shape}")
+def _check_rank(v: Any, name: str, most: int = 8) -> None:
+    if not 1 <= v.ndim <= most:
+        raise ValueError(f"{name} must have 1 to {most} dims (cuDNN's limit for this call), got shape {v.shape}")
 
 
 # ----------------------------------------------------------------- op_tensor
@@ -104,7 +108,7 @@ class _Op(NamedTuple):
 def _op_resolve(views: Any, kw: Any) -> _Op:
     va, vb = views["a"], views["b"]
     op = check_choice(kw.get("op", "add"), _OPS, "op")
-    _check_rank(va, "a")
+    _check_rank(va, "a", 5)  # cuDNN's op-tensor and add-tensor calls take at most 5 dims
     if op in _UNARY:
         if vb is not None:
             raise ValueError(f"op={op!r} is unary: it reads only a (pass b=None)")
@@ -235,9 +239,10 @@ def _reduce_call(c: Call) -> None:
     lib.cudnnGetReductionIndicesSize(h, r.desc, ad, cd, ctypes.byref(isz))
     work, work_ptr = c.launch.workspace(ws.value)
     if r.indices:
-        idx, vi = c.launch.empty(r.shape, "uint32", name="indices")
-        c.extra["indices"] = idx
-        idx_ptr, idx_bytes = vi.ptr, max(isz.value, vi.size * 4)
+        n = max(-(-isz.value // 4), math.prod(r.shape))  # what cuDNN asks for, and at least one index per output
+        buf, vi = c.launch.empty((n,), "int32", name="indices")
+        c.extra["indices"] = buf[: math.prod(r.shape)].reshape(r.shape)
+        idx_ptr, idx_bytes = vi.ptr, n * 4
     else:
         scratch, idx_ptr = c.launch.workspace(isz.value)
         idx_bytes = isz.value

@@ -53,7 +53,7 @@ from ..runtime.arrays import contiguous_strides
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
-from ._layout import channels_last_strides
+from ._layout import _copy_in, channels_last_strides
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -286,8 +286,19 @@ _BWD_FILTER = _Family("backward filter", "cudnnGetConvolutionBackwardFilterAlgor
                       "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
                       lib.cudnnConvolutionBwdFilterAlgoPerf_t)  # fmt: skip
 
-#: (family, descriptors' keys, settings) -> [(algo, workspace bytes)], best first
-_algos: LRU[tuple, list[tuple[int, int]]] = LRU("ops.convolution_algos", 1024)
+#: (family, descriptors' keys, settings) -> [(algo, workspace bytes, math type)], best first
+_algos: LRU[tuple, list[tuple[int, int, int]]] = LRU("ops.convolution_algos", 1024)
+
+
+def _allowed_math(r: Any) -> frozenset[int]:
+    """The math types a candidate may have: cuDNN lists an algorithm once per math type it can run in, and the
+    one a call runs is set on its descriptor. float32 takes tensor cores (TF32) only where ``allow_tf32`` lets
+    it, and never ``..._ALLOW_CONVERSION`` (a down-conversion to half precision); the half types and float64
+    take any but that."""
+    fma = lib.CUDNN_FMA_MATH
+    if r.dtype == "float32" and r.math == fma:
+        return frozenset({fma})
+    return frozenset({lib.CUDNN_DEFAULT_MATH, lib.CUDNN_TENSOR_OP_MATH, fma})
 
 
 def algorithm_cache_info() -> dict[str, int]:
@@ -295,8 +306,8 @@ def algorithm_cache_info() -> dict[str, int]:
     return _algos.info()
 
 
-def _candidates(f: _Family, c: Call, descs: tuple, find_args: tuple) -> list[tuple[int, int]]:
-    """The algorithms of one call, best first, as ``(algo, workspace bytes)``: cuDNN's heuristic order or, with
+def _candidates(f: _Family, c: Call, descs: tuple, find_args: Any) -> list[tuple[int, int, int]]:
+    """The algorithms of one call, best first, as ``(algo, workspace bytes, math type)``: cuDNN's heuristic order or, with
     ``autotune="exhaustive"``, its timed order; without the non-deterministic ones under ``deterministic=True``
     and those over ``workspace_limit``. ``find_args`` builds the Find call's data pointers (scratch outputs)."""
     st = current_settings()
@@ -319,14 +330,15 @@ def _candidates(f: _Family, c: Call, descs: tuple, find_args: tuple) -> list[tup
     else:
         getattr(lib, f.get)(h, *descs, n, ctypes.byref(returned), perf)
     out = []
+    allowed = _allowed_math(c.resolved)
     for p in perf[: returned.value]:
-        if p.status != lib.CUDNN_STATUS_SUCCESS:
+        if p.status != lib.CUDNN_STATUS_SUCCESS or p.mathType not in allowed:
             continue
         if st.deterministic and p.determinism != lib.CUDNN_DETERMINISTIC:
             continue
         if st.workspace_limit is not None and p.memory > st.workspace_limit:
             continue
-        out.append((int(p.algo), int(p.memory)))
+        out.append((int(p.algo), int(p.memory), int(p.mathType)))
     if not out:
         why = []
         if st.deterministic:
@@ -354,12 +366,12 @@ def _find_workspace(c: Call, limit: int) -> tuple[Any, int, int]:
     return None, 0, 0
 
 
-def _run_algos(f: _Family, c: Call, algos: list[tuple[int, int]], launch_one: Any) -> None:
+def _run_algos(f: _Family, c: Call, algos: list[tuple[int, int, int]], launch_one: Any) -> None:
     """Run the first algorithm whose workspace can be allocated; the ones after it need no more (cuDNN lists
     faster first), so on out-of-memory the next one with a smaller workspace is tried, and logged."""
     last_error = None
     smallest = None
-    for algo, ws_bytes in algos:
+    for algo, ws_bytes, math in algos:
         if smallest is not None and ws_bytes >= smallest:
             continue
         try:
@@ -369,7 +381,7 @@ def _run_algos(f: _Family, c: Call, algos: list[tuple[int, int]], launch_one: An
                       "with a smaller workspace", f.name, algo, ws_bytes, e)  # fmt: skip
             smallest, last_error = ws_bytes, e
             continue
-        launch_one(algo, ws_ptr, ws_bytes)
+        launch_one(algo, ws_ptr, ws_bytes, math)
         del ws
         return
     raise MemoryError(f"convolution {f.name}: no algorithm's workspace could be allocated ({last_error})")
@@ -411,9 +423,17 @@ def _legacy(which: str) -> Any:
             _empty_sum(c, vo, _tensor(vo, r), r.keep)
             return
         ins = {}
-        for name in (k.a, k.b):
-            v, lay = dense(c, name)
-            ins[name] = (v, _filter(v, r, lay) if name == k.filter_in else _tensor(v, r))
+        act = k.b if k.a == k.filter_in else k.a  # the activation-side input (x or dy)
+        v_act, act_lay = dense(c, act)
+        ins[act] = (v_act, _tensor(v_act, r))
+        other = k.b if act == k.a else k.a
+        v, lay = dense(c, other)
+        if other == k.filter_in and lay != act_lay:
+            # the legacy algorithms mostly need the filter in the activations' format (torch copies it too)
+            want = channels_last_strides(v.shape) if act_lay == "nhwc" else None
+            _, v = _copy_in(c.launch, c.arrays[other], v, want, other, f"in {act}'s layout ({act_lay})")
+            lay = act_lay
+        ins[other] = (v, _filter(v, r, lay) if other == k.filter_in else _tensor(v, r))
         vo = out_view(c, "out")
         od = _filter(vo, r, layout_of(vo) or "nchw") if k.filter_out else _tensor(vo, r)
         (va, da), (vb, db) = ins[k.a], ins[k.b]
@@ -430,7 +450,21 @@ def _legacy(which: str) -> Any:
             k.family,
             c,
             algos,
-            lambda algo, ws, n: fn(h, c.alpha, da, va.ptr, db, vb.ptr, cd, algo, ws, n, c.beta, od, vo.ptr),
+            lambda algo, ws, n, math: fn(
+                h,
+                c.alpha,
+                da,
+                va.ptr,
+                db,
+                vb.ptr,
+                conv_descriptor(r._replace(math=math)),
+                algo,
+                ws,
+                n,
+                c.beta,
+                od,
+                vo.ptr,
+            ),  # fmt: skip
         )
         c.extra.pop("_scratch", None)
 
@@ -599,8 +633,8 @@ def convolution_backward_filter(
     beta: float = 0.0,
     stream: Any = None,
 ) -> Any:
-    """``dw`` ``w_shape`` ``(K, C // groups, *k)`` of a convolution from its input ``x`` and ``dy``
-    (C-contiguous unless ``out`` is given; ``beta=1`` accumulates). ``cudnnConvolutionBackwardFilter`` (primitive
+    """``dw`` ``w_shape`` ``(K, C // groups, *k)`` of a convolution from its input ``x`` and ``dy`` (a new ``dw``
+    is C-contiguous, or channels-last ``KRSC`` when ``x`` is channels-last; ``beta=1`` accumulates). ``cudnnConvolutionBackwardFilter`` (primitive
     :data:`CONVOLUTION_BACKWARD_FILTER`)."""
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
               w_shape=w_shape)  # fmt: skip

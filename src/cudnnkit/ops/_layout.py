@@ -43,6 +43,7 @@ __all__ = [
     "OneLayout",
     "canonical_strides",
     "channels_last_strides",
+    "copy_in",
     "merge",
     "describable",
     "check_fits",
@@ -132,7 +133,7 @@ class OneLayout:
             if v is None or d == self.description:
                 self.inputs.append((arr, v))
             else:
-                self.inputs.append(_copy_in(launch, arr, v, alloc, name, why))
+                self.inputs.append(copy_in(launch, arr, v, alloc, name, why))
         for (name, out, v, beta), d in zip(outputs, d_out):
             if v is None:
                 arr, nv = launch.empty(shape, dtype, alloc, name=name)
@@ -188,7 +189,7 @@ def fits(dims: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return 1 + sum((d - 1) * abs(s) for d, s in zip(dims, strides)) <= INT_MAX
 
 
-def _copy_in(launch: Any, arr: Any, v: ArrayView, strides: tuple[int, ...] | None, name: str, why: str):
+def copy_in(launch: Any, arr: Any, v: ArrayView, strides: tuple[int, ...] | None, name: str, why: str):
     """``arr`` (viewed as ``v``) copied into a new array of the given strides (None: C order), on the launch
     stream (logged). ``v``'s own array is the source when it has one: :func:`~cudnnkit.runtime.prepare` may
     already have replaced an expanded or overlapping input by a copy."""

@@ -24,18 +24,17 @@ another layout are copied.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, get_cached
-from ..runtime.dtypes import check_scalar
+from ..runtime.dtypes import FLOATS, check_scalar, nan_propagation
 from ._layout import canonical_strides, describable
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["activation_forward", "activation_backward"]
 
-_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_DTYPES = FLOATS  # runtime.dtypes: every float type cuDNN has
 _MODES = {
     "sigmoid": lib.CUDNN_ACTIVATION_SIGMOID,
     "relu": lib.CUDNN_ACTIVATION_RELU,
@@ -47,10 +46,8 @@ _MODES = {
 _COEF_DEFAULT = {"elu": 1.0, "swish": 1.0}
 
 
-def _set_act(ptr: int, mode: str, nan: bool, coef: float) -> None:
-    lib.cudnnSetActivationDescriptor(
-        ptr, _MODES[mode], lib.CUDNN_PROPAGATE_NAN if nan else lib.CUDNN_NOT_PROPAGATE_NAN, coef
-    )
+def _set_act(ptr: int, mode: str, nan: int, coef: float) -> None:
+    lib.cudnnSetActivationDescriptor(ptr, _MODES[mode], nan, coef)
     if mode == "swish":
         lib.cudnnSetActivationDescriptorSwishBeta(ptr, coef)
 
@@ -63,20 +60,17 @@ def activation_descriptor(mode: str, propagate_nan: bool = False, coef: float | 
     """The cached ``cudnnActivationDescriptor_t`` (``cudnnSetActivationDescriptor``, and
     ``cudnnSetActivationDescriptorSwishBeta`` for swish), the arguments checked. Host-side only."""
     check_choice(mode, _MODES, "mode")
-    if not isinstance(propagate_nan, bool):
-        raise TypeError(f"propagate_nan must be a bool, got {propagate_nan!r}")
+    nan = nan_propagation(propagate_nan)
     if coef is None:
         if mode == "clipped_relu":
             raise ValueError("mode='clipped_relu' needs coef= (the ceiling, > 0)")
         coef = _COEF_DEFAULT.get(mode, 0.0)
     elif mode not in ("clipped_relu", "elu", "swish"):
         raise ValueError(f"coef is for clipped_relu (ceiling), elu (alpha) and swish (beta), not mode={mode!r}")
-    coef = check_scalar(coef, "coef")
+    coef = check_scalar(coef, "coef")  # a finite real number
     if mode == "clipped_relu" and not coef > 0:
         raise ValueError(f"coef (clipped_relu's ceiling) must be > 0, got {coef}")
-    if not math.isfinite(coef):
-        raise ValueError(f"coef must be finite, got {coef}")
-    return get_cached(ACTIVATION, (mode, propagate_nan, float(coef)))
+    return get_cached(ACTIVATION, (mode, nan, float(coef)))
 
 
 def _describe(shape: tuple[int, ...], strides: tuple[int, ...]):

@@ -28,12 +28,12 @@ from typing import Any, NamedTuple
 
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, cudnn_dtype, get_cached, tensor_descriptor
-from ..runtime.dtypes import check_scalar, scaling_ref
+from ..runtime.dtypes import FLOATS, check_scalar, nan_propagation, scaling_ref
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["op_tensor", "reduce_tensor"]
 
-_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_DTYPES = FLOATS  # runtime.dtypes: every float type cuDNN has
 _OPS = {
     "add": lib.CUDNN_OP_TENSOR_ADD,
     "mul": lib.CUDNN_OP_TENSOR_MUL,
@@ -61,12 +61,6 @@ _WITH_INDICES = ("min", "max")
 
 def _compute(dtype: str) -> str:
     return "float64" if dtype == "float64" else "float32"
-
-
-def _nan(v: Any) -> int:
-    if not isinstance(v, bool):
-        raise TypeError(f"propagate_nan must be a bool, got {v!r}")
-    return lib.CUDNN_PROPAGATE_NAN if v else lib.CUDNN_NOT_PROPAGATE_NAN
 
 
 def _set_op(ptr: int, op: str, compute: str, nan: int) -> None:
@@ -122,7 +116,7 @@ def _op_resolve(views: Any, kw: Any) -> _Op:
                 raise ValueError(f"b's dim {i} is {db}; it must equal a's ({da}) or be 1 (it is broadcast)")
         if vb.dtype != va.dtype:
             raise TypeError(f"b has dtype {vb.dtype} but a has dtype {va.dtype}")
-    nan = _nan(kw.get("propagate_nan", False))
+    nan = nan_propagation(kw.get("propagate_nan", False))
     alpha2 = check_scalar(kw.get("alpha2", 1.0), "alpha2", dtype=va.dtype)
     return _Op(op, nan, va.shape, get_cached(OP_TENSOR, (op, _compute(va.dtype), nan)), alpha2)
 
@@ -225,7 +219,7 @@ def _reduce_resolve(views: Any, kw: Any) -> _Reduce:
         raise ValueError(f"indices=True is for op in {_WITH_INDICES} (cuDNN gives none for {op!r})")
     axes = _axes(kw.get("axes"), va.ndim)
     shape = tuple(1 if i in axes else d for i, d in enumerate(va.shape))
-    nan = _nan(kw.get("propagate_nan", False))
+    nan = nan_propagation(kw.get("propagate_nan", False))
     return _Reduce(op, nan, indices, shape, get_cached(REDUCE_TENSOR, (op, _compute(va.dtype), nan, indices)))
 
 

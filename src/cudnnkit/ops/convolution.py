@@ -51,9 +51,9 @@ from .. import lib
 from ..runtime import DescriptorKind, check_choice, cudnn_dtype, current_settings, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides
 from ..runtime.cache import LRU, MISSING
-from ..runtime.dtypes import scaling_ref
+from ..runtime.dtypes import FLOATS, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
-from ._layout import _copy_in, channels_last_strides
+from ._layout import channels_last_strides, copy_in
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -67,7 +67,7 @@ __all__ = [
 
 _log = logging.getLogger("cudnnkit")
 
-_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_DTYPES = FLOATS  # runtime.dtypes: every float type cuDNN has
 _MODES = {"cross_correlation": lib.CUDNN_CROSS_CORRELATION, "convolution": lib.CUDNN_CONVOLUTION}
 _FAMILY = "convolution"
 #: the workspace ``autotune="exhaustive"`` gives cuDNN's Find calls without a ``workspace_limit``
@@ -431,7 +431,7 @@ def _legacy(which: str) -> Any:
         if other == k.filter_in and lay != act_lay:
             # the legacy algorithms mostly need the filter in the activations' format (torch copies it too)
             want = channels_last_strides(v.shape) if act_lay == "nhwc" else None
-            _, v = _copy_in(c.launch, c.arrays[other], v, want, other, f"in {act}'s layout ({act_lay})")
+            _, v = copy_in(c.launch, c.arrays[other], v, want, other, f"in {act}'s layout ({act_lay})")
             lay = act_lay
         ins[other] = (v, _filter(v, r, lay) if other == k.filter_in else _tensor(v, r))
         vo = out_view(c, "out")

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, get_cached
 from ..runtime.descriptors import int_array
+from ..runtime.dtypes import FLOATS, nan_propagation
 from ..runtime.shapes import INT32_MAX, expand, pool_output_shape, pool_padding
 from ._layout import channels_last_strides
 from ._nd import batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
@@ -34,7 +35,7 @@ from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["Pooling", "pooling_forward", "pooling_backward"]
 
-_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_DTYPES = FLOATS  # runtime.dtypes: every float type cuDNN has
 _MODES = {
     "max": lib.CUDNN_POOLING_MAX,
     "max_deterministic": lib.CUDNN_POOLING_MAX_DETERMINISTIC,
@@ -56,9 +57,9 @@ class Pooling:
 
     def __post_init__(self) -> None:
         check_choice(self.mode, _MODES, "mode")
-        for name in ("ceil_mode", "propagate_nan"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.ceil_mode, bool):
+            raise TypeError(f"ceil_mode must be a bool, got {self.ceil_mode!r}")
+        nan_propagation(self.propagate_nan)  # a bool (TypeError naming it)
         object.__setattr__(self, "window", param_form(self.window, "window", 1))
         if self.stride is not None:
             object.__setattr__(self, "stride", param_form(self.stride, "stride", 1))
@@ -132,7 +133,7 @@ def _set_pool(ptr: int, mode: str, nan: bool, window: tuple, pad: tuple, stride:
     lib.cudnnSetPoolingNdDescriptor(
         ptr,
         _MODES[mode],
-        lib.CUDNN_PROPAGATE_NAN if nan else lib.CUDNN_NOT_PROPAGATE_NAN,
+        nan_propagation(nan),
         len(window),
         int_array(window),
         int_array(pad),

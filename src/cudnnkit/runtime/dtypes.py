@@ -111,6 +111,15 @@ def compute_dtype(dtype: str) -> str:
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
+def nan_propagation(value: object, name: str = "propagate_nan") -> int:
+    """``CUDNN_PROPAGATE_NAN`` or ``CUDNN_NOT_PROPAGATE_NAN`` for a bool option (``TypeError`` naming it else)."""
+    from .. import lib
+
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return lib.CUDNN_PROPAGATE_NAN if value else lib.CUDNN_NOT_PROPAGATE_NAN
+
+
 def check_scalar(value: object, name: str, *, finite: bool = True, dtype: str | None = None) -> float:
     """``value`` as a float, for a host scalar parameter (alpha, beta, a fill value, an op's float parameter).
 

@@ -1,0 +1,843 @@
+"""Normalization, forward and backward: batch norm on cuDNN's legacy calls; layer, RMS and instance norm on its
+graph API (``OPERATION_NORM_FORWARD`` / ``OPERATION_NORM_BACKWARD``).
+
+Shapes (logical order whatever the memory layout; ``P`` is the parameters' dtype, below)
+
+==============================  ===================  ===========================  ================================
+function                        ``x``, ``y``, ``dy``  ``scale``, ``bias`` (``P``)  saved statistics (``P``)
+==============================  ===================  ===========================  ================================
+batch norm, ``"spatial"``        ``(N, C, *sp)``      ``(C,)``                     ``(C,)``: ``mean``, ``inv_std``
+batch norm, ``"per_activation"`` ``(N, C, *sp)``      ``(C, *sp)``                 ``(C, *sp)``
+layer norm                      ``(*lead, *norm)``   ``norm``                     ``(*lead, 1...)``: ``mean``,
+                                                                                  ``inv_std``
+RMS norm                        ``(*lead, *norm)``   ``norm`` (no bias)           ``(*lead, 1...)``: ``inv_std``
+instance norm                   ``(N, C, *sp)``      ``(C,)``                     ``(N, C)``: ``mean``, ``inv_std``
+==============================  ===================  ===========================  ================================
+
+``sp`` is 0 to 3 spatial dims for batch norm (``(N, C)`` and ``(N, C, L)`` run as 4-d with trailing size-1 dims,
+as torch's ``BatchNorm1d``), 1 to 3 for instance norm. Layer and RMS norm normalize over the trailing dims that
+``scale`` has (``norm = x.shape[-k:]``, ``k = scale.ndim`` or ``normalized_shape_ndim``); cuDNN's graph layer norm
+normalizes every dim but the batch, so ``x`` runs as ``(prod(lead), prod(norm), 1, 1)``.
+``inv_std = 1 / sqrt(var + epsilon)`` (the biased variance); RMS norm's is ``1 / sqrt(mean(x**2) + epsilon)``.
+
+Dtypes: ``x``, ``y``, ``dy``, ``dx`` share one of float16, bfloat16, float32 and (batch norm only) float64; the
+parameters, statistics and their gradients (``P``) are float32, or float64 for float64 ``x``: the rule of
+``cudnnDeriveBNTensorDescriptor`` (float for the half types, the data type otherwise), which the graph norms
+share (their statistics are float32). Anything else is refused (``TypeError`` naming the argument). The graph
+API has no float64: layer, RMS and instance norm refuse float64 ``x`` (``ValueError``).
+
+Layouts: batch and instance norm take ``x`` dense channels-first (C order) or channels-last (NHWC), and give a new
+``y``/``dx`` ``x``'s layout; a given ``out`` must be dense in one of the two, and the inputs are copied into its
+layout where they differ; any other input layout is copied to C order (logged). Layer and RMS norm take C-order
+arrays (others are copied; a given ``y``/``dx`` must be C-contiguous). Parameters and statistics are packed
+(C-contiguous): inputs are copied when they are not, and the running statistics and given ``out=`` statistics,
+which cuDNN writes, must be.
+
+cuDNN calls: batch norm: ``cudnnBatchNormalizationForwardTraining``, ``cudnnBatchNormalizationForwardInference``,
+``cudnnBatchNormalizationBackward``, with the parameter descriptor from ``cudnnDeriveBNTensorDescriptor``
+(``CUDNN_BATCHNORM_SPATIAL``, ``_PER_ACTIVATION``, ``_SPATIAL_PERSISTENT``; a lone batch-norm inference graph has
+no engine on cuDNN 9.19, so batch norm is legacy only). Layer, RMS and instance norm: one graph per call
+signature (:mod:`cudnnkit.ops._graphform`: ``NORM_FORWARD`` with phase training or inference, ``NORM_BACKWARD``),
+planned once with the settings' heuristics and cached; cuDNN having no engine for a graph raises
+:class:`~cudnnkit.graph.UnsupportedGraphError` (there is no legacy form to fall back to).
+
+The saved statistics and parameter gradients are not the primitives' outputs (those take the first operand's
+dtype): a given ``out=`` statistic is an optional operand written in place, a missing one is allocated by the
+call, and both come back after the main output (the primitive's ``extras``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from .. import lib
+from ..runtime import WRITTEN, DescriptorKind, check_choice, check_scalar, get_cached, tensor_descriptor
+from ..runtime.arrays import contiguous_strides
+from ..runtime.dtypes import FLOATS, scaling_ref
+from ..runtime.shapes import INT32_MAX
+from ..runtime.view import ArrayView
+from ._graphform import graph_form, new_graph
+from ._layout import channels_last_strides, copy_in
+from ._nd import layout_of
+from ._primitive import Call, Operand, Output, Primitive, register, run
+
+__all__ = [
+    "batch_norm_forward",
+    "batch_norm_backward",
+    "layer_norm_forward",
+    "layer_norm_backward",
+    "rms_norm_forward",
+    "rms_norm_backward",
+    "instance_norm_forward",
+    "instance_norm_backward",
+    "param_dtype",
+    "bn_param_descriptor",
+]
+
+_DTYPES = FLOATS
+_PARAMS = ("float32", "float64")
+_GRAPH_DTYPES = ("float16", "bfloat16", "float32")
+_BN_MODES = {
+    "spatial": lib.CUDNN_BATCHNORM_SPATIAL,
+    "per_activation": lib.CUDNN_BATCHNORM_PER_ACTIVATION,
+    "spatial_persistent": lib.CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
+}
+
+
+def param_dtype(dtype: str) -> str:
+    """The dtype of the parameters and statistics for data of ``dtype`` (``cudnnDeriveBNTensorDescriptor``'s
+    rule): float32 for float16, bfloat16 and float32, float64 for float64."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+# ----------------------------------------------------------------- shared checks and layouts
+
+
+def _bool(v: Any, name: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    if type(v).__name__ == "bool_":  # a NumPy bool
+        return bool(v)
+    raise TypeError(f"{name} must be a bool, got {v!r}")
+
+
+def _epsilon(v: Any, legacy: bool, dtype: str = "float32") -> float:
+    """``epsilon``: a positive finite number (batch norm's at least ``CUDNN_BN_MIN_EPSILON``, a double that cuDNN
+    computes with in float32 unless the data is float64; the graph norms' a float32 scalar)."""
+    eps = check_scalar(v, "epsilon", dtype=dtype if legacy else None)
+    if not eps > 0 or (legacy and eps < lib.CUDNN_BN_MIN_EPSILON):
+        low = f" and >= CUDNN_BN_MIN_EPSILON ({lib.CUDNN_BN_MIN_EPSILON})" if legacy else ""
+        raise ValueError(f"epsilon must be > 0{low}, got {eps}")
+    return float(eps)
+
+
+def _fits(v: Any, name: str) -> None:
+    """cuDNN's dims, strides and (legacy) element offsets are ints."""
+    if any(d > INT32_MAX for d in v.shape) or v.size > INT32_MAX:
+        raise ValueError(f"{name} has shape {v.shape}: cuDNN takes at most 2**31 - 1 elements (its dims are ints)")
+
+
+def _param(v: Any, name: str, shape: tuple[int, ...], dtype: str, ref: str, written: bool = False,
+           graph: bool = False) -> None:  # fmt: skip
+    """A parameter or statistic: ``shape``, ``dtype`` (the parameters' dtype of ``ref``'s data), packed when
+    cuDNN writes it."""
+    if v is None:
+        return
+    if v.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {v.shape}")
+    if v.dtype != dtype and graph:
+        raise TypeError(f"{name} has dtype {v.dtype} but must be float32 (the graph norms' parameters and "
+                        "statistics)")  # fmt: skip
+    if v.dtype != dtype:
+        raise TypeError(f"{name} has dtype {v.dtype} but must be {dtype} for {ref} of that dtype (cuDNN's rule: "
+                        "float32 parameters and statistics for float16, bfloat16 and float32 data, float64 for "
+                        "float64)")  # fmt: skip
+    if written and not v.is_contiguous():
+        raise ValueError(f"{name} must be C-contiguous (cuDNN writes it as a packed array), got strides {v.strides}")
+
+
+def _canon(shape: tuple[int, ...], lay: str, rank: int = 4) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``shape`` padded with trailing size-1 dims to ``rank`` (at least), and the strides of a dense array of that
+    shape in layout ``lay`` (every stride set, size-1 dims included: cuDNN reads the layout from all of them)."""
+    shape = tuple(shape) + (1,) * (rank - len(shape))
+    return shape, channels_last_strides(shape) if lay == "nhwc" else contiguous_strides(shape)
+
+
+def _new_strides(shape: tuple[int, ...], lay: str) -> tuple[int, ...] | None:
+    return channels_last_strides(shape) if lay == "nhwc" and len(shape) >= 3 else None
+
+
+def _in_layout(c: Call, name: str, lay: str) -> Any:
+    """``c.views[name]`` in layout ``lay`` (the output's), copied where it is not (logged)."""
+    v = c.views[name]
+    if layout_of(v) == lay:
+        return v
+    want = channels_last_strides(v.shape) if lay == "nhwc" else None
+    _, v = copy_in(c.launch, c.arrays[name], v, want, name, f"in the output's layout ({lay})")
+    return v
+
+
+def _out_layout(c: Call, name: str) -> str:
+    lay = layout_of(c.views[name])
+    if lay is None:
+        v = c.views[name]
+        raise ValueError(
+            f"{name} must be dense channels-first (C order) or channels-last, got shape {v.shape} strides {v.strides}"
+        )
+    return lay
+
+
+def _stat(c: Call, name: str, shape: tuple[int, ...], dtype: str) -> Any:
+    """The view of statistic ``name``: the given ``out=`` array (an operand), or a new packed one; the array is
+    kept in ``c.extra[name]`` (what the call returns)."""
+    v = c.views.get(name)
+    if v is None:
+        arr, v = c.launch.empty(shape, dtype, name=name)
+    else:
+        arr = c.arrays[name]
+    c.extra[name] = arr
+    c.views[name] = v
+    return v
+
+
+def _outs(fn: str, out: Any, names: tuple[str, ...]) -> tuple[Any, ...]:
+    """``out=``: None, or a tuple of one array or None per output, in ``names``' order."""
+    if out is None:
+        return (None,) * len(names)
+    if not isinstance(out, (tuple, list)) or len(out) != len(names):
+        got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+        raise TypeError(f"{fn}: out must be a tuple of {len(names)} (({', '.join(names)}), each an array or None), "
+                        f"got {got}")  # fmt: skip
+    return tuple(out)
+
+
+# ----------------------------------------------------------------- batch norm (legacy)
+
+
+class _BN(NamedTuple):
+    """A batch-norm call, resolved (hashable)."""
+
+    dtype: str
+    pdtype: str
+    mode: str
+    training: bool
+    running: bool
+    momentum: float
+    epsilon: float
+    x_shape: tuple[int, ...]
+    p_shape: tuple[int, ...]
+    lay: str  #: the layout of a new y/dx: x's ("nchw" when x is copied)
+    empty: bool = False
+
+
+def _set_bn_param(ptr: int, dtype: str, shape: tuple[int, ...], mode: str) -> None:
+    x = tensor_descriptor(dtype, shape, contiguous_strides(shape))
+    lib.cudnnDeriveBNTensorDescriptor(ptr, x, _BN_MODES[mode])
+
+
+BN_PARAM = DescriptorKind("bn_param", "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor", _set_bn_param)
+
+
+def bn_param_descriptor(dtype: str, shape: Sequence[int], mode: str = "spatial") -> Any:
+    """The cached scale/bias/mean/variance descriptor of batch norm on data of ``dtype`` and 4-d or 5-d ``shape``
+    (``cudnnDeriveBNTensorDescriptor``: ``(1, C, 1...)`` or ``(1, C, *sp)``, packed, in :func:`param_dtype`).
+    Host-side only."""
+    check_choice(mode, _BN_MODES, "mode")
+    return get_cached(BN_PARAM, (dtype, tuple(int(d) for d in shape), mode))
+
+
+def _bn_rank(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return _canon(shape, "nchw")[0]
+
+
+def _bn_common(vx: Any, kw: Any, name: str = "x") -> tuple[str, str, tuple[int, ...], float]:
+    if not 2 <= vx.ndim <= 5:
+        raise ValueError(f"{name} must have 2 to 5 dims (N, C, 0 to 3 spatial), got shape {vx.shape}")
+    _fits(vx, name)
+    mode = check_choice(kw.get("mode", "spatial"), _BN_MODES, "mode")
+    p_shape = (vx.shape[1],) if mode != "per_activation" else tuple(vx.shape[1:])
+    return mode, param_dtype(vx.dtype), p_shape, _epsilon(kw.get("epsilon", 1e-5), legacy=True, dtype=vx.dtype)
+
+
+def _bn_fwd_resolve(views: Any, kw: Any) -> _BN:
+    vx = views["x"]
+    mode, pdt, p_shape, eps = _bn_common(vx, kw)
+    training = _bool(kw.get("training", True), "training")
+    momentum = check_scalar(kw.get("momentum", 0.1), "momentum", dtype="float64")
+    if not 0.0 <= momentum <= 1.0:
+        raise ValueError(f"momentum must be in [0, 1] (the weight of the batch's statistics), got {momentum}")
+    for n in ("scale", "bias"):
+        _param(views[n], n, p_shape, pdt, "x")
+    rm, rv = views.get("running_mean"), views.get("running_var")
+    for n in ("running_mean", "running_var"):
+        _param(views.get(n), n, p_shape, pdt, "x", written=True)
+    if (rm is None) != (rv is None):
+        raise ValueError("pass both running_mean and running_var, or neither")
+    if not training and rm is None:
+        raise ValueError("training=False normalizes with the running statistics: pass running_mean and running_var")
+    for n in ("saved_mean", "saved_inv_std"):
+        if views.get(n) is not None and not training:
+            raise ValueError(f"{n}: inference (training=False) saves no statistics")
+        _param(views.get(n), n, p_shape, pdt, "x", written=True)
+    per_channel = vx.size // max(math.prod(p_shape), 1) if vx.size else 0
+    if training and per_channel < 2:
+        raise ValueError(f"x has shape {vx.shape}: batch norm training needs more than one value per channel "
+                         f"({'per element of (C, *spatial)' if mode == 'per_activation' else 'over N and spatial'})")  # fmt: skip
+    lay = layout_of(vx) or "nchw"
+    return _BN(vx.dtype, pdt, mode, training, rm is not None, float(momentum), eps, vx.shape, p_shape, lay,
+               vx.size == 0)  # fmt: skip
+
+
+def _bn_bwd_resolve(views: Any, kw: Any) -> _BN:
+    vx = views["x"]
+    mode, pdt, p_shape, eps = _bn_common(vx, kw)
+    if vx.size == 0:
+        raise ValueError(f"x has shape {vx.shape}: batch norm backward needs the statistics of a non-empty batch")
+    for n in ("scale", "saved_mean", "saved_inv_std"):
+        _param(views[n], n, p_shape, pdt, "x")
+    for n in ("dscale", "dbias"):
+        _param(views.get(n), n, p_shape, pdt, "x", written=True)
+    return _BN(vx.dtype, pdt, mode, True, False, 0.0, eps, vx.shape, p_shape, layout_of(vx) or "nchw")
+
+
+def _bn_desc(v: Any, lay: str) -> Any:
+    shape, strides = _canon(v.shape, lay)
+    return tensor_descriptor(v.dtype, shape, strides)
+
+
+def _bn_fwd_call(c: Call) -> None:
+    r = c.resolved
+    lay = _out_layout(c, "y")
+    if r.training:
+        vm = _stat(c, "saved_mean", r.p_shape, r.pdtype)
+        vi = _stat(c, "saved_inv_std", r.p_shape, r.pdtype)
+    if r.empty:  # inference on an empty batch: nothing to compute
+        return
+    vx, vy = _in_layout(c, "x", lay), c.views["y"]
+    xd, yd = _bn_desc(vx, lay), _bn_desc(vy, lay)
+    pd = bn_param_descriptor(r.dtype, _bn_rank(r.x_shape), r.mode)
+    one, zero = scaling_ref(r.dtype, 1.0), scaling_ref(r.dtype, 0.0)
+    v = c.views
+    h, m = c.launch.handle, _BN_MODES[r.mode]
+    if r.training:
+        rm, rv = (v["running_mean"].ptr, v["running_var"].ptr) if r.running else (None, None)
+        lib.cudnnBatchNormalizationForwardTraining(h, m, one, zero, xd, vx.ptr, yd, vy.ptr, pd, v["scale"].ptr,
+                                                   v["bias"].ptr, r.momentum, rm, rv, r.epsilon, vm.ptr,
+                                                   vi.ptr)  # fmt: skip
+    else:
+        lib.cudnnBatchNormalizationForwardInference(h, m, one, zero, xd, vx.ptr, yd, vy.ptr, pd, v["scale"].ptr,
+                                                    v["bias"].ptr, v["running_mean"].ptr, v["running_var"].ptr,
+                                                    r.epsilon)  # fmt: skip
+
+
+def _bn_bwd_call(c: Call) -> None:
+    r = c.resolved
+    lay = _out_layout(c, "dx")
+    vds = _stat(c, "dscale", r.p_shape, r.pdtype)
+    vdb = _stat(c, "dbias", r.p_shape, r.pdtype)
+    vx, vdy, vdx = _in_layout(c, "x", lay), _in_layout(c, "dy", lay), c.views["dx"]
+    pd = bn_param_descriptor(r.dtype, _bn_rank(r.x_shape), r.mode)
+    one, zero = scaling_ref(r.dtype, 1.0), scaling_ref(r.dtype, 0.0)
+    v = c.views
+    lib.cudnnBatchNormalizationBackward(c.launch.handle, _BN_MODES[r.mode], one, zero, one, zero, _bn_desc(vx, lay),
+                                        vx.ptr, _bn_desc(vdy, lay), vdy.ptr, _bn_desc(vdx, lay), vdx.ptr, pd,
+                                        v["scale"].ptr, vds.ptr, vdb.ptr, r.epsilon, v["saved_mean"].ptr,
+                                        v["saved_inv_std"].ptr)  # fmt: skip
+
+
+def _p(name: str, dtypes: tuple[str, ...] = _PARAMS, **kw: Any) -> Operand:
+    return Operand(name, dtypes, packed=True, **kw)
+
+
+def _w(name: str) -> Operand:
+    """A statistic cuDNN writes: the running statistics (updated in place), a given ``out=`` statistic."""
+    return Operand(name, _PARAMS, optional=True, flags=WRITTEN)
+
+
+BATCH_NORM_FORWARD = register(
+    Primitive(
+        "batch_norm_forward",
+        inputs=(
+            Operand("x", _DTYPES),
+            _p("scale"),
+            _p("bias"),
+            _w("running_mean"),
+            _w("running_var"),
+            _w("saved_mean"),
+            _w("saved_inv_std"),
+        ),  # fmt: skip
+        outputs=(Output("y", shape=lambda r: r.x_shape, strides=lambda r: _new_strides(r.x_shape, r.lay)),),
+        resolve=_bn_fwd_resolve,
+        legacy=_bn_fwd_call,
+        extras=("saved_mean", "saved_inv_std"),
+        empty=lambda r: False,
+        family="batch_norm",
+        differentiable=("x", "scale", "bias"),
+        residuals=("x", "scale", "saved_mean", "saved_inv_std"),
+        backward="batch_norm_backward",
+        express=False,
+    )
+)
+BATCH_NORM_BACKWARD = register(
+    Primitive(
+        "batch_norm_backward",
+        inputs=(
+            Operand("dy", _DTYPES),
+            Operand("x", like="dy"),
+            _p("scale"),
+            _p("saved_mean"),
+            _p("saved_inv_std"),
+            _w("dscale"),
+            _w("dbias"),
+        ),  # fmt: skip
+        outputs=(Output("dx", shape=lambda r: r.x_shape, strides=lambda r: _new_strides(r.x_shape, r.lay)),),
+        resolve=_bn_bwd_resolve,
+        legacy=_bn_bwd_call,
+        extras=("dscale", "dbias"),
+        empty=lambda r: False,
+        family="batch_norm",
+        express=False,
+    )
+)
+
+
+def batch_norm_forward(
+    x: Any,
+    scale: Any,
+    bias: Any,
+    *,
+    running_mean: Any = None,
+    running_var: Any = None,
+    training: bool = True,
+    momentum: float = 0.1,
+    epsilon: float = 1e-5,
+    mode: str = "spatial",
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """Batch normalization of ``x`` ``(N, C, *sp)`` (0 to 3 spatial dims) with ``scale``/``bias`` ``(C,)``
+    (``mode="spatial"`` or ``"spatial_persistent"``: statistics over N and the spatial dims) or ``(C, *sp)``
+    (``"per_activation"``: over N). Parameters and statistics in :func:`param_dtype` of ``x``'s dtype.
+
+    Training (the default): ``y = (x - mean) * inv_std * scale + bias`` with the batch's statistics; returns
+    ``(y, saved_mean, saved_inv_std)`` (``inv_std = 1 / sqrt(var + epsilon)``, the biased variance), and updates
+    ``running_mean``/``running_var`` in place when given, as torch does: ``new = (1 - momentum) * old + momentum *
+    batch``, with the unbiased variance for ``running_var`` (cuDNN's ``exponentialAverageFactor`` is ``momentum``).
+    ``out=(y, saved_mean, saved_inv_std)``, each an array or None. ``cudnnBatchNormalizationForwardTraining``.
+
+    Inference (``training=False``): ``y = (x - running_mean) / sqrt(running_var + epsilon) * scale + bias``;
+    returns ``y`` (``out=`` an array). ``cudnnBatchNormalizationForwardInference``.
+
+    ``epsilon`` > 0 (``CUDNN_BN_MIN_EPSILON``), ``momentum`` in [0, 1]. Primitive :data:`BATCH_NORM_FORWARD`."""
+    training = _bool(training, "training")
+    if training:
+        y, sm, si = _outs("batch_norm_forward", out, ("y", "saved_mean", "saved_inv_std"))
+    else:
+        y, sm, si = out, None, None
+    arrays = {"x": x, "scale": scale, "bias": bias, "running_mean": running_mean, "running_var": running_var,
+              "saved_mean": sm, "saved_inv_std": si}  # fmt: skip
+    res = run(BATCH_NORM_FORWARD, arrays, stream=stream, y=y, training=training, momentum=momentum,
+              epsilon=epsilon, mode=mode)  # fmt: skip
+    return res if training else res[0]
+
+
+def batch_norm_backward(
+    dy: Any,
+    x: Any,
+    scale: Any,
+    saved_mean: Any,
+    saved_inv_std: Any,
+    *,
+    epsilon: float = 1e-5,
+    mode: str = "spatial",
+    out: Any = None,
+    stream: Any = None,
+) -> tuple[Any, Any, Any]:
+    """``(dx, dscale, dbias)`` of :func:`batch_norm_forward` (training) from ``dy``, its input ``x``, ``scale``
+    and its saved statistics (``epsilon`` and ``mode`` the forward's). ``dx`` has ``x``'s shape and dtype,
+    ``dscale``/``dbias`` ``scale``'s. ``out=(dx, dscale, dbias)``, each an array or None.
+    ``cudnnBatchNormalizationBackward`` (primitive :data:`BATCH_NORM_BACKWARD`)."""
+    dx, ds, db = _outs("batch_norm_backward", out, ("dx", "dscale", "dbias"))
+    arrays = {"dy": dy, "x": x, "scale": scale, "saved_mean": saved_mean, "saved_inv_std": saved_inv_std,
+              "dscale": ds, "dbias": db}  # fmt: skip
+    return run(BATCH_NORM_BACKWARD, arrays, stream=stream, dx=dx, epsilon=epsilon, mode=mode)
+
+
+# ----------------------------------------------------------------- layer, RMS and instance norm (graph)
+
+
+class _GN(NamedTuple):
+    """A graph-norm call, resolved (hashable)."""
+
+    mode: str  #: "layer", "rms", "instance"
+    dtype: str
+    training: bool
+    epsilon: float
+    x_shape: tuple[int, ...]
+    p_shape: tuple[int, ...]
+    s_shape: tuple[int, ...]  #: the statistics' shape, as returned
+    rows: int  #: layer/rms: the samples (prod of the leading dims); instance: N
+    cols: int  #: layer/rms: the normalized elements; instance: C
+    lay: str  #: instance: the layout of a new y/dx
+    bias: bool = True
+
+
+def _graph_x(v: Any, name: str, fn: str) -> None:
+    if v.dtype == "float64":
+        raise ValueError(f"{fn}: {name} has dtype float64, which cuDNN's graph API (the only form of this norm) "
+                         "does not have; use float32, float16 or bfloat16")  # fmt: skip
+    _fits(v, name)
+
+
+def _norm_ndim(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"normalized_shape_ndim must be an int (or None: scale's ndim), got {v!r}")
+    return int(v)
+
+
+def _ln_shapes(vx: Any, vs: Any, kw: Any) -> tuple[int, tuple[int, ...]]:
+    k = kw.get("normalized_shape_ndim")
+    k = vs.ndim if k is None else _norm_ndim(k)
+    if not 1 <= k < vx.ndim:
+        raise ValueError(f"normalized_shape_ndim must be in [1, x.ndim - 1] = [1, {vx.ndim - 1}] (x {vx.shape}: "
+                         f"the leading dims are the samples), got {k}")  # fmt: skip
+    return k, tuple(vx.shape[-k:])
+
+
+def _gn_common(mode: str, fn: str, views: Any, kw: Any, x: str, backward: bool) -> _GN:
+    vx, vs = views[x], views["scale"]
+    _graph_x(vx, x, fn)
+    if mode == "instance":
+        if not 3 <= vx.ndim <= 5:
+            raise ValueError(f"{x} must have 3 to 5 dims (N, C, 1 to 3 spatial), got shape {vx.shape}")
+        p_shape, s_shape = (vx.shape[1],), tuple(vx.shape[:2])
+        rows, cols = vx.shape[0], vx.shape[1]
+        lay = layout_of(vx) or "nchw"
+    else:
+        k, p_shape = _ln_shapes(vx, vs, kw)
+        s_shape = tuple(vx.shape[:-k]) + (1,) * k
+        rows, cols = math.prod(vx.shape[:-k]), math.prod(p_shape)
+        lay = "nchw"
+    if vx.size == 0:
+        raise ValueError(f"{x} has shape {vx.shape}: {fn} takes a non-empty array")
+    _param(vs, "scale", p_shape, "float32", x, graph=True)
+    if views.get("bias") is not None:
+        _param(views["bias"], "bias", p_shape, "float32", x, graph=True)
+    training = True if backward else _bool(kw.get("training", True), "training")
+    eps = 1e-5 if backward else _epsilon(kw.get("epsilon", 1e-5), legacy=False)
+    stats = ("mean", "inv_std") if not backward else ("dscale", "dbias")
+    for n in stats:
+        if views.get(n) is None:
+            continue
+        if not training:
+            raise ValueError(f"{n}: inference (training=False) saves no statistics")
+        _param(views[n], n, s_shape if not backward else p_shape, "float32", x, written=True, graph=True)
+    if backward:
+        for n in ("mean", "inv_std"):
+            if n in views:
+                _param(views[n], n, s_shape, "float32", x, graph=True)
+    return _GN(mode, vx.dtype, training, eps, tuple(vx.shape), p_shape, s_shape, rows, cols, lay,
+               views.get("bias") is not None or backward)  # fmt: skip
+
+
+def _gn_resolve(mode: str, fn: str, backward: bool = False) -> Any:
+    def resolve(views: Any, kw: Any) -> _GN:
+        return _gn_common(mode, fn, views, kw, "x", backward)
+
+    return resolve
+
+
+def _gdims(r: _GN, what: str, lay: str = "nchw") -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The graph tensor of ``what`` ("x", "param", "stat"): layer/rms as cuDNN's ``(samples, features, 1, 1)``
+    with its frontend's strides ``(F, 1, F, F)``; instance as ``(N, C, *sp)`` in ``lay``, parameters ``(1, C, 1...)``
+    and statistics ``(N, C, 1...)``, each channels-last (as cudnn-frontend's samples describe them)."""
+    if r.mode == "instance":
+        rank = max(len(r.x_shape), 4)
+        if what == "x":
+            return _canon(r.x_shape, lay)
+        shape = ((1, r.cols) if what == "param" else (r.rows, r.cols)) + (1,) * (rank - 2)
+        return _canon(shape, "nhwc", rank)
+    n, f = r.rows, r.cols
+    if what == "x":
+        return (n, f, 1, 1), (f, 1, f, f)
+    if what == "param":
+        return (1, f, 1, 1), (f, 1, f, f)
+    return (n, 1, 1, 1), (1, 1, 1, 1)
+
+
+def _zero_bias(c: Call) -> None:
+    """A zero bias for a layer/instance norm called without one (cuDNN's graph needs a bias): a buffer from the
+    arrays' allocator set to 0 by ``cudnnSetTensor`` on the launch stream."""
+    r = c.resolved
+    ws, ptr = c.launch.workspace(4 * r.cols)
+    shape = (1, r.cols, 1, 1)
+    lib.cudnnSetTensor(c.launch.handle, tensor_descriptor("float32", shape, contiguous_strides(shape)), ptr,
+                       scaling_ref("float32", 0.0))  # fmt: skip
+    c.extra["_zero_bias"] = ws
+    c.views["bias"] = ArrayView((r.cols,), (1,), "float32", c.launch.device, ptr, ws, c.launch.adapter)
+
+
+#: the pointer alignment (bytes) cuDNN 9.19's norm engines need: measured on an H200, arrays 1 to 3 elements off
+#: fail execution with CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER whatever alignment the graph declares
+_ALIGN = 16
+
+
+def _aligned(c: Call, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> None:
+    """Inputs at a pointer off ``_ALIGN`` bytes copied (a new array is aligned; logged); such outputs refused."""
+    for n in outputs:
+        v = c.views.get(n)
+        if v is not None and v.ptr % _ALIGN:
+            raise ValueError(f"{n} starts {v.ptr % _ALIGN} bytes off a {_ALIGN}-byte boundary: cuDNN's norm kernels "
+                             "write aligned arrays only; pass an array that starts aligned (a fresh allocation)")  # fmt: skip
+    for n in inputs:
+        v = c.views.get(n)
+        if v is not None and v.ptr % _ALIGN:
+            new, nv = c.launch.empty(v.shape, v.dtype, v.strides, name=n)
+            c.launch.copy(new, c.arrays[n] if v.adapter is None else v.owner, n)
+            c.extra[f"_aligned_{n}"] = new
+            c.views[n] = nv
+
+
+def _gn_fwd_prepare(c: Call) -> None:
+    r = c.resolved
+    _aligned(c, ("x", "scale", "bias"), ("y", "mean", "inv_std"))
+    if r.mode == "instance":
+        c.views["x"] = _in_layout(c, "x", _out_layout(c, "y"))
+    if r.mode != "rms" and c.views.get("bias") is None:
+        _zero_bias(c)
+    if r.training:
+        if r.mode != "rms":
+            _stat(c, "mean", r.s_shape, "float32")
+        _stat(c, "inv_std", r.s_shape, "float32")
+
+
+def _gn_fwd_build(c: Call) -> tuple[Any, dict]:
+    r = c.resolved
+    g = new_graph(c)
+    names: dict[Any, str] = {}
+    lay = layout_of(c.views["y"]) or "nchw"
+
+    def t(name: str, what: str, dtype: str) -> Any:
+        dims, strides = _gdims(r, what, lay)
+        tensor = g.tensor(dims, strides, dtype, name=name)
+        names[tensor] = name
+        return tensor
+
+    x = t("x", "x", r.dtype)
+    s = t("scale", "param", "float32")
+    b = t("bias", "param", "float32") if r.mode != "rms" else None
+    res = g.norm_forward(r.mode, x, s, b, phase="training" if r.training else "inference", epsilon=r.epsilon)
+    names[g.mark_output(res.y, r.dtype, strides=_gdims(r, "x", lay)[1])] = "y"
+    if r.training:
+        st = _gdims(r, "stat")[1]
+        if res.mean is not None:
+            names[g.mark_output(res.mean, "float32", strides=st)] = "mean"
+        names[g.mark_output(res.inv_variance, "float32", strides=st)] = "inv_std"
+    return g, names
+
+
+def _gn_bwd_prepare(c: Call) -> None:
+    r = c.resolved
+    _aligned(c, ("dy", "x", "scale", "mean", "inv_std"), ("dx", "dscale", "dbias"))
+    if r.mode == "instance":
+        lay = _out_layout(c, "dx")
+        c.views["x"], c.views["dy"] = _in_layout(c, "x", lay), _in_layout(c, "dy", lay)
+    _stat(c, "dscale", r.p_shape, "float32")
+    if r.mode != "rms":
+        _stat(c, "dbias", r.p_shape, "float32")
+
+
+def _gn_bwd_build(c: Call) -> tuple[Any, dict]:
+    r = c.resolved
+    g = new_graph(c)
+    names: dict[Any, str] = {}
+    lay = layout_of(c.views["dx"]) or "nchw"
+
+    def t(name: str, what: str, dtype: str) -> Any:
+        dims, strides = _gdims(r, what, lay)
+        tensor = g.tensor(dims, strides, dtype, name=name)
+        names[tensor] = name
+        return tensor
+
+    x, dy = t("x", "x", r.dtype), t("dy", "x", r.dtype)
+    s = t("scale", "param", "float32")
+    mean = t("mean", "stat", "float32") if r.mode != "rms" else None
+    inv = t("inv_std", "stat", "float32")
+    res = g.norm_backward(r.mode, x, dy, s, mean=mean, inv_variance=inv)
+    ps = _gdims(r, "param")[1]
+    names[g.mark_output(res.dx, r.dtype, strides=_gdims(r, "x", lay)[1])] = "dx"
+    names[g.mark_output(res.dscale, "float32", strides=ps)] = "dscale"
+    if res.dbias is not None:
+        names[g.mark_output(res.dbias, "float32", strides=ps)] = "dbias"
+    return g, names
+
+
+def _gn_out_strides(r: _GN) -> tuple[int, ...] | None:
+    return _new_strides(r.x_shape, r.lay) if r.mode == "instance" else None
+
+
+_C_ORDER = "{name} must be C-contiguous (the graph takes the normalized dims packed), got strides {strides}"
+
+
+def _gn_primitives(mode: str, fn: str) -> tuple[Primitive, Primitive]:
+    packed = mode != "instance"  # layer/rms run as (samples, features): C order
+    stats = ("inv_std",) if mode == "rms" else ("mean", "inv_std")
+    grads = ("dscale",) if mode == "rms" else ("dscale", "dbias")
+    x_op = Operand("x", _DTYPES, packed=packed)
+    f32 = _PARAMS  # float64 passes the dtype check so that resolve refuses a float64 x by name first
+    params = (_p("scale", f32),) + (() if mode == "rms" else (_p("bias", f32, optional=True),))
+    fwd = Primitive(
+        f"{fn}_forward",
+        inputs=(x_op, *params, *(Operand(n, _PARAMS, optional=True, flags=WRITTEN) for n in stats)),
+        outputs=(
+            Output("y", shape=lambda r: r.x_shape, strides=_gn_out_strides, packed=_C_ORDER if packed else False),
+        ),
+        resolve=_gn_resolve(mode, f"{fn}_forward"),
+        graph=graph_form(_gn_fwd_build, _gn_fwd_prepare),
+        extras=stats,
+        empty=lambda r: False,
+        family=fn,
+        differentiable=("x", *(p.name for p in params)),
+        residuals=("x", "scale", *stats),
+        backward=f"{fn}_backward",
+        express=False,
+    )
+    bwd = Primitive(
+        f"{fn}_backward",
+        inputs=(
+            Operand("dy", _DTYPES, packed=packed),
+            Operand("x", like="dy", packed=packed),
+            _p("scale", f32),
+            *(_p(n, f32) for n in stats),
+            *(Operand(n, _PARAMS, optional=True, flags=WRITTEN) for n in grads),
+        ),  # fmt: skip
+        outputs=(
+            Output("dx", shape=lambda r: r.x_shape, strides=_gn_out_strides, packed=_C_ORDER if packed else False),
+        ),
+        resolve=_gn_resolve(mode, f"{fn}_backward", backward=True),
+        graph=graph_form(_gn_bwd_build, _gn_bwd_prepare),
+        extras=grads,
+        empty=lambda r: False,
+        family=fn,
+        express=False,
+    )
+    return register(fwd), register(bwd)
+
+
+LAYER_NORM_FORWARD, LAYER_NORM_BACKWARD = _gn_primitives("layer", "layer_norm")
+RMS_NORM_FORWARD, RMS_NORM_BACKWARD = _gn_primitives("rms", "rms_norm")
+INSTANCE_NORM_FORWARD, INSTANCE_NORM_BACKWARD = _gn_primitives("instance", "instance_norm")
+
+
+def _gn_forward(p: Primitive, fn: str, stats: tuple[str, ...], arrays: dict[str, Any], training: Any, out: Any,
+                stream: Any, **kw: Any) -> Any:  # fmt: skip
+    training = _bool(training, "training")
+    if training:
+        y, *given = _outs(fn, out, ("y", *stats))
+    else:
+        y, given = out, [None] * len(stats)
+    arrays.update(zip(stats, given))
+    res = run(p, arrays, stream=stream, y=y, training=training, **kw)
+    return res if training else res[0]
+
+
+def layer_norm_forward(
+    x: Any,
+    scale: Any,
+    bias: Any = None,
+    *,
+    normalized_shape_ndim: int | None = None,
+    epsilon: float = 1e-5,
+    training: bool = True,
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """Layer normalization over the trailing ``k`` dims of ``x`` (``k = normalized_shape_ndim``, default
+    ``scale.ndim``; torch's ``normalized_shape = x.shape[-k:]``): ``y = (x - mean) * inv_std * scale + bias``
+    with ``scale``/``bias`` (float32) shaped ``x.shape[-k:]`` (no ``bias``: zero) and per-sample statistics.
+
+    Training (the default) returns ``(y, mean, inv_std)``, the statistics float32 shaped ``x.shape[:-k] + (1,) *
+    k`` (torch's ``native_layer_norm``); ``out=(y, mean, inv_std)``. Inference (``training=False``) returns ``y``
+    (``out=`` an array). cuDNN normalizes every dim but the batch, so ``x`` runs as ``(prod(x.shape[:-k]),
+    prod(x.shape[-k:]), 1, 1)``: a graph ``NORM_FORWARD`` (``CUDNN_LAYER_NORM``; primitive
+    :data:`LAYER_NORM_FORWARD`). float16, bfloat16, float32; float64 is refused (the graph API has none)."""
+    arrays = {"x": x, "scale": scale, "bias": bias}
+    return _gn_forward(LAYER_NORM_FORWARD, "layer_norm_forward", ("mean", "inv_std"), arrays, training, out, stream,
+                       normalized_shape_ndim=normalized_shape_ndim, epsilon=epsilon)  # fmt: skip
+
+
+def layer_norm_backward(
+    dy: Any,
+    x: Any,
+    scale: Any,
+    mean: Any,
+    inv_std: Any,
+    *,
+    normalized_shape_ndim: int | None = None,
+    out: Any = None,
+    stream: Any = None,
+) -> tuple[Any, Any, Any]:
+    """``(dx, dscale, dbias)`` of :func:`layer_norm_forward` from ``dy``, its input ``x``, ``scale`` and its saved
+    ``mean``/``inv_std``; ``out=(dx, dscale, dbias)``. A graph ``NORM_BACKWARD`` (``CUDNN_LAYER_NORM``; primitive
+    :data:`LAYER_NORM_BACKWARD`)."""
+    dx, ds, db = _outs("layer_norm_backward", out, ("dx", "dscale", "dbias"))
+    arrays = {"dy": dy, "x": x, "scale": scale, "mean": mean, "inv_std": inv_std, "dscale": ds, "dbias": db}
+    return run(LAYER_NORM_BACKWARD, arrays, stream=stream, dx=dx, normalized_shape_ndim=normalized_shape_ndim)
+
+
+def rms_norm_forward(
+    x: Any,
+    scale: Any,
+    *,
+    normalized_shape_ndim: int | None = None,
+    epsilon: float = 1e-5,
+    training: bool = True,
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """RMS normalization over the trailing ``k`` dims of ``x`` (as :func:`layer_norm_forward`): ``y = x *
+    inv_std * scale``, ``inv_std = 1 / sqrt(mean(x**2) + epsilon)`` per sample, ``scale`` float32 shaped
+    ``x.shape[-k:]``. Training returns ``(y, inv_std)`` (``inv_std`` float32 ``x.shape[:-k] + (1,) * k``;
+    ``out=(y, inv_std)``), inference ``y``. A graph ``NORM_FORWARD`` (``CUDNN_RMS_NORM``; primitive
+    :data:`RMS_NORM_FORWARD`); no float64."""
+    return _gn_forward(RMS_NORM_FORWARD, "rms_norm_forward", ("inv_std",), {"x": x, "scale": scale}, training, out,
+                       stream, normalized_shape_ndim=normalized_shape_ndim, epsilon=epsilon)  # fmt: skip
+
+
+def rms_norm_backward(
+    dy: Any,
+    x: Any,
+    scale: Any,
+    inv_std: Any,
+    *,
+    normalized_shape_ndim: int | None = None,
+    out: Any = None,
+    stream: Any = None,
+) -> tuple[Any, Any]:
+    """``(dx, dscale)`` of :func:`rms_norm_forward` from ``dy``, its input ``x``, ``scale`` and its saved
+    ``inv_std``; ``out=(dx, dscale)``. A graph ``NORM_BACKWARD`` (``CUDNN_RMS_NORM``; primitive
+    :data:`RMS_NORM_BACKWARD`)."""
+    dx, ds = _outs("rms_norm_backward", out, ("dx", "dscale"))
+    arrays = {"dy": dy, "x": x, "scale": scale, "inv_std": inv_std, "dscale": ds}
+    return run(RMS_NORM_BACKWARD, arrays, stream=stream, dx=dx, normalized_shape_ndim=normalized_shape_ndim)
+
+
+def instance_norm_forward(
+    x: Any,
+    scale: Any,
+    bias: Any = None,
+    *,
+    epsilon: float = 1e-5,
+    training: bool = True,
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """Instance normalization of ``x`` ``(N, C, *sp)`` (1 to 3 spatial dims): statistics per ``(n, c)`` over the
+    spatial dims, ``y = (x - mean) * inv_std * scale[c] + bias[c]`` with ``scale``/``bias`` float32 ``(C,)`` (no
+    ``bias``: zero). Training returns ``(y, mean, inv_std)``, the statistics float32 ``(N, C)`` (``out=(y, mean,
+    inv_std)``); inference ``y``. ``x`` NCHW or NHWC (``y`` in its layout). A graph ``NORM_FORWARD``
+    (``CUDNN_INSTANCE_NORM``; primitive :data:`INSTANCE_NORM_FORWARD`); no float64."""
+    arrays = {"x": x, "scale": scale, "bias": bias}
+    return _gn_forward(INSTANCE_NORM_FORWARD, "instance_norm_forward", ("mean", "inv_std"), arrays, training, out,
+                       stream, epsilon=epsilon)  # fmt: skip
+
+
+def instance_norm_backward(
+    dy: Any,
+    x: Any,
+    scale: Any,
+    mean: Any,
+    inv_std: Any,
+    *,
+    out: Any = None,
+    stream: Any = None,
+) -> tuple[Any, Any, Any]:
+    """``(dx, dscale, dbias)`` of :func:`instance_norm_forward` from ``dy``, its input ``x``, ``scale`` and its
+    saved ``mean``/``inv_std`` ``(N, C)``; ``out=(dx, dscale, dbias)``. A graph ``NORM_BACKWARD``
+    (``CUDNN_INSTANCE_NORM``; primitive :data:`INSTANCE_NORM_BACKWARD`)."""
+    dx, ds, db = _outs("instance_norm_backward", out, ("dx", "dscale", "dbias"))
+    arrays = {"dy": dy, "x": x, "scale": scale, "mean": mean, "inv_std": inv_std, "dscale": ds, "dbias": db}
+    return run(INSTANCE_NORM_BACKWARD, arrays, stream=stream, dx=dx)

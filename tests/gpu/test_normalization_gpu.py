@@ -1,0 +1,219 @@
+"""Normalization (``cudnnkit.ops.normalization``) against the float64 references of ``tests/norm_reference.py``
+(held to torch on the CPU): batch norm (legacy: training with running statistics, inference, backward, every
+mode, float16/bfloat16/float32/float64, NCHW and NHWC, 2-d to 5-d; gradients by finite differences in float64),
+layer, RMS and instance norm (graph: forward and backward, the half types and float32, layouts), with poisoned
+outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudnnkit import ops
+
+from .. import norm_reference as ref
+from ..numerics import dev, finite_difference, host, poisoned, rel, seen
+
+pytestmark = pytest.mark.gpu
+
+TOL = {"float64": 1e-10, "float32": 1e-5, "float16": 3e-3, "bfloat16": 1.5e-2}
+
+
+def pdt(dtype):
+    return "float64" if dtype == "float64" else "float32"
+
+
+def nan_out(xp, shape, dtype, layout="nchw"):
+    """A poisoned output in ``layout``."""
+    if layout == "nhwc" and len(shape) >= 3:
+        return dev(xp, np.full(shape, np.nan), dtype, "nhwc")
+    return poisoned(xp, shape, dtype)
+
+
+def _pshape(shape, mode):
+    return tuple(shape[1:]) if mode == "per_activation" else (shape[1],)
+
+
+BN_SHAPES = [(6, 4), (5, 3, 7), (4, 3, 5, 6), (3, 2, 3, 4, 5)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", BN_SHAPES)
+@pytest.mark.parametrize("mode", ["spatial", "per_activation", "spatial_persistent"])
+def test_batch_norm_training_matches_the_reference(xp, dtype, layout, shape, mode):
+    if layout == "nhwc" and len(shape) < 3:
+        pytest.skip("a 2-d array has one layout")
+    rng = np.random.default_rng(0)
+    ps, p = _pshape(shape, mode), pdt(dtype)
+    x = seen(rng.standard_normal(shape) * 2 + 0.5, dtype)
+    s, b = seen(rng.standard_normal(ps), p), seen(rng.standard_normal(ps), p)
+    rm, rv = seen(rng.standard_normal(ps), p), seen(rng.uniform(0.5, 2, ps), p)
+    rmd, rvd = dev(xp, rm, p), dev(xp, rv, p)
+    outs = (nan_out(xp, shape, dtype, layout), poisoned(xp, ps, p), poisoned(xp, ps, p))
+    got = ops.batch_norm_forward(dev(xp, x, dtype, layout), dev(xp, s, p), dev(xp, b, p), running_mean=rmd,
+                                 running_var=rvd, momentum=0.2, epsilon=1e-4, mode=mode, out=outs)  # fmt: skip
+    assert all(g is o for g, o in zip(got, outs))
+    y, mean, inv, nrm, nrv = ref.bn_forward(x, s, b, 1e-4, mode, rm, rv, 0.2)
+    assert rel(host(xp, got[0]), y) < TOL[dtype] * 4
+    stol = 1e-10 if dtype == "float64" else 1e-4  # statistics: float32 (float64) from the inputs as stored
+    assert rel(host(xp, got[1]), mean) < stol and rel(host(xp, got[2]), inv) < stol
+    assert rel(host(xp, rmd), nrm) < 1e-5 and rel(host(xp, rvd), nrv) < 1e-5  # unbiased running variance
+    # new outputs: y in x's layout, the statistics packed in the parameters' dtype
+    y2, m2, i2 = ops.batch_norm_forward(dev(xp, x, dtype, layout), dev(xp, s, p), dev(xp, b, p), epsilon=1e-4,
+                                        mode=mode)  # fmt: skip
+    assert rel(host(xp, y2), y) < TOL[dtype] * 4 and rel(host(xp, m2), mean) < 1e-4
+    assert xp.view(m2, "m").dtype == p and xp.view(y2, "y").dtype == dtype
+    if layout == "nhwc":
+        assert xp.view(y2, "y").strides[1] == 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("mode", ["spatial", "per_activation"])
+def test_batch_norm_inference_matches_the_reference(xp, dtype, layout, mode):
+    rng = np.random.default_rng(1)
+    shape = (4, 3, 5, 6)
+    ps, p = _pshape(shape, mode), pdt(dtype)
+    x = seen(rng.standard_normal(shape), dtype)
+    s, b, m = (seen(rng.standard_normal(ps), p) for _ in range(3))
+    v = seen(rng.uniform(0.5, 2, ps), p)
+    out = nan_out(xp, shape, dtype, layout)
+    y = ops.batch_norm_forward(dev(xp, x, dtype, layout), dev(xp, s, p), dev(xp, b, p), running_mean=dev(xp, m, p),
+                               running_var=dev(xp, v, p), training=False, mode=mode, out=out)  # fmt: skip
+    assert y is out
+    assert rel(host(xp, y), ref.bn_inference(x, s, b, m, v, 1e-5, mode)) < TOL[dtype] * 4
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", BN_SHAPES)
+@pytest.mark.parametrize("mode", ["spatial", "per_activation", "spatial_persistent"])
+def test_batch_norm_backward_matches_the_reference(xp, dtype, layout, shape, mode):
+    if layout == "nhwc" and len(shape) < 3:
+        pytest.skip("a 2-d array has one layout")
+    rng = np.random.default_rng(2)
+    ps, p = _pshape(shape, mode), pdt(dtype)
+    x, dy = seen(rng.standard_normal(shape), dtype), seen(rng.standard_normal(shape), dtype)
+    s, b = seen(rng.standard_normal(ps), p), seen(rng.standard_normal(ps), p)
+    xd = dev(xp, x, dtype, layout)
+    _, sm, si = ops.batch_norm_forward(xd, dev(xp, s, p), dev(xp, b, p), mode=mode)
+    _, mean, inv, _, _ = ref.bn_forward(x, s, b, 1e-5, mode)
+    outs = (nan_out(xp, shape, dtype, layout), poisoned(xp, ps, p), poisoned(xp, ps, p))
+    got = ops.batch_norm_backward(dev(xp, dy, dtype, layout), xd, dev(xp, s, p), sm, si, mode=mode, out=outs)
+    assert all(g is o for g, o in zip(got, outs))
+    dx, ds, db = ref.bn_backward(dy, x, s, mean, inv, mode)
+    assert rel(host(xp, got[0]), dx) < TOL[dtype] * 8
+    assert rel(host(xp, got[1]), ds) < max(TOL[dtype], 1e-5) * 4
+    assert rel(host(xp, got[2]), db) < max(TOL[dtype], 1e-5) * 4
+
+
+@pytest.mark.parametrize("mode", ["spatial", "per_activation"])
+def test_batch_norm_gradients_by_finite_differences(xp, mode):
+    """float64 (legacy): the backward's dx, dscale, dbias against central differences of the forward."""
+    rng = np.random.default_rng(3)
+    shape = (3, 2, 2, 3)
+    ps = _pshape(shape, mode)
+    x, s, b = rng.standard_normal(shape), rng.standard_normal(ps), rng.standard_normal(ps)
+    w = rng.standard_normal(shape)  # loss = sum(w * y)
+
+    def loss(xa, sa, ba):
+        y, _, _ = ops.batch_norm_forward(dev(xp, xa), dev(xp, sa), dev(xp, ba), mode=mode)
+        return float((host(xp, y) * w).sum())
+
+    _, sm, si = ops.batch_norm_forward(dev(xp, x), dev(xp, s), dev(xp, b), mode=mode)
+    dx, ds, db = ops.batch_norm_backward(dev(xp, w), dev(xp, x), dev(xp, s), sm, si, mode=mode)
+    assert rel(host(xp, dx), finite_difference(lambda a: loss(a, s, b), x)) < 1e-6
+    assert rel(host(xp, ds), finite_difference(lambda a: loss(x, a, b), s)) < 1e-6
+    assert rel(host(xp, db), finite_difference(lambda a: loss(x, s, a), b)) < 1e-6
+
+
+# ----------------------------------------------------------------- layer and RMS norm (graph)
+
+GRAPH_DTYPES = ["float16", "bfloat16", "float32"]
+
+
+@pytest.mark.parametrize("dtype", GRAPH_DTYPES)
+@pytest.mark.parametrize("shape, k", [((64, 256), 1), ((4, 16, 128), 1), ((8, 4, 32), 2)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_matches_the_reference(xp, dtype, shape, k, bias):
+    rng = np.random.default_rng(4)
+    x, dy = seen(rng.standard_normal(shape) * 1.5 + 0.3, dtype), seen(rng.standard_normal(shape), dtype)
+    s, b = rng.standard_normal(shape[-k:]), rng.standard_normal(shape[-k:])
+    sd, bd = dev(xp, s, "float32"), dev(xp, b, "float32") if bias else None
+    s, b = seen(s, "float32"), seen(b, "float32") if bias else None
+    ss = shape[:-k] + (1,) * k
+    outs = (poisoned(xp, shape, dtype), poisoned(xp, ss, "float32"), poisoned(xp, ss, "float32"))
+    xd = dev(xp, x, dtype)
+    got = ops.layer_norm_forward(xd, sd, bd, epsilon=1e-5, out=outs)
+    assert all(g is o for g, o in zip(got, outs))
+    y, mean, inv = ref.ln_forward(x, s, b, 1e-5)
+    assert rel(host(xp, got[0]), y) < TOL[dtype] * 4
+    assert np.abs(host(xp, got[1]) - mean).max() < 1e-4 and rel(host(xp, got[2]), inv) < 1e-4
+    douts = (poisoned(xp, shape, dtype), poisoned(xp, shape[-k:], "float32"), poisoned(xp, shape[-k:], "float32"))
+    g = ops.layer_norm_backward(dev(xp, dy, dtype), xd, sd, got[1], got[2], out=douts)
+    assert all(a is o for a, o in zip(g, douts))
+    dx, ds, db = ref.ln_backward(dy, x, s, host(xp, got[1]), host(xp, got[2]))
+    assert rel(host(xp, g[0]), dx) < TOL[dtype] * 8
+    assert rel(host(xp, g[1]), ds) < 1e-3 and rel(host(xp, g[2]), db) < 1e-3
+    yi = ops.layer_norm_forward(xd, sd, bd, training=False)
+    assert rel(host(xp, yi), y) < TOL[dtype] * 4
+
+
+@pytest.mark.parametrize("dtype", GRAPH_DTYPES)
+@pytest.mark.parametrize("shape", [(64, 256), (4, 16, 128)])
+def test_rms_norm_matches_the_reference(xp, dtype, shape):
+    rng = np.random.default_rng(5)
+    x, dy = seen(rng.standard_normal(shape) * 1.5 + 0.3, dtype), seen(rng.standard_normal(shape), dtype)
+    s = seen(rng.standard_normal(shape[-1:]), "float32")
+    sd, xd = dev(xp, s, "float32"), dev(xp, x, dtype)
+    outs = (poisoned(xp, shape, dtype), poisoned(xp, shape[:-1] + (1,), "float32"))
+    got = ops.rms_norm_forward(xd, sd, out=outs)
+    assert all(g is o for g, o in zip(got, outs))
+    y, inv = ref.rms_forward(x, s)
+    assert rel(host(xp, got[0]), y) < TOL[dtype] * 4 and rel(host(xp, got[1]), inv) < 1e-4
+    dx, ds = ops.rms_norm_backward(dev(xp, dy, dtype), xd, sd, got[1])
+    rdx, rds = ref.rms_backward(dy, x, s, host(xp, got[1]))
+    assert rel(host(xp, dx), rdx) < TOL[dtype] * 8 and rel(host(xp, ds), rds) < 1e-3
+
+
+def test_graph_norms_refuse_float64(xp):
+    x, s = dev(xp, np.ones((4, 8))), dev(xp, np.ones(8), "float32")
+    for call in (lambda: ops.layer_norm_forward(x, s), lambda: ops.rms_norm_forward(x, s)):
+        with pytest.raises(ValueError, match="x has dtype float64"):
+            call()
+
+
+def test_layer_norm_copies_a_strided_x(xp):
+    rng = np.random.default_rng(6)
+    base = rng.standard_normal((8, 64))
+    x = dev(xp, base, "float32")[:, ::2]  # gapped: copied to C order
+    s = rng.standard_normal(32)
+    y, _, _ = ops.layer_norm_forward(x, dev(xp, s, "float32"))
+    assert rel(host(xp, y), ref.ln_forward(base[:, ::2], s)[0]) < 1e-5
+
+
+# ----------------------------------------------------------------- instance norm (graph)
+
+
+@pytest.mark.parametrize("dtype", GRAPH_DTYPES)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", [(4, 8, 16), (4, 8, 6, 7), (2, 4, 3, 4, 5)])
+def test_instance_norm_matches_the_reference(xp, dtype, layout, shape):
+    rng = np.random.default_rng(7)
+    x, dy = seen(rng.standard_normal(shape) * 2 - 0.5, dtype), seen(rng.standard_normal(shape), dtype)
+    c = shape[1]
+    s, b = seen(rng.standard_normal(c), "float32"), seen(rng.standard_normal(c), "float32")
+    xd, sd = dev(xp, x, dtype, layout), dev(xp, s, "float32")
+    outs = (nan_out(xp, shape, dtype, layout), poisoned(xp, shape[:2], "float32"), poisoned(xp, shape[:2], "float32"))
+    got = ops.instance_norm_forward(xd, sd, dev(xp, b, "float32"), out=outs)
+    assert all(g is o for g, o in zip(got, outs))
+    y, mean, inv = ref.in_forward(x, s, b)
+    assert rel(host(xp, got[0]), y) < TOL[dtype] * 4
+    assert np.abs(host(xp, got[1]) - mean).max() < 1e-3 and rel(host(xp, got[2]), inv) < 1e-3
+    douts = (nan_out(xp, shape, dtype, layout), poisoned(xp, (c,), "float32"), poisoned(xp, (c,), "float32"))
+    g = ops.instance_norm_backward(dev(xp, dy, dtype, layout), xd, sd, got[1], got[2], out=douts)
+    assert all(a is o for a, o in zip(g, douts))
+    dx, ds, db = ref.in_backward(dy, x, s, host(xp, got[1]), host(xp, got[2]))
+    assert rel(host(xp, g[0]), dx) < TOL[dtype] * 8
+    assert rel(host(xp, g[1]), ds) < 1e-3 and rel(host(xp, g[2]), db) < 1e-3

@@ -61,11 +61,11 @@ def conv_rows() -> list[Row]:
     dy = torch.randn(64, 64, 56, 56, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
     xt, wt = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
 
-    def ours_bwd():
+    def ours_bwd(x=x, w=w, dy=dy):  # bound now: x and w are rebound below
         ops.convolution_backward_data(dy, w, x_shape=tuple(x.shape), padding=1)
         ops.convolution_backward_filter(x, dy, w_shape=tuple(w.shape), padding=1)
 
-    def torch_bwd():
+    def torch_bwd(xt=xt, wt=wt, dy=dy):
         torch.autograd.grad(F.conv2d(xt, wt, padding=1), (xt, wt), dy)
 
     rows.append(Row(FAMILY, "conv3x3 64->64 bwd data+filter", "64x64x56x56 NHWC", "bfloat16", ours=ours_bwd,

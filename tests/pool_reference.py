@@ -13,19 +13,33 @@ import numpy as np
 __all__ = ["pool_forward", "pool_backward"]
 
 
+def _split(pad):
+    """``pad``: one int per dim (both sides) or ``(before, after)`` pairs -> (pre, post)."""
+    pre = tuple(p[0] if isinstance(p, (tuple, list)) else p for p in pad)
+    post = tuple(p[1] if isinstance(p, (tuple, list)) else p for p in pad)
+    return pre, post
+
+
+def _out(in_sizes, window, stride, pad):
+    pre, post = _split(pad)
+    return tuple((i + a + b - w) // s + 1 for i, w, s, a, b in zip(in_sizes, window, stride, pre, post))
+
+
 def _windows(in_sizes, window, stride, pad):
-    out = tuple((i + 2 * p - w) // s + 1 for i, w, s, p in zip(in_sizes, window, stride, pad))
+    out = _out(in_sizes, window, stride, pad)
+    pre, _ = _split(pad)
     for o in itertools.product(*(range(n) for n in out)):
-        lo = [oi * s - p for oi, s, p in zip(o, stride, pad)]
+        lo = [oi * s - p for oi, s, p in zip(o, stride, pre)]
         hi = [min(a + w, i) for a, w, i in zip(lo, window, in_sizes)]
         yield o, tuple(slice(max(a, 0), b) for a, b in zip(lo, hi))
 
 
 def pool_forward(x, mode, window, stride, pad) -> np.ndarray:
     """``mode``: "max" (also "max_deterministic"), "avg_include_padding" (divide by the window size, padded
-    cells counting as zeros) or "avg_exclude_padding" (divide by the cells inside the input)."""
+    cells counting as zeros) or "avg_exclude_padding" (divide by the cells inside the input). ``pad``: one int
+    per spatial dim, or ``(before, after)`` pairs (the windows over the input padded so)."""
     x = np.asarray(x, np.float64)
-    out = tuple((i + 2 * p - w) // s + 1 for i, w, s, p in zip(x.shape[2:], window, stride, pad))
+    out = _out(x.shape[2:], window, stride, pad)
     y = np.zeros((*x.shape[:2], *out))
     for o, sl in _windows(x.shape[2:], window, stride, pad):
         cell = x[(slice(None), slice(None), *sl)]

@@ -16,7 +16,8 @@ from .conftest import FakeCAI
 
 
 @pytest.mark.parametrize("mode, coef", [("sigmoid", None), ("relu", None), ("tanh", None), ("clipped_relu", 1.5),
-                                        ("elu", 0.7), ("swish", 1.3)])  # fmt: skip
+                                        ("elu", 0.7), ("swish", 1.3), ("gelu", None), ("gelu_tanh", None),
+                                        ("softplus", 1.7), ("leaky_relu", 0.2)])  # fmt: skip
 def test_references_agree_with_torch(mode, coef):
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
@@ -31,6 +32,10 @@ def test_references_agree_with_torch(mode, coef):
         "clipped_relu": lambda t: torch.clamp(t, 0.0, coef),
         "elu": lambda t: F.elu(t, coef),
         "swish": lambda t: t * torch.sigmoid(coef * t),
+        "gelu": F.gelu,
+        "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+        "softplus": lambda t: F.softplus(t, coef, threshold=1e9),
+        "leaky_relu": lambda t: F.leaky_relu(t, coef),
     }[mode]
     yt = fn(xt)
     assert np.allclose(ref.act_forward(x, mode, coef), yt.detach().numpy(), rtol=1e-12, atol=1e-12)
@@ -44,7 +49,9 @@ def x(shape=(2, 3, 4), typestr="<f4", device=0):
 
 
 CASES = [
-    (lambda: ops.activation_forward(x(), "gelu"), ValueError, "mode must be one of"),
+    (lambda: ops.activation_forward(x(), "gelux"), ValueError, "mode must be one of"),
+    (lambda: ops.activation_forward(x(), "softplus", coef=0.0), ValueError, "softplus's beta.* must be > 0"),
+    (lambda: ops.activation_forward(x(typestr="<f8"), "gelu"), ValueError, "lone pointwise graph"),
     (lambda: ops.activation_forward(x(), "clipped_relu"), ValueError, "needs coef="),
     (lambda: ops.activation_forward(x(), "clipped_relu", coef=-1.0), ValueError, "must be > 0"),
     (lambda: ops.activation_forward(x(), "relu", coef=2.0), ValueError, "coef is for clipped_relu"),
@@ -79,3 +86,13 @@ def test_descriptor_reads_back(mode, coef, nan):
         b = ctypes.c_double()
         lib.cudnnGetActivationDescriptorSwishBeta(d, ctypes.byref(b))
         assert b.value == coef
+
+
+def test_graph_only_modes_are_refused_with_where_they_run():
+    """gelu, softplus, leaky_relu have no lone-pointwise engine on cuDNN 9.19: refused by name, pointing at the
+    fused convolution; their resolved form (used there) is still checked."""
+    with pytest.raises(ValueError, match="no engine for a lone pointwise graph.*activation='gelu'"):
+        ops.activation_forward(x(), "gelu", out=x())
+    assert act.resolve_activation("leaky_relu").coef == 0.01 and act.resolve_activation("relu").descriptor
+    assert act.resolve_activation("gelu").descriptor is None
+    assert act.ACTIVATION_FORWARD.forms == ("legacy",)

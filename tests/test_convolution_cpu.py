@@ -16,6 +16,11 @@ from . import conv_reference as ref
 from .conftest import FakeCAI
 
 
+def _legacy(fn):
+    with settings(prefer="legacy"):
+        return fn()
+
+
 def x(shape=(2, 4, 8, 8), typestr="<f4", device=0, strides=None):
     return FakeCAI(shape, typestr, device=device, strides=strides)
 
@@ -78,14 +83,30 @@ CASES = [
     (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), stride=(1, 1, 1)), ValueError, "stride must have 2"),
     (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), mode="conv"), ValueError, "mode must be one of"),
     (
-        lambda: ops.convolution_forward(x(), x((4, 4, 2, 2)), padding="same"),
+        lambda: ops.convolution_forward(x(typestr="<f8"), x((4, 4, 2, 2), "<f8"), padding="same"),
         ValueError,
-        r"pads \(0, 0\) before and \(1, 1\) after: cuDNN's legacy convolution pads both sides alike",
+        r"neither cuDNN path.*float64.*padding \(0, 0\) before and \(1, 1\) after: cuDNN's legacy convolution pads",
     ),
     (
-        lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), padding=((0, 1), (1, 1))),
+        lambda: _legacy(lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), padding=((0, 1), (1, 1)))),
         ValueError,
-        "asymmetric padding needs the graph path",
+        r"prefer='legacy'.*before and \(1, 1\) after",
+    ),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), x((3,))), ValueError, r"bias must have shape \(4,\)"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), x((4,), "<f2")), TypeError, "bias has dtype float16"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), z=x((2, 4, 5, 5))), ValueError, "z must have y's shape"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), z_alpha=2.0), TypeError, "z_alpha scales z"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), activation="gelux"), ValueError, "activation must be"),
+    (lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), activation_coef=1.0), TypeError, "activation_coef is for"),
+    (
+        lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), x((4,)), beta=1.0, out=x((2, 4, 6, 6))),
+        ValueError,
+        "beta blends into out, which the fused forward",
+    ),
+    (
+        lambda: ops.convolution_forward(x(typestr="<f8"), x((4, 4, 3, 3), "<f8"), activation="gelu"),
+        ValueError,
+        "neither cuDNN path.*activation 'gelu'",
     ),
     (
         lambda: ops.convolution_forward(x(), x((4, 4, 3, 3)), conv=ops.Convolution(padding=1), stride=2),
@@ -141,8 +162,64 @@ def test_the_ops_are_declared():
     for name in ("convolution_forward", "convolution_backward_data", "convolution_backward_filter",
                  "convolution_backward_bias"):  # fmt: skip
         p = ops.REGISTRY[name]
-        assert p.forms == ("legacy",) and p.family == "convolution"
+        assert p.forms == ("graph", "legacy") and p.family == "convolution"
     assert ops.REGISTRY["convolution_forward"].differentiable == ("x", "w")
+
+
+def _call(resolved, **arrays):
+    from cudnnkit.ops._primitive import Call
+    from cudnnkit.runtime import as_view
+
+    return Call(None, {n: as_view(a, n) for n, a in arrays.items()}, resolved, extra={"graph_alignment": 16})
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+def test_the_fused_forward_graph(nhwc):
+    """conv (asymmetric padding) -> + bias -> + z_alpha * z -> gelu, one graph, the output in out's layout; the
+    graph lowers to backend descriptors host-side (finalizing it needs a GPU)."""
+    from cudnnkit.ops._layout import channels_last_strides
+    from cudnnkit.ops.activation import resolve_activation
+
+    xs, ys = (2, 4, 8, 8), (2, 6, 7, 8)
+
+    def st(shape):  # bytes, as __cuda_array_interface__ gives them
+        return tuple(2 * v for v in channels_last_strides(shape)) if nhwc else None
+
+    p = ops.Convolution(padding=((0, 1), (1, 1)))
+    r = cv._resolve(p, "float16", xs, (6, 4, 3, 3), nhwc, ys)._replace(
+        bias=True, z=True, z_alpha=0.5, act=resolve_activation("gelu")
+    )
+    assert "no such mode" in cv._legacy_refuses(r) and "before" in cv._legacy_refuses(r._replace(act=None))
+    c = _call(r, x=x(xs, "<f2", strides=st(xs)), w=x((6, 4, 3, 3), "<f2", strides=st((6, 4, 3, 3))),
+              bias=x((6,), "<f2"), z=x(ys, "<f2", strides=st(ys)), out=x(ys, "<f2", strides=st(ys)))  # fmt: skip
+    g, names = cv.graph_builder("forward")(c)
+    kinds = [(n.kind, dict(n.attrs).get("mode")) for n in g.nodes()]
+    assert kinds == [
+        ("conv_fprop", "cross_correlation"),
+        ("pointwise", "ADD"),
+        ("pointwise", "ADD"),
+        ("pointwise", "GELU_FWD"),
+    ]
+    conv = dict(g.nodes()[0].attrs)
+    assert conv["pre_padding"] == (0, 1) and conv["post_padding"] == (1, 1)
+    assert dict(g.nodes()[2].attrs)["alpha2"] == 0.5
+    assert sorted(names.values()) == ["bias", "out", "w", "x", "z"]
+    out = next(t for t, n in names.items() if n == "out")
+    assert out.strides == c.views["out"].strides and out.dtype == "float16"
+    g.lower()  # every descriptor made and finalized up to the operation graph (no handle needed here)
+
+
+def test_backward_graphs_take_asymmetric_padding():
+    p = ops.Convolution(stride=2, padding=((1, 2),))
+    xs, ws = (2, 4, 9), (6, 2, 4)
+    r = cv._resolve(p, "bfloat16", xs, ws, False, (2, 6, 5))._replace(groups=2)
+    dy = x((2, 6, 5), "<f4")
+    for which, arrays, out in (("data", dict(dy=dy, w=x(ws)), x(xs)), ("filter", dict(x=x(xs), dy=dy), x(ws))):
+        g, names = cv.graph_builder(which)(_call(r, out=out, **arrays))
+        node = g.nodes()[0]
+        a = dict(node.attrs)
+        assert node.kind == f"conv_{'dgrad' if which == 'data' else 'wgrad'}"
+        assert a["pre_padding"] == (1, 0) and a["post_padding"] == (2, 0) and a["stride"] == (2, 1)
 
 
 # ----------------------------------------------------------------- descriptors, read back from cuDNN
@@ -238,8 +315,20 @@ class _Emulated:
     def __init__(self, backend):
         self.calls: list[tuple] = []
         for name in ("cudnnGetConvolutionForwardAlgorithmMaxCount", "cudnnGetConvolutionForwardAlgorithm_v7",
-                     "cudnnConvolutionForward", "cudnnConvolutionBackwardBias"):  # fmt: skip
+                     "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward",
+                     "cudnnReduceTensor", "cudnnGetReductionWorkspaceSize",
+                     "cudnnGetReductionIndicesSize"):  # fmt: skip
             backend._patch(lib, name, getattr(self, name[5:]))
+
+    def GetReductionWorkspaceSize(self, h, rd, ad, cd, size):
+        size._obj.value = 0
+        return 0
+
+    GetReductionIndicesSize = GetReductionWorkspaceSize
+
+    def GetConvolutionForwardWorkspaceSize(self, h, xd, wd, cd, yd, algo, size):
+        size._obj.value = {a: m for a, m, _ in self.PERF}[algo]
+        return 0
 
     def GetConvolutionForwardAlgorithmMaxCount(self, h, count):
         count._obj.value = len(self.PERF)
@@ -256,7 +345,7 @@ class _Emulated:
         self.calls.append(("forward", algo, n, xd.key, wd.key, yd.key))
         return 0
 
-    def ConvolutionBackwardBias(self, h, alpha, dyd, dy, beta, dbd, db):
+    def ReduceTensor(self, h, rd, idx, isz, ws, wsz, alpha, dyd, dy, beta, dbd, db):
         self.calls.append(("bias", dyd.key, dbd.key))
         return 0
 
@@ -266,7 +355,7 @@ def emulated():
     from .fuzz.materialize import FakeBackend
 
     b = FakeBackend()
-    with b.installed():
+    with b.installed(), settings(prefer="legacy"):  # the legacy calls' algorithm choice
         cv._algos.clear()
         yield b, _Emulated(b)
     cv._algos.clear()

@@ -41,6 +41,13 @@ def test_references_agree_with_torch(nsp, mode):
     assert np.allclose(ref.pool_backward(xa, dy, mode, window, stride, pad), xt.grad.numpy(), atol=1e-12)
 
 
+def _legacy(fn):
+    from cudnnkit import settings
+
+    with settings(prefer="legacy"):
+        return fn()
+
+
 CASES = [
     (lambda: ops.pooling_forward(x(), mode="min"), ValueError, "mode must be one of"),
     (lambda: ops.pooling_forward(x(), window=9), ValueError, "input 8 with padding 0 is smaller than the window 9"),
@@ -50,14 +57,35 @@ CASES = [
     (lambda: ops.pooling_forward(x(), ceil_mode=1), TypeError, "ceil_mode must be a bool"),
     (lambda: ops.pooling_forward(x(), propagate_nan="yes"), TypeError, "propagate_nan must be a bool"),
     (
-        lambda: ops.pooling_forward(x(), window=3, stride=2, ceil_mode=True),
+        lambda: _legacy(lambda: ops.pooling_forward(x(), window=3, stride=2, ceil_mode=True)),
         ValueError,
-        r"ceil_mode adds padding after\): cuDNN's legacy pooling pads both sides alike",
+        r"prefer='legacy'.*ceil_mode adding padding after\): cuDNN's legacy pooling pads both sides alike",
     ),
     (
-        lambda: ops.pooling_forward(x(), window=3, padding=((0, 1), (1, 1))),
+        lambda: ops.pooling_forward(x(typestr="<f8"), window=3, padding=((0, 1), (1, 1))),
         ValueError,
-        "the padding differs between sides",
+        "neither cuDNN path.*float64.*before and",
+    ),
+    (lambda: ops.pooling_forward(x(), mode="avg_include_padding", return_index=True), ValueError, "is for max pool"),
+    (lambda: ops.pooling_forward(x(), return_index=1), TypeError, "return_index must be a bool"),
+    (
+        lambda: ops.pooling_backward(
+            x((2, 3, 4, 4)), x((2, 3, 4, 4)), x(), index=x((2, 3, 4, 4), "|i1"), mode="avg_exclude_padding"
+        ),  # fmt: skip
+        ValueError,
+        "index is max pooling's argmax",
+    ),
+    (
+        lambda: ops.pooling_backward(x((2, 3, 4, 4)), x((2, 3, 4, 4)), x(), index=x((2, 3, 4, 4), "<i4")),
+        ValueError,
+        "index must be the forward's.*int8",
+    ),
+    (
+        lambda: _legacy(
+            lambda: ops.pooling_backward(x((2, 3, 4, 4)), x((2, 3, 4, 4)), x(), index=x((2, 3, 4, 4), "|i1"))
+        ),  # fmt: skip
+        ValueError,
+        "legacy call cannot take this: the argmax index",
     ),
     (lambda: ops.pooling_forward(x((2, 3))), ValueError, "x must have 3 to 5 dims"),
     (lambda: ops.pooling_forward(x(typestr="<i4")), TypeError, "x has dtype int32"),
@@ -118,3 +146,18 @@ def test_descriptor_reads_back_and_cudnn_agrees_on_the_output(nsp, mode):
     out = int_array([0] * len(xs))
     lib.cudnnGetPoolingNdForwardOutputDim(d, tensor_descriptor("float32", xs, contiguous_strides(xs)), len(xs), out)
     assert tuple(out)[: len(r.y_shape)] == r.y_shape
+
+
+def test_router_keeps_legacy_where_both_run_and_graph_otherwise():
+    from cudnnkit.ops._primitive import route
+
+    v = type(
+        "V", (), {"ndim": 4, "shape": (2, 3, 8, 8), "strides": (192, 64, 8, 1), "is_contiguous": lambda self: True}
+    )()
+    sym = pl._resolve_for(v, "x", {"window": 3, "stride": 2, "padding": 1})
+    ceil = pl._resolve_for(v, "x", {"window": 3, "stride": 2, "ceil_mode": True})
+    assert ceil.pad == (0, 0) and ceil.post == (1, 1) and ceil.y_shape == (2, 3, 4, 4)
+    assert route(pl.POOLING_FORWARD, "float16", None, sym, {}) == "legacy"
+    assert route(pl.POOLING_FORWARD, "float16", None, ceil, {}) == "graph"
+    assert route(pl.POOLING_FORWARD, "float16", None, sym._replace(index=True), {}) == "graph"
+    assert pl._index_dtype((3, 3)) == "int8" and pl._index_dtype((8, 8, 2)) == "int32"

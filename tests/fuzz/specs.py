@@ -2392,12 +2392,14 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
     ksz = tuple(d.int(1, 3) for _ in range(nsp))
     dil = tuple(d.int(1, 2) for _ in range(nsp))
     pad = tuple(d.int(0, 2) for _ in range(nsp))
+    # asymmetric padding (the graph path only: not float64, which has no graph form)
+    post = tuple(d.int(0, 2) for _ in range(nsp)) if dt != "float64" and which != "bias" and d.bool(0.15) else pad
     st = tuple(d.int(1, 2) for _ in range(nsp))
     ext = [di * (ki - 1) + 1 for di, ki in zip(dil, ksz)]
-    sp = tuple(max(e - 2 * p, 1) + d.int(0, 4) for e, p in zip(ext, pad))
+    sp = tuple(max(e - p - q, 1) + d.int(0, 4) for e, p, q in zip(ext, pad, post))
     n = d.int(0, 2) if d.bool(0.05) else d.int(1, 2)
     xs, ws = (n, c, *sp), (k, cg, *ksz)
-    ys = (n, k, *((i + 2 * p - e) // s + 1 for i, p, e, s in zip(sp, pad, ext, st)))
+    ys = (n, k, *((i + p + q - e) // s + 1 for i, p, q, e, s in zip(sp, pad, post, ext, st)))
     lay = nchw_or_nhwc(d, nsp + 2)
     kw: dict[str, Any] = {}
     if which == "forward":
@@ -2418,31 +2420,57 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
         kw["dy"] = A(ys, dt, layout=lay, seed=d.seed())
         res, names = (k,), ("dy",)
     if which != "bias":
-        kw["stride"], kw["padding"], kw["dilation"] = st, pad, dil
+        kw["stride"], kw["dilation"] = st, dil
+        kw["padding"] = pad if post == pad else tuple(zip(pad, post))
         if groups > 1:
             kw["groups"] = groups
         if d.bool(0.2):
             kw["mode"] = "convolution"
-    draw_blend(d, kw, dt, res, layout=("c",))
-    return Base(kw, names, {"dtype": dt, "groups": groups})
+    if which == "forward" and d.bool(0.3):  # the fused forward: bias, a residual z, an activation
+        if d.bool(0.7):
+            kw["bias"] = A((k,), dt, seed=d.seed())
+        if d.bool(0.4):
+            kw["z"] = A(ys, dt, layout=lay, seed=d.seed())
+            if d.bool(0.5):
+                kw["z_alpha"] = d.choice([0.5, -1.0, 2.0])
+        if d.bool(0.7):
+            legacy = ["relu", "sigmoid", "tanh", "elu", "swish"]
+            kw["activation"] = d.choice(legacy if dt == "float64" else legacy + ["gelu", "gelu_tanh", "leaky_relu"])
+        return Base(kw, names, {"dtype": dt, "groups": groups, "pre": pad, "post": post})
+    # asymmetric padding and a bfloat16 bias gradient run on the graph path only, which does not blend
+    if post == pad and not (which == "bias" and dt == "bfloat16"):
+        draw_blend(d, kw, dt, res, layout=("c",))
+    return Base(kw, names, {"dtype": dt, "groups": groups, "pre": pad, "post": post})
 
 
 def _convolution_check(ctx: Any, res: Any, which: str = "forward") -> list[str]:
+    from ..act_reference import act_forward
     from ..conv_reference import conv_backward_bias, conv_backward_data, conv_backward_filter, conv_forward
 
     g = ctx.case.setup
     if which == "bias":
         ref = conv_backward_bias(ctx.x("dy"))
     else:
-        kw = dict(stride=tuple(ctx.param("stride")), pad=tuple(ctx.param("padding")),
-                  dilation=tuple(ctx.param("dilation")), groups=int(g["groups"]),
-                  mode=ctx.param("mode", "cross_correlation"))  # fmt: skip
+        pre, post = tuple(g["pre"]), tuple(g["post"])
+        # asymmetric padding as explicit zero padding of x around an unpadded convolution
+        widths = [(0, 0), (0, 0)] + list(zip(pre, post))
+        kw = dict(stride=tuple(ctx.param("stride")), pad=(0,) * len(pre), dilation=tuple(ctx.param("dilation")),
+                  groups=int(g["groups"]), mode=ctx.param("mode", "cross_correlation"))  # fmt: skip
         if which == "forward":
-            ref = conv_forward(ctx.x("x"), ctx.x("w"), **kw)
+            ref = conv_forward(np.pad(ctx.x("x"), widths), ctx.x("w"), **kw)
+            if ctx.x("bias") is not None:
+                ref = ref + ctx.x("bias").reshape((1, -1) + (1,) * (ref.ndim - 2))
+            if ctx.x("z") is not None:
+                ref = ref + fnum(ctx.param("z_alpha", 1.0), 1.0) * ctx.x("z")
+            if ctx.param("activation") is not None:
+                ref = act_forward(ref, ctx.param("activation"))
         elif which == "data":
-            ref = conv_backward_data(ctx.x("dy"), ctx.x("w"), tuple(ctx.param("x_shape")), **kw)
+            xs = tuple(ctx.param("x_shape"))
+            padded = xs[:2] + tuple(i + p + q for i, p, q in zip(xs[2:], pre, post))
+            ref = conv_backward_data(ctx.x("dy"), ctx.x("w"), padded, **kw)
+            ref = ref[(slice(None), slice(None)) + tuple(slice(p, p + i) for p, i in zip(pre, xs[2:]))]
         else:
-            ref = conv_backward_filter(ctx.x("x"), ctx.x("dy"), tuple(ctx.param("w_shape")), **kw)
+            ref = conv_backward_filter(np.pad(ctx.x("x"), widths), ctx.x("dy"), tuple(ctx.param("w_shape")), **kw)
     ref = ctx.blend(ref, "out", "alpha", "beta")
     dt = ctx.dtype
     return ctx.compare(res, ref, dt, {"forward": "y", "data": "dx", "filter": "dw", "bias": "db"}[which],
@@ -2497,6 +2525,12 @@ CONVOLUTION_PARAMS = {
     "mode": Param("choice", optional_kw=True),
     "alpha": SCALE,
     "beta": BETA,
+}
+
+CONV_FUSED_PARAMS = {
+    "z_alpha": Param("float", optional_kw=True),
+    "activation": Param("choice", nullable=True, optional_kw=True),
+    "activation_coef": Param("float", nullable=True, optional_kw=True),
 }
 
 
@@ -2687,7 +2721,7 @@ def _op_tensor_check(ctx: Any, res: Any) -> list[str]:
     b = ctx.x("b") * fnum(ctx.param("alpha2", 1.0), 1.0) if ctx.x("b") is not None else None
     ref = {"add": lambda: a + b, "mul": lambda: a * b, "min": lambda: np.minimum(a, b),
            "max": lambda: np.maximum(a, b), "sqrt": lambda: np.sqrt(a), "not": lambda: 1.0 - a}[op]()  # fmt: skip
-    ref = ctx.blend(ref, "out", "alpha1", "beta")
+    ref = ctx.blend(ref, "out", "_alpha1_is_inside_op", "beta")  # c = op(alpha1 * a, alpha2 * b) + beta * c
     dt = ctx.dtype
     return ctx.compare(res, ref, dt, "c", _tol(dt, 4.0, f32=1e-6, half=4e-3))
 
@@ -2737,6 +2771,337 @@ REDUCE_PARAMS = {
 }
 
 
+# ----------------------------------------------------------------- normalization (cudnnkit.ops.normalization)
+
+_P2 = ("float32", "float64")
+
+
+def _pdt(dt: str) -> str:
+    return "float64" if dt == "float64" else "float32"
+
+
+def _bn_op_draw(d: Draw, lib: str, backward: bool = False) -> Base:
+    dt = d.choice(F)
+    pdt = _pdt(dt)
+    nd = d.int(2, 5)
+    shape = (d.int(2, 4), d.int(1, 4), *(d.int(1, 3) for _ in range(nd - 2)))
+    mode = d.choice(["spatial", "spatial", "per_activation", "spatial_persistent"])
+    ps = shape[1:] if mode == "per_activation" else (shape[1],)
+    lay = nchw_or_nhwc(d, nd) if d.bool(0.8) else valid_layout(d, shape)
+    kw: dict[str, Any] = {}
+    if d.bool(0.3) or mode != "spatial":
+        kw["mode"] = mode
+    if d.bool(0.3):
+        kw["epsilon"] = d.choice([1e-5, 1e-3, 0.1])
+    out_lay = lay if lay == ("perm", (0, *range(2, nd), 1)) and d.bool() else ("c",)  # NHWC, or C order
+    if backward:
+        kw["dy"] = A(shape, dt, layout=lay, seed=d.seed())
+        kw["x"] = A(shape, dt, fill="normal:2", layout=lay, seed=d.seed())
+        kw["scale"] = A(ps, pdt, seed=d.seed())
+        kw["saved_mean"] = A(ps, pdt, fill="derived:mean", seed=d.seed())
+        kw["saved_inv_std"] = A(ps, pdt, fill="derived:inv", seed=d.seed())
+        if d.bool(0.4):
+            kw["dx"] = A(shape, dt, fill="nan", layout=out_lay, out=True, seed=d.seed())
+        for n in ("dscale", "dbias"):
+            if d.bool(0.3):
+                kw[n] = A(ps, pdt, fill="nan", out=True, seed=d.seed())
+        return Base(kw, ("dy", "x", "scale", "saved_mean", "saved_inv_std"), {"dtype": dt})
+    kw["x"] = A(shape, dt, fill="normal:2", layout=lay, seed=d.seed())
+    kw["scale"] = A(ps, pdt, seed=d.seed())
+    kw["bias"] = A(ps, pdt, seed=d.seed())
+    running = d.bool(0.5)
+    if running:
+        kw["running_mean"] = A(ps, pdt, seed=d.seed())
+        kw["running_var"] = A(ps, pdt, fill="uniform:0.5:2", seed=d.seed())
+        if d.bool(0.3):
+            kw["momentum"] = d.choice([0.0, 0.1, 0.5, 1.0])
+    training = not (running and d.bool(0.3))
+    if not training or d.bool(0.2):
+        kw["training"] = training
+    if d.bool(0.4):
+        kw["y"] = A(shape, dt, fill="nan", layout=out_lay, out=True, seed=d.seed())
+    if training:
+        for n in ("saved_mean", "saved_inv_std"):
+            if d.bool(0.3):
+                kw[n] = A(ps, pdt, fill="nan", out=True, seed=d.seed())
+    return Base(kw, ("x", "scale", "bias"), {"dtype": dt})
+
+
+def _bn_op_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
+    from ..norm_reference import bn_forward
+
+    x = ctx.x("x")
+    if x is None:
+        return None
+    eps = fnum(ctx.param("epsilon", 1e-5), 1e-5)
+    mode = ctx.param("mode", "spatial")
+    ps = x.shape[1:] if mode == "per_activation" else (x.shape[1],)
+    _, mean, inv, _, _ = bn_forward(x, np.ones(ps), np.zeros(ps), eps, mode)
+    v = mean if key == "mean" else inv
+    return v if v.shape == a.shape else None
+
+
+def _outs_call(fn: str, outs: tuple[str, ...]) -> Callable[[Any], Any]:
+    """The call of a normalization op whose outputs the spec draws one by one: ``out=`` a tuple of them
+    (inference: ``out=`` the main output alone)."""
+
+    def call(ctx: Any) -> Any:
+        import cudnnkit.ops as ops
+
+        args, kw = list(ctx.call_args()), dict(ctx.call_kwargs())
+        given = [kw.pop(n, None) for n in outs]
+        t = kw.get("training", True)
+        inference = isinstance(t, (bool, np.bool_)) and not t
+        if inference:
+            if given[0] is not None:
+                kw["out"] = given[0]
+        elif any(g is not None for g in given):
+            kw["out"] = tuple(given)
+        return getattr(ops, fn)(*args, **kw)
+
+    return call
+
+
+def _as_tuple(res: Any) -> tuple:
+    return res if isinstance(res, tuple) else (res,)
+
+
+def _dx_ref(dx: np.ndarray, dy: np.ndarray, gain: Any) -> np.ndarray | None:
+    """``dx``, or None (checked for NaN only) where it cancels to rounding noise: with two values per statistic
+    (or one feature) the normalized input is +-1 and dx is 0 analytically, so no relative error means anything."""
+    scale = float(np.linalg.norm(dy)) * float(np.max(np.abs(gain))) if np.size(gain) else 0.0
+    return None if float(np.linalg.norm(dx)) < 1e-3 * scale else dx
+
+
+def _bn_op_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
+    from ..norm_reference import bn_backward, bn_forward, bn_inference
+
+    dt = ctx.dtype
+    pdt = _pdt(ctx.case.setup["dtype"])
+    mode = ctx.param("mode", "spatial")
+    eps = fnum(ctx.param("epsilon", 1e-5), 1e-5)
+    x, s = ctx.x("x"), ctx.x("scale")
+    tol = _tol(dt, 10.0, f32=1e-4, half=2e-2)
+    ptol = _tol(pdt, 10.0, f32=1e-4)
+    res = _as_tuple(res)
+    if backward:
+        dx, ds, db = bn_backward(ctx.x("dy"), x, s, ctx.x("saved_mean"), ctx.x("saved_inv_std"), mode)
+        dx = _dx_ref(dx, ctx.x("dy"), s * ctx.x("saved_inv_std"))
+        return (ctx.compare(res[0], dx, dt, "dx", tol, shape=x.shape) + ctx.compare(res[1], ds, pdt, "dscale", ptol * 4)
+                + ctx.compare(res[2], db, pdt, "dbias", ptol * 4))  # fmt: skip
+    b = ctx.x("bias")
+    t = ctx.param("training", True)
+    if not t:
+        y = bn_inference(x, s, b, ctx.x("running_mean"), ctx.x("running_var"), eps, mode)
+        return ctx.compare(res[0], y, dt, "y", tol)
+    rm, rv = ctx.x("running_mean"), ctx.x("running_var")
+    mom = fnum(ctx.param("momentum", 0.1), 0.1)
+    y, mean, inv, nrm, nrv = bn_forward(x, s, b, eps, mode, rm, rv, mom)
+    p = ctx.compare(res[0], y, dt, "y", tol) + ctx.compare(res[1], mean, pdt, "saved_mean", ptol)
+    p += ctx.compare(res[2], inv, pdt, "saved_inv_std", ptol)
+    if rm is not None:
+        p += ctx.compare(ctx.arg("running_mean"), nrm, pdt, "running_mean", ptol)
+        p += ctx.compare(ctx.arg("running_var"), nrv, pdt, "running_var", ptol)
+    return p
+
+
+def _gn_op_draw(d: Draw, lib: str, mode: str, backward: bool = False) -> Base:
+    dt = d.choice(["float16", "bfloat16", "float32"])
+    if mode == "instance":
+        nd = d.int(3, 5)
+        shape = (d.int(1, 4), d.int(1, 4), *(d.int(2, 4) for _ in range(nd - 2)))
+        ps, ss = (shape[1],), shape[:2]
+        lay = nchw_or_nhwc(d, nd) if d.bool(0.8) else valid_layout(d, shape)
+        out_lay = lay if lay == ("perm", (0, *range(2, nd), 1)) and d.bool() else ("c",)
+    else:
+        k = d.choice([1, 1, 2])
+        lead = tuple(d.int(1, 4) for _ in range(d.int(1, 2)))
+        norm = tuple(d.choice([2, 3, 8, 16]) for _ in range(k))
+        shape, ps, ss = lead + norm, norm, lead + (1,) * k
+        lay, out_lay = valid_layout(d, lead + norm, p=0.2), ("c",)
+    kw: dict[str, Any] = {}
+    stats = ("inv_std",) if mode == "rms" else ("mean", "inv_std")
+    if backward:
+        kw["dy"] = A(shape, dt, layout=lay, seed=d.seed())
+        kw["x"] = A(shape, dt, fill="normal:1.5", layout=lay, seed=d.seed())
+        kw["scale"] = A(ps, "float32", seed=d.seed())
+        for n in stats:
+            kw[n] = A(ss, "float32", fill=f"derived:{n}", seed=d.seed())
+        if d.bool(0.4):
+            kw["dx"] = A(shape, dt, fill="nan", layout=out_lay, out=True, seed=d.seed())
+        for n in ("dscale",) if mode == "rms" else ("dscale", "dbias"):
+            if d.bool(0.3):
+                kw[n] = A(ps, "float32", fill="nan", out=True, seed=d.seed())
+        if mode != "instance" and d.bool(0.3):
+            kw["normalized_shape_ndim"] = len(ps)
+        return Base(kw, ("dy", "x", "scale", *stats), {"dtype": dt})
+    kw["x"] = A(shape, dt, fill="normal:1.5", layout=lay, seed=d.seed())
+    kw["scale"] = A(ps, "float32", seed=d.seed())
+    if mode != "rms" and d.bool(0.8):
+        kw["bias"] = A(ps, "float32", seed=d.seed())
+    if d.bool(0.3):
+        kw["epsilon"] = d.choice([1e-5, 1e-3])
+    if mode != "instance" and d.bool(0.3):
+        kw["normalized_shape_ndim"] = len(ps)
+    training = d.bool(0.8)
+    if not training or d.bool(0.2):
+        kw["training"] = training
+    if d.bool(0.4):
+        kw["y"] = A(shape, dt, fill="nan", layout=out_lay, out=True, seed=d.seed())
+    if training:
+        for n in stats:
+            if d.bool(0.3):
+                kw[n] = A(ss, "float32", fill="nan", out=True, seed=d.seed())
+    return Base(kw, ("x", "scale", "bias") if "bias" in kw else ("x", "scale"), {"dtype": dt})
+
+
+def _gn_op_derive(mode: str) -> Callable:
+    def derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
+        from .. import norm_reference as R
+
+        x = ctx.x("x")
+        if x is None:
+            return None
+        if mode == "instance":
+            _, mean, inv = R.in_forward(x, np.ones(x.shape[1]))
+        elif mode == "rms":
+            _, inv = R.rms_forward(x, np.ones(x.shape[-_k(ctx) :]))
+            mean = None
+        else:
+            _, mean, inv = R.ln_forward(x, np.ones(x.shape[-_k(ctx) :]))
+        v = mean if key == "mean" else inv
+        return v if v is not None and v.shape == a.shape else None
+
+    return derive
+
+
+def _k(ctx: Any) -> int:
+    """The normalized dims of a layer/RMS-norm case: scale's."""
+    s = ctx.x("scale")
+    return s.ndim if s is not None else 1
+
+
+def _gn_op_check(mode: str, backward: bool = False) -> Callable:
+    def check(ctx: Any, res: Any) -> list[str]:
+        from .. import norm_reference as R
+
+        dt = ctx.dtype
+        x, s = ctx.x("x"), ctx.x("scale")
+        eps = fnum(ctx.param("epsilon", 1e-5), 1e-5)
+        tol = _tol(dt, 10.0, f32=1e-4, half=2e-2)
+        res = _as_tuple(res)
+        if backward:
+            dy = ctx.x("dy")
+            if mode == "instance":
+                want = R.in_backward(dy, x, s, ctx.x("mean"), ctx.x("inv_std"))
+            elif mode == "rms":
+                want = R.rms_backward(dy, x, s, ctx.x("inv_std"))
+            else:
+                want = R.ln_backward(dy, x, s, ctx.x("mean"), ctx.x("inv_std"))
+            p = ctx.compare(res[0], _dx_ref(want[0], dy, s * ctx.x("inv_std").max()), dt, "dx", tol, shape=x.shape)
+            for got, ref, what in zip(res[1:], want[1:], ("dscale", "dbias")):
+                p += ctx.compare(got, ref, "float32", what, 2e-2 if dt != "float32" else 1e-3)
+            return p
+        b = ctx.x("bias")
+        if mode == "instance":
+            want = R.in_forward(x, s, b, eps)
+        elif mode == "rms":
+            want = R.rms_forward(x, s, eps)
+        else:
+            want = R.ln_forward(x, s, b, eps)
+        if not ctx.param("training", True):
+            return ctx.compare(res[0], want[0], dt, "y", tol)
+        p = ctx.compare(res[0], want[0], dt, "y", tol)
+        for got, ref, what in zip(res[1:], want[1:], ("mean", "inv_std")[2 - len(want[1:]) :]):
+            p += ctx.compare(got, ref, "float32", what, 1e-3)
+        return p
+
+    return check
+
+
+_BN_PARAMS = {
+    "mode": Param("choice", optional_kw=True),
+    "epsilon": Param("float", lo=0.0, lo_open=True, optional_kw=True),
+}
+_BN_FWD_PARAMS = {
+    **_BN_PARAMS,
+    "momentum": Param("float", lo=0.0, hi=1.0, optional_kw=True),
+    "training": Param(
+        "bool",
+        strict_verdict="refuse",
+        optional_kw=True,
+        bad=lambda c: [
+            ("yes", "a str", "refuse"),
+            (2, "an int", "refuse"),
+            (None, "None", "refuse"),
+            (np.bool_(True), "a NumPy bool True", "any"),
+        ],
+    ),  # fmt: skip
+}
+_GN_EPS = Param("float", lo=0.0, lo_open=True, f32=True, optional_kw=True)
+_GN_NDIM = Param("int", nullable=True, optional_kw=True,
+                 bad=lambda c: [(0, "0", "refuse"), (-1, "-1", "refuse"), (9, "9 (more than x's dims)", "refuse"),
+                                (2.0, "a float", "refuse"), ("1", "a str", "refuse"), (True, "a bool", "refuse"),
+                                (None, "None (scale's ndim)", "any")])  # fmt: skip
+_GN_TRAINING = _BN_FWD_PARAMS["training"]
+
+
+def _pin(kind: str = "in", dtypes=_P2, required: bool = True, **kw: Any) -> Role:
+    """A parameter or statistic role (its own dtype group); the written ones (``inout``) are optional."""
+    return Role(kind, dtypes, group="param", required=required and kind == "in", **kw)
+
+
+_BN_FWD_ROLES = {
+    "x": _in(shaped=False, ranks=(2, 5)),
+    "scale": _pin(),
+    "bias": _pin(),
+    "running_mean": _pin("inout"),
+    "running_var": _pin("inout"),
+    "saved_mean": _pin("inout"),
+    "saved_inv_std": _pin("inout"),
+    "y": _out(),
+}
+_BN_BWD_ROLES = {
+    "dy": _in(shaped=False, ranks=(2, 5)),
+    "x": _in(),
+    "scale": _pin(),
+    "saved_mean": _pin(),
+    "saved_inv_std": _pin(),
+    "dscale": _pin("inout"),
+    "dbias": _pin("inout"),
+    "dx": _out(),
+}
+_GF = ("float16", "bfloat16", "float32")
+_F32 = ("float32",)
+
+
+def _gn_roles(mode: str, backward: bool) -> dict[str, Role]:
+    stats = ("inv_std",) if mode == "rms" else ("mean", "inv_std")
+    ranks = (3, 5) if mode == "instance" else (2, 8)
+    if backward:
+        roles = {"dy": _in(_GF, shaped=False, ranks=ranks), "x": _in(_GF), "scale": _pin(dtypes=_F32)}
+        roles.update({n: _pin(dtypes=_F32) for n in stats})
+        roles.update({n: _pin("inout", dtypes=_F32) for n in (("dscale",) if mode == "rms" else ("dscale", "dbias"))})
+        roles["dx"] = _out(_GF)
+        return roles
+    roles = {"x": _in(_GF, shaped=False, ranks=ranks), "scale": _pin(dtypes=_F32)}
+    if mode != "rms":
+        roles["bias"] = _pin(dtypes=_F32, required=False)
+    roles.update({n: _pin("inout", dtypes=_F32) for n in stats})
+    roles["y"] = _out(_GF)
+    return roles
+
+
+def _gn_shape_rule(case: Case, name: str, old, new) -> str | None:
+    """Layer/RMS norm: x's leading dims are free, its normalized (trailing) dims are scale's."""
+    if name not in ("x", "dy") or len(new) != len(old):
+        return None
+    k = len(case.kwargs["scale"].shape) if isinstance(case.kwargs.get("scale"), A) else 1
+    if case.op.startswith("instance"):
+        return None
+    return "refuse" if tuple(new[-k:]) != tuple(old[-k:]) else None
+
+
 def _bw(fn: Callable, **kw: Any) -> Callable:
     return lambda *a: fn(*a, **kw)
 
@@ -2758,10 +3123,11 @@ def _add(spec: OpSpec) -> None:
 
 _add(OpSpec("Convolution", _convolution_ctor_draw, {}, CONVOLUTION_CTOR_PARAMS,
             check=_convolution_ctor_check, streams=False, weight=0.3))  # fmt: skip
-_add(OpSpec("convolution_forward", _convolution_draw, {"x": _in(), "w": _in(), "out": _out()}, CONVOLUTION_PARAMS,
+_add(OpSpec("convolution_forward", _convolution_draw, {"x": _in(), "w": _in(), "bias": _in(required=False, shaped=False),
+            "z": _in(required=False), "out": _out()}, {**CONVOLUTION_PARAMS, **CONV_FUSED_PARAMS},
             check=_convolution_check, shape_rule=_convolution_shape_rule, weight=1.5))  # fmt: skip
 _add(OpSpec("convolution_backward_data", _bw(_convolution_draw, which="data"), {"dy": _in(), "w": _in(), "out": _out()},
-            {**CONVOLUTION_PARAMS, "x_shape": Param("ints", optional_kw=True)}, check=_bw(_convolution_check, which="data"),
+            {**CONVOLUTION_PARAMS, "x_shape": Param("ints", optional_kw=True, nullable=True)}, check=_bw(_convolution_check, which="data"),
             shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("convolution_backward_filter", _bw(_convolution_draw, which="filter"), {"x": _in(), "dy": _in(), "out": _out()},
             {**CONVOLUTION_PARAMS, "w_shape": Param("ints")}, check=_bw(_convolution_check, which="filter"),
@@ -2772,7 +3138,8 @@ _add(OpSpec("Pooling", _pooling_ctor_draw, {}, POOLING_CTOR_PARAMS, check=_pooli
             weight=0.3))  # fmt: skip
 _add(OpSpec("pooling_forward", _pooling_draw, {"x": _in(), "out": _out()}, POOLING_PARAMS, check=_pooling_check,
             derive=_pooling_derive, shape_rule=_convolution_shape_rule))  # fmt: skip
-_add(OpSpec("pooling_backward", _bw(_pooling_draw, backward=True), {"dy": _in(), "y": _in(), "x": _in(), "out": _out()},
+_add(OpSpec("pooling_backward", _bw(_pooling_draw, backward=True), {"dy": _in(), "y": _in(), "x": _in(),
+            "index": _in(("int8", "int32"), required=False, fixed_dtype=True), "out": _out()},
             POOLING_PARAMS, check=_bw(_pooling_check, backward=True), derive=_pooling_derive,
             shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("activation_forward", _activation_draw, {"x": _in(shaped=False, ranks=(1, 8)), "out": _out()},
@@ -2880,6 +3247,25 @@ _add(_gspec("Graph.norm_backward", _bw(_norm_draw, backward=True), _norm_bwd_cal
 _add(_gspec("Graph.sdpa_forward", _sdpa_draw, _sdpa_call, _sdpa_check,
             {"q": _grole(), "k": _grole(), "v": _grole(), "o": _grole("out"), "stats": _grole("out", ("float32",))},
             SDPA_PARAMS, 0.5))  # fmt: skip
+
+_add(OpSpec("batch_norm_forward", _bn_op_draw, _BN_FWD_ROLES, _BN_FWD_PARAMS, check=_bn_op_check,
+            call=_outs_call("batch_norm_forward", ("y", "saved_mean", "saved_inv_std"))))  # fmt: skip
+_add(OpSpec("batch_norm_backward", _bw(_bn_op_draw, backward=True), _BN_BWD_ROLES, _BN_PARAMS,
+            check=_bw(_bn_op_check, backward=True), derive=_bn_op_derive,
+            call=_outs_call("batch_norm_backward", ("dx", "dscale", "dbias"))))  # fmt: skip
+for _m, _fn in (("layer", "layer_norm"), ("rms", "rms_norm"), ("instance", "instance_norm")):
+    _stats = ("inv_std",) if _m == "rms" else ("mean", "inv_std")
+    _grads = ("dscale",) if _m == "rms" else ("dscale", "dbias")
+    _fp = {"epsilon": _GN_EPS, "training": _GN_TRAINING} | (
+        {} if _m == "instance" else {"normalized_shape_ndim": _GN_NDIM}
+    )
+    _bp = {} if _m == "instance" else {"normalized_shape_ndim": _GN_NDIM}
+    _add(OpSpec(f"{_fn}_forward", _bw(_gn_op_draw, mode=_m), _gn_roles(_m, False), _fp, check=_gn_op_check(_m),
+                call=_outs_call(f"{_fn}_forward", ("y", *_stats)), shape_rule=_gn_shape_rule, weight=0.7))  # fmt: skip
+    _add(OpSpec(f"{_fn}_backward", _bw(_gn_op_draw, mode=_m, backward=True), _gn_roles(_m, True), _bp,
+                check=_gn_op_check(_m, backward=True), derive=_gn_op_derive(_m),
+                call=_outs_call(f"{_fn}_backward", ("dx", *_grads)), shape_rule=_gn_shape_rule, weight=0.5))  # fmt: skip
+del _m, _fn, _stats, _grads, _fp, _bp
 
 for _s in SPECS.values():
     if _s.derive is None and _s.name in ("Graph.norm_backward",):

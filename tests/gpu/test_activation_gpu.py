@@ -1,5 +1,6 @@
 """Activations (``cudnnActivationForward``/``Backward``, legacy) against the float64 references of
-``tests/act_reference.py`` (held to torch on the CPU): every legacy mode, dtypes, layouts, blends, NaN."""
+``tests/act_reference.py`` (held to torch on the CPU): every legacy mode, dtypes, layouts, blends, NaN. The
+graph-only modes run fused after a convolution (tests/gpu/test_convolution_gpu.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ MODES = [("sigmoid", None), ("relu", None), ("tanh", None), ("clipped_relu", 1.5
 @pytest.mark.parametrize("mode, coef", MODES)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_forward_and_backward_match_the_reference(xp, mode, coef, dtype):
+    _check_mode(xp, mode, coef, dtype)
+    assert ops.last_path() == ("activation_backward", "legacy")
+
+
+def _check_mode(xp, mode, coef, dtype):
     rng = np.random.default_rng(0)
     x = seen(rng.standard_normal((4, 3, 5, 6)) * 2, dtype)
     x[np.abs(x) < 1e-2] = 0.25

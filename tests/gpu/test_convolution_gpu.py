@@ -1,7 +1,7 @@
-"""Convolution (legacy path: ``cudnnConvolutionForward``/``BackwardData``/``BackwardFilter``/``BackwardBias``) against
-the float64 references of ``tests/conv_reference.py`` (themselves held to torch on the CPU): dtypes, layouts,
-groups and depthwise, dilation, 1-d to 3-d, both modes, blends into poisoned outputs, the transposed convolution,
-the algorithm settings and the workspace fallback."""
+"""Convolution, both paths (the graph: ``conv_fprop``/``conv_dgrad``/``conv_wgrad``, fused bias/residual/activation;
+the legacy calls) against the float64 references of ``tests/conv_reference.py`` (themselves held to torch on the
+CPU): dtypes, layouts, groups and depthwise, dilation, 1-d to 3-d, both modes, asymmetric padding, blends into
+poisoned outputs, the transposed convolution, the algorithm settings and the workspace fallback."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from cudnnkit import ops, settings
 from cudnnkit.ops import convolution as cv
 
+from .. import act_reference as aref
 from .. import conv_reference as ref
 from ..numerics import dev, host, poisoned, rel, seen
 
@@ -47,17 +48,25 @@ def _case(rng, c, dtype):
 @pytest.mark.parametrize("dtype, tf32", [("float16", True), ("bfloat16", True), ("float32", True),
                                          ("float32", False), ("float64", True)])  # fmt: skip
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_forward_and_backwards_match_the_reference(xp, case, dtype, tf32, layout):
+@pytest.mark.parametrize("prefer", ["auto", "legacy"])
+def test_forward_and_backwards_match_the_reference(xp, case, dtype, tf32, layout, prefer):
     if dtype == "bfloat16" and xp.name == "cupy":
         pytest.importorskip("ml_dtypes")
+    if prefer == "legacy" and dtype == "float64":
+        pytest.skip("float64 runs the legacy calls under prefer='auto' already")
     rng = np.random.default_rng(hash((case[0], case[9], dtype)) % 2**32)
     x, w, kw, rkw = _case(rng, case, dtype)
     tol = _tol(dtype, tf32)
-    with settings(allow_tf32=tf32):
+    with settings(allow_tf32=tf32, prefer=prefer):
         xd, wd = dev(xp, x, dtype, layout), dev(xp, w, dtype, layout)
         y = ops.convolution_forward(xd, wd, **kw)
         want = ref.conv_forward(x, w, **rkw)
         assert y.shape == want.shape and rel(host(xp, y), want) < tol
+        path = ops.last_path()[1]
+        if prefer == "legacy" or dtype == "float64":
+            assert path == "legacy"
+        elif layout == "nhwc" and dtype in ("float16", "bfloat16"):
+            assert path == "graph"  # the layout the graph engines are for (elsewhere cuDNN may refuse: legacy)
         dy = seen(rng.standard_normal(want.shape), dtype)
         dyd = dev(xp, dy, dtype, layout)
         dx = ops.convolution_backward_data(dyd, wd, x_shape=x.shape, **kw)
@@ -150,15 +159,19 @@ def test_workspace_limit_and_fallback(xp, monkeypatch, caplog):
 
     cv._algos.clear()
     monkeypatch.setattr(Launch, "workspace", capped)
-    with settings(allow_tf32=False), caplog.at_level("INFO", logger="cudnnkit"):
-        got = ops.convolution_forward(dev(xp, x, "float32"), dev(xp, w, "float32"), **kw)
-    assert rel(host(xp, got), want) < 1e-5
+    for prefer in ("auto", "legacy"):  # the graph plan's workspace falls back to the legacy call's fallback
+        with settings(allow_tf32=False, prefer=prefer), caplog.at_level("INFO", logger="cudnnkit"):
+            got = ops.convolution_forward(dev(xp, x, "float32"), dev(xp, w, "float32"), **kw)
+        assert rel(host(xp, got), want) < 1e-5
     monkeypatch.setattr(Launch, "workspace", real)
     with settings(allow_tf32=False, workspace_limit=0):
         got = ops.convolution_forward(dev(xp, x, "float32"), dev(xp, w, "float32"), **kw)
     assert rel(host(xp, got), want) < 1e-5
+    with settings(allow_tf32=False, workspace_limit=0, prefer="legacy"):
+        got = ops.convolution_forward(dev(xp, x, "float32"), dev(xp, w, "float32"), **kw)
+    assert rel(host(xp, got), want) < 1e-5
     assert all(ws == 0 for key, algos in [(k, cv._algos.peek(k)) for k in cv._algos.keys()] if key[3] == 0
-               for _, ws in algos)  # fmt: skip
+               for _, ws, _m in algos)  # fmt: skip
 
 
 def test_finite_differences_float64(xp):
@@ -180,3 +193,88 @@ def test_finite_differences_float64(xp):
             b[idx] -= eps
             fd = (loss(a, w) - loss(b, w)) / (2 * eps) if which == "x" else (loss(x, a) - loss(x, b)) / (2 * eps)
             assert abs(fd - grad[idx]) < 1e-6 * max(1.0, abs(fd)), (which, idx, fd, grad[idx])
+
+
+ACTS = [None, "relu", "sigmoid", "tanh", "elu", "swish", "gelu", "gelu_tanh", "leaky_relu", "softplus"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("act", ACTS)
+def test_fused_forward_matches_the_reference(xp, dtype, layout, act):
+    """``act(conv(x, w) + bias + z_alpha * z)``, one graph (or the legacy calls for float64), into a poisoned out."""
+    if dtype == "bfloat16" and xp.name == "cupy":
+        pytest.importorskip("ml_dtypes")
+    legacy_modes = (None, "relu", "sigmoid", "tanh", "elu", "swish")
+    rng = np.random.default_rng(7)
+    # a plain 3x3 (cuDNN 9.19 refuses fused graphs of the grouped, dilated CASES[1]: they run legacy)
+    x, w, kw, rkw = _case(rng, CASES[0], dtype)
+    conv = ref.conv_forward(x, w, **rkw)
+    b = seen(rng.standard_normal(conv.shape[1]), dtype)
+    z = seen(rng.standard_normal(conv.shape), dtype)
+    args = (dev(xp, x, dtype, layout), dev(xp, w, dtype, layout), dev(xp, b, dtype))
+    fused = dict(z=dev(xp, z, dtype, layout), z_alpha=-0.5, activation=act, **kw)
+    if dtype == "float64" and act not in legacy_modes:
+        with pytest.raises(ValueError, match="neither cuDNN path"):
+            ops.convolution_forward(*args, **fused)
+        return
+    pre = conv + b.reshape(1, -1, 1, 1) - 0.5 * z
+    want = pre if act is None else aref.act_forward(pre, act)
+    out = poisoned(xp, want.shape, dtype)
+    with settings(allow_tf32=False):
+        got = ops.convolution_forward(*args, out=out, **fused)
+    assert got is out and rel(host(xp, out), want) < _tol(dtype, False) * 4
+    assert ops.last_path()[1] == ("legacy" if dtype == "float64" else "graph")
+    if dtype != "float64" and act in legacy_modes:  # the legacy composite agrees
+        with settings(allow_tf32=False, prefer="legacy"):
+            got = ops.convolution_forward(*args, **fused)
+        assert ops.last_path()[1] == "legacy" and rel(host(xp, got), want) < _tol(dtype, False) * 4
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_asymmetric_padding_runs_on_the_graph(xp, dtype, layout):
+    """``(before, after)`` pairs and ``"same"`` with an even kernel: forward, backward data and filter against the
+    reference on explicitly padded x; the legacy path refuses them by name."""
+    if dtype == "bfloat16" and xp.name == "cupy":
+        pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(8)
+    x = seen(rng.standard_normal((2, 4, 9, 8)), dtype)
+    w = seen(rng.standard_normal((6, 2, 3, 4)) / 5, dtype)
+    for padding, pre, post, stride in ((((0, 2), (1, 2)), (0, 1), (2, 2), (2, 1)), ("same", (1, 1), (1, 2), (1, 1))):
+        kw = dict(padding=padding, stride=stride, groups=2)
+        xpad = np.pad(x, [(0, 0), (0, 0), (pre[0], post[0]), (pre[1], post[1])])
+        want = ref.conv_forward(xpad, w, stride=stride, pad=(0, 0), groups=2)
+        with settings(allow_tf32=False):
+            y = ops.convolution_forward(dev(xp, x, dtype, layout), dev(xp, w, dtype, layout), **kw)
+            assert ops.last_path() == ("convolution_forward", "graph")
+            assert rel(host(xp, y), want) < _tol(dtype, False) * 2
+            dy = seen(rng.standard_normal(want.shape), dtype)
+            dyd = dev(xp, dy, dtype, layout)
+            dx = ops.convolution_backward_data(dyd, dev(xp, w, dtype, layout), x_shape=x.shape, **kw)
+            dxp = ref.conv_backward_data(dy, w, xpad.shape, stride=stride, pad=(0, 0), groups=2)
+            assert rel(host(xp, dx), dxp[:, :, pre[0] : pre[0] + 9, pre[1] : pre[1] + 8]) < _tol(dtype, False) * 4
+            dw = ops.convolution_backward_filter(dev(xp, x, dtype, layout), dyd, w_shape=w.shape, **kw)
+            want_dw = ref.conv_backward_filter(xpad, dy, w.shape, stride=stride, pad=(0, 0), groups=2)
+            assert rel(host(xp, dw), want_dw) < _tol(dtype, False) * 4
+        with settings(prefer="legacy"), pytest.raises(ValueError, match="legacy call cannot take this.*before"):
+            ops.convolution_forward(dev(xp, x, dtype, layout), dev(xp, w, dtype, layout), **kw)
+
+
+def test_graph_and_legacy_agree_and_the_plan_is_cached(xp):
+    """Both paths on one bf16 NHWC call agree; repeated graph calls hit the op-level graph cache."""
+    from cudnnkit.ops import _graphform
+
+    rng = np.random.default_rng(9)
+    x, w, kw, _ = _case(rng, CASES[0], "bfloat16")
+    if xp.name == "cupy":
+        pytest.importorskip("ml_dtypes")
+    xd, wd = dev(xp, x, "bfloat16", "nhwc"), dev(xp, w, "bfloat16", "nhwc")
+    a = host(xp, ops.convolution_forward(xd, wd, **kw))
+    before = _graphform.graph_cache_info()["hits"]
+    for _ in range(3):
+        ops.convolution_forward(xd, wd, **kw)
+    assert _graphform.graph_cache_info()["hits"] >= before + 3
+    with settings(prefer="legacy"):
+        b = host(xp, ops.convolution_forward(xd, wd, **kw))
+    assert rel(a, b) < 2e-2

@@ -1,13 +1,14 @@
-"""Pooling (``cudnnPoolingForward``/``Backward``, legacy) against the float64 references of
-``tests/pool_reference.py`` (held to torch on the CPU): every mode, 1-d to 3-d, NCHW and channels-last, dtypes,
-exclude-padding with padding > 0 (where it differs from include-padding), NaN propagation, blends."""
+"""Pooling (``cudnnPoolingForward``/``Backward``, legacy; the graph's resample for per-side padding, ceil_mode and
+the argmax index) against the float64 references of ``tests/pool_reference.py`` (held to torch on the CPU): every
+mode, 1-d to 3-d, NCHW and channels-last, dtypes, exclude-padding with padding > 0 (where it differs from
+include-padding), NaN propagation, blends, both paths agreeing."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from cudnnkit import ops
+from cudnnkit import ops, settings
 
 from .. import pool_reference as ref
 from ..numerics import dev, host, poisoned, rel
@@ -70,3 +71,49 @@ def test_blend_into_poisoned_and_given_outputs(xp):
     out2 = dev(xp, prev, "float32")
     ops.pooling_forward(dev(xp, x, "float32"), window=2, out=out2, alpha=2.0, beta=-1.0)
     assert rel(host(xp, out2), 2 * want - prev) < 1e-6
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_graph_path_per_side_padding_ceil_mode_and_index(xp, mode, dtype, layout):
+    """Asymmetric padding and ceil_mode run on the graph (resample); max pooling returns its index, which the
+    backward takes; the result is the reference on the input padded so."""
+    if dtype == "bfloat16" and xp.name == "cupy":
+        pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(11)
+    x = _distinct(rng, (2, 3, 9, 8))
+    xd = dev(xp, x, dtype, layout)
+    from cudnnkit.runtime.shapes import pool_padding
+
+    pre, post = pool_padding((9, 8), (3, 3), stride=(2, 2), padding=0, ceil_mode=True)
+    assert post != pre  # ceil_mode pads after here
+    for kw, pad in ((dict(window=3, stride=2, padding=((0, 2), (1, 1))), ((0, 2), (1, 1))),
+                    (dict(window=3, stride=2, ceil_mode=True), tuple(zip(pre, post)))):  # fmt: skip
+        if mode == "avg_include_padding" and "ceil_mode" in kw:
+            continue  # cuDNN counts the padding ceil_mode adds; torch clips it (documented difference)
+        ismax = mode.startswith("max")
+        got = ops.pooling_forward(xd, mode=mode, return_index=ismax, **kw)
+        assert ops.last_path() == ("pooling_forward", "graph")
+        y, index = got if ismax else (got, None)
+        want = ref.pool_forward(x, mode, (3, 3), (2, 2), pad)
+        assert y.shape == want.shape and rel(host(xp, y), want) < TOL[dtype]
+        dy = np.round(rng.standard_normal(want.shape) * 8) / 8
+        dx = ops.pooling_backward(dev(xp, dy, dtype, layout), y, xd, mode=mode, index=index, **kw)
+        assert ops.last_path() == ("pooling_backward", "graph")
+        want_dx = ref.pool_backward(x, dy, mode, (3, 3), (2, 2), pad)
+        assert rel(host(xp, dx), want_dx) < TOL[dtype] * 4
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_both_paths_agree(xp, mode):
+    rng = np.random.default_rng(12)
+    x = _distinct(rng, (2, 4, 10, 9))
+    xd = dev(xp, x, "float32", "nhwc")
+    kw = dict(mode=mode, window=3, stride=2, padding=1)
+    a = host(xp, ops.pooling_forward(xd, **kw))
+    assert ops.last_path() == ("pooling_forward", "legacy")  # measured faster where both run
+    with settings(prefer="graph"):
+        b = host(xp, ops.pooling_forward(xd, **kw))
+        assert ops.last_path() == ("pooling_forward", "graph")
+    assert rel(a, b) < 1e-6

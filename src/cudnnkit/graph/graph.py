@@ -194,10 +194,17 @@ class Graph(
         v = as_view(array, name or "array")
         return self.tensor(v.shape, v.strides, v.dtype, name=name)
 
-    def mark_output(self, t: Tensor, dtype: str | None = None) -> Tensor:
-        """Make an operation's output a real (non-virtual) tensor, optionally of another dtype."""
+    def mark_output(self, t: Tensor, dtype: str | None = None, *, strides: Sequence[int] | None = None) -> Tensor:
+        """Make an operation's output a real (non-virtual) tensor, optionally of another dtype and with other
+        ``strides`` (elements; default: the layout the operation gave it, its first input's)."""
         t = self._own(t, "t")
-        new = Tensor(t.uid, t.dims, t.strides, canonical(dtype) if dtype else t.dtype, False, False, t.name, self._id)
+        if strides is None:
+            strides = t.strides
+        else:
+            strides = as_ints(strides, "strides")
+            if len(strides) != len(t.dims) or any(s < 1 for s in strides):
+                raise GraphError(f"tensor {t.name or '?'}: strides {strides} must be {len(t.dims)} positive ints")
+        new = Tensor(t.uid, t.dims, strides, canonical(dtype) if dtype else t.dtype, False, False, t.name, self._id)
         self._tensors[t.uid] = new
         return new
 

@@ -6,13 +6,15 @@ Every check :func:`~cudnnkit.ops._primitive.run` makes before the cuDNN call is 
 :mod:`cudnnkit.runtime.adapters`), and per keyword its type and value (an object that is not a plain value, such
 as a ``DropoutState``, by identity: the entry keeps it alive, so the identity cannot be reused). A call whose
 signature was seen before, on a call that went straight to cuDNN (the arrays as given, no copy, no temporary,
-the legacy path), is an :class:`Entry` hit: it reads the current stream, allocates the new outputs with the
+either path), is an :class:`Entry` hit: it reads the current stream, allocates the new outputs with the
 strides the first call chose, builds the views from the entry's templates and this call's pointers, runs the
-op's ``check_plan`` (which may read pointers, and hands the legacy call its extras) and the legacy call.
+op's ``check_plan`` (which may read pointers, and hands the legacy call its extras) and the path the first call
+took (the legacy call, or the graph form with its cached plan). The signature holds the current
+``cudnnkit.settings`` object, which decides the path and what a call resolves to.
 
 Not express (always the full sequence): a ``stream=`` argument, arrays of a library without a ``key`` (bare
 ``__cuda_array_interface__``/DLPack objects), primitives declared ``express=False`` (their checks read a
-pointer or the settings), ``host_ok`` operands, graph-form calls, and calls that needed a copy or a producer
+pointer or the settings), ``host_ok`` operands, and calls that needed a copy or a producer
 stream. :func:`enabled` turns the path off (tests compare both); so does the environment variable
 ``CUDNNKIT_EXPRESS=0`` at import.
 """
@@ -23,7 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime import adapters
+from ..runtime import adapters, current_settings
 from ..runtime.cache import LRU
 
 __all__ = ["Entry", "signature", "entries", "enabled", "info"]
@@ -59,7 +61,8 @@ def signature(p: Any, arrays: Any, kwargs: Any) -> tuple[tuple, list[int], list[
     if not _on[0]:
         return None
     keyed = adapters.KEYED
-    parts: list[Any] = [p.name]
+    # the settings decide the path (prefer) and what a call resolves to (allow_tf32, deterministic, ...)
+    parts: list[Any] = [p.name, current_settings()]
     ptrs: list[int] = []
     objs: list[Any] = []
     for name in p._names:
@@ -124,6 +127,9 @@ class Entry:
     absent: tuple[str, ...] = ()
     #: calls that took this entry (counted without a lock: exact in one thread, about right in several)
     hits: int = 0
+    #: the path the call took ("legacy" or "graph") and, for the graph, its router key (the op-level graph cache)
+    path: str = "legacy"
+    graph_key: Any = None
 
 
 def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Any,
@@ -150,4 +156,7 @@ def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[t
         shaped,
         tuple(objs),
         tuple(n for n, v in views.items() if v is None),
+        0,
+        call.extra.get("_path", "legacy"),
+        call.extra.get("graph_key"),
     )

@@ -44,6 +44,7 @@ from ..runtime.dtypes import scaling_ref
 from ..runtime.launch import Launch
 from ..runtime.view import ArrayView
 from . import _express
+from ._graphform import GraphFallback
 from ._layout import plan_layout
 
 __all__ = [
@@ -175,6 +176,13 @@ class Primitive:
     #: repeated calls may take the express path (:mod:`cudnnkit.ops._express`): False when a check reads more
     #: than the arrays' metadata and the keywords (a pointer, the settings)
     express: bool = True
+    #: ``(resolved, kwargs) -> reason | None``: why the graph form cannot take a call (alpha/beta blending), which
+    #: then goes to legacy; ``legacy_refuses(resolved)`` likewise (asymmetric padding), which then goes to the graph
+    graph_refuses: Callable[[Any, Mapping[str, Any]], str | None] | None = None
+    legacy_refuses: Callable[[Any], str | None] | None = None
+    #: ``resolved -> (path, why)``: the path under ``prefer="auto"`` when both forms take the call (default: the
+    #: graph); activation keeps its legacy modes on their precompiled kernels
+    auto: Callable[[Any], tuple[str, str]] | None = None
     #: an op whose call does not fit the shared sequence runs this function instead (``runner(**arrays,
     #: stream=, **kwargs)``, the public function itself): the RNN, whose arrays are sequences described per call
     #: (lengths, layouts), whose algorithm is chosen per shape class and whose reserve is tracked by a ledger. Its
@@ -189,7 +197,8 @@ class Primitive:
         object.__setattr__(self, "_forms", forms)  # fixed at declaration: the router reads it on every call
         object.__setattr__(self, "_names", tuple(op.name for op in self.inputs))
         object.__setattr__(self, "_outnames", frozenset(o.name for o in self.outputs))
-        express = self.express and self.graph is None and not any(op.host_ok for op in self.inputs)
+        # the signature holds the settings, so a call on either path may be express
+        express = self.express and not any(op.host_ok for op in self.inputs)
         object.__setattr__(self, "_express", express)
         names = [op.name for op in self.inputs]
         for op in self.inputs:
@@ -259,26 +268,56 @@ def last_path() -> tuple[str, str] | None:
     return _last.path
 
 
-def route(p: Primitive, dtype: str, graph_key: Any = None) -> str:
+def route(p: Primitive, dtype: str, graph_key: Any = None, resolved: Any = None, kwargs: Mapping[str, Any] = {}
+          ) -> str:  # fmt: skip
     """``"graph"`` or ``"legacy"`` for one call of ``p`` on arrays of ``dtype`` (see the module docstring).
 
-    ``graph_key`` identifies the graph the call would build (for the negative cache)."""
+    ``graph_key`` identifies the graph the call would build (for the negative cache); ``resolved`` and
+    ``kwargs`` are the call's, which the primitive's ``graph_refuses``/``legacy_refuses`` read: a form that
+    cannot take the call is not chosen, and forcing it with ``settings(prefer=...)`` raises ``ValueError``
+    saying why."""
     if p.graph is None or p.legacy is None:
         path = p._forms[0]  # type: ignore[attr-defined]
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("%s: %s path (%s has only a %s form)", p.name, path, p.name, path)
         return path
     prefer = current_settings().prefer
-    if dtype == "float64":
-        path, why = "legacy", "float64 (the graph API has none)"
+    no_graph, no_legacy = refusals(p, dtype, resolved, kwargs, prefer)
+    if no_legacy is not None:
+        path, why = "graph", f"only the graph API takes it ({no_legacy} on the legacy call)"
+    elif no_graph is not None:
+        path, why = "legacy", no_graph
     elif prefer == "legacy":
         path, why = "legacy", "settings(prefer='legacy')"
     elif prefer != "graph" and graph_key is not None and _refused.lookup(graph_key) is not MISSING:
         path, why = "legacy", "cuDNN refused this graph before"
+    elif prefer == "auto" and p.auto is not None:
+        path, why = p.auto(resolved)
     else:
         path, why = "graph", f"settings(prefer={prefer!r})"
     _log.debug("%s: %s path (%s)", p.name, path, why)
     return path
+
+
+def refusals(p: Primitive, dtype: str, resolved: Any, kwargs: Mapping[str, Any], prefer: str | None = None
+             ) -> tuple[str | None, str | None]:  # fmt: skip
+    """Why the graph form and why the legacy form cannot take a call (None: it can), for a primitive with both;
+    ``ValueError`` when neither can, or when ``settings(prefer=...)`` forces the one that cannot. :func:`run`
+    asks right after ``resolve``, so these are refused before any output is allocated."""
+    if prefer is None:
+        prefer = current_settings().prefer
+    no_graph = "float64 (the graph API has none)" if dtype == "float64" else None
+    if no_graph is None and p.graph_refuses is not None:
+        no_graph = p.graph_refuses(resolved, kwargs)
+    no_legacy = p.legacy_refuses(resolved) if p.legacy_refuses is not None else None
+    if no_graph is not None and no_legacy is not None:
+        raise ValueError(f"{p.name}: neither cuDNN path takes this call: the graph API ({no_graph}) nor the legacy "
+                         f"call ({no_legacy})")  # fmt: skip
+    if no_legacy is not None and prefer == "legacy":
+        raise ValueError(f"{p.name}: settings(prefer='legacy'), but the legacy call cannot take this: {no_legacy}")
+    if no_graph is not None and prefer == "graph":
+        raise ValueError(f"{p.name}: settings(prefer='graph'), but the graph API cannot take this: {no_graph}")
+    return no_graph, no_legacy
 
 
 def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
@@ -288,19 +327,27 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
         try:
             with call.launch.on_device():
                 p.graph(call)  # type: ignore[misc]
+        except GraphFallback as e:
+            if p.legacy is None:
+                raise MemoryError(f"{p.name}: {e}") from None
+            _log.debug("%s: legacy path for this call (%s)", p.name, e)
         except UnsupportedGraphError as e:
             if current_settings().prefer == "graph" or p.legacy is None:
                 raise
+            if p.legacy_refuses is not None and p.legacy_refuses(call.resolved) is not None:
+                raise  # the legacy call cannot take it either
             if graph_key is not None:
                 _refused.put(graph_key, str(e).splitlines()[0])
             _log.debug("%s: graph refused (%s); legacy path", p.name, str(e).splitlines()[0])
             path = "legacy"
         else:
             _last.path = (p.name, "graph")
+            call.extra["_path"] = "graph"
             return
     with call.launch.on_device():  # every form runs with the arrays' device current
         p.legacy(call)  # type: ignore[misc]
     _last.path = (p.name, "legacy")
+    call.extra["_path"] = "legacy"
 
 
 # ----------------------------------------------------------------- the op-level plan cache
@@ -364,6 +411,8 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
         if op.flags & WRITTEN and v.readonly:
             raise ValueError(f"{op.name} is read-only: {p.name} writes it in place")
     resolved = p.resolve(views, kwargs)
+    if p.graph is not None and p.legacy is not None:
+        refusals(p, v0.dtype, resolved, kwargs)  # a call neither form takes is refused before any allocation
 
     alpha = beta = 0.0
     a_ref = b_ref = None
@@ -378,7 +427,7 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
         path = route(p, v0.dtype)
         if views[p.returns or first.name].size:  # add_tensor: an empty c, whatever a's size
             _launch_form(p, call, path, None)
-            if sig is not None and path == "legacy" and _as_given(views, arrays):
+            if sig is not None and _as_given(views, arrays):
                 _remember(sig, launch, views, [], [], call, False)
         return arrays[p.returns or first.name]
 
@@ -406,9 +455,9 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
 
     order = p.layout_order or p._names  # type: ignore[attr-defined]
     operands = tuple([None if views[n] is None else (views[n].dtype, views[n].shape, views[n].strides) for n in order])
-    graph_key = (p.name, resolved, operands, launch.device) if p.graph is not None else None
-    path = route(p, like.dtype, graph_key)
     outkey = tuple([None if v is None else (v.shape, v.strides) for v in vouts.values()])
+    graph_key = (p.name, resolved, operands, outkey, launch.device, current_settings()) if p.graph is not None else None
+    path = route(p, like.dtype, graph_key, resolved, kwargs)
     key = (p.name, resolved, operands, outkey, beta != 0, launch.device)
     hit = _plans.lookup(key)
     if hit is not MISSING and hit[0] == "direct":
@@ -420,11 +469,12 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
                 given[o.name], vouts[o.name] = launch.empty(like.shape, like.dtype, alloc, name=o.name)
             results[o.name], call_views[o.name] = given[o.name], vouts[o.name]
         call = Call(launch, dict(views), resolved, desc, description, a_ref, b_ref, arrays=arrays)
+        call.extra["graph_key"] = graph_key
         if p.check_plan is not None:
             p.check_plan(call)
         call.views = call_views
         _launch_form(p, call, path, graph_key)
-        if sig is not None and path == "legacy" and _as_given(views, arrays):
+        if sig is not None and _as_given(views, arrays):
             _remember_outputs(p, sig, launch, views, kwargs, call)
         return _returned(p, results, call.extra)
 
@@ -441,6 +491,7 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
     )
     desc = tensor_descriptor(like.dtype, *lay.description)
     call = Call(launch, dict(views), resolved, desc, lay.description, a_ref, b_ref, arrays=arrays)
+    call.extra["graph_key"] = graph_key
     if p.check_plan is not None:
         p.check_plan(call)  # before any copy
     lay.apply()
@@ -495,6 +546,8 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
     if empty:
         got = {o.name: output(o)[0] for o in sorted(p.outputs, key=lambda o: kwargs.get(o.name) is None)}
         results = [got[o.name] for o in p.outputs]
+        extra = p.empty_extras(launch) if p.empty_extras is not None else {}
+        results += [extra.get(n) for n in p.extras]
         return results[0] if len(results) == 1 else tuple(results)
     call_views = dict(views)
     made: dict[str, tuple[Any, Any]] = {}
@@ -516,9 +569,14 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
             _, call_views[op.name] = launch.contiguous(arrays[op.name], v, op.name, why)
     first = blends.get(p.outputs[0].name, (None, None))
     call = Call(launch, call_views, resolved, alpha=first[0], beta=first[1], blends=blends, arrays=arrays)
-    path = route(p, dt)
-    _launch_form(p, call, path, None)
-    if (sig is not None and path == "legacy" and _as_given(views, arrays) and not p.extras
+    graph_key = None
+    if p.graph is not None:  # what the graph form would build: the call's arrays as cuDNN sees them, the settings
+        metas = tuple([None if v is None else (n, v.dtype, v.shape, v.strides) for n, v in call_views.items()])
+        graph_key = (p.name, resolved, metas, launch.device, current_settings())
+        call.extra["graph_key"] = graph_key
+    path = route(p, dt, graph_key, resolved, kwargs)
+    _launch_form(p, call, path, graph_key)
+    if (sig is not None and _as_given(views, arrays) and not p.extras
             and all(call_views[op.name] is views[op.name] for op in p.inputs)):  # fmt: skip
         _remember_outputs(p, sig, launch, views, kwargs, call, shaped=True)
     results += [call.extra.get(n) for n in p.extras]  # what the legacy call left (reduce_tensor's indices)
@@ -584,7 +642,9 @@ def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwar
         for name, *_ in e.views[n_in:]:
             results[name] = kwargs[name]
     call.views = views
-    _launch_form(p, call, "legacy", None)
+    if e.path == "graph":
+        call.extra["graph_key"] = e.graph_key
+    _launch_form(p, call, e.path, e.graph_key)
     if not p.outputs:
         return arrays[p.returns or p.inputs[0].name]
     if e.shaped:

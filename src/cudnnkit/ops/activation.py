@@ -1,24 +1,35 @@
-"""Activations on cuDNN's legacy API: ``cudnnActivationForward`` and ``cudnnActivationBackward``.
+"""Activations, forward and backward: cuDNN's legacy ``cudnnActivationForward`` / ``cudnnActivationBackward``, and
+the table of every activation mode that the fused convolution also takes.
 
 Modes (``y = f(x)``, elementwise, any shape of 1 to 8 dims, any strides):
 
-=================  ==========================================  =========================================
-mode               f(x)                                        ``coef``
-=================  ==========================================  =========================================
-``"sigmoid"``      ``1 / (1 + exp(-x))``                       --
-``"relu"``         ``max(x, 0)``                               --
-``"tanh"``         ``tanh(x)``                                 --
-``"clipped_relu"`` ``min(max(x, 0), coef)``                    the ceiling (> 0)
-``"elu"``          ``x`` if ``x > 0`` else ``coef * (exp(x) - 1)`` alpha (default 1.0)
-``"swish"``        ``x * sigmoid(coef * x)``                   beta (default 1.0; SiLU)
-=================  ==========================================  =========================================
+==================  ================================================  ==================================  ========
+mode                f(x)                                              ``coef``                            legacy
+==================  ================================================  ==================================  ========
+``"sigmoid"``       ``1 / (1 + exp(-x))``                             --                                  yes
+``"relu"``          ``max(x, 0)``                                     --                                  yes
+``"tanh"``          ``tanh(x)``                                       --                                  yes
+``"clipped_relu"``  ``min(max(x, 0), coef)``                          the ceiling (> 0)                   yes
+``"elu"``           ``x`` if ``x > 0`` else ``coef * (exp(x) - 1)``   alpha (default 1.0)                 yes
+``"swish"``         ``x * sigmoid(coef * x)``                         beta (default 1.0; SiLU)            yes
+``"gelu"``          ``x * Phi(x)`` (the normal CDF, erf form)         --                                  no
+``"gelu_tanh"``     GELU's tanh approximation                         --                                  no
+``"softplus"``      ``log(1 + exp(coef * x)) / coef``                 beta (default 1.0)                  no
+``"leaky_relu"``    ``x`` if ``x > 0`` else ``coef * x``              the slope (default 0.01, torch's)   no
+==================  ================================================  ==================================  ========
 
-These are the modes the legacy API has for these calls (its ``CUDNN_ACTIVATION_IDENTITY`` is documented for
-``cudnnConvolutionBiasActivationForward`` only, so it is not offered here). GELU, softplus and leaky ReLU exist only as graph pointwise operations;
-they come with the graph path of this issue (12). ``propagate_nan``: relu and clipped relu return NaN for a NaN
-input (``CUDNN_PROPAGATE_NAN``), else 0. Dtypes: float16, bfloat16, float32, float64. Both calls blend
-(``out = alpha * result + beta * out``); the backward takes ``y`` and ``x`` (cuDNN reads whichever its mode
-needs) and ``dy``. Arrays run in one layout (:mod:`cudnnkit.ops._layout`): ``y`` gets ``x``'s; inputs in
+**Where each runs.** This op runs the legacy calls (``cudnnActivation*``), for the modes marked "yes". gelu,
+gelu_tanh, softplus and leaky_relu exist only as graph pointwise operations (``CUDNN_POINTWISE_<MODE>_FWD``),
+and cuDNN 9.19 has no engine for a graph of one pointwise node (measured on the H200: heuristics hand out no
+engine config, for every mode and dtype), so they are refused here by name and run fused after a convolution
+(:func:`cudnnkit.ops.convolution_forward` ``activation=``), where the table's definitions hold. The legacy
+API's ``CUDNN_ACTIVATION_IDENTITY`` is documented for ``cudnnConvolutionBiasActivationForward`` only, so it is
+not offered.
+
+``propagate_nan``: relu and clipped relu return NaN for a NaN input (``CUDNN_PROPAGATE_NAN``), else 0. Dtypes:
+float16, bfloat16, float32, float64 (legacy modes). Both calls blend (``out = alpha * result + beta * out``);
+the backward takes ``y`` and ``x`` (the legacy call reads whichever its mode needs; the graph's ``_BWD`` modes
+read ``x``) and ``dy``. Arrays run in one layout (:mod:`cudnnkit.ops._layout`): ``y`` gets ``x``'s; inputs in
 another layout are copied.
 """
 
@@ -32,7 +43,7 @@ from ..runtime.dtypes import FLOATS, check_scalar, nan_propagation
 from ._layout import canonical_strides, describable
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
-__all__ = ["activation_forward", "activation_backward"]
+__all__ = ["activation_forward", "activation_backward", "resolve_activation", "Act", "GRAPH_MODES"]
 
 _DTYPES = FLOATS  # runtime.dtypes: every float type cuDNN has
 _MODES = {
@@ -43,7 +54,72 @@ _MODES = {
     "elu": lib.CUDNN_ACTIVATION_ELU,
     "swish": lib.CUDNN_ACTIVATION_SWISH,
 }
-_COEF_DEFAULT = {"elu": 1.0, "swish": 1.0}
+#: mode -> (graph pointwise mode stem, the pointwise parameter coef sets, or None)
+GRAPH_MODES = {
+    "sigmoid": ("SIGMOID", None),
+    "relu": ("RELU", None),
+    "tanh": ("TANH", None),
+    "clipped_relu": ("RELU", "relu_upper_clip"),
+    "elu": ("ELU", "elu_alpha"),
+    "swish": ("SWISH", "swish_beta"),
+    "gelu": ("GELU", None),
+    "gelu_tanh": ("GELU_APPROX_TANH", None),
+    "softplus": ("SOFTPLUS", "softplus_beta"),
+    "leaky_relu": ("RELU", "relu_lower_clip_slope"),
+}
+_COEF_DEFAULT = {"elu": 1.0, "swish": 1.0, "softplus": 1.0, "leaky_relu": 0.01}
+_COEF_MODES = ("clipped_relu", "elu", "swish", "softplus", "leaky_relu")
+
+
+class Act(tuple):
+    """A resolved activation (hashable): ``(mode, propagate_nan, coef)``; ``descriptor`` is the legacy
+    ``cudnnActivationDescriptor_t`` (None for the graph-only modes)."""
+
+    __slots__ = ()
+
+    def __new__(cls, mode: str, nan: bool, coef: float) -> Act:
+        return tuple.__new__(cls, (mode, nan, coef))
+
+    mode = property(lambda self: self[0])
+    propagate_nan = property(lambda self: self[1])
+    coef = property(lambda self: self[2])
+
+    @property
+    def descriptor(self) -> Any:
+        if self[0] not in _MODES:
+            return None
+        return get_cached(ACTIVATION, (self[0], nan_propagation(self[1]), self[2]))
+
+    def pointwise(self, g: Any, x: Any, dy: Any = None, **kw: Any) -> Any:
+        """This activation's forward (``dy`` None) or backward node in graph ``g``."""
+        stem, param = GRAPH_MODES[self[0]]
+        params = {param: self[2]} if param is not None else {}
+        if dy is None:
+            return g.pointwise(f"{stem}_FWD", x, **params, **kw)
+        return g.pointwise(f"{stem}_BWD", x, dy=dy, **params, **kw)
+
+
+def resolve_activation(mode: Any, coef: Any = None, propagate_nan: Any = False, name: str = "mode",
+                       coef_name: str = "coef") -> Act:  # fmt: skip
+    """An :class:`Act` from the public arguments, checked (``ValueError``/``TypeError`` naming them: ``name`` and
+    ``coef_name`` are the caller's names for mode and coef)."""
+    check_choice(mode, GRAPH_MODES, name)
+    nan = nan_propagation(propagate_nan) == lib.CUDNN_PROPAGATE_NAN
+    if coef is None:
+        if mode == "clipped_relu":
+            raise ValueError(f"{name}='clipped_relu' needs {coef_name}= (the ceiling, > 0)")
+        coef = _COEF_DEFAULT.get(mode, 0.0)
+    elif mode not in _COEF_MODES:
+        raise ValueError(
+            f"{coef_name} is for clipped_relu (ceiling), elu (alpha), swish and softplus (beta) and leaky_relu (slope), "
+            f"not {name}={mode!r}"
+        )
+    coef = float(check_scalar(coef, coef_name))  # a finite real number
+    if mode in ("clipped_relu", "softplus") and not coef > 0:
+        raise ValueError(
+            f"{coef_name} ({mode}'s {'ceiling' if mode == 'clipped_relu' else 'beta'}) must be > 0, got {coef}"
+        )
+    return Act(mode, nan, coef)
 
 
 def _set_act(ptr: int, mode: str, nan: int, coef: float) -> None:
@@ -60,17 +136,7 @@ def activation_descriptor(mode: str, propagate_nan: bool = False, coef: float | 
     """The cached ``cudnnActivationDescriptor_t`` (``cudnnSetActivationDescriptor``, and
     ``cudnnSetActivationDescriptorSwishBeta`` for swish), the arguments checked. Host-side only."""
     check_choice(mode, _MODES, "mode")
-    nan = nan_propagation(propagate_nan)
-    if coef is None:
-        if mode == "clipped_relu":
-            raise ValueError("mode='clipped_relu' needs coef= (the ceiling, > 0)")
-        coef = _COEF_DEFAULT.get(mode, 0.0)
-    elif mode not in ("clipped_relu", "elu", "swish"):
-        raise ValueError(f"coef is for clipped_relu (ceiling), elu (alpha) and swish (beta), not mode={mode!r}")
-    coef = check_scalar(coef, "coef")  # a finite real number
-    if mode == "clipped_relu" and not coef > 0:
-        raise ValueError(f"coef (clipped_relu's ceiling) must be > 0, got {coef}")
-    return get_cached(ACTIVATION, (mode, nan, float(coef)))
+    return resolve_activation(mode, coef, propagate_nan).descriptor
 
 
 def _describe(shape: tuple[int, ...], strides: tuple[int, ...]):
@@ -81,23 +147,29 @@ def _describe(shape: tuple[int, ...], strides: tuple[int, ...]):
     return shape, canonical_strides(shape, strides)
 
 
-def _resolve(views: Any, kw: Any) -> Any:
+def _resolve(views: Any, kw: Any) -> Act:
     v = next(iter(views.values()))
     if not 1 <= v.ndim <= 8:
         raise ValueError(f"{next(iter(views))} must have 1 to 8 dims (cuDNN's tensors), got shape {v.shape}")
-    return activation_descriptor(kw.get("mode", "relu"), kw.get("propagate_nan", False), kw.get("coef"))
+    r = resolve_activation(kw.get("mode", "relu"), kw.get("coef"), kw.get("propagate_nan", False))
+    if r.mode not in _MODES:
+        raise ValueError(
+            f"mode {r.mode!r} is a graph pointwise mode, and cuDNN 9.19 has no engine for a lone pointwise graph "
+            f"(measured on the H200); it runs fused: convolution_forward(..., activation={r.mode!r}). This op's "
+            f"modes: {', '.join(_MODES)}"
+        )
+    return r
 
 
 def _fwd_call(c: Call) -> None:
     vx, vy, d = c.views["x"], c.views["out"], c.desc
-    lib.cudnnActivationForward(c.launch.handle, c.resolved, c.alpha, d, vx.ptr, c.beta, d, vy.ptr)
+    lib.cudnnActivationForward(c.launch.handle, c.resolved.descriptor, c.alpha, d, vx.ptr, c.beta, d, vy.ptr)
 
 
 def _bwd_call(c: Call) -> None:
     v, d = c.views, c.desc
-    lib.cudnnActivationBackward(
-        c.launch.handle, c.resolved, c.alpha, d, v["y"].ptr, d, v["dy"].ptr, d, v["x"].ptr, c.beta, d, v["out"].ptr
-    )
+    lib.cudnnActivationBackward(c.launch.handle, c.resolved.descriptor, c.alpha, d, v["y"].ptr, d, v["dy"].ptr, d,
+                                v["x"].ptr, c.beta, d, v["out"].ptr)  # fmt: skip
 
 
 ACTIVATION_FORWARD = register(

@@ -15,14 +15,14 @@ array          shape                        notes
 =============  ===========================  =============================================================
 
 A new ``y``/``dx`` takes ``x``'s layout (channels-last stays channels-last); a given ``out`` must be dense
-channels-first or channels-last. Dtypes: ``x``, ``w`` and the result share one of float16, bfloat16, float32
+channels-first or channels-last. The fused forward also takes ``bias`` ``(K,)`` and a residual ``z`` of ``y``'s
+shape (:func:`convolution_forward`). Dtypes: ``x``, ``w`` and the result share one of float16, bfloat16, float32
 (TF32 tensor cores as ``cudnnkit.settings(allow_tf32=...)`` says) and float64; half types compute in float32.
 A 1-d convolution runs as 2-d with a trailing size-1 dim (cuDNN's Nd descriptors take 2 or 3 spatial dims).
 
 Parameters: ``stride``, ``padding`` and ``dilation`` are an int or one per spatial dim; ``padding`` may also be
-``"valid"`` or ``"same"`` (torch's; stride 1), and must be symmetric on this path: cuDNN's legacy descriptor pads
-both sides alike, so ``(before, after)`` pairs that differ (and ``"same"`` with an even dilated kernel) are refused
-by name until the graph path, which takes them, lands (``cudnnkit.ops.convolution`` docstring, issue 12).
+``"valid"`` or ``"same"`` (torch's; stride 1), or ``(before, after)`` pairs per dim; cuDNN's legacy descriptor pads
+both sides alike, so asymmetric padding (and ``"same"`` with an even dilated kernel) runs on the graph path only.
 ``groups`` divides ``C`` and ``K``; ``mode`` is "cross_correlation" (the default, torch's) or "convolution" (the
 kernel flipped). All of it is checked before any GPU work (:func:`cudnnkit.runtime.shapes.conv_output_shape`).
 A :class:`Convolution` holds the parameters for reuse.
@@ -35,8 +35,18 @@ are not deterministic, are dropped. When a candidate's workspace cannot be alloc
 workspace runs (logged on the ``cudnnkit`` logger); a workspace never raises out-of-memory while an algorithm
 with a smaller one remains.
 
-Calls: ``cudnnConvolutionForward``, ``cudnnConvolutionBackwardData``, ``cudnnConvolutionBackwardFilter``,
-``cudnnConvolutionBackwardBias``, each with ``alpha``/``beta`` blending (``out = alpha * result + beta * out``).
+**Paths** (:mod:`cudnnkit.ops._primitive`'s router; :func:`cudnnkit.ops.last_path` says which ran). Forward,
+backward data and backward filter run as a graph (``conv_fprop``/``conv_dgrad``/``conv_wgrad``, float32 compute,
+planned once per signature with the settings' heuristics and engine filters, cached op-level) unless: the dtype
+is float64 (the graph API has none), the call blends (``alpha``/``beta`` other than 1/0), the batch is empty, or
+cuDNN refused that graph before (remembered; the legacy call runs). ``settings(prefer="legacy")`` forces the
+legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias is legacy only.
+
+Legacy calls: ``cudnnConvolutionForward``, ``cudnnConvolutionBackwardData``, ``cudnnConvolutionBackwardFilter``,
+and, for the bias, ``cudnnReduceTensor`` (``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last
+``dy`` on cuDNN 9.19), each with ``alpha``/``beta`` blending (``out = alpha * result + beta * out``). Where cuDNN
+has no legacy algorithm for channels-last arrays (float64, grouped; measured on 9.19), the call runs on
+channels-first copies. Their algorithm choice follows.
 """
 
 from __future__ import annotations
@@ -51,8 +61,9 @@ from .. import lib
 from ..runtime import DescriptorKind, check_choice, cudnn_dtype, current_settings, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides
 from ..runtime.cache import LRU, MISSING
-from ..runtime.dtypes import FLOATS, scaling_ref
+from ..runtime.dtypes import FLOATS, check_scalar, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
+from ._graphform import graph_form, new_graph
 from ._layout import channels_last_strides, copy_in
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
@@ -112,6 +123,14 @@ class _Conv(NamedTuple):
     #: a reduction over an empty batch (backward filter): the result is 0 (beta * out when ``keep``)
     empty_sum: bool = False
     keep: bool = False
+    #: the padding after each of cuDNN's spatial dims (``pad`` is the padding before): the legacy call needs both
+    #: alike, the graph takes any
+    post: tuple[int, ...] = ()
+    #: the fused forward: a bias, a residual ``z`` (scaled by ``z_alpha``), an activation (an ``Act`` or None)
+    bias: bool = False
+    z: bool = False
+    z_alpha: float = 1.0
+    act: Any = None
 
 
 def _params(conv: Any, stride: Any, padding: Any, dilation: Any, groups: Any, mode: Any) -> Convolution:
@@ -133,31 +152,70 @@ def _math_type(dtype: str) -> int:
     return lib.CUDNN_DEFAULT_MATH
 
 
-def _symmetric(p: Convolution, nsp: int, kernel: tuple[int, ...]) -> tuple[int, ...]:
-    """The padding per spatial dim, which this path needs symmetric (``ValueError`` naming ``padding``)."""
+def _padding(p: Convolution, nsp: int, kernel: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The padding (before, after) per spatial dim (``ValueError`` naming ``padding``)."""
     d = expand(p.dilation, nsp, "dilation", 1, INT32_MAX)
     s = expand(p.stride, nsp, "stride", 1, INT32_MAX)
-    pre, post = resolve_padding(p.padding, nsp, s, tuple(di * (ki - 1) + 1 for di, ki in zip(d, kernel)))
-    if pre != post:
-        raise ValueError(
-            f"padding {p.padding!r} pads {pre} before and {post} after: cuDNN's legacy convolution pads both sides "
-            "alike; asymmetric padding needs the graph path (not yet routed here): pad the input explicitly"
-        )
-    return pre
+    return resolve_padding(p.padding, nsp, s, tuple(di * (ki - 1) + 1 for di, ki in zip(d, kernel)))
 
 
 def _resolve(p: Convolution, dtype: str, x_shape: tuple, w_shape: tuple, channels_last: bool, out_shape: tuple
              ) -> _Conv:  # fmt: skip
     nsp = len(x_shape) - 2
-    pad = _symmetric(p, nsp, w_shape[2:])
+    pad, post = _padding(p, nsp, w_shape[2:])
     s = expand(p.stride, nsp, "stride", 1, INT32_MAX)
     d = expand(p.dilation, nsp, "dilation", 1, INT32_MAX)
     if nsp == 1:  # cuDNN's Nd descriptors take 2 or 3 spatial dims: a trailing size-1 dim
-        pad, s, d = pad + (0,), s + (1,), d + (1,)
+        pad, post, s, d = pad + (0,), post + (0,), s + (1,), d + (1,)
     compute = "float64" if dtype == "float64" else "float32"
     strides = channels_last_strides(out_shape) if channels_last else None
     return _Conv(dtype, nsp, pad, s, d, p.groups, p.mode, compute, _math_type(dtype), channels_last, out_shape,
-                 strides)  # fmt: skip
+                 strides, post=post)  # fmt: skip
+
+
+def _legacy_refuses(r: _Conv) -> str | None:
+    if r.act is not None and r.act.descriptor is None:
+        return f"activation {r.act.mode!r} (the legacy API has no such mode)"
+    if r.pad != r.post and not r.empty_sum:  # an empty batch's zeros need no convolution
+        return (f"padding {r.pad[: r.nsp]} before and {r.post[: r.nsp]} after: cuDNN's legacy convolution pads "
+                "both sides alike")  # fmt: skip
+    return None
+
+
+def _graph_refuses(r: _Conv, kw: Any) -> str | None:
+    if kw.get("alpha", 1.0) != 1.0 or kw.get("beta", 0.0) != 0.0:
+        return "alpha/beta blending (the legacy call blends)"
+    if r.empty_sum:
+        return "an empty batch"
+    return None
+
+
+def _fused(r: _Conv, views: Any, kw: Any) -> _Conv:
+    """The forward's bias, z and activation, checked against the call's y."""
+    k = r.y_shape[1]
+    vb, vz = views.get("bias"), views.get("z")
+    if vb is not None:
+        if vb.shape != (k,):
+            raise ValueError(f"bias must have shape ({k},) (one per output channel), got {vb.shape}")
+        same_dtype(vb, "bias", r.dtype, "x")
+    if vz is not None:
+        if vz.shape != r.y_shape:
+            raise ValueError(f"z must have y's shape {r.y_shape}, got {vz.shape}")
+        same_dtype(vz, "z", r.dtype, "x")
+    elif kw.get("z_alpha", 1.0) != 1.0:
+        raise TypeError("z_alpha scales z: pass z=")
+    act = kw.get("activation")
+    if act is not None:
+        from .activation import resolve_activation
+
+        act = resolve_activation(act, kw.get("activation_coef"), name="activation", coef_name="activation_coef")
+    elif kw.get("activation_coef") is not None:
+        raise TypeError("activation_coef is for activation=: pass one")
+    z_alpha = check_scalar(kw.get("z_alpha", 1.0), "z_alpha")
+    if (vb is not None or vz is not None or act is not None) and kw.get("beta", 0.0) != 0.0:
+        raise ValueError("beta blends into out, which the fused forward (bias=, z=, activation=) does not; add a "
+                         "residual with z= and z_alpha=")  # fmt: skip
+    return r._replace(bias=vb is not None, z=vz is not None, z_alpha=float(z_alpha), act=act)
 
 
 def _fwd_resolve(views: Any, kw: Any) -> _Conv:
@@ -169,7 +227,8 @@ def _fwd_resolve(views: Any, kw: Any) -> _Conv:
                 kw.get("groups", 1), kw.get("mode", "cross_correlation"))  # fmt: skip
     y = conv_output_shape(batch1(vx.shape), vw.shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
                           groups=p.groups)  # fmt: skip
-    return _resolve(p, vx.dtype, vx.shape, vw.shape, layout_of(vx) == "nhwc", with_batch(y, vx.shape[0]))
+    r = _resolve(p, vx.dtype, vx.shape, vw.shape, layout_of(vx) == "nhwc", with_batch(y, vx.shape[0]))
+    return _fused(r, views, kw)._replace(keep=kw.get("beta", 0.0) != 0)
 
 
 def _bwd_data_resolve(views: Any, kw: Any) -> _Conv:
@@ -198,7 +257,9 @@ def _bwd_data_resolve(views: Any, kw: Any) -> _Conv:
                              groups=p.groups)  # fmt: skip
     if with_batch(want, x_shape[0]) != vdy.shape:
         raise ValueError(f"dy has shape {vdy.shape} but a convolution of x {x_shape} with w {vw.shape} gives {want}")
-    return _resolve(p, vdy.dtype, x_shape, vw.shape, layout_of(vdy) == "nhwc", x_shape)
+    return _resolve(p, vdy.dtype, x_shape, vw.shape, layout_of(vdy) == "nhwc", x_shape)._replace(
+        keep=kw.get("beta", 0.0) != 0
+    )
 
 
 def _bwd_filter_resolve(views: Any, kw: Any) -> _Conv:
@@ -274,17 +335,20 @@ class _Family(NamedTuple):
     find: str  #: cudnnFind...AlgorithmEx
     count: str  #: cudnnGet...AlgorithmMaxCount
     perf: type
+    ws: str  #: cudnnGet...WorkspaceSize
 
 
 _FWD = _Family("forward", "cudnnGetConvolutionForwardAlgorithm_v7", "cudnnFindConvolutionForwardAlgorithmEx",
-               "cudnnGetConvolutionForwardAlgorithmMaxCount", lib.cudnnConvolutionFwdAlgoPerf_t)  # fmt: skip
+               "cudnnGetConvolutionForwardAlgorithmMaxCount", lib.cudnnConvolutionFwdAlgoPerf_t,
+               "cudnnGetConvolutionForwardWorkspaceSize")  # fmt: skip
 _BWD_DATA = _Family("backward data", "cudnnGetConvolutionBackwardDataAlgorithm_v7",
                     "cudnnFindConvolutionBackwardDataAlgorithmEx", "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
-                    lib.cudnnConvolutionBwdDataAlgoPerf_t)  # fmt: skip
+                    lib.cudnnConvolutionBwdDataAlgoPerf_t, "cudnnGetConvolutionBackwardDataWorkspaceSize")  # fmt: skip
 _BWD_FILTER = _Family("backward filter", "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
                       "cudnnFindConvolutionBackwardFilterAlgorithmEx",
                       "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
-                      lib.cudnnConvolutionBwdFilterAlgoPerf_t)  # fmt: skip
+                      lib.cudnnConvolutionBwdFilterAlgoPerf_t,
+                      "cudnnGetConvolutionBackwardFilterWorkspaceSize")  # fmt: skip
 
 #: (family, descriptors' keys, settings) -> [(algo, workspace bytes, math type)], best first
 _algos: LRU[tuple, list[tuple[int, int, int]]] = LRU("ops.convolution_algos", 1024)
@@ -338,20 +402,33 @@ def _candidates(f: _Family, c: Call, descs: tuple, find_args: Any) -> list[tuple
             continue
         if st.workspace_limit is not None and p.memory > st.workspace_limit:
             continue
-        out.append((int(p.algo), int(p.memory), int(p.mathType)))
+        # the workspace the call itself asks for with this candidate's math type: the heuristics' figure can be
+        # smaller (measured: backward data, cuDNN 9.19, "workSpaceSizeInBytes < requiredWorkspace")
+        need = ctypes.c_size_t()
+        cd = conv_descriptor(c.resolved._replace(math=int(p.mathType)))
+        try:
+            getattr(lib, f.ws)(h, descs[0], descs[1], cd, descs[3], p.algo, ctypes.byref(need))
+        except lib.errors.CudnnError:
+            continue
+        memory = max(int(p.memory), need.value)
+        if st.workspace_limit is not None and memory > st.workspace_limit:
+            continue
+        out.append((int(p.algo), memory, int(p.mathType)))
     if not out:
         why = []
         if st.deterministic:
             why.append("deterministic=True")
         if st.workspace_limit is not None:
             why.append(f"workspace_limit={st.workspace_limit}")
-        raise lib.errors.NotSupportedError(
+        err = lib.errors.NotSupportedError(
             lib.CUDNN_STATUS_NOT_SUPPORTED,
             f.get,
             f"cuDNN has no convolution {f.name} algorithm for these arrays"
             + (f" under {', '.join(why)}" if why else "")
             + f" ({returned.value} candidates returned)",
         )
+        err._no_algorithm = True  # type: ignore[attr-defined]
+        raise err
     return _algos.put(key, out, count_miss=True)
 
 
@@ -422,19 +499,37 @@ def _legacy(which: str) -> Any:
             vo = out_view(c, "out")
             _empty_sum(c, vo, _tensor(vo, r), r.keep)
             return
+        try:
+            once(c, False)
+        except lib.errors.NotSupportedError as e:
+            if not getattr(e, "_no_algorithm", False) or all(layout_of(c.views[n]) != "nhwc" for n in (k.a, k.b)):
+                raise
+            # measured on cuDNN 9.19: no legacy algorithm for float64 or grouped channels-last arrays; the
+            # channels-first ones run (torch copies likewise)
+            _log.debug("convolution %s: no legacy algorithm for channels-last arrays (%s); running channels-first "
+                       "copies", k.family.name, str(e).splitlines()[0])  # fmt: skip
+            once(c, True)
+
+    def once(c: Call, nchw: bool) -> None:
+        r = c.resolved
         ins = {}
         act = k.b if k.a == k.filter_in else k.a  # the activation-side input (x or dy)
-        v_act, act_lay = dense(c, act)
+        v_act, act_lay = _dense(c, act, nchw)
         ins[act] = (v_act, _tensor(v_act, r))
         other = k.b if act == k.a else k.a
-        v, lay = dense(c, other)
+        v, lay = _dense(c, other, nchw)
         if other == k.filter_in and lay != act_lay:
             # the legacy algorithms mostly need the filter in the activations' format (torch copies it too)
             want = channels_last_strides(v.shape) if act_lay == "nhwc" else None
             _, v = copy_in(c.launch, c.arrays[other], v, want, other, f"in {act}'s layout ({act_lay})")
             lay = act_lay
         ins[other] = (v, _filter(v, r, lay) if other == k.filter_in else _tensor(v, r))
-        vo = out_view(c, "out")
+        vo = given = out_view(c, "out")
+        temp = None
+        if nchw and not vo.is_contiguous():
+            temp, vo = c.launch.empty(vo.shape, vo.dtype, None, name="out")
+            if r.keep:
+                c.launch.copy(temp, given.owner, "out")
         od = _filter(vo, r, layout_of(vo) or "nchw") if k.filter_out else _tensor(vo, r)
         (va, da), (vb, db) = ins[k.a], ins[k.b]
         cd = conv_descriptor(r)
@@ -467,15 +562,122 @@ def _legacy(which: str) -> Any:
             ),  # fmt: skip
         )
         c.extra.pop("_scratch", None)
+        if which == "forward" and (r.bias or r.z or r.act is not None):
+            _epilogue(c, r, vo, od)
+        if temp is not None:
+            c.launch.copy(given.owner, temp, "out")
 
     return call
 
 
-def _bias_resolve(views: Any, kw: Any) -> tuple[tuple[int, ...], bool, bool]:
-    """((K,), whether dy is empty, whether beta keeps out)."""
+def _dense(c: Call, name: str, nchw: bool) -> tuple[Any, str]:
+    """``dense``, or with ``nchw`` a C-order copy of a channels-last array."""
+    v, lay = dense(c, name)
+    if nchw and lay == "nhwc" and not v.is_contiguous():
+        _, v = c.launch.contiguous(c.arrays[name], v, name, "has no legacy algorithm channels-last")
+        lay = "nchw"
+    return v, lay
+
+
+def _epilogue(c: Call, r: _Conv, vo: Any, od: Any) -> None:
+    """The fused forward's bias, residual and activation on the legacy path, in place on y: ``cudnnAddTensor``
+    (bias as ``(1, K, 1, ...)``, then ``z_alpha * z``) and ``cudnnActivationForward``."""
+    h = c.launch.handle
+    one = scaling_ref(r.dtype, 1.0)
+    nd = len(vo.shape) + (1 if r.nsp == 1 else 0)
+    if r.bias:
+        vb = c.views["bias"]
+        shape = (1, vb.shape[0]) + (1,) * (nd - 2)
+        lib.cudnnAddTensor(h, one, tensor_descriptor(vb.dtype, shape, contiguous_strides(shape)), vb.ptr, one, od,
+                           vo.ptr)  # fmt: skip
+    if r.z:
+        vz = c.views["z"]
+        lib.cudnnAddTensor(h, scaling_ref(r.dtype, r.z_alpha, "z_alpha"), _tensor(vz, r), vz.ptr, one, od, vo.ptr)
+    if r.act is not None:
+        lib.cudnnActivationForward(h, r.act.descriptor, one, od, vo.ptr, scaling_ref(r.dtype, 0.0), od, vo.ptr)
+
+
+# ----------------------------------------------------------------- the graph forms
+
+
+def _as_4d(v: Any, r: _Conv) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return as_2d(v.shape, v.strides) if r.nsp == 1 else (v.shape, v.strides)
+
+
+def _graph_prepare(which: str) -> Any:
+    """Dense copies (C order) of inputs in other layouts, the filter in the activations' format, and the check of
+    a given output's layout: the layouts the graph is built for."""
+    k = _KINDS[which]
+
+    def prepare(c: Call) -> None:
+        act = k.b if k.a == k.filter_in else k.a
+        v_act, act_lay = dense(c, act)
+        c.views[act] = v_act
+        other = k.b if act == k.a else k.a
+        v, lay = dense(c, other)
+        if other == k.filter_in and lay != act_lay:
+            want = channels_last_strides(v.shape) if act_lay == "nhwc" else None
+            _, v = copy_in(c.launch, c.arrays[other], v, want, other, f"in {act}'s layout ({act_lay})")
+        c.views[other] = v
+        if c.views.get("z") is not None:
+            c.views["z"], _ = dense(c, "z")
+        out_view(c, "out")
+
+    return prepare
+
+
+def _graph(which: str) -> Any:
+    return graph_form(graph_builder(which), _graph_prepare(which))
+
+
+def graph_builder(which: str) -> Any:
+    """``build(call) -> (graph, {tensor: view name})`` of convolution ``which`` ("forward", "data", "filter"):
+    ``conv_fprop`` (then the fused bias ``ADD``, ``ADD`` of ``z`` with ``alpha2 = z_alpha``, the activation's
+    ``*_FWD``), ``conv_dgrad`` or ``conv_wgrad``, float32 compute, the output in the out array's layout."""
+
+    def build(c: Call) -> tuple[Any, dict]:
+        r = c.resolved
+        g = new_graph(c)
+        names = {}
+
+        def t(name: str) -> Any:
+            shape, strides = _as_4d(c.views[name], r)
+            tensor = g.tensor(shape, strides, c.views[name].dtype, name=name)
+            names[tensor] = name
+            return tensor
+
+        conv = dict(stride=r.stride, pre_padding=r.pad, post_padding=r.post, dilation=r.dilation, groups=r.groups,
+                    mode=r.mode, compute_dtype="float32")  # fmt: skip
+        vo = c.views["out"]
+        out_shape, out_strides = _as_4d(vo, r)
+        if which == "forward":
+            y = g.conv_fprop(t("x"), t("w"), **conv)
+            if r.bias:
+                vb = c.views["bias"]
+                shape = (1, vb.shape[0]) + (1,) * (len(out_shape) - 2)
+                b = g.tensor(shape, contiguous_strides(shape), vb.dtype, name="bias")
+                names[b] = "bias"
+                y = g.pointwise("ADD", y, b)
+            if r.z:
+                y = g.pointwise("ADD", y, t("z"), alpha2=r.z_alpha)
+            if r.act is not None:
+                y = r.act.pointwise(g, y)
+        elif which == "data":
+            y = g.conv_dgrad(t("dy"), t("w"), out_shape, **conv)
+        else:
+            y = g.conv_wgrad(t("x"), t("dy"), out_shape, **conv)
+        y = g.mark_output(y, vo.dtype, strides=out_strides)
+        names[y] = "out"
+        return g, names
+
+    return build
+
+
+def _bias_resolve(views: Any, kw: Any) -> tuple[tuple[int, ...], bool, bool, str]:
+    """((K,), whether dy is empty, whether beta keeps out, dy's dtype)."""
     vdy = views["dy"]
     check_dims(vdy, "dy")
-    return (vdy.shape[1],), vdy.size == 0, kw.get("beta", 0.0) != 0
+    return (vdy.shape[1],), vdy.size == 0, kw.get("beta", 0.0) != 0, vdy.dtype
 
 
 def _empty_sum(c: Call, v: Any, desc: Any, keep: bool) -> None:
@@ -488,6 +690,11 @@ def _empty_sum(c: Call, v: Any, desc: Any, keep: bool) -> None:
 
 
 def _bias_call(c: Call) -> None:
+    """``db = alpha * sum(dy over N and space) + beta * db`` by ``cudnnReduceTensor`` (ADD, float32 or float64
+    compute): ``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last ``dy`` on cuDNN 9.19/H200
+    (measured: CUDNN_STATUS_NOT_SUPPORTED), the reduction takes every dtype and layout."""
+    from .arith import REDUCE_TENSOR
+
     vdb = c.views["out"]
     if c.resolved[1]:
         k = vdb.shape[0]
@@ -497,16 +704,22 @@ def _bias_call(c: Call) -> None:
     k = vdy.shape[1]
     nd = max(vdy.ndim, 4)
     db_shape = (1, k) + (1,) * (nd - 2)
-    dy_shape, dy_strides = (vdy.shape, vdy.strides) if vdy.ndim >= 4 else as_2d(vdy.shape, vdy.strides)
-    lib.cudnnConvolutionBackwardBias(
-        c.launch.handle,
-        c.alpha,
-        tensor_descriptor(vdy.dtype, dy_shape, dy_strides),
-        vdy.ptr,
-        c.beta,
-        tensor_descriptor(vdb.dtype, db_shape, contiguous_strides(db_shape)),
-        vdb.ptr,
-    )
+    dy_shape, dy_strides = vdy.shape, vdy.strides
+    while len(dy_shape) < 4:  # cuDNN's reduction takes at least 4-d tensors here: trailing size-1 dims
+        dy_shape, dy_strides = dy_shape + (1,), dy_strides + (1,)
+    h = c.launch.handle
+    compute = "float64" if vdy.dtype == "float64" else "float32"
+    rd = get_cached(REDUCE_TENSOR, ("add", compute, lib.CUDNN_NOT_PROPAGATE_NAN, False))
+    ad = tensor_descriptor(vdy.dtype, dy_shape, dy_strides)
+    cd = tensor_descriptor(vdb.dtype, db_shape, contiguous_strides(db_shape))
+    ws, isz = ctypes.c_size_t(), ctypes.c_size_t()
+    lib.cudnnGetReductionWorkspaceSize(h, rd, ad, cd, ctypes.byref(ws))
+    lib.cudnnGetReductionIndicesSize(h, rd, ad, cd, ctypes.byref(isz))
+    work, work_ptr = c.launch.workspace(ws.value)
+    idx, idx_ptr = c.launch.workspace(isz.value)
+    lib.cudnnReduceTensor(h, rd, idx_ptr or None, isz.value, work_ptr or None, ws.value, c.alpha, ad, vdy.ptr,
+                          c.beta, cd, vdb.ptr)  # fmt: skip
+    del work, idx
 
 
 def _out_strides(r: _Conv) -> tuple[int, ...] | None:
@@ -516,16 +729,23 @@ def _out_strides(r: _Conv) -> tuple[int, ...] | None:
 CONVOLUTION_FORWARD = register(
     Primitive(
         "convolution_forward",
-        inputs=(Operand("x", _DTYPES), Operand("w", _DTYPES)),
+        inputs=(
+            Operand("x", _DTYPES),
+            Operand("w", _DTYPES),
+            Operand("bias", _DTYPES, optional=True),
+            Operand("z", _DTYPES, optional=True),
+        ),  # fmt: skip
         outputs=(Output("out", shape=lambda r: r.y_shape, strides=_out_strides, blend=("alpha", "beta")),),
         resolve=_fwd_resolve,
         legacy=_legacy("forward"),
+        graph=_graph("forward"),
+        graph_refuses=_graph_refuses,
+        legacy_refuses=_legacy_refuses,
         empty=lambda r: 0 in r.y_shape,
         family=_FAMILY,
         differentiable=("x", "w"),
         residuals=("x", "w"),
         backward="convolution_backward_data",
-        express=False,  # its algorithm choice reads the settings
     )
 )
 CONVOLUTION_BACKWARD_DATA = register(
@@ -535,9 +755,11 @@ CONVOLUTION_BACKWARD_DATA = register(
         outputs=(Output("out", shape=lambda r: r.y_shape, strides=_out_strides, blend=("alpha", "beta")),),
         resolve=_bwd_data_resolve,
         legacy=_legacy("data"),
+        graph=_graph("data"),
+        graph_refuses=_graph_refuses,
+        legacy_refuses=_legacy_refuses,
         empty=lambda r: 0 in r.y_shape,
         family=_FAMILY,
-        express=False,
     )
 )
 CONVOLUTION_BACKWARD_FILTER = register(
@@ -547,11 +769,42 @@ CONVOLUTION_BACKWARD_FILTER = register(
         outputs=(Output("out", shape=lambda r: r.y_shape, strides=_out_strides, blend=("alpha", "beta")),),
         resolve=_bwd_filter_resolve,
         legacy=_legacy("filter"),
+        graph=_graph("filter"),
+        graph_refuses=_graph_refuses,
+        legacy_refuses=_legacy_refuses,
         empty=lambda r: False,
         family=_FAMILY,
-        express=False,
     )
 )
+
+
+def _bias_graph(c: Call) -> tuple[Any, dict]:
+    """``REDUCTION`` ADD of dy ``(N, K, *)`` to ``(1, K, 1, ...)``, float32 compute."""
+    g = new_graph(c)
+    vdy, vdb = c.views["dy"], c.views["out"]
+    shape, strides = vdy.shape, vdy.strides
+    while len(shape) < 4:
+        shape, strides = shape + (1,), strides + (1,)
+    dy = g.tensor(shape, strides, vdy.dtype, name="dy")
+    out = (1, shape[1]) + (1,) * (len(shape) - 2)
+    db = g.mark_output(g.reduction(dy, out, mode="add"), vdb.dtype, strides=contiguous_strides(out))
+    return g, {dy: "dy", db: "out"}
+
+
+def _bias_legacy_refuses(r: Any) -> str | None:
+    if r[3] == "bfloat16" and not r[1]:  # an empty dy is cudnnSetTensor's (any dtype)
+        return "bfloat16 (cudnnConvolutionBackwardBias and cudnnReduceTensor refuse it on cuDNN 9.19: NOT_SUPPORTED)"
+    return None
+
+
+def _bias_graph_refuses(r: Any, kw: Any) -> str | None:
+    if kw.get("alpha", 1.0) != 1.0 or kw.get("beta", 0.0) != 0.0:
+        return "alpha/beta blending (the legacy call blends)"
+    if r[1]:
+        return "an empty dy"
+    return None
+
+
 CONVOLUTION_BACKWARD_BIAS = register(
     Primitive(
         "convolution_backward_bias",
@@ -559,6 +812,10 @@ CONVOLUTION_BACKWARD_BIAS = register(
         outputs=(Output("out", shape=lambda r: r[0], packed=True, blend=("alpha", "beta")),),
         resolve=_bias_resolve,
         legacy=_bias_call,
+        graph=graph_form(_bias_graph, lambda c: c.views.__setitem__("dy", dense(c, "dy")[0])),
+        graph_refuses=_bias_graph_refuses,
+        legacy_refuses=_bias_legacy_refuses,
+        auto=lambda r: ("legacy", "cudnnReduceTensor, a precompiled kernel"),
         empty=lambda r: False,
         family=_FAMILY,
     )
@@ -571,7 +828,12 @@ CONVOLUTION_BACKWARD_BIAS = register(
 def convolution_forward(
     x: Any,
     w: Any,
+    bias: Any = None,
     *,
+    z: Any = None,
+    z_alpha: float = 1.0,
+    activation: str | None = None,
+    activation_coef: float | None = None,
     stride: int | Sequence[int] = 1,
     padding: int | Sequence[int] | str = 0,
     dilation: int | Sequence[int] = 1,
@@ -584,11 +846,22 @@ def convolution_forward(
     stream: Any = None,
 ) -> Any:
     """``y = alpha * conv(x, w) + beta * out``: ``x`` ``(N, C, *in)``, ``w`` ``(K, C // groups, *k)`` -> ``y``
-    ``(N, K, *out)`` (see the module docstring for layouts, dtypes and the algorithm choice); ``conv=`` a
-    :class:`Convolution` in place of the keywords. ``cudnnConvolutionForward`` (primitive
+    ``(N, K, *out)`` (see the module docstring for layouts, dtypes and the paths); ``conv=`` a
+    :class:`Convolution` in place of the keywords.
+
+    **Fused:** ``y = act(alpha * conv(x, w) + bias + z_alpha * z)`` with ``bias`` ``(K,)``, a residual ``z`` of
+    ``y``'s shape and ``activation`` one of :mod:`cudnnkit.ops.activation`'s modes (``activation_coef`` its
+    ``coef``), each optional, all in ``x``'s dtype. The graph path runs it as one graph (``conv_fprop`` -> ``ADD``
+    -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, or a graph cuDNN refuses) as
+    ``cudnnConvolutionForward``, ``cudnnAddTensor`` and ``cudnnActivationForward`` in place (the graph-only
+    activations have no legacy form). ``beta`` must be 0 when fusing.
+
+    Calls: the graph (``CONVOLUTION_FORWARD`` operation) or ``cudnnConvolutionForward`` (primitive
     :data:`CONVOLUTION_FORWARD`)."""
-    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv)
-    return run(CONVOLUTION_FORWARD, {"x": x, "w": w}, out=out, alpha=alpha, beta=beta, stream=stream, **kw)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv, z_alpha=z_alpha,
+              activation=activation, activation_coef=activation_coef)  # fmt: skip
+    return run(CONVOLUTION_FORWARD, {"x": x, "w": w, "bias": bias, "z": z}, out=out, alpha=alpha, beta=beta,
+               stream=stream, **kw)  # fmt: skip
 
 
 def convolution_backward_data(
@@ -643,6 +916,7 @@ def convolution_backward_filter(
 
 def convolution_backward_bias(dy: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0,
                               stream: Any = None) -> Any:  # fmt: skip
-    """``db`` ``(K,)``: ``dy`` ``(N, K, *out)`` summed over every dim but the channels.
-    ``cudnnConvolutionBackwardBias`` (primitive :data:`CONVOLUTION_BACKWARD_BIAS`)."""
+    """``db`` ``(K,)``: ``dy`` ``(N, K, *out)`` summed over every dim but the channels, in ``dy``'s dtype (float32
+    or float64 accumulation). ``cudnnReduceTensor`` with ``CUDNN_REDUCE_TENSOR_ADD`` (primitive
+    :data:`CONVOLUTION_BACKWARD_BIAS`)."""
     return run(CONVOLUTION_BACKWARD_BIAS, {"dy": dy}, out=out, alpha=alpha, beta=beta, stream=stream)

@@ -1,4 +1,4 @@
-"""N-d pooling on cuDNN's legacy API: ``cudnnPoolingForward`` and ``cudnnPoolingBackward``.
+"""N-d pooling: cuDNN's legacy ``cudnnPoolingForward``/``cudnnPoolingBackward`` and the graph's resample.
 
 Modes: ``"max"``, ``"max_deterministic"`` (a deterministic backward), ``"avg_include_padding"`` (padded cells
 count in the divisor, torch's ``count_include_pad=True``) and ``"avg_exclude_padding"`` (they do not,
@@ -10,9 +10,12 @@ ignores it. ``ceil_mode``: the output size rounds up, as torch defines it
 (:func:`cudnnkit.runtime.shapes.pool_padding`). The output shape is
 :func:`cudnnkit.runtime.shapes.pool_output_shape`.
 
-This path pads both sides alike: asymmetric padding, and a ``ceil_mode`` that changes the output size (it adds
-padding after), are refused by name until the graph path (resample), which takes per-side padding, lands (issue
-12). Arrays: ``x`` (N, C, *spatial) dense channels-first or channels-last (another layout is copied); a new ``y``
+**Paths.** Where both run, the legacy calls (``cudnnPoolingForward``/``Backward``) are taken: measured faster
+(max pool 3x3/2 fp16 NHWC 64x256x56x56: 0.077 ms legacy, 0.204 ms graph resample, H200, cuDNN 9.19). The legacy
+descriptor pads both sides alike, so asymmetric padding, and a ``ceil_mode`` that adds padding after, run on the
+graph (``OPERATION_RESAMPLE_FWD``/``_BWD``, per-side padding), which also returns max pooling's argmax index
+(``return_index=True``) and takes it in the backward (``index=``); the graph path does not blend.
+``settings(prefer=...)`` forces either; :func:`cudnnkit.ops.last_path` says which ran. Arrays: ``x`` (N, C, *spatial) dense channels-first or channels-last (another layout is copied); a new ``y``
 takes ``x``'s layout; a given ``out`` must be dense. Dtypes: float16, bfloat16, float32, float64. The backward
 is cuDNN's legacy one, which needs the forward's ``y`` and ``x`` (for max pooling it finds the maximum again).
 Both calls blend: ``out = alpha * result + beta * out``.
@@ -29,8 +32,20 @@ from ..runtime import DescriptorKind, check_choice, get_cached
 from ..runtime.descriptors import int_array
 from ..runtime.dtypes import FLOATS, nan_propagation
 from ..runtime.shapes import INT32_MAX, expand, pool_output_shape, pool_padding
-from ._layout import channels_last_strides
-from ._nd import batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
+from ._graphform import graph_form, new_graph
+from ._layout import channels_last_strides, copy_in
+from ._nd import (
+    as_2d,
+    batch1,
+    check_dims,
+    dense,
+    layout_of,
+    nd_tensor,
+    out_view,
+    param_form,
+    same_dtype,
+    with_batch,  # fmt: skip
+)
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["Pooling", "pooling_forward", "pooling_backward"]
@@ -77,6 +92,18 @@ class _Pool(NamedTuple):
     stride: tuple[int, ...]
     y_shape: tuple[int, ...]
     y_strides: tuple[int, ...] | None
+    post: tuple[int, ...] = ()  #: the padding after each spatial dim (``pad``: before); legacy needs them alike
+    index: bool = False  #: the forward returns max pooling's argmax index (graph), or the backward takes it
+    x_shape: tuple[int, ...] = ()  #: the forward's input shape (the caller's rank)
+    index_dtype: str = "int8"
+
+
+def _index_dtype(window: tuple[int, ...]) -> str:
+    """The index dtype that holds a position within the window (int8 up to 127 cells, else int32)."""
+    n = 1
+    for w in window:
+        n *= w
+    return "int8" if n <= 127 else "int32"
 
 
 def _params(pool: Any, kw: Any) -> Pooling:
@@ -101,32 +128,60 @@ def _resolve_for(v: Any, name: str, kw: Any) -> _Pool:
     xs = batch1(v.shape)
     y = pool_output_shape(xs, w, stride=s, padding=p.padding, ceil_mode=p.ceil_mode)
     pre, post = pool_padding(xs[2:], w, stride=s, padding=p.padding, ceil_mode=p.ceil_mode)
-    if pre != post:
-        why = "ceil_mode adds padding after" if p.ceil_mode else "the padding differs between sides"
-        raise ValueError(
-            f"padding {p.padding!r} (ceil_mode={p.ceil_mode}) pads {pre} before and {post} after ({why}): cuDNN's "
-            "legacy pooling pads both sides alike; this needs the graph path (not yet routed here)"
-        )
     if nsp == 1:
-        w, pre, s = w + (1,), pre + (0,), s + (1,)
+        w, pre, post, s = w + (1,), pre + (0,), post + (0,), s + (1,)
     y = with_batch(y, v.shape[0])
     strides = channels_last_strides(y) if layout_of(v) == "nhwc" else None
-    return _Pool(nsp, p.mode, p.propagate_nan, w, pre, s, y, strides)
+    return _Pool(nsp, p.mode, p.propagate_nan, w, pre, s, y, strides, post, False, v.shape, _index_dtype(w))
 
 
 def _fwd_resolve(views: Any, kw: Any) -> _Pool:
-    return _resolve_for(views["x"], "x", kw)
+    r = _resolve_for(views["x"], "x", kw)
+    index = kw.get("return_index", False)
+    if not isinstance(index, bool):
+        raise TypeError(f"return_index must be a bool, got {index!r}")
+    if index and not r.mode.startswith("max"):
+        raise ValueError(f"return_index=True is for max pooling (its argmax), not mode={r.mode!r}")
+    return r._replace(index=index)
 
 
 def _bwd_resolve(views: Any, kw: Any) -> _Pool:
-    vdy, vy, vx = views["dy"], views["y"], views["x"]
+    vdy, vy, vx, vi = views["dy"], views["y"], views["x"], views.get("index")
     r = _resolve_for(vx, "x", kw)
     for v, name in ((vdy, "dy"), (vy, "y")):
         same_dtype(v, name, vx.dtype, "x")
         if v.shape != r.y_shape:
             raise ValueError(f"{name} must have the forward output's shape {r.y_shape}, got {v.shape}")
+    if vi is not None:
+        if not r.mode.startswith("max"):
+            raise ValueError(f"index is max pooling's argmax: mode={r.mode!r} takes none")
+        if vi.shape != r.y_shape or vi.dtype != r.index_dtype:
+            raise ValueError(f"index must be the forward's (return_index=True): shape {r.y_shape} and dtype "
+                             f"{r.index_dtype}, got {vi.shape} {vi.dtype}")  # fmt: skip
     # dx has x's shape and layout
-    return r._replace(y_shape=vx.shape, y_strides=channels_last_strides(vx.shape) if layout_of(vx) == "nhwc" else None)
+    return r._replace(y_shape=vx.shape, y_strides=channels_last_strides(vx.shape) if layout_of(vx) == "nhwc" else None,
+                      index=vi is not None)  # fmt: skip
+
+
+def _legacy_refuses(r: _Pool) -> str | None:
+    if r.pad != r.post:
+        return (f"padding {r.pad[: r.nsp]} before and {r.post[: r.nsp]} after (asymmetric, or ceil_mode adding "
+                "padding after): cuDNN's legacy pooling pads both sides alike")  # fmt: skip
+    if r.index:
+        return "the argmax index (the graph's resample returns and takes it)"
+    return None
+
+
+def _graph_refuses(r: _Pool, kw: Any) -> str | None:
+    if kw.get("alpha", 1.0) != 1.0 or kw.get("beta", 0.0) != 0.0:
+        return "alpha/beta blending (the legacy call blends)"
+    return None
+
+
+def _auto(r: _Pool) -> tuple[str, str]:
+    # measured on the H200 (cuDNN 9.19): the legacy max pool 3x3/2 fp16 NHWC 64x256x56x56 runs in 0.077 ms, the
+    # graph's resample in 0.204 ms
+    return "legacy", "the legacy kernel is faster where both run (benchmarks/NOTES.md)"
 
 
 def _set_pool(ptr: int, mode: str, nan: bool, window: tuple, pad: tuple, stride: tuple) -> None:
@@ -160,9 +215,15 @@ def _fwd_call(c: Call) -> None:
 def _bwd_call(c: Call) -> None:
     r = c.resolved
     vy, _ = dense(c, "y")
-    vdy, _ = dense(c, "dy")
+    vdy = c.views["dy"]
+    if vdy.strides != vy.strides:  # cuDNN needs dy in y's strides (BAD_PARAM "isTensorSameStrides" otherwise)
+        _, vdy = copy_in(c.launch, c.arrays["dy"], vdy, vy.strides if not vy.is_contiguous() else None, "dy",
+                         "in y's layout")  # fmt: skip
     vx, _ = dense(c, "x")
     vdx = out_view(c, "out")
+    if vx.strides != vdx.strides:  # cuDNN needs dx in x's strides (BAD_PARAM "isTensorSameStrides" otherwise)
+        _, vx = copy_in(c.launch, c.arrays["x"], vx, None if vdx.is_contiguous() else vdx.strides, "x",
+                        "in out's layout")  # fmt: skip
     lib.cudnnPoolingBackward(
         c.launch.handle,
         pooling_descriptor(r),
@@ -183,6 +244,70 @@ def _strides(r: _Pool) -> tuple[int, ...] | None:
     return r.y_strides
 
 
+def _graph_mode(r: _Pool) -> str:
+    return "max" if r.mode.startswith("max") else r.mode
+
+
+def _as_4d(v: Any, r: _Pool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return as_2d(v.shape, v.strides) if r.nsp == 1 else (v.shape, v.strides)
+
+
+def _prepare(names: tuple[str, ...]) -> Any:
+    def prepare(c: Call) -> None:
+        for n in names:
+            if c.views.get(n) is not None:
+                c.views[n], _ = dense(c, n)
+        out_view(c, "out")
+        r = c.resolved
+        if r.index and "dy" not in c.views:  # the forward's index output, in y's layout
+            vo = c.views["out"]
+            c.extra["index"], c.views["index"] = c.launch.empty(vo.shape, r.index_dtype, vo.strides, name="index")
+
+    return prepare
+
+
+def _fwd_graph(c: Call) -> tuple[Any, dict]:
+    """``resample_forward`` (``CUDNN_BACKEND_OPERATION_RESAMPLE_FWD_DESCRIPTOR``): per-side padding, the index."""
+    r = c.resolved
+    g = new_graph(c)
+    shape, strides = _as_4d(c.views["x"], r)
+    x = g.tensor(shape, strides, c.views["x"].dtype, name="x")
+    got = g.resample_forward(x, mode=_graph_mode(r), window=r.window, stride=r.stride, pre_padding=r.pad,
+                             post_padding=r.post, nan_propagation=r.nan, index=r.index,
+                             index_dtype=r.index_dtype)  # fmt: skip
+    y, idx = got if r.index else (got, None)
+    vo = c.views["out"]
+    names = {x: "x", g.mark_output(y, vo.dtype, strides=_as_4d(vo, r)[1]): "out"}
+    if idx is not None:
+        names[g.mark_output(idx, r.index_dtype, strides=_as_4d(vo, r)[1])] = "index"
+    return g, names
+
+
+def _bwd_graph(c: Call) -> tuple[Any, dict]:
+    """``resample_backward`` from dy (and, for max pooling, the forward's index)."""
+    r = c.resolved
+    if r.mode.startswith("max") and not r.index:
+        from ..graph import UnsupportedGraphError
+
+        raise UnsupportedGraphError("max pooling backward on the graph needs the forward's index=", [])
+    g = new_graph(c)
+    names = {}
+
+    def t(name: str, dtype: str | None = None) -> Any:
+        shape, strides = _as_4d(c.views[name], r)
+        tensor = g.tensor(shape, strides, dtype or c.views[name].dtype, name=name)
+        names[tensor] = name
+        return tensor
+
+    vo = c.views["out"]
+    out_shape, out_strides = _as_4d(vo, r)
+    dx = g.resample_backward(t("dy"), x_dims=out_shape, index=t("index") if r.index else None, mode=_graph_mode(r),
+                             window=r.window, stride=r.stride, pre_padding=r.pad, post_padding=r.post,
+                             nan_propagation=r.nan)  # fmt: skip
+    names[g.mark_output(dx, vo.dtype, strides=out_strides)] = "out"
+    return g, names
+
+
 POOLING_FORWARD = register(
     Primitive(
         "pooling_forward",
@@ -190,6 +315,11 @@ POOLING_FORWARD = register(
         outputs=(Output("out", shape=lambda r: r.y_shape, strides=_strides, blend=("alpha", "beta")),),
         resolve=_fwd_resolve,
         legacy=_fwd_call,
+        graph=graph_form(_fwd_graph, _prepare(("x",))),
+        graph_refuses=_graph_refuses,
+        legacy_refuses=_legacy_refuses,
+        auto=_auto,
+        extras=("index",),
         empty=lambda r: 0 in r.y_shape,
         family="pooling",
         differentiable=("x",),
@@ -200,10 +330,19 @@ POOLING_FORWARD = register(
 POOLING_BACKWARD = register(
     Primitive(
         "pooling_backward",
-        inputs=(Operand("dy", _DTYPES), Operand("y", _DTYPES), Operand("x", _DTYPES)),
+        inputs=(
+            Operand("dy", _DTYPES),
+            Operand("y", _DTYPES),
+            Operand("x", _DTYPES),
+            Operand("index", ("int8", "int32"), optional=True),
+        ),  # fmt: skip
         outputs=(Output("out", shape=lambda r: r.y_shape, strides=_strides, blend=("alpha", "beta")),),
         resolve=_bwd_resolve,
         legacy=_bwd_call,
+        graph=graph_form(_bwd_graph, _prepare(("dy", "index"))),
+        graph_refuses=_graph_refuses,
+        legacy_refuses=_legacy_refuses,
+        auto=_auto,
         empty=lambda r: 0 in r.y_shape,
         family="pooling",
     )
@@ -220,16 +359,21 @@ def pooling_forward(
     ceil_mode: bool = False,
     propagate_nan: bool = False,
     pool: Pooling | None = None,
+    return_index: bool = False,
     out: Any = None,
     alpha: float = 1.0,
     beta: float = 0.0,
     stream: Any = None,
 ) -> Any:
     """Pool ``x`` ``(N, C, *in)`` -> ``y`` ``(N, C, *out)`` (see the module docstring); ``pool=`` a
-    :class:`Pooling` in place of the keywords. ``cudnnPoolingForward`` (primitive :data:`POOLING_FORWARD`)."""
+    :class:`Pooling` in place of the keywords. ``return_index=True`` (max modes) returns ``(y, index)``: the
+    argmax within each window (int8, int32 for windows over 127 cells, ``y``'s shape and layout), which
+    :func:`pooling_backward` takes as ``index=`` on the graph path. ``cudnnPoolingForward`` or the graph's
+    resample (primitive :data:`POOLING_FORWARD`)."""
     kw = dict(mode=mode, window=window, stride=stride, padding=padding, ceil_mode=ceil_mode,
-              propagate_nan=propagate_nan, pool=pool)  # fmt: skip
-    return run(POOLING_FORWARD, {"x": x}, out=out, alpha=alpha, beta=beta, stream=stream, **kw)
+              propagate_nan=propagate_nan, pool=pool, return_index=return_index)  # fmt: skip
+    y, index = run(POOLING_FORWARD, {"x": x}, out=out, alpha=alpha, beta=beta, stream=stream, **kw)
+    return (y, index) if return_index else y
 
 
 def pooling_backward(
@@ -244,13 +388,18 @@ def pooling_backward(
     ceil_mode: bool = False,
     propagate_nan: bool = False,
     pool: Pooling | None = None,
+    index: Any = None,
     out: Any = None,
     alpha: float = 1.0,
     beta: float = 0.0,
     stream: Any = None,
 ) -> Any:
     """``dx`` (``x``'s shape) of :func:`pooling_forward` from ``dy``, the forward's ``y`` and its input ``x`` (the
-    parameters must be the forward's). ``cudnnPoolingBackward`` (primitive :data:`POOLING_BACKWARD`)."""
+    parameters must be the forward's). The legacy call reads ``y`` and ``x`` (for max pooling it finds the maximum
+    again); the graph's resample backward reads ``dy`` and, for max pooling, ``index=`` (the forward's
+    ``return_index=True``), which asymmetric padding and ``ceil_mode`` padding after need. ``cudnnPoolingBackward``
+    or the graph (primitive :data:`POOLING_BACKWARD`)."""
     kw = dict(mode=mode, window=window, stride=stride, padding=padding, ceil_mode=ceil_mode,
               propagate_nan=propagate_nan, pool=pool)  # fmt: skip
-    return run(POOLING_BACKWARD, {"dy": dy, "y": y, "x": x}, out=out, alpha=alpha, beta=beta, stream=stream, **kw)
+    return run(POOLING_BACKWARD, {"dy": dy, "y": y, "x": x, "index": index}, out=out, alpha=alpha, beta=beta,
+               stream=stream, **kw)  # fmt: skip

@@ -25,7 +25,7 @@ from ...runtime.dtypes import scaling_ref
 from ...runtime.handle import get_handle, resolve_stream
 from ..errors import Attempt, BindingError, GraphError
 from .engines import EngineInfo
-from .spec import PlanSpec, Resolved, check_pointer, checked_stream
+from .spec import PlanSpec, Resolved, _scalar_bytes, check_pointer, checked_stream
 
 __all__ = ["ExecutionPlan", "BoundPlan", "FORMAT", "key_digest"]
 
@@ -101,6 +101,7 @@ class ExecutionPlan:
         #: the default workspace and allocated scratch per (array library, stream): {what: (array, pointer)}
         self._buffers: LRU[tuple, dict[Any, tuple[Any, int]]] = LRU("graph.plan_buffers", 8)
         self._lock = threading.Lock()
+        self._raw: tuple | None = None  # execute_raw's template (bindable uids, positions, pointers, buffers)
 
     # ------------------------------------------------------------- properties
 
@@ -264,6 +265,59 @@ class ExecutionPlan:
         else:
             _clear(handle.ptr, zero)
             status = _raw_execute()(handle.ptr, self.ptr, vp.ptr)
+        if status:
+            raise lib.errors.error_for(status, "cudnnBackendExecute")
+
+    @property
+    def bindable_uids(self) -> tuple[int, ...]:
+        """The uids :meth:`execute_raw` takes pointers for, in its order: every non-virtual tensor but the graph's
+        own constants and scratch."""
+        got = self._raw
+        if got is None:
+            got = self._raw_template()
+        return got[0]
+
+    def _raw_template(self) -> tuple[tuple[int, ...], tuple[int, ...], list[int], list[Any], bytes]:
+        """(bindable uids, their positions among ``spec.uids``, the pointer list with the constants' host
+        buffers in place, those buffers, the constants' bytes) for :meth:`execute_raw`."""
+        with self._lock:
+            if self._raw is None:
+                if self.spec.scratch:
+                    raise GraphError(
+                        f"plan {self.name} has scratch tensors: execute_raw takes none (use execute or bind)"
+                    )
+                uids, pos, ptrs, keep, scalars = [], [], [], [], b""
+                for i, uid in enumerate(self.spec.uids):
+                    if uid in self.spec.constants:
+                        t = self.tensors[uid]
+                        raw = _scalar_bytes(self.spec.constants[uid][0], t.dtype, self.spec.labels[uid])
+                        buf = ctypes.create_string_buffer(raw, max(len(raw), 8))
+                        keep.append(buf)
+                        ptrs.append(ctypes.addressof(buf))
+                        scalars += raw
+                    else:
+                        uids.append(uid)
+                        pos.append(i)
+                        ptrs.append(0)
+                self._raw = (tuple(uids), tuple(pos), ptrs, keep, scalars)
+            return self._raw
+
+    def execute_raw(self, handle: int, ptrs: list[int], workspace: int) -> None:
+        """The trusted fast path the array-level ops run their graph forms with: ``cudnnBackendExecute(handle,
+        plan, pack)`` with device pointers ``ptrs`` for :attr:`bindable_uids` (in that order), ``workspace``
+        a device pointer to at least :attr:`workspace_size` bytes (0 when it needs none) and ``handle`` a raw
+        ``cudnnHandle_t`` already on the stream and device to run on. Nothing is checked: the caller has
+        checked its arrays (shape, strides, dtype, device) against the plan's tensors. The variant pack is
+        cached per pointer tuple, as :meth:`execute` caches it."""
+        uids, pos, base, keep, scalars = self._raw if self._raw is not None else self._raw_template()
+        key = (tuple(ptrs), workspace)
+        vp = self._packs.lookup(key)
+        if vp is MISSING:
+            full = list(base)
+            for i, p in zip(pos, ptrs):
+                full[i] = p
+            vp = self._packs.put(key, _new_variant_pack(self.spec.uids, full, workspace, keep), count_miss=True)
+        status = _raw_execute()(handle, self.ptr, vp.ptr)
         if status:
             raise lib.errors.error_for(status, "cudnnBackendExecute")
 

@@ -1,0 +1,102 @@
+"""The graph form of an array-level op: one :class:`~cudnnkit.graph.Graph` per call signature, built and planned
+once, then run with pointers.
+
+A primitive's ``graph=`` is ``graph_form(build)``. ``build(call)`` returns a graph whose non-virtual tensors are
+the call's arrays exactly as :class:`~cudnnkit.ops._primitive.Call` holds them (dims, strides, dtype), and a map
+from each of those tensors to its name in ``call.views``. The first call of a signature (the router's graph key:
+the primitive, its resolved keywords, every array's dtype, shape and strides, the device and the settings)
+builds the graph, plans it (:meth:`Graph.build`: the settings' heuristics, engine filters and the per-device
+plan cache) and keeps ``(plan, names)`` in the op-level graph cache; every call then does a dict lookup, takes a
+workspace from the arrays' allocator and runs :meth:`ExecutionPlan.execute_raw` (``cudnnBackendExecute`` with a
+variant pack cached per pointer tuple). cuDNN refusing the graph raises
+:class:`~cudnnkit.graph.UnsupportedGraphError`, which the router remembers and answers with the legacy call.
+A workspace that cannot be allocated sends that one call to the legacy form (:class:`GraphFallback`), logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..runtime.cache import LRU, MISSING
+
+__all__ = ["GraphFallback", "graph_form", "new_graph", "graph_cache_info"]
+
+_log = logging.getLogger("cudnnkit")
+
+#: graph key -> (ExecutionPlan, the call.views name of each of its bindable uids, in order)
+_forms: LRU[Any, tuple[Any, tuple[str, ...]]] = LRU("ops.graph_forms", 1024)
+
+
+class GraphFallback(Exception):
+    """Raised by a graph form that cannot run this one call (its workspace could not be allocated): the call goes
+    to the primitive's legacy form, and the graph is not remembered as refused."""
+
+
+def graph_cache_info() -> dict[str, int]:
+    """Size, bound, hits and misses of the op-level graph cache."""
+    return _forms.info()
+
+
+def new_graph(c: Any) -> Any:
+    """The :class:`~cudnnkit.graph.Graph` a ``build`` starts from: float32 compute and intermediates, the call's
+    pointer alignment."""
+    from ..graph import Graph
+
+    return Graph(compute_dtype="float32", intermediate_dtype="float32", alignment=c.extra.get("graph_alignment", 16))
+
+
+def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: Callable[[Any], None] | None = None
+               ) -> Callable[[Any], None]:  # fmt: skip
+    """A primitive's graph form from ``build(call) -> (graph, {Tensor: view name})`` (see the module docstring).
+    ``prepare(call)``, run first on every call, may replace views in ``call.views`` by copies in a layout the graph
+    takes (the convolutions' dense copies), the same for every call of a signature."""
+
+    def run(c: Any) -> None:
+        if prepare is not None:
+            prepare(c)
+        # the graph engines need 16-byte aligned pointers (measured: CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER at
+        # execution for a plan built with a smaller CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT): a misaligned input is
+        # copied, a misaligned output written through an aligned temporary
+        back = []
+        for name, v in list(c.views.items()):
+            if v is None or v.ptr % 16 == 0:
+                continue
+            if name in c.arrays and c.arrays[name] is not None:
+                from ._layout import copy_in
+
+                _, c.views[name] = copy_in(c.launch, c.arrays[name], v, v.strides, name, "is not 16-byte aligned")
+            else:
+                tmp, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)
+                back.append((v, tmp, name))
+        c.extra["graph_alignment"] = 16
+        key = c.extra.get("graph_key")
+        if key is not None:
+            key = (key, tuple(v.strides for v in c.views.values() if v is not None))
+        form = _forms.lookup(key) if key is not None else MISSING
+        if form is MISSING:
+            g, names = build(c)
+            plan = g.build(device=c.launch.device)
+            by_uid = {t.uid: n for t, n in names.items()}
+            form = (plan, tuple(by_uid[u] for u in plan.bindable_uids))
+            if key is not None:
+                _forms.put(key, form, count_miss=True)
+            _log.debug("graph form: plan %s (workspace %d bytes)", plan.name, plan.workspace_size)
+        plan, order = form
+        views = c.views
+        ws = None
+        ws_ptr = 0
+        if plan.workspace_size:
+            try:
+                ws, ws_ptr = c.launch.workspace(plan.workspace_size)
+            except MemoryError as e:
+                _log.info("graph plan %s: its workspace (%d bytes) could not be allocated (%s); legacy call",
+                          plan.name, plan.workspace_size, e)  # fmt: skip
+                raise GraphFallback(str(e)) from None
+        plan.execute_raw(c.launch.handle.ptr, [views[n].ptr for n in order], ws_ptr)
+        del ws  # the allocator's stream-ordered free follows the queued work
+        for v, tmp, name in back:
+            c.launch.copy(v.owner, tmp, name)
+
+    return run

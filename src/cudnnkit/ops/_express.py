@@ -130,6 +130,8 @@ class Entry:
     #: the path the call took ("legacy" or "graph") and, for the graph, its router key (the op-level graph cache)
     path: str = "legacy"
     graph_key: Any = None
+    #: the graph path's (plan, bindable names): a hit runs it with its pointers and nothing else
+    graph_form: Any = None
 
 
 def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Any,
@@ -159,4 +161,5 @@ def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[t
         0,
         call.extra.get("_path", "legacy"),
         call.extra.get("graph_key"),
+        call.extra.get("graph_form"),
     )

@@ -644,6 +644,8 @@ def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwar
     call.views = views
     if e.path == "graph":
         call.extra["graph_key"] = e.graph_key
+        if e.graph_form is not None:
+            call.extra["graph_form"] = e.graph_form
     _launch_form(p, call, e.path, e.graph_key)
     if not p.outputs:
         return arrays[p.returns or p.inputs[0].name]

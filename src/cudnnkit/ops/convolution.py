@@ -692,7 +692,8 @@ def _empty_sum(c: Call, v: Any, desc: Any, keep: bool) -> None:
 def _bias_call(c: Call) -> None:
     """``db = alpha * sum(dy over N and space) + beta * db`` by ``cudnnReduceTensor`` (ADD, float32 or float64
     compute): ``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last ``dy`` on cuDNN 9.19/H200
-    (measured: CUDNN_STATUS_NOT_SUPPORTED), the reduction takes every dtype and layout."""
+    (measured: CUDNN_STATUS_NOT_SUPPORTED). The reduction takes every layout and dtype but bfloat16, which goes
+    through float32 copies (``cudnnTransformTensor``)."""
     from .arith import REDUCE_TENSOR
 
     vdb = c.views["out"]
@@ -712,14 +713,31 @@ def _bias_call(c: Call) -> None:
     rd = get_cached(REDUCE_TENSOR, ("add", compute, lib.CUDNN_NOT_PROPAGATE_NAN, False))
     ad = tensor_descriptor(vdy.dtype, dy_shape, dy_strides)
     cd = tensor_descriptor(vdb.dtype, db_shape, contiguous_strides(db_shape))
+    src, dst, beta = vdy.ptr, vdb.ptr, c.beta
+    keep = []
+    if vdy.dtype == "bfloat16":
+        # cuDNN 9.19 reduces no bfloat16 (ReduceTensor, ConvolutionBackwardBias and a lone REDUCTION graph all
+        # refuse it, measured): dy to float32 and the sum back, by cudnnTransformTensor
+        one, zero = scaling_ref("float32", 1.0), scaling_ref("float32", 0.0)
+        t32, v32 = c.launch.empty(dy_shape, "float32", contiguous_strides(dy_shape), name="dy")
+        d32 = tensor_descriptor("float32", dy_shape, contiguous_strides(dy_shape))
+        lib.cudnnTransformTensor(h, one, ad, vdy.ptr, zero, d32, v32.ptr)
+        s32, vs = c.launch.empty(db_shape, "float32", contiguous_strides(db_shape), name="out")
+        keep += [t32, s32]
+        ad, src, out_desc, dst, beta = d32, v32.ptr, tensor_descriptor("float32", db_shape,
+                                                                        contiguous_strides(db_shape)), vs.ptr, zero  # fmt: skip
+    else:
+        out_desc = cd
     ws, isz = ctypes.c_size_t(), ctypes.c_size_t()
-    lib.cudnnGetReductionWorkspaceSize(h, rd, ad, cd, ctypes.byref(ws))
-    lib.cudnnGetReductionIndicesSize(h, rd, ad, cd, ctypes.byref(isz))
+    lib.cudnnGetReductionWorkspaceSize(h, rd, ad, out_desc, ctypes.byref(ws))
+    lib.cudnnGetReductionIndicesSize(h, rd, ad, out_desc, ctypes.byref(isz))
     work, work_ptr = c.launch.workspace(ws.value)
     idx, idx_ptr = c.launch.workspace(isz.value)
-    lib.cudnnReduceTensor(h, rd, idx_ptr or None, isz.value, work_ptr or None, ws.value, c.alpha, ad, vdy.ptr,
-                          c.beta, cd, vdb.ptr)  # fmt: skip
-    del work, idx
+    lib.cudnnReduceTensor(h, rd, idx_ptr or None, isz.value, work_ptr or None, ws.value, c.alpha, ad, src,
+                          beta, out_desc, dst)  # fmt: skip
+    if keep:  # db = sum + beta * db, in bfloat16
+        lib.cudnnTransformTensor(h, scaling_ref("float32", 1.0), out_desc, dst, c.beta, cd, vdb.ptr)
+    del work, idx, keep
 
 
 def _out_strides(r: _Conv) -> tuple[int, ...] | None:
@@ -778,33 +796,6 @@ CONVOLUTION_BACKWARD_FILTER = register(
 )
 
 
-def _bias_graph(c: Call) -> tuple[Any, dict]:
-    """``REDUCTION`` ADD of dy ``(N, K, *)`` to ``(1, K, 1, ...)``, float32 compute."""
-    g = new_graph(c)
-    vdy, vdb = c.views["dy"], c.views["out"]
-    shape, strides = vdy.shape, vdy.strides
-    while len(shape) < 4:
-        shape, strides = shape + (1,), strides + (1,)
-    dy = g.tensor(shape, strides, vdy.dtype, name="dy")
-    out = (1, shape[1]) + (1,) * (len(shape) - 2)
-    db = g.mark_output(g.reduction(dy, out, mode="add"), vdb.dtype, strides=contiguous_strides(out))
-    return g, {dy: "dy", db: "out"}
-
-
-def _bias_legacy_refuses(r: Any) -> str | None:
-    if r[3] == "bfloat16" and not r[1]:  # an empty dy is cudnnSetTensor's (any dtype)
-        return "bfloat16 (cudnnConvolutionBackwardBias and cudnnReduceTensor refuse it on cuDNN 9.19: NOT_SUPPORTED)"
-    return None
-
-
-def _bias_graph_refuses(r: Any, kw: Any) -> str | None:
-    if kw.get("alpha", 1.0) != 1.0 or kw.get("beta", 0.0) != 0.0:
-        return "alpha/beta blending (the legacy call blends)"
-    if r[1]:
-        return "an empty dy"
-    return None
-
-
 CONVOLUTION_BACKWARD_BIAS = register(
     Primitive(
         "convolution_backward_bias",
@@ -812,10 +803,6 @@ CONVOLUTION_BACKWARD_BIAS = register(
         outputs=(Output("out", shape=lambda r: r[0], packed=True, blend=("alpha", "beta")),),
         resolve=_bias_resolve,
         legacy=_bias_call,
-        graph=graph_form(_bias_graph, lambda c: c.views.__setitem__("dy", dense(c, "dy")[0])),
-        graph_refuses=_bias_graph_refuses,
-        legacy_refuses=_bias_legacy_refuses,
-        auto=lambda r: ("legacy", "cudnnReduceTensor, a precompiled kernel"),
         empty=lambda r: False,
         family=_FAMILY,
     )

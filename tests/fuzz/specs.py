@@ -3031,6 +3031,7 @@ def _gn_op_check(mode: str, backward: bool = False) -> Callable:
 _BN_PARAMS = {
     "mode": Param("choice", optional_kw=True),
     "epsilon": Param("float", lo=0.0, lo_open=True, optional_kw=True),
+    "activation": Param("choice", nullable=True, optional_kw=True),
 }
 _BN_FWD_PARAMS = {
     **_BN_PARAMS,
@@ -3068,6 +3069,7 @@ _BN_FWD_ROLES = {
     "running_var": _pin("inout"),
     "saved_mean": _pin("inout"),
     "saved_inv_std": _pin("inout"),
+    "z": _in(required=False),
     "y": _out(),
 }
 _BN_BWD_ROLES = {
@@ -3078,6 +3080,10 @@ _BN_BWD_ROLES = {
     "saved_inv_std": _pin(),
     "dscale": _pin("inout"),
     "dbias": _pin("inout"),
+    "y": _in(required=False),
+    "bias": _pin(required=False),
+    "reserve": Role("in", ("uint8",), None, fixed_dtype=True, required=False),
+    "dz": Role("inout", F, required=False),
     "dx": _out(),
 }
 _GF = ("float16", "bfloat16", "float32")
@@ -3259,7 +3265,8 @@ _add(_gspec("Graph.sdpa_forward", _sdpa_draw, _sdpa_call, _sdpa_check,
 
 _add(OpSpec("batch_norm_forward", _bn_op_draw, _BN_FWD_ROLES, _BN_FWD_PARAMS, check=_bn_op_check,
             call=_outs_call("batch_norm_forward", ("y", "saved_mean", "saved_inv_std"))))  # fmt: skip
-_add(OpSpec("batch_norm_backward", _bw(_bn_op_draw, backward=True), _BN_BWD_ROLES, _BN_PARAMS,
+_add(OpSpec("batch_norm_backward", _bw(_bn_op_draw, backward=True), _BN_BWD_ROLES,
+            {**_BN_PARAMS, "z_grad": Param("bool", strict_verdict="refuse", optional_kw=True)},
             check=_bw(_bn_op_check, backward=True), derive=_bn_op_derive,
             call=_outs_call("batch_norm_backward", ("dx", "dscale", "dbias"))))  # fmt: skip
 for _m, _fn in (("layer", "layer_norm"), ("rms", "rms_norm"), ("instance", "instance_norm")):

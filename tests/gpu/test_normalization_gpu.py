@@ -217,3 +217,40 @@ def test_instance_norm_matches_the_reference(xp, dtype, layout, shape):
     dx, ds, db = ref.in_backward(dy, x, s, host(xp, got[1]), host(xp, got[2]))
     assert rel(host(xp, g[0]), dx) < TOL[dtype] * 8
     assert rel(host(xp, g[1]), ds) < 1e-3 and rel(host(xp, g[2]), db) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("with_z", [False, True])
+def test_fused_batch_norm_add_relu(xp, dtype, layout, with_z):
+    """``relu(bn(x) + z)``, forward and backward, against the reference: the fused Ex calls where cuDNN fuses
+    (channels-last half types, C a multiple of 4: a reserve comes back), the unfused steps elsewhere."""
+    rng = np.random.default_rng(21)
+    shape = (4, 8, 5, 6)
+    x = seen(rng.standard_normal(shape) * 2 + 0.5, dtype)
+    z = seen(rng.standard_normal(shape), dtype)
+    s, b = rng.standard_normal(8), rng.standard_normal(8)
+    y_bn, mean, inv = ref.bn_forward(x, s, b)[:3]
+    pre = y_bn + (z if with_z else 0)
+    want = np.maximum(pre, 0)
+    xd, zd = dev(xp, x, dtype, layout), dev(xp, z, dtype, layout) if with_z else None
+    sd, bd = dev(xp, s, "float32"), dev(xp, b, "float32")
+    y, sm, si, reserve = ops.batch_norm_forward(xd, sd, bd, z=zd, activation="relu")
+    tol = TOL[dtype] * 4
+    assert rel(host(xp, y), want) < tol
+    assert rel(host(xp, sm), mean) < 1e-4 and rel(host(xp, si), inv) < 1e-3
+    fused = reserve is not None
+    if layout == "nhwc" and dtype == "float16":
+        assert fused, "cuDNN fuses channels-last float16 with C % 4 == 0"
+    dy = seen(rng.standard_normal(shape), dtype)
+    dyd = dev(xp, dy, dtype, layout)
+    mask = (host(xp, y) > 0).astype(np.float64)  # where cuDNN's ReLU was active (pre near 0 may round either way)
+    g = dy * mask
+    dx_w, ds_w, db_w = ref.bn_backward(g, x, s, mean, inv)
+    got = ops.batch_norm_backward(dyd, xd, sd, sm, si, activation="relu", y=y, bias=bd, reserve=reserve,
+                                  z_grad=with_z)  # fmt: skip
+    assert len(got) == (4 if with_z else 3)
+    assert rel(host(xp, got[0]), dx_w) < tol * 4
+    assert rel(host(xp, got[1]), ds_w) < tol * 4 and rel(host(xp, got[2]), db_w) < tol * 4
+    if with_z:
+        assert rel(host(xp, got[3]), g) < tol

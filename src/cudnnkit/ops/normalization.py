@@ -48,6 +48,8 @@ call, and both come back after the main output (the primitive's ``extras``).
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import math
 import numbers
 from collections.abc import Sequence
@@ -76,6 +78,8 @@ __all__ = [
     "param_dtype",
     "bn_param_descriptor",
 ]
+
+_log = logging.getLogger("cudnnkit")
 
 _DTYPES = FLOATS
 _PARAMS = ("float32", "float64")
@@ -211,6 +215,9 @@ class _BN(NamedTuple):
     p_shape: tuple[int, ...]
     lay: str  #: the layout of a new y/dx: x's ("nchw" when x is copied)
     empty: bool = False
+    act: bool = False  #: fused ReLU (CUDNN_BATCHNORM_OPS_BN_ACTIVATION)
+    z: bool = False  #: fused residual add before it (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
+    reserve: bool = False  #: the backward has the fused forward's reserve (the Ex call), else the unfused steps
 
 
 def _set_bn_param(ptr: int, dtype: str, shape: tuple[int, ...], mode: str) -> None:
@@ -267,8 +274,26 @@ def _bn_fwd_resolve(views: Any, kw: Any) -> _BN:
         raise ValueError(f"x has shape {vx.shape}: batch norm training needs more than one value per channel "
                          f"({'per element of (C, *spatial)' if mode == 'per_activation' else 'over N and spatial'})")  # fmt: skip
     lay = layout_of(vx) or "nchw"
+    act, z = _fused(views, kw, vx)
     return _BN(vx.dtype, pdt, mode, training, rm is not None, float(momentum), eps, vx.shape, p_shape, lay,
-               vx.size == 0)  # fmt: skip
+               vx.size == 0, act, z)  # fmt: skip
+
+
+def _fused(views: Any, kw: Any, vx: Any) -> tuple[bool, bool]:
+    """(ReLU fused, residual z fused), checked: cuDNN's fused batch norm has ReLU only, and adds z before it."""
+    act = kw.get("activation")
+    if act not in (None, "relu"):
+        raise ValueError(f"activation must be None or 'relu' (cuDNN's fused batch norm has ReLU only), got {act!r}")
+    vz = views.get("z")
+    if vz is not None:
+        if act is None:
+            raise ValueError("z (the residual) is added before the activation: pass activation='relu' "
+                             "(CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)")  # fmt: skip
+        if vz.shape != vx.shape:
+            raise ValueError(f"z must have x's shape {vx.shape}, got {vz.shape}")
+        if vz.dtype != vx.dtype:
+            raise TypeError(f"z has dtype {vz.dtype} but x has dtype {vx.dtype}")
+    return act is not None, vz is not None
 
 
 def _bn_bwd_resolve(views: Any, kw: Any) -> _BN:
@@ -280,7 +305,37 @@ def _bn_bwd_resolve(views: Any, kw: Any) -> _BN:
         _param(views[n], n, p_shape, pdt, "x")
     for n in ("dscale", "dbias"):
         _param(views.get(n), n, p_shape, pdt, "x", written=True)
-    return _BN(vx.dtype, pdt, mode, True, False, 0.0, eps, vx.shape, p_shape, layout_of(vx) or "nchw")
+    act = kw.get("activation")
+    if act not in (None, "relu"):
+        raise ValueError(f"activation must be None or 'relu' (the forward's), got {act!r}")
+    z_grad = _bool(kw.get("z_grad", False), "z_grad")
+    if z_grad and act is None:
+        raise ValueError("z_grad=True is the fused residual's gradient: pass activation='relu' (the forward's)")
+    vy, vr, vb = views.get("y"), views.get("reserve"), views.get("bias")
+    if act is not None:
+        if vy is None:
+            raise ValueError("activation='relu' needs y= (the forward's output, where the ReLU was active)")
+        if vy.shape != vx.shape or vy.dtype != vx.dtype:
+            raise ValueError(f"y must be the forward's output: shape {vx.shape} and dtype {vx.dtype}, got "
+                             f"{vy.shape} {vy.dtype}")  # fmt: skip
+        if vr is not None:
+            if vr.dtype != "uint8" or vr.ndim != 1:
+                raise TypeError(f"reserve must be the fused forward's 1-d uint8 reserve, got {vr.dtype} {vr.shape}")
+            if vb is None:
+                raise ValueError("reserve= (the fused backward) needs bias= too: cuDNN reads it")
+            _param(vb, "bias", p_shape, pdt, "x")
+    elif vr is not None or vy is not None:
+        raise ValueError("y= and reserve= are for the fused backward: pass activation='relu'")
+    vdz = views.get("dz")
+    if vdz is not None:
+        if not z_grad:
+            raise ValueError("out= has a dz: pass z_grad=True (the fused residual's gradient)")
+        if vdz.shape != vx.shape or vdz.dtype != vx.dtype:
+            raise ValueError(f"dz must have x's shape {vx.shape} and dtype {vx.dtype}, got {vdz.shape} {vdz.dtype}")
+        if layout_of(vdz) is None:
+            raise ValueError(f"dz must be dense channels-first or channels-last, got strides {vdz.strides}")
+    return _BN(vx.dtype, pdt, mode, True, False, 0.0, eps, vx.shape, p_shape, layout_of(vx) or "nchw", False,
+               act is not None, z_grad, vr is not None)  # fmt: skip
 
 
 def _bn_desc(v: Any, lay: str) -> Any:
@@ -304,6 +359,8 @@ def _bn_fwd_call(c: Call) -> None:
     h, m = c.launch.handle, _BN_MODES[r.mode]
     if r.training:
         rm, rv = (v["running_mean"].ptr, v["running_var"].ptr) if r.running else (None, None)
+        if r.act and _fused_forward(c, lay, xd, yd, pd, vx, vy, vm, vi, rm, rv):
+            return
         lib.cudnnBatchNormalizationForwardTraining(h, m, one, zero, xd, vx.ptr, yd, vy.ptr, pd, v["scale"].ptr,
                                                    v["bias"].ptr, r.momentum, rm, rv, r.epsilon, vm.ptr,
                                                    vi.ptr)  # fmt: skip
@@ -311,6 +368,55 @@ def _bn_fwd_call(c: Call) -> None:
         lib.cudnnBatchNormalizationForwardInference(h, m, one, zero, xd, vx.ptr, yd, vy.ptr, pd, v["scale"].ptr,
                                                     v["bias"].ptr, v["running_mean"].ptr, v["running_var"].ptr,
                                                     r.epsilon)  # fmt: skip
+    if r.act:  # the unfused steps: y += z (cudnnAddTensor), then ReLU in place (cudnnActivationForward)
+        if r.z:
+            vz = _in_layout(c, "z", lay)
+            lib.cudnnAddTensor(h, one, _bn_desc(vz, lay), vz.ptr, one, yd, vy.ptr)
+        lib.cudnnActivationForward(h, _relu(), one, yd, vy.ptr, zero, yd, vy.ptr)
+
+
+def _relu() -> Any:
+    from .activation import activation_descriptor
+
+    return activation_descriptor("relu")
+
+
+def _bn_ops(r: _BN) -> int:
+    return lib.CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION if r.z else lib.CUDNN_BATCHNORM_OPS_BN_ACTIVATION
+
+
+def _fused_forward(c: Call, lay: str, xd: Any, yd: Any, pd: Any, vx: Any, vy: Any, vm: Any, vi: Any, rm: Any,
+                   rv: Any) -> bool:  # fmt: skip
+    """``cudnnBatchNormalizationForwardTrainingEx`` with the fused ReLU (and residual): True when cuDNN ran it,
+    leaving its reserve in ``c.extra["reserve"]``; False when it refuses these arrays (NOT_SUPPORTED: it fuses
+    channels-last half types with C a multiple of 4), logged, for the unfused steps to run instead."""
+    r, v, h, m, ops_ = c.resolved, c.views, c.launch.handle, _BN_MODES[c.resolved.mode], _bn_ops(c.resolved)
+    vz = _in_layout(c, "z", lay) if r.z else None
+    zd = _bn_desc(vz, lay) if vz is not None else None
+    act = _relu()
+    ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
+    try:
+        lib.cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(h, m, ops_, xd, zd, yd, pd, act,
+                                                                     ctypes.byref(ws))  # fmt: skip
+        lib.cudnnGetBatchNormalizationTrainingExReserveSpaceSize(h, m, ops_, act, xd, ctypes.byref(rs))
+    except lib.errors.NotSupportedError as e:
+        _log.debug("batch_norm_forward: cuDNN fuses no ReLU here (%s); unfused steps", str(e).splitlines()[0])
+        return False
+    work, work_ptr = c.launch.workspace(ws.value)
+    reserve, vr = c.launch.empty((max(rs.value, 1),), "uint8", name="reserve")
+    one, zero = scaling_ref(r.dtype, 1.0), scaling_ref(r.dtype, 0.0)
+    try:
+        lib.cudnnBatchNormalizationForwardTrainingEx(
+            h, m, ops_, one, zero, xd, vx.ptr, zd, vz.ptr if vz is not None else None, yd, vy.ptr, pd, v["scale"].ptr,
+            v["bias"].ptr, r.momentum, rm, rv, r.epsilon, vm.ptr, vi.ptr, act, work_ptr or None, ws.value, vr.ptr,
+            rs.value,
+        )  # fmt: skip
+    except lib.errors.NotSupportedError as e:
+        _log.debug("batch_norm_forward: cuDNN fuses no ReLU here (%s); unfused steps", str(e).splitlines()[0])
+        return False
+    del work
+    c.extra["reserve"] = reserve
+    return True
 
 
 def _bn_bwd_call(c: Call) -> None:
@@ -322,10 +428,65 @@ def _bn_bwd_call(c: Call) -> None:
     pd = bn_param_descriptor(r.dtype, _bn_rank(r.x_shape), r.mode)
     one, zero = scaling_ref(r.dtype, 1.0), scaling_ref(r.dtype, 0.0)
     v = c.views
+    if r.act:
+        vdy = _fused_backward(c, lay, vx, vdy, vdx, pd, vds, vdb)
+        if vdy is None:
+            return
     lib.cudnnBatchNormalizationBackward(c.launch.handle, _BN_MODES[r.mode], one, zero, one, zero, _bn_desc(vx, lay),
                                         vx.ptr, _bn_desc(vdy, lay), vdy.ptr, _bn_desc(vdx, lay), vdx.ptr, pd,
                                         v["scale"].ptr, vds.ptr, vdb.ptr, r.epsilon, v["saved_mean"].ptr,
                                         v["saved_inv_std"].ptr)  # fmt: skip
+
+
+def _fused_backward(c: Call, lay: str, vx: Any, vdy: Any, vdx: Any, pd: Any, vds: Any, vdb: Any) -> Any:
+    """The fused ReLU's (and residual's) backward. With the forward's reserve: one
+    ``cudnnBatchNormalizationBackwardEx`` (returns None: done). Without it (the forward ran unfused): the ReLU's
+    gradient by ``cudnnActivationBackward`` from ``y``, into ``dz`` (the residual's gradient, when asked for) or a
+    temporary, which is returned as the ``dy`` of the plain backward."""
+    r, v, h = c.resolved, c.views, c.launch.handle
+    one, zero = scaling_ref(r.dtype, 1.0), scaling_ref(r.dtype, 0.0)
+    vy = _in_layout(c, "y", lay)
+    yd, dyd = _bn_desc(vy, lay), _bn_desc(vdy, lay)
+    if r.z:
+        vdz = v.get("dz")
+        if vdz is None or layout_of(vdz) != lay:
+            arr, vdz = c.launch.empty(r.x_shape, r.dtype, _new_strides(r.x_shape, lay), name="dz")
+            if v.get("dz") is not None:
+                c.extra["_dz_back"] = (v["dz"], arr)
+        c.extra["dz"] = c.arrays["dz"] if "_dz_back" not in c.extra and v.get("dz") is not None else vdz.owner
+    if r.reserve:
+        vr = v["reserve"]
+        ws = ctypes.c_size_t()
+        m, ops_, act = _BN_MODES[r.mode], _bn_ops(r), _relu()
+        dzd = _bn_desc(vdz, lay) if r.z else None
+        lib.cudnnGetBatchNormalizationBackwardExWorkspaceSize(h, m, ops_, _bn_desc(vx, lay), yd, dyd, dzd,
+                                                              _bn_desc(vdx, lay), pd, act, ctypes.byref(ws))  # fmt: skip
+        work, work_ptr = c.launch.workspace(ws.value)
+        lib.cudnnBatchNormalizationBackwardEx(
+            h, m, ops_, one, zero, one, zero, _bn_desc(vx, lay), vx.ptr, yd, vy.ptr, dyd, vdy.ptr, dzd,
+            vdz.ptr if r.z else None, _bn_desc(vdx, lay), vdx.ptr, pd, v["scale"].ptr, v["bias"].ptr, vds.ptr, vdb.ptr,
+            r.epsilon, v["saved_mean"].ptr, v["saved_inv_std"].ptr, act, work_ptr or None, ws.value, vr.ptr,
+            vr.nbytes,
+        )  # fmt: skip
+        del work
+        _dz_back(c)
+        return None
+    if r.z:
+        vg = vdz
+    else:
+        tmp, vg = c.launch.empty(r.x_shape, r.dtype, _new_strides(r.x_shape, lay), name="dy")
+        c.extra["_tmp"] = tmp
+    lib.cudnnActivationBackward(h, _relu(), one, yd, vy.ptr, dyd, vdy.ptr, yd, vy.ptr, zero, _bn_desc(vg, lay),
+                                vg.ptr)  # fmt: skip
+    _dz_back(c)
+    return vg
+
+
+def _dz_back(c: Call) -> None:
+    got = c.extra.pop("_dz_back", None)
+    if got is not None:  # a given dz in another layout: written through a temporary
+        c.launch.copy(got[0].owner, got[1], "dz")
+        c.extra["dz"] = c.arrays["dz"]
 
 
 def _p(name: str, dtypes: tuple[str, ...] = _PARAMS, **kw: Any) -> Operand:
@@ -348,15 +509,17 @@ BATCH_NORM_FORWARD = register(
             _w("running_var"),
             _w("saved_mean"),
             _w("saved_inv_std"),
+            Operand("z", _DTYPES, optional=True),
         ),  # fmt: skip
         outputs=(Output("y", shape=lambda r: r.x_shape, strides=lambda r: _new_strides(r.x_shape, r.lay)),),
         resolve=_bn_fwd_resolve,
         legacy=_bn_fwd_call,
-        extras=("saved_mean", "saved_inv_std"),
+        extras=("saved_mean", "saved_inv_std", "reserve"),
         empty=lambda r: False,
         family="batch_norm",
-        differentiable=("x", "scale", "bias"),
-        residuals=("x", "scale", "saved_mean", "saved_inv_std"),
+        differentiable=("x", "scale", "bias", "z"),
+        # the fused ReLU's backward also reads y, bias and the reserve
+        residuals=("x", "scale", "saved_mean", "saved_inv_std", "reserve", "bias", "y"),
         backward="batch_norm_backward",
         express=False,
     )
@@ -372,11 +535,15 @@ BATCH_NORM_BACKWARD = register(
             _p("saved_inv_std"),
             _w("dscale"),
             _w("dbias"),
+            Operand("y", _DTYPES, optional=True),
+            _p("bias", optional=True),
+            Operand("reserve", ("uint8",), optional=True),
+            Operand("dz", _DTYPES, optional=True, flags=WRITTEN),
         ),  # fmt: skip
         outputs=(Output("dx", shape=lambda r: r.x_shape, strides=lambda r: _new_strides(r.x_shape, r.lay)),),
         resolve=_bn_bwd_resolve,
         legacy=_bn_bwd_call,
-        extras=("dscale", "dbias"),
+        extras=("dscale", "dbias", "dz"),
         empty=lambda r: False,
         family="batch_norm",
         express=False,
@@ -395,6 +562,8 @@ def batch_norm_forward(
     momentum: float = 0.1,
     epsilon: float = 1e-5,
     mode: str = "spatial",
+    z: Any = None,
+    activation: str | None = None,
     out: Any = None,
     stream: Any = None,
 ) -> Any:
@@ -411,6 +580,13 @@ def batch_norm_forward(
     Inference (``training=False``): ``y = (x - running_mean) / sqrt(running_var + epsilon) * scale + bias``;
     returns ``y`` (``out=`` an array). ``cudnnBatchNormalizationForwardInference``.
 
+    **Fused** (``activation="relu"``, with an optional residual ``z`` of ``x``'s shape and dtype):
+    ``y = relu(bn(x) + z)``. Training returns ``(y, saved_mean, saved_inv_std, reserve)``: one
+    ``cudnnBatchNormalizationForwardTrainingEx`` (``CUDNN_BATCHNORM_OPS_BN_ACTIVATION`` / ``_ADD_ACTIVATION``)
+    where cuDNN fuses these arrays (channels-last half types, C a multiple of 4), whose ``reserve`` (uint8) the
+    backward takes; elsewhere the unfused steps (the plain call, ``cudnnAddTensor``, ``cudnnActivationForward``)
+    and ``reserve`` is None. Inference runs the unfused steps.
+
     ``epsilon`` > 0 (``CUDNN_BN_MIN_EPSILON``), ``momentum`` in [0, 1]. Primitive :data:`BATCH_NORM_FORWARD`."""
     training = _bool(training, "training")
     if training:
@@ -418,10 +594,12 @@ def batch_norm_forward(
     else:
         y, sm, si = out, None, None
     arrays = {"x": x, "scale": scale, "bias": bias, "running_mean": running_mean, "running_var": running_var,
-              "saved_mean": sm, "saved_inv_std": si}  # fmt: skip
+              "saved_mean": sm, "saved_inv_std": si, "z": z}  # fmt: skip
     res = run(BATCH_NORM_FORWARD, arrays, stream=stream, y=y, training=training, momentum=momentum,
-              epsilon=epsilon, mode=mode)  # fmt: skip
-    return res if training else res[0]
+              epsilon=epsilon, mode=mode, activation=activation)  # fmt: skip
+    if not training:
+        return res[0]
+    return res if activation is not None else res[:3]
 
 
 def batch_norm_backward(
@@ -433,17 +611,32 @@ def batch_norm_backward(
     *,
     epsilon: float = 1e-5,
     mode: str = "spatial",
+    activation: str | None = None,
+    y: Any = None,
+    bias: Any = None,
+    reserve: Any = None,
+    z_grad: bool = False,
     out: Any = None,
     stream: Any = None,
-) -> tuple[Any, Any, Any]:
+) -> tuple[Any, ...]:
     """``(dx, dscale, dbias)`` of :func:`batch_norm_forward` (training) from ``dy``, its input ``x``, ``scale``
     and its saved statistics (``epsilon`` and ``mode`` the forward's). ``dx`` has ``x``'s shape and dtype,
     ``dscale``/``dbias`` ``scale``'s. ``out=(dx, dscale, dbias)``, each an array or None.
-    ``cudnnBatchNormalizationBackward`` (primitive :data:`BATCH_NORM_BACKWARD`)."""
-    dx, ds, db = _outs("batch_norm_backward", out, ("dx", "dscale", "dbias"))
+    ``cudnnBatchNormalizationBackward`` (primitive :data:`BATCH_NORM_BACKWARD`).
+
+    The fused forward's backward: ``activation="relu"`` with the forward's output ``y``; ``z_grad=True`` when it
+    added a residual, which returns ``(dx, dscale, dbias, dz)`` (``out=`` then takes four). With the fused
+    forward's ``reserve`` (and ``bias``): one ``cudnnBatchNormalizationBackwardEx``; without (it ran unfused):
+    ``cudnnActivationBackward`` from ``y``, then the plain backward."""
+    names = ("dx", "dscale", "dbias", "dz") if z_grad is True else ("dx", "dscale", "dbias")
+    got = _outs("batch_norm_backward", out, names)
+    dx, ds, db = got[:3]
     arrays = {"dy": dy, "x": x, "scale": scale, "saved_mean": saved_mean, "saved_inv_std": saved_inv_std,
-              "dscale": ds, "dbias": db}  # fmt: skip
-    return run(BATCH_NORM_BACKWARD, arrays, stream=stream, dx=dx, epsilon=epsilon, mode=mode)
+              "dscale": ds, "dbias": db, "y": y, "bias": bias, "reserve": reserve,
+              "dz": got[3] if len(got) == 4 else None}  # fmt: skip
+    res = run(BATCH_NORM_BACKWARD, arrays, stream=stream, dx=dx, epsilon=epsilon, mode=mode, activation=activation,
+              z_grad=z_grad)  # fmt: skip
+    return res if z_grad is True else res[:3]
 
 
 # ----------------------------------------------------------------- layer, RMS and instance norm (graph)

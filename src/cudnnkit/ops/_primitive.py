@@ -576,7 +576,7 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
         call.extra["graph_key"] = graph_key
     path = route(p, dt, graph_key, resolved, kwargs)
     _launch_form(p, call, path, graph_key)
-    if (sig is not None and _as_given(views, arrays) and not p.extras
+    if (sig is not None and _as_given(views, arrays) and not any(call.extra.get(n) is not None for n in p.extras)
             and all(call_views[op.name] is views[op.name] for op in p.inputs)):  # fmt: skip
         _remember_outputs(p, sig, launch, views, kwargs, call, shaped=True)
     results += [call.extra.get(n) for n in p.extras]  # what the legacy call left (reduce_tensor's indices)
@@ -649,7 +649,7 @@ def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwar
     _launch_form(p, call, e.path, e.graph_key)
     if not p.outputs:
         return arrays[p.returns or p.inputs[0].name]
-    if e.shaped:
-        got = [results.get(o.name) for o in p.outputs]
+    if e.shaped:  # the extras of a remembered call were None (a call that makes some is not remembered)
+        got = [results.get(o.name) for o in p.outputs] + [None] * len(p.extras)
         return got[0] if len(got) == 1 else tuple(got)
     return _returned(p, results, call.extra)

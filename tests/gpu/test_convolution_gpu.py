@@ -220,11 +220,22 @@ def test_fused_forward_matches_the_reference(xp, dtype, layout, act):
         return
     pre = conv + b.reshape(1, -1, 1, 1) - 0.5 * z
     want = pre if act is None else aref.act_forward(pre, act)
-    out = poisoned(xp, want.shape, dtype)
+    out = dev(xp, np.full(want.shape, np.nan), dtype, layout)  # poisoned, in x's layout
+    from cudnnkit.graph import UnsupportedGraphError
+
     with settings(allow_tf32=False):
-        got = ops.convolution_forward(*args, out=out, **fused)
+        try:
+            got = ops.convolution_forward(*args, out=out, **fused)
+        except (UnsupportedGraphError, ValueError):
+            # measured on 9.19: the fused engines take channels-last half types; others run the legacy steps,
+            # which have no graph-only activation
+            assert (layout == "nchw" or dtype == "float32") and act not in legacy_modes
+            return
     assert got is out and rel(host(xp, out), want) < _tol(dtype, False) * 4
-    assert ops.last_path()[1] == ("legacy" if dtype == "float64" else "graph")
+    if dtype == "float64":
+        assert ops.last_path()[1] == "legacy"
+    elif layout == "nhwc" and dtype != "float32":
+        assert ops.last_path()[1] == "graph"  # one fused graph
     if dtype != "float64" and act in legacy_modes:  # the legacy composite agrees
         with settings(allow_tf32=False, prefer="legacy"):
             got = ops.convolution_forward(*args, **fused)
@@ -244,7 +255,7 @@ def test_asymmetric_padding_runs_on_the_graph(xp, dtype, layout):
     for padding, pre, post, stride in ((((0, 2), (1, 2)), (0, 1), (2, 2), (2, 1)), ("same", (1, 1), (1, 2), (1, 1))):
         kw = dict(padding=padding, stride=stride, groups=2)
         xpad = np.pad(x, [(0, 0), (0, 0), (pre[0], post[0]), (pre[1], post[1])])
-        want = ref.conv_forward(xpad, w, stride=stride, pad=(0, 0), groups=2)
+        want = ref.conv_forward(xpad, w, stride=stride, pad=(0, 0), dilation=(1, 1), groups=2)
         with settings(allow_tf32=False):
             y = ops.convolution_forward(dev(xp, x, dtype, layout), dev(xp, w, dtype, layout), **kw)
             assert ops.last_path() == ("convolution_forward", "graph")
@@ -252,10 +263,10 @@ def test_asymmetric_padding_runs_on_the_graph(xp, dtype, layout):
             dy = seen(rng.standard_normal(want.shape), dtype)
             dyd = dev(xp, dy, dtype, layout)
             dx = ops.convolution_backward_data(dyd, dev(xp, w, dtype, layout), x_shape=x.shape, **kw)
-            dxp = ref.conv_backward_data(dy, w, xpad.shape, stride=stride, pad=(0, 0), groups=2)
+            dxp = ref.conv_backward_data(dy, w, xpad.shape, stride=stride, pad=(0, 0), dilation=(1, 1), groups=2)
             assert rel(host(xp, dx), dxp[:, :, pre[0] : pre[0] + 9, pre[1] : pre[1] + 8]) < _tol(dtype, False) * 4
             dw = ops.convolution_backward_filter(dev(xp, x, dtype, layout), dyd, w_shape=w.shape, **kw)
-            want_dw = ref.conv_backward_filter(xpad, dy, w.shape, stride=stride, pad=(0, 0), groups=2)
+            want_dw = ref.conv_backward_filter(xpad, dy, w.shape, stride=stride, pad=(0, 0), dilation=(1, 1), groups=2)
             assert rel(host(xp, dw), want_dw) < _tol(dtype, False) * 4
         with settings(prefer="legacy"), pytest.raises(ValueError, match="legacy call cannot take this.*before"):
             ops.convolution_forward(dev(xp, x, dtype, layout), dev(xp, w, dtype, layout), **kw)
@@ -271,10 +282,12 @@ def test_graph_and_legacy_agree_and_the_plan_is_cached(xp):
         pytest.importorskip("ml_dtypes")
     xd, wd = dev(xp, x, "bfloat16", "nhwc"), dev(xp, w, "bfloat16", "nhwc")
     a = host(xp, ops.convolution_forward(xd, wd, **kw))
-    before = _graphform.graph_cache_info()["hits"]
-    for _ in range(3):
+    before = _graphform.graph_cache_info()
+    for _ in range(3):  # planned once: no new graph-cache entry (repeated calls are express hits on the plan)
         ops.convolution_forward(xd, wd, **kw)
-    assert _graphform.graph_cache_info()["hits"] >= before + 3
+        assert ops.last_path() == ("convolution_forward", "graph")
+    after = _graphform.graph_cache_info()
+    assert (after["misses"], after["size"]) == (before["misses"], before["size"])
     with settings(prefer="legacy"):
         b = host(xp, ops.convolution_forward(xd, wd, **kw))
     assert rel(a, b) < 2e-2

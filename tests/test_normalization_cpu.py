@@ -376,3 +376,33 @@ def test_graph_tensors_of_a_call():
     assert nm._gdims(r, "x", "nchw") == ((4, 3, 5, 6), (90, 30, 6, 1))
     assert nm._gdims(r, "param") == ((1, 3, 1, 1), (3, 1, 3, 3))
     assert nm._gdims(r, "stat") == ((4, 3, 1, 1), (3, 1, 3, 3))
+
+
+@pytest.mark.parametrize("mode", ["layer", "rms", "instance"])
+def test_graph_builders_bind_every_tensor(mode):
+    """The norm graphs a call builds: the node, and each non-virtual tensor bound to a view name the call has; the
+    graph lowers host-side (finalizing needs a GPU)."""
+    from cudnnkit.ops._primitive import Call
+    from cudnnkit.runtime import as_view
+
+    from .conftest import FakeCAI
+
+    xs = (2, 3, 4, 5)
+    fwd, bwd = {"layer": (nm.LAYER_NORM_FORWARD, nm.LAYER_NORM_BACKWARD),
+                "rms": (nm.RMS_NORM_FORWARD, nm.RMS_NORM_BACKWARD),
+                "instance": (nm.INSTANCE_NORM_FORWARD, nm.INSTANCE_NORM_BACKWARD)}[mode]  # fmt: skip
+    ps = (3,) if mode == "instance" else (5,)
+    arr = {"x": FakeCAI(xs, "<f2"), "scale": FakeCAI(ps)}
+    if mode != "rms":
+        arr["bias"] = FakeCAI(ps)
+    views = {n: as_view(a, n) for n, a in arr.items()}
+    r = fwd.resolve(views, {"training": True})
+    stat = (2, 3) if mode == "instance" else (2, 3, 4, 1)
+    outs = {"y": FakeCAI(xs, "<f2"), "inv_std": FakeCAI(stat)}
+    if mode != "rms":
+        outs["mean"] = FakeCAI(stat)
+    c = Call(None, {**views, **{n: as_view(a, n) for n, a in outs.items()}}, r, extra={"graph_alignment": 16})
+    g, names = nm._gn_fwd_build(c)
+    assert [n.kind for n in g.nodes()] == ["norm_fwd"]
+    assert set(names.values()) == set(c.views) and all(t.dims for t in names)
+    g.lower()

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..runtime.cache import LRU, MISSING
 
-__all__ = ["GraphFallback", "graph_form", "new_graph", "graph_cache_info"]
+__all__ = ["Binder", "GraphFallback", "graph_form", "new_graph", "graph_cache_info"]
 
 _log = logging.getLogger("cudnnkit")
 
@@ -54,6 +54,30 @@ def _execute(c: Any, form: tuple[Any, tuple[str, ...]], ptrs: list[int]) -> None
             raise GraphFallback(str(e)) from None
     plan.execute_raw(c.launch.handle.ptr, ptrs, ws_ptr)
     del ws  # the allocator's stream-ordered free follows the queued work
+
+
+class Binder:
+    """What a ``build`` fills in: the graph (:func:`new_graph`) and the view name of each non-virtual tensor it
+    makes (``names``, the map ``build`` returns)."""
+
+    def __init__(self, c: Any):
+        self.g = new_graph(c)
+        self.names: dict[Any, str] = {}
+
+    def tensor(self, name: str, dims: Any, strides: Any, dtype: str) -> Any:
+        """A non-virtual input tensor bound to ``call.views[name]``."""
+        t = self.g.tensor(dims, strides, dtype, name=name)
+        self.names[t] = name
+        return t
+
+    def output(self, t: Any, name: str, dtype: str, strides: Any) -> Any:
+        """Operation output ``t`` made real, bound to ``call.views[name]``."""
+        o = self.g.mark_output(t, dtype, strides=strides)
+        self.names[o] = name
+        return o
+
+    def done(self) -> tuple[Any, dict[Any, str]]:
+        return self.g, self.names
 
 
 def new_graph(c: Any) -> Any:

@@ -63,7 +63,7 @@ from ..runtime.arrays import contiguous_strides
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import FLOATS, check_scalar, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
-from ._graphform import graph_form, new_graph
+from ._graphform import Binder, graph_form
 from ._layout import channels_last_strides, copy_in
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
@@ -641,14 +641,11 @@ def graph_builder(which: str) -> Any:
 
     def build(c: Call) -> tuple[Any, dict]:
         r = c.resolved
-        g = new_graph(c)
-        names = {}
+        bd = Binder(c)
+        g = bd.g
 
         def t(name: str) -> Any:
-            shape, strides = _as_4d(c.views[name], r)
-            tensor = g.tensor(shape, strides, c.views[name].dtype, name=name)
-            names[tensor] = name
-            return tensor
+            return bd.tensor(name, *_as_4d(c.views[name], r), c.views[name].dtype)
 
         conv = dict(stride=r.stride, pre_padding=r.pad, post_padding=r.post, dilation=r.dilation, groups=r.groups,
                     mode=r.mode, compute_dtype="float32")  # fmt: skip
@@ -659,9 +656,7 @@ def graph_builder(which: str) -> Any:
             if r.bias:
                 vb = c.views["bias"]
                 shape = (1, vb.shape[0]) + (1,) * (len(out_shape) - 2)
-                b = g.tensor(shape, contiguous_strides(shape), vb.dtype, name="bias")
-                names[b] = "bias"
-                y = g.pointwise("ADD", y, b)
+                y = g.pointwise("ADD", y, bd.tensor("bias", shape, contiguous_strides(shape), vb.dtype))
             if r.z:  # cuDNN 9.19 fuses no ADD with alpha2 != 1 (measured): z_alpha * z as a MUL by a constant
                 zt = t("z") if r.z_alpha == 1.0 else g.pointwise("MUL", t("z"), g.scalar(r.z_alpha, "float32"))
                 y = g.pointwise("ADD", y, zt)
@@ -671,9 +666,8 @@ def graph_builder(which: str) -> Any:
             y = g.conv_dgrad(t("dy"), t("w"), out_shape, **conv)
         else:
             y = g.conv_wgrad(t("x"), t("dy"), out_shape, **conv)
-        y = g.mark_output(y, vo.dtype, strides=out_strides)
-        names[y] = "out"
-        return g, names
+        bd.output(y, "out", vo.dtype, out_strides)
+        return bd.done()
 
     return build
 

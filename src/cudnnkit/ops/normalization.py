@@ -61,7 +61,7 @@ from ..runtime.arrays import contiguous_strides
 from ..runtime.dtypes import FLOATS, scaling_ref
 from ..runtime.shapes import INT32_MAX
 from ..runtime.view import ArrayView
-from ._graphform import graph_form, new_graph
+from ._graphform import Binder, graph_form
 from ._layout import channels_last_strides, copy_in
 from ._nd import layout_of
 from ._primitive import Call, Operand, Output, Primitive, register, run
@@ -828,29 +828,25 @@ def _gn_fwd_prepare(c: Call) -> None:
         _stat(c, "inv_std", r.s_shape, "float32")
 
 
+def _gn_tensor(b: Binder, r: _GN, lay: str, name: str, what: str, dtype: str) -> Any:
+    return b.tensor(name, *_gdims(r, what, lay), dtype)
+
+
 def _gn_fwd_build(c: Call) -> tuple[Any, dict]:
     r = c.resolved
-    g = new_graph(c)
-    names: dict[Any, str] = {}
+    b = Binder(c)
     lay = layout_of(c.views["y"]) or "nchw"
-
-    def t(name: str, what: str, dtype: str) -> Any:
-        dims, strides = _gdims(r, what, lay)
-        tensor = g.tensor(dims, strides, dtype, name=name)
-        names[tensor] = name
-        return tensor
-
-    x = t("x", "x", r.dtype)
-    s = t("scale", "param", "float32")
-    b = t("bias", "param", "float32") if r.mode != "rms" else None
-    res = g.norm_forward(r.mode, x, s, b, phase="training" if r.training else "inference", epsilon=r.epsilon)
-    names[g.mark_output(res.y, r.dtype, strides=_gdims(r, "x", lay)[1])] = "y"
+    x = _gn_tensor(b, r, lay, "x", "x", r.dtype)
+    s = _gn_tensor(b, r, lay, "scale", "param", "float32")
+    bias = _gn_tensor(b, r, lay, "bias", "param", "float32") if r.mode != "rms" else None
+    res = b.g.norm_forward(r.mode, x, s, bias, phase="training" if r.training else "inference", epsilon=r.epsilon)
+    b.output(res.y, "y", r.dtype, _gdims(r, "x", lay)[1])
     if r.training:
         st = _gdims(r, "stat")[1]
         if res.mean is not None:
-            names[g.mark_output(res.mean, "float32", strides=st)] = "mean"
-        names[g.mark_output(res.inv_variance, "float32", strides=st)] = "inv_std"
-    return g, names
+            b.output(res.mean, "mean", "float32", st)
+        b.output(res.inv_variance, "inv_std", "float32", st)
+    return b.done()
 
 
 def _gn_bwd_prepare(c: Call) -> None:
@@ -866,27 +862,19 @@ def _gn_bwd_prepare(c: Call) -> None:
 
 def _gn_bwd_build(c: Call) -> tuple[Any, dict]:
     r = c.resolved
-    g = new_graph(c)
-    names: dict[Any, str] = {}
+    b = Binder(c)
     lay = layout_of(c.views["dx"]) or "nchw"
-
-    def t(name: str, what: str, dtype: str) -> Any:
-        dims, strides = _gdims(r, what, lay)
-        tensor = g.tensor(dims, strides, dtype, name=name)
-        names[tensor] = name
-        return tensor
-
-    x, dy = t("x", "x", r.dtype), t("dy", "x", r.dtype)
-    s = t("scale", "param", "float32")
-    mean = t("mean", "stat", "float32") if r.mode != "rms" else None
-    inv = t("inv_std", "stat", "float32")
-    res = g.norm_backward(r.mode, x, dy, s, mean=mean, inv_variance=inv)
+    x, dy = _gn_tensor(b, r, lay, "x", "x", r.dtype), _gn_tensor(b, r, lay, "dy", "x", r.dtype)
+    s = _gn_tensor(b, r, lay, "scale", "param", "float32")
+    mean = _gn_tensor(b, r, lay, "mean", "stat", "float32") if r.mode != "rms" else None
+    inv = _gn_tensor(b, r, lay, "inv_std", "stat", "float32")
+    res = b.g.norm_backward(r.mode, x, dy, s, mean=mean, inv_variance=inv)
     ps = _gdims(r, "param")[1]
-    names[g.mark_output(res.dx, r.dtype, strides=_gdims(r, "x", lay)[1])] = "dx"
-    names[g.mark_output(res.dscale, "float32", strides=ps)] = "dscale"
+    b.output(res.dx, "dx", r.dtype, _gdims(r, "x", lay)[1])
+    b.output(res.dscale, "dscale", "float32", ps)
     if res.dbias is not None:
-        names[g.mark_output(res.dbias, "float32", strides=ps)] = "dbias"
-    return g, names
+        b.output(res.dbias, "dbias", "float32", ps)
+    return b.done()
 
 
 def _gn_out_strides(r: _GN) -> tuple[int, ...] | None:

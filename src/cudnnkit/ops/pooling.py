@@ -32,7 +32,7 @@ from ..runtime import DescriptorKind, check_choice, get_cached
 from ..runtime.descriptors import int_array
 from ..runtime.dtypes import FLOATS, nan_propagation
 from ..runtime.shapes import INT32_MAX, expand, pool_output_shape, pool_padding
-from ._graphform import graph_form, new_graph
+from ._graphform import Binder, graph_form
 from ._layout import channels_last_strides, copy_in
 from ._nd import (
     as_2d,
@@ -269,18 +269,18 @@ def _prepare(names: tuple[str, ...]) -> Any:
 def _fwd_graph(c: Call) -> tuple[Any, dict]:
     """``resample_forward`` (``CUDNN_BACKEND_OPERATION_RESAMPLE_FWD_DESCRIPTOR``): per-side padding, the index."""
     r = c.resolved
-    g = new_graph(c)
-    shape, strides = _as_4d(c.views["x"], r)
-    x = g.tensor(shape, strides, c.views["x"].dtype, name="x")
-    got = g.resample_forward(x, mode=_graph_mode(r), window=r.window, stride=r.stride, pre_padding=r.pad,
-                             post_padding=r.post, nan_propagation=r.nan, index=r.index,
-                             index_dtype=r.index_dtype)  # fmt: skip
+    b = Binder(c)
+    x = b.tensor("x", *_as_4d(c.views["x"], r), c.views["x"].dtype)
+    got = b.g.resample_forward(x, mode=_graph_mode(r), window=r.window, stride=r.stride, pre_padding=r.pad,
+                               post_padding=r.post, nan_propagation=r.nan, index=r.index,
+                               index_dtype=r.index_dtype)  # fmt: skip
     y, idx = got if r.index else (got, None)
     vo = c.views["out"]
-    names = {x: "x", g.mark_output(y, vo.dtype, strides=_as_4d(vo, r)[1]): "out"}
+    strides = _as_4d(vo, r)[1]
+    b.output(y, "out", vo.dtype, strides)
     if idx is not None:
-        names[g.mark_output(idx, r.index_dtype, strides=_as_4d(vo, r)[1])] = "index"
-    return g, names
+        b.output(idx, "index", r.index_dtype, strides)
+    return b.done()
 
 
 def _bwd_graph(c: Call) -> tuple[Any, dict]:
@@ -290,22 +290,18 @@ def _bwd_graph(c: Call) -> tuple[Any, dict]:
         from ..graph import UnsupportedGraphError
 
         raise UnsupportedGraphError("max pooling backward on the graph needs the forward's index=", [])
-    g = new_graph(c)
-    names = {}
+    b = Binder(c)
 
-    def t(name: str, dtype: str | None = None) -> Any:
-        shape, strides = _as_4d(c.views[name], r)
-        tensor = g.tensor(shape, strides, dtype or c.views[name].dtype, name=name)
-        names[tensor] = name
-        return tensor
+    def t(name: str) -> Any:
+        return b.tensor(name, *_as_4d(c.views[name], r), c.views[name].dtype)
 
     vo = c.views["out"]
     out_shape, out_strides = _as_4d(vo, r)
-    dx = g.resample_backward(t("dy"), x_dims=out_shape, index=t("index") if r.index else None, mode=_graph_mode(r),
-                             window=r.window, stride=r.stride, pre_padding=r.pad, post_padding=r.post,
-                             nan_propagation=r.nan)  # fmt: skip
-    names[g.mark_output(dx, vo.dtype, strides=out_strides)] = "out"
-    return g, names
+    dx = b.g.resample_backward(t("dy"), x_dims=out_shape, index=t("index") if r.index else None,
+                               mode=_graph_mode(r), window=r.window, stride=r.stride, pre_padding=r.pad,
+                               post_padding=r.post, nan_propagation=r.nan)  # fmt: skip
+    b.output(dx, "out", vo.dtype, out_strides)
+    return b.done()
 
 
 POOLING_FORWARD = register(

@@ -64,7 +64,7 @@ from ..runtime.view import ArrayView
 from ._graphform import Binder, graph_form
 from ._layout import channels_last_strides, copy_in
 from ._nd import layout_of
-from ._primitive import Call, Operand, Output, Primitive, register, run
+from ._primitive import Call, Operand, Output, Primitive, register, run, split_out
 
 __all__ = [
     "batch_norm_forward",
@@ -188,14 +188,9 @@ def _stat(c: Call, name: str, shape: tuple[int, ...], dtype: str) -> Any:
 
 
 def _outs(fn: str, out: Any, names: tuple[str, ...]) -> tuple[Any, ...]:
-    """``out=``: None, or a tuple of one array or None per output, in ``names``' order."""
-    if out is None:
-        return (None,) * len(names)
-    if not isinstance(out, (tuple, list)) or len(out) != len(names):
-        got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
-        raise TypeError(f"{fn}: out must be a tuple of {len(names)} (({', '.join(names)}), each an array or None), "
-                        f"got {got}")  # fmt: skip
-    return tuple(out)
+    """``out=``: None, or a tuple of one array or None per output, in ``names``' order (the shared rule,
+    :func:`~cudnnkit.ops._primitive.split_out`)."""
+    return split_out(fn, out, dict.fromkeys(names))
 
 
 # ----------------------------------------------------------------- batch norm (legacy)

@@ -212,3 +212,64 @@ def test_rnn_is_declared_and_runs_through_the_registry():
                  lambda: ops.rnn_forward(fake((3, 2, 5)), fake((100,)), rnn=rnn)):  # fmt: skip
         with pytest.raises(ValueError, match="x has feature size 5 but the RNN's input_size is 4"):
             call()
+
+
+def test_express_graph_hits_bind_only_pointers(monkeypatch):
+    """A graph-form call, repeated, is planned once; its express hits run the cached plan with this call's
+    pointers in the plan's order, a new output and a workspace (``_fire_graph``)."""
+    import numpy as np
+
+    from cudnnkit.ops import _express, _graphform
+    from cudnnkit.runtime import adapters
+    from cudnnkit.runtime import launch as launch_mod
+
+    from .fuzz.materialize import FakeArray, FakeBackend
+    from .fuzz.model import A
+
+    class T:
+        def __init__(self, uid):
+            self.uid = uid
+
+    class Plan:
+        name, workspace_size, bindable_uids = "fake", 64, (2, 1)  # out first, then x
+
+        def __init__(self):
+            self.calls = []
+
+        def execute_raw(self, handle, ptrs, ws):
+            self.calls.append((handle, tuple(ptrs), ws))
+
+    plan, builds = Plan(), []
+
+    class G:
+        def build(self, device=None):
+            builds.append(device)
+            return plan
+
+    def build(c):
+        return G(), {T(1): "x", T(2): "out"}
+
+    h = type("H", (), {"ptr": 0xABC})()
+    monkeypatch.setattr(launch_mod, "get_handle", lambda *a: h)
+    monkeypatch.setattr(P, "get_handle", lambda *a: h)
+    fast = []
+    real = P._fire_graph
+    monkeypatch.setattr(P, "_fire_graph", lambda *a: fast.append(real(*a)) or fast[-1])
+    p = P.Primitive("toy_graph_express", inputs=(P.Operand("x", FLOATS),),
+                    outputs=(P.Output("out", shape=lambda r: (2, 3, 4)),), graph=_graphform.graph_form(build),
+                    empty=lambda r: False)  # fmt: skip
+    b = FakeBackend()
+    with b.installed():
+        adapters.KEYED[FakeArray] = lambda a: b.adapters[a.lib].key(a)
+        try:
+            _express.entries.clear()
+            xs = [b.array(A((2, 3, 4), "float32"), np.zeros((2, 3, 4)), "fakeA", None) for _ in range(4)]
+            outs = [p({"x": x}) for x in xs]
+            assert len(builds) == 1 and len(plan.calls) == 4
+            for x, out, (handle, ptrs, ws) in zip(xs, outs, plan.calls):
+                assert isinstance(handle, int) and ptrs == (out.ptr, x.ptr) and ws != 0
+            assert len(fast) == 3 and all(f is not P.MISSING for f in fast)  # calls 2 to 4: pointers only
+            assert P.last_path() == ("toy_graph_express", "graph")
+        finally:
+            adapters.KEYED.pop(FakeArray, None)
+            _express.entries.clear()

@@ -132,6 +132,14 @@ class Entry:
     graph_key: Any = None
     #: the graph path's (plan, bindable names): a hit runs it with its pointers and nothing else
     graph_form: Any = None
+    #: name -> position in the signature's pointers (operands, then given outputs)
+    index: dict = None  # type: ignore[assignment]
+    #: a hit may take the pointer-only graph path (``_primitive._fire_graph``): a shaped call on the graph path
+    fast: bool = False
+
+    def __post_init__(self) -> None:
+        self.index = {v[0]: i for i, v in enumerate(self.views)}
+        self.fast = self.path == "graph" and self.graph_form is not None and self.shaped
 
 
 def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Any,

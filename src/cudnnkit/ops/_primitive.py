@@ -38,9 +38,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..graph.plan.plans import _multi_device
 from ..runtime import OPTIONAL, WRITTEN, adapters, check_dtype, current_settings, prepare, tensor_descriptor
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import scaling_ref
+from ..runtime.handle import get_handle
 from ..runtime.launch import Launch
 from ..runtime.view import ArrayView
 from . import _express
@@ -612,9 +614,51 @@ def _remember_outputs(p: Primitive, sig: Any, launch: Any, views: dict[str, Any]
     _remember(sig, launch, views, given, new, call, shaped)
 
 
+def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]) -> Any:
+    """An express hit on the graph path with nothing but pointers to bind: the entry's plan, this call's pointers
+    in the plan's order, the new outputs and a workspace from the arrays' allocator, ``cudnnBackendExecute``.
+    Returns MISSING (nothing done) when a pointer is not 16-byte aligned or an allocation fails: :func:`_fire`
+    then takes the call (it copies, falls back and names what failed)."""
+    plan, order = e.graph_form
+    dev, ad = e.device, e.adapter
+    index = e.index
+    new: dict[str, Any] = {}
+    got: dict[str, int] = {}
+    try:
+        for name, shape, dtype, strides, vad in e.new:
+            arr = new[name] = vad.empty(shape, dtype, dev, strides)
+            got[name] = vad.key(arr)[1]
+        call_ptrs = [ptrs[index[n]] if n in index else got[n] for n in order]
+        if any(q & 15 for q in call_ptrs):
+            return MISSING
+        stream = ad.current_stream(dev)
+        ws = None
+        ws_ptr = 0
+        if plan.workspace_size:
+            ws = ad.empty((plan.workspace_size,), "uint8", dev, None, stream)
+            ws_ptr = ad.key(ws)[1]
+    except MemoryError:
+        return MISSING
+    e.hits += 1
+    h = get_handle(dev, stream, ad)
+    if _multi_device(ad) and ad.current_device() != dev:
+        with ad.device_guard(dev):
+            plan.execute_raw(h.ptr, call_ptrs, ws_ptr)
+    else:
+        plan.execute_raw(h.ptr, call_ptrs, ws_ptr)
+    del ws  # the allocator's stream-ordered free follows the queued work
+    _last.path = (p.name, "graph")
+    res = [new[o.name] if o.name in new else kwargs.get(o.name) for o in p.outputs] + [None] * len(p.extras)
+    return res[0] if len(res) == 1 else tuple(res)
+
+
 def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Any:
     """A call on the express path (:mod:`cudnnkit.ops._express`): entry ``e``'s templates with this call's
     pointers, its new outputs allocated, then ``check_plan`` and the legacy call, as :func:`run` makes them."""
+    if e.fast:
+        got = _fire_graph(p, e, ptrs, kwargs)
+        if got is not MISSING:
+            return got
     e.hits += 1
     dev, ad = e.device, e.adapter
     launch = Launch(dev, ad, ad.current_stream(dev), e.inputs)

@@ -93,6 +93,12 @@ class ArrayAdapter(Protocol):
         bfloat16). Synchronizes: waits for the work queued on the library's current stream."""
         ...
 
+    def key(self, obj: Any) -> tuple | None:
+        """The express path's ``(key, data pointer, adapter)`` of one of the library's arrays (see
+        :mod:`cudnnkit.runtime.adapters`): ``key`` is hashable and holds the dtype, shape, strides and device;
+        None for an array the express path cannot take. Called on every express call: cheap, never raises."""
+        ...
+
     def current_stream(self, device: int) -> int:
         """The library's current stream on ``device``, as a raw ``cudaStream_t`` int (0 for the legacy default
         stream). Called on every op, so it should be cheap (no stream object built where avoidable)."""

@@ -19,8 +19,13 @@ that the autograd, torch and JAX layers (and the fuzzer) loop over it instead of
 ``cudnnkit.settings(prefer=...)``; float64 always goes to legacy (the graph API has no float64); a graph key that
 cuDNN refused (:class:`~cudnnkit.graph.UnsupportedGraphError`) is remembered and goes to legacy from then on,
 unless ``prefer="graph"``, which raises instead. A primitive with one form runs it (a legacy-only op under
-``prefer="graph"`` runs legacy, and says so in the log). The path of this thread's last call is
-:func:`last_path`; every choice is logged on the ``cudnnkit`` logger at debug level.
+``prefer="graph"`` runs legacy, and says so in the log). Per call, a primitive's ``graph_refuses`` /
+``legacy_refuses`` say why a form cannot take it (blending, asymmetric padding, a mode the legacy API lacks): the
+other form runs, a forced form that cannot is a ``ValueError`` saying why, and a call neither takes is refused by
+name right after ``resolve``, before any output is allocated; ``auto`` picks between two forms that both take it
+(pooling keeps its faster legacy kernel). The path of this thread's last call is :func:`last_path`; every choice
+is logged on the ``cudnnkit`` logger at debug level. The graph forms themselves live in
+:mod:`cudnnkit.ops._graphform` (one plan per call signature, cached).
 
 **The op-level plan cache** maps a cheap key -- the primitive, its resolved keywords, per operand (dtype, shape,
 strides), the ``out=`` arrays' (shape, strides), whether beta is 0, the device -- to what the call needs: the

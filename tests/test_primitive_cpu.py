@@ -273,3 +273,51 @@ def test_express_graph_hits_bind_only_pointers(monkeypatch):
         finally:
             adapters.KEYED.pop(FakeArray, None)
             _express.entries.clear()
+
+
+def test_graph_path_blends_through_a_temporary(monkeypatch):
+    """alpha/beta on the graph path: the plan writes a temporary, cudnnAddTensor(alpha, tmp, beta, out) blends it
+    into the given output; such a call keeps no pointer-only express form."""
+    import numpy as np
+
+    from cudnnkit import lib
+    from cudnnkit.ops import _express, _graphform
+
+    from .fuzz.materialize import FakeBackend
+    from .fuzz.model import A
+
+    class T:
+        def __init__(self, uid):
+            self.uid = uid
+
+    class Plan:
+        name, workspace_size, bindable_uids = "fake", 0, (2, 1)
+
+        def __init__(self):
+            self.calls = []
+
+        def execute_raw(self, handle, ptrs, ws):
+            self.calls.append(tuple(ptrs))
+
+    plan, adds = Plan(), []
+
+    class G:
+        def build(self, device=None):
+            return plan
+
+    p = P.Primitive("toy_graph_blend", inputs=(P.Operand("x", FLOATS),),
+                    outputs=(P.Output("out", shape=lambda r: (2, 3, 4), blend=("alpha", "beta")),),
+                    graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})), empty=lambda r: False)  # fmt: skip
+    b = FakeBackend()
+    with b.installed():
+        monkeypatch.setattr(lib, "cudnnAddTensor", lambda h, a, ad, ap, bb, cd, cp: adds.append(
+            (a._obj.value, ap, bb._obj.value, cp)))  # fmt: skip
+        _express.entries.clear()
+        x = b.array(A((2, 3, 4), "float32"), np.zeros((2, 3, 4)), "fakeA", None)
+        out = b.array(A((2, 3, 4), "float32"), np.zeros((2, 3, 4)), "fakeA", None)
+        assert p({"x": x}, out=out, alpha=2.0, beta=0.5) is out
+        ((tmp, xp),) = plan.calls
+        assert xp == x.ptr and tmp != out.ptr and adds == [(2.0, tmp, 0.5, out.ptr)]
+        p({"x": x}, out=out)  # no blend: straight into out
+        assert plan.calls[-1] == (out.ptr, x.ptr) and len(adds) == 1
+        _express.entries.clear()

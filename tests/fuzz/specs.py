@@ -2439,8 +2439,7 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
             half = dt in ("float16", "bfloat16")
             kw["activation"] = d.choice(legacy + ["gelu", "gelu_tanh", "leaky_relu"] if half else legacy)
         return Base(kw, names, {"dtype": dt, "groups": groups, "pre": pad, "post": post})
-    if post == pad:  # asymmetric padding runs on the graph path only, which does not blend
-        draw_blend(d, kw, dt, res, layout=("c",))
+    draw_blend(d, kw, dt, res, layout=("c",))  # the graph path blends through a temporary (cudnnAddTensor)
     return Base(kw, names, {"dtype": dt, "groups": groups, "pre": pad, "post": post})
 
 

@@ -268,6 +268,12 @@ def test_asymmetric_padding_runs_on_the_graph(xp, dtype, layout):
             dw = ops.convolution_backward_filter(dev(xp, x, dtype, layout), dyd, w_shape=w.shape, **kw)
             want_dw = ref.conv_backward_filter(xpad, dy, w.shape, stride=stride, pad=(0, 0), dilation=(1, 1), groups=2)
             assert rel(host(xp, dw), want_dw) < _tol(dtype, False) * 4
+            prev = seen(rng.standard_normal(want.shape), dtype)
+            out = dev(xp, prev, dtype, layout)  # the graph blends through a temporary (cudnnAddTensor)
+            ops.convolution_forward(dev(xp, x, dtype, layout), dev(xp, w, dtype, layout), out=out, alpha=0.5,
+                                    beta=-1.0, **kw)  # fmt: skip
+            assert ops.last_path() == ("convolution_forward", "graph")
+            assert rel(host(xp, out), 0.5 * want - prev) < _tol(dtype, False) * 4
         with settings(prefer="legacy"), pytest.raises(ValueError, match="legacy call cannot take this.*before"):
             ops.convolution_forward(dev(xp, x, dtype, layout), dev(xp, w, dtype, layout), **kw)
 

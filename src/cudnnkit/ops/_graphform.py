@@ -11,6 +11,8 @@ workspace from the arrays' allocator and runs :meth:`ExecutionPlan.execute_raw` 
 variant pack cached per pointer tuple). cuDNN refusing the graph raises
 :class:`~cudnnkit.graph.UnsupportedGraphError`, which the router remembers and answers with the legacy call.
 A workspace that cannot be allocated sends that one call to the legacy form (:class:`GraphFallback`), logged.
+A blending call (``alpha``/``beta`` other than 1/0) runs the graph into a temporary and blends it into the output
+with ``cudnnAddTensor``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .. import lib
+from ..runtime import tensor_descriptor
 from ..runtime.cache import LRU, MISSING
 
 __all__ = ["Binder", "GraphFallback", "graph_form", "new_graph", "graph_cache_info"]
@@ -37,6 +41,25 @@ class GraphFallback(Exception):
 def graph_cache_info() -> dict[str, int]:
     """Size, bound, hits and misses of the op-level graph cache."""
     return _forms.info()
+
+
+def _blends(c: Any) -> list[tuple[str, Any, Any]]:
+    """``(output name, alpha ref, beta ref)`` of each output this call blends (``out = alpha * result + beta *
+    out``, alpha not 1 or beta not 0): the graph has no blend, so its result goes to a temporary and
+    ``cudnnAddTensor`` blends it in."""
+    got = []
+    for name, (a, b) in c.blends.items():
+        if a is not None and (a._obj.value != 1.0 or b._obj.value != 0.0):
+            got.append((name, a, b))
+    return got
+
+
+def _desc(v: Any) -> Any:
+    """The tensor descriptor of view ``v``, padded with trailing size-1 dims to 4 (cudnnAddTensor's minimum)."""
+    shape, strides = tuple(v.shape), tuple(v.strides)
+    while len(shape) < 4:
+        shape, strides = shape + (1,), strides + (1,)
+    return tensor_descriptor(v.dtype, shape, strides)
 
 
 def _execute(c: Any, form: tuple[Any, tuple[str, ...]], ptrs: list[int]) -> None:
@@ -131,11 +154,20 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
             if key is not None:
                 _forms.put(key, form, count_miss=True)
             _log.debug("graph form: plan %s (workspace %d bytes)", plan.name, plan.workspace_size)
-        if not back:
+        blends = _blends(c)
+        if not back and not blends:
             c.extra["graph_form"] = form  # what an express entry keeps (only a call on the arrays as given has one)
+        for name, _, _ in blends:  # the graph writes a temporary, blended into the output after it
+            v = c.views[name]
+            tmp, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)
+            back.append((v, tmp, name))
         views = c.views
         _execute(c, form, [views[n].ptr for n in form[1]])
+        for name, alpha, beta in blends:
+            out, tmp = next((v, c.views[name]) for v, _, n in back if n == name)
+            lib.cudnnAddTensor(c.launch.handle, alpha, _desc(tmp), tmp.ptr, beta, _desc(out), out.ptr)
         for v, tmp, name in back:
-            c.launch.copy(v.owner, tmp, name)
+            if name not in {b[0] for b in blends}:
+                c.launch.copy(v.owner, tmp, name)
 
     return run

@@ -187,9 +187,9 @@ class Primitive:
     #: then goes to legacy; ``legacy_refuses(resolved)`` likewise (asymmetric padding), which then goes to the graph
     graph_refuses: Callable[[Any, Mapping[str, Any]], str | None] | None = None
     legacy_refuses: Callable[[Any], str | None] | None = None
-    #: ``resolved -> (path, why)``: the path under ``prefer="auto"`` when both forms take the call (default: the
-    #: graph); activation keeps its legacy modes on their precompiled kernels
-    auto: Callable[[Any], tuple[str, str]] | None = None
+    #: ``(resolved, kwargs) -> (path, why)``: the path under ``prefer="auto"`` when both forms take the call
+    #: (default: the graph); pooling keeps its faster legacy kernel, a blending convolution its one-kernel blend
+    auto: Callable[[Any, Mapping[str, Any]], tuple[str, str]] | None = None
     #: an op whose call does not fit the shared sequence runs this function instead (``runner(**arrays,
     #: stream=, **kwargs)``, the public function itself): the RNN, whose arrays are sequences described per call
     #: (lengths, layouts), whose algorithm is chosen per shape class and whose reserve is tracked by a ledger. Its
@@ -299,7 +299,7 @@ def route(p: Primitive, dtype: str, graph_key: Any = None, resolved: Any = None,
     elif prefer != "graph" and graph_key is not None and _refused.lookup(graph_key) is not MISSING:
         path, why = "legacy", "cuDNN refused this graph before"
     elif prefer == "auto" and p.auto is not None:
-        path, why = p.auto(resolved)
+        path, why = p.auto(resolved, kwargs)
     else:
         path, why = "graph", f"settings(prefer={prefer!r})"
     _log.debug("%s: %s path (%s)", p.name, path, why)

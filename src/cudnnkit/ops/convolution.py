@@ -182,15 +182,22 @@ def _legacy_refuses(r: _Conv) -> str | None:
     return None
 
 
-def _graph_refuses(r: _Conv, kw: Any) -> str | None:
+def _auto(r: _Conv, kw: Any) -> tuple[str, str]:
     if kw.get("alpha", 1.0) != 1.0 or kw.get("beta", 0.0) != 0.0:
-        return "alpha/beta blending (the legacy call blends)"
+        return "legacy", "alpha/beta blending (the legacy call blends in its kernel; the graph needs a second one)"
+    return "graph", "measured faster (benchmarks/NOTES.md, fifth session)"
+
+
+def _graph_refuses(r: _Conv, kw: Any) -> str | None:
     if r.dtype == "float32" and (r.bias or r.z or r.act is not None):
         # measured on the H200 (cuDNN 9.19): fused float32 channels-last graphs (conv + bias + z + activation)
         # left NaN in the output; until that is understood they run the legacy steps
         return "a fused float32 forward (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured)"
     if r.empty_sum:
         return "an empty batch"
+    if (r.bias or r.z or r.act is not None) and kw.get("alpha", 1.0) != 1.0:
+        # the graph blends after its last node: alpha would scale act(...), where the fused forward scales the conv
+        return "alpha with a fused forward (alpha scales the convolution inside the activation)"
     return None
 
 
@@ -758,6 +765,7 @@ CONVOLUTION_FORWARD = register(
         graph=_graph("forward"),
         graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
+        auto=_auto,
         empty=lambda r: 0 in r.y_shape,
         family=_FAMILY,
         differentiable=("x", "w"),
@@ -775,6 +783,7 @@ CONVOLUTION_BACKWARD_DATA = register(
         graph=_graph("data"),
         graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
+        auto=_auto,
         empty=lambda r: 0 in r.y_shape,
         family=_FAMILY,
     )
@@ -789,6 +798,7 @@ CONVOLUTION_BACKWARD_FILTER = register(
         graph=_graph("filter"),
         graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
+        auto=_auto,
         empty=lambda r: False,
         family=_FAMILY,
     )

@@ -172,13 +172,7 @@ def _legacy_refuses(r: _Pool) -> str | None:
     return None
 
 
-def _graph_refuses(r: _Pool, kw: Any) -> str | None:
-    if kw.get("alpha", 1.0) != 1.0 or kw.get("beta", 0.0) != 0.0:
-        return "alpha/beta blending (the legacy call blends)"
-    return None
-
-
-def _auto(r: _Pool) -> tuple[str, str]:
+def _auto(r: _Pool, kw: Any) -> tuple[str, str]:
     # measured on the H200 (cuDNN 9.19): the legacy max pool 3x3/2 fp16 NHWC 64x256x56x56 runs in 0.077 ms, the
     # graph's resample in 0.204 ms
     return "legacy", "the legacy kernel is faster where both run (benchmarks/NOTES.md)"
@@ -312,7 +306,6 @@ POOLING_FORWARD = register(
         resolve=_fwd_resolve,
         legacy=_fwd_call,
         graph=graph_form(_fwd_graph, _prepare(("x",))),
-        graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
         auto=_auto,
         extras=("index",),
@@ -336,7 +329,6 @@ POOLING_BACKWARD = register(
         resolve=_bwd_resolve,
         legacy=_bwd_call,
         graph=graph_form(_bwd_graph, _prepare(("dy", "index"))),
-        graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
         auto=_auto,
         empty=lambda r: 0 in r.y_shape,

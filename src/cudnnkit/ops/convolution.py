@@ -38,7 +38,9 @@ with a smaller one remains.
 **Paths** (:mod:`cudnnkit.ops._primitive`'s router; :func:`cudnnkit.ops.last_path` says which ran). Forward,
 backward data and backward filter run as a graph (``conv_fprop``/``conv_dgrad``/``conv_wgrad``, float32 compute,
 planned once per signature with the settings' heuristics and engine filters, cached op-level) unless: the dtype
-is float64 (the graph API has none), the call blends (``alpha``/``beta`` other than 1/0), the batch is empty, or
+is float64 (the graph API has none), the call blends (``alpha``/``beta`` other than 1/0: the legacy call blends in
+its kernel; a graph-only call blends through a temporary and ``cudnnAddTensor``), the batch is empty, the fused
+forward is float32 (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured) or has ``alpha != 1``, or
 cuDNN refused that graph before (remembered; the legacy call runs). ``settings(prefer="legacy")`` forces the
 legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias is legacy only.
 

@@ -14,7 +14,8 @@ ignores it. ``ceil_mode``: the output size rounds up, as torch defines it
 (max pool 3x3/2 fp16 NHWC 64x256x56x56: 0.077 ms legacy, 0.204 ms graph resample, H200, cuDNN 9.19). The legacy
 descriptor pads both sides alike, so asymmetric padding, and a ``ceil_mode`` that adds padding after, run on the
 graph (``OPERATION_RESAMPLE_FWD``/``_BWD``, per-side padding), which also returns max pooling's argmax index
-(``return_index=True``) and takes it in the backward (``index=``); the graph path does not blend.
+(``return_index=True``) and takes it in the backward (``index=``); the graph path blends through a temporary and
+``cudnnAddTensor``.
 ``settings(prefer=...)`` forces either; :func:`cudnnkit.ops.last_path` says which ran. Arrays: ``x`` (N, C, *spatial) dense channels-first or channels-last (another layout is copied); a new ``y``
 takes ``x``'s layout; a given ``out`` must be dense. Dtypes: float16, bfloat16, float32, float64. The backward
 is cuDNN's legacy one, which needs the forward's ``y`` and ``x`` (for max pooling it finds the maximum again).

@@ -129,12 +129,13 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
             prepare(c)
         # the graph engines need 16-byte aligned pointers (measured: CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER at
         # execution for a plan built with a smaller CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT): a misaligned input is
-        # copied, a misaligned output written through an aligned temporary
+        # copied, a misaligned output (or written operand: a given statistic) written through an aligned temporary
         back = []
+        written = c.extra.get("_written", ())
         for name, v in list(c.views.items()):
             if v is None or v.ptr % 16 == 0:
                 continue
-            if name in c.arrays and c.arrays[name] is not None:
+            if name not in written and c.arrays.get(name) is not None:
                 from ._layout import copy_in
 
                 _, c.views[name] = copy_in(c.launch, c.arrays[name], v, v.strides, name, "is not 16-byte aligned")

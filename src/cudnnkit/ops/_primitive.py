@@ -204,6 +204,9 @@ class Primitive:
         object.__setattr__(self, "_forms", forms)  # fixed at declaration: the router reads it on every call
         object.__setattr__(self, "_names", tuple(op.name for op in self.inputs))
         object.__setattr__(self, "_outnames", frozenset(o.name for o in self.outputs))
+        # what the call writes: its outputs and its WRITTEN operands (the graph form keeps them in place)
+        written = {o.name for o in self.outputs} | {op.name for op in self.inputs if op.flags & WRITTEN}
+        object.__setattr__(self, "_written", frozenset(written))
         # the signature holds the settings, so a call on either path may be express
         express = self.express and not any(op.host_ok for op in self.inputs)
         object.__setattr__(self, "_express", express)
@@ -331,6 +334,7 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
     if path == "graph":
         from ..graph import UnsupportedGraphError
 
+        call.extra["_written"] = p._written  # type: ignore[attr-defined]
         try:
             with call.launch.on_device():
                 p.graph(call)  # type: ignore[misc]

@@ -789,30 +789,8 @@ def _zero_bias(c: Call) -> None:
     c.views["bias"] = ArrayView((r.cols,), (1,), "float32", c.launch.device, ptr, ws, c.launch.adapter)
 
 
-#: the pointer alignment (bytes) cuDNN 9.19's norm engines need: measured on an H200, arrays 1 to 3 elements off
-#: fail execution with CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER whatever alignment the graph declares
-_ALIGN = 16
-
-
-def _aligned(c: Call, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> None:
-    """Inputs at a pointer off ``_ALIGN`` bytes copied (a new array is aligned; logged); such outputs refused."""
-    for n in outputs:
-        v = c.views.get(n)
-        if v is not None and v.ptr % _ALIGN:
-            raise ValueError(f"{n} starts {v.ptr % _ALIGN} bytes off a {_ALIGN}-byte boundary: cuDNN's norm kernels "
-                             "write aligned arrays only; pass an array that starts aligned (a fresh allocation)")  # fmt: skip
-    for n in inputs:
-        v = c.views.get(n)
-        if v is not None and v.ptr % _ALIGN:
-            new, nv = c.launch.empty(v.shape, v.dtype, v.strides, name=n)
-            c.launch.copy(new, c.arrays[n] if v.adapter is None else v.owner, n)
-            c.extra[f"_aligned_{n}"] = new
-            c.views[n] = nv
-
-
 def _gn_fwd_prepare(c: Call) -> None:
     r = c.resolved
-    _aligned(c, ("x", "scale", "bias"), ("y", "mean", "inv_std"))
     if r.mode == "instance":
         c.views["x"] = _in_layout(c, "x", _out_layout(c, "y"))
     if r.mode != "rms" and c.views.get("bias") is None:
@@ -846,7 +824,6 @@ def _gn_fwd_build(c: Call) -> tuple[Any, dict]:
 
 def _gn_bwd_prepare(c: Call) -> None:
     r = c.resolved
-    _aligned(c, ("dy", "x", "scale", "mean", "inv_std"), ("dx", "dscale", "dbias"))
     if r.mode == "instance":
         lay = _out_layout(c, "dx")
         c.views["x"], c.views["dy"] = _in_layout(c, "x", lay), _in_layout(c, "dy", lay)

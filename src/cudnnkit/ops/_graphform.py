@@ -136,9 +136,10 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
             if v is None or v.ptr % 16 == 0:
                 continue
             if name not in written and c.arrays.get(name) is not None:
-                from ._layout import copy_in
-
-                _, c.views[name] = copy_in(c.launch, c.arrays[name], v, v.strides, name, "is not 16-byte aligned")
+                _log.debug("%s is not 16-byte aligned (%#x): copying", name, v.ptr)
+                new, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)
+                c.launch.copy(new, v.owner if v.adapter is not None else c.arrays[name], name)
+                c.extra[f"_aligned_{name}"] = new  # kept until the call ends
             else:
                 tmp, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)
                 back.append((v, tmp, name))

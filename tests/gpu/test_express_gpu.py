@@ -1,0 +1,70 @@
+"""The express path on the GPU, for the ops of issue 12: repeated calls with the same metadata and fresh values
+(and fresh output allocations) give, call after call, the full sequence's result for those values, on both paths
+(the graph's pointer-only hits, ``ops._primitive._fire_graph``, and the legacy replays). A hit that bound a stale
+pointer, or a new output into the wrong slot, fails here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudnnkit import ops, settings
+from cudnnkit.ops import _express
+
+from ..numerics import dev, host, rel
+
+pytestmark = pytest.mark.gpu
+
+
+def _full(fn):
+    """``fn()`` through the full sequence (the express path off for this call)."""
+    _express.enabled(False)
+    try:
+        return fn()
+    finally:
+        _express.enabled(True)
+
+
+def _outputs(got):
+    return got if isinstance(got, tuple) else (got,)
+
+
+CASES = {
+    "conv fwd": lambda xp, a, dt, lay: ops.convolution_forward(a[0], a[1], padding=1),
+    "conv fwd fused": lambda xp, a, dt, lay: ops.convolution_forward(a[0], a[1], a[2], activation="relu", padding=1),
+    "conv fwd asymmetric": lambda xp, a, dt, lay: ops.convolution_forward(a[0], a[1], padding=((0, 1), (1, 0))),
+    "conv dgrad": lambda xp, a, dt, lay: ops.convolution_backward_data(a[3], a[1], x_shape=(2, 8, 9, 9), padding=1),
+    "conv wgrad": lambda xp, a, dt, lay: ops.convolution_backward_filter(a[0], a[3], w_shape=(8, 8, 3, 3), padding=1),
+    "conv bias grad": lambda xp, a, dt, lay: ops.convolution_backward_bias(a[3]),
+    "max pool": lambda xp, a, dt, lay: ops.pooling_forward(a[0], window=3, stride=2, padding=1),
+    "avg pool ceil (graph)": lambda xp, a, dt, lay: ops.pooling_forward(
+        a[0], mode="avg_exclude_padding", window=3, stride=2, ceil_mode=True
+    ),  # fmt: skip
+    "relu": lambda xp, a, dt, lay: ops.activation_forward(a[0], "relu"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype, layout", [("float16", "nhwc"), ("float32", "nchw"), ("float64", "nchw")])
+@pytest.mark.parametrize("prefer", ["auto", "legacy"])
+def test_repeated_calls_match_the_full_sequence(xp, case, dtype, layout, prefer):
+    if dtype == "float64" and case in ("conv fwd asymmetric", "avg pool ceil (graph)"):
+        pytest.skip("graph-only calls: float64 has no graph form (refusal tested on the CPU)")
+    if prefer == "legacy" and case in ("conv fwd asymmetric", "avg pool ceil (graph)"):
+        pytest.skip("graph-only calls")
+    fn = CASES[case]
+    rng = np.random.default_rng(0)
+    _express.entries.clear()
+    with settings(prefer=prefer, allow_tf32=False, deterministic=True):
+        for i in range(4):  # 1: full sequence, 2: records the entry, 3-4: express hits (fresh values each time)
+            a = [dev(xp, rng.standard_normal((2, 8, 9, 9)), dtype, layout),
+                 dev(xp, rng.standard_normal((8, 8, 3, 3)) / 8, dtype, layout),
+                 dev(xp, rng.standard_normal(8), dtype),
+                 dev(xp, rng.standard_normal((2, 8, 9, 9)), dtype, layout)]  # fmt: skip
+            got = [host(xp, o) for o in _outputs(fn(xp, a, dtype, layout)) if o is not None]
+            path = ops.last_path()
+            want = [host(xp, o) for o in _outputs(_full(lambda a=a: fn(xp, a, dtype, layout))) if o is not None]
+            assert ops.last_path() == path
+            for g, w in zip(got, want, strict=True):
+                assert rel(g, w) < (1e-3 if dtype == "float16" else 1e-6), (case, i, path)  # the same algorithm
+    assert _express.info()["hits"] >= 1, "the repeated calls never took the express path"

@@ -49,6 +49,11 @@ def _legacy(fn):
 
 
 CASES = [
+    (
+        lambda: ops.pooling_backward(x((2, 3, 4, 4)), x((2, 3, 4, 4)), x(), window=3, stride=2, ceil_mode=True),
+        ValueError,
+        r"runs on the graph, whose max-pooling backward reads the forward's argmax: pass index=",
+    ),
     (lambda: ops.pooling_forward(x(), mode="min"), ValueError, "mode must be one of"),
     (lambda: ops.pooling_forward(x(), window=9), ValueError, "input 8 with padding 0 is smaller than the window 9"),
     (lambda: ops.pooling_forward(x(), window=3, padding=3), ValueError, "padding 3 must be smaller than the window"),

@@ -159,6 +159,11 @@ def _bwd_resolve(views: Any, kw: Any) -> _Pool:
         if vi.shape != r.y_shape or vi.dtype != r.index_dtype:
             raise ValueError(f"index must be the forward's (return_index=True): shape {r.y_shape} and dtype "
                              f"{r.index_dtype}, got {vi.shape} {vi.dtype}")  # fmt: skip
+    if vi is None and r.mode.startswith("max") and r.pad != r.post:
+        raise ValueError(
+            f"padding {r.pad[: r.nsp]} before and {r.post[: r.nsp]} after runs on the graph, whose max-pooling "
+            "backward reads the forward's argmax: pass index= (from pooling_forward(..., return_index=True))"
+        )
     # dx has x's shape and layout
     return r._replace(y_shape=vx.shape, y_strides=channels_last_strides(vx.shape) if layout_of(vx) == "nhwc" else None,
                       index=vi is not None)  # fmt: skip
@@ -282,9 +287,8 @@ def _bwd_graph(c: Call) -> tuple[Any, dict]:
     """``resample_backward`` from dy (and, for max pooling, the forward's index)."""
     r = c.resolved
     if r.mode.startswith("max") and not r.index:
-        from ..graph import UnsupportedGraphError
-
-        raise UnsupportedGraphError("max pooling backward on the graph needs the forward's index=", [])
+        raise ValueError("max pooling backward on the graph reads the forward's argmax: pass index= (from "
+                         "pooling_forward(..., return_index=True))")  # fmt: skip
     b = Binder(c)
 
     def t(name: str) -> Any:

@@ -84,6 +84,20 @@ def test_router_falls_back_once_and_remembers_the_refusal(caplog):
         p({"x": fake()}, out=fake(), k=2)
 
 
+def test_a_refused_graph_the_legacy_call_cannot_take_is_one_clear_error():
+    """cuDNN refusing the graph of a call whose legacy form cannot take it (a graph-only activation, say) raises
+    one ValueError saying both, naming the argument, with the graph's refusal as its cause."""
+    p, calls, _ = _toy(graph_fails=True, name="toy_neither")
+    q = P.Primitive(p.name + "_2", inputs=p.inputs, outputs=p.outputs, resolve=p.resolve, describe=p.describe,
+                    legacy=p.legacy, graph=p.graph, layout_what="toy", blend=True,
+                    legacy_refuses=lambda r: "mode 'gelu' (the legacy API has no such mode)" if r[0] else None)  # fmt: skip
+    with pytest.raises(
+        ValueError, match="no engine for this call's graph.*legacy call cannot take it: mode 'gelu'"
+    ) as e:
+        q({"x": fake()}, out=fake(), k=1)
+    assert isinstance(e.value.__cause__, UnsupportedGraphError) and calls == ["graph"]
+
+
 def test_op_level_cache_hit_describes_nothing():
     p, calls, described = _toy(name="toy_cache")
     before = P.plan_cache_info()["hits"]

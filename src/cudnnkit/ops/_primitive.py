@@ -345,8 +345,12 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
         except UnsupportedGraphError as e:
             if current_settings().prefer == "graph" or p.legacy is None:
                 raise
-            if p.legacy_refuses is not None and p.legacy_refuses(call.resolved) is not None:
-                raise  # the legacy call cannot take it either
+            no_legacy = p.legacy_refuses(call.resolved) if p.legacy_refuses is not None else None
+            if no_legacy is not None:  # the legacy call cannot take it either: say both, naming the argument
+                raise ValueError(
+                    f"{p.name}: cuDNN has no engine for this call's graph ({str(e).splitlines()[0]}), and the legacy "
+                    f"call cannot take it: {no_legacy}"
+                ) from e
             if graph_key is not None:
                 _refused.put(graph_key, str(e).splitlines()[0])
             _log.debug("%s: graph refused (%s); legacy path", p.name, str(e).splitlines()[0])

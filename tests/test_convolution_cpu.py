@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cudnnkit import lib, ops, settings
+from cudnnkit.ops import _conv_algos as ca
 from cudnnkit.ops import convolution as cv
 from cudnnkit.runtime import cudnn_dtype
 
@@ -278,7 +279,7 @@ def test_output_dims_agree_with_cudnn(nsp):
     xs4 = xs + (1,) if nsp == 1 else xs
     ws4 = ws + (1,) if nsp == 1 else ws
     xd = tensor_descriptor("float32", xs4, contiguous_strides(xs4))
-    wd = cv.get_cached(cv.FILTER, ("float32", lib.CUDNN_TENSOR_NCHW, ws4))
+    wd = ca.get_cached(ca.FILTER, ("float32", lib.CUDNN_TENSOR_NCHW, ws4))
     out = int_array([0] * len(xs4))
     lib.cudnnGetConvolutionNdForwardOutputDim(cv.conv_descriptor(r), xd, wd, len(xs4), out)
     assert tuple(out)[: len(y)] == y
@@ -358,9 +359,9 @@ def emulated():
 
     b = FakeBackend()
     with b.installed(), settings(prefer="legacy"):  # the legacy calls' algorithm choice
-        cv._algos.clear()
+        ca._algos.clear()
         yield b, _Emulated(b)
-    cv._algos.clear()
+    ca._algos.clear()
 
 
 def _fake(backend, shape, dtype="float32", layout=("c",)):
@@ -429,8 +430,8 @@ def test_math_types_a_call_may_take():
                               ("float16", True, {lib.CUDNN_DEFAULT_MATH, lib.CUDNN_TENSOR_OP_MATH, lib.CUDNN_FMA_MATH})):  # fmt: skip
         with settings(allow_tf32=tf32):
             r = cv._resolve(p, dtype, (1, 2, 4, 4), (2, 2, 3, 3), False, (1, 2, 2, 2))
-        assert cv._allowed_math(r) == want
-        assert lib.CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION not in cv._allowed_math(r)
+        assert ca._allowed_math(r) == want
+        assert lib.CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION not in ca._allowed_math(r)
 
 
 def test_a_1d_channels_last_array_keeps_its_layout_as_2d():

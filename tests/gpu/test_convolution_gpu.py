@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cudnnkit import ops, settings
-from cudnnkit.ops import convolution as cv
+from cudnnkit.ops import _conv_algos as ca
 
 from .. import act_reference as aref
 from .. import conv_reference as ref
@@ -157,7 +157,7 @@ def test_workspace_limit_and_fallback(xp, monkeypatch, caplog):
             raise MemoryError(f"capped: {nbytes} bytes")
         return real(self, nbytes, zeroed)
 
-    cv._algos.clear()
+    ca._algos.clear()
     monkeypatch.setattr(Launch, "workspace", capped)
     for prefer in ("auto", "legacy"):  # the graph plan's workspace falls back to the legacy call's fallback
         with settings(allow_tf32=False, prefer=prefer), caplog.at_level("INFO", logger="cudnnkit"):
@@ -170,7 +170,7 @@ def test_workspace_limit_and_fallback(xp, monkeypatch, caplog):
     with settings(allow_tf32=False, workspace_limit=0, prefer="legacy"):
         got = ops.convolution_forward(dev(xp, x, "float32"), dev(xp, w, "float32"), **kw)
     assert rel(host(xp, got), want) < 1e-5
-    assert all(ws == 0 for key, algos in [(k, cv._algos.peek(k)) for k in cv._algos.keys()] if key[3] == 0
+    assert all(ws == 0 for key, algos in [(k, ca._algos.peek(k)) for k in ca._algos.keys()] if key[3] == 0
                for _, ws, _m in algos)  # fmt: skip
 
 

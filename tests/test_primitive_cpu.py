@@ -228,58 +228,72 @@ def test_rnn_is_declared_and_runs_through_the_registry():
             call()
 
 
-def test_express_graph_hits_bind_only_pointers(monkeypatch):
-    """A graph-form call, repeated, is planned once; its express hits run the cached plan with this call's
-    pointers in the plan's order, a new output and a workspace (``_fire_graph``)."""
-    import numpy as np
+class _FakePlan:
+    """An ExecutionPlan stand-in for the graph-form tests: bindable uids (out, x), a workspace size, and the
+    pointers each ``execute_raw`` got."""
 
-    from cudnnkit.ops import _express, _graphform
-    from cudnnkit.runtime import adapters
-    from cudnnkit.runtime import launch as launch_mod
+    name = "fake"
+    bindable_uids = (2, 1)
 
-    from .fuzz.materialize import FakeArray, FakeBackend
-    from .fuzz.model import A
+    def __init__(self, workspace: int):
+        self.workspace_size = workspace
+        self.calls: list[tuple] = []
+        self.builds = 0
+
+    def execute_raw(self, handle, ptrs, ws):
+        self.calls.append((handle, tuple(ptrs), ws))
+
+
+def _fake_graph_primitive(name: str, workspace: int = 0, blend: bool = False):
+    """A graph-only primitive ``x -> out`` (2, 3, 4) whose graph "builds" to a :class:`_FakePlan`."""
+    from cudnnkit.ops import _graphform
+
+    plan = _FakePlan(workspace)
 
     class T:
         def __init__(self, uid):
             self.uid = uid
 
-    class Plan:
-        name, workspace_size, bindable_uids = "fake", 64, (2, 1)  # out first, then x
-
-        def __init__(self):
-            self.calls = []
-
-        def execute_raw(self, handle, ptrs, ws):
-            self.calls.append((handle, tuple(ptrs), ws))
-
-    plan, builds = Plan(), []
-
     class G:
         def build(self, device=None):
-            builds.append(device)
+            plan.builds += 1
             return plan
 
-    def build(c):
-        return G(), {T(1): "x", T(2): "out"}
+    out = P.Output("out", shape=lambda r: (2, 3, 4), blend=("alpha", "beta") if blend else None)
+    p = P.Primitive(name, inputs=(P.Operand("x", FLOATS),), outputs=(out,), empty=lambda r: False,
+                    graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})))  # fmt: skip
+    return p, plan
 
-    h = type("H", (), {"ptr": 0xABC})()
-    monkeypatch.setattr(launch_mod, "get_handle", lambda *a: h)
-    monkeypatch.setattr(P, "get_handle", lambda *a: h)
+
+def _fake_array(b, layout=("c",)):
+    import numpy as np
+
+    from .fuzz.model import A
+
+    return b.array(A((2, 3, 4), "float32", layout=layout), np.zeros((2, 3, 4)), "fakeA", None)
+
+
+def test_express_graph_hits_bind_only_pointers(monkeypatch):
+    """A graph-form call, repeated, is planned once; its express hits run the cached plan with this call's
+    pointers in the plan's order, a new output and a workspace (``_fire_graph``)."""
+    from cudnnkit.ops import _express
+    from cudnnkit.runtime import adapters
+
+    from .fuzz.materialize import FakeArray, FakeBackend
+
     fast = []
     real = P._fire_graph
     monkeypatch.setattr(P, "_fire_graph", lambda *a: fast.append(real(*a)) or fast[-1])
-    p = P.Primitive("toy_graph_express", inputs=(P.Operand("x", FLOATS),),
-                    outputs=(P.Output("out", shape=lambda r: (2, 3, 4)),), graph=_graphform.graph_form(build),
-                    empty=lambda r: False)  # fmt: skip
+    monkeypatch.setattr(P, "get_handle", lambda *a: type("H", (), {"ptr": 0xABC})())
+    p, plan = _fake_graph_primitive("toy_graph_express", workspace=64)
     b = FakeBackend()
     with b.installed():
         adapters.KEYED[FakeArray] = lambda a: b.adapters[a.lib].key(a)
         try:
             _express.entries.clear()
-            xs = [b.array(A((2, 3, 4), "float32"), np.zeros((2, 3, 4)), "fakeA", None) for _ in range(4)]
+            xs = [_fake_array(b) for _ in range(4)]
             outs = [p({"x": x}) for x in xs]
-            assert len(builds) == 1 and len(plan.calls) == 4
+            assert plan.builds == 1 and len(plan.calls) == 4
             for x, out, (handle, ptrs, ws) in zip(xs, outs, plan.calls):
                 assert isinstance(handle, int) and ptrs == (out.ptr, x.ptr) and ws != 0
             assert len(fast) == 3 and all(f is not P.MISSING for f in fast)  # calls 2 to 4: pointers only
@@ -292,96 +306,47 @@ def test_express_graph_hits_bind_only_pointers(monkeypatch):
 def test_graph_path_blends_through_a_temporary(monkeypatch):
     """alpha/beta on the graph path: the plan writes a temporary, cudnnAddTensor(alpha, tmp, beta, out) blends it
     into the given output; such a call keeps no pointer-only express form."""
-    import numpy as np
-
     from cudnnkit import lib
-    from cudnnkit.ops import _express, _graphform
+    from cudnnkit.ops import _express
 
     from .fuzz.materialize import FakeBackend
-    from .fuzz.model import A
 
-    class T:
-        def __init__(self, uid):
-            self.uid = uid
-
-    class Plan:
-        name, workspace_size, bindable_uids = "fake", 0, (2, 1)
-
-        def __init__(self):
-            self.calls = []
-
-        def execute_raw(self, handle, ptrs, ws):
-            self.calls.append(tuple(ptrs))
-
-    plan, adds = Plan(), []
-
-    class G:
-        def build(self, device=None):
-            return plan
-
-    p = P.Primitive("toy_graph_blend", inputs=(P.Operand("x", FLOATS),),
-                    outputs=(P.Output("out", shape=lambda r: (2, 3, 4), blend=("alpha", "beta")),),
-                    graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})), empty=lambda r: False)  # fmt: skip
+    adds = []
+    p, plan = _fake_graph_primitive("toy_graph_blend", blend=True)
     b = FakeBackend()
     with b.installed():
         monkeypatch.setattr(lib, "cudnnAddTensor", lambda h, a, ad, ap, bb, cd, cp: adds.append(
             (a._obj.value, ap, bb._obj.value, cp)))  # fmt: skip
         _express.entries.clear()
-        x = b.array(A((2, 3, 4), "float32"), np.zeros((2, 3, 4)), "fakeA", None)
-        out = b.array(A((2, 3, 4), "float32"), np.zeros((2, 3, 4)), "fakeA", None)
+        x, out = _fake_array(b), _fake_array(b)
         assert p({"x": x}, out=out, alpha=2.0, beta=0.5) is out
-        ((tmp, xp),) = plan.calls
+        ((_, (tmp, xp), _),) = plan.calls
         assert xp == x.ptr and tmp != out.ptr and adds == [(2.0, tmp, 0.5, out.ptr)]
         p({"x": x}, out=out)  # no blend: straight into out
-        assert plan.calls[-1] == (out.ptr, x.ptr) and len(adds) == 1
+        assert plan.calls[-1][1] == (out.ptr, x.ptr) and len(adds) == 1
         _express.entries.clear()
 
 
 def test_graph_form_copies_misaligned_inputs_and_writes_misaligned_outputs_through_a_temporary(monkeypatch):
     """cuDNN's graph engines refuse pointers off 16 bytes at execution (measured): a misaligned input reaches the
     plan as an aligned copy, a misaligned output as an aligned temporary copied back into it."""
-    import numpy as np
-
-    from cudnnkit.ops import _express, _graphform
+    from cudnnkit.ops import _express
+    from cudnnkit.runtime.launch import Launch
 
     from .fuzz.materialize import FakeBackend
-    from .fuzz.model import A
 
-    class T:
-        def __init__(self, uid):
-            self.uid = uid
-
-    class Plan:
-        name, workspace_size, bindable_uids = "fake", 0, (2, 1)
-
-        def __init__(self):
-            self.calls = []
-
-        def execute_raw(self, handle, ptrs, ws):
-            self.calls.append(tuple(ptrs))
-
-    plan, copies = Plan(), []
-
-    class G:
-        def build(self, device=None):
-            return plan
-
-    p = P.Primitive("toy_graph_align", inputs=(P.Operand("x", FLOATS),),
-                    outputs=(P.Output("out", shape=lambda r: (2, 3, 4)),),
-                    graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})), empty=lambda r: False)  # fmt: skip
+    copies = []
+    p, plan = _fake_graph_primitive("toy_graph_align")
     b = FakeBackend()
     with b.installed():
-        from cudnnkit.runtime.launch import Launch
-
         real = Launch.copy
         monkeypatch.setattr(Launch, "copy", lambda self, dst, src, name="out": copies.append(name) or real(
             self, dst, src, name))  # fmt: skip
         _express.entries.clear()
-        x = b.array(A((2, 3, 4), "float32", layout=("offset", 1)), np.zeros((2, 3, 4)), "fakeA", None)
-        out = b.array(A((2, 3, 4), "float32", layout=("offset", 2)), np.zeros((2, 3, 4)), "fakeA", None)
+        x, out = _fake_array(b, ("offset", 1)), _fake_array(b, ("offset", 2))
         assert x.ptr % 16 and out.ptr % 16
         assert p({"x": x}, out=out) is out
-        ((o, xp),) = plan.calls
+        ((_, (o, xp), _),) = plan.calls
         assert o % 16 == 0 and xp % 16 == 0 and o != out.ptr and xp != x.ptr
         assert copies[-1] == "out"  # the temporary written back into the caller's out
         _express.entries.clear()

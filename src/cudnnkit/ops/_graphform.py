@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import lib
-from ..runtime import tensor_descriptor
 from ..runtime.cache import LRU, MISSING
+from ..runtime.descriptors import tensor_descriptor_of
 
 __all__ = ["Binder", "GraphFallback", "graph_form", "new_graph", "graph_cache_info"]
 
@@ -52,14 +52,6 @@ def _blends(c: Any) -> list[tuple[str, Any, Any]]:
         if a is not None and (a._obj.value != 1.0 or b._obj.value != 0.0):
             got.append((name, a, b))
     return got
-
-
-def _desc(v: Any) -> Any:
-    """The tensor descriptor of view ``v``, padded with trailing size-1 dims to 4 (cudnnAddTensor's minimum)."""
-    shape, strides = tuple(v.shape), tuple(v.strides)
-    while len(shape) < 4:
-        shape, strides = shape + (1,), strides + (1,)
-    return tensor_descriptor(v.dtype, shape, strides)
 
 
 def _execute(c: Any, form: tuple[Any, tuple[str, ...]], ptrs: list[int]) -> None:
@@ -144,9 +136,7 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
                 tmp, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)
                 back.append((v, tmp, name))
         c.extra["graph_alignment"] = 16
-        key = c.extra.get("graph_key")
-        if key is not None:
-            key = (key, tuple(v.strides for v in c.views.values() if v is not None))
+        key = c.extra.get("graph_key")  # prepare's copies and the aligned ones follow from it: no more to key on
         form = _forms.lookup(key) if key is not None else MISSING
         if form is MISSING:
             g, names = build(c)
@@ -167,7 +157,9 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
         _execute(c, form, [views[n].ptr for n in form[1]])
         for name, alpha, beta in blends:
             out, tmp = next((v, c.views[name]) for v, _, n in back if n == name)
-            lib.cudnnAddTensor(c.launch.handle, alpha, _desc(tmp), tmp.ptr, beta, _desc(out), out.ptr)
+            lib.cudnnAddTensor(
+                c.launch.handle, alpha, tensor_descriptor_of(tmp), tmp.ptr, beta, tensor_descriptor_of(out), out.ptr
+            )
         for v, tmp, name in back:
             if name not in {b[0] for b in blends}:
                 c.launch.copy(v.owner, tmp, name)

@@ -278,21 +278,21 @@ def last_path() -> tuple[str, str] | None:
     return _last.path
 
 
-def route(p: Primitive, dtype: str, graph_key: Any = None, resolved: Any = None, kwargs: Mapping[str, Any] = {}
-          ) -> str:  # fmt: skip
+def route(p: Primitive, dtype: str, graph_key: Any = None, resolved: Any = None, kwargs: Mapping[str, Any] = {},
+          refused: tuple[str | None, str | None] | None = None) -> str:  # fmt: skip
     """``"graph"`` or ``"legacy"`` for one call of ``p`` on arrays of ``dtype`` (see the module docstring).
 
     ``graph_key`` identifies the graph the call would build (for the negative cache); ``resolved`` and
     ``kwargs`` are the call's, which the primitive's ``graph_refuses``/``legacy_refuses`` read: a form that
     cannot take the call is not chosen, and forcing it with ``settings(prefer=...)`` raises ``ValueError``
-    saying why."""
+    saying why. ``refused``: what :func:`refusals` already answered for this call (it is not asked twice)."""
     if p.graph is None or p.legacy is None:
         path = p._forms[0]  # type: ignore[attr-defined]
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("%s: %s path (%s has only a %s form)", p.name, path, p.name, path)
         return path
     prefer = current_settings().prefer
-    no_graph, no_legacy = refusals(p, dtype, resolved, kwargs, prefer)
+    no_graph, no_legacy = refused if refused is not None else refusals(p, dtype, resolved, kwargs, prefer)
     if no_legacy is not None:
         path, why = "graph", f"only the graph API takes it ({no_legacy} on the legacy call)"
     elif no_graph is not None:
@@ -426,8 +426,9 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
         if op.flags & WRITTEN and v.readonly:
             raise ValueError(f"{op.name} is read-only: {p.name} writes it in place")
     resolved = p.resolve(views, kwargs)
+    refused = None
     if p.graph is not None and p.legacy is not None:
-        refusals(p, v0.dtype, resolved, kwargs)  # a call neither form takes is refused before any allocation
+        refused = refusals(p, v0.dtype, resolved, kwargs)  # a call neither form takes: refused before allocating
 
     alpha = beta = 0.0
     a_ref = b_ref = None
@@ -447,7 +448,7 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
         return arrays[p.returns or first.name]
 
     if p.describe is None:
-        return _run_shaped(p, launch, views, arrays, kwargs, resolved, sig)
+        return _run_shaped(p, launch, views, arrays, kwargs, resolved, sig, refused)
     # ops that give cuDNN one layout: every output has the shape and dtype of operand ``like``
     outs = [o for o in p.outputs if o.present is None or o.present(views)]
     like = views[outs[0].like]
@@ -472,7 +473,7 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
     operands = tuple([None if views[n] is None else (views[n].dtype, views[n].shape, views[n].strides) for n in order])
     outkey = tuple([None if v is None else (v.shape, v.strides) for v in vouts.values()])
     graph_key = (p.name, resolved, operands, outkey, launch.device, current_settings()) if p.graph is not None else None
-    path = route(p, like.dtype, graph_key, resolved, kwargs)
+    path = route(p, like.dtype, graph_key, resolved, kwargs, refused)
     key = (p.name, resolved, operands, outkey, beta != 0, launch.device)
     hit = _plans.lookup(key)
     if hit is not MISSING and hit[0] == "direct":
@@ -536,7 +537,7 @@ def _returned(p: Primitive, results: dict[str, Any], extra: Mapping[str, Any] | 
 
 
 def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mapping[str, Any], kwargs: Mapping[str, Any],
-                resolved: Any, sig: Any = None) -> Any:  # fmt: skip
+                resolved: Any, sig: Any = None, refused: Any = None) -> Any:  # fmt: skip
     """The rest of :func:`run` for ops whose arrays cuDNN takes with their own strides (no ``describe``): outputs
     of declared shapes, packed inputs and outputs, a blend per output."""
     dt = views[p.inputs[0].name].dtype
@@ -589,7 +590,7 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
         metas = tuple([None if v is None else (n, v.dtype, v.shape, v.strides) for n, v in call_views.items()])
         graph_key = (p.name, resolved, metas, launch.device, current_settings())
         call.extra["graph_key"] = graph_key
-    path = route(p, dt, graph_key, resolved, kwargs)
+    path = route(p, dt, graph_key, resolved, kwargs, refused)
     _launch_form(p, call, path, graph_key)
     if (sig is not None and _as_given(views, arrays) and not any(call.extra.get(n) is not None for n in p.extras)
             and all(call_views[op.name] is views[op.name] for op in p.inputs)):  # fmt: skip

@@ -552,9 +552,7 @@ def _bias_call(c: Call) -> None:
     k = vdy.shape[1]
     nd = max(vdy.ndim, 4)
     db_shape = (1, k) + (1,) * (nd - 2)
-    dy_shape, dy_strides = vdy.shape, vdy.strides
-    while len(dy_shape) < 4:  # cuDNN's reduction takes at least 4-d tensors here: trailing size-1 dims
-        dy_shape, dy_strides = dy_shape + (1,), dy_strides + (1,)
+    dy_shape, dy_strides = vdy.shape, vdy.strides  # tensor_descriptor pads 3-d dy with a trailing size-1 dim
     h = c.launch.handle
     compute = "float64" if vdy.dtype == "float64" else "float32"
     rd = get_cached(REDUCE_TENSOR, ("add", compute, lib.CUDNN_NOT_PROPAGATE_NAN, False))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import types
 
 import pytest
 
@@ -114,3 +115,12 @@ class FakeCAI:
             **extra,
         }
         self.device = device
+
+
+class FakeBF16(FakeCAI):
+    """A bfloat16 device array as ml_dtypes-based libraries show it (typestr '<V2', dtype name 'bfloat16')."""
+
+    dtype = types.SimpleNamespace(name="bfloat16")
+
+    def __init__(self, shape, strides=None, device=0):
+        super().__init__(shape, "<V2", strides=strides, device=device)

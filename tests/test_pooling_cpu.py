@@ -12,7 +12,7 @@ from cudnnkit import lib, ops
 from cudnnkit.ops import pooling as pl
 
 from . import pool_reference as ref
-from .conftest import FakeCAI
+from .conftest import FakeBF16, FakeCAI
 
 
 def x(shape=(2, 3, 8, 8), typestr="<f4", device=0):
@@ -92,6 +92,13 @@ CASES = [
         ValueError,
         "legacy call cannot take this: the argmax index",
     ),
+    (
+        lambda: ops.pooling_forward(
+            FakeBF16((2, 3, 8, 8)), mode="avg_exclude_padding", window=3, stride=2, ceil_mode=True
+        ),  # fmt: skip
+        ValueError,
+        r"neither cuDNN path takes this call: the graph API \(bfloat16 average pooling.*legacy call \(padding",
+    ),
     (lambda: ops.pooling_forward(x((2, 3))), ValueError, "x must have 3 to 5 dims"),
     (lambda: ops.pooling_forward(x(typestr="<i4")), TypeError, "x has dtype int32"),
     (lambda: ops.pooling_forward(x(), pool=ops.Pooling(), window=3), TypeError, "pass pool= or mode="),
@@ -115,7 +122,7 @@ def test_bad_input_is_refused_before_cudnn(call, exc, msg):
 def test_ceil_mode_that_changes_nothing_is_taken():
     """ceil_mode where the windows tile the input exactly adds no padding: the legacy path takes it."""
     r = pl._resolve_for(type("V", (), {"ndim": 4, "shape": (2, 3, 9, 9), "strides": (243, 81, 9, 1),
-                                       "is_contiguous": lambda self: True})(), "x",
+                                       "dtype": "float32", "is_contiguous": lambda self: True})(), "x",
                         {"window": 3, "stride": 3, "ceil_mode": True})  # fmt: skip
     assert r.y_shape == (2, 3, 3, 3) and r.pad == (0, 0)
 
@@ -130,7 +137,7 @@ def test_descriptor_reads_back_and_cudnn_agrees_on_the_output(nsp, mode):
     window, stride, pad = (3, 2, 3)[:nsp], (2, 1, 2)[:nsp], (1, 1, 0)[:nsp]
 
     class V:
-        ndim, strides = len(shape), contiguous_strides(shape)
+        ndim, strides, dtype = len(shape), contiguous_strides(shape), "float32"
 
         def __init__(self):
             self.shape = shape
@@ -157,7 +164,15 @@ def test_router_keeps_legacy_where_both_run_and_graph_otherwise():
     from cudnnkit.ops._primitive import route
 
     v = type(
-        "V", (), {"ndim": 4, "shape": (2, 3, 8, 8), "strides": (192, 64, 8, 1), "is_contiguous": lambda self: True}
+        "V",
+        (),
+        {
+            "ndim": 4,
+            "shape": (2, 3, 8, 8),
+            "strides": (192, 64, 8, 1),
+            "dtype": "float16",
+            "is_contiguous": lambda self: True,
+        },
     )()
     sym = pl._resolve_for(v, "x", {"window": 3, "stride": 2, "padding": 1})
     ceil = pl._resolve_for(v, "x", {"window": 3, "stride": 2, "ceil_mode": True})
@@ -166,3 +181,24 @@ def test_router_keeps_legacy_where_both_run_and_graph_otherwise():
     assert route(pl.POOLING_FORWARD, "float16", None, ceil, {}) == "graph"
     assert route(pl.POOLING_FORWARD, "float16", None, sym._replace(index=True), {}) == "graph"
     assert pl._index_dtype((3, 3)) == "int8" and pl._index_dtype((8, 8, 2)) == "int32"
+    # bfloat16 averaging: the graph refuses it (cuDNN computes it wrong), so it stays legacy, and forcing the graph
+    # is refused by name
+    bf = sym._replace(dtype="bfloat16", mode="avg_exclude_padding")
+    assert route(pl.POOLING_FORWARD, "bfloat16", None, bf, {}) == "legacy"
+    from cudnnkit import settings
+
+    with settings(prefer="graph"), pytest.raises(ValueError, match="graph API cannot take this: bfloat16 average"):
+        route(pl.POOLING_FORWARD, "bfloat16", None, bf, {})
+
+
+def test_views_that_differ_only_in_size_one_strides_describe_alike():
+    """cuDNN's pooling backward compares x's and dx's strides literally (BAD_PARAM ``isTensorSameStrides``, found by
+    the GPU fuzzer with a channels-last C=1 x and a C-order dx): size-1 dims' strides are made canonical."""
+    from types import SimpleNamespace
+
+    from cudnnkit.ops._nd import nd_tensor
+
+    a = SimpleNamespace(shape=(1, 1, 3), strides=(3, 1, 1), dtype="float32")  # channels-last, C = 1
+    b = SimpleNamespace(shape=(1, 1, 3), strides=(3, 3, 1), dtype="float32")  # C order
+    assert pl._same_strides(a, b) and nd_tensor(a, 1) is nd_tensor(b, 1)
+    assert not pl._same_strides(a, SimpleNamespace(shape=(1, 3, 3), strides=(9, 1, 3), dtype="float32"))

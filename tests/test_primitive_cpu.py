@@ -350,3 +350,44 @@ def test_graph_form_copies_misaligned_inputs_and_writes_misaligned_outputs_throu
         assert o % 16 == 0 and xp % 16 == 0 and o != out.ptr and xp != x.ptr
         assert copies[-1] == "out"  # the temporary written back into the caller's out
         _express.entries.clear()
+
+
+@pytest.mark.parametrize("failure", ["unsupported", "workspace"])
+def test_a_graph_form_that_fails_hands_the_legacy_form_the_callers_arrays(monkeypatch, failure):
+    """The graph form swaps in temporaries (here: a misaligned output's aligned one) before it builds; when cuDNN
+    refuses the graph, or its workspace cannot be allocated, the legacy form writes the caller's own ``out``, not
+    a temporary no one copies back."""
+    from cudnnkit.ops import _express, _graphform
+
+    from .fuzz.materialize import FakeBackend
+
+    class G:
+        def build(self, device=None):
+            if failure == "unsupported":
+                raise UnsupportedGraphError("toy", [])
+            return _FakePlan(1 << 20)
+
+    class T:
+        def __init__(self, uid):
+            self.uid = uid
+
+    seen = []
+    out = P.Output("out", shape=lambda r: (2, 3, 4))
+    p = P.Primitive(f"toy_graph_fails_{failure}", inputs=(P.Operand("x", FLOATS),), outputs=(out,),
+                    empty=lambda r: False, legacy=lambda c: seen.append(c.views["out"].ptr),
+                    graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})))  # fmt: skip
+    b = FakeBackend()
+    with b.installed():
+        if failure == "workspace":
+            from cudnnkit.runtime.launch import Launch
+
+            def no_memory(self, n, zeroed=False):
+                raise MemoryError("no room")
+
+            monkeypatch.setattr(Launch, "workspace", no_memory)
+        _express.entries.clear()
+        x, given = _fake_array(b), _fake_array(b, ("offset", 2))
+        assert given.ptr % 16
+        assert p({"x": x}, out=given) is given
+        assert seen == [given.ptr] and P.last_path() == (p.name, "legacy")
+        _express.entries.clear()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import secrets
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,20 +20,11 @@ from cudnnkit.ops.spatial_transformer import (
 from cudnnkit.runtime import cache_info, cudnn_dtype
 from cudnnkit.runtime.dtypes import DTYPES
 
-from .conftest import FakeCAI
+from .conftest import FakeBF16, FakeCAI
 
 
 def a(shape, typestr="<f4", device=0, strides=None):
     return FakeCAI(shape, typestr, strides=strides, device=device)
-
-
-class FakeBF16(FakeCAI):
-    """A bfloat16 device array as ml_dtypes-based libraries show it (typestr '<V2', dtype name 'bfloat16')."""
-
-    dtype = SimpleNamespace(name="bfloat16")
-
-    def __init__(self, shape):
-        super().__init__(shape, "<V2")
 
 
 X = (2, 3, 4, 5)  # x (N, C, H, W)

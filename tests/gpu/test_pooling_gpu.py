@@ -93,6 +93,10 @@ def test_graph_path_per_side_padding_ceil_mode_and_index(xp, mode, dtype, layout
         if mode == "avg_include_padding" and "ceil_mode" in kw:
             continue  # cuDNN counts the padding ceil_mode adds; torch clips it (documented difference)
         ismax = mode.startswith("max")
+        if dtype == "bfloat16" and not ismax:  # refused by name before any GPU work (cuDNN computes it wrong)
+            with pytest.raises(ValueError, match="neither cuDNN path.*bfloat16 average pooling"):
+                ops.pooling_forward(xd, mode=mode, **kw)
+            continue
         got = ops.pooling_forward(xd, mode=mode, return_index=ismax, **kw)
         assert ops.last_path() == ("pooling_forward", "graph")
         y, index = got if ismax else (got, None)

@@ -25,7 +25,7 @@ from .. import lib
 from ..runtime.cache import LRU, MISSING
 from ..runtime.descriptors import tensor_descriptor_of
 
-__all__ = ["Binder", "GraphFallback", "graph_form", "new_graph", "graph_cache_info"]
+__all__ = ["Binder", "GraphFallback", "graph_form", "new_graph", "graph_cache_info", "write_through"]
 
 _log = logging.getLogger("cudnnkit")
 
@@ -52,6 +52,15 @@ def _blends(c: Any) -> list[tuple[str, Any, Any]]:
         if a is not None and (a._obj.value != 1.0 or b._obj.value != 0.0):
             got.append((name, a, b))
     return got
+
+
+def write_through(c: Any, name: str, strides: Any = None) -> None:
+    """Output (or written operand) ``name`` goes through a new temporary of these strides (None: its own), which
+    the graph writes and which is copied into the caller's array after it: a ``prepare`` that needs an output in
+    another layout calls it, and so does the graph form for a misaligned output."""
+    v = c.views[name]
+    tmp, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides if strides is None else strides, name=name)
+    c.extra.setdefault("_graph_back", []).append((v, tmp, name))
 
 
 def _execute(c: Any, form: tuple[Any, tuple[str, ...]], ptrs: list[int]) -> None:
@@ -122,7 +131,6 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
         # the graph engines need 16-byte aligned pointers (measured: CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER at
         # execution for a plan built with a smaller CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT): a misaligned input is
         # copied, a misaligned output (or written operand: a given statistic) written through an aligned temporary
-        back = []
         written = c.extra.get("_written", ())
         for name, v in list(c.views.items()):
             if v is None or v.ptr % 16 == 0:
@@ -133,8 +141,8 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
                 c.launch.copy(new, v.owner if v.adapter is not None else c.arrays[name], name)
                 c.extra[f"_aligned_{name}"] = new  # kept until the call ends
             else:
-                tmp, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)
-                back.append((v, tmp, name))
+                write_through(c, name)
+        back = c.extra.pop("_graph_back", [])
         c.extra["graph_alignment"] = 16
         key = c.extra.get("graph_key")  # prepare's copies and the aligned ones follow from it: no more to key on
         form = _forms.lookup(key) if key is not None else MISSING

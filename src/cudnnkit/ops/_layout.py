@@ -63,6 +63,11 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (cs[0], cs[-1], *cs[1:-1])
 
 
+def is_channels_last(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether an array of ``shape`` with ``strides`` is dense channels-last (NHWC, NDHWC), size-1 dims aside."""
+    return all(d == 1 or s == w for d, s, w in zip(shape, strides, channels_last_strides(shape)))
+
+
 def describable(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """True when cuDNN can address these strides at all: no zero, negative or self-overlapping strides."""
     return layout_problem(shape, strides) is None

@@ -330,17 +330,26 @@ def refusals(p: Primitive, dtype: str, resolved: Any, kwargs: Mapping[str, Any],
     return no_graph, no_legacy
 
 
+def _restore(call: Call, views: dict) -> None:
+    """The call's views as they were before the graph form ran (its copies and output temporaries dropped)."""
+    call.views.clear()
+    call.views.update(views)
+    call.extra.pop("_graph_back", None)
+
+
 def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
     if path == "graph":
         from ..graph import UnsupportedGraphError
 
         call.extra["_written"] = p._written  # type: ignore[attr-defined]
+        views = dict(call.views)  # the graph form may swap in copies and temporaries: a legacy retry gets these
         try:
             with call.launch.on_device():
                 p.graph(call)  # type: ignore[misc]
         except GraphFallback as e:
             if p.legacy is None:
                 raise MemoryError(f"{p.name}: {e}") from None
+            _restore(call, views)
             _log.debug("%s: legacy path for this call (%s)", p.name, e)
         except UnsupportedGraphError as e:
             if current_settings().prefer == "graph" or p.legacy is None:
@@ -354,6 +363,7 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
             if graph_key is not None:
                 _refused.put(graph_key, str(e).splitlines()[0])
             _log.debug("%s: graph refused (%s); legacy path", p.name, str(e).splitlines()[0])
+            _restore(call, views)
             path = "legacy"
         else:
             _last.path = (p.name, "graph")

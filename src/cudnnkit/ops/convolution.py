@@ -53,7 +53,6 @@ channels-first copies. Their algorithm choice follows.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,8 +75,8 @@ from ._conv_algos import (  # noqa: F401  (public here, as before)
     algorithm_cache_info,
     conv_descriptor,
 )
-from ._graphform import Binder, graph_form
-from ._layout import channels_last_strides, copy_in
+from ._graphform import Binder, graph_form, write_through
+from ._layout import channels_last_strides, copy_in, is_channels_last
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -464,6 +463,15 @@ def _graph_prepare(which: str) -> Any:
     def prepare(c: Call) -> None:
         act = k.b if k.a == k.filter_in else k.a
         v_act, act_lay = dense(c, act)
+        r = c.resolved
+        fused = which == "forward" and (r.bias or r.z or r.act is not None)
+        if fused and act_lay != "nhwc" and not is_channels_last(v_act.shape, v_act.strides):
+            # cuDNN 9.19's fused (runtime fusion) engines take channels-last only (measured on the H200: a 3-d
+            # NCDHW conv + bias + GELU has no engine): x (then w and z, below) copied channels-last, and y
+            # written through a channels-last temporary
+            _, v_act = copy_in(c.launch, c.arrays[act], v_act, channels_last_strides(v_act.shape), act,
+                               "for the fused graph (channels-last only)")  # fmt: skip
+            act_lay = "nhwc"
         c.views[act] = v_act
         other = k.b if act == k.a else k.a
         v, lay = dense(c, other)
@@ -473,7 +481,13 @@ def _graph_prepare(which: str) -> Any:
         c.views[other] = v
         if c.views.get("z") is not None:
             c.views["z"], _ = dense(c, "z")
-        out_view(c, "out")
+            vz = c.views["z"]
+            if fused and act_lay == "nhwc" and not is_channels_last(vz.shape, vz.strides):
+                _, c.views["z"] = copy_in(c.launch, c.arrays["z"], vz, channels_last_strides(vz.shape), "z",
+                                          "in x's layout (channels-last) for the fused graph")  # fmt: skip
+        vo = out_view(c, "out")
+        if fused and act_lay == "nhwc" and not is_channels_last(vo.shape, vo.strides):
+            write_through(c, "out", channels_last_strides(vo.shape))
 
     return prepare
 
@@ -541,7 +555,7 @@ def _bias_call(c: Call) -> None:
     compute): ``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last ``dy`` on cuDNN 9.19/H200
     (measured: CUDNN_STATUS_NOT_SUPPORTED). The reduction takes every layout and dtype but bfloat16, which goes
     through float32 copies (``cudnnTransformTensor``)."""
-    from .arith import REDUCE_TENSOR
+    from .arith import Raw, reduce_views
 
     vdb = c.views["out"]
     if c.resolved[1]:
@@ -550,39 +564,9 @@ def _bias_call(c: Call) -> None:
         return
     vdy, _ = dense(c, "dy")
     k = vdy.shape[1]
-    nd = max(vdy.ndim, 4)
-    db_shape = (1, k) + (1,) * (nd - 2)
-    dy_shape, dy_strides = vdy.shape, vdy.strides  # tensor_descriptor pads 3-d dy with a trailing size-1 dim
-    h = c.launch.handle
-    compute = "float64" if vdy.dtype == "float64" else "float32"
-    rd = get_cached(REDUCE_TENSOR, ("add", compute, lib.CUDNN_NOT_PROPAGATE_NAN, False))
-    ad = tensor_descriptor(vdy.dtype, dy_shape, dy_strides)
-    cd = tensor_descriptor(vdb.dtype, db_shape, contiguous_strides(db_shape))
-    src, dst, beta = vdy.ptr, vdb.ptr, c.beta
-    keep = []
-    if vdy.dtype == "bfloat16":
-        # cuDNN 9.19 reduces no bfloat16 (ReduceTensor, ConvolutionBackwardBias and a lone REDUCTION graph all
-        # refuse it, measured): dy to float32 and the sum back, by cudnnTransformTensor
-        one, zero = scaling_ref("float32", 1.0), scaling_ref("float32", 0.0)
-        t32, v32 = c.launch.empty(dy_shape, "float32", contiguous_strides(dy_shape), name="dy")
-        d32 = tensor_descriptor("float32", dy_shape, contiguous_strides(dy_shape))
-        lib.cudnnTransformTensor(h, one, ad, vdy.ptr, zero, d32, v32.ptr)
-        s32, vs = c.launch.empty(db_shape, "float32", contiguous_strides(db_shape), name="out")
-        keep += [t32, s32]
-        ad, src, out_desc, dst, beta = d32, v32.ptr, tensor_descriptor("float32", db_shape,
-                                                                        contiguous_strides(db_shape)), vs.ptr, zero  # fmt: skip
-    else:
-        out_desc = cd
-    ws, isz = ctypes.c_size_t(), ctypes.c_size_t()
-    lib.cudnnGetReductionWorkspaceSize(h, rd, ad, out_desc, ctypes.byref(ws))
-    lib.cudnnGetReductionIndicesSize(h, rd, ad, out_desc, ctypes.byref(isz))
-    work, work_ptr = c.launch.workspace(ws.value)
-    idx, idx_ptr = c.launch.workspace(isz.value)
-    lib.cudnnReduceTensor(h, rd, idx_ptr or None, isz.value, work_ptr or None, ws.value, c.alpha, ad, src,
-                          beta, out_desc, dst)  # fmt: skip
-    if keep:  # db = sum + beta * db, in bfloat16
-        lib.cudnnTransformTensor(h, scaling_ref("float32", 1.0), out_desc, dst, c.beta, cd, vdb.ptr)
-    del work, idx, keep
+    db_shape = (1, k) + (1,) * (vdy.ndim - 2)
+    db = Raw(vdb.dtype, db_shape, contiguous_strides(db_shape), vdb.ptr)
+    reduce_views(c.launch, "add", lib.CUDNN_NOT_PROPAGATE_NAN, False, vdy, db, c.alpha, c.beta)
 
 
 def _out_strides(r: _Conv) -> tuple[int, ...] | None:

@@ -33,8 +33,8 @@ from ..runtime import DescriptorKind, check_choice, get_cached
 from ..runtime.descriptors import int_array
 from ..runtime.dtypes import FLOATS, nan_propagation
 from ..runtime.shapes import INT32_MAX, expand, pool_output_shape, pool_padding
-from ._graphform import Binder, graph_form
-from ._layout import channels_last_strides, copy_in
+from ._graphform import Binder, graph_form, write_through
+from ._layout import canonical_strides, channels_last_strides, copy_in, is_channels_last
 from ._nd import (
     as_2d,
     batch1,
@@ -97,6 +97,7 @@ class _Pool(NamedTuple):
     index: bool = False  #: the forward returns max pooling's argmax index (graph), or the backward takes it
     x_shape: tuple[int, ...] = ()  #: the forward's input shape (the caller's rank)
     index_dtype: str = "int8"
+    dtype: str = "float32"  #: x's dtype (the graph refuses bfloat16 averaging)
 
 
 def _index_dtype(window: tuple[int, ...]) -> str:
@@ -133,7 +134,7 @@ def _resolve_for(v: Any, name: str, kw: Any) -> _Pool:
         w, pre, post, s = w + (1,), pre + (0,), post + (0,), s + (1,)
     y = with_batch(y, v.shape[0])
     strides = channels_last_strides(y) if layout_of(v) == "nhwc" else None
-    return _Pool(nsp, p.mode, p.propagate_nan, w, pre, s, y, strides, post, False, v.shape, _index_dtype(w))
+    return _Pool(nsp, p.mode, p.propagate_nan, w, pre, s, y, strides, post, False, v.shape, _index_dtype(w), v.dtype)
 
 
 def _fwd_resolve(views: Any, kw: Any) -> _Pool:
@@ -178,6 +179,14 @@ def _legacy_refuses(r: _Pool) -> str | None:
     return None
 
 
+def _graph_refuses(r: _Pool, kw: Any) -> str | None:
+    if r.dtype == "bfloat16" and r.mode.startswith("avg"):
+        # measured on the H200 (cuDNN 9.19): both resample engines that take bfloat16 averaging write wrong values
+        # or NaN (the graph layer's resample nodes refuse it too: graph/nodes/resample.py)
+        return "bfloat16 average pooling (cuDNN 9.19 computes it wrong on Hopper with every engine, measured)"
+    return None
+
+
 def _auto(r: _Pool, kw: Any) -> tuple[str, str]:
     # measured on the H200 (cuDNN 9.19): the legacy max pool 3x3/2 fp16 NHWC 64x256x56x56 runs in 0.077 ms, the
     # graph's resample in 0.204 ms
@@ -212,16 +221,21 @@ def _fwd_call(c: Call) -> None:
                             nd_tensor(vy, r.nsp), vy.ptr)  # fmt: skip
 
 
+def _same_strides(a: Any, b: Any) -> bool:
+    """Whether two views describe alike (size-1 dims aside: :func:`nd_tensor` makes their strides canonical)."""
+    return canonical_strides(a.shape, a.strides) == canonical_strides(b.shape, b.strides)
+
+
 def _bwd_call(c: Call) -> None:
     r = c.resolved
     vy, _ = dense(c, "y")
     vdy = c.views["dy"]
-    if vdy.strides != vy.strides:  # cuDNN needs dy in y's strides (BAD_PARAM "isTensorSameStrides" otherwise)
+    if not _same_strides(vdy, vy):  # cuDNN needs dy in y's strides (BAD_PARAM "isTensorSameStrides" otherwise)
         _, vdy = copy_in(c.launch, c.arrays["dy"], vdy, vy.strides if not vy.is_contiguous() else None, "dy",
                          "in y's layout")  # fmt: skip
     vx, _ = dense(c, "x")
     vdx = out_view(c, "out")
-    if vx.strides != vdx.strides:  # cuDNN needs dx in x's strides (BAD_PARAM "isTensorSameStrides" otherwise)
+    if not _same_strides(vx, vdx):  # cuDNN needs dx in x's strides (BAD_PARAM "isTensorSameStrides" otherwise)
         _, vx = copy_in(c.launch, c.arrays["x"], vx, None if vdx.is_contiguous() else vdx.strides, "x",
                         "in out's layout")  # fmt: skip
     lib.cudnnPoolingBackward(
@@ -253,11 +267,24 @@ def _as_4d(v: Any, r: _Pool) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _prepare(names: tuple[str, ...]) -> Any:
+    """The graph runs channels-last: measured on the H200 (cuDNN 9.19), the resample engines for channels-first
+    arrays have no max-pooling backward, an average backward that fails at execution (``pooling_bwd_exec_params.
+    srcData == nullptr``) and an include-padding forward that excludes post-padding; channels-last is exact. So
+    other layouts are copied in channels-last, and the output is written through a channels-last temporary (the
+    forward's index stays channels-last: the backward takes it in any layout)."""
+
     def prepare(c: Call) -> None:
         for n in names:
-            if c.views.get(n) is not None:
-                c.views[n], _ = dense(c, n)
-        out_view(c, "out")
+            v = c.views.get(n)
+            if v is None:
+                continue
+            if not is_channels_last(v.shape, v.strides):
+                _, v = copy_in(c.launch, c.arrays[n], v, channels_last_strides(v.shape), n, "for the graph "
+                               "(its resample engines run channels-last)")  # fmt: skip
+            c.views[n] = v
+        vo = out_view(c, "out")
+        if not is_channels_last(vo.shape, vo.strides):
+            write_through(c, "out", channels_last_strides(vo.shape))
         r = c.resolved
         if r.index and "dy" not in c.views:  # the forward's index output, in y's layout
             vo = c.views["out"]
@@ -311,6 +338,7 @@ POOLING_FORWARD = register(
         resolve=_fwd_resolve,
         legacy=_fwd_call,
         graph=graph_form(_fwd_graph, _prepare(("x",))),
+        graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
         auto=_auto,
         extras=("index",),
@@ -334,6 +362,7 @@ POOLING_BACKWARD = register(
         resolve=_bwd_resolve,
         legacy=_bwd_call,
         graph=graph_form(_bwd_graph, _prepare(("dy", "index"))),
+        graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
         auto=_auto,
         empty=lambda r: 0 in r.y_shape,

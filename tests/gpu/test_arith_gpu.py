@@ -30,22 +30,46 @@ def test_op_tensor(xp, op, dtype):
     assert got is out and rel(host(xp, out), want) < TOL[dtype] * 4
 
 
-@pytest.mark.parametrize("op", ["add", "mul", "min", "max", "amax", "avg", "norm1", "norm2", "mul_no_zeros"])
+_F = {"add": np.sum, "mul": np.prod, "min": np.min, "max": np.max, "avg": np.mean,
+      "amax": lambda v, **k: np.max(np.abs(v), **k), "norm1": lambda v, **k: np.sum(np.abs(v), **k),
+      "norm2": lambda v, **k: np.sqrt(np.sum(v * v, **k)),
+      "mul_no_zeros": lambda v, **k: np.prod(np.where(v == 0, 1.0, v), **k)}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", sorted(_F))
 @pytest.mark.parametrize("axes", [None, 1, (0, 2), (-1,)])
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_reduce_tensor(xp, op, axes, dtype):
     rng = np.random.default_rng(1)
     a = seen(rng.uniform(0.5, 1.5, (3, 4, 5)) * rng.choice([-1, 1], (3, 4, 5)), dtype)
     if op == "mul_no_zeros":
         a[0, 0, 0] = 0.0
     ax = tuple(range(3)) if axes is None else tuple(i % 3 for i in np.atleast_1d(axes))
-    f = {"add": np.sum, "mul": np.prod, "min": np.min, "max": np.max, "avg": np.mean,
-         "amax": lambda v, **k: np.max(np.abs(v), **k), "norm1": lambda v, **k: np.sum(np.abs(v), **k),
-         "norm2": lambda v, **k: np.sqrt(np.sum(v * v, **k)),
-         "mul_no_zeros": lambda v, **k: np.prod(np.where(v == 0, 1.0, v), **k)}[op]  # fmt: skip
+    f = _F[op]
     want = f(a, axis=ax, keepdims=True)
     got = ops.reduce_tensor(dev(xp, a, dtype), op, axes=axes)
     assert got.shape == want.shape and rel(host(xp, got), want) < TOL[dtype] * 8
+
+
+@pytest.mark.parametrize("op", sorted(_F))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("shape, axes", [((3, 1, 5), 1), ((4,), ()), ((2, 1, 1, 1, 1, 1, 1, 3), (1, 2))])
+def test_reduce_over_size_one_dims_only_and_bfloat16_blend(xp, op, dtype, shape, axes):
+    """What cuDNN 9.19 refuses, run around it: a reduction over size-1 dims only (BAD_PARAM ``!dims_differ``) and
+    bfloat16 (NOT_SUPPORTED); blended into a given out (alpha, beta), with min/max indices."""
+    rng = np.random.default_rng(3)
+    a = seen(rng.uniform(0.5, 1.5, shape) * rng.choice([-1, 1], shape), dtype)
+    a.flat[0] = 0.0 if op == "mul_no_zeros" else a.flat[0]
+    ax = tuple(i % len(shape) for i in np.atleast_1d(axes)) if axes != () else ()
+    want_c = _F[op](a, axis=ax, keepdims=True)
+    c0 = seen(rng.standard_normal(want_c.shape), dtype)
+    out = dev(xp, c0, dtype)
+    got = ops.reduce_tensor(dev(xp, a, dtype), op, axes=axes, out=out, alpha=-2.0, beta=0.5,
+                            indices=op in ("min", "max"))  # fmt: skip
+    c, idx = got if op in ("min", "max") else (got, None)
+    assert c is out and rel(host(xp, c), -2.0 * want_c + 0.5 * c0) < TOL[dtype] * 8
+    if idx is not None:  # each slice holds one element
+        assert (host(xp, idx) == 0).all()
 
 
 @pytest.mark.parametrize("op, pick", [("max", np.argmax), ("min", np.argmin)])

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, cudnn_dtype, get_cached, tensor_descriptor
+from ..runtime.arrays import contiguous_strides
 from ..runtime.dtypes import FLOATS, check_scalar, nan_propagation, scaling_ref
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -183,7 +184,6 @@ class _Reduce(NamedTuple):
     nan: int
     indices: bool
     shape: tuple[int, ...]  #: c's shape (a's, 1 on the reduced dims)
-    desc: Any
 
 
 def _axes(axes: Any, nd: int) -> tuple[int, ...]:
@@ -220,29 +220,115 @@ def _reduce_resolve(views: Any, kw: Any) -> _Reduce:
     axes = _axes(kw.get("axes"), va.ndim)
     shape = tuple(1 if i in axes else d for i, d in enumerate(va.shape))
     nan = nan_propagation(kw.get("propagate_nan", False))
-    return _Reduce(op, nan, indices, shape, get_cached(REDUCE_TENSOR, (op, _compute(va.dtype), nan, indices)))
+    return _Reduce(op, nan, indices, shape)
+
+
+class Raw(NamedTuple):
+    """A device array as a descriptor needs it (what :func:`reduce_views` reads of a view)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    ptr: int
+
+
+#: what the second slice of a reduction that reduces nothing holds (see :func:`reduce_views`): the op's identity,
+#: or a copy of the values for the ops that a duplicate leaves unchanged
+_IDENTITY = {"add": 0.0, "norm1": 0.0, "norm2": 0.0, "mul_no_zeros": 0.0, "mul": 1.0}
+
+
+def reduce_views(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: Any, alpha: Any, beta: Any) -> Any:
+    """``vc = alpha * reduce_op(va) + beta * vc`` by ``cudnnReduceTensor`` (``vc``: packed, ``va``'s shape with size
+    1 on the reduced dims); with ``indices`` returns the int32 index array (flat, at least one per output),
+    else None. Shared by ``reduce_tensor`` and the convolution's bias gradient. Two cases cuDNN 9.19 refuses,
+    measured on the H200, are run around it:
+
+    - bfloat16 (NOT_SUPPORTED for every op and shape): ``va`` is reduced as a float32 copy into a float32
+      temporary, blended into ``vc`` by ``cudnnTransformTensor``;
+    - a reduction that reduces nothing, only size-1 dims (BAD_PARAM ``!dims_differ``): ``va`` is reduced along a
+      new (or size-1) dim of size 2 whose second slice is the op's identity (0 for add, the norms and
+      mul_no_zeros; 1 for mul) or a copy of ``va`` (min, max, amax, avg); the indices are then all 0."""
+    h = launch.handle
+    one, zero = scaling_ref("float32", 1.0), scaling_ref("float32", 0.0)
+    keep = []
+    if va.dtype == "bfloat16":
+        s32 = contiguous_strides(va.shape)
+        t32, a32 = launch.empty(va.shape, "float32", s32, name="a")
+        lib.cudnnTransformTensor(h, one, _desc(va), va.ptr, zero, tensor_descriptor("float32", va.shape, s32), a32.ptr)
+        o32, c32 = launch.empty(vc.shape, "float32", contiguous_strides(vc.shape), name="out")
+        idx = reduce_views(launch, op, nan, indices, a32, c32, alpha, zero)
+        lib.cudnnTransformTensor(h, one, _desc(c32), c32.ptr, beta, _desc(vc), vc.ptr)
+        del t32, o32
+        return idx
+    if tuple(vc.shape) == tuple(va.shape):  # nothing to reduce
+        return _reduce_nothing(launch, op, nan, indices, va, vc, alpha, beta)
+    desc = get_cached(REDUCE_TENSOR, (op, _compute(va.dtype), nan, indices))
+    ad, cd = _desc(va), _desc(vc)
+    ws, isz = ctypes.c_size_t(), ctypes.c_size_t()
+    lib.cudnnGetReductionWorkspaceSize(h, desc, ad, cd, ctypes.byref(ws))
+    lib.cudnnGetReductionIndicesSize(h, desc, ad, cd, ctypes.byref(isz))
+    work, work_ptr = launch.workspace(ws.value)
+    buf = None
+    if indices:
+        n = max(-(-isz.value // 4), math.prod(vc.shape))  # what cuDNN asks for, and at least one index per output
+        buf, vi = launch.empty((n,), "int32", name="indices")
+        idx_ptr, idx_bytes = vi.ptr, n * 4
+    else:
+        scratch, idx_ptr = launch.workspace(isz.value)
+        keep.append(scratch)
+        idx_bytes = isz.value
+    lib.cudnnReduceTensor(h, desc, idx_ptr or None, idx_bytes, work_ptr or None, ws.value, alpha, ad, va.ptr, beta,
+                          cd, vc.ptr)  # fmt: skip
+    del work, keep
+    return buf
+
+
+def _reduce_nothing(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: Any, alpha: Any, beta: Any) -> Any:
+    """:func:`reduce_views` of a reduction over size-1 dims only (see there): ``a`` stacked on a new leading dim
+    of size 2 with its second slice (contiguous, so ``cudnnSetTensor`` takes it as a flat 4-d tensor: it refuses
+    8-d descriptors, measured), reduced over that dim."""
+    from ..runtime import driver
+
+    h = launch.handle
+    shape, a_strides, c_strides = tuple(va.shape), tuple(va.strides), tuple(vc.strides)
+    if len(shape) == 8:  # cuDNN's 8-dim limit: drop a size-1 dim (a and c have the same ones), then stack
+        k = next((i for i, d in enumerate(shape) if d == 1), None)
+        if k is None:
+            raise ValueError(f"reduce_tensor: axes=() on a {len(shape)}-dim array reduces nothing; cuDNN refuses that")
+        shape = shape[:k] + shape[k + 1 :]
+        a_strides, c_strides = a_strides[:k] + a_strides[k + 1 :], c_strides[:k] + c_strides[k + 1 :]
+    n = math.prod(shape)
+    two = (2, *shape)
+    strides = contiguous_strides(two)
+    size = {"float16": 2, "float32": 4, "float64": 8}[va.dtype]
+    a_desc = tensor_descriptor(va.dtype, shape, a_strides)
+    slice_desc = tensor_descriptor(va.dtype, shape, strides[1:])
+    flat = tensor_descriptor(va.dtype, (1, n, 1, 1), (n, 1, 1, 1))
+    buf, vb = launch.empty(two, va.dtype, strides, name="a")
+    one, zero = scaling_ref(va.dtype, 1.0), scaling_ref(va.dtype, 0.0)
+    second = vb.ptr + n * size
+    lib.cudnnTransformTensor(h, one, a_desc, va.ptr, zero, slice_desc, vb.ptr)
+    if op in _IDENTITY:
+        lib.cudnnSetTensor(h, flat, second, scaling_ref(va.dtype, _IDENTITY[op]))
+    else:
+        lib.cudnnTransformTensor(h, one, a_desc, va.ptr, zero, slice_desc, second)
+    reduce_views(launch, op, nan, False, Raw(va.dtype, two, strides, vb.ptr),
+                 Raw(vc.dtype, (1, *shape), (n, *c_strides), vc.ptr), alpha, beta)  # fmt: skip
+    del buf
+    if not indices:
+        return None
+    m = math.prod(vc.shape)
+    idx, vi = launch.empty((m,), "int32", name="indices")
+    with launch.on_device():
+        driver.memset_async(vi.ptr, m * 4, launch.stream)  # the only element of each slice: index 0
+    return idx
 
 
 def _reduce_call(c: Call) -> None:
     r = c.resolved
-    va, vc = c.views["a"], c.views["out"]
-    h = c.launch.handle
-    ad, cd = _desc(va), _desc(vc)
-    ws, isz = ctypes.c_size_t(), ctypes.c_size_t()
-    lib.cudnnGetReductionWorkspaceSize(h, r.desc, ad, cd, ctypes.byref(ws))
-    lib.cudnnGetReductionIndicesSize(h, r.desc, ad, cd, ctypes.byref(isz))
-    work, work_ptr = c.launch.workspace(ws.value)
+    got = reduce_views(c.launch, r.op, r.nan, r.indices, c.views["a"], c.views["out"], c.alpha, c.beta)
     if r.indices:
-        n = max(-(-isz.value // 4), math.prod(r.shape))  # what cuDNN asks for, and at least one index per output
-        buf, vi = c.launch.empty((n,), "int32", name="indices")
-        c.extra["indices"] = buf[: math.prod(r.shape)].reshape(r.shape)
-        idx_ptr, idx_bytes = vi.ptr, n * 4
-    else:
-        scratch, idx_ptr = c.launch.workspace(isz.value)
-        idx_bytes = isz.value
-    lib.cudnnReduceTensor(h, r.desc, idx_ptr or None, idx_bytes, work_ptr or None, ws.value, c.alpha, ad, va.ptr,
-                          c.beta, cd, vc.ptr)  # fmt: skip
-    del work
+        c.extra["indices"] = got[: math.prod(r.shape)].reshape(r.shape)
 
 
 REDUCE_TENSOR_OP = register(

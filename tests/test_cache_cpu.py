@@ -124,6 +124,13 @@ def test_reserve_ledgers_survive_clear_caches_and_a_new_forward_replaces_a_recor
     for p in (1, 2, 3):
         led.add(0, p, 8, "standard")
     assert led.entry(0, 1) is None and led.entry(0, 3) == (8, "standard")  # bounded: the oldest is forgotten
+    # a record is a forward's of one config: another config's call at that address (a freed reserve's, reused by
+    # an unrelated array) does not read its algorithm (the fuzzer's float64 backward got a float32 one)
+    from cudnnkit.ops import RNN
+
+    f32, f64 = RNN("relu", 6, 3, dtype="float32"), RNN("relu", 6, 3, dtype="float64")
+    led.add(0, 0x3000, 7, "persist_static_small_h", f32)
+    assert led.entry(0, 0x3000, f64) is None and led.entry(0, 0x3000, f32) == (7, "persist_static_small_h")
 
     lay = dropout._ReserveLayouts(maxsize=2)
     lay.add(0, 0x2000, 16, ((2, 3), (3, 1)))

@@ -488,18 +488,24 @@ class _Reserves:
     different, wrong gradients), so each training forward allows one backward unless it keeps the reserve."""
 
     def __init__(self, maxsize: int = 4096):
-        self._d: LRU[tuple[int, int], tuple[int, str]] = _ledger("rnn.reserves", maxsize)  # not emptied by clear_caches
+        self._d: LRU[tuple[int, int], tuple[int, str, Any]] = _ledger(
+            "rnn.reserves", maxsize
+        )  # not emptied by clear_caches
 
-    def add(self, device: int, ptr: int, nbytes: int, algo: str) -> None:
+    def add(self, device: int, ptr: int, nbytes: int, algo: str, rnn: Any = None) -> None:
         # a new forward's reserve at a freed one's address replaces its record (put keeps an existing value);
         # no other thread can add the same (device, pointer) in between: the memory is this forward's
         self._d.pop((device, ptr))
-        self._d.put((device, ptr), (nbytes, algo))
+        self._d.put((device, ptr), (nbytes, algo, rnn))
 
-    def entry(self, device: int, ptr: int) -> tuple[int, str] | None:
-        """(bytes, algorithm) of an unused reserve, else None."""
+    def entry(self, device: int, ptr: int, rnn: Any = None) -> tuple[int, str] | None:
+        """(bytes, algorithm) of an unused reserve that a forward of ``rnn`` made, else None. A record of another
+        config is a freed reserve whose address an unrelated array now has (the fuzzer found one: its
+        algorithm, a float32 one, then failed for a float64 config as a bare NOT_SUPPORTED)."""
         got = self._d.lookup((device, ptr))
-        return None if got is MISSING else got
+        if got is MISSING or (rnn is not None and got[2] is not None and got[2] != rnn):
+            return None
+        return got[0], got[1]
 
     def take(self, device: int, ptr: int) -> None:
         self._d.pop((device, ptr))

@@ -585,7 +585,7 @@ def _forward_rest(
             b.refused(algo)
             algo = b.choose(launch, seq, training)
     if training:
-        _reserves.add(launch.device, rs_ptr, rs_bytes, algo)
+        _reserves.add(launch.device, rs_ptr, rs_bytes, algo, rnn)
     del lengths
     return (*outs, reserve) if training else outs
 
@@ -788,7 +788,7 @@ def rnn_backward(
         if vdw.readonly:
             raise ValueError("dw is read-only")
     padded, xd, yd = _dual(rnn, layout, seq, 0.0)
-    entry = _reserves.entry(launch.device, vr.ptr)
+    entry = _reserves.entry(launch.device, vr.ptr, rnn)
     # the forward's algorithm ("auto" may have chosen either); for a reserve the ledger does not know, the one a
     # forward of these shapes would run, for the sizes in the error below
     algo = entry[1] if rnn.algo == "auto" and entry is not None else b.choose(launch, seq, True)

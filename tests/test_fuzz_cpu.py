@@ -196,6 +196,40 @@ def test_references_agree_with_an_independent_cpu_implementation(name):
     assert checked >= 8
 
 
+@pytest.mark.parametrize("name", sorted(n for n, s in SPECS.items() if s.derive is not None))
+def test_derived_arrays_are_derived_from_the_arrays_they_name(name):
+    """A ``derived:`` array is made from the others (the backward's ``y`` from ``x``): after ``prepare`` it holds
+    what ``derive`` gives from the finished arguments, not the random values it falls back to when the array it
+    reads was not made yet (which made max pooling's backward compare cuDNN with a y that is not x's maximum)."""
+    import numpy as np
+
+    from tests.fuzz.model import A
+
+    spec = SPECS[name]
+    seen = derived = 0
+    for i in range(20):
+        case = make_case(RandomDraw(2000 + i), spec, "host", True, None, valid=1.0)
+        ctx = Ctx(case, spec, HostBackend())
+        ctx.prepare()
+        for k, a in case.kwargs.items():
+            if not (isinstance(a, A) and a.fill.startswith("derived:")):
+                continue
+            derived += 1
+            with np.errstate(all="ignore"):
+                try:
+                    want = spec.derive(ctx, a.fill.partition(":")[2], a)
+                except Exception:  # the runner falls back to random values too (an empty array, say)
+                    continue
+            if want is None or k not in ctx.hostv or not np.size(want):
+                continue
+            got, want = np.asarray(ctx.hostv[k], np.float64), np.asarray(want, np.float64)
+            ok = np.isfinite(want)
+            scale = max(np.abs(want[ok]).max(initial=0.0), 1e-30)  # the array was rounded to its dtype
+            assert np.abs(got[ok] - want[ok]).max(initial=0.0) <= 2e-2 * scale, f"{case.repro()}: {k} is not derived"
+            seen += 1
+    assert seen or not derived, "no derived array could be checked"
+
+
 # ----------------------------------------------------------------- the outcome rules
 
 
@@ -228,6 +262,19 @@ def test_outcome_rules():
         named = Case("softmax_forward", {}, (), mutations=(Mutation("nonarray", "x", "x is an object", "refuse"),))
         assert kind(named, e) == outcome.CLEAR
         assert kind(valid, e) == outcome.UNCLEAR  # a valid call refused
+    # no cuDNN engine for a valid call's graph, and no legacy form that takes it: the router's ValueError, whose
+    # cause is the UnsupportedGraphError, is clear (cuDNN lacks it), as the UnsupportedGraphError itself is
+    from cudnnkit.graph import UnsupportedGraphError
+
+    try:
+        try:
+            raise UnsupportedGraphError("toy", [])
+        except UnsupportedGraphError as cause:
+            raise ValueError(
+                "convolution_forward: cuDNN has no engine ... and the legacy call cannot take it"
+            ) from cause
+    except ValueError as e:
+        assert kind(valid, e) == outcome.CLEAR and kind(valid, ValueError("plain")) == outcome.UNCLEAR
 
 
 # ----------------------------------------------------------------- the worker machinery

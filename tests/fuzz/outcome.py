@@ -129,7 +129,9 @@ def classify(
         return Outcome(UNCLEAR, f"{name} (not a clear error type)", **base)
     from cudnnkit.graph import UnsupportedGraphError
 
-    if isinstance(exc, UnsupportedGraphError):  # cuDNN has no engine for the graph: clear whatever was mutated
+    # cuDNN has no engine for the graph: clear whatever was mutated (also as the router's ValueError that says the
+    # legacy call cannot take it either, whose cause it is)
+    if isinstance(exc, UnsupportedGraphError) or isinstance(exc.__cause__, UnsupportedGraphError):
         return Outcome(CLEAR, "no engine", **base)
     inside = frame is not None and os.path.abspath(frame.filename).startswith(_SRC)
     at_call = frame is not None and os.path.abspath(frame.filename).startswith(_HERE)

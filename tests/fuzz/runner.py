@@ -156,9 +156,14 @@ class Ctx:
 
     def prepare(self) -> None:
         kw = self.objs = dict(self.case.kwargs)  # filled in place: derived values see the arguments made before
-        for stage in (0, 1):
-            for k, v in kw.items():
-                kw[k] = self._value(v, k, stage)
+        for k, v in kw.items():
+            kw[k] = self._value(v, k, 0)
+        # derived arrays whose inputs exist first (pooling's derived x before the y derived from it), then the rest
+        for k, v in kw.items():
+            if isinstance(v, A) and v.fill.startswith("derived:") and self._derived(v) is not None:
+                kw[k] = self._value(v, k, 1)
+        for k, v in kw.items():
+            kw[k] = self._value(v, k, 1)
         for k, v in kw.items():
             kw[k] = self._value(v, k, 2)
         if self.spec.setup is not None:

@@ -43,16 +43,31 @@ CASES = {
         a[0], mode="avg_exclude_padding", window=3, stride=2, ceil_mode=True
     ),  # fmt: skip
     "relu": lambda xp, a, dt, lay: ops.activation_forward(a[0], "relu"),
+    # normalization: a[4]/a[5] scale and bias (C,), a[6]/a[7] running statistics, a[8]/a[9] layer-norm params (W,)
+    "bn train": lambda xp, a, dt, lay: ops.batch_norm_forward(a[0], a[4], a[5], running_mean=a[6], running_var=a[7]),
+    "bn inference": lambda xp, a, dt, lay: ops.batch_norm_forward(
+        a[0], a[4], a[5], running_mean=a[6], running_var=a[7], training=False
+    ),  # fmt: skip
+    # (y, saved statistics; the reserve's bytes are cuDNN's, not compared)
+    "bn fused add relu": lambda xp, a, dt, lay: ops.batch_norm_forward(a[0], a[4], a[5], z=a[3], activation="relu")[:3],
+    "bn backward": lambda xp, a, dt, lay: ops.batch_norm_backward(
+        a[3], a[0], a[4], *ops.batch_norm_forward(a[0], a[4], a[5])[1:]
+    ),  # fmt: skip
+    "layer norm": lambda xp, a, dt, lay: ops.layer_norm_forward(a[0], a[8], a[9]),
+    "layer norm backward": lambda xp, a, dt, lay: ops.layer_norm_backward(
+        a[3], a[0], a[8], *ops.layer_norm_forward(a[0], a[8], a[9])[1:]
+    ),  # fmt: skip
 }
+_GRAPH_ONLY = ("conv fwd asymmetric", "avg pool ceil (graph)", "layer norm", "layer norm backward")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("dtype, layout", [("float16", "nhwc"), ("float32", "nchw"), ("float64", "nchw")])
 @pytest.mark.parametrize("prefer", ["auto", "legacy"])
 def test_repeated_calls_match_the_full_sequence(xp, case, dtype, layout, prefer):
-    if dtype == "float64" and case in ("conv fwd asymmetric", "avg pool ceil (graph)"):
+    if dtype == "float64" and case in _GRAPH_ONLY:
         pytest.skip("graph-only calls: float64 has no graph form (refusal tested on the CPU)")
-    if prefer == "legacy" and case in ("conv fwd asymmetric", "avg pool ceil (graph)"):
+    if prefer == "legacy" and case in _GRAPH_ONLY:
         pytest.skip("graph-only calls")
     fn = CASES[case]
     rng = np.random.default_rng(0)
@@ -63,10 +78,16 @@ def test_repeated_calls_match_the_full_sequence(xp, case, dtype, layout, prefer)
                  dev(xp, rng.standard_normal((8, 8, 3, 3)) / 8, dtype, layout),
                  dev(xp, rng.standard_normal(8), dtype),
                  dev(xp, rng.standard_normal((2, 8, 9, 9)), dtype, layout)]  # fmt: skip
+            pdt = "float64" if dtype == "float64" else "float32"  # the normalization parameters' dtype
+            a += [dev(xp, rng.standard_normal(8), pdt), dev(xp, rng.standard_normal(8), pdt),
+                  dev(xp, rng.standard_normal(8), pdt), dev(xp, rng.uniform(0.5, 2, 8), pdt),
+                  dev(xp, rng.standard_normal(9), pdt), dev(xp, rng.standard_normal(9), pdt)]  # fmt: skip
             got = [host(xp, o) for o in _outputs(fn(xp, a, dtype, layout)) if o is not None]
             path = ops.last_path()
             want = [host(xp, o) for o in _outputs(_full(lambda a=a: fn(xp, a, dtype, layout))) if o is not None]
             assert ops.last_path() == path
             for g, w in zip(got, want, strict=True):
                 assert rel(g, w) < (1e-3 if dtype == "float16" else 1e-6), (case, i, path)  # the same algorithm
+    if case.startswith("layer norm") and layout == "nhwc":
+        return  # x is copied C-order (its normalized dims must be dense): a call with a copy is never express
     assert _express.info()["hits"] >= 2, "the repeated calls never took the express path"

@@ -601,9 +601,14 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
         graph_key = (p.name, resolved, metas, launch.device, current_settings())
         call.extra["graph_key"] = graph_key
     path = route(p, dt, graph_key, resolved, kwargs, refused)
+    # no packed copy made above (what the form itself swaps into call.views, it swaps again on a hit)
+    uncopied = all(call_views[op.name] is views[op.name] for op in p.inputs)
     _launch_form(p, call, path, graph_key)
-    if (sig is not None and _as_given(views, arrays) and not any(call.extra.get(n) is not None for n in p.extras)
-            and all(call_views[op.name] is views[op.name] for op in p.inputs)):  # fmt: skip
+    if sig is not None and uncopied and _as_given(views, arrays):
+        if any(call.extra.get(n) is not None for n in p.extras):
+            # the call made extras (saved statistics, an index, a reserve): a hit runs the whole form again, which
+            # makes them anew (not the pointer-only graph path, which allocates the outputs only)
+            call.extra.pop("graph_form", None)
         _remember_outputs(p, sig, launch, views, kwargs, call, shaped=True)
     results += [call.extra.get(n) for n in p.extras]  # what the legacy call left (reduce_tensor's indices)
     return results[0] if len(results) == 1 else tuple(results)
@@ -717,7 +722,7 @@ def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwar
     _launch_form(p, call, e.path, e.graph_key)
     if not p.outputs:
         return arrays[p.returns or p.inputs[0].name]
-    if e.shaped:  # the extras of a remembered call were None (a call that makes some is not remembered)
-        got = [results.get(o.name) for o in p.outputs] + [None] * len(p.extras)
+    if e.shaped:  # the extras, if any, are what the form made again (graph forms: see _run_shaped)
+        got = [results.get(o.name) for o in p.outputs] + [call.extra.get(n) for n in p.extras]
         return got[0] if len(got) == 1 else tuple(got)
     return _returned(p, results, call.extra)

@@ -557,7 +557,6 @@ BATCH_NORM_FORWARD = register(
         # the fused ReLU's backward also reads y, bias and the reserve
         residuals=("x", "scale", "saved_mean", "saved_inv_std", "reserve", "bias", "y"),
         backward="batch_norm_backward",
-        express=False,
     )
 )
 BATCH_NORM_BACKWARD = register(
@@ -582,7 +581,6 @@ BATCH_NORM_BACKWARD = register(
         extras=("dscale", "dbias", "dz"),
         empty=lambda r: False,
         family="batch_norm",
-        express=False,
     )
 )
 
@@ -877,7 +875,6 @@ def _gn_primitives(mode: str, fn: str) -> tuple[Primitive, Primitive]:
         differentiable=("x", *(p.name for p in params)),
         residuals=("x", "scale", *stats),
         backward=f"{fn}_backward",
-        express=False,
     )
     bwd = Primitive(
         f"{fn}_backward",
@@ -896,7 +893,6 @@ def _gn_primitives(mode: str, fn: str) -> tuple[Primitive, Primitive]:
         extras=grads,
         empty=lambda r: False,
         family=fn,
-        express=False,
     )
     return register(fwd), register(bwd)
 

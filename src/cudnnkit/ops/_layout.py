@@ -55,12 +55,25 @@ _log = logging.getLogger("cudnnkit")
 Description = tuple[tuple[int, ...], tuple[int, ...]]
 
 
+#: shape -> its channels-last strides (asked per call, like contiguous_strides)
+_CL_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
 def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Strides (elements) of a dense channels-last array of logical shape ``(N, C, *spatial)``: C order of
-    ``(N, *spatial, C)``, as strides of ``shape``."""
+    ``(N, *spatial, C)``, as strides of ``shape`` (remembered per shape tuple)."""
+    try:
+        return _CL_STRIDES[shape]
+    except (KeyError, TypeError):
+        pass
     perm = (shape[0], *shape[2:], shape[1])
     cs = contiguous_strides(perm)
-    return (cs[0], cs[-1], *cs[1:-1])
+    got = (cs[0], cs[-1], *cs[1:-1])
+    if type(shape) is tuple:
+        if len(_CL_STRIDES) >= 8192:
+            _CL_STRIDES.clear()
+        _CL_STRIDES[shape] = got
+    return got
 
 
 def is_channels_last(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

@@ -78,6 +78,8 @@ def canonical(dtype: object, name: str = "dtype") -> str:
 
     ``name`` is the argument named in the ``TypeError`` for anything else.
     """
+    if type(dtype) is str and dtype in DTYPES:  # already canonical (the per-call case)
+        return dtype
     if isinstance(dtype, str):
         key: str | None = dtype
     elif isinstance(dtype, type):
@@ -181,8 +183,19 @@ def scaling(
     return ctypes.c_float(check_scalar(value, name, finite=finite, dtype="float32"))
 
 
+#: (double?, value) -> a shared reference to the constant 0 or 1 (cuDNN only reads it, during the call)
+_CONSTANTS: dict[tuple[bool, float], object] = {}
+
+
 def scaling_ref(dtype: str, value: float, name: str = "alpha/beta", *, finite: bool = True) -> object:
-    """``ctypes.byref(scaling(dtype, value, name, finite=finite))``: what cuDNN's ``alpha``/``beta`` take."""
+    """``ctypes.byref(scaling(dtype, value, name, finite=finite))``: what cuDNN's ``alpha``/``beta`` take (the
+    constants 0 and 1 are made once per C type: every call passes them)."""
+    if type(value) in (int, float) and (value == 1 or value == 0):
+        key = (canonical(dtype) == "float64", float(value))
+        ref = _CONSTANTS.get(key)
+        if ref is None:
+            ref = _CONSTANTS.setdefault(key, ctypes.byref(scaling(dtype, value, name, finite=finite)))
+        return ref
     return ctypes.byref(scaling(dtype, value, name, finite=finite))
 
 

@@ -60,13 +60,26 @@ class ArrayView:
         return is_contiguous(self.shape, self.strides)
 
 
+#: shape -> its C-order strides (a per-call hot path: every layout check and new output asks)
+_C_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major (C-contiguous) element strides for ``shape``."""
+    """Row-major (C-contiguous) element strides for ``shape`` (remembered per shape tuple)."""
+    try:
+        return _C_STRIDES[shape]
+    except (KeyError, TypeError):  # a new shape, or a list
+        pass
     out, acc = [], 1
     for d in reversed(shape):
         out.append(acc)
         acc *= max(d, 1)
-    return tuple(reversed(out))
+    got = tuple(reversed(out))
+    if type(shape) is tuple:
+        if len(_C_STRIDES) >= 8192:  # bounded: a process that sees ever new shapes starts over
+            _C_STRIDES.clear()
+        _C_STRIDES[shape] = got
+    return got
 
 
 def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

@@ -11,7 +11,7 @@ import pytest
 from cudnnkit import ops, settings
 
 from .. import pool_reference as ref
-from ..numerics import dev, host, poisoned, rel
+from ..numerics import dev, finite_difference, host, poisoned, rel
 
 pytestmark = pytest.mark.gpu
 
@@ -121,3 +121,23 @@ def test_both_paths_agree(xp, mode):
         b = host(xp, ops.pooling_forward(xd, **kw))
         assert ops.last_path() == ("pooling_forward", "graph")
     assert rel(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+def test_gradients_by_finite_differences_float64(xp, mode, nsp):
+    """float64 (legacy): pooling_backward's dx against central differences of pooling_forward (loss = sum(w * y)),
+    x of distinct values spaced far wider than the step, so each max window keeps its winner."""
+    rng = np.random.default_rng(20 + nsp)
+    shape = (1, 2, *([5, 4, 3][:nsp]))
+    x = rng.permutation(int(np.prod(shape))).reshape(shape).astype(np.float64) * 0.1
+    kw = dict(mode=mode, window=(3, 2, 2)[:nsp], stride=(2, 1, 1)[:nsp], padding=(1, 1, 0)[:nsp])
+    w = rng.standard_normal(ref.pool_forward(x, mode, kw["window"], kw["stride"], kw["padding"]).shape)
+
+    def loss(a):
+        return float((host(xp, ops.pooling_forward(dev(xp, a), **kw)) * w).sum())
+
+    y = ops.pooling_forward(dev(xp, x), **kw)
+    dx = ops.pooling_backward(dev(xp, w), y, dev(xp, x), **kw)
+    assert ops.last_path() == ("pooling_backward", "legacy")
+    assert rel(host(xp, dx), finite_difference(loss, x)) < 1e-6

@@ -58,6 +58,7 @@ from typing import Any, NamedTuple
 from .. import lib
 from ..runtime import WRITTEN, DescriptorKind, check_choice, check_scalar, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides
+from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import FLOATS, scaling_ref
 from ..runtime.shapes import INT32_MAX
 from ..runtime.view import ArrayView
@@ -393,6 +394,30 @@ def _ex_mode(r: _BN, lay: str) -> int:
     return lib.CUDNN_BATCHNORM_SPATIAL_PERSISTENT if _persistent(r, lay) else _BN_MODES[r.mode]
 
 
+#: (mode, ops, the descriptors' keys) -> (workspace, reserve) sizes of the Ex forward, or None where cuDNN refuses it
+_EX_SIZES: LRU[tuple, Any] = LRU("ops.batch_norm_ex_sizes", 1024)
+
+
+def _ex_sizes(h: Any, m: int, ops_: int, xd: Any, zd: Any, yd: Any, pd: Any, act: Any) -> Any:
+    """``cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize`` and ``...TrainingExReserveSpaceSize`` (as
+    ``c_size_t``), asked once per mode, ops and descriptors (a per-call cost otherwise); None when cuDNN refuses
+    the fused call (logged)."""
+    key = (m, ops_, xd.key, zd.key if zd is not None else None, yd.key, pd.key, act is not None)
+    got = _EX_SIZES.lookup(key)
+    if got is not MISSING:
+        return got
+    ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
+    try:
+        lib.cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(h, m, ops_, xd, zd, yd, pd, act,
+                                                                     ctypes.byref(ws))  # fmt: skip
+        lib.cudnnGetBatchNormalizationTrainingExReserveSpaceSize(h, m, ops_, act, xd, ctypes.byref(rs))
+        got = (ws, rs)
+    except lib.errors.NotSupportedError as e:
+        _log.debug("batch_norm_forward: cuDNN fuses no ReLU here (%s); unfused steps", str(e).splitlines()[0])
+        got = None
+    return _EX_SIZES.put(key, got, count_miss=True)
+
+
 def _fused_forward(c: Call, lay: str, xd: Any, yd: Any, pd: Any, vx: Any, vy: Any, vm: Any, vi: Any, rm: Any,
                    rv: Any) -> bool:  # fmt: skip
     """``cudnnBatchNormalizationForwardTrainingEx`` with the fused ReLU (and residual): True when cuDNN ran it,
@@ -403,14 +428,10 @@ def _fused_forward(c: Call, lay: str, xd: Any, yd: Any, pd: Any, vx: Any, vy: An
     vz = _in_layout(c, "z", lay) if r.z else None
     zd = _bn_desc(vz, lay) if vz is not None else None
     act = _relu() if r.act else None
-    ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
-    try:
-        lib.cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(h, m, ops_, xd, zd, yd, pd, act,
-                                                                     ctypes.byref(ws))  # fmt: skip
-        lib.cudnnGetBatchNormalizationTrainingExReserveSpaceSize(h, m, ops_, act, xd, ctypes.byref(rs))
-    except lib.errors.NotSupportedError as e:
-        _log.debug("batch_norm_forward: cuDNN fuses no ReLU here (%s); unfused steps", str(e).splitlines()[0])
+    sizes = _ex_sizes(h, m, ops_, xd, zd, yd, pd, act)
+    if sizes is None:
         return False
+    ws, rs = sizes
     work, work_ptr = c.launch.workspace(ws.value)
     reserve, vr = c.launch.empty((max(rs.value, 1),), "uint8", name="reserve")
     one, zero = scaling_ref(r.dtype, 1.0), scaling_ref(r.dtype, 0.0)

@@ -202,3 +202,52 @@ def test_views_that_differ_only_in_size_one_strides_describe_alike():
     b = SimpleNamespace(shape=(1, 1, 3), strides=(3, 3, 1), dtype="float32")  # C order
     assert pl._same_strides(a, b) and nd_tensor(a, 1) is nd_tensor(b, 1)
     assert not pl._same_strides(a, SimpleNamespace(shape=(1, 3, 3), strides=(9, 1, 3), dtype="float32"))
+
+
+def test_the_graph_path_runs_channels_last_copies_of_channels_first_arrays(monkeypatch):
+    """The resample engines of cuDNN 9.19 are wrong or missing for channels-first arrays (measured on the H200):
+    an NCHW x reaches the plan as a channels-last copy, and y is written through a channels-last temporary that is
+    copied into the caller's array; a channels-last x is bound as given."""
+    import numpy as np
+
+    from cudnnkit.graph import Graph
+    from cudnnkit.ops import _express
+    from cudnnkit.runtime.launch import Launch
+
+    from .fuzz.materialize import FakeBackend
+    from .fuzz.model import A
+
+    bound, copies = [], []
+
+    class Plan:
+        workspace_size = 0
+        name = "fake"
+
+        def __init__(self, g):
+            self.bindable_uids = tuple(t.uid for t in g.tensors() if not t.virtual)
+            self.strides = {t.uid: (t.name, t.strides) for t in g.tensors() if not t.virtual}
+
+        def execute_raw(self, handle, ptrs, ws):
+            bound.append((self, tuple(ptrs)))
+
+    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: Plan(self))
+    monkeypatch.setattr("cudnnkit.ops._primitive.get_handle", lambda *a: type("H", (), {"ptr": 1})())
+    b = FakeBackend()
+    with b.installed():
+        real = Launch.copy
+        monkeypatch.setattr(Launch, "copy", lambda self, dst, src, name="out": copies.append(name) or real(
+            self, dst, src, name))  # fmt: skip
+        _express.entries.clear()
+        for layout in (("c",), ("perm", (0, 2, 3, 1))):
+            copies.clear()
+            x = b.array(A((2, 3, 8, 8), "float16", layout=layout), np.zeros((2, 3, 8, 8)), "fakeA", None)
+            y = ops.pooling_forward(x, window=3, stride=2, ceil_mode=True)
+            plan, ptrs = bound[-1]
+            names = dict(zip(plan.bindable_uids, ptrs))
+            seen = {("x" if plan.strides[u][0] == "x" else "out"): (plan.strides[u][1], p) for u, p in names.items()}
+            assert seen["x"][0] == (192, 1, 24, 3) and seen["out"][0] == (48, 1, 12, 3)  # channels-last both
+            if layout == ("c",):
+                assert seen["x"][1] != x.ptr and seen["out"][1] != y.ptr and copies == ["x", "out"]
+            else:
+                assert seen["x"][1] == x.ptr and seen["out"][1] == y.ptr and copies == []
+        _express.entries.clear()

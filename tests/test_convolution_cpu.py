@@ -449,3 +449,43 @@ def test_a_filter_in_another_layout_than_x_is_copied_to_xs(emulated):
     ops.convolution_forward(x, w, padding=1)
     fwd = [c for c in emu.calls if c[0] == "forward"][-1]
     assert fwd[4][-2] == lib.CUDNN_TENSOR_NHWC
+
+
+def test_express_hits_bind_the_filter_copy_the_plan_was_built_for(monkeypatch):
+    """Regression found in review: channels-last x with a C-order w runs on a channels-last copy of w (prepare);
+    the express hits must bind that copy again, not the caller's C-order w under the plan's KRSC strides."""
+    import numpy as np
+
+    from cudnnkit import ops
+    from cudnnkit.graph import Graph
+    from cudnnkit.ops import _express
+    from cudnnkit.runtime import adapters
+
+    from .fuzz.materialize import FakeArray, FakeBackend
+    from .fuzz.model import A
+
+    bound = []
+
+    class Plan:
+        workspace_size = 0
+        name = "fake"
+
+        def __init__(self, g):
+            self.bindable_uids = tuple(t.uid for t in g.tensors() if not t.virtual)
+            self.names = {t.uid: t.name for t in g.tensors() if not t.virtual}
+
+        def execute_raw(self, handle, ptrs, ws):
+            bound.append(dict(zip((self.names[u] for u in self.bindable_uids), ptrs)))
+
+    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: Plan(self))
+    monkeypatch.setattr("cudnnkit.ops._primitive.get_handle", lambda *a: type("H", (), {"ptr": 1})())
+    b = FakeBackend()
+    with b.installed():
+        monkeypatch.setitem(adapters.KEYED, FakeArray, lambda a: b.adapters[a.lib].key(a))
+        _express.entries.clear()
+        x = b.array(A((2, 8, 8, 8), "float16", layout=("perm", (0, 2, 3, 1))), np.zeros((2, 8, 8, 8)), "fakeA", None)
+        w = b.array(A((16, 8, 3, 3), "float16", layout=("c",)), np.zeros((16, 8, 3, 3)), "fakeA", None)
+        for _ in range(4):
+            ops.convolution_forward(x, w, padding=1)
+            assert bound[-1]["w"] != w.ptr and bound[-1]["x"] == x.ptr
+        _express.entries.clear()

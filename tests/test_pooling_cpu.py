@@ -193,14 +193,15 @@ def test_router_keeps_legacy_where_both_run_and_graph_otherwise():
 
 def test_views_that_differ_only_in_size_one_strides_describe_alike():
     """cuDNN's pooling backward compares x's and dx's strides literally (BAD_PARAM ``isTensorSameStrides``, found by
-    the GPU fuzzer with a channels-last C=1 x and a C-order dx): size-1 dims' strides are made canonical."""
+    the GPU fuzzer with a channels-last C=1 x and a C-order dx): views of one layout are described alike."""
     from types import SimpleNamespace
 
     from cudnnkit.ops._nd import nd_tensor
 
     a = SimpleNamespace(shape=(1, 1, 3), strides=(3, 1, 1), dtype="float32")  # channels-last, C = 1
     b = SimpleNamespace(shape=(1, 1, 3), strides=(3, 3, 1), dtype="float32")  # C order
-    assert pl._same_strides(a, b) and nd_tensor(a, 1) is nd_tensor(b, 1)
+    assert pl._same_strides(a, b) and nd_tensor(a, 1, b.strides) is nd_tensor(b, 1)
+    assert nd_tensor(a, 1) is not nd_tensor(b, 1)  # a view's own strides otherwise (as_2d keeps 1-d layouts)
     assert not pl._same_strides(a, SimpleNamespace(shape=(1, 3, 3), strides=(9, 1, 3), dtype="float32"))
 
 
@@ -250,4 +251,50 @@ def test_the_graph_path_runs_channels_last_copies_of_channels_first_arrays(monke
                 assert seen["x"][1] != x.ptr and seen["out"][1] != y.ptr and copies == ["x", "out"]
             else:
                 assert seen["x"][1] == x.ptr and seen["out"][1] == y.ptr and copies == []
+        _express.entries.clear()
+
+
+def test_express_hits_bind_what_the_first_call_bound_and_keep_the_output_layout(monkeypatch):
+    """Regressions found in review: an express hit must not bind the caller's channels-first x to a plan built for
+    prepare's channels-last copy (a given channels-last out=, so nothing is written through), and a new y must
+    keep the first call's layout (not the channels-last temporary the graph wrote through)."""
+    import numpy as np
+
+    from cudnnkit.graph import Graph
+    from cudnnkit.ops import _express
+    from cudnnkit.runtime import adapters
+
+    from .fuzz.materialize import FakeArray, FakeBackend
+    from .fuzz.model import A
+
+    bound = []
+
+    class Plan:
+        workspace_size = 0
+        name = "fake"
+
+        def __init__(self, g):
+            self.bindable_uids = tuple(t.uid for t in g.tensors() if not t.virtual)
+            self.names = {t.uid: t.name for t in g.tensors() if not t.virtual}
+
+        def execute_raw(self, handle, ptrs, ws):
+            bound.append(dict(zip((self.names[u] for u in self.bindable_uids), ptrs)))
+
+    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: Plan(self))
+    monkeypatch.setattr("cudnnkit.ops._primitive.get_handle", lambda *a: type("H", (), {"ptr": 1})())
+    b = FakeBackend()
+    with b.installed():
+        monkeypatch.setitem(adapters.KEYED, FakeArray, lambda a: b.adapters[a.lib].key(a))
+        _express.entries.clear()
+        x = b.array(A((2, 3, 8, 8), "float16", layout=("c",)), np.zeros((2, 3, 8, 8)), "fakeA", None)
+        out = b.array(A((2, 3, 4, 4), "float16", layout=("perm", (0, 2, 3, 1))), np.zeros((2, 3, 4, 4)), "fakeA",
+                      None)  # fmt: skip
+        for _ in range(4):
+            ops.pooling_forward(x, window=3, stride=2, ceil_mode=True, out=out)
+            assert bound[-1]["x"] != x.ptr  # always the channels-last copy
+        strides = []
+        for _ in range(3):
+            y = ops.pooling_forward(x, window=3, stride=2, ceil_mode=True)
+            strides.append(y.__cuda_array_interface__.get("strides"))
+        assert strides[0] == strides[1] == strides[2]
         _express.entries.clear()

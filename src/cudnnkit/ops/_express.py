@@ -146,11 +146,11 @@ class Entry:
 
 
 def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Any,
-               shaped: bool, objs: list[Any]) -> Entry:  # fmt: skip
+               shaped: bool, objs: list[Any], outs: Any = None) -> Entry:  # fmt: skip
     """The :class:`Entry` of a call that went straight to cuDNN: ``views`` its operands' (present ones, in the
     primitive's order), ``given`` the names of the outputs passed as ``out=`` (keyword order; their views are in
-    ``call.views``), ``new`` ``(name, view)`` of the outputs it allocated."""
-    cv = call.views
+    ``outs``, default ``call.views``), ``new`` ``(name, view)`` of the outputs it allocated."""
+    cv = outs if outs is not None else call.views
     tmpl = [(n, v.shape, v.strides, v.dtype, v.adapter) for n, v in views.items() if v is not None]
     tmpl += [(n, cv[n].shape, cv[n].strides, cv[n].dtype, cv[n].adapter) for n in given]
     return Entry(

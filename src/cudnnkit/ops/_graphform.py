@@ -126,6 +126,7 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
             if not any(p % 16 for p in ptrs):
                 _execute(c, form, ptrs)
                 return
+        given = dict(c.views)  # what the call was handed: an express entry may bind only these
         if prepare is not None:
             prepare(c)
         # the graph engines need 16-byte aligned pointers (measured: CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER at
@@ -155,8 +156,10 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
                 _forms.put(key, form, count_miss=True)
             _log.debug("graph form: plan %s (workspace %d bytes)", plan.name, plan.workspace_size)
         blends = _blends(c)
-        if not back and not blends:
-            c.extra["graph_form"] = form  # what an express entry keeps (only a call on the arrays as given has one)
+        if not back and not blends and all(c.views[n] is given.get(n) for n in form[1]):
+            # what an express entry keeps: a plan every pointer of which is the caller's own array (not prepare's
+            # copies, its zero bias or its index: a hit binds nothing but the caller's pointers)
+            c.extra["graph_form"] = form
         for name, _, _ in blends:  # the graph writes a temporary, blended into the output after it
             v = c.views[name]
             tmp, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)

@@ -28,6 +28,7 @@ needs, each logged at debug level on the ``cudnnkit`` logger.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -79,6 +80,17 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def is_channels_last(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Whether an array of ``shape`` with ``strides`` is dense channels-last (NHWC, NDHWC), size-1 dims aside."""
     return all(d == 1 or s == w for d, s, w in zip(shape, strides, channels_last_strides(shape)))
+
+
+def channels_last_view(v: ArrayView) -> ArrayView | None:
+    """``v`` described with dense channels-last strides when it is channels-last up to its size-1 dims (the same
+    memory: a C = 1 or 1x1 array is both layouts, and libraries give it C-order strides), else None."""
+    cl = channels_last_strides(v.shape)
+    if v.strides == cl:
+        return v
+    if is_channels_last(v.shape, v.strides):
+        return dataclasses.replace(v, strides=cl)
+    return None
 
 
 def describable(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..runtime import tensor_descriptor
 from ..runtime.shapes import INT32_MAX, expand
-from ._layout import canonical_strides, channels_last_strides
+from ._layout import channels_last_strides
 from ._primitive import Call
 
 __all__ = [
@@ -89,14 +89,14 @@ def out_view(c: Call, name: str) -> Any:
     return v
 
 
-def nd_tensor(v: Any, nsp: int) -> Any:
-    """The tensor descriptor of view ``v`` (its own strides, size-1 dims' made canonical: cuDNN's same-strides
-    checks compare them), a 1-d array (``nsp == 1``) as 2-d with a trailing size-1 dim (cuDNN's Nd convolution
-    and pooling descriptors take 2 or 3 spatial dims)."""
-    shape, strides = v.shape, v.strides
+def nd_tensor(v: Any, nsp: int, strides: tuple[int, ...] | None = None) -> Any:
+    """The tensor descriptor of view ``v`` (its own strides, or ``strides``: the same layout written as another
+    array's, whose size-1 dims' strides differ), a 1-d array (``nsp == 1``) as 2-d with a trailing size-1 dim
+    (cuDNN's Nd convolution and pooling descriptors take 2 or 3 spatial dims)."""
+    shape, strides = v.shape, v.strides if strides is None else strides
     if nsp == 1:
         shape, strides = as_2d(shape, strides)
-    return tensor_descriptor(v.dtype, shape, canonical_strides(shape, strides))
+    return tensor_descriptor(v.dtype, shape, strides)
 
 
 def param_form(value: Any, name: str, minimum: int) -> Any:

@@ -350,6 +350,7 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
             if p.legacy is None:
                 raise MemoryError(f"{p.name}: {e}") from None
             _restore(call, views)
+            call.extra["_fell_back"] = True  # this one call: not remembered as a legacy call
             _log.debug("%s: legacy path for this call (%s)", p.name, e)
         except UnsupportedGraphError as e:
             if current_settings().prefer == "graph" or p.legacy is None:
@@ -601,15 +602,17 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
         graph_key = (p.name, resolved, metas, launch.device, current_settings())
         call.extra["graph_key"] = graph_key
     path = route(p, dt, graph_key, resolved, kwargs, refused)
-    # no packed copy made above (what the form itself swaps into call.views, it swaps again on a hit)
+    # no packed copy made above (what the form itself swaps into call.views, it swaps again on a hit; the graph
+    # form keeps its pointer-only plan only when it swapped nothing it binds)
     uncopied = all(call_views[op.name] is views[op.name] for op in p.inputs)
+    outs = {o.name: call_views[o.name] for o in p.outputs}  # as allocated: the form may write through temporaries
     _launch_form(p, call, path, graph_key)
-    if sig is not None and uncopied and _as_given(views, arrays):
+    if sig is not None and uncopied and not call.extra.get("_fell_back") and _as_given(views, arrays):
         if any(call.extra.get(n) is not None for n in p.extras):
             # the call made extras (saved statistics, an index, a reserve): a hit runs the whole form again, which
             # makes them anew (not the pointer-only graph path, which allocates the outputs only)
             call.extra.pop("graph_form", None)
-        _remember_outputs(p, sig, launch, views, kwargs, call, shaped=True)
+        _remember_outputs(p, sig, launch, views, kwargs, call, shaped=True, outs=outs)
     results += [call.extra.get(n) for n in p.extras]  # what the legacy call left (reduce_tensor's indices)
     return results[0] if len(results) == 1 else tuple(results)
 
@@ -626,21 +629,22 @@ def _as_given(views: Mapping[str, Any], arrays: Mapping[str, Any]) -> bool:
 
 
 def _remember(sig: Any, launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Call,
-              shaped: bool) -> None:  # fmt: skip
-    _express.entries.put(sig[0], _express.entry_from(launch, views, given, new, call, shaped, sig[2]))
+              shaped: bool, outs: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    _express.entries.put(sig[0], _express.entry_from(launch, views, given, new, call, shaped, sig[2], outs))
 
 
 def _remember_outputs(p: Primitive, sig: Any, launch: Any, views: dict[str, Any], kwargs: Mapping[str, Any],
-                      call: Call, shaped: bool = False) -> None:  # fmt: skip
+                      call: Call, shaped: bool = False, outs: Mapping[str, Any] | None = None) -> None:  # fmt: skip
     """Record a call whose outputs went straight to cuDNN: the ``out=`` arrays in keyword order (the order
-    :func:`~cudnnkit.ops._express.signature` read their pointers in), the rest as allocated."""
-    cv = call.views
+    :func:`~cudnnkit.ops._express.signature` read their pointers in), the rest as allocated (``outs``: the output
+    views before the form ran, which may have swapped in temporaries it writes through)."""
+    cv = dict(call.views, **outs) if outs else call.views
     outnames = p._outnames  # type: ignore[attr-defined]
     given = [k for k, v in kwargs.items() if v is not None and k in outnames]
     if any(k not in cv or cv[k].owner is not kwargs[k] or cv[k].stream is not None for k in given):
         return  # an out= written through a temporary, or one the call does not have
     new = [(o.name, cv[o.name]) for o in p.outputs if kwargs.get(o.name) is None and o.name in cv]
-    _remember(sig, launch, views, given, new, call, shaped)
+    _remember(sig, launch, views, given, new, call, shaped, cv)
 
 
 def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]) -> Any:

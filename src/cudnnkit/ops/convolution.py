@@ -76,7 +76,7 @@ from ._conv_algos import (  # noqa: F401  (public here, as before)
     conv_descriptor,
 )
 from ._graphform import Binder, graph_form, write_through
-from ._layout import channels_last_strides, copy_in, is_channels_last
+from ._layout import channels_last_strides, channels_last_view, copy_in
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -465,13 +465,15 @@ def _graph_prepare(which: str) -> Any:
         v_act, act_lay = dense(c, act)
         r = c.resolved
         fused = which == "forward" and (r.bias or r.z or r.act is not None)
-        if fused and act_lay != "nhwc" and not is_channels_last(v_act.shape, v_act.strides):
+        if fused and act_lay != "nhwc":
             # cuDNN 9.19's fused (runtime fusion) engines take channels-last only (measured on the H200: a 3-d
-            # NCDHW conv + bias + GELU has no engine): x (then w and z, below) copied channels-last, and y
-            # written through a channels-last temporary
-            _, v_act = copy_in(c.launch, c.arrays[act], v_act, channels_last_strides(v_act.shape), act,
-                               "for the fused graph (channels-last only)")  # fmt: skip
-            act_lay = "nhwc"
+            # NCDHW conv + bias + GELU has no engine): x (then w and z, below) copied channels-last (or, C = 1 or
+            # 1x1, described so), and y written through a channels-last temporary
+            cl = channels_last_view(v_act)
+            if cl is None:
+                _, cl = copy_in(c.launch, c.arrays[act], v_act, channels_last_strides(v_act.shape), act,
+                                "for the fused graph (channels-last only)")  # fmt: skip
+            v_act, act_lay = cl, "nhwc"
         c.views[act] = v_act
         other = k.b if act == k.a else k.a
         v, lay = dense(c, other)
@@ -482,12 +484,19 @@ def _graph_prepare(which: str) -> Any:
         if c.views.get("z") is not None:
             c.views["z"], _ = dense(c, "z")
             vz = c.views["z"]
-            if fused and act_lay == "nhwc" and not is_channels_last(vz.shape, vz.strides):
-                _, c.views["z"] = copy_in(c.launch, c.arrays["z"], vz, channels_last_strides(vz.shape), "z",
-                                          "in x's layout (channels-last) for the fused graph")  # fmt: skip
+            if fused and act_lay == "nhwc":
+                cl = channels_last_view(vz)
+                if cl is None:
+                    _, cl = copy_in(c.launch, c.arrays["z"], vz, channels_last_strides(vz.shape), "z",
+                                    "in x's layout (channels-last) for the fused graph")  # fmt: skip
+                c.views["z"] = cl
         vo = out_view(c, "out")
-        if fused and act_lay == "nhwc" and not is_channels_last(vo.shape, vo.strides):
-            write_through(c, "out", channels_last_strides(vo.shape))
+        if fused and act_lay == "nhwc":
+            cl = channels_last_view(vo)
+            if cl is None:
+                write_through(c, "out", channels_last_strides(vo.shape))
+            else:
+                c.views["out"] = cl
 
     return prepare
 

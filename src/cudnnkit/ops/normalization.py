@@ -394,15 +394,15 @@ def _ex_mode(r: _BN, lay: str) -> int:
     return lib.CUDNN_BATCHNORM_SPATIAL_PERSISTENT if _persistent(r, lay) else _BN_MODES[r.mode]
 
 
-#: (mode, ops, the descriptors' keys) -> (workspace, reserve) sizes of the Ex forward, or None where cuDNN refuses it
+#: (device, mode, ops, the descriptors' keys) -> (workspace, reserve) sizes of the Ex forward, or None where cuDNN refuses it
 _EX_SIZES: LRU[tuple, Any] = LRU("ops.batch_norm_ex_sizes", 1024)
 
 
-def _ex_sizes(h: Any, m: int, ops_: int, xd: Any, zd: Any, yd: Any, pd: Any, act: Any) -> Any:
+def _ex_sizes(h: Any, device: int, m: int, ops_: int, xd: Any, zd: Any, yd: Any, pd: Any, act: Any) -> Any:
     """``cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize`` and ``...TrainingExReserveSpaceSize`` (as
-    ``c_size_t``), asked once per mode, ops and descriptors (a per-call cost otherwise); None when cuDNN refuses
-    the fused call (logged)."""
-    key = (m, ops_, xd.key, zd.key if zd is not None else None, yd.key, pd.key, act is not None)
+    ``c_size_t``), asked once per device, mode, ops and descriptors (a per-call cost otherwise); None when cuDNN
+    refuses the fused call (logged)."""
+    key = (device, m, ops_, xd.key, zd.key if zd is not None else None, yd.key, pd.key, act is not None)
     got = _EX_SIZES.lookup(key)
     if got is not MISSING:
         return got
@@ -428,7 +428,7 @@ def _fused_forward(c: Call, lay: str, xd: Any, yd: Any, pd: Any, vx: Any, vy: An
     vz = _in_layout(c, "z", lay) if r.z else None
     zd = _bn_desc(vz, lay) if vz is not None else None
     act = _relu() if r.act else None
-    sizes = _ex_sizes(h, m, ops_, xd, zd, yd, pd, act)
+    sizes = _ex_sizes(h, c.launch.device, m, ops_, xd, zd, yd, pd, act)
     if sizes is None:
         return False
     ws, rs = sizes

@@ -34,7 +34,7 @@ from ..runtime.descriptors import int_array
 from ..runtime.dtypes import FLOATS, nan_propagation
 from ..runtime.shapes import INT32_MAX, expand, pool_output_shape, pool_padding
 from ._graphform import Binder, graph_form, write_through
-from ._layout import canonical_strides, channels_last_strides, copy_in, is_channels_last
+from ._layout import canonical_strides, channels_last_strides, channels_last_view, copy_in
 from ._nd import (
     as_2d,
     batch1,
@@ -222,7 +222,9 @@ def _fwd_call(c: Call) -> None:
 
 
 def _same_strides(a: Any, b: Any) -> bool:
-    """Whether two views describe alike (size-1 dims aside: :func:`nd_tensor` makes their strides canonical)."""
+    """Whether two views of one shape have one layout (their size-1 dims' strides aside, which address nothing
+    and which libraries set to anything): then they are described with the same strides, as cuDNN's
+    ``isTensorSameStrides`` check compares them literally (BAD_PARAM, found by the GPU fuzzer)."""
     return canonical_strides(a.shape, a.strides) == canonical_strides(b.shape, b.strides)
 
 
@@ -244,9 +246,9 @@ def _bwd_call(c: Call) -> None:
         c.alpha,
         nd_tensor(vy, r.nsp),
         vy.ptr,
-        nd_tensor(vdy, r.nsp),
+        nd_tensor(vdy, r.nsp, vy.strides),  # one layout now: described alike (see _same_strides)
         vdy.ptr,
-        nd_tensor(vx, r.nsp),
+        nd_tensor(vx, r.nsp, vdx.strides),
         vx.ptr,
         c.beta,
         nd_tensor(vdx, r.nsp),
@@ -278,13 +280,16 @@ def _prepare(names: tuple[str, ...]) -> Any:
             v = c.views.get(n)
             if v is None:
                 continue
-            if not is_channels_last(v.shape, v.strides):
-                _, v = copy_in(c.launch, c.arrays[n], v, channels_last_strides(v.shape), n, "for the graph "
-                               "(its resample engines run channels-last)")  # fmt: skip
-            c.views[n] = v
-        vo = out_view(c, "out")
-        if not is_channels_last(vo.shape, vo.strides):
-            write_through(c, "out", channels_last_strides(vo.shape))
+            cl = channels_last_view(v)  # (a C = 1 or 1x1 array described channels-last, not copied)
+            if cl is None:
+                _, cl = copy_in(c.launch, c.arrays[n], v, channels_last_strides(v.shape), n, "for the graph "
+                                "(its resample engines run channels-last)")  # fmt: skip
+            c.views[n] = cl
+        cl = channels_last_view(out_view(c, "out"))
+        if cl is None:
+            write_through(c, "out", channels_last_strides(c.views["out"].shape))
+        else:
+            c.views["out"] = cl
         r = c.resolved
         if r.index and "dy" not in c.views:  # the forward's index output, in y's layout
             vo = c.views["out"]

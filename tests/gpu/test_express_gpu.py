@@ -33,6 +33,8 @@ def _outputs(got):
 
 CASES = {
     "conv fwd": lambda xp, a, dt, lay: ops.convolution_forward(a[0], a[1], padding=1),
+    # x in the case's layout, w always C order: the graph runs a channels-last copy of w for channels-last x
+    "conv fwd w C-order": lambda xp, a, dt, lay: ops.convolution_forward(a[0], a[10], padding=1),
     "conv fwd fused": lambda xp, a, dt, lay: ops.convolution_forward(a[0], a[1], a[2], activation="relu", padding=1),
     "conv fwd asymmetric": lambda xp, a, dt, lay: ops.convolution_forward(a[0], a[1], padding=((0, 1), (1, 0))),
     "conv dgrad": lambda xp, a, dt, lay: ops.convolution_backward_data(a[3], a[1], x_shape=(2, 8, 9, 9), padding=1),
@@ -81,7 +83,8 @@ def test_repeated_calls_match_the_full_sequence(xp, case, dtype, layout, prefer)
             pdt = "float64" if dtype == "float64" else "float32"  # the normalization parameters' dtype
             a += [dev(xp, rng.standard_normal(8), pdt), dev(xp, rng.standard_normal(8), pdt),
                   dev(xp, rng.standard_normal(8), pdt), dev(xp, rng.uniform(0.5, 2, 8), pdt),
-                  dev(xp, rng.standard_normal(9), pdt), dev(xp, rng.standard_normal(9), pdt)]  # fmt: skip
+                  dev(xp, rng.standard_normal(9), pdt), dev(xp, rng.standard_normal(9), pdt),
+                  dev(xp, rng.standard_normal((8, 8, 3, 3)) / 8, dtype)]  # fmt: skip
             got = [host(xp, o) for o in _outputs(fn(xp, a, dtype, layout)) if o is not None]
             path = ops.last_path()
             want = [host(xp, o) for o in _outputs(_full(lambda a=a: fn(xp, a, dtype, layout))) if o is not None]

@@ -391,3 +391,30 @@ def test_a_graph_form_that_fails_hands_the_legacy_form_the_callers_arrays(monkey
         assert p({"x": x}, out=given) is given
         assert seen == [given.ptr] and P.last_path() == (p.name, "legacy")
         _express.entries.clear()
+
+
+def test_an_output_declares_its_own_dtype():
+    """``Output(dtype=...)``: the output is allocated (and a given ``out=`` checked) in the dtype the resolved call
+    names, not the first operand's (what a convolution of int8 data writing float32 needs)."""
+    from cudnnkit.ops import _express
+
+    from .fuzz.materialize import FakeBackend
+
+    seen = []
+    out = P.Output("out", shape=lambda r: (2, 3, 4), dtype=lambda r: "float32")
+    p = P.Primitive("toy_out_dtype", inputs=(P.Operand("x", ("float16",)),), outputs=(out,), empty=lambda r: False,
+                    legacy=lambda c: seen.append(c.views["out"].dtype))  # fmt: skip
+    b = FakeBackend()
+    with b.installed():
+        import numpy as np
+
+        from .fuzz.model import A
+
+        _express.entries.clear()
+        x = b.array(A((2, 3, 4), "float16"), np.zeros((2, 3, 4)), "fakeA", None)
+        y = p({"x": x})
+        assert seen == ["float32"] and b.shape_of(y) == (2, 3, 4)
+        wrong = b.array(A((2, 3, 4), "float16"), np.zeros((2, 3, 4)), "fakeA", None)
+        with pytest.raises(ValueError, match="out must have shape .* and dtype float32"):
+            p({"x": x}, out=wrong)
+        _express.entries.clear()

@@ -108,6 +108,9 @@ class Output:
     #: an ``out=`` must be C-contiguous; a str is the refusal's text (``{strides}`` and ``{shape}`` filled in)
     packed: bool | str = False
     blend: tuple[str, str] | None = None
+    #: the dtype of the output, from ``resolved`` (ops without ``describe``; default: the first operand's): a
+    #: convolution of int8 or fp8 data writes float32, float16 or bfloat16
+    dtype: Callable[[Any], str] | None = None
 
 
 @dataclass
@@ -565,8 +568,9 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
     def output(o: Output) -> tuple[Any, Any]:
         beta, bn = betas.get(o.name, (0.0, "beta"))
         strides = o.strides(resolved) if o.strides is not None and kwargs.get(o.name) is None else None
+        odt = o.dtype(resolved) if o.dtype is not None else dt
         return launch.output(
-            kwargs.get(o.name), shapes[o.name], dt, strides=strides, name=o.name, beta=beta, beta_name=bn
+            kwargs.get(o.name), shapes[o.name], odt, strides=strides, name=o.name, beta=beta, beta_name=bn
         )
 
     empty = p.empty(resolved) if p.empty is not None else views[p.outputs[0].like].size == 0

@@ -83,6 +83,23 @@ def test_batch_norm_inference_matches_the_reference(xp, dtype, layout, mode):
                                running_var=dev(xp, v, p), training=False, mode=mode, out=out)  # fmt: skip
     assert y is out
     assert rel(host(xp, y), ref.bn_inference(x, s, b, m, v, 1e-5, mode)) < TOL[dtype] * 4
+    # a lone batch-norm inference graph has no engine on cuDNN 9.19/H200 (tests/gpu/test_graph_nodes_gpu.py), so
+    # the primitive has only the legacy form: the router takes it, also when the graph is preferred
+    assert ops.last_path() == ("batch_norm_forward", "legacy")
+    from cudnnkit import settings
+
+    with settings(prefer="graph"):
+        y2 = ops.batch_norm_forward(
+            dev(xp, x, dtype, layout),
+            dev(xp, s, p),
+            dev(xp, b, p),
+            running_mean=dev(xp, m, p),
+            running_var=dev(xp, v, p),
+            training=False,
+            mode=mode,
+        )
+        assert ops.last_path() == ("batch_norm_forward", "legacy")
+    assert rel(host(xp, y2), host(xp, y)) == 0
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])

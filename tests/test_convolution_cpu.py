@@ -457,28 +457,14 @@ def test_express_hits_bind_the_filter_copy_the_plan_was_built_for(monkeypatch):
     import numpy as np
 
     from cudnnkit import ops
-    from cudnnkit.graph import Graph
     from cudnnkit.ops import _express
     from cudnnkit.runtime import adapters
 
     from .fuzz.materialize import FakeArray, FakeBackend
     from .fuzz.model import A
+    from .graph_fakes import recording_plans
 
-    bound = []
-
-    class Plan:
-        workspace_size = 0
-        name = "fake"
-
-        def __init__(self, g):
-            self.bindable_uids = tuple(t.uid for t in g.tensors() if not t.virtual)
-            self.names = {t.uid: t.name for t in g.tensors() if not t.virtual}
-
-        def execute_raw(self, handle, ptrs, ws):
-            bound.append(dict(zip((self.names[u] for u in self.bindable_uids), ptrs)))
-
-    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: Plan(self))
-    monkeypatch.setattr("cudnnkit.ops._primitive.get_handle", lambda *a: type("H", (), {"ptr": 1})())
+    bound = recording_plans(monkeypatch)
     b = FakeBackend()
     with b.installed():
         monkeypatch.setitem(adapters.KEYED, FakeArray, lambda a: b.adapters[a.lib].key(a))
@@ -487,5 +473,5 @@ def test_express_hits_bind_the_filter_copy_the_plan_was_built_for(monkeypatch):
         w = b.array(A((16, 8, 3, 3), "float16", layout=("c",)), np.zeros((16, 8, 3, 3)), "fakeA", None)
         for _ in range(4):
             ops.convolution_forward(x, w, padding=1)
-            assert bound[-1]["w"] != w.ptr and bound[-1]["x"] == x.ptr
+            assert bound[-1]["w"][1] != w.ptr and bound[-1]["x"][1] == x.ptr
         _express.entries.clear()

@@ -211,41 +211,21 @@ def test_the_graph_path_runs_channels_last_copies_of_channels_first_arrays(monke
     copied into the caller's array; a channels-last x is bound as given."""
     import numpy as np
 
-    from cudnnkit.graph import Graph
     from cudnnkit.ops import _express
-    from cudnnkit.runtime.launch import Launch
 
     from .fuzz.materialize import FakeBackend
     from .fuzz.model import A
+    from .graph_fakes import recording_copies, recording_plans
 
-    bound, copies = [], []
-
-    class Plan:
-        workspace_size = 0
-        name = "fake"
-
-        def __init__(self, g):
-            self.bindable_uids = tuple(t.uid for t in g.tensors() if not t.virtual)
-            self.strides = {t.uid: (t.name, t.strides) for t in g.tensors() if not t.virtual}
-
-        def execute_raw(self, handle, ptrs, ws):
-            bound.append((self, tuple(ptrs)))
-
-    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: Plan(self))
-    monkeypatch.setattr("cudnnkit.ops._primitive.get_handle", lambda *a: type("H", (), {"ptr": 1})())
+    runs, copies = recording_plans(monkeypatch), recording_copies(monkeypatch)
     b = FakeBackend()
     with b.installed():
-        real = Launch.copy
-        monkeypatch.setattr(Launch, "copy", lambda self, dst, src, name="out": copies.append(name) or real(
-            self, dst, src, name))  # fmt: skip
         _express.entries.clear()
         for layout in (("c",), ("perm", (0, 2, 3, 1))):
             copies.clear()
             x = b.array(A((2, 3, 8, 8), "float16", layout=layout), np.zeros((2, 3, 8, 8)), "fakeA", None)
             y = ops.pooling_forward(x, window=3, stride=2, ceil_mode=True)
-            plan, ptrs = bound[-1]
-            names = dict(zip(plan.bindable_uids, ptrs))
-            seen = {("x" if plan.strides[u][0] == "x" else "out"): (plan.strides[u][1], p) for u, p in names.items()}
+            seen = runs[-1]
             assert seen["x"][0] == (192, 1, 24, 3) and seen["out"][0] == (48, 1, 12, 3)  # channels-last both
             if layout == ("c",):
                 assert seen["x"][1] != x.ptr and seen["out"][1] != y.ptr and copies == ["x", "out"]
@@ -260,28 +240,14 @@ def test_express_hits_bind_what_the_first_call_bound_and_keep_the_output_layout(
     keep the first call's layout (not the channels-last temporary the graph wrote through)."""
     import numpy as np
 
-    from cudnnkit.graph import Graph
     from cudnnkit.ops import _express
     from cudnnkit.runtime import adapters
 
     from .fuzz.materialize import FakeArray, FakeBackend
     from .fuzz.model import A
+    from .graph_fakes import recording_plans
 
-    bound = []
-
-    class Plan:
-        workspace_size = 0
-        name = "fake"
-
-        def __init__(self, g):
-            self.bindable_uids = tuple(t.uid for t in g.tensors() if not t.virtual)
-            self.names = {t.uid: t.name for t in g.tensors() if not t.virtual}
-
-        def execute_raw(self, handle, ptrs, ws):
-            bound.append(dict(zip((self.names[u] for u in self.bindable_uids), ptrs)))
-
-    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: Plan(self))
-    monkeypatch.setattr("cudnnkit.ops._primitive.get_handle", lambda *a: type("H", (), {"ptr": 1})())
+    bound = recording_plans(monkeypatch)
     b = FakeBackend()
     with b.installed():
         monkeypatch.setitem(adapters.KEYED, FakeArray, lambda a: b.adapters[a.lib].key(a))
@@ -291,7 +257,7 @@ def test_express_hits_bind_what_the_first_call_bound_and_keep_the_output_layout(
                       None)  # fmt: skip
         for _ in range(4):
             ops.pooling_forward(x, window=3, stride=2, ceil_mode=True, out=out)
-            assert bound[-1]["x"] != x.ptr  # always the channels-last copy
+            assert bound[-1]["x"][1] != x.ptr  # always the channels-last copy
         strides = []
         for _ in range(3):
             y = ops.pooling_forward(x, window=3, stride=2, ceil_mode=True)

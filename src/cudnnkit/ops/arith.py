@@ -13,10 +13,12 @@ product of the non-zero values). ``indices=True`` (min and max only, as cuDNN do
 index, within each reduced slice, of the element chosen (``CUDNN_REDUCE_TENSOR_FLATTENED_INDICES``; cuDNN's
 32-bit unsigned indices, returned as int32, the same bits for any tensor of fewer than 2**31 elements).
 
-``op_tensor`` takes 1 to 5 dims, ``reduce_tensor`` 1 to 8 (cuDNN pads fewer than 4 with size-1 dims); both take float16, bfloat16, float32 and float64
-(computing in float32, or float64 for float64 data), and read and write packed arrays: inputs with other strides
-are copied to C order first, and a given ``out`` must be C-contiguous. ``propagate_nan``: min/max-type ops return
-NaN where one is read (``CUDNN_PROPAGATE_NAN``).
+``op_tensor`` takes 1 to 5 dims, ``reduce_tensor`` 1 to 8 (cuDNN pads fewer than 4 with size-1 dims); both take
+float16, bfloat16, float32 and float64 (computing in float32, or float64 for float64 data), and read and write
+packed arrays: inputs with other strides are copied to C order first, and a given ``out`` must be C-contiguous.
+``propagate_nan``: min/max-type ops return NaN where one is read (``CUDNN_PROPAGATE_NAN``). Two reductions cuDNN
+9.19 refuses run around it (:func:`reduce_views`, measured on an H200): bfloat16 (every op NOT_SUPPORTED) as
+float32 copies, and a reduction over size-1 dims only (BAD_PARAM) as one of a stacked copy.
 """
 
 from __future__ import annotations

@@ -15,11 +15,17 @@ ignores it. ``ceil_mode``: the output size rounds up, as torch defines it
 descriptor pads both sides alike, so asymmetric padding, and a ``ceil_mode`` that adds padding after, run on the
 graph (``OPERATION_RESAMPLE_FWD``/``_BWD``, per-side padding), which also returns max pooling's argmax index
 (``return_index=True``) and takes it in the backward (``index=``); the graph path blends through a temporary and
-``cudnnAddTensor``.
-``settings(prefer=...)`` forces either; :func:`cudnnkit.ops.last_path` says which ran. Arrays: ``x`` (N, C, *spatial) dense channels-first or channels-last (another layout is copied); a new ``y``
-takes ``x``'s layout; a given ``out`` must be dense. Dtypes: float16, bfloat16, float32, float64. The backward
-is cuDNN's legacy one, which needs the forward's ``y`` and ``x`` (for max pooling it finds the maximum again).
-Both calls blend: ``out = alpha * result + beta * out``.
+``cudnnAddTensor``. The graph runs channels-last: for channels-first arrays cuDNN 9.19's resample engines have no
+max-pooling backward, an average backward that fails at execution and an include-padding forward that leaves the
+post-padding out (measured on an H200), so such arrays are copied channels-last and y written through a
+channels-last temporary (the forward's index stays channels-last; the backward takes it in any layout).
+bfloat16 average pooling is refused on the graph (every engine computes it wrong there, measured), so it runs
+where the legacy call takes it and is refused by name where only the graph could.
+``settings(prefer=...)`` forces either; :func:`cudnnkit.ops.last_path` says which ran. Arrays: ``x`` (N, C,
+*spatial) dense channels-first or channels-last (another layout is copied); a new ``y`` takes ``x``'s layout; a
+given ``out`` must be dense. Dtypes: float16, bfloat16, float32, float64. The legacy backward needs the forward's
+``y`` and ``x`` (for max pooling it finds the maximum again); the graph's max backward the index. Both calls
+blend: ``out = alpha * result + beta * out``.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from typing import Any
 from ..runtime.arrays import ArrayView, contiguous_strides, is_contiguous, is_dense, layout_problem
 from ..runtime.cache import lru
 from ..runtime.descriptors import INT_MAX
+from ..runtime.view import shape_memo
 
 __all__ = [
     "one_layout",
@@ -56,25 +57,13 @@ _log = logging.getLogger("cudnnkit")
 Description = tuple[tuple[int, ...], tuple[int, ...]]
 
 
-#: shape -> its channels-last strides (asked per call, like contiguous_strides)
-_CL_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-
+@shape_memo
 def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Strides (elements) of a dense channels-last array of logical shape ``(N, C, *spatial)``: C order of
     ``(N, *spatial, C)``, as strides of ``shape`` (remembered per shape tuple)."""
-    try:
-        return _CL_STRIDES[shape]
-    except (KeyError, TypeError):
-        pass
     perm = (shape[0], *shape[2:], shape[1])
     cs = contiguous_strides(perm)
-    got = (cs[0], cs[-1], *cs[1:-1])
-    if type(shape) is tuple:
-        if len(_CL_STRIDES) >= 8192:
-            _CL_STRIDES.clear()
-        _CL_STRIDES[shape] = got
-    return got
+    return (cs[0], cs[-1], *cs[1:-1])
 
 
 def is_channels_last(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

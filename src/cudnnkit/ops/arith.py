@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, cudnn_dtype, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides
-from ..runtime.dtypes import FLOATS, check_scalar, nan_propagation, scaling_ref
+from ..runtime.dtypes import FLOATS, check_scalar, itemsize, nan_propagation, scaling_ref
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["op_tensor", "reduce_tensor"]
@@ -302,7 +302,7 @@ def _reduce_nothing(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: 
     n = math.prod(shape)
     two = (2, *shape)
     strides = contiguous_strides(two)
-    size = {"float16": 2, "float32": 4, "float64": 8}[va.dtype]
+    size = itemsize(va.dtype)
     a_desc = tensor_descriptor(va.dtype, shape, a_strides)
     slice_desc = tensor_descriptor(va.dtype, shape, strides[1:])
     flat = tensor_descriptor(va.dtype, (1, n, 1, 1), (n, 1, 1, 1))

@@ -4,7 +4,9 @@ them), so any module may import it without an import circle."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,26 +62,36 @@ class ArrayView:
         return is_contiguous(self.shape, self.strides)
 
 
-#: shape -> its C-order strides (a per-call hot path: every layout check and new output asks)
-_C_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
+def shape_memo(fn: Callable[[tuple[int, ...]], tuple[int, ...]]) -> Callable[[Any], tuple[int, ...]]:
+    """Memoize a pure function of a shape tuple in a bounded dict, lock-free (a per-call hot path: every layout
+    check and new output asks for strides; :func:`cudnnkit.runtime.cache.lru` takes a lock per lookup). A list
+    is computed, not remembered; past 8192 shapes the memo starts over."""
+    memo: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    @functools.wraps(fn)
+    def get(shape: Any) -> tuple[int, ...]:
+        try:
+            return memo[shape]
+        except (KeyError, TypeError):  # a new shape, or a list
+            pass
+        got = fn(shape)
+        if type(shape) is tuple:
+            if len(memo) >= 8192:
+                memo.clear()
+            memo[shape] = got
+        return got
+
+    return get
 
 
+@shape_memo
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Row-major (C-contiguous) element strides for ``shape`` (remembered per shape tuple)."""
-    try:
-        return _C_STRIDES[shape]
-    except (KeyError, TypeError):  # a new shape, or a list
-        pass
     out, acc = [], 1
     for d in reversed(shape):
         out.append(acc)
         acc *= max(d, 1)
-    got = tuple(reversed(out))
-    if type(shape) is tuple:
-        if len(_C_STRIDES) >= 8192:  # bounded: a process that sees ever new shapes starts over
-            _C_STRIDES.clear()
-        _C_STRIDES[shape] = got
-    return got
+    return tuple(reversed(out))
 
 
 def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

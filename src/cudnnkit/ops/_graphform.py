@@ -24,8 +24,18 @@ from typing import Any
 from .. import lib
 from ..runtime.cache import LRU, MISSING
 from ..runtime.descriptors import tensor_descriptor_of
+from ._layout import channels_last_strides, channels_last_view, copy_in
 
-__all__ = ["Binder", "GraphFallback", "graph_form", "new_graph", "graph_cache_info", "write_through"]
+__all__ = [
+    "Binder",
+    "GraphFallback",
+    "channels_last_input",
+    "channels_last_output",
+    "graph_cache_info",
+    "graph_form",
+    "new_graph",
+    "write_through",
+]
 
 _log = logging.getLogger("cudnnkit")
 
@@ -61,6 +71,28 @@ def write_through(c: Any, name: str, strides: Any = None) -> None:
     v = c.views[name]
     tmp, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides if strides is None else strides, name=name)
     c.extra.setdefault("_graph_back", []).append((v, tmp, name))
+
+
+def channels_last_input(c: Any, name: str, why: str) -> Any:
+    """Operand ``name`` as the graph gets it channels-last: its own view (described channels-last when it is so up
+    to size-1 dims: a C = 1 or 1x1 array), or a channels-last copy (``why``, logged). Sets and returns the view."""
+    v = c.views[name]
+    cl = channels_last_view(v)
+    if cl is None:
+        _, cl = copy_in(c.launch, c.arrays[name], v, channels_last_strides(v.shape), name, why)
+    c.views[name] = cl
+    return cl
+
+
+def channels_last_output(c: Any, name: str) -> None:
+    """Output ``name`` as the graph writes it channels-last: the caller's array (described channels-last when it
+    is so up to size-1 dims), or a channels-last temporary copied back into it (:func:`write_through`)."""
+    v = c.views[name]
+    cl = channels_last_view(v)
+    if cl is None:
+        write_through(c, name, channels_last_strides(v.shape))
+    else:
+        c.views[name] = cl
 
 
 def _execute(c: Any, form: tuple[Any, tuple[str, ...]], ptrs: list[int]) -> None:

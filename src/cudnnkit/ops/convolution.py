@@ -75,8 +75,8 @@ from ._conv_algos import (  # noqa: F401  (public here, as before)
     algorithm_cache_info,
     conv_descriptor,
 )
-from ._graphform import Binder, graph_form, write_through
-from ._layout import channels_last_strides, channels_last_view, copy_in
+from ._graphform import Binder, channels_last_input, channels_last_output, graph_form
+from ._layout import channels_last_strides, copy_in
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -469,11 +469,8 @@ def _graph_prepare(which: str) -> Any:
             # cuDNN 9.19's fused (runtime fusion) engines take channels-last only (measured on the H200: a 3-d
             # NCDHW conv + bias + GELU has no engine): x (then w and z, below) copied channels-last (or, C = 1 or
             # 1x1, described so), and y written through a channels-last temporary
-            cl = channels_last_view(v_act)
-            if cl is None:
-                _, cl = copy_in(c.launch, c.arrays[act], v_act, channels_last_strides(v_act.shape), act,
-                                "for the fused graph (channels-last only)")  # fmt: skip
-            v_act, act_lay = cl, "nhwc"
+            c.views[act] = v_act
+            v_act, act_lay = channels_last_input(c, act, "for the fused graph (channels-last only)"), "nhwc"
         c.views[act] = v_act
         other = k.b if act == k.a else k.a
         v, lay = dense(c, other)
@@ -483,20 +480,11 @@ def _graph_prepare(which: str) -> Any:
         c.views[other] = v
         if c.views.get("z") is not None:
             c.views["z"], _ = dense(c, "z")
-            vz = c.views["z"]
             if fused and act_lay == "nhwc":
-                cl = channels_last_view(vz)
-                if cl is None:
-                    _, cl = copy_in(c.launch, c.arrays["z"], vz, channels_last_strides(vz.shape), "z",
-                                    "in x's layout (channels-last) for the fused graph")  # fmt: skip
-                c.views["z"] = cl
-        vo = out_view(c, "out")
+                channels_last_input(c, "z", "in x's layout (channels-last) for the fused graph")
+        out_view(c, "out")
         if fused and act_lay == "nhwc":
-            cl = channels_last_view(vo)
-            if cl is None:
-                write_through(c, "out", channels_last_strides(vo.shape))
-            else:
-                c.views["out"] = cl
+            channels_last_output(c, "out")
 
     return prepare
 

@@ -39,8 +39,8 @@ from ..runtime import DescriptorKind, check_choice, get_cached
 from ..runtime.descriptors import int_array
 from ..runtime.dtypes import FLOATS, nan_propagation
 from ..runtime.shapes import INT32_MAX, expand, pool_output_shape, pool_padding
-from ._graphform import Binder, graph_form, write_through
-from ._layout import canonical_strides, channels_last_strides, channels_last_view, copy_in
+from ._graphform import Binder, channels_last_input, channels_last_output, graph_form
+from ._layout import canonical_strides, channels_last_strides, copy_in
 from ._nd import (
     as_2d,
     batch1,
@@ -283,19 +283,10 @@ def _prepare(names: tuple[str, ...]) -> Any:
 
     def prepare(c: Call) -> None:
         for n in names:
-            v = c.views.get(n)
-            if v is None:
-                continue
-            cl = channels_last_view(v)  # (a C = 1 or 1x1 array described channels-last, not copied)
-            if cl is None:
-                _, cl = copy_in(c.launch, c.arrays[n], v, channels_last_strides(v.shape), n, "for the graph "
-                                "(its resample engines run channels-last)")  # fmt: skip
-            c.views[n] = cl
-        cl = channels_last_view(out_view(c, "out"))
-        if cl is None:
-            write_through(c, "out", channels_last_strides(c.views["out"].shape))
-        else:
-            c.views["out"] = cl
+            if c.views.get(n) is not None:
+                channels_last_input(c, n, "for the graph (its resample engines run channels-last)")
+        out_view(c, "out")
+        channels_last_output(c, "out")
         r = c.resolved
         if r.index and "dy" not in c.views:  # the forward's index output, in y's layout
             vo = c.views["out"]

@@ -475,3 +475,74 @@ def test_express_hits_bind_the_filter_copy_the_plan_was_built_for(monkeypatch):
             ops.convolution_forward(x, w, padding=1)
             assert bound[-1]["w"][1] != w.ptr and bound[-1]["x"][1] == x.ptr
         _express.entries.clear()
+
+
+QUANT_CASES = [
+    (dict(out_dtype="float16"), "int8", ValueError, r"out_dtype must be one of \('float32', 'int8'\) for int8 x"),
+    (dict(activation="relu"), "int8", ValueError, "bias=, z= and activation= are for float x"),
+    (dict(alpha=2.0), "float8_e4m3fn", ValueError, "alpha/beta with float8_e4m3fn x"),
+    (dict(scale="x"), "int8", TypeError, "scale must be a real number"),
+    (dict(out_dtype="int8"), "float32", ValueError, "out_dtype is for int8/fp8 x"),
+    (dict(scale=0.5), "float16", ValueError, "scale= is the quantized forward's"),
+]
+
+
+@pytest.mark.parametrize("kw, dtype, exc, msg", QUANT_CASES)
+def test_quantized_forward_arguments_are_checked_before_cudnn(kw, dtype, exc, msg):
+    from types import SimpleNamespace
+
+    from cudnnkit.ops import convolution as cvm
+
+    def v(shape, strides, size):
+        return SimpleNamespace(ndim=4, shape=shape, strides=strides, dtype=dtype, size=size, is_contiguous=lambda: True)
+
+    views = {"x": v((2, 16, 8, 8), (1024, 64, 8, 1), 2048), "w": v((32, 16, 3, 3), (144, 9, 3, 1), 4608),
+             "bias": None, "z": None}  # fmt: skip
+    with pytest.raises(exc, match=msg):
+        cvm._fwd_resolve(views, {"padding": 1, **kw})
+
+
+def test_quantized_forward_is_one_graph_conv_mul_in_its_out_dtype(monkeypatch):
+    """int8/fp8 x: conv_fprop (int32 compute for int8, float32 for fp8) -> MUL by the scale -> y in out_dtype, on
+    the graph only (the legacy call refuses it by name); the output is allocated in out_dtype."""
+    import numpy as np
+
+    from cudnnkit import ops, settings
+    from cudnnkit.graph import Graph
+    from cudnnkit.ops import _express
+
+    from .fuzz.materialize import FakeBackend
+    from .fuzz.model import A
+
+    built = []
+
+    class Plan:
+        workspace_size = 0
+        name = "fake"
+
+        def __init__(self, g):
+            self.bindable_uids = tuple(t.uid for t in g.tensors() if not t.virtual and not t.by_value)
+            built.append(g)
+
+        def execute_raw(self, handle, ptrs, ws):
+            pass
+
+    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: Plan(self))
+    monkeypatch.setattr("cudnnkit.ops._primitive.get_handle", lambda *a: type("H", (), {"ptr": 1})())
+    b = FakeBackend()
+    with b.installed():
+        _express.entries.clear()
+        for dtype, out_dtype, compute in (("int8", None, "int32"), ("float8_e4m3fn", "bfloat16", "float32")):
+            x = b.array(A((2, 16, 8, 8), dtype, layout=("perm", (0, 2, 3, 1))), np.zeros((2, 16, 8, 8)), "fakeA",
+                        None)  # fmt: skip
+            w = b.array(A((32, 16, 3, 3), dtype, layout=("perm", (0, 2, 3, 1))), np.zeros((32, 16, 3, 3)), "fakeA",
+                        None)  # fmt: skip
+            y = ops.convolution_forward(x, w, padding=1, out_dtype=out_dtype, scale=0.25)
+            assert ops.last_path() == ("convolution_forward", "graph")
+            assert b.dtype_of(y) == (out_dtype or "float32")
+            conv, mul = built[-1].nodes()
+            assert conv.kind == "conv_fprop" and conv.attr("compute_dtype") == compute
+            assert mul.kind == "pointwise" and mul.attr("mode") == "MUL"
+            with settings(prefer="legacy"), pytest.raises(ValueError, match=f"{dtype} x .*graph API"):
+                ops.convolution_forward(x, w, padding=1)
+        _express.entries.clear()

@@ -297,3 +297,45 @@ def test_graph_and_legacy_agree_and_the_plan_is_cached(xp):
     with settings(prefer="legacy"):
         b = host(xp, ops.convolution_forward(xd, wd, **kw))
     assert rel(a, b) < 2e-2
+
+
+#: (x dtype, out_dtype) pairs cuDNN 9.19 refuses on the H200 (no engine): filled from probe/quant_probe.py's run;
+#: each is tested as refused by name, the rest against the reference
+QUANT_REFUSED: set[tuple[str, str]] = set()
+_QUANT = [("int8", "float32"), ("int8", "int8"), ("float8_e4m3fn", "float32"), ("float8_e4m3fn", "float16"),
+          ("float8_e4m3fn", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float32"),
+          ("float8_e5m2", "bfloat16")]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype, out_dtype", _QUANT)
+def test_quantized_forward_matches_the_reference(xp, dtype, out_dtype):
+    """int8/fp8 x and w (channels-last), y = scale * conv(x, w) in out_dtype, against the float64 reference of the
+    same values (small integers times powers of two: exact in every 8-bit type; int32/float32 accumulation)."""
+    if xp.name != "torch":
+        pytest.skip("fp8/int8 arrays are made with torch here (CuPy has no fp8 dtype)")
+    import torch
+
+    rng = np.random.default_rng(7)
+    x = rng.integers(-4, 5, (2, 16, 6, 6)).astype(np.float64)
+    w = rng.integers(-2, 3, (32, 16, 3, 3)).astype(np.float64)
+    if dtype != "int8":
+        x, w = x / 4, w / 2
+    scale = 0.125
+
+    def td(a, dt):
+        return torch.from_numpy(a).to(torch.float32).to(getattr(torch, dt)).cuda().contiguous(
+            memory_format=torch.channels_last)  # fmt: skip
+
+    xd, wd = td(x, dtype), td(w, dtype)
+    if (dtype, out_dtype) in QUANT_REFUSED:
+        with pytest.raises(ValueError, match="no engine"):
+            ops.convolution_forward(xd, wd, padding=1, out_dtype=out_dtype, scale=scale)
+        return
+    y = ops.convolution_forward(xd, wd, padding=1, out_dtype=out_dtype, scale=scale)
+    assert ops.last_path() == ("convolution_forward", "graph") and str(y.dtype) == f"torch.{out_dtype}"
+    want = scale * ref.conv_forward(x, w, stride=(1, 1), pad=(1, 1), dilation=(1, 1))
+    if out_dtype in ("int8", "float8_e4m3fn"):
+        want = np.clip(np.round(want) if out_dtype == "int8" else want, -128 if out_dtype == "int8" else -448,
+                       127 if out_dtype == "int8" else 448)  # fmt: skip
+    tol = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3, "int8": 1e-2, "float8_e4m3fn": 7e-2}[out_dtype]
+    assert rel(y.to(torch.float64).cpu().numpy(), want) < tol

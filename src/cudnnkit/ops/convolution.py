@@ -61,7 +61,7 @@ from typing import Any, NamedTuple
 from .. import lib
 from ..runtime import check_choice, current_settings, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides
-from ..runtime.dtypes import FLOATS, check_scalar, scaling_ref
+from ..runtime.dtypes import FLOATS, canonical, check_scalar, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
 from ._conv_algos import (  # noqa: F401  (public here, as before)
     _BWD_DATA,
@@ -91,6 +91,12 @@ __all__ = [
 _log = logging.getLogger("cudnnkit")
 
 _DTYPES = FLOATS  # runtime.dtypes: every float type cuDNN has
+#: the quantized forward's input dtypes, and what each may write (``out_dtype=``; the first is the default)
+_QUANT_OUT = {
+    "int8": ("float32", "int8"),
+    "float8_e4m3fn": ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"),
+    "float8_e5m2": ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"),
+}
 _MODES = MODES
 _FAMILY = "convolution"
 
@@ -141,6 +147,10 @@ class _Conv(NamedTuple):
     z: bool = False
     z_alpha: float = 1.0
     act: Any = None
+    #: the quantized forward (int8/fp8 x and w): the output's dtype and the scale it is multiplied by (the
+    #: product of x's and w's dequantization scales, times y's quantization scale)
+    out_dtype: str = ""
+    scale: float = 1.0
 
 
 def _params(conv: Any, stride: Any, padding: Any, dilation: Any, groups: Any, mode: Any) -> Convolution:
@@ -184,6 +194,8 @@ def _resolve(p: Convolution, dtype: str, x_shape: tuple, w_shape: tuple, channel
 
 
 def _legacy_refuses(r: _Conv) -> str | None:
+    if r.out_dtype:
+        return f"{r.dtype} x (the quantized forward runs on the graph API)"
     if r.act is not None and r.act.descriptor is None:
         return f"activation {r.act.mode!r} (the legacy API has no such mode)"
     if r.pad != r.post and not r.empty_sum:  # an empty batch's zeros need no convolution
@@ -249,7 +261,30 @@ def _fwd_resolve(views: Any, kw: Any) -> _Conv:
     y = conv_output_shape(batch1(vx.shape), vw.shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
                           groups=p.groups)  # fmt: skip
     r = _resolve(p, vx.dtype, vx.shape, vw.shape, layout_of(vx) == "nhwc", with_batch(y, vx.shape[0]))
-    return _fused(r, views, kw)._replace(keep=kw.get("beta", 0.0) != 0)
+    r = _fused(r, views, kw)._replace(keep=kw.get("beta", 0.0) != 0)
+    return _quantized(r, kw)
+
+
+def _quantized(r: _Conv, kw: Any) -> _Conv:
+    """``out_dtype``/``scale`` checked: for int8/fp8 x, the quantized forward ``y = scale * conv(x, w)`` (nothing
+    fused, no blend); for float x they must be left alone."""
+    out_dtype, scale = kw.get("out_dtype"), kw.get("scale", 1.0)
+    if r.dtype not in _QUANT_OUT:
+        if out_dtype is not None and canonical(out_dtype, "out_dtype") != r.dtype:
+            raise ValueError(f"out_dtype is for int8/fp8 x; a {r.dtype} convolution writes {r.dtype}")
+        if scale != 1.0:
+            raise ValueError("scale= is the quantized forward's (int8/fp8 x); for float x pass alpha=")
+        return r
+    allowed = _QUANT_OUT[r.dtype]
+    od = allowed[0] if out_dtype is None else canonical(out_dtype, "out_dtype")
+    if od not in allowed:
+        raise ValueError(f"out_dtype must be one of {allowed} for {r.dtype} x, got {od!r}")
+    if r.bias or r.z or r.act is not None:
+        raise ValueError(f"bias=, z= and activation= are for float x: the {r.dtype} forward is scale * conv(x, w) "
+                         "(build a longer graph with cudnnkit.graph to fuse more)")  # fmt: skip
+    if kw.get("alpha", 1.0) != 1.0 or kw.get("beta", 0.0) != 0.0:
+        raise ValueError(f"alpha/beta with {r.dtype} x: the quantized forward writes out; scale it with scale=")
+    return r._replace(out_dtype=od, scale=float(check_scalar(scale, "scale")))
 
 
 def _bwd_data_resolve(views: Any, kw: Any) -> _Conv:
@@ -464,7 +499,8 @@ def _graph_prepare(which: str) -> Any:
         act = k.b if k.a == k.filter_in else k.a
         v_act, act_lay = dense(c, act)
         r = c.resolved
-        fused = which == "forward" and (r.bias or r.z or r.act is not None)
+        # the fused and the quantized forwards run channels-last (their engines take nothing else)
+        fused = which == "forward" and (r.bias or r.z or r.act is not None or bool(r.out_dtype))
         if fused and act_lay != "nhwc":
             # cuDNN 9.19's fused (runtime fusion) engines take channels-last only (measured on the H200: a 3-d
             # NCDHW conv + bias + GELU has no engine): x (then w and z, below) copied channels-last (or, C = 1 or
@@ -510,6 +546,11 @@ def graph_builder(which: str) -> Any:
                     mode=r.mode, compute_dtype="float32")  # fmt: skip
         vo = c.views["out"]
         out_shape, out_strides = _as_4d(vo, r)
+        if which == "forward" and r.out_dtype:  # quantized: conv_fprop -> MUL by the scale -> out_dtype
+            conv["compute_dtype"] = "int32" if r.dtype == "int8" else "float32"
+            y = g.pointwise("MUL", g.conv_fprop(t("x"), t("w"), **conv), g.scalar(r.scale, "float32"))
+            bd.output(y, "out", r.out_dtype, out_strides)
+            return bd.done()
         if which == "forward":
             y = g.conv_fprop(t("x"), t("w"), **conv)
             if r.bias:
@@ -574,12 +615,20 @@ CONVOLUTION_FORWARD = register(
     Primitive(
         "convolution_forward",
         inputs=(
-            Operand("x", _DTYPES),
-            Operand("w", _DTYPES),
+            Operand("x", _DTYPES + tuple(_QUANT_OUT)),
+            Operand("w", _DTYPES + tuple(_QUANT_OUT)),
             Operand("bias", _DTYPES, optional=True),
             Operand("z", _DTYPES, optional=True),
         ),  # fmt: skip
-        outputs=(Output("out", shape=lambda r: r.y_shape, strides=_out_strides, blend=("alpha", "beta")),),
+        outputs=(
+            Output(
+                "out",
+                shape=lambda r: r.y_shape,
+                strides=_out_strides,
+                blend=("alpha", "beta"),
+                dtype=lambda r: r.out_dtype or r.dtype,
+            ),
+        ),  # fmt: skip
         resolve=_fwd_resolve,
         legacy=_legacy("forward"),
         graph=_graph("forward"),
@@ -656,6 +705,8 @@ def convolution_forward(
     groups: int = 1,
     mode: str = "cross_correlation",
     conv: Convolution | None = None,
+    out_dtype: str | None = None,
+    scale: float = 1.0,
     out: Any = None,
     alpha: float = 1.0,
     beta: float = 0.0,
@@ -672,10 +723,16 @@ def convolution_forward(
     ``cudnnConvolutionForward``, ``cudnnAddTensor`` and ``cudnnActivationForward`` in place (the graph-only
     activations have no legacy form). ``beta`` must be 0 when fusing.
 
+    **Quantized:** int8 or fp8 (``float8_e4m3fn``, ``float8_e5m2``) ``x`` and ``w`` (the same dtype) give
+    ``y = scale * conv(x, w)`` in ``out_dtype`` (int8: float32 (default) or int8; fp8: float32 (default), float16,
+    bfloat16 or either fp8), ``scale`` being the product of the dequantization scales of x and w (and y's
+    quantization scale for an 8-bit y). One graph: ``conv_fprop`` (int32 compute for int8, float32 for fp8) ->
+    ``MUL`` -> ``y``; nothing fused, no blend, no backward.
+
     Calls: the graph (``CONVOLUTION_FORWARD`` operation) or ``cudnnConvolutionForward`` (primitive
     :data:`CONVOLUTION_FORWARD`)."""
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv, z_alpha=z_alpha,
-              activation=activation, activation_coef=activation_coef)  # fmt: skip
+              activation=activation, activation_coef=activation_coef, out_dtype=out_dtype, scale=scale)  # fmt: skip
     return run(CONVOLUTION_FORWARD, {"x": x, "w": w, "bias": bias, "z": z}, out=out, alpha=alpha, beta=beta,
                stream=stream, **kw)  # fmt: skip
 

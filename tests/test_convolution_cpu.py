@@ -513,22 +513,12 @@ def test_quantized_forward_is_one_graph_conv_mul_in_its_out_dtype(monkeypatch):
 
     from .fuzz.materialize import FakeBackend
     from .fuzz.model import A
+    from .graph_fakes import recording_plans
 
     built = []
-
-    class Plan:
-        workspace_size = 0
-        name = "fake"
-
-        def __init__(self, g):
-            self.bindable_uids = tuple(t.uid for t in g.tensors() if not t.virtual and not t.by_value)
-            built.append(g)
-
-        def execute_raw(self, handle, ptrs, ws):
-            pass
-
-    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: Plan(self))
-    monkeypatch.setattr("cudnnkit.ops._primitive.get_handle", lambda *a: type("H", (), {"ptr": 1})())
+    recording_plans(monkeypatch)
+    real = Graph.build
+    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: built.append(self) or real(self, device, **kw))
     b = FakeBackend()
     with b.installed():
         _express.entries.clear()
@@ -540,7 +530,7 @@ def test_quantized_forward_is_one_graph_conv_mul_in_its_out_dtype(monkeypatch):
             y = ops.convolution_forward(x, w, padding=1, out_dtype=out_dtype, scale=0.25)
             assert ops.last_path() == ("convolution_forward", "graph")
             assert b.dtype_of(y) == (out_dtype or "float32")
-            conv, mul = built[-1].nodes()
+            conv, mul = built[-1].nodes()  # the graph the last call built
             assert conv.kind == "conv_fprop" and conv.attr("compute_dtype") == compute
             assert mul.kind == "pointwise" and mul.attr("mode") == "MUL"
             with settings(prefer="legacy"), pytest.raises(ValueError, match=f"{dtype} x .*graph API"):

@@ -478,7 +478,8 @@ def test_express_hits_bind_the_filter_copy_the_plan_was_built_for(monkeypatch):
 
 
 QUANT_CASES = [
-    (dict(out_dtype="float16"), "int8", ValueError, r"out_dtype must be one of \('float32', 'int8'\) for int8 x"),
+    (dict(out_dtype="int32"), "int8", ValueError, r"out_dtype must be one of \('float32', .*'int8'\) for int8 x"),
+    (dict(out_dtype="int8"), "float8_e5m2", ValueError, "out_dtype must be one of .* for float8_e5m2 x"),
     (dict(activation="relu"), "int8", ValueError, "bias=, z= and activation= are for float x"),
     (dict(alpha=2.0), "float8_e4m3fn", ValueError, "alpha/beta with float8_e4m3fn x"),
     (dict(scale="x"), "int8", TypeError, "scale must be a real number"),

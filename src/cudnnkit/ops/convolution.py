@@ -91,9 +91,11 @@ __all__ = [
 _log = logging.getLogger("cudnnkit")
 
 _DTYPES = FLOATS  # runtime.dtypes: every float type cuDNN has
-#: the quantized forward's input dtypes, and what each may write (``out_dtype=``; the first is the default)
+#: the quantized forward's input dtypes, and what each may write (``out_dtype=``; the first is the default). Each
+#: pair ran on the H200 (cuDNN 9.19, probe of 2026-12-01); left out: int32 y (an engine of 9.19 wrote garbage for
+#: an int8 -> int32 graph without the MUL) and int8 y from fp8 x
 _QUANT_OUT = {
-    "int8": ("float32", "int8"),
+    "int8": ("float32", "float16", "bfloat16", "int8"),
     "float8_e4m3fn": ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"),
     "float8_e5m2": ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"),
 }
@@ -724,8 +726,8 @@ def convolution_forward(
     activations have no legacy form). ``beta`` must be 0 when fusing.
 
     **Quantized:** int8 or fp8 (``float8_e4m3fn``, ``float8_e5m2``) ``x`` and ``w`` (the same dtype) give
-    ``y = scale * conv(x, w)`` in ``out_dtype`` (int8: float32 (default) or int8; fp8: float32 (default), float16,
-    bfloat16 or either fp8), ``scale`` being the product of the dequantization scales of x and w (and y's
+    ``y = scale * conv(x, w)`` in ``out_dtype`` (int8: float32 (default), float16, bfloat16 or int8 (rounded to
+    nearest, saturated); fp8: float32 (default), float16, bfloat16 or either fp8), ``scale`` being the product of the dequantization scales of x and w (and y's
     quantization scale for an 8-bit y). One graph: ``conv_fprop`` (int32 compute for int8, float32 for fp8) ->
     ``MUL`` -> ``y``; nothing fused, no blend, no backward.
 

@@ -537,3 +537,41 @@ def test_quantized_forward_is_one_graph_conv_mul_in_its_out_dtype(monkeypatch):
             with settings(prefer="legacy"), pytest.raises(ValueError, match=f"{dtype} x .*graph API"):
                 ops.convolution_forward(x, w, padding=1)
         _express.entries.clear()
+
+
+def test_a_channels_last_half_depthwise_forward_runs_channels_first(monkeypatch):
+    """cuDNN 9.19's channels-last depthwise engines are 13x slower than its NCHW ones (H200): a channels-last
+    bf16/f16 2-d depthwise forward reaches the plan as C-order copies of x and w, and y is written through a
+    C-order temporary copied into the caller's channels-last array (x's copy is ``Launch.contiguous``'s), on every call (express hits too); a grouped
+    (not depthwise) conv and a float32 depthwise one stay channels-last."""
+    import numpy as np
+
+    from cudnnkit import ops
+    from cudnnkit.ops import _express
+
+    from .fuzz.materialize import FakeBackend
+    from .fuzz.model import A
+    from .graph_fakes import recording_copies, recording_plans
+
+    runs, copies = recording_plans(monkeypatch), recording_copies(monkeypatch)
+    b = FakeBackend()
+    nhwc = ("perm", (0, 2, 3, 1))
+    with b.installed():
+        _express.entries.clear()
+        for dtype, groups, first in (("bfloat16", 8, True), ("float16", 8, True), ("bfloat16", 2, False),
+                                     ("float32", 8, False)):  # fmt: skip
+            x = b.array(A((2, 8, 6, 6), dtype, layout=nhwc), np.zeros((2, 8, 6, 6)), "fakeA", None)
+            w = b.array(A((8, 8 // groups, 3, 3), dtype, layout=nhwc), np.zeros((8, 8 // groups, 3, 3)), "fakeA",
+                        None)  # fmt: skip
+            for _ in range(3):
+                copies.clear()
+                y = ops.convolution_forward(x, w, padding=1, groups=groups)
+                seen = runs[-1]
+                assert y.strides == (288, 1, 48, 8)  # the caller gets channels-last (element strides)
+                if first:
+                    assert seen["x"][0] == (288, 36, 6, 1) and seen["out"][0] == (288, 36, 6, 1)
+                    assert seen["w"][0] == (9, 9, 3, 1)  # w (C/g = 1: the same memory) described C order
+                    assert seen["x"][1] != x.ptr and seen["out"][1] != y.ptr and copies == ["out"]  # y copied back
+                else:
+                    assert seen["x"][0] == (288, 1, 48, 8) and seen["x"][1] == x.ptr and copies == []
+        _express.entries.clear()

@@ -82,6 +82,17 @@ def channels_last_view(v: ArrayView) -> ArrayView | None:
     return None
 
 
+def c_order_view(v: ArrayView) -> ArrayView | None:
+    """``v`` described with C-order strides when it is C-contiguous up to its size-1 dims (a C = 1 array given
+    channels-last strides is the same memory), else None: :func:`channels_last_view`'s other half."""
+    co = contiguous_strides(v.shape)
+    if v.strides == co:
+        return v
+    if is_contiguous(v.shape, v.strides):
+        return dataclasses.replace(v, strides=co)
+    return None
+
+
 def describable(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """True when cuDNN can address these strides at all: no zero, negative or self-overlapping strides."""
     return layout_problem(shape, strides) is None

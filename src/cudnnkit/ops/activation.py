@@ -40,6 +40,7 @@ from typing import Any
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, get_cached
 from ..runtime.dtypes import FLOATS, check_scalar, nan_propagation
+from ._diff import Differentiable, Spec, differentiable, new_like
 from ._layout import canonical_strides, describable
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -238,3 +239,29 @@ def activation_backward(
     ``coef`` must be the forward's). ``cudnnActivationBackward`` (primitive :data:`ACTIVATION_BACKWARD`)."""
     kw = dict(mode=mode, coef=coef, propagate_nan=propagate_nan, out=out, alpha=alpha, beta=beta)
     return run(ACTIVATION_BACKWARD, {"dy": dy, "y": y, "x": x}, stream=stream, **kw)
+
+
+# ----------------------------------------------------------------- the L3 declaration
+
+
+def _l3_forward(x: Any, mode: str = "relu", *, coef: float | None = None, propagate_nan: bool = False) -> Any:
+    y = activation_forward(x, mode, coef=coef, propagate_nan=propagate_nan)
+    return (y,), {"x": x, "out": y}
+
+
+def _l3_backward(res: Any, douts: Any, needs: Any, mode: str = "relu", **kw: Any) -> tuple:
+    (dy,) = douts
+    if dy is None or not needs[0]:
+        return (None,)
+    return (activation_backward(dy, res["out"], res["x"], mode, **kw),)
+
+
+def _l3_meta(x: Spec, mode: str = "relu", **kw: Any) -> Any:
+    y = new_like(x)
+    return (y,), {"x": x, "out": y}
+
+
+ACTIVATION = differentiable(
+    Differentiable("activation", "activation_forward", ("x",), ("out",), _l3_forward, _l3_backward, _l3_meta,
+                   doc="y = f(x) for a legacy activation mode; the backward reads x and y (activation_backward)")
+)  # fmt: skip

@@ -62,6 +62,7 @@ from .. import lib
 from ..runtime import FLOATS, check_choice
 from ..runtime.arrays import is_dense
 from ..runtime.cache import lru
+from ._diff import Differentiable, Spec, differentiable, new_like
 from ._layout import describable, merge
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -255,3 +256,29 @@ def softmax_backward(
         beta=beta,
         stream=stream,
     )
+
+
+# ----------------------------------------------------------------- the L3 declaration
+
+
+def _l3_forward(x: Any, *, axis: int | Sequence[int] = -1, algo: str = "accurate", log: bool = False) -> Any:
+    y = softmax_forward(x, axis=axis, algo=algo, log=log)
+    return (y,), {"out": y}
+
+
+def _l3_backward(res: Any, douts: Any, needs: Any, **kw: Any) -> tuple:
+    (dy,) = douts
+    if dy is None or not needs[0]:
+        return (None,)
+    return (softmax_backward(dy, res["out"], **kw),)
+
+
+def _l3_meta(x: Spec, **kw: Any) -> Any:
+    y = new_like(x)
+    return (y,), {"out": y}
+
+
+SOFTMAX = differentiable(
+    Differentiable("softmax", "softmax_forward", ("x",), ("out",), _l3_forward, _l3_backward, _l3_meta,
+                   doc="softmax (log=True: log-softmax) over axis; the backward reads y (softmax_backward)")
+)  # fmt: skip

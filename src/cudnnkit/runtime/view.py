@@ -65,7 +65,7 @@ class ArrayView:
 def shape_memo(fn: Callable[[tuple[int, ...]], tuple[int, ...]]) -> Callable[[Any], tuple[int, ...]]:
     """Memoize a pure function of a shape tuple in a bounded dict, lock-free (a per-call hot path: every layout
     check and new output asks for strides; :func:`cudnnkit.runtime.cache.lru` takes a lock per lookup). A list
-    is computed, not remembered; past 8192 shapes the memo starts over."""
+    is computed, not remembered (so is a tuple of a tracer's symbolic sizes); past 8192 shapes the memo starts over."""
     memo: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     @functools.wraps(fn)
@@ -78,7 +78,10 @@ def shape_memo(fn: Callable[[tuple[int, ...]], tuple[int, ...]]) -> Callable[[An
         if type(shape) is tuple:
             if len(memo) >= 8192:
                 memo.clear()
-            memo[shape] = got
+            try:
+                memo[shape] = got
+            except TypeError:  # symbolic sizes (a tracer's): computed each time
+                pass
         return got
 
     return get

@@ -1,0 +1,218 @@
+"""Each differentiable op as a ``torch.library`` custom op, generated from its declaration.
+
+For a :class:`~cudnnkit.ops._diff.Differentiable` ``d`` named ``n``, :func:`define` makes two ops:
+
+* ``cudnnkit::n(Tensor?[] inputs, Tensor?[] arrays, str kw) -> Tensor[]``: the forward, a functional op.
+  ``inputs`` are ``d.inputs`` in order, ``arrays`` ``d.arrays``, ``kw`` every other keyword, encoded by
+  :func:`encode` (a Python literal; a value that is not one, such as a ``DropoutState``, goes by a key into a
+  table that keeps it alive). It returns the outputs, the new values of the ``d.mutated`` arrays that are
+  present (it updates copies: batch norm's running statistics), then the residuals that are not an input or an
+  output (``d.meta``'s order). :class:`TorchOp` copies the new values into the caller's arrays, as torch's own
+  functional batch norm is used.
+* ``cudnnkit::n_backward(Tensor?[] residuals, Tensor?[] douts, str kw) -> Tensor[]``: one gradient per input
+  (an empty tensor where none is needed), from ``d.backward``.
+
+``register_fake`` of both comes from ``d.meta`` (the forward) and the inputs' own metadata (the backward: each
+gradient is laid out like its input); the real calls give their results those strides too (a copy where cuDNN
+wrote another layout, which the declarations avoid), so tracing and running agree. ``register_autograd`` of the
+forward saves the residuals and calls the backward op, so eager mode, ``torch.autograd.gradcheck``,
+``torch.library.opcheck`` and ``torch.compile(fullgraph=True)`` all see one opaque op each way.
+"""
+
+from __future__ import annotations
+
+import ast
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..ops._diff import Differentiable, Spec
+from ..runtime.adapters._torch import _FROM_TORCH, _TO_TORCH
+from ..runtime.cache import LRU, MISSING
+
+__all__ = ["TorchOp", "define", "encode", "decode", "spec"]
+
+_SIMPLE = (bool, int, float, str, type(None))
+#: key -> an object passed by key (kept alive for the process: configs, dropout states)
+_OBJECTS: dict[int, Any] = {}
+_lock = threading.Lock()
+_DECODED: LRU[str, dict] = LRU("torch.kw", 4096)
+_META: LRU[tuple, Any] = LRU("torch.meta", 4096)
+
+
+def _literal(v: Any) -> bool:
+    if isinstance(v, _SIMPLE):
+        return True
+    return isinstance(v, tuple | list) and all(_literal(x) for x in v)
+
+
+def encode(kw: dict[str, Any]) -> str:
+    """``kw`` as a string a custom op takes: a literal ``((name, value), ...)`` in name order; a value that is not
+    a literal (of bools, numbers, strings, None, tuples) is passed as ``("__obj__", key)``."""
+    parts = []
+    for k in sorted(kw):
+        v = kw[k]
+        if isinstance(v, list):
+            v = tuple(v)
+        if not _literal(v):
+            with _lock:
+                _OBJECTS.setdefault(id(v), v)
+            v = ("__obj__", id(v))
+        parts.append((k, v))
+    return repr(tuple(parts))
+
+
+def decode(s: str) -> dict[str, Any]:
+    """:func:`encode`'s inverse (cached per string)."""
+    got = _DECODED.lookup(s)
+    if got is MISSING:
+        got = {}
+        for k, v in ast.literal_eval(s):
+            if isinstance(v, tuple) and len(v) == 2 and v[0] == "__obj__":
+                v = _OBJECTS[v[1]]
+            got[k] = v
+        _DECODED.put(s, got)
+    return dict(got)
+
+
+def spec(t: torch.Tensor) -> Spec:
+    """The :class:`Spec` of a tensor (a fake one too)."""
+    dt = _FROM_TORCH.get(t.dtype)
+    if dt is None:
+        raise TypeError(f"cudnnkit has no dtype for {t.dtype}")
+    return Spec(tuple(t.shape), tuple(t.stride()), dt)
+
+
+def _empty(s: Spec, device: Any) -> torch.Tensor:
+    return torch.empty_strided(s.shape, s.strides, dtype=_TO_TORCH[s.dtype], device=device)
+
+
+def _as(t: torch.Tensor, s: Spec) -> torch.Tensor:
+    """``t`` with ``s``'s strides (a copy where they differ in a dim of size > 1)."""
+    if tuple(t.stride()) == s.strides or all(d == 1 or a == b for d, a, b in zip(s.shape, t.stride(), s.strides)):
+        if tuple(t.stride()) == s.strides:
+            return t
+        return t.as_strided(s.shape, s.strides)
+    out = _empty(s, t.device)
+    out.copy_(t)
+    return out
+
+
+@dataclass
+class TorchOp:
+    """The custom ops of one differentiable op (see the module docstring) and :meth:`__call__`, the torch-level
+    function: torch tensors in, the outputs out (a tuple when there are several), with autograd."""
+
+    d: Differentiable
+    qualname: str
+    forward_op: Any
+    backward_op: Any
+
+    def __call__(self, *inputs: Any, **kw: Any) -> Any:
+        d = self.d
+        if len(inputs) != len(d.inputs):
+            raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
+        arrays = [kw.pop(n, None) for n in d.arrays]
+        got = self.forward_op(list(inputs), arrays, encode(kw))
+        n = len(d.outputs)
+        if d.mutated:
+            given = dict(zip(d.arrays, arrays))
+            with torch.no_grad():
+                for t, new in zip((given[m] for m in d.mutated if given[m] is not None), got[n:]):
+                    t.copy_(new)
+        return got[0] if n == 1 else tuple(got[:n])
+
+
+def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict) -> tuple[tuple, dict]:
+    """``d.meta`` of these tensors (cached by their metadata and the keywords)."""
+    in_specs = [None if t is None else spec(t) for t in inputs]
+    a_specs = {k: None if t is None else spec(t) for k, t in arrays.items()}
+    key = (d.name, tuple(in_specs), tuple(a_specs.items()), repr(sorted(kw.items(), key=lambda i: i[0])))
+    try:
+        got = _META.lookup(key)
+    except TypeError:  # symbolic sizes (a dynamic-shape trace): asked each time
+        return d.meta(*in_specs, **a_specs, **kw)
+    if got is MISSING:
+        got = _META.put(key, d.meta(*in_specs, **a_specs, **kw))
+    return got
+
+
+def _new_residuals(d: Differentiable, res_specs: dict) -> list[str]:
+    names = set(d.inputs) | set(d.arrays) | set(d.outputs)
+    return [k for k in res_specs if k not in names]
+
+
+def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
+    """The custom ops ``namespace::name`` and ``namespace::name_backward`` of ``d`` (see the module docstring)."""
+    qual = f"{namespace}::{d.name}"
+
+    def unpack(arrays: list, kw: str) -> tuple[dict, dict]:
+        return dict(zip(d.arrays, arrays)), decode(kw)
+
+    def mutated(arr: dict) -> list[str]:
+        return [m for m in d.mutated if arr[m] is not None]
+
+    def forward(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
+        arr, kwd = unpack(arrays, kw)
+        out_specs, res_specs = _layout(d, inputs, arr, kwd)
+        changed = mutated(arr)
+        for m in changed:  # a functional op: the caller's arrays are updated by TorchOp, from the copies
+            arr[m] = arr[m].clone()
+        outs, res = d.forward(*inputs, **arr, **kwd)
+        result = [_as(o, s) for o, s in zip(outs, out_specs)] + [arr[m] for m in changed]
+        result += [_as(res[k], res_specs[k]) for k in _new_residuals(d, res_specs)]
+        return result
+
+    def fake(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
+        arr, kwd = unpack(arrays, kw)
+        out_specs, res_specs = _layout(d, inputs, arr, kwd)
+        dev = next(t.device for t in list(inputs) + list(arr.values()) if t is not None)
+        got = [_empty(s, dev) for s in out_specs] + [torch.empty_like(arr[m]) for m in mutated(arr)]
+        return got + [_empty(res_specs[k], dev) for k in _new_residuals(d, res_specs)]
+
+    fwd = torch.library.custom_op(qual, forward, mutates_args=(),
+                                  schema="(Tensor?[] inputs, Tensor?[] arrays, str kw) -> Tensor[]")  # fmt: skip
+    fwd.register_fake(fake)
+
+    def backward_impl(residuals: list, douts: list, kw: str) -> list[torch.Tensor]:
+        kwd = decode(kw)
+        names, needs, specs = kwd.pop("__res__"), kwd.pop("__needs__"), kwd.pop("__specs__")
+        grads = d.backward(dict(zip(names, residuals)), tuple(douts), tuple(needs), **kwd)
+        dev = next(t.device for t in residuals if t is not None)
+        return [_as(g, Spec(*s)) if n and g is not None and s is not None else torch.empty(0, device=dev)
+                for g, n, s in zip(grads, needs, specs)]  # fmt: skip
+
+    def backward_fake(residuals: list, douts: list, kw: str) -> list[torch.Tensor]:
+        kwd = decode(kw)
+        needs, specs = kwd["__needs__"], kwd["__specs__"]
+        dev = next(t.device for t in residuals if t is not None)
+        return [_empty(Spec(*s), dev) if n and s is not None else torch.empty(0, device=dev)
+                for n, s in zip(needs, specs)]  # fmt: skip
+
+    bwd = torch.library.custom_op(f"{qual}_backward", backward_impl, mutates_args=(),
+                                  schema="(Tensor?[] residuals, Tensor?[] douts, str kw) -> Tensor[]")  # fmt: skip
+    bwd.register_fake(backward_fake)
+
+    def setup_context(ctx: Any, inputs: tuple, output: list) -> None:
+        ins, arrays, kw = inputs
+        arr, kwd = unpack(arrays, kw)
+        _, res_specs = _layout(d, ins, arr, kwd)
+        n = len(d.outputs)
+        new = iter(output[n + len(mutated(arr)) :])
+        by_name = dict(zip(d.inputs, ins)) | arr | dict(zip(d.outputs, output[:n]))
+        ctx.save_for_backward(*(by_name[k] if k in by_name else next(new) for k in res_specs))
+        ctx.names = tuple(res_specs)
+        ctx.kw = kwd
+        ctx.specs = tuple(None if t is None else tuple(spec(t)) for t in ins)
+        ctx.needs = tuple(t is not None and t.requires_grad for t in ins)
+
+    def backward(ctx: Any, grads: list) -> tuple:
+        douts = [g if d.carries_gradient(i) else None for i, g in enumerate(list(grads)[: len(d.outputs)])]
+        kw = dict(ctx.kw, __res__=ctx.names, __needs__=ctx.needs, __specs__=ctx.specs)
+        got = bwd(list(ctx.saved_tensors), douts, encode(kw))
+        return [g if need else None for g, need in zip(got, ctx.needs)], None, None
+
+    fwd.register_autograd(backward, setup_context=setup_context)
+    return TorchOp(d, qual, fwd, bwd)

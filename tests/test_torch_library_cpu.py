@@ -1,0 +1,103 @@
+"""The torch custom-op machinery (cudnnkit.torch._library) on the CPU, with pure-torch declarations standing in
+for cuDNN's: the schema, the fake (from ``meta``), the autograd (from ``backward``), opcheck, gradcheck and
+torch.compile(fullgraph=True). The cuDNN-backed ops run the same machinery on the GPU (tests/gpu/test_torch_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cudnnkit.ops._diff import Differentiable, Spec, new_like  # noqa: E402
+from cudnnkit.torch import _library as L  # noqa: E402
+
+
+def _fwd(x, w, *, scale=1.0, bias=None, stat=None):
+    prod = x * w  # a new residual (not an input or an output)
+    y = prod * scale + (0 if bias is None else bias)
+    if stat is not None:
+        stat.add_(y.detach().sum())  # a mutated array
+    return (y, prod.sum(dim=-1)), {"x": x, "w": w, "prod": prod}
+
+
+def _bwd(res, douts, needs, *, scale=1.0):
+    dy, ds = douts
+    g = (0 if dy is None else dy * scale) + (0 if ds is None else ds[..., None])
+    return (g * res["w"] if needs[0] else None, g * res["x"] if needs[1] else None)
+
+
+def _meta(x: Spec, w: Spec, *, scale=1.0, bias=None, stat=None):
+    prod = new_like(x)
+    return (new_like(x), new_like(x, shape=x.shape[:-1])), {"x": x, "w": w, "prod": prod}
+
+
+OP = Differentiable("mul_scale", "softmax_forward", ("x", "w"), ("out", "sum"), _fwd,
+                    lambda res, douts, needs, **kw: _bwd(res, douts, needs, scale=kw.get("scale", 1.0)), _meta,
+                    arrays=("bias", "stat"), mutated=("stat",))  # fmt: skip
+T = L.define(OP, namespace="cudnnkit_test")
+
+
+def _args(dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, dtype=dtype, generator=g, requires_grad=True)
+    w = torch.randn(3, 4, dtype=dtype, generator=g, requires_grad=True)
+    return x, w
+
+
+def test_the_op_matches_its_definition_forward_and_backward():
+    x, w = _args()
+    bias = torch.randn(3, 4, dtype=torch.float64)
+    y, s = T(x, w, scale=0.5, bias=bias)
+    assert torch.allclose(y, x * w * 0.5 + bias) and torch.allclose(s, (x * w).sum(-1))
+    (y.sum() + 2 * s.sum()).backward()
+    assert torch.allclose(x.grad, (0.5 + 2) * w) and torch.allclose(w.grad, (0.5 + 2) * x)
+
+
+def test_gradcheck_in_float64():
+    x, w = _args()
+    assert torch.autograd.gradcheck(lambda a, b: T(a, b, scale=0.25), (x, w))
+
+
+def test_opcheck_passes():
+    x, w = _args(torch.float32)
+    stat = torch.zeros(())
+    torch.library.opcheck(T.forward_op, ([x, w], [None, stat], L.encode({"scale": 2.0})))
+    torch.library.opcheck(T.forward_op, ([x, w], [torch.randn(3, 4), None], L.encode({})))
+
+
+def test_the_mutated_array_is_written_in_place():
+    x, w = _args()
+    stat = torch.zeros((), dtype=torch.float64)
+    y, _ = T(x, w, stat=stat)
+    assert torch.allclose(stat, y.detach().sum())
+
+
+def test_compile_fullgraph_has_no_graph_break():
+    x, w = _args(torch.float32)
+
+    def f(a, b):
+        y, s = T(a, b, scale=3.0)
+        return torch.relu(y).sum() + s.sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got = compiled(x, w)
+    got.backward()
+    gx = x.grad.clone()
+    x.grad = None
+    want = f(x, w)
+    want.backward()
+    assert torch.allclose(got, want) and torch.allclose(gx, x.grad)
+
+
+def test_keywords_round_trip_and_objects_go_by_key():
+    obj = object()
+    s = L.encode({"b": (1, 2.5, None), "a": "x", "o": obj, "l": [1, 2]})
+    got = L.decode(s)
+    assert got == {"a": "x", "b": (1, 2.5, None), "l": (1, 2), "o": obj} and got["o"] is obj
+
+
+def test_a_gradient_comes_back_in_its_inputs_layout():
+    cl = torch.randn(2, 3, 4, 5, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    assert L._as(cl, Spec((2, 3, 4, 5), (60, 20, 5, 1), "float64")).stride() == (60, 20, 5, 1)
+    t = torch.randn(2, 1, 4, dtype=torch.float64)
+    assert L._as(t, Spec((2, 1, 4), (4, 1, 1), "float64")).data_ptr() == t.data_ptr()  # size-1 dims: no copy

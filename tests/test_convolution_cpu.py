@@ -165,7 +165,7 @@ def test_the_ops_are_declared():
         p = ops.REGISTRY[name]
         want = ("legacy",) if name.endswith("bias") else ("graph", "legacy")
         assert p.forms == want and p.family == "convolution"
-    assert ops.REGISTRY["convolution_forward"].differentiable == ("x", "w")
+    assert ops.REGISTRY["convolution_forward"].differentiable == ("x", "w", "bias")
 
 
 def _call(resolved, **arrays):

@@ -61,8 +61,8 @@ def test_gradcheck_in_float64():
 def test_opcheck_passes():
     x, w = _args(torch.float32)
     stat = torch.zeros(())
-    torch.library.opcheck(T.forward_op, ([x, w], [None, stat], L.encode({"scale": 2.0})))
-    torch.library.opcheck(T.forward_op, ([x, w], [torch.randn(3, 4), None], L.encode({})))
+    torch.library.opcheck(T.forward_op, T.args(x, w, scale=2.0, stat=stat))
+    torch.library.opcheck(T.forward_op, T.args(x, w, bias=torch.randn(3, 4)))
 
 
 def test_the_mutated_array_is_written_in_place():

@@ -49,11 +49,12 @@ def vjp(name: str, *inputs: Any, **kw: Any) -> tuple[tuple, Any]:
     """``(outputs, pullback)``: the forward of op ``name``, and ``pullback(*douts) -> grads`` (every input's)."""
     d = get(name)
     outs, res = d.forward(*inputs, **kw)
+    options = {k: v for k, v in kw.items() if k not in d.arrays}
 
     def pullback(*douts: Any) -> tuple:
         if len(douts) != len(d.outputs):
             raise ValueError(f"{name}: pullback takes {len(d.outputs)} cotangent(s) ({d.outputs}), got {len(douts)}")
-        return d.backward(res, douts, (True,) * len(d.inputs), **kw)
+        return d.backward(res, douts, tuple(x is not None for x in inputs), **options)
 
     return outs, pullback
 

@@ -63,6 +63,7 @@ from ..runtime import check_choice, current_settings, get_cached, tensor_descrip
 from ..runtime.arrays import contiguous_strides
 from ..runtime.dtypes import FLOATS, canonical, check_scalar, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
+from ..runtime.view import ArrayView
 from ._conv_algos import (  # noqa: F401  (public here, as before)
     _BWD_DATA,
     _BWD_FILTER,
@@ -75,6 +76,7 @@ from ._conv_algos import (  # noqa: F401  (public here, as before)
     algorithm_cache_info,
     conv_descriptor,
 )
+from ._diff import Differentiable, Spec, differentiable
 from ._graphform import Binder, channels_last_input, channels_last_output, graph_form, write_through
 from ._layout import c_order_view, channels_last_strides, copy_in
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
@@ -656,7 +658,7 @@ CONVOLUTION_FORWARD = register(
         auto=_auto,
         empty=lambda r: 0 in r.y_shape,
         family=_FAMILY,
-        differentiable=("x", "w"),
+        differentiable=("x", "w", "bias"),
         residuals=("x", "w"),
         backward="convolution_backward_data",
     )
@@ -674,6 +676,9 @@ CONVOLUTION_BACKWARD_DATA = register(
         auto=_auto,
         empty=lambda r: 0 in r.y_shape,
         family=_FAMILY,
+        differentiable=("dy", "w"),  # as the transposed convolution (L3 "convolution_transpose")
+        residuals=("dy", "w"),
+        backward="convolution_forward",
     )
 )
 CONVOLUTION_BACKWARD_FILTER = register(
@@ -812,3 +817,122 @@ def convolution_backward_bias(dy: Any, *, out: Any = None, alpha: float = 1.0, b
     or float64 accumulation). ``cudnnReduceTensor`` with ``CUDNN_REDUCE_TENSOR_ADD`` (primitive
     :data:`CONVOLUTION_BACKWARD_BIAS`)."""
     return run(CONVOLUTION_BACKWARD_BIAS, {"dy": dy}, out=out, alpha=alpha, beta=beta, stream=stream)
+
+
+# ----------------------------------------------------------------- the L3 declarations
+
+
+def _spec_view(s: Spec) -> ArrayView:
+    """A pointer-less view of a spec: what the resolve functions read (shape, strides, dtype)."""
+    return ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, 0, 0, None)
+
+
+def _new(shape: tuple[int, ...], strides: tuple[int, ...] | None, dtype: str) -> Spec:
+    return Spec(tuple(shape), tuple(strides) if strides is not None else contiguous_strides(tuple(shape)), dtype)
+
+
+def _l3_refuse(dtype: str, z: Any, activation: Any) -> None:
+    """What the differentiable convolution does not take (``NotImplementedError`` naming it)."""
+    if dtype in _QUANT_OUT:
+        raise NotImplementedError(f"the differentiable convolution takes float x and w, not {dtype}: the quantized "
+                                  "forward (scale * conv) has no backward; call convolution_forward")  # fmt: skip
+    if z is not None:
+        raise NotImplementedError("z= (the fused residual) is not differentiable here (the declaration's inputs are "
+                                  "x, w and bias): add the residual after the convolution")  # fmt: skip
+    if activation is not None:
+        raise NotImplementedError(f"activation={activation!r}: its backward needs the pre-activation, which the "
+                                  "fused forward does not keep: apply the activation op after the convolution")  # fmt: skip
+
+
+def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha: float = 1.0,
+                     activation: str | None = None, activation_coef: float | None = None,
+                     stride: int | Sequence[int] = 1, padding: int | Sequence[int] | str = 0,
+                     dilation: int | Sequence[int] = 1, groups: int = 1, mode: str = "cross_correlation",
+                     conv: Convolution | None = None, out_dtype: str | None = None, scale: float = 1.0) -> Any:  # fmt: skip
+    """``y = conv(x, w) + bias``: ``x`` ``(N, C, *in)``, ``w`` ``(K, C // groups, *k)``, ``bias`` ``(K,)`` or None,
+    one float dtype -> ``y`` ``(N, K, *out)`` in x's layout, by one :func:`convolution_forward` (the graph's
+    ``conv_fprop`` (+ ``ADD``) or ``cudnnConvolutionForward`` + ``cudnnAddTensor``). Residuals ``x``, ``w``, and
+    ``bias`` when given (the backward makes db only then)."""
+    _l3_refuse(canonical(x.dtype, "x"), z, activation)
+    y = convolution_forward(x, w, bias, z_alpha=z_alpha, activation_coef=activation_coef, stride=stride,
+                            padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
+                            out_dtype=out_dtype, scale=scale)  # fmt: skip
+    return (y,), ({"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias})
+
+
+def _conv_l3_backward(res: Any, douts: Any, needs: Any, *, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+                      groups: int = 1, mode: str = "cross_correlation", conv: Any = None, **_: Any) -> tuple:  # fmt: skip
+    """From dy ``(N, K, *out)``: dx (:func:`convolution_backward_data` with ``x_shape``: ``conv_dgrad`` or
+    ``cudnnConvolutionBackwardData``), dw (:func:`convolution_backward_filter` with ``w_shape``: ``conv_wgrad`` or
+    ``cudnnConvolutionBackwardFilter``), db ``(K,)`` (:func:`convolution_backward_bias`: ``cudnnReduceTensor``),
+    each only where needed (db only with a bias); all None for a zero cotangent."""
+    (dy,) = douts
+    if dy is None:
+        return (None, None, None)
+    x, w = res["x"], res["w"]
+    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv)
+    dx = convolution_backward_data(dy, w, x_shape=tuple(x.shape), **p) if needs[0] else None
+    dw = convolution_backward_filter(x, dy, w_shape=tuple(w.shape), **p) if needs[1] else None
+    db = convolution_backward_bias(dy) if needs[2] and "bias" in res else None
+    return dx, dw, db
+
+
+def _conv_l3_meta(x: Spec, w: Spec, bias: Spec | None = None, *, z: Any = None, activation: Any = None,
+                  **kw: Any) -> Any:  # fmt: skip
+    """y as :func:`convolution_forward` allocates it: the shape ``_fwd_resolve`` gives (``conv_output_shape``),
+    channels-last when x is, x's dtype."""
+    _l3_refuse(x.dtype, z, activation)
+    views = {"x": _spec_view(x), "w": _spec_view(w), "bias": None if bias is None else _spec_view(bias)}
+    r = _fwd_resolve(views, kw)
+    y = _new(r.y_shape, r.y_strides, r.out_dtype or r.dtype)
+    return (y,), ({"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias})
+
+
+CONVOLUTION = differentiable(
+    Differentiable("convolution", "convolution_forward", ("x", "w", "bias"), ("out",), _conv_l3_forward,
+                   _conv_l3_backward, _conv_l3_meta,
+                   doc="y = conv(x, w) + bias (bias optional); the backward reads x and w: "
+                       "convolution_backward_data, _filter, _bias (each only where needed)")
+)  # fmt: skip
+
+
+def _convt_l3_forward(dy: Any, w: Any, *, x_shape: Sequence[int] | None = None, output_padding: Any = 0,
+                      stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                      mode: str = "cross_correlation", conv: Convolution | None = None) -> Any:  # fmt: skip
+    """The transposed convolution of ``dy`` ``(N, K, *in)`` by ``w`` ``(K, C // groups, *k)`` (torch's
+    ``conv_transpose`` weight), one float dtype: ``y`` ``(N, C, *out)`` in dy's layout, ``out`` as
+    :func:`convolution_backward_data` gives it (``x_shape``, or ``output_padding``): ``conv_dgrad`` or
+    ``cudnnConvolutionBackwardData``. No bias (add it after). Residuals ``dy`` and ``w``."""
+    y = convolution_backward_data(dy, w, x_shape=x_shape, output_padding=output_padding, stride=stride,
+                                  padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv)  # fmt: skip
+    return (y,), {"dy": dy, "w": w}
+
+
+def _convt_l3_backward(res: Any, douts: Any, needs: Any, *, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+                       groups: int = 1, mode: str = "cross_correlation", conv: Any = None, **_: Any) -> tuple:  # fmt: skip
+    """The adjoint of backward data, from g (y's cotangent, ``(N, C, *out)``, as a convolution's input): d(dy) =
+    :func:`convolution_forward` ``(g, w)`` (``conv_fprop`` or ``cudnnConvolutionForward``), dw =
+    :func:`convolution_backward_filter` ``(g, dy)`` (``conv_wgrad`` or ``cudnnConvolutionBackwardFilter``), each
+    only where needed."""
+    (g,) = douts
+    if g is None:
+        return (None, None)
+    dy, w = res["dy"], res["w"]
+    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv)
+    ddy = convolution_forward(g, w, **p) if needs[0] else None
+    dw = convolution_backward_filter(g, dy, w_shape=tuple(w.shape), **p) if needs[1] else None
+    return ddy, dw
+
+
+def _convt_l3_meta(dy: Spec, w: Spec, **kw: Any) -> Any:
+    """y as :func:`convolution_backward_data` allocates it (``_bwd_data_resolve``: channels-last when dy is)."""
+    r = _bwd_data_resolve({"dy": _spec_view(dy), "w": _spec_view(w)}, kw)
+    return (_new(r.y_shape, r.y_strides, r.dtype),), {"dy": dy, "w": w}
+
+
+CONVOLUTION_TRANSPOSE = differentiable(
+    Differentiable("convolution_transpose", "convolution_backward_data", ("dy", "w"), ("out",), _convt_l3_forward,
+                   _convt_l3_backward, _convt_l3_meta,
+                   doc="the transposed convolution (convolution_backward_data of dy by w, x_shape= or "
+                       "output_padding=); the backward: convolution_forward and convolution_backward_filter")
+)  # fmt: skip

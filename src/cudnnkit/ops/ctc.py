@@ -96,8 +96,10 @@ from ..runtime import (
     tensor_descriptor,
 )
 from ..runtime.arrays import ArrayView, contiguous_strides
+from ._diff import Differentiable, Spec, differentiable
 from ._layout import check_fits
 from ._primitive import Call, Operand, Output, Primitive, register, run, split_out
+from .arith import op_tensor
 
 __all__ = ["ctc_loss", "MAX_LABEL_LENGTH"]
 
@@ -238,14 +240,15 @@ class _Ctc(NamedTuple):
     grads_given: bool
 
 
-def _ctc_resolve(views: Any, kw: Any) -> _Ctc:
-    vx = views["x"]
-    if vx.dtype != "float32":
-        raise TypeError(f"x has dtype {vx.dtype}; cuDNN's CTC loss supports float32 only")
-    if vx.ndim != 3:
-        raise ValueError(f"x must have 3 dims (T, N, A), got shape {vx.shape}")
-    T, N, A = vx.shape
-    check_fits("x", vx.shape, contiguous_strides(vx.shape))  # cuDNN is given x C-contiguous (copied if not)
+def _check_x_and_options(shape: tuple[int, ...], dtype: str, kw: Any) -> tuple[int, int, int, str, str, str]:
+    """``(T, N, A, normalization, algo, oob_grads)`` from ``x``'s shape and dtype and the keywords, checked: what
+    needs no label or length (shared by the primitive and the L3 declaration's meta)."""
+    if dtype != "float32":
+        raise TypeError(f"x has dtype {dtype}; cuDNN's CTC loss supports float32 only")
+    if len(shape) != 3:
+        raise ValueError(f"x must have 3 dims (T, N, A), got shape {shape}")
+    T, N, A = shape
+    check_fits("x", shape, contiguous_strides(shape))  # cuDNN is given x C-contiguous (copied if not)
     blank = kw["blank"]
     if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)):
         raise TypeError(f"blank must be an int, got {blank!r}")
@@ -260,7 +263,13 @@ def _ctc_resolve(views: Any, kw: Any) -> _Ctc:
     if algo == "non_deterministic" and current_settings().deterministic:
         raise ValueError("algo='non_deterministic' is not allowed under cudnnkit.settings(deterministic=True)")
     if N and (T == 0 or A == 0):
-        raise ValueError(f"x has shape {vx.shape}; CTC needs at least one time step and one class")
+        raise ValueError(f"x has shape {shape}; CTC needs at least one time step and one class")
+    return T, N, A, norm, algo, oob
+
+
+def _ctc_resolve(views: Any, kw: Any) -> _Ctc:
+    vx = views["x"]
+    T, N, A, norm, algo, oob = _check_x_and_options(vx.shape, vx.dtype, kw)
     idx = []
     for n in ("labels", "label_lengths", "input_lengths"):
         v = views[n]  # a view of a device array, or the caller's host data
@@ -413,3 +422,70 @@ def ctc_loss(
         grads_out=grads_out,
         stream=stream,
     )
+
+
+# ----------------------------------------------------------------- the L3 declaration
+
+_ARRAYS = ("labels", "label_lengths", "input_lengths")
+
+
+def _l3_check(normalization: str, arrays: dict[str, Any]) -> None:
+    """What the differentiable op refuses beyond :func:`ctc_loss`: a missing label array, and
+    ``normalization="none"``, whose grads cuDNN does not make the derivative of the costs."""
+    for n, a in arrays.items():
+        if a is None:
+            raise TypeError(f"ctc_loss needs {n}= (1-d integers: a host array, a CPU tensor or a device array)")
+    if normalization == "none":
+        raise ValueError(
+            "normalization='none': cuDNN's grads in this mode are not the gradient of the costs (where a class has "
+            "no occupancy it returns x itself; see the module docstring), so the differentiable ctc_loss does not "
+            "offer it: pass log(probabilities) (or logits) with normalization='softmax', which gives the same costs"
+        )
+
+
+def _l3_forward(x: Any, *, labels: Any = None, label_lengths: Any = None, input_lengths: Any = None, blank: int = 0,
+                normalization: str = "softmax", algo: str = "deterministic", oob_grads: str = "zero") -> Any:  # fmt: skip
+    _l3_check(normalization, dict(labels=labels, label_lengths=label_lengths, input_lengths=input_lengths))
+    costs, grads = ctc_loss(x, labels, label_lengths, input_lengths, blank=blank, normalization=normalization,
+                            algo=algo, oob_grads=oob_grads)  # fmt: skip
+    return (costs,), {"grads": grads}
+
+
+def _l3_backward(res: Any, douts: Any, needs: Any, **kw: Any) -> tuple:
+    (dcosts,) = douts
+    if dcosts is None or not needs[0]:
+        return (None,)
+    # dx[t, n, :] = grads[t, n, :] * dcosts[n]: cudnnOpTensor's MUL broadcasts dcosts seen as (1, N, 1) (the
+    # array's own reshape, a view: CuPy and torch alike)
+    return (op_tensor(res["grads"], dcosts.reshape((1, -1, 1)), op="mul"),)
+
+
+def _l3_meta(x: Spec, *, labels: Any = None, label_lengths: Any = None, input_lengths: Any = None, blank: int = 0,
+             normalization: str = "softmax", algo: str = "deterministic", oob_grads: str = "zero") -> Any:  # fmt: skip
+    arrays = dict(labels=labels, label_lengths=label_lengths, input_lengths=input_lengths)
+    _l3_check(normalization, arrays)  # first, as in the forward
+    T, N, A, _, _, _ = _check_x_and_options(tuple(x.shape), x.dtype, dict(blank=blank, normalization=normalization,
+                                                                        algo=algo, oob_grads=oob_grads))  # fmt: skip
+    for n, a in arrays.items():
+        if isinstance(a, Spec):  # what the values need (ranges, sums) is checked by the forward, on the host
+            if len(a.shape) != 1 or not a.dtype.startswith(("int", "uint")):
+                raise ValueError(f"{n} must be a 1-d integer array, got {a.dtype} of shape {a.shape}")
+            if n != "labels" and a.shape[0] != N:
+                raise ValueError(f"{n} has {a.shape[0]} values but x has a batch of N={N}")
+    costs, grads = Spec((N,), (1,), "float32"), Spec((T, N, A), contiguous_strides((T, N, A)), "float32")
+    return (costs,), {"grads": grads}
+
+
+CTC_LOSS_L3 = differentiable(
+    Differentiable("ctc_loss", "ctc_loss", ("x",), ("costs",), _l3_forward, _l3_backward, _l3_meta, arrays=_ARRAYS,
+                   doc="""per-sample CTC costs (N,) float32 of x (T, N, A) float32 (time, batch, alphabet with the
+blank at 0; any strides, copied to C order): x holds logits (or log-probabilities: cuDNN applies the softmax over A
+itself, normalization="softmax", the only mode offered here), so the reference is torch.nn.functional.ctc_loss(
+x.log_softmax(-1), labels, input_lengths, label_lengths, blank=0, reduction="none"). Arrays labels (1-d, packed,
+sum(label_lengths) values in [1, A)), label_lengths, input_lengths (N values each): host data (NumPy, lists, CPU
+tensors of any integer dtype: uploaded as one int32 buffer) or device integer arrays (int32 contiguous ones used as
+they are; all are read to the host to be checked, a synchronisation); no gradient. One cudnnCTCLoss_v8 (ctc_loss)
+makes the costs and the gradient, kept as the residual grads (T, N, A) float32; the backward is
+dx = grads * dcosts[None, :, None], one cudnnOpTensor MUL (op_tensor). A sample with no alignment costs +inf and has
+zero gradient (oob_grads="zero").""")
+)  # fmt: skip

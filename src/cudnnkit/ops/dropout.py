@@ -27,9 +27,10 @@ import threading
 from typing import Any
 
 from .. import lib
-from ..runtime import owned_descriptor, prepare
+from ..runtime import check_dtype, owned_descriptor, prepare, tensor_descriptor
 from ..runtime.arrays import ArrayView
 from ..runtime.cache import LRU, MISSING, lru
+from ._diff import Differentiable, Spec, differentiable, new_like
 from ._layout import canonical_strides, describable
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -324,3 +325,40 @@ def dropout_backward(
     """
     p = _check_p(p)
     return run(DROPOUT_BACKWARD, {"dy": dy, "reserve": reserve}, p=p, state=state, out=out, stream=stream)
+
+
+# ----------------------------------------------------------------- the L3 declaration
+
+
+def _l3_forward(x: Any, *, p: float, state: DropoutState | None = None) -> Any:
+    y, reserve = dropout_forward(x, p, state=state)
+    return (y,), {"reserve": reserve}
+
+
+def _l3_backward(res: Any, douts: Any, needs: Any, *, p: float, state: DropoutState | None = None) -> tuple:
+    (dy,) = douts
+    if dy is None or not needs[0]:
+        return (None,)
+    return (dropout_backward(dy, res["reserve"], p, state=state),)
+
+
+def _l3_meta(x: Spec, *, p: float, state: DropoutState | None = None) -> Any:
+    _check_p(p)
+    check_dtype(x, "x", _DTYPES, "dropout")
+    y = new_like(x)  # dense x: its layout; else C order (what dropout_forward allocates: a gapped x is copied)
+    nres = 0
+    if 0 not in x.shape:  # cudnnDropoutGetReserveSpaceSize on the descriptor the forward builds (host-side)
+        nres = _reserve_size(tensor_descriptor(x.dtype, *_describe(y.shape, y.strides)))
+    return (y,), {"reserve": Spec((nres,), (1,), "uint8")}
+
+
+DROPOUT = differentiable(
+    Differentiable("dropout", "dropout_forward", ("x",), ("out",), _l3_forward, _l3_backward, _l3_meta,
+                   doc="""y = x * mask / (1 - p) (p in [0, 1), checked as dropout_forward does: p=0 drops nothing, p=1
+is refused). x: 1 to 8 dims, float16/float32/float64. Keywords p and state (a DropoutState, default: the
+thread's default_state of x's device; the torch layer passes it by key). Residual reserve: the uint8 mask,
+cudnnDropoutGetReserveSpaceSize bytes for x's descriptor (host-side: meta computes it the same way).
+cudnnDropoutForward, then cudnnDropoutBackward(dy, reserve) with the same p and state (dropout_backward); the
+backward reads only the mask, so a default state of another thread (torch's autograd thread) gives the same
+gradient.""")
+)  # fmt: skip

@@ -71,10 +71,11 @@ import warnings
 from typing import Any
 
 from .. import lib
-from ..runtime import DescriptorKind, get_cached
-from ..runtime.arrays import ArrayView, contiguous_strides
+from ..runtime import DescriptorKind, check_dtype, get_cached
+from ..runtime.arrays import ArrayView, contiguous_strides, is_dense
 from ..runtime.cache import lru
 from ..runtime.dtypes import check_scalar, scaling_ref
+from ._diff import Differentiable, Spec, differentiable
 from ._layout import canonical_strides, channels_last_strides, describable, merge
 from ._primitive import Call, Operand, Output, Primitive, register, run, split_out
 
@@ -513,3 +514,110 @@ def divisive_normalization_backward(
         dx_beta=dx_beta,
         **kw,
     )
+
+
+# ----------------------------------------------------------------- the L3 declarations
+
+
+def _new_output(describe: Any, *specs: Spec | None) -> Spec:
+    """The spec of the output a one-layout call (:func:`~cudnnkit.ops._layout.plan_layout`) allocates when no
+    ``out=`` is given, from its inputs' specs (None: an absent optional input): the first input's layout when
+    every input describes alike and it is dense, else the dense layout (an input's, in order, then C order) that
+    needs the fewest input copies. An input cuDNN cannot address (expanded, overlapping) counts as the C-order
+    copy :func:`~cudnnkit.runtime.prepare` makes of it."""
+    first = specs[0]
+    c_order = contiguous_strides(first.shape)
+    if 0 in first.shape:
+        return Spec(first.shape, c_order, first.dtype)
+    present = [(s.shape, s.strides if describable(s.shape, s.strides) else c_order) for s in specs if s is not None]
+    ds = [describe(*s) for s in present]
+    if ds[0] is not None and all(d == ds[0] for d in ds) and is_dense(*present[0]):
+        return Spec(first.shape, present[0][1], first.dtype)
+    cands = [(st, d) for (sh, st), d in zip(present, ds) if d is not None and is_dense(sh, st)]
+    cands.append((c_order, describe(first.shape, c_order)))
+    best = min(cands, key=lambda c: sum(d != c[1] for d in ds))  # the first of the cheapest, as plan_layout
+    return Spec(first.shape, best[0], first.dtype)
+
+
+def _l3_lrn_forward(x: Any, *, size: int = 5, lrn_alpha: float = 1e-4, lrn_beta: float = 0.75, k: float = 2.0) -> Any:
+    y = lrn_forward(x, size=size, lrn_alpha=lrn_alpha, lrn_beta=lrn_beta, k=k)
+    return (y,), {"x": x, "out": y}
+
+
+def _l3_lrn_backward(res: Any, douts: Any, needs: Any, **kw: Any) -> tuple:
+    (dy,) = douts
+    if dy is None or not needs[0]:
+        return (None,)
+    return (lrn_backward(dy, res["out"], res["x"], **kw),)
+
+
+def _l3_lrn_meta(x: Spec, *, size: int = 5, lrn_alpha: float = 1e-4, lrn_beta: float = 0.75, k: float = 2.0) -> Any:
+    check_dtype(x, "x", _DTYPES, "normalization")
+    if not 3 <= len(x.shape) <= 8:
+        raise ValueError(f"x must have 3 to 8 dims (N, C, spatial...), got shape {x.shape}")
+    _lrn_desc(size, lrn_alpha, lrn_beta, k, x.dtype)
+    y = _new_output(_lrn_describe, x)
+    return (y,), {"x": x, "out": y}
+
+
+LRN = differentiable(
+    Differentiable("lrn", "lrn_forward", ("x",), ("out",), _l3_lrn_forward, _l3_lrn_backward, _l3_lrn_meta,
+                   doc="""cross-channel LRN of x (N, C, spatial...), 3 to 8 dims, float16/float32/float64, with the
+module docstring's formula: y = x / (k + lrn_alpha / size * sum over a window of size channels of x^2) ** lrn_beta,
+cuDNN's lrnN/lrnAlpha/lrnBeta/lrnK. That is torch.nn.functional.local_response_norm(x, size, alpha=lrn_alpha,
+beta=lrn_beta, k=k) for an odd size (for an even one cuDNN's window is torch's mirrored: one channel more ahead than
+behind). cudnnLRNCrossChannelForward (lrn_forward); the backward reads x and y (residuals x, out):
+cudnnLRNCrossChannelBackward (lrn_backward).""")
+)  # fmt: skip
+
+
+def _check_odd(size: Any) -> None:
+    if isinstance(size, int) and not isinstance(size, bool) and size % 2 == 0:
+        raise ValueError(
+            f"size={size}: the differentiable divisive normalization takes odd sizes only: for an even size cuDNN "
+            "9.19's backward sums over the forward's window rather than its mirror image, so its dx is not the "
+            "gradient (measured on an H200; divisive_normalization_backward still runs it)"
+        )
+
+
+def _l3_divnorm_forward(x: Any, means: Any = None, *, size: int = 5, lrn_alpha: float = 1e-4,
+                        lrn_beta: float = 0.75, k: float = 2.0) -> Any:  # fmt: skip
+    _check_odd(size)
+    y = divisive_normalization_forward(x, means, size=size, lrn_alpha=lrn_alpha, lrn_beta=lrn_beta, k=k)
+    return (y,), {"x": x, "means": means}
+
+
+def _l3_divnorm_backward(res: Any, douts: Any, needs: Any, **kw: Any) -> tuple:
+    (dy,) = douts
+    if dy is None or not any(needs):
+        return (None, None)
+    dx, dmeans = divisive_normalization_backward(dy, res["x"], res["means"], **kw)
+    return (dx if needs[0] else None, dmeans if needs[1] else None)
+
+
+def _l3_divnorm_meta(x: Spec, means: Spec | None = None, *, size: int = 5, lrn_alpha: float = 1e-4,
+                     lrn_beta: float = 0.75, k: float = 2.0) -> Any:  # fmt: skip
+    _check_odd(size)
+    check_dtype(x, "x", _DTYPES, "normalization")
+    if means is not None:
+        if means.shape != x.shape:
+            raise ValueError(f"means has shape {means.shape} but x has shape {x.shape}")
+        if means.dtype != x.dtype:
+            raise TypeError(f"means has dtype {means.dtype} but x has dtype {x.dtype}")
+    if not 3 <= len(x.shape) <= 5:
+        raise ValueError(f"x must have 3 to 5 dims (N, C, spatial...){_DIVNORM_DIMS}, got shape {x.shape}")
+    _lrn_desc(size, lrn_alpha, lrn_beta, k, x.dtype)
+    y = _new_output(_divnorm_describe, x, means)
+    return (y,), {"x": x, "means": means}
+
+
+DIVISIVE_NORMALIZATION = differentiable(
+    Differentiable("divisive_normalization", "divisive_normalization_forward", ("x", "means"), ("out",),
+                   _l3_divnorm_forward, _l3_divnorm_backward, _l3_divnorm_meta,
+                   doc="""cuDNN's spatial divisive normalization of x (N, C, H, W) (3 to 5 dims, float16/float32/
+float64; the module docstring's formula) with optional precomputed means (x's shape and dtype, or None: NULL; how
+cuDNN uses them is not documented, its dx and dmeans are their derivatives). size must be odd here (for an even one
+cuDNN's backward is not the gradient). cudnnDivisiveNormalizationForward (PRECOMPUTED_MEANS;
+divisive_normalization_forward); residuals x, means; the backward is one cudnnDivisiveNormalizationBackward
+(divisive_normalization_backward) giving dx and, with means, dmeans.""")
+)  # fmt: skip

@@ -44,6 +44,11 @@ planned once with the settings' heuristics and cached; cuDNN having no engine fo
 The saved statistics and parameter gradients are not the primitives' outputs (those take the first operand's
 dtype): a given ``out=`` statistic is an optional operand written in place, a missing one is allocated by the
 call, and both come back after the main output (the primitive's ``extras``).
+
+L3 (:mod:`cudnnkit.autograd`, :mod:`cudnnkit.torch`): ``batch_norm``, ``layer_norm``, ``rms_norm`` and
+``instance_norm`` are declared at the end (:class:`~cudnnkit.ops._diff.Differentiable`), each with one output ``y``
+and the saved statistics as residuals; batch norm in inference is differentiated too (from L2 calls: cuDNN has no
+inference backward), and layer/RMS/instance norm in inference compute their statistics again in the backward.
 """
 
 from __future__ import annotations
@@ -62,10 +67,13 @@ from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import FLOATS, scaling_ref
 from ..runtime.shapes import INT32_MAX
 from ..runtime.view import ArrayView
+from ._diff import Differentiable, Spec, differentiable
 from ._graphform import Binder, graph_form
 from ._layout import channels_last_strides, copy_in
 from ._nd import layout_of
 from ._primitive import Call, Operand, Output, Primitive, register, run, split_out
+from .activation import activation_backward
+from .tensor import set_tensor, transform_tensor
 
 __all__ = [
     "batch_norm_forward",
@@ -1052,3 +1060,289 @@ def instance_norm_backward(
     dx, ds, db = _outs("instance_norm_backward", out, ("dx", "dscale", "dbias"))
     arrays = {"dy": dy, "x": x, "scale": scale, "mean": mean, "inv_std": inv_std, "dscale": ds, "dbias": db}
     return run(INSTANCE_NORM_BACKWARD, arrays, stream=stream, dx=dx)
+
+
+# ----------------------------------------------------------------- the L3 declarations
+
+
+def _meta_view(s: Spec | None) -> ArrayView | None:
+    """A view of spec ``s`` without data (device -1, pointer 0), for the resolvers: meta checks what the call
+    would, host-side."""
+    return None if s is None else ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, -1, 0, None)
+
+
+def _packed_spec(shape: tuple[int, ...], dtype: str) -> Spec:
+    return Spec(tuple(shape), contiguous_strides(tuple(shape)), dtype)
+
+
+def _meta_x(x: Spec | None, scale: Spec | None, fn: str) -> None:
+    if x is None or scale is None:
+        raise ValueError(f"{fn}: x and scale are required")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"{fn}: x has dtype {x.dtype}, not one of {', '.join(_DTYPES)}")
+
+
+def _needed(grads: tuple, needs: tuple) -> tuple:
+    return tuple(g if n else None for g, n in zip(grads, needs))
+
+
+def _fusable(dtype: str, lay: str, x_shape: tuple[int, ...], mode: str) -> bool:
+    """Where the L3 batch norm keeps the fused forward's reserve: 4-d channels-last float16 with C a multiple of
+    4, spatial (what cuDNN fuses, as measured on the H200: tests/gpu/test_normalization_gpu.py), and there only
+    when cuDNN's size query accepts the call. Elsewhere a reserve the forward made is dropped: the backward then
+    runs the unfused steps (from ``y``), the same gradients."""
+    return (dtype == "float16" and lay == "nhwc" and len(x_shape) == 4 and x_shape[1] % 4 == 0
+            and mode in ("spatial", "spatial_persistent"))  # fmt: skip
+
+
+def _current_handle() -> tuple[Any, int]:
+    """This thread's cuDNN handle on the current device of the first array library (meta has no arrays)."""
+    from ..runtime import adapters, get_handle
+
+    ad = adapters.first_available()
+    if ad is None:
+        raise RuntimeError("batch_norm meta: the fused reserve's size is a cuDNN query, which needs a cuDNN handle: "
+                           "CuPy or torch with a CUDA device")  # fmt: skip
+    dev = int(ad.current_device())
+    return get_handle(dev, ad.current_stream(dev), ad), dev
+
+
+def _bn_reserve(r: _BN, lay: str) -> Spec | None:
+    """The spec of the reserve a fused training forward (``activation="relu"``) of ``r`` keeps (see
+    :func:`_fusable`), or None: ``cudnnGetBatchNormalizationTrainingExReserveSpaceSize`` through :func:`_ex_sizes`
+    (the forward's own query and cache) with the current device's handle: host-side, but it needs a GPU."""
+    if not (r.training and r.act and _fusable(r.dtype, lay, r.x_shape, r.mode)):
+        return None
+    xd = tensor_descriptor(r.dtype, *_canon(r.x_shape, lay))
+    pd = bn_param_descriptor(r.dtype, _bn_rank(r.x_shape), r.mode)
+    h, dev = _current_handle()
+    sizes = _ex_sizes(h, dev, _ex_mode(r, lay), _bn_ops(r), xd, xd if r.z else None, xd, pd, _relu())
+    return None if sizes is None else Spec((max(sizes[1].value, 1),), (1,), "uint8")
+
+
+def _bn_res_names(training: bool, act: bool, reserve: bool, z: bool) -> tuple[str, ...]:
+    """The L3 batch norm's residuals, in order (``"z"``, the input itself, says that a residual was added)."""
+    stats = ("saved_mean", "saved_inv_std") if training else ("mean", "var")
+    names = ("x", "scale", *stats) + (("y",) if act else ()) + (("bias", "reserve") if reserve else ())
+    return names + (("z",) if z else ())
+
+
+def _bn_l3_resolve(specs: dict[str, Spec | None], kw: dict) -> tuple[_BN, Spec]:
+    """The forward's resolution from specs, and the spec of its ``y`` (``x``'s layout: ``_new_strides``)."""
+    _meta_x(specs["x"], specs["scale"], "batch_norm")
+    if specs["bias"] is None:
+        raise ValueError("batch_norm: bias is required (cuDNN's batch norm adds one; pass zeros for none)")
+    r = _bn_fwd_resolve({k: _meta_view(s) for k, s in specs.items()}, kw)
+    return r, Spec(r.x_shape, _new_strides(r.x_shape, r.lay) or contiguous_strides(r.x_shape), r.dtype)
+
+
+def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean: Any = None,
+                   running_var: Any = None, training: bool = True, momentum: float = 0.1, epsilon: float = 1e-5,
+                   mode: str = "spatial", activation: str | None = None) -> tuple[tuple, dict]:  # fmt: skip
+    training = _bool(training, "training")
+    got = batch_norm_forward(x, scale, bias, running_mean=running_mean, running_var=running_var, training=training,
+                             momentum=momentum, epsilon=epsilon, mode=mode, z=z, activation=activation)  # fmt: skip
+    act = activation is not None
+    if not training:  # copies: the running statistics are the caller's, and may change before the backward
+        vals = {"x": x, "scale": scale, "mean": transform_tensor(running_mean), "var": transform_tensor(running_var),
+                "y": got, "z": z}  # fmt: skip
+        return (got,), {k: vals[k] for k in _bn_res_names(False, act, False, z is not None)}
+    y, sm, si, *rest = got
+    reserve = rest[0] if rest else None
+    if act:
+        from ..runtime.arrays import as_view
+
+        vy = as_view(y, "y")
+        if not _fusable(vy.dtype, layout_of(vy) or "nchw", tuple(vy.shape), mode):
+            reserve = None  # not one meta predicts: the backward's unfused steps
+        elif reserve is None:
+            views = {"x": as_view(x, "x"), "scale": as_view(scale, "scale"), "bias": as_view(bias, "bias"),
+                     "z": None if z is None else as_view(z, "z")}  # fmt: skip
+            kw = dict(training=True, momentum=momentum, epsilon=epsilon, mode=mode, activation=activation)
+            if _bn_reserve(_bn_fwd_resolve(views, kw), layout_of(vy) or "nchw") is not None:
+                raise RuntimeError("batch_norm: cuDNN's size query accepted the fused ReLU forward but the call "
+                                   "refused it, so there is no reserve where meta said there is one; pass "
+                                   "activation=None and apply the ReLU separately")  # fmt: skip
+    vals = {"x": x, "scale": scale, "saved_mean": sm, "saved_inv_std": si, "y": y, "bias": bias, "reserve": reserve,
+            "z": z}  # fmt: skip
+    return (y,), {k: vals[k] for k in _bn_res_names(True, act, reserve is not None, z is not None)}
+
+
+def _bn_l3_meta(x: Spec, scale: Spec, bias: Spec, z: Spec | None = None, *, running_mean: Spec | None = None,
+                running_var: Spec | None = None, training: bool = True, momentum: float = 0.1,
+                epsilon: float = 1e-5, mode: str = "spatial",
+                activation: str | None = None) -> tuple[tuple, dict]:  # fmt: skip
+    specs = {"x": x, "scale": scale, "bias": bias, "z": z, "running_mean": running_mean, "running_var": running_var}
+    kw = dict(training=training, momentum=momentum, epsilon=epsilon, mode=mode, activation=activation)
+    r, y = _bn_l3_resolve(specs, kw)
+    stat = _packed_spec(r.p_shape, r.pdtype)
+    reserve = _bn_reserve(r, layout_of(_meta_view(y)) or "nchw")
+    vals = {"x": x, "scale": scale, "saved_mean": stat, "saved_inv_std": stat, "mean": stat, "var": stat, "y": y,
+            "bias": bias, "reserve": reserve, "z": z}  # fmt: skip
+    return (y,), {k: vals[k] for k in _bn_res_names(r.training, r.act, reserve is not None, r.z)}
+
+
+def _bn_l3_backward(res: dict, douts: tuple, needs: tuple, *, training: bool = True, epsilon: float = 1e-5,
+                    mode: str = "spatial", activation: str | None = None, **_: Any) -> tuple:  # fmt: skip
+    (dy,) = douts
+    if dy is None or not any(needs):
+        return (None,) * 4
+    z = "z" in res
+    if _bool(training, "training"):
+        got = batch_norm_backward(dy, res["x"], res["scale"], res["saved_mean"], res["saved_inv_std"],
+                                  epsilon=epsilon, mode=mode, activation=activation, y=res.get("y"),
+                                  bias=res.get("bias"), reserve=res.get("reserve"), z_grad=z)  # fmt: skip
+        return _needed((*got[:3], got[3] if z else None), needs)
+    return _needed(_bn_inference_backward(res, dy, needs, epsilon, mode, activation), needs)
+
+
+def _bn_inference_backward(res: dict, dy: Any, needs: tuple, epsilon: float, mode: str, activation: Any) -> tuple:
+    """The gradients of ``y = relu?(scale * (x - mean) * inv_std + bias (+ z))`` with fixed running statistics
+    (cuDNN has no inference backward), from L2 calls: ``g`` = ``dy`` (through ``cudnnActivationBackward`` from
+    ``y`` with the ReLU; ``dz = g``); ``dx = g * scale * inv_std`` as an inference batch norm of ``g`` with zero
+    mean and bias; ``inv_std`` as one of ones ``(1, *P)``; ``dscale = sum(g * (x - mean) * inv_std)`` and ``dbias
+    = sum(g)`` from ``cudnnBatchNormalizationBackward`` given the running statistics as the saved ones (its ``dx``,
+    the training one, is discarded)."""
+    g = dy if activation is None else activation_backward(dy, res["y"], res["y"], "relu")
+    var = res["var"]
+    zeros = set_tensor(transform_tensor(var), 0.0)
+    dx = ds = db = None
+    if needs[0]:
+        dx = batch_norm_forward(g, res["scale"], zeros, running_mean=zeros, running_var=var, training=False,
+                                epsilon=epsilon, mode=mode)  # fmt: skip
+    if needs[1] or needs[2]:
+        p = tuple(var.shape)
+        ones = set_tensor(transform_tensor(var), 1.0)
+        aux = "per_activation" if mode == "per_activation" else "spatial"
+        inv = batch_norm_forward(ones.reshape((1, *p)), ones, zeros, running_mean=zeros, running_var=var,
+                                 training=False, epsilon=epsilon, mode=aux).reshape(p)  # fmt: skip
+        _, ds, db = batch_norm_backward(g, res["x"], res["scale"], res["mean"], inv, epsilon=epsilon, mode=mode)
+    return dx, ds, db, g if "z" in res else None
+
+
+BATCH_NORM = differentiable(
+    Differentiable(
+        "batch_norm", "batch_norm_forward", ("x", "scale", "bias", "z"), ("y",), _bn_l3_forward, _bn_l3_backward,
+        _bn_l3_meta, arrays=("running_mean", "running_var"), mutated=("running_mean", "running_var"),
+        doc="""y = relu?(batch_norm(x) (+ z)) (batch_norm_forward's keywords; z, the fused residual, with
+        activation='relu'). Training: the running statistics updated in place; residuals x, scale, saved_mean,
+        saved_inv_std (scale's shape, the parameters' dtype), y (with the ReLU), bias and reserve (uint8, where the
+        fused forward keeps one: _fusable), z (the input, when given); one batch_norm_backward (dscale, dbias; dz).
+        Inference (training=False): residuals x, scale, and copies of the running statistics (mean, var); the
+        backward from L2 calls (_bn_inference_backward), as torch's eval-mode batch norm is differentiated.""",
+    )
+)  # fmt: skip
+
+
+def _gn_l3_meta(mode: str, fn: str, x: Spec, scale: Spec, bias: Spec | None, kw: dict) -> tuple[tuple, dict]:
+    _meta_x(x, scale, fn)
+    r = _gn_common(mode, f"{fn}_forward", {"x": _meta_view(x), "scale": _meta_view(scale), "bias": _meta_view(bias)},
+                   kw, "x", False)  # fmt: skip
+    y = Spec(r.x_shape, _gn_out_strides(r) or contiguous_strides(r.x_shape), r.dtype)
+    res = {"x": x, "scale": scale}
+    if r.training:
+        stats = ("inv_std",) if mode == "rms" else ("mean", "inv_std")
+        res.update((n, _packed_spec(r.s_shape, "float32")) for n in stats)
+    return (y,), res
+
+
+def _gn_l3_result(got: Any, x: Any, scale: Any, training: Any, stats: tuple[str, ...]) -> tuple[tuple, dict]:
+    if not _bool(training, "training"):  # no statistics: the backward computes them again
+        return (got,), {"x": x, "scale": scale}
+    return (got[0],), {"x": x, "scale": scale, **dict(zip(stats, got[1:]))}
+
+
+def _ln_l3_forward(x: Any, scale: Any, bias: Any = None, *, normalized_shape_ndim: int | None = None,
+                   epsilon: float = 1e-5, training: bool = True) -> tuple[tuple, dict]:  # fmt: skip
+    got = layer_norm_forward(x, scale, bias, normalized_shape_ndim=normalized_shape_ndim, epsilon=epsilon,
+                             training=training)  # fmt: skip
+    return _gn_l3_result(got, x, scale, training, ("mean", "inv_std"))
+
+
+def _ln_l3_meta(x: Spec, scale: Spec, bias: Spec | None = None, *, normalized_shape_ndim: int | None = None,
+                epsilon: float = 1e-5, training: bool = True) -> tuple[tuple, dict]:  # fmt: skip
+    kw = dict(normalized_shape_ndim=normalized_shape_ndim, epsilon=epsilon, training=training)
+    return _gn_l3_meta("layer", "layer_norm", x, scale, bias, kw)
+
+
+def _ln_l3_backward(res: dict, douts: tuple, needs: tuple, *, normalized_shape_ndim: int | None = None,
+                    epsilon: float = 1e-5, **_: Any) -> tuple:  # fmt: skip
+    (dy,) = douts
+    if dy is None or not any(needs):
+        return (None,) * 3
+    k, x, s = normalized_shape_ndim, res["x"], res["scale"]
+    if "mean" in res:
+        mean, inv = res["mean"], res["inv_std"]
+    else:
+        _, mean, inv = layer_norm_forward(x, s, None, normalized_shape_ndim=k, epsilon=epsilon, training=True)
+    return _needed(layer_norm_backward(dy, x, s, mean, inv, normalized_shape_ndim=k), needs)
+
+
+def _rms_l3_forward(x: Any, scale: Any, *, normalized_shape_ndim: int | None = None, epsilon: float = 1e-5,
+                    training: bool = True) -> tuple[tuple, dict]:  # fmt: skip
+    got = rms_norm_forward(x, scale, normalized_shape_ndim=normalized_shape_ndim, epsilon=epsilon, training=training)
+    return _gn_l3_result(got, x, scale, training, ("inv_std",))
+
+
+def _rms_l3_meta(x: Spec, scale: Spec, *, normalized_shape_ndim: int | None = None, epsilon: float = 1e-5,
+                 training: bool = True) -> tuple[tuple, dict]:  # fmt: skip
+    kw = dict(normalized_shape_ndim=normalized_shape_ndim, epsilon=epsilon, training=training)
+    return _gn_l3_meta("rms", "rms_norm", x, scale, None, kw)
+
+
+def _rms_l3_backward(res: dict, douts: tuple, needs: tuple, *, normalized_shape_ndim: int | None = None,
+                     epsilon: float = 1e-5, **_: Any) -> tuple:  # fmt: skip
+    (dy,) = douts
+    if dy is None or not any(needs):
+        return (None,) * 2
+    k, x, s = normalized_shape_ndim, res["x"], res["scale"]
+    inv = res["inv_std"] if "inv_std" in res else rms_norm_forward(x, s, normalized_shape_ndim=k, epsilon=epsilon)[1]
+    return _needed(rms_norm_backward(dy, x, s, inv, normalized_shape_ndim=k), needs)
+
+
+def _in_l3_forward(x: Any, scale: Any, bias: Any = None, *, epsilon: float = 1e-5,
+                   training: bool = True) -> tuple[tuple, dict]:  # fmt: skip
+    got = instance_norm_forward(x, scale, bias, epsilon=epsilon, training=training)
+    return _gn_l3_result(got, x, scale, training, ("mean", "inv_std"))
+
+
+def _in_l3_meta(x: Spec, scale: Spec, bias: Spec | None = None, *, epsilon: float = 1e-5,
+                training: bool = True) -> tuple[tuple, dict]:  # fmt: skip
+    return _gn_l3_meta("instance", "instance_norm", x, scale, bias, dict(epsilon=epsilon, training=training))
+
+
+def _in_l3_backward(res: dict, douts: tuple, needs: tuple, *, epsilon: float = 1e-5, **_: Any) -> tuple:
+    (dy,) = douts
+    if dy is None or not any(needs):
+        return (None,) * 3
+    x, s = res["x"], res["scale"]
+    if "mean" in res:
+        mean, inv = res["mean"], res["inv_std"]
+    else:
+        _, mean, inv = instance_norm_forward(x, s, None, epsilon=epsilon, training=True)
+    return _needed(instance_norm_backward(dy, x, s, mean, inv), needs)
+
+
+_GN_DOC = """y = {what} ({fn}_forward's keywords). Training: residuals x, scale and the saved statistics ({stats},
+float32 {shape}); one {fn}_backward (dx, {grads}). Inference (training=False) saves none: the backward computes
+them with one {fn}_forward (training) first. No float64 (cuDNN's graph API has none: ValueError)."""
+
+LAYER_NORM = differentiable(
+    Differentiable("layer_norm", "layer_norm_forward", ("x", "scale", "bias"), ("y",), _ln_l3_forward,
+                   _ln_l3_backward, _ln_l3_meta,
+                   doc=_GN_DOC.format(what="layer_norm(x) * scale + bias over the trailing dims", fn="layer_norm",
+                                      stats="mean, inv_std", shape="x.shape[:-k] + (1,) * k",
+                                      grads="dscale, dbias")),
+)  # fmt: skip
+RMS_NORM = differentiable(
+    Differentiable("rms_norm", "rms_norm_forward", ("x", "scale"), ("y",), _rms_l3_forward, _rms_l3_backward,
+                   _rms_l3_meta,
+                   doc=_GN_DOC.format(what="x * inv_std * scale over the trailing dims", fn="rms_norm",
+                                      stats="inv_std", shape="x.shape[:-k] + (1,) * k", grads="dscale")),
+)  # fmt: skip
+INSTANCE_NORM = differentiable(
+    Differentiable("instance_norm", "instance_norm_forward", ("x", "scale", "bias"), ("y",), _in_l3_forward,
+                   _in_l3_backward, _in_l3_meta,
+                   doc=_GN_DOC.format(what="instance_norm(x) * scale[c] + bias[c] per (n, c)", fn="instance_norm",
+                                      stats="mean, inv_std", shape="(N, C)", grads="dscale, dbias")),
+)  # fmt: skip

@@ -36,9 +36,12 @@ from typing import Any, NamedTuple
 
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, get_cached
+from ..runtime.arrays import contiguous_strides
 from ..runtime.descriptors import int_array
 from ..runtime.dtypes import FLOATS, nan_propagation
 from ..runtime.shapes import INT32_MAX, expand, pool_output_shape, pool_padding
+from ..runtime.view import ArrayView
+from ._diff import Differentiable, Spec, differentiable
 from ._graphform import Binder, channels_last_input, channels_last_output, graph_form
 from ._layout import canonical_strides, channels_last_strides, copy_in
 from ._nd import (
@@ -427,3 +430,65 @@ def pooling_backward(
               propagate_nan=propagate_nan, pool=pool)  # fmt: skip
     return run(POOLING_BACKWARD, {"dy": dy, "y": y, "x": x, "index": index}, out=out, alpha=alpha, beta=beta,
                stream=stream, **kw)  # fmt: skip
+
+
+# ----------------------------------------------------------------- the L3 declaration
+
+
+def _keeps_index(r: _Pool) -> bool:
+    """Whether the differentiable forward keeps max pooling's argmax: where the backward can only run on the graph
+    (padding after that differs from the padding before: asymmetric, or ceil_mode's), which reads it. Elsewhere
+    the legacy backward finds the maximum again from x and y, and the forward keeps its faster legacy call (float64
+    has no graph at all). An empty y has no index (the forward returns none); its backward computes nothing."""
+    return r.mode.startswith("max") and r.pad != r.post and 0 not in r.y_shape
+
+
+def _pool_l3_forward(x: Any, *, mode: str = "max", window: int | Sequence[int] = 2,
+                     stride: int | Sequence[int] | None = None, padding: int | Sequence[int] | str = 0,
+                     ceil_mode: bool = False, propagate_nan: bool = False, pool: Pooling | None = None) -> Any:  # fmt: skip
+    """``y = pool(x)``: ``x`` ``(N, C, *in)`` (1 to 3 spatial dims, a float dtype) -> ``y`` ``(N, C, *out)`` in x's
+    layout and dtype, by one :func:`pooling_forward` (``cudnnPoolingForward``, or the graph's resample where the
+    padding after differs). Residuals ``x``, ``out`` and, where :func:`_keeps_index` says, ``index``
+    (``return_index=True``: the graph's argmax)."""
+    kw = dict(mode=mode, window=window, stride=stride, padding=padding, ceil_mode=ceil_mode,
+              propagate_nan=propagate_nan, pool=pool)  # fmt: skip
+    shape = tuple(x.shape)
+    if _keeps_index(_resolve_for(ArrayView(shape, contiguous_strides(shape), "float32", 0, 0, None), "x", kw)):
+        y, index = pooling_forward(x, return_index=True, **kw)
+        return (y,), {"x": x, "out": y, "index": index}
+    y = pooling_forward(x, **kw)
+    return (y,), {"x": x, "out": y}
+
+
+def _pool_l3_backward(res: Any, douts: Any, needs: Any, **kw: Any) -> tuple:
+    """dx (x's shape) by one :func:`pooling_backward` (``cudnnPoolingBackward``, or the graph's resample backward
+    where the padding after differs) from dy, y, x (and the index where kept); an empty x's dx is
+    :func:`~cudnnkit.ops.transform_tensor` of it (nothing launched), as an empty max pooling with padding after
+    has no index to pass."""
+    (dy,) = douts
+    if dy is None or not needs[0]:
+        return (None,)
+    x = res["x"]
+    if 0 in tuple(x.shape):
+        from .tensor import transform_tensor
+
+        return (transform_tensor(x),)
+    return (pooling_backward(dy, res["out"], x, index=res.get("index"), **kw),)
+
+
+def _pool_l3_meta(x: Spec, **kw: Any) -> Any:
+    """y as :func:`pooling_forward` allocates it (``pool_output_shape``, x's layout and dtype); the index (int8, or
+    int32 past 127 window cells) in y's shape, channels-last as the graph writes it."""
+    r = _fwd_resolve({"x": ArrayView(tuple(x.shape), tuple(x.strides), x.dtype, 0, 0, None)}, kw)
+    y = Spec(r.y_shape, r.y_strides or contiguous_strides(r.y_shape), x.dtype)
+    if _keeps_index(r):
+        return (y,), {"x": x, "out": y, "index": Spec(r.y_shape, channels_last_strides(r.y_shape), r.index_dtype)}
+    return (y,), {"x": x, "out": y}
+
+
+DIFF_POOLING = differentiable(
+    Differentiable("pooling", "pooling_forward", ("x",), ("out",), _pool_l3_forward, _pool_l3_backward,
+                   _pool_l3_meta,
+                   doc="y = pool(x); the backward (pooling_backward) reads x and y, and max pooling's argmax index "
+                       "where padding after differs from before (asymmetric or ceil_mode: the graph path)")
+)  # fmt: skip

@@ -64,7 +64,7 @@ import numbers
 import threading
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -79,11 +79,12 @@ from ..runtime import (
     driver,
     prepare,
 )
-from ..runtime.arrays import ArrayView
+from ..runtime.arrays import ArrayView, contiguous_strides, is_contiguous
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import canonical, check_scalar, itemsize
 from ..runtime.launch import OPTIONAL, WRITTEN, Launch
 from . import _express
+from ._diff import Differentiable, Spec, differentiable
 from ._primitive import Operand, Output, Primitive, register
 from ._rnn_desc import (
     _ALGO_CHOICES,
@@ -1052,3 +1053,138 @@ def to_torch_params(rnn: RNN, w: Any, *, stream: Any = None) -> dict[str, Any]:
     for name, view, row in pieces:
         launch.adapter.copy(out[name][row : row + view.shape[0]], view, launch.stream)
     return out
+
+
+# ----------------------------------------------------------------- the L3 declaration
+#
+# "rnn": inputs (x, w, hx, cx), outputs (out, hy, cy), no arrays. The outputs are static: cy is the LSTM's cell
+# state, and for the other cells (which have none) a new empty (0,) array of rnn.dtype. The forward always runs
+# cuDNN's training mode, whose reserve space the backward needs; ``training`` keeps rnn_forward's meaning (the
+# config's dropout between layers applies in training only: training=False runs the config with dropout=0, the
+# same weights and descriptor otherwise). Residuals, in order: x, w, hx (if given), cx (if given), out, reserve.
+
+
+def _l3_config(rnn: Any, training: Any) -> RNN:
+    """The config the L3 forward (and its backward) runs: ``rnn``, with its dropout off unless ``training``."""
+    if not isinstance(rnn, RNN):
+        raise TypeError(f"rnn must be a cudnnkit.ops.RNN config, got {type(rnn).__name__}")
+    if not isinstance(training, bool):
+        raise TypeError(f"training must be a bool, got {training!r}")
+    return rnn if training or rnn.dropout == 0 else replace(rnn, dropout=0.0)
+
+
+def _l3_residuals(x: Any, w: Any, hx: Any, cx: Any, y: Any, reserve: Any) -> dict[str, Any]:
+    res = {"x": x, "w": w}
+    if hx is not None:
+        res["hx"] = hx
+    if cx is not None:
+        res["cx"] = cx
+    res["out"], res["reserve"] = y, reserve
+    return res
+
+
+def _l3_forward(x: Any, w: Any, hx: Any = None, cx: Any = None, *, rnn: RNN, training: bool = False,
+                layout: str = "seq_major", seq_lengths: Any = None, padding_fill: float = 0.0) -> Any:  # fmt: skip
+    cfg = _l3_config(rnn, training)
+    y, hy, cy, reserve = rnn_forward(x, w, hx, cx, rnn=cfg, training=True, layout=layout, seq_lengths=seq_lengths,
+                                     padding_fill=padding_fill)  # fmt: skip
+    if cy is None:  # no cell state: an empty array, so that every config has the same three outputs
+        launch, _ = prepare(("hy", hy))
+        cy = launch.empty((0,), cfg.dtype, name="cy")[0]
+    return (y, hy, cy), _l3_residuals(x, w, hx, cx, y, reserve)
+
+
+def _l3_zeros_like(a: Any, name: str) -> Any:
+    """A zero cotangent shaped like ``a`` (a new array of its library, cuMemsetD8Async)."""
+    launch, (v,) = prepare((name, a))
+    z, vz = launch.empty(v.shape, v.dtype, name=name)
+    with launch.on_device():
+        driver.memset_async(vz.ptr, math.prod(v.shape) * itemsize(v.dtype), launch.stream)
+    return z
+
+
+def _l3_backward(res: Any, douts: Any, needs: Any, *, rnn: RNN, training: bool = False, layout: str = "seq_major",
+                 seq_lengths: Any = None, padding_fill: float = 0.0) -> tuple:  # fmt: skip
+    cfg = _l3_config(rnn, training)
+    dy, dhy, dcy = douts
+    if cfg.cell != "lstm":
+        dcy = None  # the empty stand-in output carries nothing
+    if not any(needs) or (dy is None and dhy is None and dcy is None):
+        return (None,) * 4
+    if dy is None:
+        dy = _l3_zeros_like(res["out"], "dy")
+    hx, cx = res.get("hx"), res.get("cx")
+    # keep_reserve: cuDNN's backward overwrites the reserve, and a retained graph (gradcheck) differentiates again
+    dx, dhx, dcx, dw = rnn_backward(res["x"], res["out"], dy, res["w"], res["reserve"], hx, cx, dhy, dcy, rnn=cfg,
+                                    layout=layout, seq_lengths=seq_lengths, keep_reserve=True)  # fmt: skip
+    return tuple(g if need else None for g, need in zip((dx, dw, dhx, dcx), needs))
+
+
+class _Shaped(NamedTuple):
+    """What :func:`_seq_lengths` reads of x (a :class:`~cudnnkit.ops._diff.Spec` has no ``ndim``)."""
+
+    shape: tuple[int, ...]
+    ndim: int
+
+
+def _l3_device_sizes(cfg: RNN, layout: str, seq: _Seq, fill: float) -> tuple[int, int]:
+    """(weight count, training reserve bytes) of ``cfg`` for these sequences on the current device of the first
+    array library in use: ``cudnnGetRNNWeightSpaceSize`` and ``cudnnGetRNNTempSpaceSizes`` (host-side queries
+    with the thread's handle), for the algorithm the forward runs; the same cached :class:`_Built` the calls use.
+    A config with dropout builds its descriptor with the device's dropout RNG states (made there once, as the
+    first forward would)."""
+    ad = adapters.first_available()
+    if ad is None:
+        raise RuntimeError("the RNN's reserve size is a cuDNN query on a device: it needs CuPy or torch")
+    dev = ad.current_device()
+    launch = Launch(dev, ad, ad.current_stream(dev), ("x", "w"))
+    like = launch.empty((1,), "uint8", name="like")[0] if cfg.dropout > 0 else None
+    b = cfg._built(launch, like)
+    algo = b.choose(launch, seq, True)
+    padded, xd, _ = _dual(cfg, layout, seq, fill)
+    with launch.on_device():
+        return b.weight_bytes // itemsize(cfg.dtype), b.temp_sizes(launch, padded, True, xd, algo)[1]
+
+
+def _l3_meta(x: Spec, w: Spec, hx: Spec | None = None, cx: Spec | None = None, *, rnn: RNN, training: bool = False,
+             layout: str = "seq_major", seq_lengths: Any = None, padding_fill: float = 0.0) -> Any:  # fmt: skip
+    cfg = _l3_config(rnn, training)
+    _resolve(cfg, layout)
+    fill = _check_fill(padding_fill, cfg.dtype)
+    _check_data(x, cfg, "x")
+    seq = _seq_lengths(layout, _Shaped(tuple(x.shape), len(x.shape)), seq_lengths, cfg.input_size)
+    _check_algo_lengths(cfg, seq, layout)
+    if cx is not None and cfg.cell != "lstm":
+        raise ValueError(f"cx is the LSTM cell state; a {cfg.cell} RNN has none")
+    _check_state(hx, cfg.hidden_shape(seq.N), cfg.dtype, "hx")
+    _check_state(cx, cfg.cell_shape(seq.N), cfg.dtype, "cx")
+    if w.dtype != cfg.dtype:
+        raise TypeError(f"w has dtype {w.dtype} but the RNN's dtype is {cfg.dtype}")
+    if len(w.shape) != 1 or not is_contiguous(w.shape, w.strides):
+        raise ValueError(f"w must be a contiguous 1-d array (the flat weight space), got shape {w.shape} strides "
+                         f"{w.strides}")  # fmt: skip
+    count, rs_bytes = _l3_device_sizes(cfg, layout, seq, fill)
+    if w.shape[0] < count:
+        raise ValueError(f"w has {w.shape[0]} elements but this RNN's weight space needs {count} (RNN.weight_count)")
+
+    def new(shape: tuple[int, ...], dtype: str = cfg.dtype) -> Spec:
+        return Spec(shape, contiguous_strides(shape), dtype)
+
+    y = new(_seq_shape(layout, seq, cfg.num_directions * cfg.output_size))
+    cy = new(cfg.cell_shape(seq.N) if cfg.cell == "lstm" else (0,))
+    return (y, new(cfg.hidden_shape(seq.N)), cy), _l3_residuals(x, w, hx, cx, y, new((rs_bytes,), "uint8"))
+
+
+RNN_OP = differentiable(
+    Differentiable("rnn", "rnn_forward", ("x", "w", "hx", "cx"), ("out", "hy", "cy"), _l3_forward, _l3_backward,
+                   _l3_meta, doc="""The RNN of an RNN config over x (cudnnRNNForward, training mode): outputs
+out (y: x's layout with last dim D * P), hy (L * D, N, P) and cy (L * D, N, H) for an LSTM, an empty (0,) array
+for the other cells (so every config has three outputs). Inputs x (T, N, I) / (N, T, I) / (sum(lengths), I) per
+layout, w the flat weight buffer (RNN.weight_count elements; load_torch_params fills it from torch's layout), hx
+and cx (LSTM) optional (None: zeros), all of rnn.dtype. Keywords rnn (the config, passed by key through the torch
+layer), training (dropout between layers; False runs the config with dropout=0), layout, seq_lengths (host ints:
+pass a tuple), padding_fill. Residuals x, w, hx, cx (those given), out and reserve (uint8,
+cudnnGetRNNTempSpaceSizes' training reserve bytes: meta asks cuDNN on the current device). Backward: one
+rnn_backward call, cudnnRNNBackwardData_v8 then cudnnRNNBackwardWeights_v8, on a copy of the reserve
+(keep_reserve: a retained graph can be differentiated again); dy None is zeros, dhy/dcy None are zero.""")
+)  # fmt: skip

@@ -278,7 +278,7 @@ def _l3_meta(x: Spec, **kw: Any) -> Any:
     return (y,), {"out": y}
 
 
-SOFTMAX = differentiable(
+SOFTMAX_L3 = differentiable(
     Differentiable("softmax", "softmax_forward", ("x",), ("out",), _l3_forward, _l3_backward, _l3_meta,
                    doc="softmax (log=True: log-softmax) over axis; the backward reads y (softmax_backward)")
 )  # fmt: skip

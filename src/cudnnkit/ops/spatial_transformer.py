@@ -74,14 +74,16 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from .. import lib
-from ..runtime import DescriptorKind, cudnn_dtype, get_cached, tensor_descriptor
+from ..runtime import DescriptorKind, check_dtype, cudnn_dtype, get_cached, tensor_descriptor
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.cache import lru
 from ..runtime.descriptors import INT_MAX, int_array
 from ..runtime.view import is_contiguous
+from ._diff import Differentiable, Spec, differentiable
 from ._primitive import Call, Operand, Output, Primitive, register, run, split_out
 
 __all__ = ["affine_grid_forward", "affine_grid_backward", "grid_sample_forward", "grid_sample_backward"]
@@ -441,3 +443,71 @@ def grid_sample_backward(
         dgrid_out=dgrid_out,
         stream=stream,
     )
+
+
+# ----------------------------------------------------------------- the L3 declarations
+
+
+def _meta_view(s: Spec, name: str, check: bool = True) -> SimpleNamespace:
+    """A spec as the primitives' resolve functions read a view (shape, ndim, dtype), its dtype checked as the
+    primitive's operand declares (``check``)."""
+    if check:
+        check_dtype(s, name, _FLOATS, _FAMILY)
+    return SimpleNamespace(shape=tuple(s.shape), ndim=len(s.shape), dtype=s.dtype)
+
+
+def _l3_sample_forward(x: Any, grid: Any) -> Any:
+    y = grid_sample_forward(x, grid)
+    return (y,), {"x": x, "grid": grid}
+
+
+def _l3_sample_backward(res: Any, douts: Any, needs: Any) -> tuple:
+    (dy,) = douts
+    if dy is None or not any(needs):
+        return (None, None)
+    dx, dgrid = grid_sample_backward(res["x"], res["grid"], dy)
+    return (dx if needs[0] else None, dgrid if needs[1] else None)
+
+
+def _l3_sample_meta(x: Spec, grid: Spec) -> Any:
+    shape = _sample_fwd_resolve({"x": _meta_view(x, "x"), "grid": _meta_view(grid, "grid", False)}, {})
+    return (Spec(shape, contiguous_strides(shape), x.dtype),), {"x": x, "grid": grid}
+
+
+GRID_SAMPLE = differentiable(
+    Differentiable("grid_sample", "grid_sample_forward", ("x", "grid"), ("out",), _l3_sample_forward,
+                   _l3_sample_backward, _l3_sample_meta,
+                   doc="""bilinear sampling of x (N, C, H_in, W_in) at grid (N, H_out, W_out, 2) (x's dtype:
+float16/float32/float64): torch.nn.functional.grid_sample(x, grid, mode="bilinear", padding_mode="zeros",
+align_corners=True), the only configuration cuDNN has (no other keyword). y: (N, C, H_out, W_out), C-contiguous.
+cudnnSpatialTfSamplerForward (grid_sample_forward); residuals x, grid; the backward is one
+cudnnSpatialTfSamplerBackward (grid_sample_backward) giving dx (C-contiguous) and dgrid (at most 1024 channels).""")
+)  # fmt: skip
+
+
+# the backward is linear and reads no residual; theta is kept (a reference, no copy) so that the backward call has
+# an array on the device: the torch layer finds the device of its gradients among the residuals
+def _l3_grid_forward(theta: Any, *, size: Sequence[int]) -> Any:
+    return (affine_grid_forward(theta, size=size),), {"theta": theta}
+
+
+def _l3_grid_backward(res: Any, douts: Any, needs: Any, *, size: Sequence[int]) -> tuple:
+    (dgrid,) = douts
+    if dgrid is None or not needs[0]:
+        return (None,)
+    return (affine_grid_backward(dgrid, size=size),)
+
+
+def _l3_grid_meta(theta: Spec, *, size: Sequence[int]) -> Any:
+    n, h, w = _grid_fwd_resolve({"theta": _meta_view(theta, "theta")}, {"size": size})
+    return (Spec((n, h, w, 2), contiguous_strides((n, h, w, 2)), theta.dtype),), {"theta": theta}
+
+
+AFFINE_GRID = differentiable(
+    Differentiable("affine_grid", "affine_grid_forward", ("theta",), ("out",), _l3_grid_forward, _l3_grid_backward,
+                   _l3_grid_meta,
+                   doc="""the sampling grid (N, H, W, 2) (C-contiguous, theta's dtype) of theta (N, 2, 3)
+(float16/float32/float64) for size (N, C, H, W) (C unused; H, W >= 2): torch.nn.functional.affine_grid(theta, size,
+align_corners=True). cudnnSpatialTfGridGeneratorForward (affine_grid_forward); the backward is linear (residual theta
+only for its device): dtheta from one cudnnSpatialTfGridGeneratorBackward (affine_grid_backward).""")
+)  # fmt: skip

@@ -32,3 +32,12 @@ def op(name: str) -> TorchOp:
 
 #: every differentiable op by name: ``ops.softmax(x, axis=-1)``
 ops: Any = SimpleNamespace(**{name: op(name) for name in _autograd.functions()})
+
+
+# cudnnkit.torch.nn (the torch.nn twins) and cudnnkit.torch.convert(model) (swaps them in), imported on first use
+def __getattr__(name: str) -> Any:
+    if name in ("nn", "convert"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

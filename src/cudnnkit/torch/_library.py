@@ -2,8 +2,9 @@
 
 For a :class:`~cudnnkit.ops._diff.Differentiable` ``d`` named ``n``, :func:`define` makes two ops:
 
-* ``cudnnkit::n(Tensor?[] inputs, Tensor?[] arrays, str kw) -> Tensor[]``: the forward, a functional op.
-  ``inputs`` are ``d.inputs`` in order, ``arrays`` ``d.arrays``, ``kw`` every other keyword, encoded by
+* ``cudnnkit::n(Tensor[] inputs, Tensor[] arrays, str kw) -> Tensor[]``: the forward, a functional op.
+  ``inputs`` are the present ``d.inputs`` in order, ``arrays`` the present ``d.arrays`` (which ones: in ``kw``,
+  so that autograd sees plain tensor lists), ``kw`` every other keyword, encoded by
   :func:`encode` (a Python literal; a value that is not one, such as a ``DropoutState``, goes by a key into a
   table that keeps it alive). It returns the outputs, the new values of the ``d.mutated`` arrays that are
   present (it updates copies: batch norm's running statistics), then the residuals that are not an input or an
@@ -42,10 +43,16 @@ _DECODED: LRU[str, dict] = LRU("torch.kw", 4096)
 _META: LRU[tuple, Any] = LRU("torch.meta", 4096)
 
 
+def _plain(v: Any) -> Any:
+    """Tuples, lists and ``torch.Size`` s as plain tuples, recursively; anything else (a NamedTuple config too)
+    as it is."""
+    return tuple(_plain(x) for x in v) if type(v) in (tuple, list, torch.Size) else v
+
+
 def _literal(v: Any) -> bool:
     if isinstance(v, _SIMPLE):
         return True
-    return isinstance(v, tuple | list) and all(_literal(x) for x in v)
+    return isinstance(v, tuple) and all(_literal(x) for x in v)
 
 
 def encode(kw: dict[str, Any]) -> str:
@@ -53,9 +60,7 @@ def encode(kw: dict[str, Any]) -> str:
     a literal (of bools, numbers, strings, None, tuples) is passed as ``("__obj__", key)``."""
     parts = []
     for k in sorted(kw):
-        v = kw[k]
-        if isinstance(v, list):
-            v = tuple(v)
+        v = _plain(kw[k])
         if not _literal(v):
             with _lock:
                 _OBJECTS.setdefault(id(v), v)
@@ -114,15 +119,21 @@ class TorchOp:
         d = self.d
         if len(inputs) != len(d.inputs):
             raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
-        arrays = [kw.pop(n, None) for n in d.arrays]
-        got = self.forward_op(list(inputs), arrays, encode(kw))
+        given = {n: kw.get(n) for n in d.arrays}
+        got = self.forward_op(*self.args(*inputs, **kw))
         n = len(d.outputs)
         if d.mutated:
-            given = dict(zip(d.arrays, arrays))
             with torch.no_grad():
                 for t, new in zip((given[m] for m in d.mutated if given[m] is not None), got[n:]):
                     t.copy_(new)
         return got[0] if n == 1 else tuple(got[:n])
+
+    def args(self, *inputs: Any, **kw: Any) -> tuple[list, list, str]:
+        """The forward op's arguments for this call (what :meth:`__call__` passes; ``opcheck`` takes them too)."""
+        given = {n: kw.pop(n, None) for n in self.d.arrays}
+        kw["__in__"] = tuple(i for i, t in enumerate(inputs) if t is not None)
+        kw["__arr__"] = tuple(k for k, t in given.items() if t is not None)
+        return [t for t in inputs if t is not None], [t for t in given.values() if t is not None], encode(kw)
 
 
 def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict) -> tuple[tuple, dict]:
@@ -139,6 +150,10 @@ def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict) -> tuple[tu
     return got
 
 
+def _device(*lists: list) -> Any:
+    return next(t.device for ts in lists for t in ts if t is not None)
+
+
 def _new_residuals(d: Differentiable, res_specs: dict) -> list[str]:
     names = set(d.inputs) | set(d.arrays) | set(d.outputs)
     return [k for k in res_specs if k not in names]
@@ -148,14 +163,20 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
     """The custom ops ``namespace::name`` and ``namespace::name_backward`` of ``d`` (see the module docstring)."""
     qual = f"{namespace}::{d.name}"
 
-    def unpack(arrays: list, kw: str) -> tuple[dict, dict]:
-        return dict(zip(d.arrays, arrays)), decode(kw)
+    def unpack(inputs: list, arrays: list, kw: str) -> tuple[list, dict, dict]:
+        """The full inputs (None where absent), the arrays by name (every declared one) and the keywords."""
+        kwd = decode(kw)
+        full: list[Any] = [None] * len(d.inputs)
+        for i, t in zip(kwd.pop("__in__"), inputs):
+            full[i] = t
+        arr = dict.fromkeys(d.arrays) | dict(zip(kwd.pop("__arr__"), arrays))
+        return full, arr, kwd
 
     def mutated(arr: dict) -> list[str]:
         return [m for m in d.mutated if arr[m] is not None]
 
     def forward(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
-        arr, kwd = unpack(arrays, kw)
+        inputs, arr, kwd = unpack(inputs, arrays, kw)
         out_specs, res_specs = _layout(d, inputs, arr, kwd)
         changed = mutated(arr)
         for m in changed:  # a functional op: the caller's arrays are updated by TorchOp, from the copies
@@ -166,28 +187,28 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         return result
 
     def fake(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
-        arr, kwd = unpack(arrays, kw)
+        inputs, arr, kwd = unpack(inputs, arrays, kw)
         out_specs, res_specs = _layout(d, inputs, arr, kwd)
         dev = next(t.device for t in list(inputs) + list(arr.values()) if t is not None)
         got = [_empty(s, dev) for s in out_specs] + [torch.empty_like(arr[m]) for m in mutated(arr)]
         return got + [_empty(res_specs[k], dev) for k in _new_residuals(d, res_specs)]
 
     fwd = torch.library.custom_op(qual, forward, mutates_args=(),
-                                  schema="(Tensor?[] inputs, Tensor?[] arrays, str kw) -> Tensor[]")  # fmt: skip
+                                  schema="(Tensor[] inputs, Tensor[] arrays, str kw) -> Tensor[]")  # fmt: skip
     fwd.register_fake(fake)
 
     def backward_impl(residuals: list, douts: list, kw: str) -> list[torch.Tensor]:
         kwd = decode(kw)
         names, needs, specs = kwd.pop("__res__"), kwd.pop("__needs__"), kwd.pop("__specs__")
         grads = d.backward(dict(zip(names, residuals)), tuple(douts), tuple(needs), **kwd)
-        dev = next(t.device for t in residuals if t is not None)
+        dev = _device(residuals, douts)
         return [_as(g, Spec(*s)) if n and g is not None and s is not None else torch.empty(0, device=dev)
                 for g, n, s in zip(grads, needs, specs)]  # fmt: skip
 
     def backward_fake(residuals: list, douts: list, kw: str) -> list[torch.Tensor]:
         kwd = decode(kw)
         needs, specs = kwd["__needs__"], kwd["__specs__"]
-        dev = next(t.device for t in residuals if t is not None)
+        dev = _device(residuals, douts)
         return [_empty(Spec(*s), dev) if n and s is not None else torch.empty(0, device=dev)
                 for n, s in zip(needs, specs)]  # fmt: skip
 
@@ -196,23 +217,29 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
     bwd.register_fake(backward_fake)
 
     def setup_context(ctx: Any, inputs: tuple, output: list) -> None:
-        ins, arrays, kw = inputs
-        arr, kwd = unpack(arrays, kw)
+        given, arrays, kw = inputs
+        ins, arr, kwd = unpack(given, arrays, kw)
         _, res_specs = _layout(d, ins, arr, kwd)
         n = len(d.outputs)
-        new = iter(output[n + len(mutated(arr)) :])
-        by_name = dict(zip(d.inputs, ins)) | arr | dict(zip(d.outputs, output[:n]))
+        changed = mutated(arr)
+        new = iter(output[n + len(changed) :])
+        # a mutated array is saved as the op's new value (the caller's tensor is written after the op)
+        updated = dict(zip(changed, output[n : n + len(changed)]))
+        by_name = dict(zip(d.inputs, ins)) | arr | updated | dict(zip(d.outputs, output[:n]))
         ctx.save_for_backward(*(by_name[k] if k in by_name else next(new) for k in res_specs))
         ctx.names = tuple(res_specs)
         ctx.kw = kwd
         ctx.specs = tuple(None if t is None else tuple(spec(t)) for t in ins)
         ctx.needs = tuple(t is not None and t.requires_grad for t in ins)
+        ctx.n_given, ctx.n_arrays = len(given), len(arrays)
 
     def backward(ctx: Any, grads: list) -> tuple:
         douts = [g if d.carries_gradient(i) else None for i, g in enumerate(list(grads)[: len(d.outputs)])]
         kw = dict(ctx.kw, __res__=ctx.names, __needs__=ctx.needs, __specs__=ctx.specs)
         got = bwd(list(ctx.saved_tensors), douts, encode(kw))
-        return [g if need else None for g, need in zip(got, ctx.needs)], None, None
+        grads = [g for g, t in zip(got, ctx.specs) if t is not None]  # the given inputs' (a plain list)
+        needs = [n for n, t in zip(ctx.needs, ctx.specs) if t is not None]
+        return [g if need else None for g, need in zip(grads, needs)], [None] * ctx.n_arrays, None
 
     fwd.register_autograd(backward, setup_context=setup_context)
     return TorchOp(d, qual, fwd, bwd)

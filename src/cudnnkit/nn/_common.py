@@ -1,0 +1,191 @@
+"""The plumbing of :mod:`cudnnkit.nn`: which array library a call has (:mod:`cudnnkit.runtime.adapters`), the L3
+call (``cudnnkit.torch.op(name)`` for torch tensors, with autograd; ``cudnnkit.autograd.get(name).forward`` for CuPy
+arrays, forward only), argument normalization, and the few array helpers (ones, casts, copies) per library.
+
+Nothing here imports torch or CuPy at import time: a library is imported only when one of its arrays is seen.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+from ..runtime import adapters
+from ..runtime.dtypes import canonical
+
+#: the libraries cudnnkit.nn takes (the adapters that have an L3 integration)
+LIBRARIES = ("torch", "cupy")
+
+
+def library(*arrays: Any) -> str:
+    """``"torch"`` or ``"cupy"``: the library of the first array given (``TypeError`` for anything else)."""
+    for a in arrays:
+        if a is None:
+            continue
+        ad = adapters.for_object(a)  # by the type's module: imports only the adapter of a library in use
+        if ad is not None and ad.name in LIBRARIES:
+            return ad.name
+        raise TypeError(f"cudnnkit.nn takes torch tensors or CuPy arrays, got {type(a).__module__}.{type(a).__name__}")
+    raise TypeError("cudnnkit.nn needs at least one array")
+
+
+def l3(name: str) -> Any:
+    """The L3 declaration ``name``, looked up now (``NotImplementedError`` when no family declares it)."""
+    from .. import autograd
+
+    try:
+        return autograd.get(name)
+    except KeyError:
+        raise NotImplementedError(f"cudnnkit has no differentiable op {name!r} (no L3 declaration)") from None
+
+
+def has_l3(name: str) -> bool:
+    from .. import autograd
+
+    return name in autograd.functions()
+
+
+def call(name: str, *inputs: Any, **kw: Any) -> tuple:
+    """The outputs of L3 op ``name`` on ``inputs`` (the declaration's, in order; missing trailing ones None) and
+    ``kw`` (its keywords and arrays): through ``cudnnkit.torch.op(name)`` for torch tensors (autograd), through
+    the declaration's forward for CuPy arrays."""
+    d = l3(name)
+    n = len(d.inputs)
+    if any(v is not None for v in inputs[n:]):
+        raise NotImplementedError(f"L3 op {name!r} takes the inputs {d.inputs} only")
+    inputs = (tuple(inputs) + (None,) * n)[:n]
+    if library(*inputs) == "torch":
+        from .. import torch as ckt  # imports torch (already imported: the arrays are torch tensors)
+
+        got = ckt.op(name)(*inputs, **kw)
+        return (got,) if len(d.outputs) == 1 else tuple(got)
+    return tuple(d.forward(*inputs, **kw)[0])
+
+
+def call1(name: str, *inputs: Any, **kw: Any) -> Any:
+    """The first output of :func:`call`."""
+    return call(name, *inputs, **kw)[0]
+
+
+# ----------------------------------------------------------------- arguments
+
+
+def as_int(v: Any, name: str) -> int:
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be an int, got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {v!r}") from None
+
+
+def ntuple(v: Any, n: int, name: str) -> tuple[int, ...]:
+    """An int or a sequence of 1 or ``n`` ints as an ``n``-tuple of Python ints (torch's ``_ntuple``)."""
+    if isinstance(v, Sequence) and not isinstance(v, str):
+        items = tuple(as_int(x, name) for x in v)
+        if len(items) == 1:
+            return items * n
+        if len(items) != n:
+            raise ValueError(f"{name} must be an int or {n} ints, got {v!r}")
+        return items
+    return (as_int(v, name),) * n
+
+
+def real(v: Any, name: str) -> float:
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be a real number, got {v!r}")
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {v!r}") from None
+
+
+def batched(x: Any, nsp: int, fn: str) -> bool:
+    """Whether ``x`` is ``(N, C, *nsp)`` (True) or unbatched ``(C, *nsp)`` (False; ``ValueError`` otherwise)."""
+    if x.ndim == nsp + 2:
+        return True
+    if x.ndim == nsp + 1:
+        return False
+    raise ValueError(f"{fn}: input must be {nsp + 1}-d (unbatched) or {nsp + 2}-d (batched), got shape "
+                     f"{tuple(x.shape)}")  # fmt: skip
+
+
+def dtype_of(a: Any) -> str:
+    """cudnnkit's dtype name of an array (torch's or CuPy's)."""
+    return canonical(a.dtype, "array")
+
+
+def check_dtype(a: Any, allowed: tuple[str, ...], name: str, what: str) -> str:
+    """``a``'s dtype, ``NotImplementedError`` naming ``name`` where ``what`` (cuDNN's call) has no such dtype."""
+    dt = dtype_of(a)
+    if dt not in allowed:
+        raise NotImplementedError(f"{name} has dtype {dt}: {what} takes {', '.join(allowed)} only")
+    return dt
+
+
+# ----------------------------------------------------------------- array helpers, per library
+
+
+def _torch_dtype(dtype: str) -> Any:
+    from ..runtime.adapters._torch import _TO_TORCH
+
+    return _TO_TORCH[dtype]
+
+
+def full(like: Any, shape: tuple[int, ...], value: float, dtype: str) -> Any:
+    """A new array of ``like``'s library and device filled with ``value``."""
+    if library(like) == "torch":
+        import torch
+
+        return torch.full(tuple(shape), value, dtype=_torch_dtype(dtype), device=like.device)
+    import cupy
+
+    with like.device:
+        return cupy.full(tuple(shape), value, dtype=dtype)
+
+
+def cast(a: Any, dtype: str) -> Any:
+    """``a`` in ``dtype`` (itself when it has it; differentiable for torch tensors)."""
+    if a is None or dtype_of(a) == dtype:
+        return a
+    if library(a) == "torch":
+        return a.to(_torch_dtype(dtype))
+    return a.astype(dtype)
+
+
+def copy_into(dst: Any, src: Any, grad: bool = True) -> Any:
+    """Write ``src`` into ``dst`` and return ``dst`` (torch: ``copy_``, recorded by autograd unless ``grad`` is
+    False)."""
+    if library(dst) == "torch":
+        if grad:
+            return dst.copy_(src)
+        import torch
+
+        with torch.no_grad():
+            return dst.copy_(src)
+    dst[...] = src
+    return dst
+
+
+def clone(a: Any) -> Any:
+    return a.clone() if library(a) == "torch" else a.copy()
+
+
+def concat(parts: list[Any]) -> Any:
+    """The 1-d arrays ``parts`` joined (``torch.cat``, differentiable; ``cupy.concatenate``)."""
+    if library(parts[0]) == "torch":
+        import torch
+
+        return torch.cat(parts)
+    import cupy
+
+    return cupy.concatenate(parts)
+
+
+def contiguous(a: Any) -> Any:
+    if library(a) == "torch":
+        return a.contiguous()
+    import cupy
+
+    return cupy.ascontiguousarray(a)

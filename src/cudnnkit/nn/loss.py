@@ -1,0 +1,109 @@
+"""``ctc_loss`` with torch.nn.functional's name and semantics (blank 0; cuDNN's CTC is float32 only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ops.ctc import MAX_LABEL_LENGTH
+from ._common import as_int, call1, check_dtype, library
+
+__all__ = ["ctc_loss", "ctc_reduce", "pack_targets"]
+
+
+def host_ints(v: Any, name: str) -> list[int]:
+    """Integers on the host (a device tensor or array is read back: a synchronization)."""
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, int):
+        return [v]
+    return [as_int(x, name) for x in v]
+
+
+def pack_targets(targets: Any, lengths: list[int]) -> np.ndarray:
+    """cuDNN's packed labels (int32, ``sum(lengths)`` values) from torch's targets: padded ``(N, S)`` (the first
+    ``lengths[n]`` of row ``n``) or 1-d concatenated."""
+    if hasattr(targets, "detach"):  # a torch tensor
+        t = targets.detach().cpu().numpy()
+    elif hasattr(targets, "get") and hasattr(targets, "__cuda_array_interface__"):  # a CuPy array
+        t = targets.get()
+    else:
+        t = np.asarray(targets)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"ctc_loss: targets must hold integers, got dtype {t.dtype}")
+    if t.ndim == 2:
+        if t.shape[0] != len(lengths) or any(n > t.shape[1] for n in lengths):
+            raise ValueError(f"ctc_loss: padded targets {t.shape} do not hold target_lengths {lengths}")
+        out = np.concatenate([t[i, :n] for i, n in enumerate(lengths)]) if lengths else t.reshape(-1)[:0]
+    elif t.ndim == 1:
+        if t.shape[0] < sum(lengths):
+            raise ValueError(f"ctc_loss: 1-d targets hold {t.shape[0]} labels, target_lengths sum to {sum(lengths)}")
+        out = t[: sum(lengths)]
+    else:
+        raise ValueError(f"ctc_loss: targets must be (N, S) or 1-d, got shape {t.shape}")
+    return np.ascontiguousarray(out, dtype=np.int32)
+
+
+def ctc_reduce(costs: Any, target_lengths: list[int], reduction: str, zero_infinity: bool) -> Any:
+    """torch's reduction of per-sample CTC costs: ``zero_infinity`` zeroes infinite costs (and their gradient);
+    "none" keeps them, "sum" adds them, "mean" divides each by its target length (at least 1) and averages."""
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"ctc_loss: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    torch_ = library(costs) == "torch"
+    if zero_infinity:
+        if torch_:
+            import torch
+
+            costs = torch.where(costs == float("inf"), torch.zeros_like(costs), costs)
+        else:
+            costs = costs.copy()
+            costs[costs == float("inf")] = 0
+    if reduction == "none":
+        return costs
+    if reduction == "sum":
+        return costs.sum()
+    lengths = np.maximum(np.asarray(target_lengths, dtype=np.float64), 1.0)
+    if torch_:
+        import torch
+
+        d = torch.as_tensor(lengths, dtype=costs.dtype, device=costs.device)
+    else:
+        import cupy
+
+        with costs.device:
+            d = cupy.asarray(lengths.astype(costs.dtype))
+    return (costs / d).mean()
+
+
+def ctc_loss(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: Any, blank: int = 0,
+             reduction: str = "mean", zero_infinity: bool = False) -> Any:  # fmt: skip
+    """torch's ``ctc_loss`` (blank 0, float32): L3 ``ctc_loss``, ``cudnnCTCLoss_v8`` (softmax normalization)."""
+    if as_int(blank, "blank") != 0:
+        raise NotImplementedError(f"ctc_loss: blank={blank}: cuDNN's CTC loss has its blank at class 0 only (move "
+                                  "the blank class to index 0)")  # fmt: skip
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"ctc_loss: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    check_dtype(log_probs, ("float32",), "log_probs", "cuDNN's CTC loss")
+    if log_probs.ndim not in (2, 3):
+        raise ValueError(f"ctc_loss: log_probs must be (T, N, C) or (T, C), got shape {tuple(log_probs.shape)}")
+    b = log_probs.ndim == 3
+    il, tl = host_ints(input_lengths, "input_lengths"), host_ints(target_lengths, "target_lengths")
+    if not b and getattr(targets, "ndim", 1) == 1:
+        targets = targets[None] if hasattr(targets, "ndim") else [targets]
+    if any(n == 0 for n in tl):
+        raise NotImplementedError("ctc_loss: a target_lengths value of 0: cuDNN 9.19's CTC gives an empty target "
+                                  "cost 0 rather than -log p(all blanks)")  # fmt: skip
+    if any(n > MAX_LABEL_LENGTH for n in tl):
+        raise NotImplementedError(f"ctc_loss: target_lengths above {MAX_LABEL_LENGTH}: cuDNN's CTC limit")
+    labels = pack_targets(targets, tl)
+    arrays = dict(labels=labels, label_lengths=np.asarray(tl, np.int32), input_lengths=np.asarray(il, np.int32))
+    if library(log_probs) == "torch":  # the torch op takes tensors: host (CPU) ones, uploaded by cuDNN's call
+        import torch
+
+        arrays = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    x = log_probs if b else log_probs[:, None]
+    # cuDNN applies a softmax over the classes itself: of log-probabilities that is exp(log_probs) again
+    costs = call1("ctc_loss", x, **arrays, blank=0, normalization="softmax")
+    out = ctc_reduce(costs, tl, reduction, bool(zero_infinity))
+    return out[0] if not b and reduction == "none" else out

@@ -1,0 +1,105 @@
+"""Pooling with torch.nn.functional's names and semantics: ``max_pool1d/2d/3d`` and ``avg_pool1d/2d/3d``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..runtime.shapes import pool_padding
+from ._common import batched, call1, ntuple
+
+__all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d"]
+
+
+def pool_args(n: int, kernel_size: Any, stride: Any, padding: Any) -> tuple[tuple[int, ...], ...]:
+    """``(window, stride, padding)`` as ``n``-tuples; torch's ``stride=None`` (or ``[]``) is the kernel size."""
+    window = ntuple(kernel_size, n, "kernel_size")
+    if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0):
+        s = window
+    else:
+        s = ntuple(stride, n, "stride")
+    if isinstance(padding, str):
+        raise ValueError(f"padding must be an int or {n} ints (torch's pooling takes no string), got {padding!r}")
+    return window, s, ntuple(padding, n, "padding")
+
+
+def ceil_pads_past(sizes: tuple[int, ...], window: tuple[int, ...], stride: tuple[int, ...],
+                   padding: tuple[int, ...]) -> bool:  # fmt: skip
+    """Whether ``ceil_mode`` adds windows that reach past the declared padding after (the extra padding cuDNN is
+    given): torch's count_include_pad average divides such a window by its part within input plus padding, cuDNN's
+    by the whole window."""
+    _, post = pool_padding(tuple(sizes), window, stride=stride, padding=padding, ceil_mode=True)
+    return tuple(post) != tuple(padding)
+
+
+def _max_pool(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: Any,
+              return_indices: Any) -> Any:  # fmt: skip
+    fn = f"max_pool{n}d"
+    if return_indices:
+        raise NotImplementedError(
+            f"{fn}: return_indices=True: cuDNN's max-pooling index is the argmax within each window (int8), not "
+            "torch's flat index into the input"
+        )
+    if ntuple(dilation, n, "dilation") != (1,) * n:
+        raise NotImplementedError(f"{fn}: dilation={dilation!r}: cuDNN's pooling has no dilation")
+    window, s, p = pool_args(n, kernel_size, stride, padding)
+    b = batched(input, n, fn)
+    x = input if b else input[None]
+    # torch's max pooling propagates NaN
+    y = call1("pooling", x, mode="max", window=window, stride=s, padding=p, ceil_mode=bool(ceil_mode),
+              propagate_nan=True)  # fmt: skip
+    return y if b else y[0]
+
+
+def max_pool1d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Any:  # fmt: skip
+    """torch's ``max_pool1d`` (run as 2-d): L3 ``pooling``, ``cudnnPoolingForward`` (or the graph's resample)."""
+    return _max_pool(1, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def max_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Any:  # fmt: skip
+    """torch's ``max_pool2d``: L3 ``pooling``, ``cudnnPoolingForward`` (or the graph's resample)."""
+    return _max_pool(2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def max_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Any:  # fmt: skip
+    """torch's ``max_pool3d``: L3 ``pooling``, ``cudnnPoolingForward`` (or the graph's resample)."""
+    return _max_pool(3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def _avg_pool(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, ceil_mode: Any, count_include_pad: Any,
+              divisor_override: Any) -> Any:  # fmt: skip
+    fn = f"avg_pool{n}d"
+    if divisor_override is not None:
+        raise NotImplementedError(f"{fn}: divisor_override={divisor_override!r}: cuDNN's average pooling divides by "
+                                  "the window (with or without padding) only")  # fmt: skip
+    window, s, p = pool_args(n, kernel_size, stride, padding)
+    b = batched(input, n, fn)
+    if count_include_pad and ceil_mode and ceil_pads_past(tuple(input.shape[-n:]), window, s, p):
+        raise NotImplementedError(
+            f"{fn}: ceil_mode=True with count_include_pad=True where a window reaches past the padding: torch divides "
+            "it by its part within input and padding, cuDNN by the whole window"
+        )
+    x = input if b else input[None]
+    mode = "avg_include_padding" if count_include_pad else "avg_exclude_padding"
+    y = call1("pooling", x, mode=mode, window=window, stride=s, padding=p, ceil_mode=bool(ceil_mode))
+    return y if b else y[0]
+
+
+def avg_pool1d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Any:  # fmt: skip
+    """torch's ``avg_pool1d`` (run as 2-d): L3 ``pooling``, ``cudnnPoolingForward`` (or the graph's resample)."""
+    return _avg_pool(1, input, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+
+
+def avg_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> Any:  # fmt: skip
+    """torch's ``avg_pool2d``: L3 ``pooling``, ``cudnnPoolingForward`` (or the graph's resample)."""
+    return _avg_pool(2, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def avg_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> Any:  # fmt: skip
+    """torch's ``avg_pool3d``: L3 ``pooling``, ``cudnnPoolingForward`` (or the graph's resample)."""
+    return _avg_pool(3, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)

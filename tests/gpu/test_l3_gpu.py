@@ -1,0 +1,282 @@
+"""The L3 layer on the GPU, for every differentiable op (cudnnkit.autograd.functions()), from the samples in
+tests/l3/*.py:
+
+* the torch custom ops forward and backward against torch's own float64 CPU ops on the same inputs (fresh random
+  inputs, random cotangents);
+* ``torch.autograd.gradcheck`` in float64;
+* ``torch.library.opcheck`` (schema, fake, autograd registration, AOT dispatch);
+* ``meta`` against what the real forward returns (shapes, dtypes, residual names);
+* the framework-neutral layer with CuPy arrays (forward and backward against the same torch reference);
+* a model of conv, batch norm, ReLU, pooling and softmax under ``torch.compile(fullgraph=True)`` matching eager.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import numpy as np
+import pytest
+
+from cudnnkit import autograd
+
+from .. import l3
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+
+def _tables() -> tuple[dict, dict]:
+    samples, refs = {}, {}
+    for m in pkgutil.iter_modules(l3.__path__):
+        mod = importlib.import_module(f"tests.l3.{m.name}")
+        samples.update(getattr(mod, "SAMPLES", {}))
+        refs.update(getattr(mod, "TORCH_REFERENCE", {}))
+    return samples, refs
+
+
+SAMPLES, REFS = _tables()
+NAMES = sorted(autograd.functions())
+CASES = [(n, i) for n in NAMES for i in range(len(SAMPLES[n](np.random.default_rng(0), "float64")))] if SAMPLES else []
+
+
+def test_every_differentiable_op_has_samples_and_a_reference():
+    assert set(NAMES) <= set(SAMPLES), f"no samples for {sorted(set(NAMES) - set(SAMPLES))}"
+    assert set(NAMES) <= set(REFS), f"no torch reference for {sorted(set(NAMES) - set(REFS))}"
+
+
+def _case(name, i, dtype="float64", seed=None):
+    rng = np.random.default_rng(seed if seed is not None else 1000 + i)
+    inputs, kw = SAMPLES[name](rng, dtype)[i]
+    return inputs, kw
+
+
+def _torch(a, device, grad=False):
+    if a is None:
+        return None
+    if isinstance(a, np.ndarray):
+        t = torch.from_numpy(np.copy(a, order="K")).to(device)
+        return t.requires_grad_(grad and t.is_floating_point())
+    return a
+
+
+def _split(d, kw, device):
+    return {k: _torch(v, device) if k in d.arrays else v for k, v in kw.items()}
+
+
+def _tol(inputs) -> tuple[float, float]:
+    """(forward, gradient) tolerances by the samples' float dtype: the graph-only ops (layer, RMS and instance norm)
+    and CTC have float32 samples only (no float64 in cuDNN there)."""
+    f64 = all(a.dtype == np.float64 for a in inputs if isinstance(a, np.ndarray) and a.dtype.kind == "f")
+    return (1e-7, 1e-6) if f64 else (3e-4, 3e-3)
+
+
+def _rel(a, b):
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    n = b.norm()
+    return float((a - b).norm() / (n if n > 0 else 1.0))
+
+
+@pytest.mark.parametrize("name, i", CASES)
+def test_forward_and_backward_match_torch(name, i):
+    import cudnnkit.torch as ct
+
+    d = autograd.get(name)
+    inputs, kw = _case(name, i)
+    ours_in = [_torch(a, "cuda", grad=True) for a in inputs]
+    ref_in = [_torch(a, "cpu", grad=True) for a in inputs]
+    outs = ct.op(name)(*ours_in, **_split(d, kw, "cuda"))
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    want = REFS[name](ref_in, _split(d, kw, "cpu"))
+    assert len(outs) == len(d.outputs) == len(want)
+    rng = np.random.default_rng(7 + i)
+    loss_ours, loss_ref = 0.0, 0.0
+    tol, gtol = _tol(inputs)
+    for j, (o, w) in enumerate(zip(outs, want)):
+        assert o.is_cuda
+        if w is None:
+            continue
+        assert tuple(o.shape) == tuple(w.shape), f"{name} output {d.outputs[j]}: {tuple(o.shape)} vs {tuple(w.shape)}"
+        assert o.dtype == w.dtype, f"{name} output {d.outputs[j]}: {o.dtype} vs torch's {w.dtype}"
+        assert _rel(o, w) < tol, f"{name} output {d.outputs[j]}: rel {_rel(o, w):.2e}"
+        if d.carries_gradient(j) and o.is_floating_point():
+            ct_ = torch.from_numpy(rng.standard_normal(tuple(o.shape))).to(o.dtype)
+            loss_ours = loss_ours + (o * ct_.cuda()).sum()
+            loss_ref = loss_ref + (w * ct_).sum()
+    diff = [(a, b) for a, b in zip(ours_in, ref_in) if a is not None and a.requires_grad]
+    if not diff or isinstance(loss_ours, float):
+        return
+    g_ours = torch.autograd.grad(loss_ours, [a for a, _ in diff], allow_unused=True)
+    g_ref = torch.autograd.grad(loss_ref, [b for _, b in diff], allow_unused=True)
+    for k, (go, gr) in enumerate(zip(g_ours, g_ref)):
+        if gr is None:
+            continue
+        assert go is not None, f"{name}: no gradient for input {k}"
+        assert _rel(go, gr) < gtol, f"{name} d input {k}: rel {_rel(go, gr):.2e}"
+
+
+@pytest.mark.parametrize("name, i", CASES)
+def test_meta_matches_the_real_forward(name, i):
+    from cudnnkit.torch._library import spec
+
+    d = autograd.get(name)
+    inputs, kw = _case(name, i)
+    ins = [_torch(a, "cuda") for a in inputs]
+    kwd = _split(d, kw, "cuda")
+    outs, res = d.forward(*ins, **kwd)
+    specs = [None if t is None else spec(t) for t in ins]
+    kspecs = {k: (spec(v) if k in d.arrays and v is not None else v) for k, v in kwd.items()}
+    m_outs, m_res = d.meta(*specs, **kspecs)
+    assert list(m_res) == list(res), f"{name}: residuals {list(res)} but meta says {list(m_res)}"
+    for o, s in list(zip(outs, m_outs)) + [(res[k], m_res[k]) for k in res]:
+        assert tuple(o.shape) == s.shape and spec(o).dtype == s.dtype, f"{name}: {spec(o)} vs meta {s}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradcheck_float64(name):
+    import cudnnkit.torch as ct
+
+    d = autograd.get(name)
+    inputs, kw = _case(name, 0, seed=5)
+    ins = [_torch(a, "cuda", grad=True) for a in inputs]
+    kwd = _split(d, kw, "cuda")
+    if not any(t is not None and t.requires_grad for t in ins):
+        pytest.skip(f"{name}'s sample has no floating input")
+    if _tol(inputs)[0] > 1e-7:
+        pytest.skip(f"{name} has no float64 in cuDNN: its float32 gradients are checked against torch's instead")
+
+    def f(*xs):
+        got = ct.op(name)(*xs, **{k: (v.clone() if k in d.mutated and v is not None else v) for k, v in kwd.items()})
+        got = got if isinstance(got, tuple) else (got,)
+        return tuple(g for j, g in enumerate(got) if d.carries_gradient(j) and g.is_floating_point())
+
+    nondet = name in ("dropout", "rnn", "ctc_loss")  # a fresh mask / reserve per call: compare one mask only
+    if name == "dropout":
+        pytest.skip("dropout draws a new mask per call: checked against its own mask in test_dropout_mask_gradient")
+    assert torch.autograd.gradcheck(f, tuple(ins), fast_mode=True, nondet_tol=1e-10 if nondet else 0.0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_opcheck(name):
+    import cudnnkit.torch as ct
+
+    d = autograd.get(name)
+    inputs, kw = _case(name, 0, seed=3)
+    ins = [_torch(a, "cuda", grad=True) for a in inputs]
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_static")
+    if name == "dropout":  # a new mask per call: the AOT comparison cannot match two runs
+        utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    op = ct.op(name)
+    torch.library.opcheck(op.forward_op, op.args(*ins, **_split(d, kw, "cuda")), test_utils=utils)
+
+
+def test_dropout_mask_gradient():
+    import cudnnkit.torch as ct
+
+    x = torch.randn(64, 64, device="cuda", dtype=torch.float64, requires_grad=True)
+    y = ct.op("dropout")(x, p=0.25)
+    kept = y != 0
+    assert 0.70 < kept.double().mean().item() < 0.80
+    assert torch.allclose(y[kept], x[kept] / 0.75)
+    dy = torch.randn_like(y)
+    (g,) = torch.autograd.grad(y, x, dy)
+    assert torch.allclose(g, torch.where(kept, dy / 0.75, torch.zeros_like(dy)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_neutral_layer_on_cupy_arrays(name):
+    cp = pytest.importorskip("cupy")
+    if name in ("dropout",):
+        pytest.skip("dropout is random: test_dropout_mask_gradient")
+    d = autograd.get(name)
+    inputs, kw = _case(name, 0, seed=11)
+    ins = [None if a is None else cp.asarray(a) for a in inputs]
+    kwd = {k: (cp.asarray(v) if k in d.arrays and isinstance(v, np.ndarray) else v) for k, v in kw.items()}
+    outs, res = d.forward(*ins, **kwd)
+    leaves = [_torch(a, "cpu", grad=True) for a in inputs]
+    want = REFS[name](leaves, _split(d, kw, "cpu"))
+    rng = np.random.default_rng(2)
+    tol, gtol = _tol(inputs)
+    douts, loss = [], 0.0
+    for j, (o, w) in enumerate(zip(outs, want)):
+        if w is not None:
+            assert _rel(torch.from_numpy(cp.asnumpy(o)), w) < tol
+        if d.carries_gradient(j) and w is not None and o.dtype.kind == "f":
+            c = rng.standard_normal(o.shape).astype(o.dtype)
+            douts.append(cp.asarray(c))
+            loss = loss + (w * torch.from_numpy(c)).sum()
+        else:
+            douts.append(None)
+    if isinstance(loss, float):
+        return
+    options = {k: v for k, v in kwd.items() if k not in d.arrays}
+    grads = d.backward(res, tuple(douts), tuple(a is not None for a in ins), **options)
+    diff = [(g, t) for g, t in zip(grads, leaves) if t is not None and t.requires_grad]
+    g_ref = torch.autograd.grad(loss, [t for _, t in diff], allow_unused=True)
+    for (g, _), r in zip(diff, g_ref):
+        if r is not None:
+            assert g is not None and _rel(torch.from_numpy(cp.asnumpy(g)), r) < gtol
+
+
+def test_the_framework_free_tape_trains_a_tiny_model():
+    """Digits (scikit-learn's 8x8), conv -> ReLU -> max pool -> conv (the classifier) -> log-softmax, with CuPy
+    arrays and the tape in tests/l3/tape.py: no autograd framework at all."""
+    cp = pytest.importorskip("cupy")
+    datasets = pytest.importorskip("sklearn.datasets")
+    from ..l3.tape import Tape
+
+    data = datasets.load_digits()
+    x_all = cp.asarray(data.images[:, None].astype(np.float32) / 16.0)
+    y_all = cp.asarray(data.target)
+    rng = np.random.default_rng(0)
+    w1 = cp.asarray(rng.standard_normal((16, 1, 3, 3)).astype(np.float32) * 0.3)
+    w2 = cp.asarray(rng.standard_normal((10, 16, 4, 4)).astype(np.float32) * 0.1)
+    losses = []
+    for _ in range(150):
+        idx = cp.asarray(rng.integers(0, len(data.target), 128))
+        x, y = x_all[idx], y_all[idx]
+        tape = Tape()
+        h = tape("convolution", x, w1, None, padding=1)
+        h = tape("activation", h, mode="relu")
+        h = tape("pooling", h, window=2, stride=2)
+        logits = tape("convolution", h, w2, None)  # (N, 10, 1, 1)
+        logp = tape("softmax", logits, axis=1, log=True)
+        onehot = cp.zeros_like(logp)
+        onehot[cp.arange(len(y)), y, 0, 0] = 1
+        losses.append(float(-(logp * onehot).sum() / len(y)))
+        g1, g2 = tape.grad(logp, -onehot / len(y), [w1, w2])
+        w1 -= 0.5 * g1
+        w2 -= 0.5 * g2
+    assert np.mean(losses[-10:]) < 0.35 * np.mean(losses[:10]), losses[::15]
+    h = autograd.get("pooling").forward(
+        autograd.get("activation").forward(autograd.get("convolution").forward(x_all, w1, None, padding=1)[0][0])[0][0],
+        window=2, stride=2)[0][0]  # fmt: skip
+    pred = autograd.get("convolution").forward(h, w2, None)[0][0].reshape(len(y_all), 10).argmax(axis=1)
+    assert float((pred == y_all).mean()) > 0.85
+
+
+def test_a_small_model_under_torch_compile_matches_eager():
+    import cudnnkit.torch as ct
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 16, 16, device="cuda")
+    w = (torch.randn(8, 3, 3, 3, device="cuda") * 0.2).requires_grad_()
+    scale = torch.ones(8, device="cuda", requires_grad=True)
+    bias = torch.zeros(8, device="cuda", requires_grad=True)
+
+    def model(x):
+        h = ct.op("convolution")(x, w, None, padding=1)
+        h = ct.op("batch_norm")(h, scale, bias, None, running_mean=torch.zeros(8, device="cuda"),
+                                running_var=torch.ones(8, device="cuda"))  # fmt: skip
+        h = h[0] if isinstance(h, tuple) else h
+        h = ct.op("activation")(h, mode="relu")
+        h = ct.op("pooling")(h, window=2, stride=2)
+        return ct.op("softmax")(h.flatten(1), axis=-1)
+
+    eager = model(x)
+    (ge,) = torch.autograd.grad(eager.square().sum(), [w])
+    for mode in ("default", "reduce-overhead"):
+        compiled = torch.compile(model, fullgraph=True, mode=mode)
+        got = compiled(x)
+        (gc,) = torch.autograd.grad(got.square().sum(), [w])
+        assert _rel(got, eager) < 1e-5 and _rel(gc, ge) < 1e-4, mode

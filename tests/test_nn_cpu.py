@@ -1,0 +1,444 @@
+"""cudnnkit.nn on the CPU: the module imports without torch, every name exists, the argument mapping to the L3 ops
+(keywords checked against each declaration's forward signature, through a stand-in for ``cudnnkit.torch.op``),
+the helpers (LRN parameters against torch's formula, CTC reductions against torch's own ctc_loss, pooling defaults,
+RNN parameter packing), and every unsupported combination raising ``NotImplementedError`` naming the argument
+before any GPU work."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cudnnkit.nn as nn
+from cudnnkit import autograd
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+NAMES = """conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d max_pool1d max_pool2d max_pool3d
+avg_pool1d avg_pool2d avg_pool3d softmax log_softmax batch_norm layer_norm rms_norm instance_norm local_response_norm
+dropout grid_sample affine_grid ctc_loss scaled_dot_product_attention relu sigmoid tanh elu silu hardtanh gelu lstm gru
+rnn_tanh rnn_relu""".split()
+
+
+def test_imports_without_torch_or_cupy():
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.partition('.')[0] in ('torch', 'cupy'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import cudnnkit.nn as nn\n"
+        "assert callable(nn.conv2d) and 'torch' not in sys.modules and 'cupy' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_name_exists_with_a_one_line_docstring(name):
+    fn = getattr(nn, name)
+    assert callable(fn) and name in nn.__all__
+    doc = inspect.getdoc(fn)
+    assert doc and ("L3" in doc or "not offered" in doc or "graph" in doc), name
+
+
+def test_signatures_follow_torch():
+    for name in ("batch_norm", "layer_norm", "rms_norm", "instance_norm", "local_response_norm", "dropout",
+                 "grid_sample", "affine_grid", "ctc_loss", "hardtanh", "elu", "softmax", "log_softmax"):  # fmt: skip
+        assert list(inspect.signature(getattr(nn, name)).parameters) == list(
+            inspect.signature(getattr(F, name)).parameters), name  # fmt: skip
+    assert list(inspect.signature(nn.scaled_dot_product_attention).parameters)[:7] == [
+        "query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"]  # fmt: skip
+    assert list(inspect.signature(nn.max_pool2d).parameters) == [
+        "input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"]  # fmt: skip
+    assert list(inspect.signature(nn.conv_transpose2d).parameters) == [
+        "input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"]  # fmt: skip
+
+
+# ----------------------------------------------------------------- the L3 calls, through a stand-in torch op
+
+
+class Recorder:
+    """Stands in for ``cudnnkit.torch.op``: records each call, checks its arguments bind to the declaration's
+    forward, zeroes the mutated arrays and returns zeros (one per output)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, name):
+        d = autograd.get(name)
+
+        def op(*inputs, **kw):
+            assert len(inputs) == len(d.inputs), (name, len(inputs))
+            inspect.signature(d.forward).bind(*inputs, **kw)  # every keyword is one the L3 forward takes
+            self.calls.append((name, inputs, kw))
+            for m in d.mutated:  # as TorchOp writes the new statistics into the caller's arrays
+                if kw.get(m) is not None:
+                    kw[m].zero_()
+            outs = tuple(torch.zeros_like(inputs[0]) for _ in d.outputs)
+            return outs[0] if len(outs) == 1 else outs
+
+        return op
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    import cudnnkit.torch as ckt
+
+    r = Recorder()
+    monkeypatch.setattr(ckt, "op", r)
+    return r
+
+
+@pytest.fixture
+def no_device(monkeypatch):
+    """Any L3 call fails the test: the NotImplementedError must come first."""
+    import cudnnkit.torch as ckt
+
+    def op(name):
+        raise AssertionError(f"reached the L3 op {name!r}")
+
+    monkeypatch.setattr(ckt, "op", op)
+
+
+def t(*shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype)
+
+
+def test_conv_mapping(rec):
+    nn.conv2d(t(2, 4, 8, 8), t(6, 2, 3, 3), t(6), stride=2, padding=1, dilation=(1, 2), groups=2)
+    name, (x, w, b), kw = rec.calls[-1]
+    assert name == "convolution" and b is not None
+    assert kw == dict(stride=(2, 2), padding=(1, 1), dilation=(1, 2), groups=2)
+    nn.conv1d(t(4, 8), t(6, 4, 3), padding="same")  # unbatched: a batch of 1 is added
+    assert rec.calls[-1][1][0].shape == (1, 4, 8) and rec.calls[-1][2]["padding"] == "same"
+    nn.conv_transpose3d(t(1, 4, 3, 3, 3), t(4, 2, 2, 2, 2), stride=2, output_padding=1)
+    name, (x, w), kw = rec.calls[-1]
+    assert name == "convolution_transpose" and kw["output_padding"] == (1, 1, 1) and kw["stride"] == (2, 2, 2)
+
+
+def test_pooling_mapping_and_stride_default(rec):
+    nn.max_pool2d(t(1, 2, 7, 7), 3)
+    assert rec.calls[-1][2] == dict(mode="max", window=(3, 3), stride=(3, 3), padding=(0, 0), ceil_mode=False,
+                                    propagate_nan=True)  # fmt: skip
+    nn.avg_pool1d(t(2, 9), 2, stride=[], count_include_pad=False, ceil_mode=True)
+    assert rec.calls[-1][2] == dict(mode="avg_exclude_padding", window=(2,), stride=(2,), padding=(0,),
+                                    ceil_mode=True)  # fmt: skip
+    assert rec.calls[-1][1][0].shape == (1, 2, 9)
+    nn.avg_pool3d(t(1, 1, 4, 4, 4), (2, 2, 2), stride=1, padding=1)
+    assert rec.calls[-1][2]["mode"] == "avg_include_padding" and rec.calls[-1][2]["stride"] == (1, 1, 1)
+    assert nn.pooling.pool_args(2, 3, None, 0) == ((3, 3), (3, 3), (0, 0))
+
+
+def test_normalization_mapping(rec):
+    rm, rv = t(3), torch.ones(3)
+    nn.batch_norm(t(4, 3, 5), rm, rv, training=True, momentum=0.2, eps=1e-3)
+    name, (x, scale, bias, z), kw = rec.calls[-1]
+    assert name == "batch_norm" and z is None and torch.equal(scale, torch.ones(3)) and torch.equal(bias, t(3))
+    assert kw["running_mean"] is rm and kw["training"] is True and kw["momentum"] == 0.2 and kw["epsilon"] == 1e-3
+    # half-precision statistics go through float32 copies, written back
+    rmh = torch.full((3,), 0.5, dtype=torch.float16)
+    nn.batch_norm(t(4, 3, dtype=torch.float16), rmh, torch.ones(3, dtype=torch.float16), training=True)
+    kw = rec.calls[-1][2]
+    assert kw["running_mean"].dtype == torch.float32 and kw["running_mean"] is not rmh
+    assert torch.equal(rmh, torch.full((3,), 0.0, dtype=torch.float16))  # the (zero) result was written back
+    nn.layer_norm(t(2, 3, 4, dtype=torch.bfloat16), (3, 4), weight=t(3, 4, dtype=torch.bfloat16))
+    name, (x, scale, bias), kw = rec.calls[-1]
+    assert scale.dtype == torch.float32 and bias is None and kw == dict(normalized_shape_ndim=2, epsilon=1e-5)
+    nn.rms_norm(t(2, 4, dtype=torch.float16), [4])
+    assert rec.calls[-1][2] == dict(normalized_shape_ndim=1, epsilon=torch.finfo(torch.float16).eps)
+    nn.instance_norm(t(2, 3, 4, 4), weight=torch.ones(3), bias=t(3), eps=1e-4)
+    assert rec.calls[-1][0] == "instance_norm" and rec.calls[-1][2] == dict(epsilon=1e-4)
+    nn.instance_norm(t(2, 3, 4), rm, rv, use_input_stats=False)
+    assert rec.calls[-1][0] == "batch_norm" and rec.calls[-1][2]["training"] is False
+    nn.local_response_norm(t(1, 6, 3), 3, alpha=2e-4, beta=0.5, k=2.0)
+    assert rec.calls[-1][2] == dict(size=3, lrn_alpha=2e-4, lrn_beta=0.5, k=2.0)
+
+
+def test_activation_softmax_dropout_mapping(rec):
+    nn.relu(t(3))
+    assert rec.calls[-1][2] == dict(mode="relu", coef=None, propagate_nan=True)
+    nn.hardtanh(t(3), 0.0, 2.5)
+    assert rec.calls[-1][2] == dict(mode="clipped_relu", coef=2.5, propagate_nan=True)
+    nn.silu(t(3))
+    assert rec.calls[-1][2]["mode"] == "swish" and rec.calls[-1][2]["coef"] == 1.0
+    nn.elu(t(3), alpha=0.5)
+    assert rec.calls[-1][2]["coef"] == 0.5
+    x = t(2, 3)
+    assert nn.relu(x, inplace=True) is x
+    nn.log_softmax(t(2, 3), 1, dtype=torch.float64)
+    name, (x,), kw = rec.calls[-1]
+    assert x.dtype == torch.float64 and kw == dict(axis=1, algo="accurate", log=True)
+    with pytest.warns(UserWarning, match="Implicit dimension"):
+        nn.softmax(t(2, 3, 4))
+    assert rec.calls[-1][2]["axis"] == 0  # torch's implicit choice for 3-d
+    n = len(rec.calls)
+    x = t(4)
+    assert nn.dropout(x, 0.3, training=False) is x and len(rec.calls) == n
+    assert torch.equal(nn.dropout(x + 1, 1.0), t(4)) and len(rec.calls) == n
+    nn.dropout(t(4), 0.25)
+    assert rec.calls[-1][2] == dict(p=0.25, state=None)
+
+
+def test_vision_and_ctc_mapping(rec):
+    nn.affine_grid(t(2, 2, 3), torch.Size([2, 3, 4, 5]), align_corners=True)
+    assert rec.calls[-1][2] == dict(size=(2, 3, 4, 5)) and type(rec.calls[-1][2]["size"][0]) is int
+    nn.grid_sample(t(2, 3, 4, 5), t(2, 6, 7, 2), align_corners=True)
+    assert rec.calls[-1][0] == "grid_sample"
+    targets = torch.tensor([[1, 2, 0], [3, 3, 1]])
+    nn.ctc_loss(t(6, 2, 5), targets, torch.tensor([6, 5]), (2, 3), reduction="none")
+    name, (x,), kw = rec.calls[-1]
+    assert kw["labels"].tolist() == [1, 2, 3, 3, 1] and kw["labels"].dtype == torch.int32
+    assert kw["label_lengths"].tolist() == [2, 3] and kw["input_lengths"].tolist() == [6, 5]
+    assert kw["blank"] == 0 and kw["normalization"] == "softmax" and not kw["labels"].is_cuda
+
+
+def test_rnn_mapping(rec, monkeypatch):
+    m = torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True, proj_size=2)
+    cfg = nn.rnn.rnn_config("lstm", m._flat_weights, True, 2, 0.1, True, "float32")
+    assert (cfg.input_size, cfg.hidden_size, cfg.proj_size, cfg.num_layers, cfg.bidirectional) == (3, 5, 2, 2, True)
+    assert cfg.bias_mode == "double" and cfg.dropout == 0.1
+    from cudnnkit.ops import torch_param_names
+
+    assert torch_param_names(cfg) == list(m._flat_weights_names)
+    g = torch.nn.GRU(4, 3, bias=False)
+    cfg = nn.rnn.rnn_config("gru", g._flat_weights, False, 1, 0.0, False, "float32")
+    assert (cfg.cell, cfg.input_size, cfg.hidden_size, cfg.bias_mode) == ("gru", 4, 3, "none")
+    # the flat layout is cuDNN's (a device query): a stand-in, then the call's keywords
+    r = torch.nn.RNN(2, 3)
+    cfg = nn.rnn.rnn_config("tanh", r._flat_weights, True, 1, 0.0, False, "float32")
+    fake = [(0, 6, "weight_ih_l0", 0, 3), (8, 9, "weight_hh_l0", 0, 3), (17, 3, "bias_ih_l0", 0, 3),
+            (20, 3, "bias_hh_l0", 0, 3)]  # fmt: skip
+    monkeypatch.setattr(nn.rnn, "flat_layout", lambda cfg, like: (fake, 24))
+    out, h = nn.rnn_tanh(t(4, 1, 2), None, r._flat_weights, True, 1, 0.0, True, False, True)
+    name, (x, w, hx, cx), kw = rec.calls[-1]
+    assert name == "rnn" and w.shape == (24,) and kw == dict(rnn=cfg, training=True, layout="batch_major")
+    assert kw["rnn"] is nn.rnn.rnn_config("tanh", r._flat_weights, True, 1, 0.0, False, "float32")  # one object
+
+
+def test_pack_params_places_each_piece_and_is_differentiable():
+    a = torch.arange(6.0).reshape(2, 3).requires_grad_()
+    b = torch.arange(10.0, 14.0).requires_grad_()
+    pieces = [(2, 3, "a", 1, 1), (5, 3, "a", 0, 1), (9, 2, "b", 1, 2)]  # rows of a, a slice of b, with gaps
+    w = nn.rnn.pack_params(pieces, 12, {"a": a, "b": b}, torch.zeros(1))
+    assert w.tolist() == [0, 0, 3, 4, 5, 0, 1, 2, 0, 11, 12, 0]
+    (w * torch.arange(12.0)).sum().backward()
+    assert a.grad.tolist() == [[5, 6, 7], [2, 3, 4]] and b.grad.tolist() == [0, 9, 10, 0]
+    with pytest.raises(ValueError, match="overlap"):
+        nn.rnn.pack_params([(0, 3, "a", 0, 1), (2, 3, "a", 1, 1)], 6, {"a": a}, torch.zeros(1))
+
+
+# ----------------------------------------------------------------- helpers against torch's definitions
+
+
+def _cudnn_lrn(x, size, alpha, beta, k):
+    """cuDNN's documented LRN: window c - (size - 1) // 2 .. c + size // 2, alpha / size."""
+    c = x.shape[1]
+    sq = x**2
+    out = np.empty_like(x)
+    for i in range(c):
+        lo, hi = max(0, i - (size - 1) // 2), min(c, i + size // 2 + 1)
+        out[:, i] = x[:, i] / (k + alpha / size * sq[:, lo:hi].sum(axis=1)) ** beta
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 3, 5, 7])
+@pytest.mark.parametrize("shape", [(2, 6, 5), (2, 9, 3, 4), (1, 4, 2, 2, 3)])
+def test_lrn_parameters_give_torchs_formula_for_odd_sizes(size, shape):
+    x = np.random.default_rng(size).standard_normal(shape)
+    kw = nn.normalization.lrn_params(size, 3e-2, 0.6, 1.5)
+    ours = _cudnn_lrn(x, kw["size"], kw["lrn_alpha"], kw["lrn_beta"], kw["k"])
+    ref = F.local_response_norm(torch.from_numpy(x), size, 3e-2, 0.6, 1.5).numpy()
+    np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_lrn_even_size_differs_so_it_is_refused():
+    x = np.random.default_rng(0).standard_normal((1, 5, 3))
+    ref = F.local_response_norm(torch.from_numpy(x), 2, 0.5, 0.75, 1.0).numpy()
+    assert not np.allclose(_cudnn_lrn(x, 2, 0.5, 0.75, 1.0), ref)
+    with pytest.raises(NotImplementedError, match="size=2"):
+        nn.normalization.lrn_params(2, 1e-4, 0.75, 1.0)
+
+
+def _torch_ctc_case():
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(6, 3, 5, generator=g, dtype=torch.float64).log_softmax(-1).requires_grad_()
+    targets = torch.tensor([[1, 2, 2], [3, 1, 0], [4, 4, 4]])
+    il, tl = torch.tensor([6, 4, 4]), torch.tensor([3, 2, 3])  # sample 2: 3 repeats need 5 steps, has 4: inf
+    return lp, targets, il, tl
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_reduction_matches_torch(reduction, zero_infinity):
+    lp, targets, il, tl = _torch_ctc_case()
+    costs = F.ctc_loss(lp, targets, il, tl, reduction="none")
+    assert torch.isinf(costs[2])
+    ours = nn.loss.ctc_reduce(costs, tl.tolist(), reduction, zero_infinity)
+    ref = F.ctc_loss(lp, targets, il, tl, reduction=reduction, zero_infinity=zero_infinity)
+    assert torch.allclose(ours, ref, equal_nan=True) or (torch.isinf(ours).all() and torch.isinf(ref).all())
+
+
+def test_ctc_reduction_of_a_fake_loss_vector():
+    costs = torch.tensor([2.0, float("inf"), 6.0], requires_grad=True)
+    mean = nn.loss.ctc_reduce(costs, [2, 4, 0], "mean", True)
+    assert mean.item() == pytest.approx((1.0 + 0.0 + 6.0) / 3)  # each / max(length, 1), then the average
+    mean.backward()
+    assert costs.grad.tolist() == pytest.approx([1 / 6, 0.0, 1 / 3])  # zero_infinity: no gradient through inf
+    assert nn.loss.ctc_reduce(costs, [2, 4, 0], "sum", True).item() == 8.0
+    assert torch.isinf(nn.loss.ctc_reduce(costs, [2, 4, 0], "sum", False))
+    with pytest.raises(ValueError, match="reduction"):
+        nn.loss.ctc_reduce(costs, [1, 1, 1], "avg", False)
+
+
+def test_pack_targets():
+    assert nn.loss.pack_targets(torch.tensor([[1, 2, 9], [3, 9, 9]]), [2, 1]).tolist() == [1, 2, 3]
+    assert nn.loss.pack_targets(np.array([1, 2, 3, 7]), [2, 1]).tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match="target_lengths"):
+        nn.loss.pack_targets(torch.tensor([[1, 2]]), [3])
+
+
+def test_ceil_mode_windows_past_the_padding():
+    assert nn.pooling.ceil_pads_past((5,), (2,), (2,), (0,))  # the last window starts at 4: cell 5 is past
+    assert not nn.pooling.ceil_pads_past((4,), (2,), (2,), (0,))
+    assert not nn.pooling.ceil_pads_past((7, 7), (3, 3), (3, 3), (1, 1))  # ceil adds no window here
+    assert nn.pooling.ceil_pads_past((6, 6), (3, 3), (3, 3), (1, 1))  # the last covers input, padding and past
+    # torch's divisor for such a window is its part within input + padding: not cuDNN's whole window
+    x = torch.ones(1, 1, 5)
+    assert F.avg_pool1d(x, 2, ceil_mode=True, count_include_pad=True)[0, 0, -1].item() == 1.0
+
+
+def test_softmax_implicit_dim():
+    with pytest.warns(UserWarning):
+        assert [nn.activation.softmax_dim(n, None, "softmax") for n in (0, 1, 2, 3, 4)] == [0, 0, 1, 0, 1]
+    assert nn.activation.softmax_dim(3, -1, "softmax") == -1
+
+
+def test_library_detection():
+    from cudnnkit.nn._common import library
+
+    assert library(None, torch.zeros(1)) == "torch"
+    with pytest.raises(TypeError, match="torch tensors or CuPy arrays"):
+        library(np.zeros(1))
+
+
+# ----------------------------------------------------------------- refused before any GPU work
+
+
+def _sdpa(dtype=torch.float16, hk=4, **kw):
+    q = t(1, 4, 8, 16, dtype=dtype)
+    kv = t(1, hk, 8, 16, dtype=dtype)
+    return nn.scaled_dot_product_attention(q, kv, kv, **kw)
+
+
+REFUSED = [
+    ("return_indices", lambda: nn.max_pool2d(t(1, 1, 4, 4), 2, return_indices=True)),
+    ("dilation", lambda: nn.max_pool1d(t(1, 1, 8), 2, dilation=2)),
+    ("divisor_override", lambda: nn.avg_pool2d(t(1, 1, 4, 4), 2, divisor_override=3)),
+    ("ceil_mode", lambda: nn.avg_pool1d(t(1, 1, 5), 2, ceil_mode=True)),
+    (
+        "padding='same'",
+        lambda: nn.conv2d(t(1, 1, 5, 5, dtype=torch.float64), t(1, 1, 2, 2, dtype=torch.float64), padding="same"),
+    ),  # fmt: skip
+    ("size=4", lambda: nn.local_response_norm(t(1, 4, 3), 4)),
+    ("size=17", lambda: nn.local_response_norm(t(1, 4, 3), 17)),
+    ("k=", lambda: nn.local_response_norm(t(1, 4, 3), 3, k=0.0)),
+    ("beta=", lambda: nn.local_response_norm(t(1, 4, 3), 3, beta=0.001)),
+    ("input has dtype bfloat16", lambda: nn.local_response_norm(t(1, 4, 3, dtype=torch.bfloat16), 3)),
+    ("mode='nearest'", lambda: nn.grid_sample(t(1, 1, 3, 3), t(1, 2, 2, 2), mode="nearest", align_corners=True)),
+    (
+        "padding_mode='border'",
+        lambda: nn.grid_sample(t(1, 1, 3, 3), t(1, 2, 2, 2), padding_mode="border", align_corners=True),
+    ),  # fmt: skip
+    ("align_corners=None", lambda: nn.grid_sample(t(1, 1, 3, 3), t(1, 2, 2, 2))),
+    ("align_corners=False", lambda: nn.affine_grid(t(1, 2, 3), (1, 1, 3, 3), align_corners=False)),
+    ("input of shape", lambda: nn.grid_sample(t(1, 1, 3, 3, 3), t(1, 2, 2, 2, 3), align_corners=True)),
+    ("size=", lambda: nn.affine_grid(t(1, 3, 4), (1, 1, 2, 3, 3), align_corners=True)),
+    ("H >= 2", lambda: nn.affine_grid(t(1, 2, 3), (1, 1, 1, 3), align_corners=True)),
+    (
+        "theta has dtype bfloat16",
+        lambda: nn.affine_grid(t(1, 2, 3, dtype=torch.bfloat16), (1, 1, 3, 3), align_corners=True),
+    ),  # fmt: skip
+    ("blank=2", lambda: nn.ctc_loss(t(4, 1, 3), torch.tensor([[1]]), (4,), (1,), blank=2)),
+    (
+        "log_probs has dtype float64",
+        lambda: nn.ctc_loss(t(4, 1, 3, dtype=torch.float64), torch.tensor([[1]]), (4,), (1,)),
+    ),  # fmt: skip
+    ("target_lengths", lambda: nn.ctc_loss(t(4, 2, 3), torch.tensor([[1], [1]]), (4, 4), (1, 0))),
+    (
+        "target_lengths above 255",
+        lambda: nn.ctc_loss(t(300, 1, 3), torch.ones(1, 256, dtype=torch.long), (300,), (256,)),
+    ),  # fmt: skip
+    ("attn_mask", lambda: _sdpa(attn_mask=t(8, 8, dtype=torch.bool))),
+    ("dropout_p", lambda: _sdpa(dropout_p=0.1)),
+    ("query has dtype float32", lambda: _sdpa(dtype=torch.float32)),
+    ("enable_gqa", lambda: _sdpa(hk=2, enable_gqa=True)),
+    ("shape", lambda: nn.scaled_dot_product_attention(*(t(2, 2, 2, 4, 8, dtype=torch.float16),) * 3)),
+    ("min_val=-1", lambda: nn.hardtanh(t(3))),
+    ("max_val=0", lambda: nn.hardtanh(t(3), 0.0, 0.0)),
+    ("gelu", lambda: nn.gelu(t(3))),
+    ("gelu_tanh", lambda: nn.gelu(t(3), approximate="tanh")),
+    ("leaky_relu", lambda: nn.leaky_relu(t(3))),
+    ("softplus", lambda: nn.softplus(t(3))),
+    ("input has dtype float64", lambda: nn.layer_norm(t(2, 4, dtype=torch.float64), (4,))),
+    ("input has dtype float64", lambda: nn.rms_norm(t(2, 4, dtype=torch.float64), (4,))),
+    ("input has dtype float64", lambda: nn.instance_norm(t(2, 3, 4, dtype=torch.float64))),
+    ("running_mean", lambda: nn.instance_norm(t(2, 3, 4), t(3), torch.ones(3))),
+    ("eps=0", lambda: nn.layer_norm(t(2, 4), (4,), eps=0.0)),
+    ("momentum=None", lambda: nn.batch_norm(t(2, 3), t(3), torch.ones(3), training=True, momentum=None)),
+    ("eps=0", lambda: nn.batch_norm(t(2, 3), t(3), torch.ones(3), eps=0.0)),
+    ("input has dtype bfloat16", lambda: nn.dropout(t(3, dtype=torch.bfloat16), 0.5)),
+    (
+        "input has dtype bfloat16",
+        lambda: nn.grid_sample(
+            t(1, 1, 3, 3, dtype=torch.bfloat16), t(1, 2, 2, 2, dtype=torch.bfloat16), align_corners=True
+        ),
+    ),  # fmt: skip
+    (
+        "PackedSequence",
+        lambda: nn.lstm(torch.nn.utils.rnn.pack_sequence([t(3, 2)]), None, [], True, 1, 0.0, False, False, False),
+    ),  # fmt: skip
+    (
+        "input has dtype bfloat16",
+        lambda: nn.gru(t(3, 1, 2, dtype=torch.bfloat16), None, [], True, 1, 0.0, False, False, False),
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("what, fn", REFUSED, ids=[f"{i}-{w}" for i, (w, _) in enumerate(REFUSED)])
+def test_refused_with_not_implemented_naming_the_argument(no_device, what, fn):
+    with pytest.raises(NotImplementedError) as e:
+        fn()
+    assert what in str(e.value)
+
+
+def test_conv_transpose_without_its_l3_op(no_device, monkeypatch):
+    monkeypatch.setattr(nn.conv, "has_l3", lambda name: False)
+    with pytest.raises(NotImplementedError, match="convolution_transpose"):
+        nn.conv_transpose2d(t(1, 2, 3, 3), t(2, 1, 2, 2))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda: nn.conv2d(t(1, 1, 4, 4), t(1, 1, 3, 3), padding="same", stride=2),
+        lambda: nn.conv2d(t(1, 1, 4, 4, 4, 4), t(1, 1, 3, 3)),
+        lambda: nn.conv_transpose2d(t(1, 1, 4, 4), t(1, 1, 3, 3), padding="same"),
+        lambda: nn.batch_norm(t(2, 3), None, None, training=False),
+        lambda: nn.layer_norm(t(2, 4), (3,)),
+        lambda: nn.dropout(t(3), 1.5),
+        lambda: nn.ctc_loss(t(4, 1, 3), torch.tensor([[1]]), (4,), (1,), reduction="avg"),
+        lambda: nn.scaled_dot_product_attention(
+            t(1, 4, 8, 16, dtype=torch.float16), *(t(1, 2, 8, 16, dtype=torch.float16),) * 2
+        ),  # fmt: skip
+        lambda: nn.lstm(t(3, 1, 2), None, [t(4, 2)] * 3, True, 1, 0.0, False, False, False),
+    ],
+)
+def test_bad_arguments_raise_value_errors_first(no_device, fn):
+    with pytest.raises(ValueError):
+        fn()

@@ -52,7 +52,15 @@ def log_softmax(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype:
 
 def _act(input: Any, mode: str, inplace: bool, coef: float | None = None, nan: bool = False) -> Any:
     y = call1("activation", input, mode=mode, coef=coef, propagate_nan=nan)
-    return copy_into(input, y) if inplace else y
+    return _inplace(input, y) if inplace else y
+
+
+def _inplace(x: Any, y: Any) -> Any:
+    """``inplace=True``: ``y`` written into ``x``, except where autograd records ``x`` (the op's backward reads
+    the ``x`` it saved, which a write would change): then ``y`` itself, as cudnnkit's modules do."""
+    if getattr(x, "requires_grad", False):
+        return y
+    return copy_into(x, y)
 
 
 def relu(input: Any, inplace: bool = False) -> Any:
@@ -133,4 +141,4 @@ def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = F
         y = clone(input)
     else:
         y = call1("dropout", input, p=p, state=None)
-    return copy_into(input, y) if inplace else y
+    return _inplace(input, y) if inplace else y

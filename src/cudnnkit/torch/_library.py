@@ -11,7 +11,8 @@ For a :class:`~cudnnkit.ops._diff.Differentiable` ``d`` named ``n``, :func:`defi
   output (``d.meta``'s order). :class:`TorchOp` copies the new values into the caller's arrays, as torch's own
   functional batch norm is used.
 * ``cudnnkit::n_backward(Tensor?[] residuals, Tensor?[] douts, str kw) -> Tensor[]``: one gradient per input
-  (an empty tensor where none is needed), from ``d.backward``.
+  (an empty tensor where none is needed), from ``d.backward``, under the ``cudnnkit.settings`` the forward ran
+  with (autograd runs backward on a thread of its own, where the caller's settings are not in force).
 
 ``register_fake`` of both comes from ``d.meta`` (the forward) and the inputs' own metadata (the backward: each
 gradient is laid out like its input); the real calls give their results those strides too (a copy where cuDNN
@@ -23,7 +24,6 @@ forward saves the residuals and calls the backward op, so eager mode, ``torch.au
 from __future__ import annotations
 
 import ast
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +32,13 @@ import torch
 from ..ops._diff import Differentiable, Spec
 from ..runtime.adapters._torch import _FROM_TORCH, _TO_TORCH
 from ..runtime.cache import LRU, MISSING
+from ..runtime.settings import current_settings, settings
 
 __all__ = ["TorchOp", "define", "encode", "decode", "spec"]
 
 _SIMPLE = (bool, int, float, str, type(None))
 #: key -> an object passed by key (kept alive for the process: configs, dropout states)
 _OBJECTS: dict[int, Any] = {}
-_lock = threading.Lock()
 _DECODED: LRU[str, dict] = LRU("torch.kw", 4096)
 _META: LRU[tuple, Any] = LRU("torch.meta", 4096)
 
@@ -55,18 +55,44 @@ def _literal(v: Any) -> bool:
     return isinstance(v, tuple) and all(_literal(x) for x in v)
 
 
+def _config(v: Any) -> tuple | None:
+    """A frozen dataclass of literal fields (the ops' config objects: ``Convolution``, ``Pooling``, ``RNN``) as
+    ``("__dc__", "module:qualname", ((field, value), ...))``, rebuilt by value on the other side; else None."""
+    params = getattr(type(v), "__dataclass_params__", None)
+    if params is None or not params.frozen:
+        return None
+    items = tuple((f, _plain(getattr(v, f))) for f, fd in type(v).__dataclass_fields__.items() if fd.init)
+    if not all(_literal(x) for _, x in items):
+        return None
+    return ("__dc__", f"{type(v).__module__}:{type(v).__qualname__}", items)
+
+
 def encode(kw: dict[str, Any]) -> str:
-    """``kw`` as a string a custom op takes: a literal ``((name, value), ...)`` in name order; a value that is not
-    a literal (of bools, numbers, strings, None, tuples) is passed as ``("__obj__", key)``."""
+    """``kw`` as a string a custom op takes: a literal ``((name, value), ...)`` in name order; a config object by
+    value (:func:`_config`); any other value that is not a literal (of bools, numbers, strings, None, tuples) is
+    passed as ``("__obj__", key)`` (a dropout state: kept alive in a table)."""
     parts = []
     for k in sorted(kw):
         v = _plain(kw[k])
         if not _literal(v):
-            with _lock:
-                _OBJECTS.setdefault(id(v), v)
-            v = ("__obj__", id(v))
+            cfg = _config(v)
+            if cfg is not None:
+                v = cfg
+            else:
+                _OBJECTS.setdefault(id(v), v)  # one dict call: atomic, and traceable (no lock)
+                v = ("__obj__", id(v))
         parts.append((k, v))
     return repr(tuple(parts))
+
+
+def _rebuild(path: str, items: tuple) -> Any:
+    import importlib
+
+    mod, _, qual = path.partition(":")
+    cls: Any = importlib.import_module(mod)
+    for part in qual.split("."):
+        cls = getattr(cls, part)
+    return cls(**dict(items))
 
 
 def decode(s: str) -> dict[str, Any]:
@@ -77,6 +103,8 @@ def decode(s: str) -> dict[str, Any]:
         for k, v in ast.literal_eval(s):
             if isinstance(v, tuple) and len(v) == 2 and v[0] == "__obj__":
                 v = _OBJECTS[v[1]]
+            elif isinstance(v, tuple) and len(v) == 3 and v[0] == "__dc__":
+                v = _rebuild(v[1], v[2])
             got[k] = v
         _DECODED.put(s, got)
     return dict(got)
@@ -200,7 +228,9 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
     def backward_impl(residuals: list, douts: list, kw: str) -> list[torch.Tensor]:
         kwd = decode(kw)
         names, needs, specs = kwd.pop("__res__"), kwd.pop("__needs__"), kwd.pop("__specs__")
-        grads = d.backward(dict(zip(names, residuals)), tuple(douts), tuple(needs), **kwd)
+        # the forward's cudnnkit.settings: autograd runs the backward on a thread of its own
+        with settings(**dict(kwd.pop("__settings__"))):
+            grads = d.backward(dict(zip(names, residuals)), tuple(douts), tuple(needs), **kwd)
         dev = _device(residuals, douts)
         return [_as(g, Spec(*s)) if n and g is not None and s is not None else torch.empty(0, device=dev)
                 for g, n, s in zip(grads, needs, specs)]  # fmt: skip
@@ -229,13 +259,15 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         ctx.save_for_backward(*(by_name[k] if k in by_name else next(new) for k in res_specs))
         ctx.names = tuple(res_specs)
         ctx.kw = kwd
+        cur = current_settings()
+        ctx.settings = tuple((f, getattr(cur, f)) for f in cur.__dataclass_fields__)
         ctx.specs = tuple(None if t is None else tuple(spec(t)) for t in ins)
         ctx.needs = tuple(t is not None and t.requires_grad for t in ins)
         ctx.n_given, ctx.n_arrays = len(given), len(arrays)
 
     def backward(ctx: Any, grads: list) -> tuple:
         douts = [g if d.carries_gradient(i) else None for i, g in enumerate(list(grads)[: len(d.outputs)])]
-        kw = dict(ctx.kw, __res__=ctx.names, __needs__=ctx.needs, __specs__=ctx.specs)
+        kw = dict(ctx.kw, __res__=ctx.names, __needs__=ctx.needs, __specs__=ctx.specs, __settings__=ctx.settings)
         got = bwd(list(ctx.saved_tensors), douts, encode(kw))
         grads = [g for g, t in zip(got, ctx.specs) if t is not None]  # the given inputs' (a plain list)
         needs = [n for n, t in zip(ctx.needs, ctx.specs) if t is not None]

@@ -749,7 +749,15 @@ _CELLS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "tanh", "RNN_RELU": "relu"}
 _NGATES = {"lstm": 4, "gru": 3, "tanh": 1, "relu": 1}
 _CONFIGS: dict[tuple, _rnn.RNN] = {}
 _LAYOUTS: dict[tuple, tuple[int, tuple]] = {}
-_rnn_lock = threading.Lock()
+
+
+def _seed_of(m: Any) -> int:
+    """The RNN dropout seed of module ``m``: ``torch.initial_seed()`` when it was first asked (at construction or
+    conversion, outside any ``torch.compile`` trace, which cannot call it), kept on the module."""
+    seed = m.__dict__.get("_ck_dropout_seed")
+    if seed is None:
+        seed = m.__dict__["_ck_dropout_seed"] = torch.initial_seed() % 2**64
+    return seed
 
 
 def _torch_dtype_name(dt: torch.dtype) -> str:
@@ -779,8 +787,7 @@ def _weight_layout(cfg: _rnn.RNN, like: torch.Tensor) -> tuple[int, tuple[tuple[
                     name, first = f"{kind}_{side}{s}", cfg.hidden_size * (p.lin_id % ngates)
                 pieces.append((view.storage_offset() - base, name, first, int(view.shape[0]), int(view.numel())))
     got = _check_layout(w.numel(), tuple(sorted(pieces)), set(_rnn.torch_param_names(cfg)))
-    with _rnn_lock:
-        return _LAYOUTS.setdefault(key, got)
+    return _LAYOUTS.setdefault(key, got)
 
 
 def _check_layout(count: int, pieces: tuple, names: set[str]) -> tuple[int, tuple]:
@@ -834,15 +841,14 @@ class _RNNBase(_Twin):
     def _config_of(m: Any, dtype: str) -> _rnn.RNN:
         clip = getattr(m, "cell_clip", None)
         key = (m.mode, m.input_size, m.hidden_size, m.num_layers, bool(m.bidirectional), bool(m.bias), m.proj_size,
-               float(m.dropout), clip, dtype, torch.initial_seed() % 2**64)  # fmt: skip
+               float(m.dropout), clip, dtype, _seed_of(m))  # fmt: skip
         got = _CONFIGS.get(key)
         if got is None:
             got = _rnn.RNN(_CELLS[m.mode], m.input_size, m.hidden_size, num_layers=m.num_layers,
                            bidirectional=bool(m.bidirectional), bias_mode="double" if m.bias else "none",
                            proj_size=m.proj_size, dropout=float(m.dropout), dropout_seed=key[-1], dtype=dtype,
                            cell_clip=clip)  # fmt: skip
-            with _rnn_lock:
-                got = _CONFIGS.setdefault(key, got)
+            got = _CONFIGS.setdefault(key, got)  # one dict call: atomic, and traceable by torch.compile
         return got
 
     def forward(self, input: Any, hx: Any = None) -> Any:

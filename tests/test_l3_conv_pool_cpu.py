@@ -162,7 +162,13 @@ def test_the_convolution_backward_calls(monkeypatch):
     calls = _record(monkeypatch, cv, ["convolution_forward", "convolution_backward_data",
                                       "convolution_backward_filter", "convolution_backward_bias"])  # fmt: skip
     d = autograd.get("convolution")
-    x, w, b, dy = _Arr("x", (2, 4, 7, 6)), _Arr("w", (6, 2, 3, 3)), _Arr("b", (6,)), _Arr("dy", (2, 6, 4, 3))
+    h = "float16"  # a half type: the bias is fused (float32 splits it off: test_a_float32_bias_is_added_after)
+    x, w, b, dy = (
+        _Arr("x", (2, 4, 7, 6), h),
+        _Arr("w", (6, 2, 3, 3), h),
+        _Arr("b", (6,), h),
+        _Arr("dy", (2, 6, 4, 3), h),
+    )
     kw = dict(stride=2, padding=1, groups=2)
     (y,), res = d.forward(x, w, b, **kw)
     assert res == {"x": x, "w": w, "bias": b} and calls[0][0] == "convolution_forward"
@@ -344,6 +350,7 @@ def _numpy_convolution(monkeypatch):
         r = cv._bwd_filter_resolve(_views(x=x, dy=dy), kw)
         return ref.conv_backward_filter(x, dy, r.y_shape, **_conv_args(r))
 
+    monkeypatch.setattr(cv, "add_tensor", lambda a, c: c.__iadd__(a))
     for name, fn in (
         ("convolution_forward", fwd),
         ("convolution_backward_data", data),
@@ -417,3 +424,24 @@ def test_the_torch_references_of_per_side_padding_match_numpy(name):
             n = r.nsp
             got = pref.pool_forward(inputs[0], r.mode, r.window[:n], r.stride[:n], tuple(zip(r.pad[:n], r.post[:n])))
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12, err_msg=f"{name} {kw}")
+
+
+def test_a_float32_bias_is_added_after_the_convolution(monkeypatch):
+    """float32/float64 have no fused graph and the legacy call pads symmetrically only, so a bias there is
+    cudnnAddTensor after an unfused convolution (an asymmetric "same" padding with a bias has no fused form; found
+    on the H200 by the module tests); a half type keeps the fused call."""
+    calls = []
+    monkeypatch.setattr(cv, "convolution_forward", lambda x, w, b=None, **kw: calls.append(("conv", b)) or _Arr(
+        "y", (2, 6, 7, 6), x.dtype))  # fmt: skip
+    monkeypatch.setattr(cv, "add_tensor", lambda a, c: calls.append(("add", a.shape, c.name)) or c)
+    d = autograd.get("convolution")
+
+    class B(_Arr):
+        def reshape(self, shape):
+            return _Arr("b4", tuple(6 if s == -1 else s for s in shape), self.dtype)
+
+    for dtype, want in (("float32", [("conv", None), ("add", (1, 6, 1, 1), "y")]), ("bfloat16", None)):
+        calls.clear()
+        b = B("b", (6,), dtype)
+        d.forward(_Arr("x", (2, 4, 7, 6), dtype), _Arr("w", (6, 4, 2, 2), dtype), b, padding="same")
+        assert calls == (want or [("conv", b)])

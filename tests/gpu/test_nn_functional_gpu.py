@@ -12,13 +12,16 @@ the test (a fresh per-thread stack), so our backward runs without TF32 too.
 
 from __future__ import annotations
 
+import importlib
 import threading
 
 import pytest
 
 import cudnnkit
 import cudnnkit.nn as nn
-from cudnnkit.runtime import settings as settings_mod
+
+# the module (cudnnkit.runtime.settings, the name, is the settings() function re-exported)
+settings_mod = importlib.import_module("cudnnkit.runtime.settings")
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

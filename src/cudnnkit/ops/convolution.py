@@ -81,6 +81,7 @@ from ._graphform import Binder, channels_last_input, channels_last_output, graph
 from ._layout import c_order_view, channels_last_strides, copy_in
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
+from .tensor import add_tensor
 
 __all__ = [
     "Convolution",
@@ -853,10 +854,17 @@ def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha
     one float dtype -> ``y`` ``(N, K, *out)`` in x's layout, by one :func:`convolution_forward` (the graph's
     ``conv_fprop`` (+ ``ADD``) or ``cudnnConvolutionForward`` + ``cudnnAddTensor``). Residuals ``x``, ``w``, and
     ``bias`` when given (the backward makes db only then)."""
-    _l3_refuse(canonical(x.dtype, "x"), z, activation)
-    y = convolution_forward(x, w, bias, z_alpha=z_alpha, activation_coef=activation_coef, stride=stride,
-                            padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
+    dtype = canonical(x.dtype, "x")
+    _l3_refuse(dtype, z, activation)
+    # float32/float64: no fused graph (cuDNN 9.19's fused float32 graphs gave non-finite outputs), and the legacy
+    # call pads both sides alike, so an asymmetric padding ("same" with an even kernel) with a bias has no fused
+    # form at all: the convolution, then cudnnAddTensor of the bias (what the legacy fused call does anyway)
+    split = bias is not None and dtype in ("float32", "float64")
+    y = convolution_forward(x, w, None if split else bias, z_alpha=z_alpha, activation_coef=activation_coef,
+                            stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
                             out_dtype=out_dtype, scale=scale)  # fmt: skip
+    if split:
+        add_tensor(bias.reshape((1, -1) + (1,) * (len(y.shape) - 2)), y)
     return (y,), ({"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias})
 
 

@@ -101,3 +101,25 @@ def test_a_gradient_comes_back_in_its_inputs_layout():
     assert L._as(cl, Spec((2, 3, 4, 5), (60, 20, 5, 1), "float64")).stride() == (60, 20, 5, 1)
     t = torch.randn(2, 1, 4, dtype=torch.float64)
     assert L._as(t, Spec((2, 1, 4), (4, 1, 1), "float64")).data_ptr() == t.data_ptr()  # size-1 dims: no copy
+
+
+def test_non_finite_and_numpy_numbers_round_trip():
+    import math
+
+    import numpy as np
+
+    got = L.decode(L.encode({"fill": float("nan"), "clip": (-math.inf, 1.0), "eps": np.float64(0.5), "n": np.int64(3)}))
+    assert math.isnan(got["fill"]) and got["clip"] == (-math.inf, 1.0) and got["eps"] == 0.5 and got["n"] == 3
+    assert type(got["eps"]) is float and type(got["n"]) is int
+    before = len(L._OBJECTS)
+    for _ in range(3):
+        L.encode({"v": [np.int64(1)], "f": np.float32(2.0)})
+    assert len(L._OBJECTS) == before  # numbers are literals, not objects kept by key
+
+
+def test_the_gradient_of_an_expanded_input_comes_back_dense():
+    x = torch.randn(1, 4, dtype=torch.float64).expand(3, 4).requires_grad_()  # stride 0: an overlapping layout
+    w = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y, _ = T(x, w, scale=2.0)
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    assert torch.allclose(gx, 2.0 * w.detach())

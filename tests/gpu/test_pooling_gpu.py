@@ -141,3 +141,17 @@ def test_gradients_by_finite_differences_float64(xp, mode, nsp):
     dx = ops.pooling_backward(dev(xp, w), y, dev(xp, x), **kw)
     assert ops.last_path() == ("pooling_backward", "legacy")
     assert rel(host(xp, dx), finite_difference(loss, x)) < 1e-6
+
+
+@pytest.mark.parametrize("mode", ["max", "avg_exclude_padding"])
+def test_backward_with_dy_in_another_layout_than_y(xp, mode):
+    """dy channels-first while x and y are channels-last (what autograd may hand the backward): dy is copied into
+    y's layout and described with y's strides (the module tests' exclude-padding case: 2x4x9x9, 3x3/2, padding 1)."""
+    rng = np.random.default_rng(3)
+    x = _distinct(rng, (2, 4, 9, 9))
+    kw = dict(mode=mode, window=3, stride=2, padding=1)
+    xd = dev(xp, x, "float32", "nhwc")
+    y = ops.pooling_forward(xd, **kw)
+    dy = np.round(rng.standard_normal(y.shape) * 8) / 8
+    dx = ops.pooling_backward(dev(xp, dy, "float32", "nchw"), y, xd, **kw)
+    assert rel(host(xp, dx), ref.pool_backward(x, dy, mode, (3, 3), (2, 2), (1, 1))) < 1e-5

@@ -15,7 +15,7 @@ For a :class:`~cudnnkit.ops._diff.Differentiable` ``d`` named ``n``, :func:`defi
   with (autograd runs backward on a thread of its own, where the caller's settings are not in force).
 
 ``register_fake`` of both comes from ``d.meta`` (the forward) and the inputs' own metadata (the backward: each
-gradient is laid out like its input); the real calls give their results those strides too (a copy where cuDNN
+gradient is laid out like its input, C order for an expanded one); the real calls give their results those strides too (a copy where cuDNN
 wrote another layout, which the declarations avoid), so tracing and running agree. ``register_autograd`` of the
 forward saves the residuals and calls the backward op, so eager mode, ``torch.autograd.gradcheck``,
 ``torch.library.opcheck`` and ``torch.compile(fullgraph=True)`` all see one opaque op each way.
@@ -24,12 +24,14 @@ forward saves the residuals and calls the backward op, so eager mode, ``torch.au
 from __future__ import annotations
 
 import ast
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..ops._diff import Differentiable, Spec
+from ..ops._diff import Differentiable, Spec, new_like
 from ..runtime.adapters._torch import _FROM_TORCH, _TO_TORCH
 from ..runtime.cache import LRU, MISSING
 from ..runtime.settings import current_settings, settings
@@ -44,9 +46,19 @@ _META: LRU[tuple, Any] = LRU("torch.meta", 4096)
 
 
 def _plain(v: Any) -> Any:
-    """Tuples, lists and ``torch.Size`` s as plain tuples, recursively; anything else (a NamedTuple config too)
-    as it is."""
-    return tuple(_plain(x) for x in v) if type(v) in (tuple, list, torch.Size) else v
+    """Tuples, lists and ``torch.Size`` s as plain tuples, recursively; NumPy and other number subclasses as plain
+    ``int``/``float`` (a non-finite float as ``("__f__", "nan")``, which a literal cannot spell); anything else (a
+    NamedTuple config too) as it is."""
+    if type(v) in (tuple, list, torch.Size):
+        return tuple(_plain(x) for x in v)
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        f = float(v)
+        return f if math.isfinite(f) else ("__f__", repr(f))
+    return v
 
 
 def _literal(v: Any) -> bool:
@@ -95,17 +107,23 @@ def _rebuild(path: str, items: tuple) -> Any:
     return cls(**dict(items))
 
 
+def _unplain(v: Any) -> Any:
+    if isinstance(v, tuple):
+        if len(v) == 2 and v[0] == "__f__":
+            return float(v[1])
+        if len(v) == 2 and v[0] == "__obj__":
+            return _OBJECTS[v[1]]
+        if len(v) == 3 and v[0] == "__dc__":
+            return _rebuild(v[1], tuple((f, _unplain(x)) for f, x in v[2]))
+        return tuple(_unplain(x) for x in v)
+    return v
+
+
 def decode(s: str) -> dict[str, Any]:
     """:func:`encode`'s inverse (cached per string)."""
     got = _DECODED.lookup(s)
     if got is MISSING:
-        got = {}
-        for k, v in ast.literal_eval(s):
-            if isinstance(v, tuple) and len(v) == 2 and v[0] == "__obj__":
-                v = _OBJECTS[v[1]]
-            elif isinstance(v, tuple) and len(v) == 3 and v[0] == "__dc__":
-                v = _rebuild(v[1], v[2])
-            got[k] = v
+        got = {k: _unplain(v) for k, v in ast.literal_eval(s)}
         _DECODED.put(s, got)
     return dict(got)
 
@@ -232,14 +250,20 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         with settings(**dict(kwd.pop("__settings__"))):
             grads = d.backward(dict(zip(names, residuals)), tuple(douts), tuple(needs), **kwd)
         dev = _device(residuals, douts)
-        return [_as(g, Spec(*s)) if n and g is not None and s is not None else torch.empty(0, device=dev)
-                for g, n, s in zip(grads, needs, specs)]  # fmt: skip
+        out = []
+        for g, n, s in zip(grads, needs, specs):
+            if not n or s is None:
+                out.append(torch.empty(0, device=dev))
+            else:  # laid out like its input (C order for an expanded one); a zero gradient where none came
+                want = new_like(Spec(*s))
+                out.append(_empty(want, dev).zero_() if g is None else _as(g, want))
+        return out
 
     def backward_fake(residuals: list, douts: list, kw: str) -> list[torch.Tensor]:
         kwd = decode(kw)
         needs, specs = kwd["__needs__"], kwd["__specs__"]
         dev = _device(residuals, douts)
-        return [_empty(Spec(*s), dev) if n and s is not None else torch.empty(0, device=dev)
+        return [_empty(new_like(Spec(*s)), dev) if n and s is not None else torch.empty(0, device=dev)
                 for n, s in zip(needs, specs)]  # fmt: skip
 
     bwd = torch.library.custom_op(f"{qual}_backward", backward_impl, mutates_args=(),

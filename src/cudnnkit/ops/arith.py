@@ -19,6 +19,10 @@ packed arrays: inputs with other strides are copied to C order first, and a give
 ``propagate_nan``: min/max-type ops return NaN where one is read (``CUDNN_PROPAGATE_NAN``). Two reductions cuDNN
 9.19 refuses run around it (:func:`reduce_views`, measured on an H200): bfloat16 (every op NOT_SUPPORTED) as
 float32 copies, and a reduction over size-1 dims only (BAD_PARAM) as one of a stacked copy.
+
+L3 (the end of this module): both are differentiable ops of the same names (``cudnnkit.autograd``, the torch custom
+ops ``cudnnkit::op_tensor``/``cudnnkit::reduce_tensor``), their backwards composed of these calls and tensor.py's,
+with the arrays' own operators where cuDNN has no op (comparisons, division).
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ from typing import Any, NamedTuple
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, cudnn_dtype, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides
-from ..runtime.dtypes import FLOATS, check_scalar, itemsize, nan_propagation, scaling_ref
+from ..runtime.dtypes import FLOATS, check_dtype, check_scalar, itemsize, nan_propagation, scaling_ref
+from ..runtime.view import ArrayView
+from ._diff import Differentiable, Spec, differentiable
 from ._primitive import Call, Operand, Output, Primitive, register, run
+from .tensor import add_tensor, set_tensor, transform_tensor
 
 __all__ = ["op_tensor", "reduce_tensor"]
 
@@ -156,6 +163,8 @@ OP_TENSOR_OP = register(
         legacy=_op_call,
         empty=lambda r: 0 in r.shape,
         family="op_tensor",
+        differentiable=("a", "b"),  # L3 "op_tensor": the backward is composed of op_tensor/reduce_tensor calls
+        residuals=("a", "b", "out"),
     )
 )
 
@@ -343,6 +352,8 @@ REDUCE_TENSOR_OP = register(
         extras=("indices",),
         empty=lambda r: False,
         family="reduce_tensor",
+        differentiable=("a",),  # L3 "reduce_tensor": the backward is composed of L2 calls and array operators
+        residuals=("a", "out"),
     )
 )
 
@@ -364,3 +375,218 @@ def reduce_tensor(
     kw = dict(op=op, axes=axes, indices=indices, propagate_nan=propagate_nan, out=out, alpha=alpha, beta=beta)
     c, idx = run(REDUCE_TENSOR_OP, {"a": a}, stream=stream, **kw)
     return (c, idx) if indices else c
+
+
+# ----------------------------------------------------------------- the L3 declarations
+#
+# cuDNN has no backward for either call: the gradients are composed of the L2 calls above and of tensor.py's
+# (transform_tensor to scale, add_tensor to broadcast, set_tensor for zeros). What cuDNN has no op for (comparisons,
+# division, bool masks) is done with the arrays' own operators (``a > b``, ``dc * mask``, ``dc / c``), which CuPy
+# arrays and torch tensors share; a bool mask times a float array keeps the float dtype in both.
+
+
+def _view(s: Any) -> Any:
+    """A spec as the resolve functions read a view (None stays None)."""
+    return None if s is None else ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, 0, 0, None)
+
+
+def _scaled(x: Any, s: float, fresh: bool = False) -> Any:
+    """``s * x`` as a new array (``transform_tensor`` with ``alpha=s``; ``x`` itself when ``s == 1`` and ``x`` is
+    ``fresh``, a temporary of the backward: a gradient must never be the caller's cotangent)."""
+    return x if fresh and s == 1 else transform_tensor(x, alpha=s)
+
+
+def _sum_to(g: Any, b: Any, s: float, fresh: bool = False) -> Any:
+    """``s * g`` summed over the dims ``b`` broadcasts (size 1 in ``b``, not in ``g``): ``b``'s shape, by one
+    ``reduce_tensor(op="add", alpha=s)`` (``transform_tensor`` where nothing is broadcast; zeros for an empty
+    ``g``)."""
+    if 0 in tuple(g.shape):
+        return set_tensor(transform_tensor(b), 0.0)
+    axes = tuple(i for i, (n, m) in enumerate(zip(g.shape, b.shape)) if n != m)
+    return reduce_tensor(g, "add", axes=axes, alpha=s) if axes else _scaled(g, s, fresh)
+
+
+def _op_residuals(op: str, a: Any, b: Any, c: Any) -> dict[str, Any]:
+    """What each op's backward reads: add b (its shape), mul/min/max a and b, sqrt c; not (linear) keeps a only
+    as an array on the device (a reference, no copy)."""
+    if op == "add":
+        return {"b": b}
+    if op in ("mul", "min", "max"):
+        return {"a": a, "b": b}
+    return {"out": c} if op == "sqrt" else {"a": a}
+
+
+def _op_l3_forward(a: Any, b: Any = None, *, op: str = "add", alpha1: float = 1.0, alpha2: float = 1.0,
+                   propagate_nan: bool = False) -> Any:  # fmt: skip
+    """``c = op(alpha1 * a, alpha2 * b)`` (sqrt/not: of ``alpha1 * a``; b None): one :func:`op_tensor`
+    (``cudnnOpTensor``); c has a's shape and dtype, C-contiguous."""
+    c = op_tensor(a, b, op=op, alpha1=alpha1, alpha2=alpha2, propagate_nan=propagate_nan)
+    return (c,), _op_residuals(op, a, b, c)
+
+
+def _op_l3_backward(res: Any, douts: Any, needs: Any, *, op: str = "add", alpha1: float = 1.0, alpha2: float = 1.0,
+                    propagate_nan: bool = False) -> tuple:  # fmt: skip
+    """da (a's shape) and db (b's: summed over its broadcast dims by :func:`_sum_to`), with x = alpha1 * a and
+    y = alpha2 * b:
+
+    * add: ``da = alpha1 dc`` (transform_tensor), ``db = alpha2 sum(dc)``;
+    * mul: ``da = alpha1 alpha2 dc b`` (op_tensor mul, b broadcast), ``db = alpha1 alpha2 sum(dc a)``;
+    * max (min): dc goes to the larger (smaller) of x and y, half to each where they are equal (torch.maximum's
+      and torch.minimum's rule); the masks are the arrays' comparisons (cuDNN has none), x and y transform_tensor
+      scalings, the sums op_tensor add and reduce_tensor;
+    * sqrt: ``da = alpha1 dc / (2 c)`` (the division by the arrays' operator: cuDNN's op_tensor has none);
+    * not (``c = 1 - x``): ``da = -alpha1 dc``."""
+    (dc,) = douts
+    b = res.get("b")
+    need_a, need_b = bool(needs[0]), bool(needs[1]) and b is not None
+    if dc is None or not (need_a or need_b):
+        return (None, None)
+    da = db = None
+    if op == "add":
+        da = _scaled(dc, alpha1) if need_a else None
+        db = _sum_to(dc, b, alpha2) if need_b else None
+    elif op == "mul":
+        s = alpha1 * alpha2
+        da = op_tensor(dc, b, op="mul", alpha1=s) if need_a else None
+        db = _sum_to(op_tensor(dc, res["a"], op="mul"), b, s, fresh=True) if need_b else None
+    elif op in ("min", "max"):
+        a = res["a"]
+        x = a if alpha1 == 1 else _scaled(a, alpha1)
+        y = b if alpha2 == 1 else _scaled(b, alpha2)
+        wins_a, wins_b = (x > y, y > x) if op == "max" else (x < y, y < x)
+        tie = dc * (x == y)  # a's shape (dc's dtype)
+        if need_a:
+            da = op_tensor(dc * wins_a, tie, op="add", alpha1=alpha1, alpha2=0.5 * alpha1)
+        if need_b:
+            db = _sum_to(op_tensor(dc * wins_b, tie, op="add", alpha2=0.5), b, alpha2, fresh=True)
+    elif op == "sqrt":
+        da = _scaled(dc / res["out"], 0.5 * alpha1, fresh=True)
+    else:  # not
+        da = _scaled(dc, -alpha1)
+    return (da if need_a else None, db)
+
+
+def _op_l3_meta(a: Spec, b: Spec | None = None, *, op: str = "add", alpha1: float = 1.0, alpha2: float = 1.0,
+                propagate_nan: bool = False) -> Any:  # fmt: skip
+    """c as :func:`op_tensor` allocates it (a's shape and dtype, C order), after op_tensor's own checks."""
+    for name, s in (("a", a), ("b", b)):
+        if s is not None:
+            check_dtype(s, name, _DTYPES, "op_tensor")
+    check_scalar(alpha1, "alpha1", dtype=a.dtype)
+    r = _op_resolve({"a": _view(a), "b": _view(b)}, dict(op=op, alpha2=alpha2, propagate_nan=propagate_nan))
+    c = Spec(r.shape, contiguous_strides(r.shape), a.dtype)
+    return (c,), _op_residuals(r.op, a, b, c)
+
+
+OP_TENSOR_L3 = differentiable(
+    Differentiable("op_tensor", "op_tensor", ("a", "b"), ("out",), _op_l3_forward, _op_l3_backward, _op_l3_meta,
+                   doc="""c = op(alpha1 * a, alpha2 * b) (add, mul, min, max; b broadcast: each of its dims a's or
+1) or op(alpha1 * a) (sqrt, not = 1 - x; b None); a and b of one float dtype, 1 to 5 dims; c a's shape and dtype,
+C-contiguous. Forward: one cudnnOpTensor (op_tensor). Backward: cudnnOpTensor, cudnnReduceTensor (the sums over b's
+broadcast dims) and cudnnTransformTensor (scalings) calls; min/max route dc by the arrays' comparisons (half to each
+at ties, as torch.maximum/minimum), sqrt divides by c with the arrays' operator. Residuals: add b; mul, min, max a
+and b; sqrt out; not a (for its device only).""")
+)  # fmt: skip
+
+
+#: the reductions whose backward reads the output too
+_READS_OUT = ("mul", "mul_no_zeros", "min", "max", "amax", "norm2")
+
+
+def _reduce_residuals(op: str, a: Any, c: Any) -> dict[str, Any]:
+    return {"a": a, "out": c} if op in _READS_OUT else {"a": a}
+
+
+def _broadcast(dc: Any, a: Any, s: float) -> Any:
+    """``s * dc`` (``a``'s shape with 1 on the reduced dims) broadcast to ``a``'s shape: a new C-order array,
+    ``transform_tensor`` padding dc out to a's shape (the allocation) then ``add_tensor`` (``cudnnAddTensor``,
+    beta 0: the padded values are not read) writing ``s * dc`` over all of it; more than 5 dims (add_tensor's
+    limit) run merged (the size-1 dims dropped, neighbouring reduced or kept dims as one)."""
+    shape, small = tuple(a.shape), tuple(dc.shape)
+    if shape == small:
+        return _scaled(dc, s)
+    out = transform_tensor(dc, pad_after=tuple(n - m for n, m in zip(shape, small)))
+    if len(shape) <= 5:
+        return add_tensor(dc, out, alpha=s, beta=0.0)  # out
+    groups: list[list[int]] = []  # [size in a, size in dc] of each merged dim
+    for n, m in zip(shape, small):
+        if n != 1:
+            if groups and (groups[-1][1] == 1) == (m == 1):
+                groups[-1][0] *= n
+                groups[-1][1] *= m
+            else:
+                groups.append([n, m])
+    if len(groups) > 5:
+        raise NotImplementedError(
+            f"reduce_tensor's backward broadcasts dc {small} to a {shape} with cudnnAddTensor (5 dims at most): the "
+            f"reduced axes leave {len(groups)} alternating groups of dims; reduce fewer, or neighbouring, axes"
+        )
+    add_tensor(dc.reshape(tuple(m for _, m in groups)), out.reshape(tuple(n for n, _ in groups)), alpha=s, beta=0.0)
+    return out
+
+
+def _reduce_l3_forward(a: Any, *, op: str = "add", axes: int | Sequence[int] | None = None,
+                       propagate_nan: bool = False) -> Any:  # fmt: skip
+    """``c = reduce(a)`` over ``axes`` (c keeps a's rank, 1 on the reduced dims; a's dtype, C-contiguous): one
+    :func:`reduce_tensor` (``cudnnReduceTensor``, no indices)."""
+    c = reduce_tensor(a, op, axes=axes, propagate_nan=propagate_nan)
+    return (c,), _reduce_residuals(op, a, c)
+
+
+def _reduce_l3_backward(res: Any, douts: Any, needs: Any, *, op: str = "add",
+                        axes: int | Sequence[int] | None = None, propagate_nan: bool = False) -> tuple:  # fmt: skip
+    """da (a's shape; c and dc broadcast over the reduced dims by the arrays' operators where a mask or a
+    division is needed, by :func:`_broadcast` otherwise):
+
+    * add: dc broadcast; avg: dc / n broadcast (n the reduced count);
+    * norm1: ``sign(a) dc``; norm2: ``a dc / c`` (0 where c is 0, as torch's norm);
+    * max, min: dc shared evenly among the elements equal to c (torch.amax's and amin's rule; the count by a
+      reduce_tensor add); amax (the largest ``|a|``): the same times ``sign(a)``;
+    * mul: torch.prod's gradient, zeros included: ``dc c / a`` in a slice without zeros; with one zero, the
+      product of the others at the zero (a reduce_tensor mul of a with its zeros as 1) and 0 elsewhere; with
+      more, 0 (the zeros counted by a reduce_tensor add);
+    * mul_no_zeros (the product of the non-zero values): ``dc c / a`` at the non-zero values, 0 at the zeros."""
+    (dc,) = douts
+    if dc is None or not needs[0]:
+        return (None,)
+    a, c = res["a"], res.get("out")
+    if op in ("add", "avg"):
+        n = math.prod(a.shape) // math.prod(dc.shape)
+        return (_broadcast(dc, a, 1.0 if op == "add" else 1.0 / n),)
+    if op == "norm1":
+        return (dc * (a > 0) - dc * (a < 0),)
+    if op == "norm2":
+        return (a * (dc / (c + (c == 0))),)
+    if op in ("min", "max", "amax"):
+        m = (abs(a) if op == "amax" else a) == c
+        q = dc / reduce_tensor(set_tensor(transform_tensor(a), 0.0) + m, "add", axes=axes)  # dc / the count
+        return (q * m,) if op != "amax" else (q * (m & (a > 0)) - q * (m & (a < 0)),)
+    z = a == 0
+    a1 = a + z  # the zeros as 1
+    if op == "mul_no_zeros":
+        return (dc * (c / a1) * ~z,)
+    zeros = reduce_tensor(set_tensor(transform_tensor(a), 0.0) + z, "add", axes=axes)  # the count per slice
+    others = reduce_tensor(a1, "mul", axes=axes)  # the product of the non-zero values
+    return (dc * (c / a1 + others * (z & (zeros == 1))),)
+
+
+def _reduce_l3_meta(a: Spec, *, op: str = "add", axes: int | Sequence[int] | None = None,
+                    propagate_nan: bool = False) -> Any:  # fmt: skip
+    """c as :func:`reduce_tensor` allocates it (a's rank with 1 on the reduced dims, a's dtype, C order), after
+    reduce_tensor's own checks."""
+    check_dtype(a, "a", _DTYPES, "reduce_tensor")
+    r = _reduce_resolve({"a": _view(a)}, dict(op=op, axes=axes, propagate_nan=propagate_nan))
+    c = Spec(r.shape, contiguous_strides(r.shape), a.dtype)
+    return (c,), _reduce_residuals(r.op, a, c)
+
+
+REDUCE_TENSOR_L3 = differentiable(
+    Differentiable("reduce_tensor", "reduce_tensor", ("a",), ("out",), _reduce_l3_forward, _reduce_l3_backward,
+                   _reduce_l3_meta,
+                   doc="""c = reduce(a) over axes (default: all), keeping a's rank with 1 on the reduced dims (a's
+float dtype, 1 to 8 dims, C-contiguous), for op in add, mul, min, max, amax, avg, norm1, norm2, mul_no_zeros: one
+cudnnReduceTensor (reduce_tensor; no indices output). The backward broadcasts dc with cudnnAddTensor (add, avg)
+or with the arrays' operators, masks (max, min, amax: shared evenly among ties, as torch.amax) and signs by the
+arrays' comparisons, counts and products by cudnnReduceTensor (see _reduce_l3_backward); mul's gradient is
+torch.prod's, zeros included. Residuals: a, and out for mul, mul_no_zeros, min, max, amax and norm2.""")
+)  # fmt: skip

@@ -19,6 +19,7 @@ Arrays written in place (``set_tensor``/``scale_tensor``'s ``y``,
 reversed is refused by name (an expanded view is fine for ``set_tensor`` and
 ``scale_tensor``: each memory location is written once). ``transform_tensor``'s ``out`` may have any
 layout, with or without padding (padding is a blend of the whole output, then a transform into its interior).
+``transform_tensor`` is also the L3 op of that name (the end of this module): linear, its backward is itself.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ from ..runtime import (
     tensor_descriptor,
     tensor_descriptor_of,
 )
-from ..runtime.arrays import ArrayView, contiguous_strides, like_strides
+from ..runtime.arrays import ArrayView, as_view, contiguous_strides, like_strides
 from ..runtime.cache import lru
 from ..runtime.descriptors import INT_MAX
-from ..runtime.dtypes import check_choice, scaling_ref
+from ..runtime.dtypes import check_choice, check_dtype, scaling_ref
 from ..runtime.shapes import expand
+from ._diff import Differentiable, Spec, differentiable
 from ._layout import check_fits, fits
+from ._nd import layout_of
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
 __all__ = ["set_tensor", "scale_tensor", "add_tensor", "transform_tensor"]
@@ -310,6 +313,9 @@ TRANSFORM_TENSOR = register(
         resolve=_transform_resolve,
         legacy=_transform_call,
         empty=lambda r: 0 in r.shape,
+        differentiable=("x",),  # L3 "transform_tensor": linear, its backward is transform_tensor again
+        residuals=("x",),
+        backward="transform_tensor",
     )
 )
 
@@ -336,3 +342,49 @@ def _is_nhwc(v: ArrayView) -> bool:
 
 def _pads(p: int | Sequence[int], nd: int, name: str) -> tuple[int, ...]:
     return expand(p, nd, name, 0)
+
+
+# ----------------------------------------------------------------- the L3 declaration
+
+
+def _transform_l3_forward(x: Any, *, layout: str | None = None, pad_before: int | Sequence[int] = 0,
+                          pad_after: int | Sequence[int] = 0) -> Any:  # fmt: skip
+    """``y`` = ``x`` in ``layout``, zero-padded by ``pad_before``/``pad_after``: one :func:`transform_tensor`
+    (``cudnnTransformTensor``; ``cudnnSetTensor`` of the border first where padded). Residual ``x`` (a
+    reference: the backward reads its shape and layout)."""
+    return (transform_tensor(x, layout=layout, pad_before=pad_before, pad_after=pad_after),), {"x": x}
+
+
+def _transform_l3_backward(res: Any, douts: Any, needs: Any, *, layout: str | None = None,
+                           pad_before: int | Sequence[int] = 0, pad_after: int | Sequence[int] = 0) -> tuple:  # fmt: skip
+    """``dx`` = dy's interior (the arrays' own slicing where padded) in x's layout (dense NCHW or NHWC with 3 or
+    more dims; else like dy's): one :func:`transform_tensor` (``cudnnTransformTensor``)."""
+    (dy,) = douts
+    if dy is None or not needs[0]:
+        return (None,)
+    vx = as_view(res["x"], "x")
+    before = _pads(pad_before, vx.ndim, "pad_before")
+    if any(before) or any(_pads(pad_after, vx.ndim, "pad_after")):
+        dy = dy[tuple(slice(b, b + n) for b, n in zip(before, vx.shape))]
+    back = layout_of(vx) if vx.ndim >= 3 else None
+    return (transform_tensor(dy, layout=back),)
+
+
+def _transform_l3_meta(x: Spec, *, layout: str | None = None, pad_before: int | Sequence[int] = 0,
+                       pad_after: int | Sequence[int] = 0) -> Any:  # fmt: skip
+    """y as :func:`transform_tensor` allocates it: the padded shape, in ``layout`` (default: x's strides where x
+    is dense and unpadded, else C order), x's dtype."""
+    check_dtype(x, "x", FLOATS, "transform_tensor")
+    vx = ArrayView(tuple(x.shape), tuple(x.strides), x.dtype, 0, 0, None)
+    r = _transform_resolve({"x": vx}, dict(layout=layout, pad_before=pad_before, pad_after=pad_after, out=None))
+    return (Spec(r.shape, r.strides or contiguous_strides(r.shape), x.dtype),), {"x": x}
+
+
+TRANSFORM_TENSOR_L3 = differentiable(
+    Differentiable("transform_tensor", "transform_tensor", ("x",), ("out",), _transform_l3_forward,
+                   _transform_l3_backward, _transform_l3_meta,
+                   doc="""y = x copied into layout ("nchw", "nhwc"; default: x's where dense) and zero-padded by
+pad_before/pad_after (an int or one per dim), x's float dtype, 0 to 8 dims: one cudnnTransformTensor
+(transform_tensor; a cudnnSetTensor of the border first where padded). Linear: dx is dy's interior in x's layout,
+one cudnnTransformTensor. Residual x (a reference, for its shape and layout).""")
+)  # fmt: skip

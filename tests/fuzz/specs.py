@@ -3130,6 +3130,128 @@ def _st_param_rule(case: Case, name: str, value: Any) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------- scaled dot-product attention (the ops)
+
+
+def _sdpa_op_draw(d: Draw, lib: str, backward: bool = False) -> Base:
+    """A valid :func:`~cudnnkit.ops.sdpa_forward` / ``sdpa_backward`` call: q ``(B, H, S_q, D)``, k and v with
+    ``H_kv`` of ``H`` or 1, ``D``/``D_v`` multiples of 8, BHSD or BSHD memory (or any input layout: the op copies a
+    non-contiguous head dim), maybe ``scale``/``causal``; the forward maybe ``training=False`` and ``out=``; the
+    backward's o and stats the float64 forward of the drawn q, k, v (``derived:``)."""
+    dt = d.choice(["float16", "bfloat16"])
+    b = d.int(0, 2) if d.bool(0.05) else d.int(1, 2)
+    h = d.int(1, 3)
+    hk = h if d.bool(0.7) else 1
+    sq = d.int(1, 24)
+    skv = sq if d.bool(0.5) else d.int(1, 24)
+    dd = d.choice([8, 16, 32, 64, 64, 128])
+    dv = dd if d.bool(0.7) else d.choice([8, 16, 32, 64, 128])
+    shapes = {"q": (b, h, sq, dd), "k": (b, hk, skv, dd), "v": (b, hk, skv, dv)}
+    bshd = d.bool(0.3)
+
+    def lay(shape: tuple[int, ...]) -> tuple:
+        return ("perm", (0, 2, 1, 3)) if bshd else valid_layout(d, shape, 0.2)
+
+    kw: dict[str, Any] = {n: A(s, dt, layout=lay(s), seed=d.seed()) for n, s in shapes.items()}
+    if d.bool(0.3):
+        kw["scale"] = d.choice([0.1, 0.25, 1.0, -0.5])
+    if d.bool(0.5):
+        kw["causal"] = d.bool(0.7)
+    os_, ss = (b, h, sq, dv), (b, h, sq, 1)
+    if backward:
+        kw["o"] = A(os_, dt, fill="derived:o", seed=d.seed())
+        kw["do"] = A(os_, dt, layout=lay(os_), seed=d.seed())
+        kw["stats"] = A(ss, "float32", fill="derived:stats", seed=d.seed())
+        return Base(kw, ("q", "k", "v", "o", "do", "stats"), {"dtype": dt})
+    training = d.bool(0.8)
+    if not training or d.bool(0.2):
+        kw["training"] = training
+    if d.bool(0.3):
+        kw["out"] = A(os_, dt, fill="nan", out=True, seed=d.seed())
+    if training and d.bool(0.3):
+        kw["stats"] = A(ss, "float32", fill="nan", out=True, seed=d.seed())
+    return Base(kw, ("q", "k", "v"), {"dtype": dt})
+
+
+def _sdpa_scale(ctx: Any, d: int) -> float:
+    s = ctx.param("scale", None)
+    return 1 / math.sqrt(d) if s is None else fnum(s)
+
+
+def _sdpa_op_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
+    """The backward's ``o`` and ``stats``: the float64 forward of its q, k, v (a shared head broadcast)."""
+    from ..gpu.test_graph_nodes_gpu import sdpa_ref
+
+    q, k, v = ctx.x("q"), ctx.x("k"), ctx.x("v")
+    if q is None or k is None or v is None:
+        return None
+    reps = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, reps, axis=1), np.repeat(v, reps, axis=1)
+    o, st, _ = sdpa_ref(q, k, v, _sdpa_scale(ctx, q.shape[-1]), bool(ctx.param("causal", False)))
+    return o if key == "o" else st
+
+
+def _sdpa_valid(shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether arrays of these shapes make a valid call (the ops' rules: cudnnkit.ops.attention)."""
+    q, k, v = shapes["q"], shapes["k"], shapes["v"]
+    if len(q) != 4 or len(k) != 4 or len(v) != 4:
+        return False
+    (b, h, sq, dd), (bk, hk, skv, dk), (bv, hv, sv, dv) = q, k, v
+    if bk != b or bv != b or hv != hk or h < 1 or hk not in (1, h) or sv != skv or sq < 1 or skv < 1 or dk != dd:
+        return False
+    if any(x % 8 or not 8 <= x <= 256 for x in (dd, dv)):
+        return False
+    want = {"o": (b, h, sq, dv), "do": (b, h, sq, dv), "out": (b, h, sq, dv), "stats": (b, h, sq, 1)}
+    return all(tuple(shapes[n]) == w for n, w in want.items() if n in shapes)
+
+
+def _sdpa_op_shape(case: Case, name: str, old, new) -> str | None:
+    """A changed dim is valid where the arrays still make a call: S_q or D_v alone (no tied o/out), H with a
+    shared key/value head, B of 0 stays valid only with every array's."""
+    shapes = {n: tuple(a.shape) for n, a in case.kwargs.items() if isinstance(a, A)}
+    shapes[name] = tuple(new)
+    return "any" if _sdpa_valid(shapes) else "refuse"
+
+
+def _sdpa_op_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
+    """Shapes and no NaN (no float64 reference checked here: tests/gpu check the values)."""
+    q, v, dt = ctx.x("q"), ctx.x("v"), ctx.dtype
+    if q is None or v is None:
+        return []
+    if backward:
+        if not isinstance(res, tuple) or len(res) != 3:
+            return [f"returned {type(res).__name__}, not (dq, dk, dv)"]
+        want = (q.shape, ctx.x("k").shape, v.shape)
+        return [p for r, s, n in zip(res, want, ("dq", "dk", "dv")) for p in ctx.compare(r, None, dt, n, None, shape=s)]
+    o_shape = q.shape[:3] + v.shape[3:]
+    if ctx.param("training", True) is False:
+        return ctx.compare(res, None, dt, "o", None, shape=o_shape)
+    if not isinstance(res, tuple) or len(res) != 2:
+        return [f"returned {type(res).__name__}, not (o, stats)"]
+    return (ctx.compare(res[0], None, dt, "o", None, shape=o_shape)
+            + ctx.compare(res[1], None, "float32", "stats", None, shape=q.shape[:3] + (1,)))  # fmt: skip
+
+
+_SDPA_H = ("float16", "bfloat16")
+_SDPA_ST = Role("in", ("float32",), None, fixed_dtype=True)
+_SDPA_OP_PARAMS = {
+    "scale": Param("float", nullable=True, f32=True, optional_kw=True),
+    "causal": Param("bool", strict_verdict="refuse", optional_kw=True),
+}
+_SDPA_FWD_ROLES = {
+    "q": _in(_SDPA_H),
+    "k": _in(_SDPA_H),
+    "v": _in(_SDPA_H),
+    "out": _out(_SDPA_H),
+    "stats": Role("out", ("float32",), None, required=False, fixed_dtype=True),
+}
+_SDPA_BWD_ROLES = {
+    **{n: _in(_SDPA_H) for n in ("q", "k", "v", "o", "do")},
+    "stats": _SDPA_ST,
+    **{n: _out(_SDPA_H) for n in ("dq", "dk", "dv")},  # new arrays (no out=): described for the registry's outputs
+}
+
+
 SPECS: dict[str, OpSpec] = {}
 
 
@@ -3283,6 +3405,14 @@ for _m, _fn in (("layer", "layer_norm"), ("rms", "rms_norm"), ("instance", "inst
                 check=_gn_op_check(_m, backward=True), derive=_gn_op_derive(_m),
                 call=_outs_call(f"{_fn}_backward", ("dx", *_grads)), shape_rule=_gn_shape_rule, weight=0.5))  # fmt: skip
 del _m, _fn, _stats, _grads, _fp, _bp
+
+_add(OpSpec("sdpa_forward", _sdpa_op_draw, _SDPA_FWD_ROLES,
+            {**_SDPA_OP_PARAMS, "training": Param("bool", strict_verdict="refuse", optional_kw=True)},
+            call=_outs_call("sdpa_forward", ("out", "stats")), check=_sdpa_op_check, shape_rule=_sdpa_op_shape,
+            weight=0.7))  # fmt: skip
+_add(OpSpec("sdpa_backward", _bw(_sdpa_op_draw, backward=True), _SDPA_BWD_ROLES, _SDPA_OP_PARAMS,
+            check=_bw(_sdpa_op_check, backward=True), derive=_sdpa_op_derive, shape_rule=_sdpa_op_shape,
+            weight=0.5))  # fmt: skip
 
 for _s in SPECS.values():
     if _s.derive is None and _s.name in ("Graph.norm_backward",):

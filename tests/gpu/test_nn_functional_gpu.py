@@ -412,14 +412,12 @@ def test_cupy_arrays_in_cupy_arrays_out():
 @pytest.fixture
 def no_gpu_work(monkeypatch):
     """Any L3 op, graph attention or RNN weight layout fails the test: the NotImplementedError must come first."""
-    from cudnnkit.nn import _common, attention, rnn
+    from cudnnkit.nn import _common, rnn
 
     def reached(*a, **k):
         raise AssertionError("reached GPU work")
 
     monkeypatch.setattr(_common, "l3", reached)
-    monkeypatch.setattr(attention, "sdpa_graph_forward", reached)
-    monkeypatch.setattr(attention, "_torch_function", reached)
     monkeypatch.setattr(rnn, "flat_layout", reached)
 
 

@@ -1,80 +1,15 @@
-"""``scaled_dot_product_attention`` with torch.nn.functional's name and semantics, on cuDNN's graph API (the
-fused-attention pattern of :meth:`cudnnkit.graph.Graph.sdpa_forward` / ``sdpa_backward``; there is no L2 op)."""
+"""``scaled_dot_product_attention`` with torch.nn.functional's name and semantics: the L3 op ``sdpa``
+(:mod:`cudnnkit.ops.attention`: cuDNN's graph API, the fused-attention pattern), through
+``cudnnkit.torch.op("sdpa")`` for torch tensors (a custom op: autograd, ``torch.compile(fullgraph=True)``) and the
+declaration's forward for CuPy arrays."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..runtime import adapters
-from ..runtime.arrays import as_view
-from ._common import check_dtype, contiguous, library, real
+from ._common import call1, check_dtype, real
 
 __all__ = ["scaled_dot_product_attention"]
-
-_torch_fn: Any = None
-
-
-def _new(like: Any, t: Any) -> Any:
-    """An array for graph tensor ``t`` (its dims, strides, dtype), of ``like``'s library and device."""
-    return adapters.for_object(like).empty(tuple(t.dims), t.dtype, as_view(like, "query").device, tuple(t.strides))
-
-
-def _head_dense(a: Any) -> Any:
-    """``a`` with its last dim contiguous (what the graph takes; a copy otherwise)."""
-    step = a.stride(-1) if library(a) == "torch" else a.strides[-1] // a.itemsize
-    return a if a.shape[-1] == 1 or step == 1 else contiguous(a)
-
-
-def sdpa_graph_forward(q: Any, k: Any, v: Any, scale: float | None, causal: bool) -> tuple[Any, Any]:
-    """``(o, stats)``: one graph ``sdpa_forward`` (matmul, pointwise, reduction nodes) built (plan cached) and run."""
-    from ..graph import Graph
-
-    g = Graph(name="nn_sdpa_forward")
-    tq, tk, tv = g.tensor_like(q, "q"), g.tensor_like(k, "k"), g.tensor_like(v, "v")
-    r = g.sdpa_forward(tq, tk, tv, scale=scale, causal=causal)
-    to, ts = g.mark_output(r.o), g.mark_output(r.stats)
-    o, st = _new(q, to), _new(q, ts)
-    g.execute({tq: q, tk: k, tv: v, to: o, ts: st})
-    return o, st
-
-
-def sdpa_graph_backward(q: Any, k: Any, v: Any, o: Any, do: Any, st: Any, scale: float | None,
-                        causal: bool) -> tuple[Any, Any, Any]:  # fmt: skip
-    """``(dq, dk, dv)``: one graph ``sdpa_backward`` built (plan cached) and run."""
-    from ..graph import Graph
-
-    g = Graph(name="nn_sdpa_backward")
-    t = {n: g.tensor_like(a, n) for n, a in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do), ("stats", st))}
-    r = g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], t["stats"], scale=scale, causal=causal)
-    outs = [g.mark_output(x) for x in r]
-    grads = [_new(q, x) for x in outs]
-    g.execute({**{t[n]: a for n, a in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do), ("stats", st))},
-               **dict(zip(outs, grads))})  # fmt: skip
-    return tuple(grads)
-
-
-def _torch_function() -> Any:
-    """The ``torch.autograd.Function`` over the two graphs (made on first use: torch is imported then)."""
-    global _torch_fn
-    if _torch_fn is None:
-        import torch
-
-        class SDPA(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx: Any, q: Any, k: Any, v: Any, scale: Any, causal: bool) -> Any:
-                o, st = sdpa_graph_forward(q, k, v, scale, causal)
-                ctx.save_for_backward(q, k, v, o, st)
-                ctx.scale, ctx.causal = scale, causal
-                return o
-
-            @staticmethod
-            def backward(ctx: Any, do: Any) -> Any:
-                q, k, v, o, st = ctx.saved_tensors
-                dq, dk, dv = sdpa_graph_backward(q, k, v, o, do.contiguous(), st, ctx.scale, ctx.causal)
-                return dq, dk, dv, None, None
-
-        _torch_fn = SDPA
-    return _torch_fn
 
 
 def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any, is_causal: Any,
@@ -106,13 +41,12 @@ def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any,
 
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:  # fmt: skip
-    """torch's SDPA (fp16/bf16, causal or no mask): no L3 op; graph ``sdpa_forward``/``sdpa_backward`` executed."""
+    """torch's SDPA (float16/bfloat16, causal or no mask, ``(B, H, S, D)`` or ``(B, S, D)``; ``enable_gqa`` with one
+    shared key/value head): L3 ``sdpa`` (the graph's ``sdpa_forward``/``sdpa_backward``); a 3-d call runs as one
+    head."""
     check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     scale = None if scale is None else real(scale, "scale")
     three = query.ndim == 3
-    q, k, v = (_head_dense(a[:, None] if three else a) for a in (query, key, value))
-    if library(q) == "torch":
-        o = _torch_function().apply(q, k, v, scale, bool(is_causal))
-    else:
-        o = sdpa_graph_forward(q, k, v, scale, bool(is_causal))[0]
+    q, k, v = ((a[:, None] if three else a) for a in (query, key, value))
+    o = call1("sdpa", q, k, v, scale=scale, causal=bool(is_causal))
     return o[:, 0] if three else o

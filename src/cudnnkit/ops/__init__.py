@@ -18,6 +18,7 @@ from __future__ import annotations
 from ._primitive import REGISTRY, Primitive, last_path
 from .activation import activation_backward, activation_forward
 from .arith import op_tensor, reduce_tensor
+from .attention import sdpa_backward, sdpa_forward
 from .convolution import (
     Convolution,
     convolution_backward_bias,
@@ -99,4 +100,6 @@ __all__ = [
     "scale_tensor",
     "add_tensor",
     "transform_tensor",
+    "sdpa_forward",
+    "sdpa_backward",
 ]

@@ -917,3 +917,40 @@ class GRU(_RNNBase, torch.nn.GRU):
 
 class RNN(_RNNBase, torch.nn.RNN):
     ops = ("rnn",)
+
+
+# ----------------------------------------------------------------- attention
+
+
+class ScaledDotProductAttention(torch.nn.Module):
+    """``forward(query, key, value)``: the op ``sdpa`` (as :func:`cudnnkit.nn.scaled_dot_product_attention`: cuDNN's
+    fused attention on the graph API, float16/bfloat16, ``(B, H, S, D)`` or ``(B, S, D)``) with ``is_causal``,
+    ``scale`` (None: ``1 / sqrt(D)``) and ``enable_gqa`` (one shared key/value head) fixed at construction; no
+    parameters, no buffers. What cuDNN cannot run raises ``NotImplementedError`` naming it, at the call.
+
+    Not a twin: torch has no SDPA module (its models call ``F.scaled_dot_product_attention``), so
+    :func:`~cudnnkit.torch.convert` makes none, and it leaves ``torch.nn.MultiheadAttention`` as it is: its forward
+    is torch's fused in-projection / attention / out-projection path (``torch._native_multi_head_attention`` or
+    ``F.multi_head_attention_forward``), not a cuDNN op. A model written with ``Linear`` projections and this
+    module runs its attention on cuDNN."""
+
+    def __init__(self, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> None:
+        super().__init__()
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+            raise TypeError(f"scale must be a real number or None, got {scale!r}")
+        self.is_causal, self.scale, self.enable_gqa = bool(is_causal), scale, bool(enable_gqa)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        if query.dtype not in (torch.float16, torch.bfloat16):
+            dt = _torch_dtype_name(query.dtype)
+            raise NotImplementedError(f"cudnnkit.torch.nn.ScaledDotProductAttention: dtype {dt} (cuDNN's fused "
+                                      "attention takes float16 and bfloat16)")  # fmt: skip
+        three = query.dim() == 3  # (B, S, D): one head
+        q, k, v = ((a.unsqueeze(1) if three else a) for a in (query, key, value))
+        if k.shape[1] != q.shape[1] and not self.enable_gqa:
+            raise ValueError(f"key has {k.shape[1]} heads and query {q.shape[1]}: pass enable_gqa=True (as torch asks)")
+        o = _first(_call("sdpa", {"q": q, "k": k, "v": v}, scale=self.scale, causal=self.is_causal))
+        return o.squeeze(1) if three else o
+
+    def extra_repr(self) -> str:
+        return f"is_causal={self.is_causal}, scale={self.scale}, enable_gqa={self.enable_gqa}"

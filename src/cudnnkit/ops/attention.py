@@ -1,0 +1,360 @@
+"""Scaled dot-product attention on cuDNN's graph API: :func:`sdpa_forward` and :func:`sdpa_backward`, and the L3
+declaration ``sdpa`` (``cudnnkit.torch.op("sdpa")``, ``cudnnkit.nn.scaled_dot_product_attention``).
+
+``o = softmax(scale * q @ k^T + mask) @ v``, per batch and head; ``mask`` is nothing or, with ``causal=True``,
+``-inf`` above the diagonal (``col > row``, top-left aligned: torch's ``is_causal``).
+
+Shapes (``B`` batch, ``H`` query heads, ``H_kv`` key/value heads, ``S_q``/``S_kv`` lengths, ``D``/``D_v`` head dims)
+
+=============  ========================  ==================================================================
+array          shape                     notes
+=============  ========================  ==================================================================
+``q``          ``(B, H, S_q, D)``        float16 or bfloat16; any strides with the head dim contiguous (BHSD
+                                         or BSHD memory); another last stride is copied to C order
+``k``          ``(B, H_kv, S_kv, D)``    q's dtype; ``H_kv`` is ``H`` or 1 (one key/value head shared by all)
+``v``          ``(B, H_kv, S_kv, D_v)``  q's dtype
+``o``, ``do``  ``(B, H, S_q, D_v)``      q's dtype; a new ``o`` in q's dim order (C order when q is not dense)
+``stats``      ``(B, H, S_q, 1)``        float32, C order: each row's log-sum-exp of the (masked, scaled)
+                                         scores, what the backward reads
+``dq/dk/dv``   q's, k's, v's             in their input's dim order (C order for a non-dense input)
+=============  ========================  ==================================================================
+
+``D`` and ``D_v`` are multiples of 8 from 8 to 256 (cuDNN's fused attention: 16-byte rows, ``d <= 256``; its
+Ampere/Ada backward engines take ``d <= 128``, which cuDNN refuses when planning); ``S_q, S_kv >= 1``;
+``scale`` defaults to ``1 / sqrt(D)``. Grouped-query attention is one shared key/value head (``H_kv = 1``):
+the graph's pattern broadcasts k and v over the query heads and sums their gradients with a reduction, which
+cuDNN takes for a head dim of 1 only. Not here: an attention mask or bias (the graph's pattern has none),
+dropout (the graph's RNG needs seed/offset device tensors, not wired to a framework's generator). All of it is
+checked before any GPU work, each error naming the argument.
+
+**The graphs** (one per call signature, planned with the settings' heuristics, cached; graph-only: cuDNN has no
+legacy attention). The forward is :meth:`cudnnkit.graph.Graph.sdpa_forward`'s fused-attention composite:
+``OPERATION_MATMUL`` ``q @ k^T`` (k described as its transpose), ``POINTWISE`` ``MUL`` by the scale, the causal
+mask (``GEN_INDEX`` row/col, ``CMP_GE``, ``BINARY_SELECT`` of ``-inf``), ``REDUCTION`` max, ``SUB``, ``EXP``,
+``REDUCTION`` sum, ``LOG`` + ``ADD`` into ``stats``, ``DIV``, ``OPERATION_MATMUL`` ``P @ v``, float32 compute.
+The backward is :meth:`~cudnnkit.graph.Graph.sdpa_backward`'s: ``rowsum(do * o)``, the probabilities again from
+``stats``, ``dv = P^T @ do`` and ``dk = dS^T @ q`` through ``OPERATION_RESHAPE`` transposes, ``dq = dS @ k`` into
+a float32 accumulator, the heads summed by ``OPERATION_REDUCTION`` for a shared key/value head. Its two float32
+scratch tensors (the row sums, the ``dq`` accumulator: zeroed before every run) are allocated per call with the
+arrays' library and bound, which the plan's checked ``execute`` takes (its pointer-only path takes none).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from ..graph.checks import dense_like
+from ..runtime.arrays import contiguous_strides, is_dense
+from ..runtime.cache import LRU, MISSING
+from ..runtime.dtypes import check_dtype, check_scalar
+from ..runtime.view import ArrayView
+from ._diff import Differentiable, Spec, differentiable
+from ._graphform import Binder, graph_form, write_through
+from ._layout import copy_in
+from ._primitive import Operand, Output, Primitive, register, run, split_out
+
+__all__ = ["sdpa_forward", "sdpa_backward"]
+
+_HALF = ("float16", "bfloat16")
+_FAMILY = "sdpa"
+#: the head dims cuDNN's fused attention takes: multiples of 8 (16-byte rows of a half type) up to this
+_MAX_D = 256
+
+
+class _Sdpa(NamedTuple):
+    """A call, resolved (hashable: the op-level caches key on it)."""
+
+    dtype: str
+    q: tuple[int, ...]  #: q's shape (B, H, S_q, D)
+    k: tuple[int, ...]
+    v: tuple[int, ...]
+    scale: float
+    causal: bool
+    o_strides: tuple[int, ...]  #: a new o's strides
+    grad_strides: tuple[tuple[int, ...], ...] = ()  #: new dq, dk, dv's (the backward)
+
+    @property
+    def o_shape(self) -> tuple[int, ...]:
+        return self.q[:3] + (self.v[3],)
+
+    @property
+    def stats_shape(self) -> tuple[int, ...]:
+        return self.q[:3] + (1,)
+
+
+def _strides_like(shape: tuple[int, ...], like: Any) -> tuple[int, ...]:
+    """A new array's strides: dense in ``like``'s dim order when ``like`` is dense with a contiguous last dim
+    (BHSD stays BHSD, BSHD stays BSHD), else C order."""
+    if like.strides[-1] == 1 and is_dense(like.shape, like.strides):
+        return dense_like(tuple(shape), like.strides)
+    return contiguous_strides(tuple(shape))
+
+
+def _check_qkv(vq: Any, vk: Any, vv: Any) -> None:
+    for name, x in (("q", vq), ("k", vk), ("v", vv)):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must be 4-d (B, H, S, D), got shape {tuple(x.shape)}")
+    if vk.dtype != vq.dtype or vv.dtype != vq.dtype:
+        raise TypeError(f"k and v must have q's dtype {vq.dtype}, got {vk.dtype} and {vv.dtype}")
+    b, h, sq, d = vq.shape
+    bk, hk, skv, dk = vk.shape
+    bv, hv, sv, dv = vv.shape
+    if bk != b or bv != b:
+        raise ValueError(f"k and v must have q's batch size {b}, got {bk} and {bv}")
+    if h < 1 or hk < 1:
+        raise ValueError(f"q and k must have at least one head, got {h} and {hk}")
+    if hv != hk:
+        raise ValueError(f"v must have k's {hk} heads, got {hv}")
+    if h % hk:
+        raise ValueError(f"q's {h} heads must be a multiple of k's {hk} (grouped-query attention)")
+    if hk not in (1, h):
+        raise NotImplementedError(
+            f"k and v have {hk} heads for q's {h}: grouped-query attention runs with one shared key/value head "
+            "(H_kv = 1) or none (H_kv = H): the graph's pattern broadcasts and sums a head dim of 1 only"
+        )
+    if sv != skv:
+        raise ValueError(f"v must have k's length {skv} (dim 2), got {sv}")
+    if sq < 1 or skv < 1:
+        raise ValueError(f"q and k must have at least one position, got S_q = {sq} and S_kv = {skv}")
+    if dk != d:
+        raise ValueError(f"k's head dim {dk} must equal q's {d}")
+    for name, x in (("q", d), ("v", dv)):
+        if x % 8 or not 8 <= x <= _MAX_D:
+            raise ValueError(f"{name}'s head dim must be a multiple of 8 from 8 to {_MAX_D} (cuDNN's fused "
+                             f"attention), got {x}")  # fmt: skip
+
+
+def _options(kw: Any, d: int) -> tuple[float, bool]:
+    """``(scale, causal)``: ``scale`` a finite number (None: ``1 / sqrt(D)``), ``causal`` a bool."""
+    scale = kw.get("scale")
+    scale = 1.0 / math.sqrt(d) if scale is None else check_scalar(scale, "scale")
+    causal = kw.get("causal", False)
+    if not isinstance(causal, bool):
+        if type(causal).__name__ != "bool_":  # a NumPy bool is taken
+            raise TypeError(f"causal must be a bool, got {causal!r}")
+        causal = bool(causal)
+    return float(scale), causal
+
+
+def _fwd_resolve(views: Any, kw: Any) -> _Sdpa:
+    vq, vk, vv = views["q"], views["k"], views["v"]
+    _check_qkv(vq, vk, vv)
+    scale, causal = _options(kw, vq.shape[3])
+    o_shape = tuple(vq.shape[:3]) + (vv.shape[3],)
+    return _Sdpa(vq.dtype, tuple(vq.shape), tuple(vk.shape), tuple(vv.shape), scale, causal,
+                 _strides_like(o_shape, vq))  # fmt: skip
+
+
+def _bwd_resolve(views: Any, kw: Any) -> _Sdpa:
+    r = _fwd_resolve(views, kw)
+    for name in ("o", "do"):
+        x = views[name]
+        if tuple(x.shape) != r.o_shape:
+            raise ValueError(f"{name} must have shape {r.o_shape} (B, H, S_q, D_v), got {tuple(x.shape)}")
+        if x.dtype != r.dtype:
+            raise TypeError(f"{name} must have q's dtype {r.dtype}, got {x.dtype}")
+    st = views["stats"]
+    if tuple(st.shape) != r.stats_shape:
+        raise ValueError(f"stats must have shape {r.stats_shape} (B, H, S_q, 1): the forward's, got "
+                         f"{tuple(st.shape)}")  # fmt: skip
+    grads = tuple(_strides_like(views[n].shape, views[n]) for n in ("q", "k", "v"))
+    return r._replace(grad_strides=grads)
+
+
+# ----------------------------------------------------------------- the graph forms
+
+
+def _head_rows(c: Any, names: tuple[str, ...], outputs: tuple[str, ...] = ()) -> None:
+    """Inputs whose head dim is not contiguous copied to C order; such an ``out=`` written through a C-order
+    temporary (the graph reads and writes rows of D)."""
+    why = "with a contiguous head dim (cuDNN's attention reads rows of D)"
+    for n in names:
+        v = c.views[n]
+        if v.strides[-1] != 1:
+            _, c.views[n] = copy_in(c.launch, c.arrays[n], v, None, n, why)
+    for n in outputs:
+        v = c.views[n]
+        if v.strides[-1] != 1:
+            write_through(c, n, contiguous_strides(v.shape))
+
+
+def _fwd_build(c: Any) -> tuple[Any, dict]:
+    r = c.resolved
+    bd = Binder(c)
+    q, k, v = (bd.tensor(n, c.views[n].shape, c.views[n].strides, r.dtype) for n in ("q", "k", "v"))
+    got = bd.g.sdpa_forward(q, k, v, scale=r.scale, causal=r.causal)
+    bd.output(got.o, "out", r.dtype, c.views["out"].strides)
+    bd.output(got.stats, "stats", "float32", c.views["stats"].strides)
+    return bd.done()
+
+
+def _bwd_build(c: Any) -> tuple[Any, dict]:
+    r = c.resolved
+    bd = Binder(c)
+    t = {n: bd.tensor(n, c.views[n].shape, c.views[n].strides, c.views[n].dtype)
+         for n in ("q", "k", "v", "o", "do", "stats")}  # fmt: skip
+    got = bd.g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], t["stats"], scale=r.scale, causal=r.causal)
+    for name, g in zip(("dq", "dk", "dv"), got):
+        bd.output(g, name, r.dtype, c.views[name].strides)
+    return bd.done()
+
+
+#: graph key -> (plan, {uid: call.views name}, the scratch tensors as (uid, dims, strides, dtype))
+_bwd_forms: LRU[Any, tuple[Any, dict[int, str], tuple]] = LRU("ops.sdpa_backward_forms", 256)
+
+
+def _bwd_graph(c: Any) -> None:
+    """The backward's graph form: :func:`graph_form`'s sequence (layout copies, 16-byte alignment, the plan
+    cached per graph key), run with the plan's checked ``execute`` so that its scratch tensors can be bound."""
+    _head_rows(c, ("q", "k", "v", "o", "do"))
+    for name, v in list(c.views.items()):  # misaligned inputs copied (the outputs are new: aligned)
+        if v.ptr % 16 and name not in ("dq", "dk", "dv"):
+            new, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)
+            c.launch.copy(new, v.owner if v.adapter is not None else c.arrays[name], name)
+    c.extra["graph_alignment"] = 16
+    key = c.extra.get("graph_key")
+    form = _bwd_forms.lookup(key) if key is not None else MISSING
+    if form is MISSING:
+        g, names = _bwd_build(c)
+        plan = g.build(device=c.launch.device)
+        scratch = tuple((t.uid, t.dims, t.strides, t.dtype) for t in g.scratch())
+        form = (plan, {t.uid: n for t, n in names.items()}, scratch)
+        if key is not None:
+            _bwd_forms.put(key, form, count_miss=True)
+    plan, names, scratch = form
+    bindings: dict[int, int] = {uid: c.views[n].ptr for uid, n in names.items()}
+    keep = []
+    for uid, dims, strides, dtype in scratch:
+        arr, sv = c.launch.empty(dims, dtype, strides, name="scratch")
+        keep.append(arr)
+        bindings[uid] = sv.ptr
+    ws, ws_ptr = c.launch.workspace(plan.workspace_size)
+    c.launch.handle  # noqa: B018  (this thread's handle for the device, made and set to the launch stream)
+    plan.execute(bindings, stream=c.launch.stream, workspace=ws_ptr if plan.workspace_size else None,
+                 unchecked=True)  # fmt: skip
+    del keep, ws  # the allocator's stream-ordered free follows the queued work
+
+
+# ----------------------------------------------------------------- the primitives
+
+
+def _o_strides(r: _Sdpa) -> tuple[int, ...]:
+    return r.o_strides
+
+
+def _grad(i: int) -> Output:
+    name = ("dq", "dk", "dv")[i]
+    return Output(name, shape=lambda r: (r.q, r.k, r.v)[i], strides=lambda r: r.grad_strides[i])
+
+
+SDPA_FORWARD = register(
+    Primitive(
+        "sdpa_forward",
+        inputs=(Operand("q", _HALF), Operand("k", _HALF), Operand("v", _HALF)),
+        outputs=(
+            Output("out", shape=lambda r: r.o_shape, strides=_o_strides),
+            Output("stats", shape=lambda r: r.stats_shape, dtype=lambda r: "float32"),
+        ),
+        resolve=_fwd_resolve,
+        graph=graph_form(_fwd_build, lambda c: _head_rows(c, ("q", "k", "v"), ("out",))),
+        empty=lambda r: r.q[0] == 0,
+        family=_FAMILY,
+        differentiable=("q", "k", "v"),
+        residuals=("q", "k", "v", "out", "stats"),
+        backward="sdpa_backward",
+    )
+)
+SDPA_BACKWARD = register(
+    Primitive(
+        "sdpa_backward",
+        inputs=(
+            Operand("q", _HALF),
+            Operand("k", _HALF),
+            Operand("v", _HALF),
+            Operand("o", _HALF),
+            Operand("do", _HALF),
+            Operand("stats", ("float32",)),
+        ),
+        outputs=(_grad(0), _grad(1), _grad(2)),
+        resolve=_bwd_resolve,
+        graph=_bwd_graph,
+        empty=lambda r: r.q[0] == 0,
+        family=_FAMILY,
+    )
+)
+
+
+# ----------------------------------------------------------------- the public functions
+
+
+def sdpa_forward(q: Any, k: Any, v: Any, *, scale: float | None = None, causal: bool = False, training: bool = True,
+                 out: Any = None, stream: Any = None) -> Any:  # fmt: skip
+    """Attention forward: ``o = softmax(scale * q @ k^T (+ the causal mask)) @ v`` for ``q`` ``(B, H, S_q, D)``,
+    ``k`` ``(B, H_kv, S_kv, D)``, ``v`` ``(B, H_kv, S_kv, D_v)`` (float16 or bfloat16, one dtype; ``H_kv`` is
+    ``H`` or 1), ``scale`` (default ``1 / sqrt(D)``), ``causal`` (keep ``col <= row``). Returns ``(o, stats)``:
+    ``o`` ``(B, H, S_q, D_v)`` in q's dtype and dim order, ``stats`` the float32 log-sum-exp ``(B, H, S_q, 1)``
+    that :func:`sdpa_backward` reads; with ``training=False`` ``o`` alone (the statistics are still made, to a
+    temporary: cuDNN 9.19 has no engine for the pattern without them). ``out=``: ``(o, stats)`` (each an array
+    or None) when training, else ``o``. See the module docstring for the graph (primitive
+    :data:`SDPA_FORWARD`)."""
+    if not isinstance(training, bool):
+        raise TypeError(f"training must be a bool, got {training!r}")
+    o, st = split_out("sdpa_forward", out, {"out": None, "stats": None}) if training else (out, None)
+    res = run(SDPA_FORWARD, {"q": q, "k": k, "v": v}, stream=stream, out=o, stats=st, scale=scale, causal=causal)
+    return res if training else res[0]
+
+
+def sdpa_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, scale: float | None = None,
+                  causal: bool = False, stream: Any = None) -> tuple[Any, Any, Any]:  # fmt: skip
+    """Attention backward: ``(dq, dk, dv)`` from the forward's ``q``, ``k``, ``v``, its ``o`` and ``stats`` and
+    ``do`` (o's cotangent, ``(B, H, S_q, D_v)`` in q's dtype), with the forward's ``scale`` and ``causal``. The
+    gradients are new arrays in q's dtype, each in its input's dim order; a shared key/value head (``H_kv = 1``)
+    gets the sum over the query heads. One graph (primitive :data:`SDPA_BACKWARD`: the module docstring)."""
+    arrays = {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats}
+    return run(SDPA_BACKWARD, arrays, stream=stream, scale=scale, causal=causal)
+
+
+# ----------------------------------------------------------------- the L3 declaration
+
+
+def _spec_view(s: Spec, name: str) -> ArrayView:
+    """A pointer-less view of a spec (what the resolve functions read), its dtype checked as :func:`run` does."""
+    v = ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, 0, 0, None)
+    check_dtype(v, name, _HALF, _FAMILY)
+    return v
+
+
+def _l3_forward(q: Any, k: Any, v: Any, *, scale: float | None = None, causal: bool = False) -> Any:
+    """``o`` by one :func:`sdpa_forward` (training: its statistics are a residual); residuals ``q``, ``k``, ``v``,
+    ``out`` (o) and ``stats``. ``training`` is not a keyword here: the differentiable op keeps the statistics
+    (the forward makes them either way)."""
+    o, stats = sdpa_forward(q, k, v, scale=scale, causal=causal)
+    return (o,), {"q": q, "k": k, "v": v, "out": o, "stats": stats}
+
+
+def _l3_backward(res: Any, douts: Any, needs: Any, *, scale: float | None = None, causal: bool = False) -> tuple:
+    """``(dq, dk, dv)`` by one :func:`sdpa_backward` (the graph makes all three), None where not needed; all None
+    for a zero cotangent."""
+    (do,) = douts
+    if do is None or not any(needs):
+        return (None, None, None)
+    grads = sdpa_backward(res["q"], res["k"], res["v"], res["out"], do, res["stats"], scale=scale, causal=causal)
+    return tuple(g if n else None for g, n in zip(grads, needs))
+
+
+def _l3_meta(q: Spec, k: Spec, v: Spec, *, scale: float | None = None, causal: bool = False) -> Any:
+    """o as :func:`sdpa_forward` allocates it (q's dim order when q is dense with a contiguous head dim, else C
+    order; q's dtype), stats float32 C order; the same checks as the call."""
+    views = {"q": _spec_view(q, "q"), "k": _spec_view(k, "k"), "v": _spec_view(v, "v")}
+    r = _fwd_resolve(views, {"scale": scale, "causal": causal})
+    o = Spec(r.o_shape, r.o_strides, r.dtype)
+    stats = Spec(r.stats_shape, contiguous_strides(r.stats_shape), "float32")
+    return (o,), {"q": q, "k": k, "v": v, "out": o, "stats": stats}
+
+
+SDPA = differentiable(
+    Differentiable("sdpa", "sdpa_forward", ("q", "k", "v"), ("out",), _l3_forward, _l3_backward, _l3_meta,
+                   doc="scaled dot-product attention (scale=, causal=), float16/bfloat16; the backward reads q, k, "
+                       "v, o and the softmax statistics: one sdpa_backward graph")
+)  # fmt: skip

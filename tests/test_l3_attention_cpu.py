@@ -1,0 +1,434 @@
+"""Attention on the CPU: the L2 primitives ``sdpa_forward``/``sdpa_backward`` and the L3 declaration ``sdpa``.
+
+Registration (the primitives, the declaration, the torch custom op); meta on the samples of tests/l3/attention.py
+against torch's shapes; the checks before any GPU work (L2 on fake arrays, and meta); the graphs the L2 calls
+build and what they bind (tests/graph_fakes.py's recording plans on tests/fuzz/materialize's fake arrays); the
+L3 forward/backward wiring with NumPy stand-ins for the L2 calls, against torch's autograd; the torch op's fake
+under FakeTensor tracing (what torch.compile sees); cudnnkit.nn's function and cudnnkit.torch.nn's module."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import cudnnkit.ops.attention as A
+from cudnnkit import autograd, ops
+from cudnnkit.ops._diff import DIFFERENTIABLE, Spec
+from cudnnkit.ops._primitive import REGISTRY
+from cudnnkit.runtime.arrays import contiguous_strides
+
+from .l3 import attention as samples
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+BHSD = (1, 2, 16, 64)
+
+
+def S(shape, dtype="bfloat16", strides=None):
+    shape = tuple(shape)
+    return Spec(shape, tuple(strides) if strides is not None else contiguous_strides(shape), dtype)
+
+
+def _spec(a, dtype="bfloat16"):
+    return Spec(a.shape, tuple(s // a.itemsize for s in a.strides), dtype)
+
+
+def _bshd_strides(b, h, s, d):
+    return (s * h * d, d, h * d, 1)
+
+
+# ----------------------------------------------------------------- registration
+
+
+def test_the_primitives_and_the_declaration_are_registered():
+    fwd, bwd = REGISTRY["sdpa_forward"], REGISTRY["sdpa_backward"]
+    assert fwd.forms == ("graph",) and bwd.forms == ("graph",)  # graph-only: no legacy attention in cuDNN
+    assert [op.name for op in fwd.inputs] == ["q", "k", "v"] and [o.name for o in fwd.outputs] == ["out", "stats"]
+    assert [op.name for op in bwd.inputs] == ["q", "k", "v", "o", "do", "stats"]
+    assert [o.name for o in bwd.outputs] == ["dq", "dk", "dv"]
+    assert fwd.differentiable == ("q", "k", "v") and fwd.backward == "sdpa_backward"
+    assert fwd.residuals == ("q", "k", "v", "out", "stats")
+    d = autograd.get("sdpa")
+    assert d is DIFFERENTIABLE["sdpa"] is A.SDPA
+    assert (d.primitive, d.inputs, d.outputs, d.arrays, d.mutated) == ("sdpa_forward", ("q", "k", "v"), ("out",), (),
+                                                                       ())  # fmt: skip
+    assert d.differentiable_outputs is None and d.doc
+    assert set(samples.SAMPLES) == set(samples.TORCH_REFERENCE) == set(samples.ONLY_DTYPE) == {"sdpa"}
+    assert ops.sdpa_forward is A.sdpa_forward and ops.sdpa_backward is A.sdpa_backward
+    assert {"sdpa_forward", "sdpa_backward"} <= set(ops.__all__)
+
+
+def test_the_torch_custom_op_is_defined():
+    import cudnnkit.torch as ct
+
+    t = ct.op("sdpa")
+    assert t.qualname == "cudnnkit::sdpa" and t.d is A.SDPA
+    assert hasattr(torch.ops.cudnnkit, "sdpa") and hasattr(torch.ops.cudnnkit, "sdpa_backward")
+    assert ct.ops.sdpa is t
+
+
+# ----------------------------------------------------------------- meta
+
+
+def _cases():
+    for i, (inputs, kw) in enumerate(samples.SAMPLES["sdpa"](np.random.default_rng(0), "float64")):
+        yield pytest.param(inputs, kw, id=f"sample{i}")
+
+
+@pytest.mark.parametrize("inputs, kw", list(_cases()))
+def test_meta_on_the_samples_gives_torchs_shapes(inputs, kw):
+    want_np = np.float32 if samples.AS_FLOAT32 else samples.ml_dtypes.bfloat16
+    assert all(a.dtype == want_np for a in inputs)
+    assert all(np.array_equal(samples.bf16_values(a), np.asarray(a, np.float32)) for a in inputs)  # exact in bf16
+    specs = [_spec(a) for a in inputs]
+    (o,), res = A.SDPA.meta(*specs, **kw)
+    (want,) = samples.TORCH_REFERENCE["sdpa"](inputs, kw)
+    b, h, sq, _ = inputs[0].shape
+    assert o.shape == tuple(want.shape) and o.dtype == "bfloat16"
+    assert o.strides == specs[0].strides  # a new o in q's layout (BHSD or BSHD)
+    assert list(res) == ["q", "k", "v", "out", "stats"]
+    assert res["q"] is specs[0] and res["k"] is specs[1] and res["v"] is specs[2] and res["out"] is o
+    assert res["stats"] == S((b, h, sq, 1), "float32")
+
+
+def test_meta_shapes_and_layouts():
+    # D_v != D, float16
+    (o,), res = A.SDPA.meta(S((2, 4, 8, 64), "float16"), S((2, 4, 24, 64), "float16"), S((2, 4, 24, 32), "float16"))
+    want = F.scaled_dot_product_attention(
+        torch.zeros(2, 4, 8, 64), torch.zeros(2, 4, 24, 64), torch.zeros(2, 4, 24, 32)
+    )
+    assert o == S(tuple(want.shape), "float16") and res["stats"] == S((2, 4, 8, 1), "float32")
+    # a gapped q (a slice of a packed qkv projection: BSHD with a stride of 3 * H * D) gets a C-order o
+    qkv = (16 * 3 * 2 * 64, 64, 3 * 2 * 64, 1)
+    (o,), _ = A.SDPA.meta(S((1, 2, 16, 64), strides=qkv), S((1, 2, 16, 64), strides=qkv), S((1, 2, 16, 64)))
+    assert o == S((1, 2, 16, 64))
+    # BSHD q with D_v != D: o in q's dim order
+    (o,), _ = A.SDPA.meta(S((1, 2, 16, 64), strides=_bshd_strides(1, 2, 16, 64)), S((1, 2, 8, 64)), S((1, 2, 8, 32)))
+    assert o == S((1, 2, 16, 32), strides=_bshd_strides(1, 2, 16, 32))
+
+
+# ----------------------------------------------------------------- checks before any GPU work
+
+
+META_REFUSED = [
+    (lambda: A.SDPA.meta(S(BHSD, "float32"), S(BHSD, "float32"), S(BHSD, "float32")), TypeError,
+     "q has dtype float32; sdpa needs one of"),
+    (lambda: A.SDPA.meta(S(BHSD), S(BHSD, "float16"), S(BHSD)), TypeError, "k and v must have q's dtype"),
+    (lambda: A.SDPA.meta(S((2, 16, 64)), S((2, 16, 64)), S((2, 16, 64))), ValueError, "q must be 4-d"),
+    (lambda: A.SDPA.meta(S(BHSD), S((2, 2, 16, 64)), S((2, 2, 16, 64))), ValueError, "batch size"),
+    (lambda: A.SDPA.meta(S((1, 4, 16, 64)), S((1, 2, 16, 64)), S((1, 2, 16, 64))), NotImplementedError,
+     "one shared key/value head"),
+    (lambda: A.SDPA.meta(S((1, 3, 16, 64)), S((1, 2, 16, 64)), S((1, 2, 16, 64))), ValueError, "multiple of k's"),
+    (lambda: A.SDPA.meta(S(BHSD), S(BHSD), S((1, 1, 16, 64))), ValueError, "v must have k's 2 heads"),
+    (lambda: A.SDPA.meta(S(BHSD), S(BHSD), S((1, 2, 8, 64))), ValueError, "v must have k's length"),
+    (lambda: A.SDPA.meta(S(BHSD), S((1, 2, 16, 32)), S(BHSD)), ValueError, "k's head dim 32 must equal q's 64"),
+    (lambda: A.SDPA.meta(S((1, 2, 16, 60)), S((1, 2, 16, 60)), S(BHSD)), ValueError, "q's head dim must be a multiple"),
+    (lambda: A.SDPA.meta(S((1, 2, 16, 264)), S((1, 2, 16, 264)), S(BHSD)), ValueError, "from 8 to 256"),
+    (lambda: A.SDPA.meta(S(BHSD), S(BHSD), S((1, 2, 16, 4))), ValueError, "v's head dim"),
+    (lambda: A.SDPA.meta(S((1, 2, 0, 64)), S(BHSD), S(BHSD)), ValueError, "at least one position"),
+    (lambda: A.SDPA.meta(S(BHSD), S(BHSD), S(BHSD), causal=1), TypeError, "causal must be a bool"),
+    (lambda: A.SDPA.meta(S(BHSD), S(BHSD), S(BHSD), scale="0.1"), TypeError, "scale"),
+    (lambda: A.SDPA.meta(S(BHSD), S(BHSD), S(BHSD), scale=math.inf), ValueError, "scale must be finite"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("call, exc, msg", META_REFUSED)
+def test_meta_refuses_what_the_call_would(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
+
+
+@pytest.fixture
+def fake():
+    """tests/fuzz/materialize's fake device arrays (no GPU: any cuDNN call with a handle fails the test)."""
+    from .fuzz.materialize import FakeBackend
+
+    b = FakeBackend()
+    with b.installed():
+        yield b
+
+
+def _arr(b, shape, dtype="bfloat16", layout=None):
+    from .fuzz.model import A as Arg
+
+    arg = Arg(tuple(shape), dtype) if layout is None else Arg(tuple(shape), dtype, layout=layout)
+    return b.array(arg, None, "fakeA", None)
+
+
+L2_REFUSED = [
+    (lambda b: ops.sdpa_forward(*(_arr(b, BHSD, "float32"),) * 3), TypeError, "q has dtype float32"),
+    (lambda b: ops.sdpa_forward(_arr(b, BHSD), _arr(b, (1, 2, 16, 32)), _arr(b, BHSD)), ValueError, "k's head dim"),
+    (lambda b: ops.sdpa_forward(*(_arr(b, BHSD),) * 3, causal="yes"), TypeError, "causal"),
+    (lambda b: ops.sdpa_forward(*(_arr(b, BHSD),) * 3, training=1), TypeError, "training must be a bool"),
+    (lambda b: ops.sdpa_forward(*(_arr(b, BHSD),) * 3, out=_arr(b, BHSD)), TypeError, "out must be a tuple of 2"),
+    (lambda b: ops.sdpa_forward(*(_arr(b, BHSD),) * 3, out=(_arr(b, (1, 2, 16, 32)), None)), ValueError,
+     "out must have shape"),
+    (lambda b: ops.sdpa_backward(*(_arr(b, BHSD),) * 5, _arr(b, (1, 2, 16, 1), "float16")), TypeError,
+     "stats has dtype float16"),
+    (lambda b: ops.sdpa_backward(*(_arr(b, BHSD),) * 5, _arr(b, (1, 2, 8, 1), "float32")), ValueError,
+     r"stats must have shape \(1, 2, 16, 1\)"),
+    (lambda b: ops.sdpa_backward(*(_arr(b, BHSD),) * 3, _arr(b, (1, 2, 16, 32)), _arr(b, BHSD),
+                                 _arr(b, (1, 2, 16, 1), "float32")), ValueError, "o must have shape"),
+    (lambda b: ops.sdpa_backward(*(_arr(b, BHSD),) * 4, _arr(b, BHSD, "float16"), _arr(b, (1, 2, 16, 1), "float32")),
+     TypeError, "do must have q's dtype"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("call, exc, msg", L2_REFUSED)
+def test_the_l2_calls_refuse_before_any_gpu_work(fake, call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call(fake)
+
+
+# ----------------------------------------------------------------- the graphs the L2 calls build
+
+
+@pytest.fixture
+def plans(monkeypatch, fake):
+    """(the graphs built, the pointer-only runs, the checked executions): recording plans for both forms."""
+    from cudnnkit.graph import Graph
+    from cudnnkit.ops import _express
+
+    from .graph_fakes import RecordingPlan, recording_plans
+
+    runs = recording_plans(monkeypatch)
+    built, executed = [], []
+    fake_build = Graph.build
+    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: built.append(self) or fake_build(self, device))
+    monkeypatch.setattr(RecordingPlan, "execute", lambda self, b, **kw: executed.append((self.graph, b, kw)),
+                        raising=False)  # fmt: skip
+    _express.entries.clear()
+    A._bwd_forms.clear()
+    yield built, runs, executed
+    _express.entries.clear()
+    A._bwd_forms.clear()
+
+
+def _kinds(g):
+    return [n.kind if n.kind != "pointwise" else n.attr("mode") for n in g.nodes()]
+
+
+@pytest.mark.parametrize("causal, scale", [(False, None), (True, 0.2)])
+def test_the_forward_is_one_sdpa_graph_binding_the_callers_arrays(fake, plans, causal, scale):
+    built, runs, _ = plans
+    q, k, v = _arr(fake, (2, 2, 32, 64)), _arr(fake, (2, 2, 48, 64)), _arr(fake, (2, 2, 48, 64))
+    o, stats = ops.sdpa_forward(q, k, v, causal=causal, scale=scale)
+    assert ops.last_path() == ("sdpa_forward", "graph")
+    assert (o.shape, o.dtype, o.strides) == ((2, 2, 32, 64), "bfloat16", contiguous_strides((2, 2, 32, 64)))
+    assert (stats.shape, stats.dtype) == ((2, 2, 32, 1), "float32")
+    (g,) = built
+    kinds = _kinds(g)
+    assert kinds.count("matmul") == 2 and kinds.count("reduction") == 2  # q @ k^T, P @ v; row max, row sum
+    assert kinds[:2] == ["matmul", "MUL"] and {"EXP", "LOG", "DIV"} <= set(kinds)
+    assert ("BINARY_SELECT" in kinds) == causal and ("CMP_GE" in kinds) == causal
+    assert (0.2 if scale else 1 / 8, "float32") in g.constants().values()  # the scale, by value (1/sqrt(64))
+    real = {t.name: t for t in g.tensors() if not t.virtual and not t.by_value}
+    assert real["stats"].dims == (2, 2, 32, 1) and real["stats"].dtype == "float32" and not g.scratch()
+    seen = runs[-1]
+    assert seen["q"][1] == q.ptr and seen["k"][1] == k.ptr and seen["v"][1] == v.ptr
+    assert seen["out"] == (o.strides, o.ptr) and seen["out1"][1] == stats.ptr
+    # inference: o alone (the statistics still written, to an array dropped after the call)
+    o2 = ops.sdpa_forward(q, k, v, causal=causal, scale=scale, training=False)
+    assert o2.shape == (2, 2, 32, 64) and runs[-1]["q"][1] == q.ptr and len(built) == 1  # the same plan
+
+
+def test_the_forward_keeps_a_bshd_layout_and_copies_a_strided_head_dim(fake, plans):
+    built, runs, _ = plans
+    bshd = ("perm", (0, 2, 1, 3))
+    q, k, v = (_arr(fake, (2, 2, 16, 64), layout=bshd) for _ in range(3))
+    o, _ = ops.sdpa_forward(q, k, v)
+    assert o.strides == q.strides == _bshd_strides(2, 2, 16, 64) and runs[-1]["q"] == (q.strides, q.ptr)
+    t = _arr(fake, (2, 2, 16, 64), layout=("perm", (0, 1, 3, 2)))  # D not innermost
+    o, _ = ops.sdpa_forward(t, k, v)
+    assert runs[-1]["q"][1] != t.ptr and runs[-1]["q"][0] == contiguous_strides((2, 2, 16, 64))
+    assert o.strides == contiguous_strides((2, 2, 16, 64))
+
+
+@pytest.mark.parametrize("hk", [2, 1])
+def test_the_backward_is_one_graph_with_its_scratch_bound(fake, plans, hk):
+    built, _, executed = plans
+    q, k, v = _arr(fake, (2, 2, 32, 64)), _arr(fake, (2, hk, 32, 64)), _arr(fake, (2, hk, 32, 64))
+    o, do, st = _arr(fake, (2, 2, 32, 64)), _arr(fake, (2, 2, 32, 64)), _arr(fake, (2, 2, 32, 1), "float32")
+    dq, dk, dv = ops.sdpa_backward(q, k, v, o, do, st, causal=True)
+    assert ops.last_path() == ("sdpa_backward", "graph")
+    assert [(x.shape, x.dtype) for x in (dq, dk, dv)] == [((2, 2, 32, 64), "bfloat16"), ((2, hk, 32, 64), "bfloat16"),
+                                                          ((2, hk, 32, 64), "bfloat16")]  # fmt: skip
+    (g, bindings, kw) = executed[-1]
+    assert g is built[-1] and kw["unchecked"] and kw["workspace"] is None
+    kinds = _kinds(g)
+    assert kinds.count("reshape") == 3 and kinds.count("matmul") == 5 and "IDENTITY" in kinds
+    assert kinds.count("reduction") == 1 + (2 if hk == 1 else 0)  # rowsum(do * o); the head sums of dk, dv
+    assert "BINARY_SELECT" in kinds and (1 / 8, "float32") in g.constants().values()
+    by_name = {g._tensors[u].name: p for u, p in bindings.items()}
+    for name, arr in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do), ("stats", st)):
+        assert by_name[name] == arr.ptr
+    assert {t.name for t in g.scratch()} == {"softmax_sum", "dq_accum"}
+    assert all(by_name[t.name] not in (None, 0) for t in g.scratch())  # allocated per call and bound
+    assert sorted(g.scratch_init().values(), key=str) == [None, "zero"]  # the dq accumulator zeroed by execute
+    ops.sdpa_backward(q, k, v, o, do, st, causal=True)  # the plan is cached: nothing built again
+    assert len(built) == 1 and len(executed) == 2
+
+
+def test_an_empty_batch_builds_nothing(fake, plans):
+    built, _, _ = plans
+    o, st = ops.sdpa_forward(*(_arr(fake, (0, 2, 16, 64)),) * 3)
+    assert o.shape == (0, 2, 16, 64) and st.shape == (0, 2, 16, 1) and not built
+
+
+# ----------------------------------------------------------------- L3 wiring (NumPy stand-ins for the L2 calls)
+
+
+def _np_heads(q, k):
+    return k if k.shape[1] == q.shape[1] else np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+
+
+def _np_probs(q, k, scale, causal, stats=None):
+    s = np.einsum("bhqd,bhkd->bhqk", q, _np_heads(q, k)) * scale
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    if stats is None:
+        mx = s.max(axis=-1, keepdims=True)
+        stats = mx + np.log(np.exp(s - mx).sum(axis=-1, keepdims=True))
+    return np.exp(s - stats), stats
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """cuDNN's documented semantics in NumPy float64, in place of the two L2 calls (the calls made are recorded)."""
+    calls = []
+
+    def fwd(q, k, v, *, scale=None, causal=False, training=True):
+        calls.append(("fwd", scale, causal, training))
+        p, stats = _np_probs(q, k, 1 / math.sqrt(q.shape[3]) if scale is None else scale, causal)
+        return p @ _np_heads(q, v), stats
+
+    def bwd(q, k, v, o, do, stats, *, scale=None, causal=False):
+        calls.append(("bwd", scale, causal))
+        sc = 1 / math.sqrt(q.shape[3]) if scale is None else scale
+        p, _ = _np_probs(q, k, sc, causal, stats)
+        ds = p * (do @ _np_heads(q, v).transpose(0, 1, 3, 2) - (do * o).sum(-1, keepdims=True)) * sc
+        dq = ds @ _np_heads(q, k)
+        dk, dv = ds.transpose(0, 1, 3, 2) @ q, p.transpose(0, 1, 3, 2) @ do
+        if k.shape[1] != q.shape[1]:
+            dk, dv = dk.sum(axis=1, keepdims=True), dv.sum(axis=1, keepdims=True)
+        return dq, dk, dv
+
+    monkeypatch.setattr(A, "sdpa_forward", fwd)
+    monkeypatch.setattr(A, "sdpa_backward", bwd)
+    return calls
+
+
+@pytest.mark.parametrize("inputs, kw", list(_cases()))
+def test_forward_and_backward_wiring_match_torch(stand_ins, inputs, kw):
+    ins = [np.asarray(a, dtype=np.float64) for a in inputs]
+    (o,), res = A.SDPA.forward(*ins, **kw)
+    assert list(res) == ["q", "k", "v", "out", "stats"] and res["out"] is o and res["q"] is ins[0]
+    leaves = [torch.from_numpy(a.copy()).requires_grad_() for a in ins]
+    k, v = leaves[1:]
+    if k.shape[1] != leaves[0].shape[1]:
+        k, v = (t.repeat_interleave(leaves[0].shape[1], dim=1) for t in (k, v))
+    want = F.scaled_dot_product_attention(leaves[0], k, v, is_causal=kw.get("causal", False), scale=kw.get("scale"))
+    np.testing.assert_allclose(o, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    do = np.random.default_rng(3).standard_normal(o.shape)
+    grads = A.SDPA.backward(res, (do,), (True, True, True), **kw)
+    for g, r in zip(grads, torch.autograd.grad(want, leaves, torch.from_numpy(do))):
+        np.testing.assert_allclose(g, r.numpy(), rtol=1e-9, atol=1e-11)
+    assert stand_ins == [("fwd", kw.get("scale"), kw.get("causal", False), True),
+                         ("bwd", kw.get("scale"), kw.get("causal", False))]  # fmt: skip
+    assert A.SDPA.backward(res, (do,), (False, True, False), **kw)[::2] == (None, None)
+    assert A.SDPA.backward(res, (None,), (True, True, True), **kw) == (None, None, None)
+    assert len(stand_ins) == 3  # one backward call each time gradients are needed
+
+
+# ----------------------------------------------------------------- the torch op under tracing
+
+
+def test_the_torch_op_traces_with_fake_tensors_forward_and_backward():
+    """What torch.compile sees: the forward and backward custom ops, run on fake tensors from meta (no cuDNN)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    import cudnnkit.torch as ct
+
+    def f(q, k, v):
+        o = ct.op("sdpa")(q, k, v, causal=True)
+        return (o, *torch.autograd.grad(o.float().sum(), (q, k, v)))
+
+    q = torch.zeros(2, 4, 16, 64, dtype=torch.bfloat16, requires_grad=True)
+    kv = torch.zeros(2, 1, 32, 64, dtype=torch.bfloat16, requires_grad=True)
+    gm = make_fx(f, tracing_mode="fake")(q, kv, kv.detach().clone().requires_grad_())
+    called = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert {"cudnnkit.sdpa.default", "cudnnkit.sdpa_backward.default"} <= called
+    outs = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    metas = [tuple(a.meta["val"].shape) for a in outs]
+    assert metas == [(2, 4, 16, 64), (2, 4, 16, 64), (2, 1, 32, 64), (2, 1, 32, 64)]
+
+
+# ----------------------------------------------------------------- cudnnkit.nn and cudnnkit.torch.nn
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """cudnnkit.torch.op replaced by a recorder returning zeros of torch's output shape."""
+    import cudnnkit.torch as ct
+
+    calls = []
+
+    def op(name):
+        def call(*inputs, **kw):
+            calls.append((name, [tuple(t.shape) for t in inputs], kw))
+            q, _, v = inputs
+            return torch.zeros(q.shape[:3] + v.shape[3:], dtype=q.dtype)
+
+        return call
+
+    monkeypatch.setattr(ct, "op", op)
+    return calls
+
+
+def test_nn_scaled_dot_product_attention_calls_the_l3_op(recorded):
+    from cudnnkit import nn
+
+    z = torch.zeros
+    h16 = z(2, 4, 8, 16, dtype=torch.float16)
+    o = nn.scaled_dot_product_attention(h16, h16, h16, is_causal=True, scale=0.5)
+    assert o.shape == (2, 4, 8, 16)
+    assert recorded[-1] == ("sdpa", [(2, 4, 8, 16)] * 3, {"scale": 0.5, "causal": True})
+    o = nn.scaled_dot_product_attention(*(z(2, 8, 16, dtype=torch.bfloat16),) * 3)  # (B, S, D): one head
+    assert o.shape == (2, 8, 16) and recorded[-1] == ("sdpa", [(2, 1, 8, 16)] * 3, {"scale": None, "causal": False})
+    kv = z(1, 1, 8, 16, dtype=torch.bfloat16)
+    nn.scaled_dot_product_attention(z(1, 4, 8, 16, dtype=torch.bfloat16), kv, kv, enable_gqa=True)
+    assert recorded[-1][1] == [(1, 4, 8, 16), (1, 1, 8, 16), (1, 1, 8, 16)]
+
+
+def test_the_attention_module(monkeypatch):
+    from cudnnkit.torch import nn as tnn
+
+    recorded = []
+
+    def call(name, arrays, **kw):
+        recorded.append((name, [tuple(t.shape) for t in arrays.values()], kw))
+        return torch.zeros(arrays["q"].shape, dtype=arrays["q"].dtype)
+
+    monkeypatch.setattr(tnn, "_call", call)
+    m = tnn.ScaledDotProductAttention(is_causal=True, scale=0.25)
+    assert not list(m.parameters()) and not list(m.buffers()) and "is_causal=True, scale=0.25" in repr(m)
+    assert type(m) not in tnn.TWINS.values()  # not a twin: torch has no such module
+    x = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
+    assert m(x, x, x).shape == (1, 2, 8, 16)
+    assert recorded[-1] == ("sdpa", [(1, 2, 8, 16)] * 3, {"scale": 0.25, "causal": True})
+    with pytest.raises(NotImplementedError, match="dtype float32"):
+        m(*(torch.zeros(1, 2, 8, 16),) * 3)
+    with pytest.raises(TypeError, match="scale"):
+        tnn.ScaledDotProductAttention(scale="big")
+
+
+def test_convert_leaves_multihead_attention():
+    import cudnnkit.torch as ct
+
+    mha = torch.nn.MultiheadAttention(16, 2)
+    model = torch.nn.Sequential(mha)
+    report = ct.convert(model)
+    assert model[0] is mha and not any(t is torch.nn.MultiheadAttention for _, t, _ in report.replaced)

@@ -76,6 +76,14 @@ def test_fp32_math_detection_looks_at_conv_and_matmul_inputs():
     a, b = g.tensor((4, 8), dtype="bfloat16"), g.tensor((8, 2), dtype="bfloat16")
     g.mark_output(g.pointwise("RELU_FWD", g.matmul(a, b)))  # float32 intermediates, bf16 operands
     assert not engines_mod.fp32_math(g)
+    g = Graph()  # a matmul reading a float32 *virtual* tensor (attention backward's dS @ K) is no float32 data
+    a, b, c = (g.tensor(s, dtype="bfloat16") for s in ((4, 8), (8, 8), (8, 2)))
+    g.mark_output(g.matmul(g.pointwise("RELU_FWD", g.matmul(a, b)), c))
+    assert not engines_mod.fp32_math(g)
+    g = Graph()
+    a, b = g.tensor((4, 8)), g.tensor((8, 2), dtype="bfloat16")  # one float32 operand the user binds: counts
+    g.mark_output(g.matmul(a, b))
+    assert engines_mod.fp32_math(g)
 
 
 def test_workspace_limit_uses_config_then_plan_size():

@@ -151,11 +151,15 @@ class EngineFilter:
 
 
 def fp32_math(graph: PlanGraph) -> bool:
-    """Whether ``graph``'s convolutions or matmuls read float32 (then ``allow_tf32=False`` filters engines)."""
-    dtypes = {t.uid: t.dtype for t in graph.tensors()}
+    """Whether ``graph``'s convolutions or matmuls read float32 data (then ``allow_tf32=False`` filters engines).
+
+    Only non-virtual inputs count: a float32 *intermediate* (attention backward's ``dS @ K`` reads the float32
+    ``dS`` of a bfloat16 graph) is the graph's compute type, not float32 data the user handed in, as torch's
+    ``allow_tf32`` also concerns only float32 tensors."""
+    fp32_data = {t.uid for t in graph.tensors() if t.dtype == "float32" and not t.virtual}
     for n in graph.nodes():
         if n.kind in ("matmul", "conv_fprop", "conv_dgrad", "conv_wgrad"):
-            if any(dtypes[uid] == "float32" for _, uid in n.inputs):
+            if any(uid in fp32_data for _, uid in n.inputs):
                 return True
     return False
 

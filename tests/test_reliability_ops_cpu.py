@@ -609,17 +609,73 @@ def test_U13_rnn_has_no_separate_device_lengths():
         ops.rnn_backward(*[FakeCAI((3, 2, 4))] * 3, FakeCAI((1000,)), FakeCAI((8,), "|u1"), rnn=R, dev_seq_lengths=1)
 
 
-def test_U13_rnn_device_lengths_are_the_upload_of_seq_lengths(fake):
+class _FakeValues:
+    """Stands in for ``driver.DeviceValues``: records the values and the frees."""
+
+    made: list = []
+
+    def __init__(self, values, device, stream):
+        self.values, self.device, self.stream = np.array(values), device, stream
+        self.ptr, self.freed = Fake.next_ptr(), []
+        _FakeValues.made.append(self)
+
+    def free(self, stream=None):
+        self.freed.append(stream)
+
+
+def _fake_driver(monkeypatch, capturing):
+    from cudnnkit.runtime import driver
+
+    _FakeValues.made = []
+    monkeypatch.setattr(driver, "DeviceValues", _FakeValues)
+    monkeypatch.setattr(driver, "stream_capturing", lambda stream, device: capturing[0])
+
+
+def test_U13_rnn_device_lengths_are_the_upload_of_seq_lengths(fake, monkeypatch):
+    from cudnnkit.ops import _rnn_desc
     from cudnnkit.ops._rnn_desc import _dev_lengths, _lengths, _Seq
 
     ad, _ = fake
+    capturing = [False]
+    _fake_driver(monkeypatch, capturing)
+    monkeypatch.setattr(_rnn_desc, "_captured", {})
     _lengths.clear()
     launch = Launch(0, ad, 0)
     seq = _Seq(5, 3, (5, 3, 2), np.array([5, 3, 2], np.int32), False)
-    arr, p = _dev_lengths(launch, seq)
-    (up,) = ad.uploads
-    assert up.dtype == np.int32 and up.tolist() == [5, 3, 2] and ctypes.cast(p, ctypes.c_void_p).value == ptr(arr)
-    assert _dev_lengths(launch, seq)[0] is arr and len(ad.uploads) == 1  # cached
+    buf, p = _dev_lengths(launch, seq)
+    (up,) = _FakeValues.made
+    assert up.values.dtype == np.int32 and up.values.tolist() == [5, 3, 2] and (up.device, up.stream) == (0, 0)
+    assert ctypes.cast(p, ctypes.c_void_p).value == up.ptr and not ad.uploads  # no array-library memory
+    assert _dev_lengths(launch, seq)[0] is buf and len(_FakeValues.made) == 1  # cached
+    # evicted uploads are freed, stream-ordered on the stream of the call that evicts
+    for n in range(_rnn_desc._LENGTHS_MAX):
+        _dev_lengths(launch, _Seq(5, 1, (n + 1,), np.array([n + 1], np.int32), False))
+    assert buf.freed == [0] and _dev_lengths(launch, seq)[0] is not buf
+    _lengths.clear()
+
+
+def test_U13_rnn_lengths_under_cuda_graph_capture_are_kept_or_refused(fake, monkeypatch):
+    """A capture reads a cached upload and keeps it for the process (the graph's replays read it); lengths never
+    uploaded before the capture are refused with a clear error, before any cuDNN call."""
+    from cudnnkit.ops import _rnn_desc
+    from cudnnkit.ops._rnn_desc import _dev_lengths, _lengths, _Seq
+
+    ad, _ = fake
+    capturing = [False]
+    _fake_driver(monkeypatch, capturing)
+    monkeypatch.setattr(_rnn_desc, "_captured", {})
+    _lengths.clear()
+    launch = Launch(0, ad, 0)
+    seq = _Seq(5, 2, (5, 3), np.array([5, 3], np.int32), False)
+    warm, _ = _dev_lengths(launch, seq)  # the warm-up
+    capturing[0] = True
+    assert _dev_lengths(launch, seq)[0] is warm and _rnn_desc._captured[(0, 0, (5, 3))] is warm
+    assert (0, 0, (5, 3)) not in _lengths  # no longer evictable: clear_caches and the LRU leave it alone
+    _lengths.clear()
+    assert _dev_lengths(launch, seq)[0] is warm and warm.freed == []
+    with pytest.raises(RuntimeError, match=r"seq_lengths \[4, 1\] were first seen while stream 0x0 captures"):
+        _dev_lengths(launch, _Seq(4, 2, (4, 1), np.array([4, 1], np.int32), False))
+    assert len(_FakeValues.made) == 1
     _lengths.clear()
 
 

@@ -505,3 +505,49 @@ def test_cai_producer_stream_is_waited_for(xp, case):
     assert np.isfinite(got).all() and rel(got, expect) < 1e-5, case
     got, expect = run(with_stream=False)  # the control: nothing orders the op after P
     assert not (np.isfinite(got).all() and rel(got, expect) < 1e-5), f"{case}: the op did not race ahead of P"
+
+
+# ----------------------------------------------------------------- device values owned by no library
+
+
+def test_device_values_upload_read_back_and_free_on_its_stream(xp):
+    """``driver.DeviceValues``: host int32 values on the device (read back through the library), on a side
+    stream; freed stream-ordered (its own stream) or with a wait (another one); capture status of a plain stream."""
+    from cudnnkit.runtime import driver
+
+    s, h = new_stream(xp)
+    vals = np.arange(1, 1001, dtype=np.int32)
+    buf = driver.DeviceValues(vals, 0, h)
+    assert buf.ptr and buf.nbytes == vals.nbytes and not driver.stream_capturing(h, 0)
+    s.synchronize()
+
+    class Raw:  # the raw pointer seen by the library through the CUDA array interface (no copy, no ownership)
+        __cuda_array_interface__ = {"shape": (1000,), "typestr": "<i4", "data": (buf.ptr, False), "version": 3,
+                                    "strides": None, "stream": None}  # fmt: skip
+
+    dev_arr = xp.module.asarray(Raw()) if xp.name == "cupy" else xp.module.as_tensor(Raw(), device="cuda")
+    back = host(xp, dev_arr).astype(np.int32)
+    np.testing.assert_array_equal(back, vals)
+    buf.free(h)
+    assert buf.ptr == 0
+    buf.free(h)  # once only
+    other = driver.DeviceValues(vals[:3], 0, h)
+    other.free(0)  # another stream: cuMemFree, waiting
+    assert other.ptr == 0
+
+
+def test_device_values_stream_capturing_sees_a_torch_graph_capture():
+    torch = pytest.importorskip("torch")
+    from cudnnkit.runtime import driver
+
+    s = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    x = torch.zeros(4, device="cuda")
+    with torch.cuda.stream(s):
+        x.add_(1)  # warm-up
+    torch.cuda.synchronize()
+    seen = []
+    with torch.cuda.graph(g, stream=s):
+        seen.append(driver.stream_capturing(s.cuda_stream, 0))
+        x.add_(1)
+    assert seen == [True] and not driver.stream_capturing(s.cuda_stream, 0)

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import lib
 from ..lib.errors import NotSupportedError
-from ..runtime import DescriptorKind, cudnn_dtype, get_cached, owned_descriptor, tensor_descriptor
+from ..runtime import DescriptorKind, cudnn_dtype, driver, get_cached, owned_descriptor, tensor_descriptor
 from ..runtime.arrays import ArrayView, contiguous_strides
 from ..runtime.cache import LRU, MISSING
 from ..runtime.descriptors import int_array
@@ -464,20 +464,56 @@ def _auto_algo(rnn: RNN, N: int, T: int, training: bool, full: bool, math_mode: 
 
 
 _LENGTHS_MAX = 64
-_lengths: LRU[tuple, Any] = LRU("rnn.lengths", _LENGTHS_MAX)
+
+
+def _free_lengths(key: tuple, buf: Any) -> None:
+    """An evicted upload freed, stream-ordered on its own stream when that is the stream of the call that made it
+    evict (the usual one-stream program), else with a wait (``DeviceValues.free``)."""
+    stream = _evicting.stream if getattr(_evicting, "stream", None) is not None else None
+    try:
+        buf.free(stream)
+    except Exception as e:  # a driver refusal frees nothing: these few bytes stay allocated
+        _log.debug("rnn: freeing the evicted seq_lengths upload %r failed: %s", buf, e)
+
+
+_lengths: LRU[tuple, Any] = LRU("rnn.lengths", _LENGTHS_MAX, _free_lengths)
+_evicting = threading.local()  # the stream of the call whose upload makes the LRU evict
+#: uploads a CUDA graph captured (its replays read them): kept for the process, never evicted or cleared
+_captured: dict[tuple, Any] = {}
+_captured_lock = threading.Lock()
 
 
 def _dev_lengths(launch: Any, seq: _Seq) -> tuple[Any, Any]:
-    """cuDNN's device copy of the lengths, as (owner, ``int32_t *``): a cached upload (a host-to-device copy from
-    pageable memory waits for the stream, so it is made once per lengths, library, device and stream, and never
-    written again). The lengths cuDNN reads on the device are therefore always the host ``seq_lengths`` that the
-    call was checked with: there is no separate device argument that could disagree with them."""
-    key = (launch.adapter.name if launch.adapter is not None else None, launch.device, launch.stream, seq.lengths)
-    hit = _lengths.lookup(key)
-    if hit is MISSING:  # the first upload stored is kept (queued on this same stream before any call that uses it)
-        hit = _lengths.put(key, launch.upload(seq.values, "seq_lengths"), count_miss=True)
-    arr, ptr = hit
-    return arr, ctypes.cast(ptr, _INT32_P)
+    """cuDNN's device copy of the lengths, as (owner, ``int32_t *``): a cached upload, made once per lengths,
+    device and stream (a host-to-device copy from pageable memory waits for the stream) and never written again.
+    The lengths cuDNN reads on the device are therefore always the host ``seq_lengths`` that the call was checked
+    with: there is no separate device argument that could disagree with them.
+
+    The upload is :class:`cudnnkit.runtime.driver.DeviceValues` memory, owned by no array library: a cached
+    torch tensor would sit in torch's CUDA-graph pool under ``torch.compile(mode="reduce-overhead")``, which
+    refuses it. Under a CUDA-graph capture (``cuStreamIsCapturing``) a cached upload is used and kept for the
+    process (the graph's replays read it after the call); one not made yet cannot be (the copy is not capturable),
+    so the call is refused: run it once before capturing, as CUDA-graph warm-ups do."""
+    key = (launch.device, launch.stream, seq.lengths)
+    hit = _captured.get(key) or _lengths.lookup(key)
+    capturing = driver.stream_capturing(launch.stream, launch.device)
+    if hit is MISSING:
+        if capturing:
+            raise RuntimeError(
+                f"rnn: seq_lengths {list(seq.lengths)} were first seen while stream {launch.stream:#x} captures a "
+                "CUDA graph; their device copy cannot be made in a capture. Run this call once before capturing "
+                "(a warm-up, as torch.cuda.graphs and torch.compile(mode='reduce-overhead') do)"
+            )
+        _evicting.stream = launch.stream
+        try:
+            hit = _lengths.put(key, driver.DeviceValues(seq.values, launch.device, launch.stream), count_miss=True)
+        finally:
+            _evicting.stream = None
+    if capturing and key not in _captured:
+        with _captured_lock:
+            hit = _captured.setdefault(key, hit)
+        _lengths.pop(key)
+    return hit, ctypes.cast(hit.ptr, _INT32_P)
 
 
 class _Reserves:

@@ -14,6 +14,9 @@ reach cuDNN or an array library, because a bad one crashes the process there. Th
   before writing, see :meth:`cudnnkit.runtime.Launch.workspace`).
 * :func:`pointer_info` -- ``cuPointerGetAttributes`` (memory type, device, allocation range): it never
   dereferences the pointer and answers for any value.
+* :class:`DeviceValues` -- ``cuMemAllocAsync`` + ``cuMemcpyHtoDAsync``: a few host values (RNN sequence lengths)
+  on the device in memory that no array library owns, so no framework pool (torch's CUDA-graph pools) holds a
+  cached buffer; :func:`stream_capturing` (``cuStreamIsCapturing``) tells when such an upload cannot be made.
 * :func:`order_after` -- ``cuEventRecord`` on one stream, ``cuStreamWaitEvent`` on another: work queued later on
   the consumer waits for what the producer had queued (a ``__cuda_array_interface__`` v3 producer ``stream``,
   :func:`cudnnkit.runtime.prepare`), without blocking the host.
@@ -41,6 +44,8 @@ __all__ = [
     "pointer_info",
     "memset_async",
     "order_after",
+    "stream_capturing",
+    "DeviceValues",
 ]
 
 
@@ -118,6 +123,11 @@ def _declare(cuda: ctypes.CDLL) -> None:
     cuda.cuEventRecord.argtypes = [vp, vp]
     cuda.cuStreamWaitEvent.argtypes = [vp, vp, uint]
     cuda.cuEventDestroy_v2.argtypes = [vp]
+    cuda.cuStreamIsCapturing.argtypes = [vp, intp]
+    cuda.cuMemAllocAsync.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, vp]
+    cuda.cuMemFreeAsync.argtypes = [ctypes.c_uint64, vp]
+    cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+    cuda.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, vp, ctypes.c_size_t, vp]
 
 
 def available() -> bool:
@@ -299,11 +309,7 @@ def order_after(producer: int, consumer: int, device: int) -> bool:
         return False
     if c == _LEGACY and _synchronizes_with_legacy(cuda, p):
         return False
-    ctx = _primary_context(cuda, device)
-    rc = cuda.cuCtxPushCurrent_v2(ctypes.c_void_p(ctx))
-    if rc != _CUDA_SUCCESS:
-        raise RuntimeError(f"cuCtxPushCurrent of cuda:{device}'s primary context failed with CUresult {rc}")
-    try:
+    with _pushed(cuda, device):
         pool = _events.setdefault(device, [])
         try:
             ev = pool.pop()
@@ -324,6 +330,94 @@ def order_after(producer: int, consumer: int, device: int) -> bool:
             cuda.cuEventDestroy_v2(ctypes.c_void_p(ev))
         if rc != _CUDA_SUCCESS:
             raise RuntimeError(f"{what} failed with CUresult {rc}")
-    finally:
-        cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
     return True
+
+
+def stream_capturing(stream: int, device: int) -> bool:
+    """Whether ``stream`` (a ``CUstream`` as int of ``device``'s primary context) is capturing a CUDA graph now
+    (``cuStreamIsCapturing``; the legacy default stream 0 answers for itself)."""
+    cuda = _load()
+    status = ctypes.c_int()
+    with _pushed(cuda, device):
+        rc = cuda.cuStreamIsCapturing(ctypes.c_void_p(stream or None), ctypes.byref(status))
+    if rc != _CUDA_SUCCESS:
+        raise RuntimeError(f"cuStreamIsCapturing on stream {stream:#x} failed with CUresult {rc}")
+    return status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE is 0; ACTIVE and INVALIDATED both mean "capturing"
+
+
+class _pushed:
+    """``device``'s primary context made current around a block (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``)."""
+
+    __slots__ = ("cuda", "device")
+
+    def __init__(self, cuda: ctypes.CDLL, device: int):
+        self.cuda, self.device = cuda, device
+
+    def __enter__(self) -> None:
+        ctx = _primary_context(self.cuda, self.device)
+        rc = self.cuda.cuCtxPushCurrent_v2(ctypes.c_void_p(ctx))
+        if rc != _CUDA_SUCCESS:
+            raise RuntimeError(f"cuCtxPushCurrent of cuda:{self.device}'s primary context failed with CUresult {rc}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+
+
+class DeviceValues:
+    """Host bytes (a C-contiguous NumPy array) copied to new device memory of ``device``, queued on ``stream``.
+
+    The memory comes from the device's default CUDA memory pool (``cuMemAllocAsync`` on ``stream``) and the copy
+    is ``cuMemcpyHtoDAsync`` on ``stream``: work queued on that stream afterwards reads the values. No array
+    library owns the memory, so a cache may keep it across calls that a framework captures into a CUDA graph
+    (torch's ``reduce-overhead`` pools refuse cached tensors they did not hand out as outputs).
+
+    ``ptr`` is the device address. :meth:`free` returns the memory: ``cuMemFreeAsync`` on ``stream`` when the
+    caller names that same stream (ordered after the work queued on it, no host wait), else ``cuMemFree`` (which
+    waits for the device: the original stream may be gone). A :class:`DeviceValues` never freed is freed when it
+    is collected, with ``cuMemFree``; a refusal then (a driver shut down, a capture under way) leaks it quietly.
+    Must not be made while ``stream`` captures (the copy reads pageable host memory): check
+    :func:`stream_capturing` first."""
+
+    __slots__ = ("ptr", "nbytes", "device", "stream", "__weakref__")
+
+    def __init__(self, values, device: int, stream: int):
+        import numpy as np
+
+        host = np.ascontiguousarray(values)
+        self.ptr, self.nbytes, self.device, self.stream = 0, int(host.nbytes), int(device), int(stream)
+        cuda = _load()
+        got = ctypes.c_uint64()
+        with _pushed(cuda, self.device):
+            rc = cuda.cuMemAllocAsync(ctypes.byref(got), max(self.nbytes, 1), ctypes.c_void_p(stream or None))
+            if rc != _CUDA_SUCCESS:
+                raise MemoryError(f"cuMemAllocAsync of {self.nbytes} bytes on cuda:{device} failed with CUresult {rc}")
+            self.ptr = got.value
+            rc = cuda.cuMemcpyHtoDAsync_v2(
+                self.ptr, host.ctypes.data_as(ctypes.c_void_p), self.nbytes, ctypes.c_void_p(stream or None)
+            )
+            if rc != _CUDA_SUCCESS:
+                self.free()
+                raise RuntimeError(f"cuMemcpyHtoDAsync of {self.nbytes} bytes failed with CUresult {rc}")
+
+    def free(self, stream: int | None = None) -> None:
+        """Return the memory (once): stream-ordered when ``stream`` is the one it was made on, else waiting."""
+        ptr, self.ptr = self.ptr, 0
+        if not ptr:
+            return
+        cuda = _load()
+        with _pushed(cuda, self.device):
+            if stream is not None and int(stream) == self.stream:
+                rc = cuda.cuMemFreeAsync(ptr, ctypes.c_void_p(self.stream or None))
+            else:
+                rc = cuda.cuMemFree_v2(ptr)
+        if rc != _CUDA_SUCCESS:
+            raise RuntimeError(f"freeing {self.nbytes} device bytes at {ptr:#x} failed with CUresult {rc}")
+
+    def __del__(self) -> None:
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown, or a capture that forbids cuMemFree: leak these few bytes
+            pass
+
+    def __repr__(self) -> str:
+        return f"DeviceValues({self.nbytes} bytes at {self.ptr:#x} on cuda:{self.device})"

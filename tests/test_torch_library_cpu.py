@@ -37,6 +37,30 @@ OP = Differentiable("mul_scale", "softmax_forward", ("x", "w"), ("out", "sum"), 
 T = L.define(OP, namespace="cudnnkit_test")
 
 
+@pytest.fixture(autouse=True, params=["dispatcher", "eager"])
+def path(request, monkeypatch):
+    """Each test both ways: every call through the custom op, and untraced calls on the eager fast path (which on
+    the GPU takes CUDA tensors only: ``_EAGER_CPU`` lets these CPU stand-ins take it)."""
+    if request.param == "eager":
+        monkeypatch.setattr(L, "_EAGER_CPU", True)
+    else:
+        monkeypatch.setattr(L, "EAGER", False)
+    return request.param
+
+
+def test_the_path_taken(path, monkeypatch):
+    """An untraced call skips the dispatcher only on the eager path (the custom op is not called)."""
+    called = []
+    real = T.forward_op
+    monkeypatch.setattr(T, "forward_op", lambda *a: called.append(1) or real(*a))
+    x, w = _args()
+    y, _ = T(x, w)
+    with torch.no_grad():
+        T(x, w)
+    assert called == ([] if path == "eager" else [1, 1])
+    assert (y.grad_fn is not None) and (type(y.grad_fn).__name__.startswith("_Eager") == (path == "eager"))
+
+
 def _args(dtype=torch.float64):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 4, dtype=dtype, generator=g, requires_grad=True)

@@ -12,6 +12,7 @@ the test (a fresh per-thread stack), so our backward runs without TF32 too.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import threading
 
@@ -475,13 +476,14 @@ REFUSED = [
 @pytest.mark.parametrize("what, make, call", REFUSED, ids=[f"{i}-{w}" for i, (w, _, _) in enumerate(REFUSED)])
 def test_refused_before_gpu_work(no_gpu_work, what, make, call):
     args = make()
+    gc.collect()  # an earlier test's garbage freed now, not during the call (a drop is no allocation either)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     with pytest.raises(NotImplementedError) as e:
         call(*args)
     assert what in str(e.value)
     torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before, "the refused call allocated CUDA memory"
+    assert torch.cuda.memory_allocated() <= before, "the refused call allocated CUDA memory"
 
 
 def test_cupy_refused_before_gpu_work(no_gpu_work):

@@ -104,6 +104,19 @@ def settings(
 
 
 @contextmanager
+def in_force(s: Settings) -> Iterator[Settings]:
+    """Context manager that puts a :class:`Settings` taken earlier (:func:`current_settings`, on another thread)
+    in force on this thread, and restores this thread's on exit: how a backward that autograd runs on a thread
+    of its own uses the settings its forward ran with."""
+    old = _stack.current
+    _stack.current = s
+    try:
+        yield s
+    finally:
+        _stack.current = old
+
+
+@contextmanager
 def _scope(changes: dict) -> Iterator[Settings]:
     old = _stack.current
     new = replace(old, **changes)

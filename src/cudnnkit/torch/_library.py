@@ -19,6 +19,15 @@ gradient is laid out like its input, C order for an expanded one); the real call
 wrote another layout, which the declarations avoid), so tracing and running agree. ``register_autograd`` of the
 forward saves the residuals and calls the backward op, so eager mode, ``torch.autograd.gradcheck``,
 ``torch.library.opcheck`` and ``torch.compile(fullgraph=True)`` all see one opaque op each way.
+
+**The eager fast path.** Going through torch's dispatcher and its Python custom-op layers costs ~100 µs of host
+time per call (~300 µs with autograd: measured on the H200 host), several times the cuDNN call itself. So
+:meth:`TorchOp.__call__` runs a call that nothing traces -- plain CUDA tensors (no subclass: no fake, functional
+or functorch tensors), no ``torch.compile``/``torch.export`` trace, no ``TorchDispatchMode``, no functorch
+transform -- by calling the declaration directly: ``d.forward`` when no input needs a gradient, else one
+``torch.autograd.Function`` (:class:`_Eager`) whose backward is ``d.backward`` under the forward's settings.
+Every other call, and every call while :data:`EAGER` is False, goes through the custom op. Both paths run the
+same declaration; the GPU tests run each op both ways against torch.
 """
 
 from __future__ import annotations
@@ -30,13 +39,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils import _python_dispatch
 
 from ..ops._diff import Differentiable, Spec, new_like
 from ..runtime.adapters._torch import _FROM_TORCH, _TO_TORCH
 from ..runtime.cache import LRU, MISSING
-from ..runtime.settings import current_settings, settings
+from ..runtime.settings import current_settings, in_force, settings
 
-__all__ = ["TorchOp", "define", "encode", "decode", "spec"]
+__all__ = ["TorchOp", "define", "encode", "decode", "spec", "EAGER"]
+
+#: whether untraced calls on plain CUDA tensors skip the dispatcher (the module docstring); False: every call
+#: goes through the custom op (to compare the two paths, or to see each call in torch's profiler as one op)
+EAGER = True
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_EAGER_CPU = False  # the CPU tests' switch: CPU tensors take the eager path too (their stand-in declarations run)
 
 _SIMPLE = (bool, int, float, str, type(None))
 #: key -> an object passed by key (kept alive for the process: configs, dropout states)
@@ -165,6 +181,13 @@ class TorchOp:
         d = self.d
         if len(inputs) != len(d.inputs):
             raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
+        if EAGER and _untraced(inputs) and _untraced(kw.get(n) for n in d.arrays):
+            arrays = {n: kw.pop(n, None) for n in d.arrays}
+            if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+                outs = _Eager.apply(d, kw, arrays, *inputs)
+            else:
+                outs = d.forward(*inputs, **arrays, **kw)[0]
+            return outs[0] if len(outs) == 1 else tuple(outs)
         given = {n: kw.get(n) for n in d.arrays}
         got = self.forward_op(*self.args(*inputs, **kw))
         n = len(d.outputs)
@@ -182,11 +205,50 @@ class TorchOp:
         return [t for t in inputs if t is not None], [t for t in given.values() if t is not None], encode(kw)
 
 
-def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict) -> tuple[tuple, dict]:
-    """``d.meta`` of these tensors (cached by their metadata and the keywords)."""
+def _untraced(tensors: Any) -> bool:
+    """Whether these tensors (None skipped) may take the eager fast path: plain CUDA tensors, and nothing tracing."""
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or not (t.is_cuda or _EAGER_CPU)):
+            return False
+    return not (
+        torch.compiler.is_compiling()
+        or _python_dispatch._get_current_dispatch_mode() is not None
+        or torch._C._are_functorch_transforms_active()
+    )
+
+
+class _Eager(torch.autograd.Function):
+    """One eager call of a declaration under autograd: ``apply(d, kw, arrays, *inputs)``, the outputs as a tuple.
+    The residuals are saved tensors; the backward is ``d.backward`` under the :class:`Settings` the forward ran
+    with (autograd's backward thread has its own), with the cotangents of outputs that carry none left out."""
+
+    @staticmethod
+    def forward(ctx: Any, d: Differentiable, kw: dict, arrays: dict, *inputs: Any) -> tuple:  # type: ignore[override]
+        outs, res = d.forward(*inputs, **arrays, **kw)
+        ctx.d, ctx.kw, ctx.names, ctx.settings = d, kw, tuple(res), current_settings()
+        ctx.save_for_backward(*res.values())
+        dead = [
+            o for j, o in enumerate(outs) if o is not None and not (d.carries_gradient(j) and o.is_floating_point())
+        ]
+        if dead:
+            ctx.mark_non_differentiable(*dead)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
+        d = ctx.d
+        douts = tuple(g if d.carries_gradient(j) else None for j, g in enumerate(grads))
+        needs = tuple(ctx.needs_input_grad[3:])
+        with in_force(ctx.settings):
+            got = d.backward(dict(zip(ctx.names, ctx.saved_tensors)), douts, needs, **ctx.kw)
+        return (None, None, None, *(g if n else None for g, n in zip(got, needs)))
+
+
+def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict, kwkey: str) -> tuple[tuple, dict]:
+    """``d.meta`` of these tensors (cached by their metadata and ``kwkey``, the op's encoded keywords)."""
     in_specs = [None if t is None else spec(t) for t in inputs]
     a_specs = {k: None if t is None else spec(t) for k, t in arrays.items()}
-    key = (d.name, tuple(in_specs), tuple(a_specs.items()), repr(sorted(kw.items(), key=lambda i: i[0])))
+    key = (d.name, tuple(in_specs), tuple(a_specs.items()), kwkey)
     try:
         got = _META.lookup(key)
     except TypeError:  # symbolic sizes (a dynamic-shape trace): asked each time
@@ -223,7 +285,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
 
     def forward(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
         inputs, arr, kwd = unpack(inputs, arrays, kw)
-        out_specs, res_specs = _layout(d, inputs, arr, kwd)
+        out_specs, res_specs = _layout(d, inputs, arr, kwd, kw)
         changed = mutated(arr)
         for m in changed:  # a functional op: the caller's arrays are updated by TorchOp, from the copies
             arr[m] = arr[m].clone()
@@ -234,7 +296,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
 
     def fake(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
         inputs, arr, kwd = unpack(inputs, arrays, kw)
-        out_specs, res_specs = _layout(d, inputs, arr, kwd)
+        out_specs, res_specs = _layout(d, inputs, arr, kwd, kw)
         dev = next(t.device for t in list(inputs) + list(arr.values()) if t is not None)
         got = [_empty(s, dev) for s in out_specs] + [torch.empty_like(arr[m]) for m in mutated(arr)]
         return got + [_empty(res_specs[k], dev) for k in _new_residuals(d, res_specs)]
@@ -273,7 +335,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
     def setup_context(ctx: Any, inputs: tuple, output: list) -> None:
         given, arrays, kw = inputs
         ins, arr, kwd = unpack(given, arrays, kw)
-        _, res_specs = _layout(d, ins, arr, kwd)
+        _, res_specs = _layout(d, ins, arr, kwd, kw)
         n = len(d.outputs)
         changed = mutated(arr)
         new = iter(output[n + len(changed) :])

@@ -63,7 +63,7 @@ def test_meta_gives_torchs_shapes(name, i):
         if keeps:
             assert res["index"] == Spec(y.shape, channels_last_strides(y.shape), "int8")
     else:
-        names = [n for n, a in zip(d.inputs, inputs) if a is not None]
+        names = [n for n, a in zip(d.inputs, inputs) if a is not None] + (["out"] if kw.get("activation") else [])
         assert list(res) == names and all(res[n].shape == a.shape for n, a in zip(d.inputs, inputs) if a is not None)
 
 
@@ -190,6 +190,37 @@ def test_the_convolution_backward_calls(monkeypatch):
     assert d.backward(res, (None,), (True, True, True), **kw) == (None, None, None) and not calls
 
 
+def test_the_fused_relu_forward_and_backward_calls(monkeypatch):
+    """activation="relu": one fused forward (half types) keeping its output; the backward first takes the ReLU's
+    gradient from that output (cudnnActivationBackward with y as x and y), then the convolution's, from it. float32
+    splits the forward: the convolution, the bias added, the ReLU in place."""
+    calls = _record(monkeypatch, cv, ["convolution_forward", "convolution_backward_data",
+                                      "convolution_backward_filter", "convolution_backward_bias",
+                                      "activation_backward", "activation_forward", "add_tensor"])  # fmt: skip
+    d = autograd.get("convolution")
+    for dt in ("float16", "float32"):
+        calls.clear()
+        x, w, b, dy = _Arr("x", (2, 4, 7, 6), dt), _Arr("w", (6, 4, 3, 3), dt), _Arr("b", (6,), dt), _Arr("dy", ())
+        b.reshape = lambda shape: "b4d"
+        (y,), res = d.forward(x, w, b, padding=1, activation="relu")
+        assert res == {"x": x, "w": w, "bias": b, "out": y}
+        if dt == "float16":
+            assert [c[0] for c in calls] == ["convolution_forward"] and calls[0][2]["activation"] == "relu"
+        else:
+            assert [c[0] for c in calls] == ["convolution_forward", "add_tensor", "activation_forward"]
+            assert calls[0][2]["activation"] is None and calls[2][1] == (y, "relu") and calls[2][2] == {"out": y}
+        calls.clear()
+        d.backward(res, (dy,), (True, True, True), padding=1)
+        (name, args, _), *rest = calls
+        assert (name, args) == ("activation_backward", (dy, y, y, "relu"))
+        g = _Arr("activation_backward()", ())
+        assert [c[0] for c in rest] == ["convolution_backward_data", "convolution_backward_filter",
+                                        "convolution_backward_bias"]  # fmt: skip
+        assert all(repr(c[1][0 if c[0] != "convolution_backward_filter" else 1]) == repr(g) for c in rest)
+    (ys,), rs = d.meta(_spec((2, 4, 7, 6)), _spec((6, 4, 3, 3)), None, padding=1, activation="relu")
+    assert list(rs) == ["x", "w", "out"] and rs["out"] == ys
+
+
 def test_the_transposed_convolution_backward_calls(monkeypatch):
     calls = _record(monkeypatch, cv, ["convolution_forward", "convolution_backward_data",
                                       "convolution_backward_filter"])  # fmt: skip
@@ -254,9 +285,14 @@ def test_an_empty_pooling_backward_takes_no_index(monkeypatch):
 
 REFUSED = [
     (
-        lambda d: d.meta(_spec((1, 2, 5, 5)), _spec((3, 2, 3, 3)), None, activation="relu"),
+        lambda d: d.meta(_spec((1, 2, 5, 5)), _spec((3, 2, 3, 3)), None, activation="tanh"),
         NotImplementedError,
-        "activation='relu': its backward needs the pre-activation",
+        "activation='tanh' .*fuses activation='relu' only",
+    ),
+    (
+        lambda d: d.meta(_spec((1, 2, 5, 5)), _spec((3, 2, 3, 3)), None, activation="relu", activation_coef=6.0),
+        NotImplementedError,
+        "activation_coef=6.0",
     ),
     (
         lambda d: d.forward(_Arr("x", (1, 2, 5, 5)), _Arr("w", (3, 2, 3, 3)), None, activation="gelu"),
@@ -350,7 +386,13 @@ def _numpy_convolution(monkeypatch):
         r = cv._bwd_filter_resolve(_views(x=x, dy=dy), kw)
         return ref.conv_backward_filter(x, dy, r.y_shape, **_conv_args(r))
 
+    def relu(x, mode, out=None):
+        assert mode == "relu"
+        return np.maximum(x, 0, out=out)
+
     monkeypatch.setattr(cv, "add_tensor", lambda a, c: c.__iadd__(a))
+    monkeypatch.setattr(cv, "activation_forward", relu)
+    monkeypatch.setattr(cv, "activation_backward", lambda dy, y, x, mode: np.where(y > 0, dy, 0.0))
     for name, fn in (
         ("convolution_forward", fwd),
         ("convolution_backward_data", data),

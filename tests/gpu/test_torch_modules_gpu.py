@@ -567,6 +567,19 @@ def test_ddp_world_size_one_trains_a_model_of_twins(fp32):
 # ----------------------------------------------------------------- end to end
 
 
+def _record(name: str, ours: list[float], ref: list[float], **extra: Any) -> None:
+    """The two loss curves (and ``extra``) appended as one JSON line to ``$CUDNNKIT_TRAINING_LOG`` when it is set:
+    the numbers the closing notes and the docs quote (the assertions below are the test)."""
+    import json
+    import os
+
+    path = os.environ.get("CUDNNKIT_TRAINING_LOG")
+    if path:
+        worst = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
+        with open(path, "a") as f:
+            f.write(json.dumps(dict(name=name, ours=ours, torch=ref, max_rel_diff=worst, **extra)) + "\n")
+
+
 def _digits_cnn() -> Any:
     nn = torch.nn
     return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
@@ -609,6 +622,7 @@ def test_digits_cnn_trains_like_torch(fp32):
     with _ours():
         lo, acc_o = train(report.model)
     lr, acc_r = train(ref)
+    _record("digits_cnn", lo, lr, accuracy_ours=acc_o, accuracy_torch=acc_r)
     for i in range(20):
         assert abs(lo[i] - lr[i]) <= 1e-3 * abs(lr[i]), f"step {i}: {lo[i]} vs torch {lr[i]}"
     assert acc_o > 0.9 and acc_r > 0.9, (acc_o, acc_r)
@@ -663,6 +677,7 @@ def test_char_lstm_trains_like_torch(fp32):
     with _ours():
         lo = train(report.model)
     lr = train(ref)
+    _record("char_lstm", lo, lr)
     for i, (a, b) in enumerate(zip(lo, lr)):
         assert abs(a - b) <= 1e-2 * abs(b), f"step {i}: {a} vs torch {b}"
     assert lo[-1] < 0.8 * lo[0] and lr[-1] < 0.8 * lr[0], (lo[0], lo[-1], lr[0], lr[-1])

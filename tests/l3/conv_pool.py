@@ -31,6 +31,10 @@ def _conv_samples(rng, dtype):
         ((_a(rng, (1, 2, 5, 5), dtype), _a(rng, (3, 2, 3, 3), dtype), _a(rng, (3,), dtype)),
          {"conv": Convolution(padding="same", mode="convolution")}),
         ((_a(rng, (2, 3, 8), dtype), _a(rng, (2, 3, 3), dtype), None), {"padding": "valid", "dilation": 3}),
+        # the fused ReLU (its gradient from the saved output), with and without a bias
+        ((_a(rng, (2, 4, 6, 6), dtype), _a(rng, (8, 4, 3, 3), dtype), _a(rng, (8,), dtype)),
+         {"padding": 1, "activation": "relu"}),
+        ((_a(rng, (2, 3, 9), dtype), _a(rng, (4, 3, 3), dtype), None), {"stride": 2, "activation": "relu"}),
     ]  # fmt: skip
     if not f64:
         cases += [
@@ -121,7 +125,8 @@ def _conv(inputs, kw):
     fn = (F.conv1d, F.conv2d, F.conv3d)[nsp - 1]
     with warnings.catch_warnings():  # "same" with an even kernel: torch notes that it pads a copy
         warnings.simplefilter("ignore", UserWarning)
-        return (fn(x, w, b, stride=_n(stride, nsp), padding=padding, dilation=_n(dilation, nsp), groups=groups),)
+        y = fn(x, w, b, stride=_n(stride, nsp), padding=padding, dilation=_n(dilation, nsp), groups=groups)
+    return (torch.relu(y) if kw.get("activation") == "relu" else y,)
 
 
 def _convt(inputs, kw):

@@ -81,6 +81,7 @@ from ._graphform import Binder, channels_last_input, channels_last_output, graph
 from ._layout import c_order_view, channels_last_strides, copy_in
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
+from .activation import activation_backward, activation_forward
 from .tensor import add_tensor
 
 __all__ = [
@@ -832,7 +833,7 @@ def _new(shape: tuple[int, ...], strides: tuple[int, ...] | None, dtype: str) ->
     return Spec(tuple(shape), tuple(strides) if strides is not None else contiguous_strides(tuple(shape)), dtype)
 
 
-def _l3_refuse(dtype: str, z: Any, activation: Any) -> None:
+def _l3_refuse(dtype: str, z: Any, activation: Any, coef: Any = None) -> None:
     """What the differentiable convolution does not take (``NotImplementedError`` naming it)."""
     if dtype in _QUANT_OUT:
         raise NotImplementedError(f"the differentiable convolution takes float x and w, not {dtype}: the quantized "
@@ -840,9 +841,10 @@ def _l3_refuse(dtype: str, z: Any, activation: Any) -> None:
     if z is not None:
         raise NotImplementedError("z= (the fused residual) is not differentiable here (the declaration's inputs are "
                                   "x, w and bias): add the residual after the convolution")  # fmt: skip
-    if activation is not None:
-        raise NotImplementedError(f"activation={activation!r}: its backward needs the pre-activation, which the "
-                                  "fused forward does not keep: apply the activation op after the convolution")  # fmt: skip
+    if activation not in (None, "relu") or (activation is not None and coef is not None):
+        raise NotImplementedError(f"activation={activation!r} (activation_coef={coef!r}): the differentiable "
+                                  "convolution fuses activation='relu' only, whose gradient its output gives "
+                                  "(dy where y > 0); apply other activations as their own op")  # fmt: skip
 
 
 def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha: float = 1.0,
@@ -850,27 +852,40 @@ def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha
                      stride: int | Sequence[int] = 1, padding: int | Sequence[int] | str = 0,
                      dilation: int | Sequence[int] = 1, groups: int = 1, mode: str = "cross_correlation",
                      conv: Convolution | None = None, out_dtype: str | None = None, scale: float = 1.0) -> Any:  # fmt: skip
-    """``y = conv(x, w) + bias``: ``x`` ``(N, C, *in)``, ``w`` ``(K, C // groups, *k)``, ``bias`` ``(K,)`` or None,
-    one float dtype -> ``y`` ``(N, K, *out)`` in x's layout, by one :func:`convolution_forward` (the graph's
-    ``conv_fprop`` (+ ``ADD``) or ``cudnnConvolutionForward`` + ``cudnnAddTensor``). Residuals ``x``, ``w``, and
-    ``bias`` when given (the backward makes db only then)."""
+    """``y = relu?(conv(x, w) + bias)``: ``x`` ``(N, C, *in)``, ``w`` ``(K, C // groups, *k)``, ``bias`` ``(K,)``
+    or None, one float dtype -> ``y`` ``(N, K, *out)`` in x's layout, by one :func:`convolution_forward` (the
+    graph's ``conv_fprop`` (+ ``ADD``) (+ ``RELU_FWD``), or ``cudnnConvolutionForward`` + ``cudnnAddTensor`` (+
+    ``cudnnActivationForward``, in place)). Residuals ``x``, ``w``, ``bias`` when given (the backward makes db
+    only then), and ``out`` (``y``) with ``activation="relu"``: the ReLU's gradient is ``dy`` where ``y > 0``."""
     dtype = canonical(x.dtype, "x")
-    _l3_refuse(dtype, z, activation)
+    _l3_refuse(dtype, z, activation, activation_coef)
     # float32/float64: no fused graph (cuDNN 9.19's fused float32 graphs gave non-finite outputs), and the legacy
     # call pads both sides alike, so an asymmetric padding ("same" with an even kernel) with a bias has no fused
     # form at all: the convolution, then cudnnAddTensor of the bias (what the legacy fused call does anyway)
-    split = bias is not None and dtype in ("float32", "float64")
-    y = convolution_forward(x, w, None if split else bias, z_alpha=z_alpha, activation_coef=activation_coef,
+    split = dtype in ("float32", "float64")
+    y = convolution_forward(x, w, None if split else bias, z_alpha=z_alpha, activation=None if split else activation,
                             stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
                             out_dtype=out_dtype, scale=scale)  # fmt: skip
-    if split:
+    if split and bias is not None:
         add_tensor(bias.reshape((1, -1) + (1,) * (len(y.shape) - 2)), y)
-    return (y,), ({"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias})
+    if split and activation is not None:
+        activation_forward(y, activation, out=y)
+    return (y,), _conv_l3_res(x, w, bias, y if activation is not None else None)
+
+
+def _conv_l3_res(x: Any, w: Any, bias: Any, y: Any) -> dict:
+    res = {"x": x, "w": w}
+    if bias is not None:
+        res["bias"] = bias
+    if y is not None:
+        res["out"] = y
+    return res
 
 
 def _conv_l3_backward(res: Any, douts: Any, needs: Any, *, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
                       groups: int = 1, mode: str = "cross_correlation", conv: Any = None, **_: Any) -> tuple:  # fmt: skip
-    """From dy ``(N, K, *out)``: dx (:func:`convolution_backward_data` with ``x_shape``: ``conv_dgrad`` or
+    """From dy ``(N, K, *out)`` (with the fused ReLU first ``g = dy where y > 0``: ``cudnnActivationBackward`` from
+    the saved ``y``; else ``g = dy``): dx (:func:`convolution_backward_data` with ``x_shape``: ``conv_dgrad`` or
     ``cudnnConvolutionBackwardData``), dw (:func:`convolution_backward_filter` with ``w_shape``: ``conv_wgrad`` or
     ``cudnnConvolutionBackwardFilter``), db ``(K,)`` (:func:`convolution_backward_bias`: ``cudnnReduceTensor``),
     each only where needed (db only with a bias); all None for a zero cotangent."""
@@ -878,6 +893,8 @@ def _conv_l3_backward(res: Any, douts: Any, needs: Any, *, stride: Any = 1, padd
     if dy is None:
         return (None, None, None)
     x, w = res["x"], res["w"]
+    if "out" in res:
+        dy = activation_backward(dy, res["out"], res["out"], "relu")
     p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv)
     dx = convolution_backward_data(dy, w, x_shape=tuple(x.shape), **p) if needs[0] else None
     dw = convolution_backward_filter(x, dy, w_shape=tuple(w.shape), **p) if needs[1] else None
@@ -886,21 +903,22 @@ def _conv_l3_backward(res: Any, douts: Any, needs: Any, *, stride: Any = 1, padd
 
 
 def _conv_l3_meta(x: Spec, w: Spec, bias: Spec | None = None, *, z: Any = None, activation: Any = None,
-                  **kw: Any) -> Any:  # fmt: skip
+                  activation_coef: Any = None, **kw: Any) -> Any:  # fmt: skip
     """y as :func:`convolution_forward` allocates it: the shape ``_fwd_resolve`` gives (``conv_output_shape``),
     channels-last when x is, x's dtype."""
-    _l3_refuse(x.dtype, z, activation)
+    _l3_refuse(x.dtype, z, activation, activation_coef)
     views = {"x": _spec_view(x), "w": _spec_view(w), "bias": None if bias is None else _spec_view(bias)}
     r = _fwd_resolve(views, kw)
     y = _new(r.y_shape, r.y_strides, r.out_dtype or r.dtype)
-    return (y,), ({"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias})
+    return (y,), _conv_l3_res(x, w, bias, y if activation is not None else None)
 
 
 CONVOLUTION = differentiable(
     Differentiable("convolution", "convolution_forward", ("x", "w", "bias"), ("out",), _conv_l3_forward,
                    _conv_l3_backward, _conv_l3_meta,
-                   doc="y = conv(x, w) + bias (bias optional); the backward reads x and w: "
-                       "convolution_backward_data, _filter, _bias (each only where needed)")
+                   doc="y = relu?(conv(x, w) + bias) (bias and the fused ReLU optional); the backward reads x, w "
+                       "(and y with the ReLU): activation_backward, then convolution_backward_data, _filter, "
+                       "_bias (each only where needed)")
 )  # fmt: skip
 
 

@@ -79,3 +79,31 @@ def test_reduce_indices(xp, op, pick):
     c, idx = ops.reduce_tensor(dev(xp, a), op, axes=2, indices=True)
     assert host(xp, idx).astype(int).reshape(3, 4).tolist() == pick(a, axis=2).tolist()
     assert np.array_equal(host(xp, c)[..., 0], (np.max if op == "max" else np.min)(a, axis=2))
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_bfloat16_sum_as_a_graph_reduction_blended(xp, channels_last):
+    """A bfloat16 sum over N and space (the convolution's bias gradient) runs as a one-node graph reduction into a
+    float32 temporary (cudnnReduceTensor refuses bfloat16), blended into a given out by cudnnTransformTensor; the
+    plan is cached per shape. A misaligned view takes the float32-copy route instead; both match float64."""
+    from cudnnkit.ops import arith
+
+    rng = np.random.default_rng(11)
+    a = seen(rng.standard_normal((4, 8, 6, 5)), "bfloat16")
+    want = a.sum(axis=(0, 2, 3), keepdims=True)
+    da = dev(xp, a, "bfloat16")
+    if channels_last:
+        da = da.contiguous(memory_format=xp.module.channels_last) if xp.name == "torch" else da
+    c0 = seen(rng.standard_normal(want.shape), "bfloat16")
+    out = dev(xp, c0, "bfloat16")
+    arith._graph_sums.clear()
+    got = ops.reduce_tensor(da, "add", axes=(0, 2, 3), out=out, alpha=-2.0, beta=0.5)
+    assert got is out and rel(host(xp, got), -2.0 * want + 0.5 * c0) < TOL["bfloat16"] * 8
+    plans = [v for v in arith._graph_sums._d.values() if v is not None]
+    assert len(plans) == 1, "the graph route was not taken"
+    db = ops.convolution_backward_bias(da)
+    assert rel(host(xp, db), want.reshape(-1)) < TOL["bfloat16"] * 8
+    big = dev(xp, np.concatenate([np.zeros(1), a.reshape(-1)]), "bfloat16")  # a view 2 bytes past an allocation
+    view = big[1:].reshape(a.shape)
+    got = ops.reduce_tensor(view, "add", axes=(0, 2, 3))
+    assert rel(host(xp, got), want) < TOL["bfloat16"] * 8

@@ -28,6 +28,7 @@ with the arrays' own operators where cuDNN has no op (comparisons, division).
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -35,6 +36,7 @@ from typing import Any, NamedTuple
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, cudnn_dtype, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides
+from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import FLOATS, check_dtype, check_scalar, itemsize, nan_propagation, scaling_ref
 from ..runtime.view import ArrayView
 from ._diff import Differentiable, Spec, differentiable
@@ -42,6 +44,8 @@ from ._primitive import Call, Operand, Output, Primitive, register, run
 from .tensor import add_tensor, set_tensor, transform_tensor
 
 __all__ = ["op_tensor", "reduce_tensor"]
+
+_log = logging.getLogger("cudnnkit")
 
 _DTYPES = FLOATS  # runtime.dtypes: every float type cuDNN has
 _OPS = {
@@ -262,6 +266,8 @@ def reduce_views(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: Any
     h = launch.handle
     one, zero = scaling_ref("float32", 1.0), scaling_ref("float32", 0.0)
     keep = []
+    if va.dtype == "bfloat16" and op == "add" and not indices and _graph_sum(launch, va, vc, alpha, beta):
+        return None
     if va.dtype == "bfloat16":
         s32 = contiguous_strides(va.shape)
         t32, a32 = launch.empty(va.shape, "float32", s32, name="a")
@@ -292,6 +298,48 @@ def reduce_views(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: Any
                           cd, vc.ptr)  # fmt: skip
     del work, keep
     return buf
+
+
+#: (device, a's shape and strides, the output shape) -> (plan, a's uid, the sum's uid), or None: no engine
+_graph_sums: LRU[tuple, Any] = LRU("ops.reduce_graph_sums", 256)
+
+
+def _graph_sum(launch: Any, va: Any, vc: Any, alpha: Any, beta: Any) -> bool:
+    """:func:`reduce_views`'s bfloat16 sum as a one-node graph (``reduction`` ADD, float32 compute, into a float32
+    temporary), then ``cudnnTransformTensor`` blends it into ``vc``; False (nothing run) where no engine takes
+    it (remembered per shape), or ``va`` is not 16-byte aligned (the graph engines' requirement). Measured on
+    the H200 (cuDNN 9.19), dy ``(64, 64, 56, 56)`` channels-last: 36 us against 306 us for the float32-copy
+    route (cudnnReduceTensor refuses bfloat16), and torch's ``sum`` 53 us."""
+    if va.ptr % 16 or tuple(vc.shape) == tuple(va.shape):
+        return False
+    from ..graph import Graph
+    from ..graph.errors import GraphError
+
+    key = (launch.device, tuple(va.shape), tuple(va.strides), tuple(vc.shape))
+    got = _graph_sums.lookup(key)
+    if got is MISSING:
+        g = Graph(name="reduce_add_bf16")
+        a = g.tensor(va.shape, va.strides, "bfloat16", name="a")
+        y = g.reduction(a, vc.shape, mode="add", compute_dtype="float32", dtype="float32")
+        g.mark_output(y)
+        try:
+            got = (g.build(device=launch.device), a.uid, y.uid)
+        except (GraphError, lib.CudnnError) as e:  # no engine here: the float32-copy route, from now on
+            _log.debug("reduce_tensor: no graph engine sums bfloat16 %s -> %s (%s)", va.shape, vc.shape,
+                       str(e).splitlines()[0])  # fmt: skip
+            got = None
+        got = _graph_sums.put(key, got, count_miss=True)
+    if got is None:
+        return False
+    plan, a_uid, y_uid = got
+    h = launch.handle  # this thread's handle for the device, set to the launch stream
+    s32 = contiguous_strides(tuple(vc.shape))
+    tmp, v32 = launch.empty(tuple(vc.shape), "float32", s32, name="out")
+    ws, ws_ptr = launch.workspace(plan.workspace_size)
+    plan.execute({a_uid: va.ptr, y_uid: v32.ptr}, stream=launch.stream, workspace=ws_ptr or None, unchecked=True)
+    lib.cudnnTransformTensor(h, alpha, tensor_descriptor("float32", v32.shape, s32), v32.ptr, beta, _desc(vc), vc.ptr)
+    del tmp, ws
+    return True
 
 
 def _reduce_nothing(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: Any, alpha: Any, beta: Any) -> Any:

@@ -83,26 +83,29 @@ def test_reduce_indices(xp, op, pick):
 
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_bfloat16_sum_as_a_graph_reduction_blended(xp, channels_last):
-    """A bfloat16 sum over N and space (the convolution's bias gradient) runs as a one-node graph reduction into a
-    float32 temporary (cudnnReduceTensor refuses bfloat16), blended into a given out by cudnnTransformTensor; the
-    plan is cached per shape. A misaligned view takes the float32-copy route instead; both match float64."""
+    """A bfloat16 sum over N and space (the convolution's bias gradient) of a channels-last array runs as a one-node
+    graph reduction into a float32 temporary (cudnnReduceTensor refuses bfloat16), blended by cudnnTransformTensor;
+    the plan is cached per shape. cuDNN 9.19 has no engine for the C-order form (measured on the H200: 0 engine
+    configs), which takes the float32-copy route, as does a misaligned view; every route matches float64."""
     from cudnnkit.ops import arith
 
+    if channels_last and xp.name != "torch":
+        pytest.skip("a channels-last view is made with torch here")
     rng = np.random.default_rng(11)
     a = seen(rng.standard_normal((4, 8, 6, 5)), "bfloat16")
     want = a.sum(axis=(0, 2, 3), keepdims=True)
     da = dev(xp, a, "bfloat16")
     if channels_last:
-        da = da.contiguous(memory_format=xp.module.channels_last) if xp.name == "torch" else da
-    c0 = seen(rng.standard_normal(want.shape), "bfloat16")
-    out = dev(xp, c0, "bfloat16")
+        da = da.contiguous(memory_format=xp.module.channels_last)
     arith._graph_sums.clear()
-    got = ops.reduce_tensor(da, "add", axes=(0, 2, 3), out=out, alpha=-2.0, beta=0.5)
-    assert got is out and rel(host(xp, got), -2.0 * want + 0.5 * c0) < TOL["bfloat16"] * 8
+    c0 = seen(rng.standard_normal(want.shape[1]), "bfloat16")
+    out = dev(xp, c0, "bfloat16")
+    db = ops.convolution_backward_bias(da, out=out, alpha=-2.0, beta=0.5)
+    assert db is out and rel(host(xp, db), -2.0 * want.reshape(-1) + 0.5 * c0) < TOL["bfloat16"] * 8
     plans = [v for v in arith._graph_sums._d.values() if v is not None]
-    assert len(plans) == 1, "the graph route was not taken"
-    db = ops.convolution_backward_bias(da)
-    assert rel(host(xp, db), want.reshape(-1)) < TOL["bfloat16"] * 8
+    assert len(plans) == (1 if channels_last else 0), "the graph route: channels-last only"
+    got = ops.reduce_tensor(da, "add", axes=(0, 2, 3))
+    assert rel(host(xp, got), want) < TOL["bfloat16"] * 8
     big = dev(xp, np.concatenate([np.zeros(1), a.reshape(-1)]), "bfloat16")  # a view 2 bytes past an allocation
     view = big[1:].reshape(a.shape)
     got = ops.reduce_tensor(view, "add", axes=(0, 2, 3))

@@ -309,7 +309,8 @@ def _graph_sum(launch: Any, va: Any, vc: Any, alpha: Any, beta: Any) -> bool:
     temporary), then ``cudnnTransformTensor`` blends it into ``vc``; False (nothing run) where no engine takes
     it (remembered per shape), or ``va`` is not 16-byte aligned (the graph engines' requirement). Measured on
     the H200 (cuDNN 9.19), dy ``(64, 64, 56, 56)`` channels-last: 36 us against 306 us for the float32-copy
-    route (cudnnReduceTensor refuses bfloat16), and torch's ``sum`` 53 us."""
+    route (cudnnReduceTensor refuses bfloat16), and torch's ``sum`` 53 us. cuDNN 9.19 takes the channels-last
+    sum over N and space and refuses the C-order one (0 engine configs, every shape probed)."""
     if va.ptr % 16 or tuple(vc.shape) == tuple(va.shape):
         return False
     from ..graph import Graph

@@ -623,12 +623,18 @@ class _FakeValues:
         self.freed.append(stream)
 
 
-def _fake_driver(monkeypatch, capturing):
+def _fake_driver(monkeypatch, fake):
+    """The driver's device values and capture status faked, the lengths caches emptied: (launch, capturing flag)."""
+    from cudnnkit.ops import _rnn_desc
     from cudnnkit.runtime import driver
 
+    capturing = [False]
     _FakeValues.made = []
     monkeypatch.setattr(driver, "DeviceValues", _FakeValues)
     monkeypatch.setattr(driver, "stream_capturing", lambda stream, device: capturing[0])
+    monkeypatch.setattr(_rnn_desc, "_captured", {})
+    _rnn_desc._lengths.clear()
+    return Launch(0, fake[0], 0), capturing
 
 
 def test_U13_rnn_device_lengths_are_the_upload_of_seq_lengths(fake, monkeypatch):
@@ -636,11 +642,7 @@ def test_U13_rnn_device_lengths_are_the_upload_of_seq_lengths(fake, monkeypatch)
     from cudnnkit.ops._rnn_desc import _dev_lengths, _lengths, _Seq
 
     ad, _ = fake
-    capturing = [False]
-    _fake_driver(monkeypatch, capturing)
-    monkeypatch.setattr(_rnn_desc, "_captured", {})
-    _lengths.clear()
-    launch = Launch(0, ad, 0)
+    launch, capturing = _fake_driver(monkeypatch, fake)
     seq = _Seq(5, 3, (5, 3, 2), np.array([5, 3, 2], np.int32), False)
     buf, p = _dev_lengths(launch, seq)
     (up,) = _FakeValues.made
@@ -661,11 +663,7 @@ def test_U13_rnn_lengths_under_cuda_graph_capture_are_kept_or_refused(fake, monk
     from cudnnkit.ops._rnn_desc import _dev_lengths, _lengths, _Seq
 
     ad, _ = fake
-    capturing = [False]
-    _fake_driver(monkeypatch, capturing)
-    monkeypatch.setattr(_rnn_desc, "_captured", {})
-    _lengths.clear()
-    launch = Launch(0, ad, 0)
+    launch, capturing = _fake_driver(monkeypatch, fake)
     seq = _Seq(5, 2, (5, 3), np.array([5, 3], np.int32), False)
     warm, _ = _dev_lengths(launch, seq)  # the warm-up
     capturing[0] = True

@@ -20,9 +20,10 @@ from .conftest import gpu_libraries
 SRC = Path(__file__).resolve().parent.parent / "src" / "cudnnkit"
 FRAMEWORKS = {"torch", "cupy", "jax", "jaxlib"}
 # Modules allowed to import a framework: one adapter per array library, and the L3 integrations (cudnnkit.torch
-# imports torch; cudnnkit.nn imports the caller's library inside its functions, never at import).
+# imports torch, cudnnkit.jax imports jax; cudnnkit.nn imports the caller's library inside its functions, never
+# at import).
 ALLOWED = {"runtime/adapters/_torch.py", "runtime/adapters/_cupy.py"}
-L3_INTEGRATIONS = ("torch/", "nn/")
+L3_INTEGRATIONS = ("torch/", "nn/", "jax/")
 
 
 def test_doctor_exits_zero_and_reports():

@@ -1,0 +1,243 @@
+"""Each differentiable op as a JAX function: two XLA FFI targets per declaration, ``jax.ffi.ffi_call`` to reach
+them, ``jax.custom_vjp`` for the gradient. Generated from the declarations; no op is registered by hand.
+
+For a :class:`~cudnnkit.ops._diff.Differentiable` ``d`` named ``n``, :class:`JaxOp` registers (on first use):
+
+* ``cudnnkit_n`` (the forward): the present ``d.inputs``, then the present ``d.arrays``, as buffers; one string
+  attribute ``kw`` (:func:`cudnnkit.autograd._kw.encode` of every other keyword, with which inputs and arrays
+  are present). Its results are the outputs, the new values of the present ``d.mutated`` arrays (batch norm's
+  running statistics: JAX has no in-place update, so the op returns them) and the residuals that are not an
+  input or an output, with the shapes and dtypes ``d.meta`` gives at trace time.
+* ``cudnnkit_n_backward``: the present residuals, then the cotangents of the outputs that carry one; ``kw`` adds
+  the residual names, which cotangents are present and which inputs need a gradient. Its results are those
+  gradients, each shaped like its input.
+
+:meth:`JaxOp.__call__` is the JAX-level function: ``op(*inputs, **kw)`` returns the outputs (one array, or a
+tuple), then the new values of the mutated arrays when any were given, under ``jit``, ``grad`` and
+``value_and_grad``. ``d.meta`` runs at trace time, in Python, so a bad argument raises its clear exception there,
+before XLA compiles anything; a failure inside the handler comes back as XLA's error carrying the exception's type
+and message (:mod:`cudnnkit.jax._ffi`).
+
+How a handler turns buffers into arrays and writes its results is a :class:`Runner`: on CUDA the buffers are
+device views and the declaration's L2 calls run on XLA's stream; the CPU tests run pure-NumPy stand-in
+declarations through a NumPy runner on JAX's CPU platform, so that this machinery is checked without a GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from ..autograd._kw import decode, encode
+from ..ops._diff import Differentiable, Spec
+from ..runtime.arrays import contiguous_strides
+from ..runtime.dtypes import canonical
+from . import _ffi
+
+__all__ = ["JaxOp", "Runner", "spec"]
+
+
+class Runner(Protocol):
+    """How a handler sees its buffers (see the module docstring)."""
+
+    #: the FFI platform the targets are registered for ("CUDA", or "cpu" in the tests)
+    platform: str
+
+    def array(self, call: _ffi.Call, b: _ffi.Buffer) -> Any:
+        """``b`` as an array the declaration's calls take (a device view; NumPy in the CPU tests)."""
+        ...
+
+    def write(self, call: _ffi.Call, dst: _ffi.Buffer, value: Any, name: str) -> None:
+        """``value`` (an array the declaration returned: any strides, dst's shape and dtype) into ``dst``."""
+        ...
+
+    def zero(self, call: _ffi.Call, dst: _ffi.Buffer) -> None:
+        """``dst`` set to zeros (a gradient the backward says is zero)."""
+        ...
+
+    def scope(self, call: _ffi.Call) -> Any:
+        """A context the declaration's calls run in (the call's stream and device)."""
+        ...
+
+
+def spec(x: Any) -> Spec:
+    """The :class:`Spec` of a JAX array or abstract value: its shape, C-order strides (XLA hands custom calls
+    dense row-major buffers) and cudnnkit dtype name."""
+    shape = tuple(int(d) for d in x.shape)
+    return Spec(shape, contiguous_strides(shape), canonical(jnp.dtype(x.dtype).name, "array"))
+
+
+def _sds(s: Spec) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(s.shape, jnp.dtype(s.dtype))
+
+
+def _floating(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat"))
+
+
+class JaxOp:
+    """The JAX function and FFI targets of one declaration (see the module docstring). ``namespace`` prefixes
+    the target names (tests use their own); ``runner`` is the handlers' :class:`Runner`."""
+
+    def __init__(self, d: Differentiable, runner: Runner, namespace: str = "cudnnkit"):
+        self.d, self.runner = d, runner
+        self.forward_name = f"{namespace}_{d.name}"
+        self.backward_name = f"{namespace}_{d.name}_backward"
+        self._fns: dict[str, Callable] = {}
+        self._lock = threading.Lock()
+        self._registered = False
+
+    # ------------------------------------------------------------- the JAX side
+
+    def __call__(self, *inputs: Any, **kw: Any) -> Any:
+        d = self.d
+        if len(inputs) != len(d.inputs):
+            raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
+        arrays = {n: kw.pop(n, None) for n in d.arrays}
+        kw["__in__"] = tuple(i for i, t in enumerate(inputs) if t is not None)
+        kw["__arr__"] = tuple(n for n, t in arrays.items() if t is not None)
+        key = encode(kw)
+        self._register()
+        f = self._fns.get(key)
+        if f is None:
+            with self._lock:
+                f = self._fns.setdefault(key, self._make(key))
+        ins = tuple(t for t in inputs if t is not None)
+        arrs = tuple(t for t in arrays.values() if t is not None)
+        statics = tuple(spec(t) for t in ins) + tuple(spec(t) for t in arrs)
+        outs, mutated = f(statics, ins, arrs)
+        if len(outs) == 1 and not mutated:
+            return outs[0]
+        return (*outs, *mutated)
+
+    def _make(self, key: str) -> Callable:
+        """The ``custom_vjp`` function of one keyword encoding: ``f(specs, ins, arrs) -> (outs, mutated)`` with
+        ``specs`` (the present inputs' and arrays' :class:`Spec` s) static."""
+        d = self.d
+        kwd = decode(key)
+        in_idx, arr_names = kwd.pop("__in__"), kwd.pop("__arr__")
+        changed = tuple(m for m in d.mutated if m in arr_names)
+
+        def layout(specs: tuple) -> tuple[tuple, dict, list[str]]:
+            full: list[Any] = [None] * len(d.inputs)
+            for i, s in zip(in_idx, specs):
+                full[i] = s
+            a = dict.fromkeys(d.arrays) | dict(zip(arr_names, specs[len(in_idx) :]))
+            out_specs, res_specs = d.meta(*full, **a, **kwd)
+            names = set(d.inputs) | set(d.arrays) | set(d.outputs)
+            return out_specs, res_specs, [k for k in res_specs if k not in names]
+
+        def run(specs: tuple, ins: tuple, arrs: tuple) -> tuple[tuple, tuple, dict]:
+            out_specs, res_specs, new = layout(specs)
+            shapes = [_sds(s) for s in out_specs]
+            shapes += [_sds(specs[len(in_idx) + arr_names.index(m)]) for m in changed]
+            shapes += [_sds(res_specs[k]) for k in new]
+            got = jax.ffi.ffi_call(self.forward_name, shapes)(*ins, *arrs, kw=key)
+            got = list(got) if isinstance(got, (list, tuple)) else [got]
+            n, c = len(out_specs), len(changed)
+            outs, mutated, fresh = tuple(got[:n]), tuple(got[n : n + c]), got[n + c :]
+            by_name = dict(zip((d.inputs[i] for i in in_idx), ins)) | dict(zip(arr_names, arrs))
+            by_name |= dict(zip(changed, mutated)) | dict(zip(d.outputs, outs)) | dict(zip(new, fresh))
+            res = {k: by_name.get(k) for k in res_specs}
+            return outs, mutated, res
+
+        def f(specs: tuple, ins: tuple, arrs: tuple) -> tuple:
+            outs, mutated, _ = run(specs, ins, arrs)
+            return outs, mutated
+
+        def f_fwd(specs: tuple, ins: tuple, arrs: tuple) -> tuple:
+            outs, mutated, res = run(specs, ins, arrs)
+            return (outs, mutated), res
+
+        def f_bwd(specs: tuple, res: dict, cts: tuple) -> tuple:
+            out_cts, _ = cts  # the mutated arrays' new values are state: no cotangent flows into them
+            douts, present = [], []
+            for j, g in enumerate(out_cts):
+                use = d.carries_gradient(j) and g is not None and _floating(canonical(jnp.dtype(g.dtype).name, "g"))
+                present.append(use)
+                if use:
+                    douts.append(g)
+            in_specs = specs[: len(in_idx)]
+            needs_full = [False] * len(d.inputs)
+            for i, s in zip(in_idx, in_specs):
+                needs_full[i] = _floating(s.dtype)
+            names = tuple(k for k, v in res.items() if v is not None)
+            bkw = dict(kwd, __res__=names, __douts__=tuple(present), __needs__=tuple(needs_full),
+                       __in__=in_idx, __arr__=arr_names)  # fmt: skip
+            wanted = [s for i, s in zip(in_idx, in_specs) if needs_full[i]]
+            grads: list[Any] = []
+            if wanted and douts:
+                got = jax.ffi.ffi_call(self.backward_name, [_sds(s) for s in wanted])(
+                    *(res[k] for k in names), *douts, kw=encode(bkw)
+                )
+                grads = list(got) if isinstance(got, (list, tuple)) else [got]
+            it = iter(grads)
+            out = tuple(next(it, None) if needs_full[i] and douts else None for i in in_idx)
+            return out, tuple(None for _ in arr_names)
+
+        fn = jax.custom_vjp(f, nondiff_argnums=(0,))
+        fn.defvjp(f_fwd, f_bwd)
+        return fn
+
+    # ------------------------------------------------------------- the handlers
+
+    def _register(self) -> None:
+        if self._registered:
+            return
+        with self._lock:
+            if not self._registered:
+                p = self.runner.platform
+                _ffi.register(self.forward_name, _ffi.Handler(self._forward, platform=p))
+                _ffi.register(self.backward_name, _ffi.Handler(self._backward, platform=p))
+                self._registered = True
+
+    def _forward(self, call: _ffi.Call) -> None:
+        d, r = self.d, self.runner
+        kwd = decode(call.attrs["kw"])
+        in_idx, arr_names = kwd.pop("__in__"), kwd.pop("__arr__")
+        changed = [m for m in d.mutated if m in arr_names]
+        n_in = len(in_idx)
+        inputs: list[Any] = [None] * len(d.inputs)
+        for i, b in zip(in_idx, call.args[:n_in]):
+            inputs[i] = r.array(call, b)
+        arrays: dict[str, Any] = dict.fromkeys(d.arrays)
+        for name, b in zip(arr_names, call.args[n_in:]):
+            arrays[name] = r.array(call, b)
+        n = len(d.outputs)
+        rets = call.rets
+        with r.scope(call):
+            for k, m in enumerate(changed):  # updated in its result buffer: XLA's operands are never written
+                dst = rets[n + k]
+                r.write(call, dst, arrays[m], m)
+                arrays[m] = r.array(call, dst)
+            outs, res = d.forward(*inputs, **arrays, **kwd)
+            for j, (o, dst) in enumerate(zip(outs, rets[:n])):
+                r.write(call, dst, o, d.outputs[j])
+            names = set(d.inputs) | set(d.arrays) | set(d.outputs)
+            fresh = [k for k in res if k not in names]
+            for k, dst in zip(fresh, rets[n + len(changed) :]):
+                r.write(call, dst, res[k], k)
+
+    def _backward(self, call: _ffi.Call) -> None:
+        d, r = self.d, self.runner
+        kwd = decode(call.attrs["kw"])
+        names, present, needs = kwd.pop("__res__"), kwd.pop("__douts__"), kwd.pop("__needs__")
+        kwd.pop("__in__"), kwd.pop("__arr__")
+        res: dict[str, Any] = {k: r.array(call, b) for k, b in zip(names, call.args[: len(names)])}
+        given = iter(call.args[len(names) :])
+        douts = tuple(r.array(call, next(given)) if p else None for p in present)
+        with r.scope(call):
+            grads = d.backward(res, douts, tuple(needs), **kwd)
+            dsts = iter(call.rets)
+            for g, need in zip(grads, needs):
+                if not need:
+                    continue
+                dst = next(dsts)
+                if g is None:
+                    r.zero(call, dst)
+                else:
+                    r.write(call, dst, g, "gradient")

@@ -1,0 +1,167 @@
+"""The JAX op machinery (cudnnkit.jax._ops) on JAX's CPU platform, with pure-NumPy declarations standing in for
+cuDNN's and a NumPy runner: the forward and backward FFI targets, the shapes from ``meta``, ``jax.custom_vjp``,
+``jit``, ``grad``, optional inputs, arrays without a gradient, a mutated array returned as new state, integer
+inputs, and a bad argument refused at trace time. The cuDNN-backed ops run the same machinery on CUDA (the GPU
+tier)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+jax.config.update("jax_enable_x64", True)
+
+from cudnnkit.jax import _ops  # noqa: E402
+from cudnnkit.ops._diff import Differentiable, Spec, new_like  # noqa: E402
+
+_NP = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64}
+
+
+@pytest.fixture(autouse=True)
+def on_the_cpu():
+    """The stand-ins are registered for JAX's CPU platform: the arrays go there (a GPU machine's default is CUDA)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+class NumpyRunner:
+    """CPU buffers as NumPy arrays over XLA's memory (no copy); results written with ``np.copyto``."""
+
+    platform = "cpu"
+
+    def array(self, call, b):
+        n = int(np.prod(b.shape, dtype=np.int64))
+        dt = np.dtype(_NP[b.dtype])
+        raw = (ctypes.c_char * max(n * dt.itemsize, 1)).from_address(b.ptr)
+        return np.frombuffer(raw, dtype=dt, count=n).reshape(b.shape)
+
+    def write(self, call, dst, value, name):
+        view = self.array(call, dst)
+        assert view.shape == np.shape(value), (name, view.shape, np.shape(value))
+        np.copyto(view, value)
+
+    def zero(self, call, dst):
+        self.array(call, dst)[...] = 0
+
+    def scope(self, call):
+        return contextlib.nullcontext()
+
+
+CALLS: list[str] = []
+
+
+def _fwd(x, w, bias=None, *, scale=1.0, stat=None, labels=None):
+    CALLS.append("forward")
+    prod = x * w  # a new residual (not an input or an output)
+    y = prod * scale + (0 if bias is None else bias)
+    if labels is not None:
+        y = y + labels[:, None]
+    if stat is not None:
+        stat += y.sum()  # a mutated array: written in place
+    return (y, prod.sum(axis=-1)), {"x": x, "w": w, "prod": prod}
+
+
+def _bwd(res, douts, needs, *, scale=1.0, **_):
+    CALLS.append("backward")
+    dy, ds = douts
+    g = (0 if dy is None else dy * scale) + (0 if ds is None else ds[..., None])
+    gb = np.broadcast_to(np.asarray(g, float), res["x"].shape)
+    db = np.broadcast_to(np.asarray(0.0 if dy is None else dy, float), res["x"].shape)  # y's bias term only
+    return (gb * res["w"] if needs[0] else None, gb * res["x"] if needs[1] else None,
+            db.copy() if needs[2] else None)  # fmt: skip
+
+
+def _meta(x: Spec, w: Spec, bias=None, *, scale=1.0, stat=None, labels=None):
+    if x.shape != w.shape:
+        raise ValueError(f"mul_scale: x {x.shape} and w {w.shape} must have one shape")
+    return (new_like(x), new_like(x, shape=x.shape[:-1])), {"x": x, "w": w, "prod": new_like(x)}
+
+
+OP = Differentiable("mul_scale", "softmax_forward", ("x", "w", "bias"), ("out", "sum"), _fwd, _bwd, _meta,
+                    arrays=("stat", "labels"), mutated=("stat",))  # fmt: skip
+J = _ops.JaxOp(OP, NumpyRunner(), namespace="cudnnkit_jaxtest")
+
+
+def _args(seed=0):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(rng.standard_normal((3, 4))), jnp.asarray(rng.standard_normal((3, 4)))
+
+
+def test_the_forward_matches_the_definition_under_jit():
+    x, w = _args()
+    b = jnp.ones((3, 4))
+    y, s = jax.jit(lambda a, c, d: J(a, c, d, scale=0.5))(x, w, b)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x * w * 0.5 + 1))
+    np.testing.assert_allclose(np.asarray(s), np.asarray((x * w).sum(-1)))
+    y2, _ = J(x, w, None, scale=2.0)  # an absent optional input
+    np.testing.assert_allclose(np.asarray(y2), np.asarray(2 * x * w))
+
+
+def test_grad_goes_through_the_backward_target():
+    x, w = _args(1)
+    b = jnp.zeros((3, 4))
+
+    def loss(a, c, d):
+        y, s = J(a, c, d, scale=0.25)
+        return (y**2).sum() + 3 * s.sum()
+
+    CALLS.clear()
+    gx, gw, gb = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, w, b)
+    assert CALLS.count("backward") == 1
+
+    def ref(a, c, d):
+        y = a * c * 0.25 + d
+        return (y**2).sum() + 3 * (a * c).sum(-1).sum()
+
+    for got, want in zip((gx, gw, gb), jax.grad(ref, argnums=(0, 1, 2))(x, w, b)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
+
+
+def test_value_and_grad_and_an_unused_output():
+    x, w = _args(2)
+    val, g = jax.value_and_grad(lambda a: J(a, w, None)[0].sum())(x)  # the second output's cotangent is zero
+    np.testing.assert_allclose(float(val), float((x * w).sum()))
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w))
+
+
+def test_a_mutated_array_comes_back_as_new_state_and_the_operand_is_untouched():
+    x, w = _args(3)
+    stat = jnp.zeros(())
+    y, s, new = jax.jit(lambda a, c, st: J(a, c, None, stat=st))(x, w, stat)
+    assert float(stat) == 0.0  # XLA's operand was copied, never written
+    np.testing.assert_allclose(float(new), float(np.asarray(y).sum()))
+
+
+def test_an_integer_array_takes_no_gradient():
+    x, w = _args(4)
+    labels = jnp.arange(3, dtype=jnp.int64)
+    g = jax.grad(lambda a: J(a, w, None, labels=labels)[0].sum())(x)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w))
+
+
+def test_a_bad_argument_is_refused_at_trace_time_before_any_handler_runs():
+    x, _ = _args()
+    CALLS.clear()
+    with pytest.raises(ValueError, match=r"mul_scale: x \(3, 4\) and w \(4, 3\) must have one shape"):
+        jax.jit(lambda a, c: J(a, c, None))(x, jnp.zeros((4, 3)))
+    assert CALLS == []
+    with pytest.raises(TypeError, match=r"mul_scale takes 3 array\(s\)"):
+        J(x, x)
+
+
+def test_a_failure_inside_the_handler_comes_back_as_an_error_naming_it():
+    x, w = _args()
+
+    def boom(*a, **k):
+        raise RuntimeError("the cuDNN call refused these arrays")
+
+    bad = Differentiable("mul_scale_bad", "softmax_forward", OP.inputs, OP.outputs, boom, _bwd, _meta,
+                         arrays=OP.arrays, mutated=OP.mutated)  # fmt: skip
+    jb = _ops.JaxOp(bad, NumpyRunner(), namespace="cudnnkit_jaxtest")
+    with pytest.raises(Exception, match=r"cudnnkit: RuntimeError: the cuDNN call refused these arrays"):
+        jax.block_until_ready(jb(x, w, None))

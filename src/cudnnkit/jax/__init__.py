@@ -1,13 +1,41 @@
 """L3: the JAX integration (issue 14, under way).
 
+* :data:`ops` / :func:`op`: every differentiable op (:mod:`cudnnkit.autograd`) as a JAX function that works under
+  ``jax.jit``, ``jax.grad`` and ``jax.value_and_grad``: two XLA FFI targets per op (``cudnnkit_<name>`` and
+  ``cudnnkit_<name>_backward``) reached through ``jax.ffi.ffi_call``, shapes from the declaration's ``meta``,
+  the gradient by ``jax.custom_vjp`` (:mod:`cudnnkit.jax._ops`). ``cudnnkit.jax.ops.softmax(x, axis=-1)``.
 * :mod:`cudnnkit.jax._ffi`: XLA's FFI from Python through ``ctypes`` (handlers, registration, the call frame's
-  buffers, attributes and stream), tested on the CPU platform.
+  buffers, attributes and stream); :mod:`cudnnkit.jax._cuda`: the handlers' CUDA side (XLA's stream, memory no
+  library owns for the L2 calls' outputs and workspaces).
 
 Importing this module imports jax; nothing below it does.
 """
 
 from __future__ import annotations
 
-from ._ffi import Buffer, Call, FfiAbiError, Handler, register, registered
+from types import SimpleNamespace
+from typing import Any
 
-__all__ = ["Buffer", "Call", "FfiAbiError", "Handler", "register", "registered"]
+from .. import autograd as _autograd
+from ._ffi import Buffer, Call, FfiAbiError, Handler, register, registered
+from ._ops import JaxOp
+
+__all__ = ["ops", "op", "JaxOp", "Buffer", "Call", "FfiAbiError", "Handler", "register", "registered"]
+
+_defined: dict[str, JaxOp] = {}
+
+
+def op(name: str) -> JaxOp:
+    """The :class:`JaxOp` of differentiable op ``name`` (its FFI targets registered on first call)."""
+    got = _defined.get(name)
+    if got is None:
+        from ._cuda import RUNNER
+
+        got = _defined[name] = JaxOp(_autograd.get(name), RUNNER)
+    return got
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ops":  # every op by name, made on first use
+        return SimpleNamespace(**{n: op(n) for n in _autograd.functions()})
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -198,6 +198,8 @@ class Call:
     args: list[Buffer]
     rets: list[Buffer]
     attrs: dict[str, Any] = field(default_factory=dict)
+    #: the CUDA device the buffers live on, once a runner has found it (``None`` until then, and on the CPU)
+    device: int | None = None
 
 
 def _end(cls: type, last: str) -> int:

@@ -36,6 +36,7 @@ from ..autograd._kw import decode, encode
 from ..ops._diff import Differentiable, Spec
 from ..runtime.arrays import contiguous_strides
 from ..runtime.dtypes import canonical
+from ..runtime.settings import Settings, current_settings, in_force
 from . import _ffi
 
 __all__ = ["JaxOp", "Runner", "spec"]
@@ -100,6 +101,8 @@ class JaxOp:
         arrays = {n: kw.pop(n, None) for n in d.arrays}
         kw["__in__"] = tuple(i for i, t in enumerate(inputs) if t is not None)
         kw["__arr__"] = tuple(n for n, t in arrays.items() if t is not None)
+        cur = current_settings()  # the handlers run on XLA's threads: the caller's settings travel with the call
+        kw["__settings__"] = tuple((f, getattr(cur, f)) for f in cur.__dataclass_fields__)
         key = encode(kw)
         self._register()
         f = self._fns.get(key)
@@ -120,6 +123,7 @@ class JaxOp:
         d = self.d
         kwd = decode(key)
         in_idx, arr_names = kwd.pop("__in__"), kwd.pop("__arr__")
+        settings_items = kwd.pop("__settings__")
         changed = tuple(m for m in d.mutated if m in arr_names)
 
         def layout(specs: tuple) -> tuple[tuple, dict, list[str]]:
@@ -167,7 +171,7 @@ class JaxOp:
                 needs_full[i] = _floating(s.dtype)
             names = tuple(k for k, v in res.items() if v is not None)
             bkw = dict(kwd, __res__=names, __douts__=tuple(present), __needs__=tuple(needs_full),
-                       __in__=in_idx, __arr__=arr_names)  # fmt: skip
+                       __in__=in_idx, __arr__=arr_names, __settings__=settings_items)  # fmt: skip
             wanted = [s for i, s in zip(in_idx, in_specs) if needs_full[i]]
             grads: list[Any] = []
             if wanted and douts:
@@ -200,16 +204,15 @@ class JaxOp:
         kwd = decode(call.attrs["kw"])
         in_idx, arr_names = kwd.pop("__in__"), kwd.pop("__arr__")
         changed = [m for m in d.mutated if m in arr_names]
-        n_in = len(in_idx)
-        inputs: list[Any] = [None] * len(d.inputs)
-        for i, b in zip(in_idx, call.args[:n_in]):
-            inputs[i] = r.array(call, b)
-        arrays: dict[str, Any] = dict.fromkeys(d.arrays)
-        for name, b in zip(arr_names, call.args[n_in:]):
-            arrays[name] = r.array(call, b)
-        n = len(d.outputs)
+        n_in, n = len(in_idx), len(d.outputs)
         rets = call.rets
-        with r.scope(call):
+        with r.scope(call), in_force(Settings(**dict(kwd.pop("__settings__", ())))):
+            inputs: list[Any] = [None] * len(d.inputs)
+            for i, b in zip(in_idx, call.args[:n_in]):
+                inputs[i] = r.array(call, b)
+            arrays: dict[str, Any] = dict.fromkeys(d.arrays)
+            for name, b in zip(arr_names, call.args[n_in:]):
+                arrays[name] = r.array(call, b)
             for k, m in enumerate(changed):  # updated in its result buffer: XLA's operands are never written
                 dst = rets[n + k]
                 r.write(call, dst, arrays[m], m)
@@ -227,10 +230,10 @@ class JaxOp:
         kwd = decode(call.attrs["kw"])
         names, present, needs = kwd.pop("__res__"), kwd.pop("__douts__"), kwd.pop("__needs__")
         kwd.pop("__in__"), kwd.pop("__arr__")
-        res: dict[str, Any] = {k: r.array(call, b) for k, b in zip(names, call.args[: len(names)])}
-        given = iter(call.args[len(names) :])
-        douts = tuple(r.array(call, next(given)) if p else None for p in present)
-        with r.scope(call):
+        with r.scope(call), in_force(Settings(**dict(kwd.pop("__settings__", ())))):
+            res: dict[str, Any] = {k: r.array(call, b) for k, b in zip(names, call.args[: len(names)])}
+            given = iter(call.args[len(names) :])
+            douts = tuple(r.array(call, next(given)) if p else None for p in present)
             grads = d.backward(res, douts, tuple(needs), **kwd)
             dsts = iter(call.rets)
             for g, need in zip(grads, needs):

@@ -45,7 +45,15 @@ __all__ = [
     "memset_async",
     "order_after",
     "stream_capturing",
+    "DeviceMemory",
     "DeviceValues",
+    "copy_async",
+    "upload_async",
+    "download",
+    "synchronize",
+    "device_count",
+    "device_info",
+    "pushed",
 ]
 
 
@@ -128,6 +136,11 @@ def _declare(cuda: ctypes.CDLL) -> None:
     cuda.cuMemFreeAsync.argtypes = [ctypes.c_uint64, vp]
     cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
     cuda.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, vp, ctypes.c_size_t, vp]
+    cuda.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, vp]
+    cuda.cuMemcpyDtoH_v2.argtypes = [vp, ctypes.c_uint64, ctypes.c_size_t]
+    cuda.cuStreamSynchronize.argtypes = [vp]
+    cuda.cuDeviceGetName.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    cuda.cuDeviceGetAttribute.argtypes = [intp, ctypes.c_int, ctypes.c_int]
 
 
 def available() -> bool:
@@ -363,41 +376,28 @@ class _pushed:
         self.cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
 
-class DeviceValues:
-    """Host bytes (a C-contiguous NumPy array) copied to new device memory of ``device``, queued on ``stream``.
+class DeviceMemory:
+    """``nbytes`` of new device memory of ``device`` for work on ``stream``, from the device's default CUDA memory
+    pool (``cuMemAllocAsync`` on ``stream``), owned by no array library. ``ptr`` is the address.
 
-    The memory comes from the device's default CUDA memory pool (``cuMemAllocAsync`` on ``stream``) and the copy
-    is ``cuMemcpyHtoDAsync`` on ``stream``: work queued on that stream afterwards reads the values. No array
-    library owns the memory, so a cache may keep it across calls that a framework captures into a CUDA graph
-    (torch's ``reduce-overhead`` pools refuse cached tensors they did not hand out as outputs).
+    :meth:`free` returns it: ``cuMemFreeAsync`` on ``stream`` when the caller names that same stream (ordered after
+    the work queued on it, no host wait), else ``cuMemFree`` (which waits for the device: the original stream may
+    be gone). Collected unfreed, it is freed stream-ordered on its own stream when ``ordered`` (temporaries of a
+    call on a stream that outlives them: XLA's), else with ``cuMemFree`` (a cache entry whose stream may be gone);
+    a refusal then (a driver shut down, a capture that forbids it) leaks it quietly."""
 
-    ``ptr`` is the device address. :meth:`free` returns the memory: ``cuMemFreeAsync`` on ``stream`` when the
-    caller names that same stream (ordered after the work queued on it, no host wait), else ``cuMemFree`` (which
-    waits for the device: the original stream may be gone). A :class:`DeviceValues` never freed is freed when it
-    is collected, with ``cuMemFree``; a refusal then (a driver shut down, a capture under way) leaks it quietly.
-    Must not be made while ``stream`` captures (the copy reads pageable host memory): check
-    :func:`stream_capturing` first."""
+    __slots__ = ("ptr", "nbytes", "device", "stream", "ordered", "__weakref__")
 
-    __slots__ = ("ptr", "nbytes", "device", "stream", "__weakref__")
-
-    def __init__(self, values, device: int, stream: int):
-        import numpy as np
-
-        host = np.ascontiguousarray(values)
-        self.ptr, self.nbytes, self.device, self.stream = 0, int(host.nbytes), int(device), int(stream)
+    def __init__(self, nbytes: int, device: int, stream: int, *, ordered: bool = True):
+        self.ptr, self.nbytes, self.device, self.stream = 0, int(nbytes), int(device), int(stream)
+        self.ordered = bool(ordered)
         cuda = _load()
         got = ctypes.c_uint64()
         with _pushed(cuda, self.device):
             rc = cuda.cuMemAllocAsync(ctypes.byref(got), max(self.nbytes, 1), ctypes.c_void_p(stream or None))
-            if rc != _CUDA_SUCCESS:
-                raise MemoryError(f"cuMemAllocAsync of {self.nbytes} bytes on cuda:{device} failed with CUresult {rc}")
-            self.ptr = got.value
-            rc = cuda.cuMemcpyHtoDAsync_v2(
-                self.ptr, host.ctypes.data_as(ctypes.c_void_p), self.nbytes, ctypes.c_void_p(stream or None)
-            )
-            if rc != _CUDA_SUCCESS:
-                self.free()
-                raise RuntimeError(f"cuMemcpyHtoDAsync of {self.nbytes} bytes failed with CUresult {rc}")
+        if rc != _CUDA_SUCCESS:
+            raise MemoryError(f"cuMemAllocAsync of {self.nbytes} bytes on cuda:{device} failed with CUresult {rc}")
+        self.ptr = got.value
 
     def free(self, stream: int | None = None) -> None:
         """Return the memory (once): stream-ordered when ``stream`` is the one it was made on, else waiting."""
@@ -415,9 +415,101 @@ class DeviceValues:
 
     def __del__(self) -> None:
         try:
-            self.free()
-        except Exception:  # interpreter shutdown, or a capture that forbids cuMemFree: leak these few bytes
+            self.free(self.stream if self.ordered else None)
+        except Exception:  # interpreter shutdown, or a capture that forbids cuMemFree: leak these bytes
             pass
 
     def __repr__(self) -> str:
-        return f"DeviceValues({self.nbytes} bytes at {self.ptr:#x} on cuda:{self.device})"
+        return f"{type(self).__name__}({self.nbytes} bytes at {self.ptr:#x} on cuda:{self.device})"
+
+
+class DeviceValues(DeviceMemory):
+    """Host bytes (a C-contiguous NumPy array) copied to new :class:`DeviceMemory` of ``device``, queued on
+    ``stream`` (``cuMemcpyHtoDAsync``): work queued on that stream afterwards reads the values. A cache may keep it
+    across calls that a framework captures into a CUDA graph (torch's ``reduce-overhead`` pools refuse cached
+    tensors they did not hand out as outputs); collected, it is freed with ``cuMemFree`` (its stream may be gone).
+    Must not be made while ``stream`` captures (the copy reads pageable host memory): check
+    :func:`stream_capturing` first."""
+
+    __slots__ = ()
+
+    def __init__(self, values, device: int, stream: int):
+        import numpy as np
+
+        host = np.ascontiguousarray(values)
+        super().__init__(host.nbytes, device, stream, ordered=False)
+        cuda = _load()
+        with _pushed(cuda, self.device):
+            rc = cuda.cuMemcpyHtoDAsync_v2(
+                self.ptr, host.ctypes.data_as(ctypes.c_void_p), self.nbytes, ctypes.c_void_p(stream or None)
+            )
+        if rc != _CUDA_SUCCESS:
+            self.free()
+            raise RuntimeError(f"cuMemcpyHtoDAsync of {self.nbytes} bytes failed with CUresult {rc}")
+
+
+def copy_async(dst: int, src: int, nbytes: int, stream: int, device: int) -> None:
+    """``nbytes`` from device address ``src`` to ``dst``, queued on ``stream`` (``cuMemcpyDtoDAsync``)."""
+    cuda = _load()
+    with _pushed(cuda, device):
+        rc = cuda.cuMemcpyDtoDAsync_v2(dst, src, nbytes, ctypes.c_void_p(stream or None))
+    if rc != _CUDA_SUCCESS:
+        raise RuntimeError(f"cuMemcpyDtoDAsync of {nbytes} bytes failed with CUresult {rc}")
+
+
+def upload_async(dst: int, host: int, nbytes: int, stream: int, device: int) -> None:
+    """``nbytes`` from host address ``host`` to device address ``dst``, queued on ``stream``."""
+    cuda = _load()
+    with _pushed(cuda, device):
+        rc = cuda.cuMemcpyHtoDAsync_v2(dst, ctypes.c_void_p(host), nbytes, ctypes.c_void_p(stream or None))
+    if rc != _CUDA_SUCCESS:
+        raise RuntimeError(f"cuMemcpyHtoDAsync of {nbytes} bytes failed with CUresult {rc}")
+
+
+def download(host: int, src: int, nbytes: int, stream: int, device: int) -> None:
+    """``nbytes`` from device address ``src`` to host address ``host`` after the work queued on ``stream``
+    (``cuStreamSynchronize`` then ``cuMemcpyDtoH``): returns when the bytes are on the host."""
+    cuda = _load()
+    with _pushed(cuda, device):
+        rc = cuda.cuStreamSynchronize(ctypes.c_void_p(stream or None))
+        if rc == _CUDA_SUCCESS:
+            rc = cuda.cuMemcpyDtoH_v2(ctypes.c_void_p(host), src, nbytes)
+    if rc != _CUDA_SUCCESS:
+        raise RuntimeError(f"copying {nbytes} bytes to the host failed with CUresult {rc}")
+
+
+def synchronize(device: int) -> None:
+    """Wait until every stream of ``device``'s primary context is idle (``cuCtxSynchronize``)."""
+    cuda = _load()
+    with _pushed(cuda, device):
+        rc = cuda.cuCtxSynchronize()
+    if rc != _CUDA_SUCCESS:
+        raise RuntimeError(f"cuCtxSynchronize on cuda:{device} failed with CUresult {rc}")
+
+
+def device_count() -> int:
+    """How many CUDA devices the driver sees (0 without a driver)."""
+    try:
+        cuda = _load()
+    except DriverUnavailable:
+        return 0
+    n = ctypes.c_int()
+    return n.value if cuda.cuDeviceGetCount(ctypes.byref(n)) == _CUDA_SUCCESS else 0
+
+
+def device_info(i: int) -> tuple[str, tuple[int, int]]:
+    """``(name, (major, minor))`` of device ``i`` (``cuDeviceGetName``, ``cuDeviceGetAttribute``)."""
+    cuda = _load()
+    buf = ctypes.create_string_buffer(256)
+    cuda.cuDeviceGetName(buf, 256, i)
+    cc = []
+    for attr in (75, 76):  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+        v = ctypes.c_int()
+        cuda.cuDeviceGetAttribute(ctypes.byref(v), attr, i)
+        cc.append(v.value)
+    return buf.value.decode(), (cc[0], cc[1])
+
+
+def pushed(device: int) -> _pushed:
+    """``device``'s primary context made current around a ``with`` block (the driver's device guard)."""
+    return _pushed(_load(), device)

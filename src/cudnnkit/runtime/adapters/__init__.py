@@ -77,6 +77,8 @@ def for_object(obj: Any) -> Any | None:
     root = type(obj).__module__.partition(".")[0]
     if root in _MODULES:
         return get(root)
+    if root == "cudnnkit":  # cudnnkit's own device arrays (adapters._raw) name their adapter
+        return getattr(type(obj), "__cudnnkit_adapter__", None) and obj.__cudnnkit_adapter__
     return None
 
 

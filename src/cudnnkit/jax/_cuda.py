@@ -1,0 +1,66 @@
+"""The CUDA :class:`~cudnnkit.jax._ops.Runner`: XLA's buffers as device views whose adapter is cudnnkit's own
+(:mod:`cudnnkit.runtime.adapters._raw`), so the declarations' L2 calls allocate their outputs, temporaries and
+workspaces from the device's CUDA memory pool, stream-ordered on XLA's stream, and run there; each output is then
+copied into its XLA result buffer (``cuMemcpyDtoDAsync``, or ``cudnnTransformTensor`` from another layout).
+
+The device is the one the buffers' memory belongs to (``cuPointerGetAttributes`` of the first buffer), made
+current around the call with XLA's stream (:func:`~cudnnkit.runtime.adapters._raw.on_stream`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..runtime import driver
+from ..runtime.adapters import _raw
+from ..runtime.arrays import as_view, contiguous_strides
+from ..runtime.dtypes import itemsize
+from ..runtime.view import ArrayView
+from . import _ffi
+
+__all__ = ["CudaRunner", "RUNNER"]
+
+
+def _device(call: _ffi.Call) -> int:
+    for b in (*call.args, *call.rets):
+        if b.ptr:
+            info = driver.pointer_info(b.ptr)
+            if info.kind in ("device", "managed") and info.device >= 0:
+                return info.device
+    return 0
+
+
+class CudaRunner:
+    """See the module docstring."""
+
+    platform = "CUDA"
+
+    def array(self, call: _ffi.Call, b: _ffi.Buffer) -> ArrayView:
+        dev = call.device or 0
+        return ArrayView(b.shape, contiguous_strides(b.shape), b.dtype, dev, b.ptr, b, _raw.ADAPTER)
+
+    def write(self, call: _ffi.Call, dst: _ffi.Buffer, value: Any, name: str) -> None:
+        src = as_view(value, name)
+        if tuple(src.shape) != dst.shape or src.dtype != dst.dtype:
+            raise RuntimeError(f"{name}: the declaration returned a {src.dtype} {tuple(src.shape)} array where its "
+                               f"meta said {dst.dtype} {dst.shape} (a cudnnkit bug: meta and forward disagree)")  # fmt: skip
+        if src.ptr == dst.ptr and tuple(src.strides) == contiguous_strides(dst.shape):
+            return  # already written in place
+        dev = call.device or 0
+        d = _raw.DeviceArray(dst.shape, contiguous_strides(dst.shape), dst.dtype, dev, dst.ptr, dst)
+        s = _raw.DeviceArray(src.shape, src.strides, src.dtype, dev, src.ptr, src)
+        _raw.ADAPTER.copy(d, s, call.stream)
+
+    def zero(self, call: _ffi.Call, dst: _ffi.Buffer) -> None:
+        n = itemsize(dst.dtype)
+        for d in dst.shape:
+            n *= d
+        if n:
+            driver.memset_async(dst.ptr, n, call.stream)
+
+    def scope(self, call: _ffi.Call) -> Any:
+        call.device = _device(call)
+        return _raw.on_stream(call.device, call.stream)
+
+
+RUNNER = CudaRunner()

@@ -15,7 +15,6 @@ from ..runtime import driver
 from ..runtime.adapters import _raw
 from ..runtime.arrays import as_view, contiguous_strides
 from ..runtime.dtypes import itemsize
-from ..runtime.view import ArrayView
 from . import _ffi
 
 __all__ = ["CudaRunner", "RUNNER"]
@@ -35,9 +34,10 @@ class CudaRunner:
 
     platform = "CUDA"
 
-    def array(self, call: _ffi.Call, b: _ffi.Buffer) -> ArrayView:
-        dev = call.device or 0
-        return ArrayView(b.shape, contiguous_strides(b.shape), b.dtype, dev, b.ptr, b, _raw.ADAPTER)
+    def array(self, call: _ffi.Call, b: _ffi.Buffer) -> _raw.DeviceArray:
+        """A :class:`~cudnnkit.runtime.adapters._raw.DeviceArray` over the buffer (no copy): the declarations call
+        array methods on their operands (a bias's ``reshape``)."""
+        return _raw.DeviceArray(b.shape, contiguous_strides(b.shape), b.dtype, call.device or 0, b.ptr, b)
 
     def write(self, call: _ffi.Call, dst: _ffi.Buffer, value: Any, name: str) -> None:
         src = as_view(value, name)

@@ -165,3 +165,19 @@ def test_a_failure_inside_the_handler_comes_back_as_an_error_naming_it():
     jb = _ops.JaxOp(bad, NumpyRunner(), namespace="cudnnkit_jaxtest")
     with pytest.raises(Exception, match=r"cudnnkit: RuntimeError: the cuDNN call refused these arrays"):
         jax.block_until_ready(jb(x, w, None))
+
+
+def test_vmap_without_a_batching_rule_names_the_op():
+    x, w = _args()
+    with pytest.raises(NotImplementedError, match=r"cudnnkit.jax.ops.mul_scale: jax.vmap has no batching rule"):
+        jax.vmap(lambda a: J(a, a, None)[0])(jnp.stack([x, x]))
+
+
+def test_an_array_on_another_platform_is_refused_naming_it():
+    class GpuOnly(NumpyRunner):
+        platform = "CUDA"
+
+    jg = _ops.JaxOp(OP, GpuOnly(), namespace="cudnnkit_jaxtest_gpu")
+    x, w = _args()
+    with pytest.raises(TypeError, match=r"mul_scale: x is an array on cpu; cudnnkit's CUDA targets need it on gpu"):
+        jg(x, w, None)

@@ -41,6 +41,9 @@ from . import _ffi
 
 __all__ = ["JaxOp", "Runner", "spec"]
 
+#: JAX's tracer type (skipped by the platform check: a traced value's platform is not known yet)
+_TRACER: Any = getattr(getattr(jax, "core", None), "Tracer", ())
+
 
 class Runner(Protocol):
     """How a handler sees its buffers (see the module docstring)."""
@@ -99,6 +102,7 @@ class JaxOp:
         if len(inputs) != len(d.inputs):
             raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
         arrays = {n: kw.pop(n, None) for n in d.arrays}
+        self._check_devices(zip(d.inputs, inputs), arrays.items())
         kw["__in__"] = tuple(i for i, t in enumerate(inputs) if t is not None)
         kw["__arr__"] = tuple(n for n, t in arrays.items() if t is not None)
         cur = current_settings()  # the handlers run on XLA's threads: the caller's settings travel with the call
@@ -112,10 +116,33 @@ class JaxOp:
         ins = tuple(t for t in inputs if t is not None)
         arrs = tuple(t for t in arrays.values() if t is not None)
         statics = tuple(spec(t) for t in ins) + tuple(spec(t) for t in arrs)
-        outs, mutated = f(statics, ins, arrs)
+        try:
+            outs, mutated = f(statics, ins, arrs)
+        except NotImplementedError as e:
+            if "vmap_method" not in str(e):
+                raise
+            raise NotImplementedError(
+                f"cudnnkit.jax.ops.{d.name}: jax.vmap has no batching rule for this op; map over the batch yourself "
+                f"(jax.lax.map) or fold the batch into the arrays' leading dimension (N)"
+            ) from None
         if len(outs) == 1 and not mutated:
             return outs[0]
         return (*outs, *mutated)
+
+    def _check_devices(self, *named: Any) -> None:
+        """A concrete array on another platform than the targets' (a CPU or TPU array for the CUDA ones) is refused
+        naming its argument (XLA would otherwise say that no handler is registered there)."""
+        want = "gpu" if self.runner.platform.lower() in ("cuda", "gpu") else self.runner.platform.lower()
+        for name, t in (p for group in named for p in group):
+            if t is None or isinstance(t, _TRACER) or not hasattr(t, "devices"):
+                continue
+            try:
+                got = {dev.platform for dev in t.devices()}
+            except Exception:  # an abstract value: its platform is decided when XLA compiles
+                continue
+            if got != {want}:
+                raise TypeError(f"{self.d.name}: {name} is an array on {', '.join(sorted(got))}; cudnnkit's "
+                                f"{self.runner.platform} targets need it on {want} (jax.device_put it there)")  # fmt: skip
 
     def _make(self, key: str) -> Callable:
         """The ``custom_vjp`` function of one keyword encoding: ``f(specs, ins, arrs) -> (outs, mutated)`` with

@@ -71,3 +71,73 @@ def test_batch_norm_returns_its_running_statistics_as_new_state():
     assert _rel(new_v, 0.9 + 0.1 * unbiased) < 1e-5
     want = (xn - mean[None, :, None, None]) / np.sqrt(var[None, :, None, None] + 1e-5)
     assert _rel(y, want) < 1e-5
+
+
+# ----------------------------------------------------------------- every registry op, from the L3 samples
+
+
+def _l3_tables():
+    from .test_l3_gpu import CASES, REFS, SAMPLES, _case, _split, _tol, _torch
+
+    return CASES, REFS, SAMPLES, _case, _split, _tol, _torch
+
+
+try:
+    _CASES = _l3_tables()[0]
+except Exception:  # torch missing: the references are torch's
+    _CASES = []
+
+
+@pytest.mark.parametrize("name, i", _CASES)
+def test_every_op_matches_torch_through_jax(name, i):
+    """Each L3 sample through ``cudnnkit.jax.op(name)`` under jit: the outputs against torch's float64 CPU
+    reference (tests/l3), and the gradients of a random linear loss through ``jax.vjp`` against torch's autograd."""
+    torch = pytest.importorskip("torch")
+    from cudnnkit import autograd
+
+    jax.config.update("jax_enable_x64", True)  # the float64 samples stay float64
+    _, REFS, _, _case, _split, _tol, _torch = _l3_tables()
+    d = autograd.get(name)
+    inputs, kw = _case(name, i)
+    tol, gtol = _tol(inputs)
+    static = {k: v for k, v in kw.items() if k not in d.arrays}
+    arrays = {k: (None if v is None else jnp.asarray(v)) for k, v in kw.items() if k in d.arrays}
+    present = [j for j, a in enumerate(inputs) if a is not None]
+    diff = [j for j in present if np.issubdtype(np.asarray(inputs[j]).dtype, np.floating)
+            or np.asarray(inputs[j]).dtype.name == "bfloat16"]  # fmt: skip
+
+    def f(*xs):
+        full = list(inputs)
+        full = [None if a is None else jnp.asarray(a) for a in full]
+        for j, x in zip(diff, xs):
+            full[j] = x
+        got = cj.op(name)(*full, **arrays, **static)
+        got = got if isinstance(got, tuple) else (got,)
+        return got[: len(d.outputs)]
+
+    xs = [jnp.asarray(inputs[j]) for j in diff]
+    outs, pullback = jax.vjp(jax.jit(f), *xs)
+    ref_in = [_torch(a, "cpu", grad=j in diff) for j, a in enumerate(inputs)]
+    want = REFS[name](ref_in, _split(d, kw, "cpu"))
+    rng = np.random.default_rng(7 + i)
+    cts, loss_ref = [], 0.0
+    for j, (o, w) in enumerate(zip(outs, want)):
+        if w is None:
+            cts.append(jnp.zeros_like(o))
+            continue
+        assert tuple(o.shape) == tuple(w.shape), f"{name} output {j}: {o.shape} vs torch {tuple(w.shape)}"
+        assert _rel(np.asarray(o, np.float64), w.detach().double().numpy()) < tol, f"{name} output {j}"
+        if d.carries_gradient(j) and jnp.issubdtype(o.dtype, jnp.floating):
+            c = rng.standard_normal(tuple(o.shape))
+            cts.append(jnp.asarray(c, o.dtype))
+            loss_ref = loss_ref + (w * torch.from_numpy(c).to(w.dtype)).sum()
+        else:
+            cts.append(jnp.zeros_like(o))
+    if isinstance(loss_ref, float) or not diff:
+        return
+    grads = pullback(tuple(cts))
+    refs = torch.autograd.grad(loss_ref, [ref_in[j] for j in diff], allow_unused=True)
+    for j, g, r in zip(diff, grads, refs):
+        if r is None:
+            continue
+        assert _rel(np.asarray(g, np.float64), r.double().numpy()) < gtol, f"{name} d input {j}"

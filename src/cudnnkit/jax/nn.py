@@ -1,0 +1,213 @@
+"""JAX's names over the cudnnkit ops: ``jax.lax``/``jax.nn``/flax-style functions whose work is cuDNN's.
+
+Every function here translates its arguments (dimension numbers, ``"SAME"``/``"VALID"`` padding, channel-last
+layouts, flax's momentum) and calls one :mod:`cudnnkit.jax` op, so it works under ``jit`` and ``grad`` like the
+ops do. cuDNN's ops take channels-first arrays (``(N, C, *spatial)``): a channels-last JAX array is transposed
+in and the result transposed back (XLA's transposes; a layout-preserving path is later work).
+
+* :func:`conv_general_dilated` -- ``jax.lax.conv_general_dilated``'s signature (any ``dimension_numbers``,
+  ``feature_group_count``, ``rhs_dilation``); :func:`conv` -- flax's layout (``x`` ``(N, *spatial, C)``, ``w``
+  ``(*k, C // groups, O)``), ``padding="SAME"`` by default, an optional bias.
+* :func:`max_pool`, :func:`avg_pool` -- flax's ``nn.max_pool``/``nn.avg_pool`` (``(N, *spatial, C)``,
+  ``window_shape``, ``strides``, ``padding``, ``count_include_pad``).
+* :func:`softmax`, :func:`log_softmax` -- ``jax.nn``'s (``axis=``).
+* :func:`layer_norm`, :func:`rms_norm` -- over the trailing ``axes`` (flax's ``LayerNorm``/``RMSNorm``).
+* :func:`batch_norm` -- explicit state in and out (flax's convention: feature axis last, ``momentum`` the weight
+  of the old running value).
+
+What cuDNN cannot do raises ``NotImplementedError`` naming the argument (``lhs_dilation``, ``batch_group_count``,
+a ``where=`` mask, normalization axes that are not trailing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "conv_general_dilated",
+    "conv",
+    "max_pool",
+    "avg_pool",
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "rms_norm",
+    "batch_norm",
+]
+
+
+def _op(name: str) -> Any:
+    from . import op
+
+    return op(name)
+
+
+def _tuple(v: Any, n: int, what: str) -> tuple[int, ...]:
+    if v is None:
+        return (1,) * n
+    if isinstance(v, int):
+        return (v,) * n
+    t = tuple(int(x) for x in v)
+    if len(t) != n:
+        raise ValueError(f"{what} must have {n} entries (one per spatial dim), got {t}")
+    return t
+
+
+def _pads(spatial: Sequence[int], window: Sequence[int], strides: Sequence[int], dilation: Sequence[int],
+          padding: Any, what: str = "padding") -> tuple[tuple[int, int], ...]:  # fmt: skip
+    """``padding`` ("SAME", "VALID", "SAME_LOWER" or (lo, hi) pairs) as explicit per-side pairs, as JAX computes
+    them (``jax.lax.padtype_to_pads`` on the dilated window)."""
+    if isinstance(padding, str):
+        eff = [(k - 1) * d + 1 for k, d in zip(window, dilation)]
+        return tuple((int(lo), int(hi)) for lo, hi in jax.lax.padtype_to_pads(spatial, eff, strides, padding))
+    pairs = tuple(tuple(int(v) for v in p) for p in padding)
+    if len(pairs) != len(spatial) or any(len(p) != 2 for p in pairs):
+        raise ValueError(f"{what} must be 'SAME', 'VALID' or one (low, high) pair per spatial dim, got {padding!r}")
+    return pairs  # type: ignore[return-value]
+
+
+def conv_general_dilated(lhs: Any, rhs: Any, window_strides: Sequence[int], padding: Any,
+                         lhs_dilation: Sequence[int] | None = None, rhs_dilation: Sequence[int] | None = None,
+                         dimension_numbers: Any = None, feature_group_count: int = 1, batch_group_count: int = 1,
+                         precision: Any = None, preferred_element_type: Any = None) -> Any:  # fmt: skip
+    """``jax.lax.conv_general_dilated`` by cuDNN's convolution (``cudnnkit.jax.ops.convolution``: the graph's
+    ``conv_fprop`` or ``cudnnConvolutionForward``). ``lhs`` and ``rhs`` are transposed to ``(N, C, *spatial)`` and
+    ``(O, I, *k)`` per ``dimension_numbers``, the result back to its ``out_spec``. ``precision`` is cuDNN's: TF32
+    for float32 per ``cudnnkit.settings(allow_tf32=...)``."""
+    nsp = lhs.ndim - 2
+    if lhs_dilation is not None and any(int(v) != 1 for v in lhs_dilation):
+        raise NotImplementedError("lhs_dilation != 1 (a transposed convolution): use "
+                                  "cudnnkit.jax.ops.convolution_transpose")  # fmt: skip
+    if batch_group_count != 1:
+        raise NotImplementedError(f"batch_group_count={batch_group_count}: cuDNN's convolution has no batch groups")
+    if preferred_element_type is not None and jnp.dtype(preferred_element_type) != jnp.dtype(lhs.dtype):
+        raise NotImplementedError(f"preferred_element_type={jnp.dtype(preferred_element_type).name} with "
+                                  f"{jnp.dtype(lhs.dtype).name} inputs: cuDNN writes the inputs' dtype")  # fmt: skip
+    dn = jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+    x = jnp.transpose(lhs, dn.lhs_spec)
+    w = jnp.transpose(rhs, dn.rhs_spec)
+    strides = _tuple(window_strides, nsp, "window_strides")
+    dil = _tuple(rhs_dilation, nsp, "rhs_dilation")
+    pads = _pads(x.shape[2:], w.shape[2:], strides, dil, padding)
+    y = _op("convolution")(x, w, None, stride=strides, padding=pads, dilation=dil, groups=int(feature_group_count))
+    return jnp.transpose(y, tuple(int(i) for i in np.argsort(dn.out_spec)))
+
+
+def _channels_last(nsp: int) -> tuple[str, str, str]:
+    sp = "DHW"[3 - nsp :] if nsp <= 3 else None
+    if sp is None:
+        raise NotImplementedError(f"a {nsp}-d convolution: cuDNN takes 1-d to 3-d here")
+    return f"N{sp}C", f"{sp}IO", f"N{sp}C"
+
+
+def conv(x: Any, w: Any, bias: Any = None, *, strides: int | Sequence[int] = 1, padding: Any = "SAME",
+         dilation: int | Sequence[int] = 1, groups: int = 1) -> Any:  # fmt: skip
+    """flax's ``nn.Conv`` as a function: ``x`` ``(N, *spatial, C)``, ``w`` ``(*k, C // groups, O)``, ``bias``
+    ``(O,)`` or None -> ``(N, *out, O)``. The bias is added by the convolution op itself (fused where cuDNN
+    fuses it)."""
+    nsp = x.ndim - 2
+    lhs, rhs, out = _channels_last(nsp)
+    if bias is None:
+        return conv_general_dilated(x, w, _tuple(strides, nsp, "strides"), padding,
+                                    rhs_dilation=_tuple(dilation, nsp, "dilation"), dimension_numbers=(lhs, rhs, out),
+                                    feature_group_count=groups)  # fmt: skip
+    dn = jax.lax.conv_dimension_numbers(x.shape, w.shape, (lhs, rhs, out))
+    xc, wc = jnp.transpose(x, dn.lhs_spec), jnp.transpose(w, dn.rhs_spec)
+    st, dil = _tuple(strides, nsp, "strides"), _tuple(dilation, nsp, "dilation")
+    pads = _pads(xc.shape[2:], wc.shape[2:], st, dil, padding)
+    y = _op("convolution")(xc, wc, bias, stride=st, padding=pads, dilation=dil, groups=int(groups))
+    return jnp.transpose(y, tuple(int(i) for i in np.argsort(dn.out_spec)))
+
+
+def _pool(x: Any, mode: str, window_shape: Sequence[int], strides: Any, padding: Any) -> Any:
+    nsp = len(window_shape)
+    batched = x.ndim == nsp + 2
+    if not batched and x.ndim != nsp + 1:
+        raise ValueError(f"inputs of rank {x.ndim} for a {nsp}-d window: (N, *spatial, C) or (*spatial, C)")
+    xb = x if batched else x[None]
+    window = tuple(int(k) for k in window_shape)
+    st = window if strides is None else _tuple(strides, nsp, "strides")
+    pads = _pads(xb.shape[1:-1], window, st, (1,) * nsp, padding)
+    perm = (0, nsp + 1, *range(1, nsp + 1))
+    y = _op("pooling")(jnp.transpose(xb, perm), mode=mode, window=window, stride=st, padding=pads)
+    y = jnp.transpose(y, tuple(int(i) for i in np.argsort(perm)))
+    return y if batched else y[0]
+
+
+def max_pool(inputs: Any, window_shape: Sequence[int], strides: Any = None, padding: Any = "VALID") -> Any:
+    """flax's ``nn.max_pool``: ``inputs`` ``(N, *spatial, C)`` (or unbatched ``(*spatial, C)``), by cuDNN's max
+    pooling (``cudnnkit.jax.ops.pooling``, mode ``"max"``; padding never wins a max, as flax's ``-inf``)."""
+    return _pool(inputs, "max", window_shape, strides, padding)
+
+
+def avg_pool(inputs: Any, window_shape: Sequence[int], strides: Any = None, padding: Any = "VALID",
+             count_include_pad: bool = True) -> Any:  # fmt: skip
+    """flax's ``nn.avg_pool``: the window's mean, dividing by the whole window (``count_include_pad=True``:
+    cuDNN's ``avg_include_padding``) or by its elements inside the input (``avg_exclude_padding``)."""
+    mode = "avg_include_padding" if count_include_pad else "avg_exclude_padding"
+    return _pool(inputs, mode, window_shape, strides, padding)
+
+
+def _softmax(x: Any, axis: Any, where: Any, log: bool) -> Any:
+    if where is not None:
+        raise NotImplementedError("where=: cuDNN's softmax takes no mask (mask the logits with -inf instead)")
+    return _op("softmax")(x, axis=axis, log=log)
+
+
+def softmax(x: Any, axis: int | Sequence[int] = -1, where: Any = None) -> Any:
+    """``jax.nn.softmax`` by ``cudnnSoftmaxForward`` (``CUDNN_SOFTMAX_ACCURATE``) over ``axis``."""
+    return _softmax(x, axis, where, False)
+
+
+def log_softmax(x: Any, axis: int | Sequence[int] = -1, where: Any = None) -> Any:
+    """``jax.nn.log_softmax`` by ``cudnnSoftmaxForward`` (``CUDNN_SOFTMAX_LOG``) over ``axis``."""
+    return _softmax(x, axis, where, True)
+
+
+def _trailing(x: Any, axes: Any, what: str) -> int:
+    """How many trailing dims ``axes`` names (``NotImplementedError`` for axes that are not the trailing ones)."""
+    ax = (axes,) if isinstance(axes, int) else tuple(axes)
+    norm = sorted(a % x.ndim for a in ax)
+    if norm != list(range(x.ndim - len(norm), x.ndim)):
+        raise NotImplementedError(f"{what}: axes={axes!r} are not the trailing ones; cuDNN normalizes trailing dims")
+    return len(norm)
+
+
+def layer_norm(x: Any, scale: Any = None, bias: Any = None, *, epsilon: float = 1e-6, axes: Any = -1) -> Any:
+    """flax's ``LayerNorm`` as a function: ``(x - mean) / sqrt(var + epsilon) * scale + bias`` over the trailing
+    ``axes``; ``scale``/``bias`` shaped like those dims (ones and zeros when None). The graph's layer norm."""
+    k = _trailing(x, axes, "layer_norm")
+    shape = x.shape[x.ndim - k :]
+    scale = jnp.ones(shape, x.dtype) if scale is None else scale
+    bias = jnp.zeros(shape, x.dtype) if bias is None else bias
+    return _op("layer_norm")(x, scale, bias, normalized_shape_ndim=k, epsilon=epsilon)
+
+
+def rms_norm(x: Any, scale: Any = None, *, epsilon: float = 1e-6, axes: Any = -1) -> Any:
+    """flax's ``RMSNorm`` as a function: ``x / sqrt(mean(x**2) + epsilon) * scale`` over the trailing ``axes``."""
+    k = _trailing(x, axes, "rms_norm")
+    scale = jnp.ones(x.shape[x.ndim - k :], x.dtype) if scale is None else scale
+    return _op("rms_norm")(x, scale, normalized_shape_ndim=k, epsilon=epsilon)
+
+
+def batch_norm(x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, training: bool, momentum: float = 0.99,
+               epsilon: float = 1e-5, axis: int = -1) -> tuple[Any, Any, Any]:  # fmt: skip
+    """Batch norm with explicit state: ``(y, new_mean, new_var)``. ``axis`` is the feature axis (flax's default:
+    the last); ``momentum`` flax's (``new = momentum * old + (1 - momentum) * batch``). Training normalizes by the
+    batch statistics and updates the state (cuDNN's running variance is the *unbiased* batch variance, torch's
+    convention, where flax's uses the biased one); inference normalizes by ``mean``/``var`` and returns them
+    unchanged. ``cudnnBatchNormalizationForwardTraining``/``...Inference`` (``cudnnkit.jax.ops.batch_norm``)."""
+    ax = axis % x.ndim
+    perm = (0, ax, *(i for i in range(1, x.ndim) if i != ax)) if ax != 0 else None
+    if ax == 0:
+        raise NotImplementedError("axis=0: the feature axis cannot be the batch axis")
+    xc = jnp.transpose(x, perm)
+    got = _op("batch_norm")(xc, scale, bias, None, running_mean=mean, running_var=var, training=bool(training),
+                            momentum=1.0 - float(momentum), epsilon=epsilon)  # fmt: skip
+    y, new_mean, new_var = got if isinstance(got, tuple) and len(got) == 3 else (got, mean, var)
+    return jnp.transpose(y, tuple(int(i) for i in np.argsort(perm))), new_mean, new_var

@@ -1,0 +1,177 @@
+"""cudnnkit.jax.nn's translations (dimension numbers, JAX padding, channel-last layouts, flax's momentum) on the
+CPU: each function calls one cudnnkit op; here that op is a stand-in computing cuDNN's channels-first semantics
+with ``jax.lax``, so the results must equal JAX's/flax's own on the original layout. The real ops run the same
+translations on the GPU (tests/gpu/test_jax_gpu.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+import cudnnkit.jax as cj  # noqa: E402
+from cudnnkit.jax import nn  # noqa: E402
+
+CALLED: list[tuple[str, dict]] = []
+
+
+def _conv_nchw(x, w, bias, *, stride, padding, dilation, groups):
+    assert all(isinstance(p, tuple) and len(p) == 2 for p in padding)  # explicit per-side pairs reach cuDNN
+    y = jax.lax.conv_general_dilated(x, w, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
+                                     precision=jax.lax.Precision.HIGHEST)  # channels-first, as cuDNN's  # fmt: skip
+    return y if bias is None else y + bias.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+def _pool_nchw(x, *, mode, window, stride, padding):
+    full_w, full_s = (1, 1, *window), (1, 1, *stride)
+    pads = ((0, 0), (0, 0), *padding)
+    if mode == "max":
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, full_w, full_s, pads)
+    s = jax.lax.reduce_window(x, 0.0, jax.lax.add, full_w, full_s, pads)
+    if mode == "avg_include_padding":
+        return s / np.prod(window)
+    return s / jax.lax.reduce_window(jnp.ones_like(x), 0.0, jax.lax.add, full_w, full_s, pads)
+
+
+def _norm(x, scale, bias=None, *, normalized_shape_ndim, epsilon, rms=False):
+    ax = tuple(range(x.ndim - normalized_shape_ndim, x.ndim))
+    if rms:
+        return x / jnp.sqrt((x**2).mean(ax, keepdims=True) + epsilon) * scale
+    m, v = x.mean(ax, keepdims=True), x.var(ax, keepdims=True)
+    return (x - m) / jnp.sqrt(v + epsilon) * scale + bias
+
+
+def _bn_nc(x, scale, bias, z, *, running_mean, running_var, training, momentum, epsilon):
+    ax = (0, *range(2, x.ndim))
+    sh = (1, -1) + (1,) * (x.ndim - 2)
+    if training:
+        m, v = x.mean(ax), x.var(ax)
+        n = x.size // x.shape[1]
+        nm = (1 - momentum) * running_mean + momentum * m
+        nv = (1 - momentum) * running_var + momentum * v * n / (n - 1)
+    else:
+        m, v, nm, nv = running_mean, running_var, running_mean, running_var
+    return (x - m.reshape(sh)) / jnp.sqrt(v.reshape(sh) + epsilon) * scale.reshape(sh) + bias.reshape(sh), nm, nv
+
+
+STANDINS = {
+    "convolution": _conv_nchw,
+    "pooling": _pool_nchw,
+    "softmax": lambda x, *, axis, log: (jax.nn.log_softmax if log else jax.nn.softmax)(x, axis=axis),
+    "layer_norm": lambda x, s, b, **kw: _norm(x, s, b, **kw),
+    "rms_norm": lambda x, s, **kw: _norm(x, s, rms=True, **kw),
+    "batch_norm": _bn_nc,
+}
+
+
+@pytest.fixture(autouse=True)
+def standins(monkeypatch):
+    def op(name):
+        def call(*a, **kw):
+            CALLED.append((name, kw))
+            return STANDINS[name](*a, **kw)
+
+        return call
+
+    monkeypatch.setattr(cj, "op", op)
+    CALLED.clear()
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def _r(shape, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "dn, xs, ws",
+    [
+        (("NCHW", "OIHW", "NCHW"), (2, 4, 9, 8), (6, 4, 3, 3)),
+        (("NHWC", "HWIO", "NHWC"), (2, 9, 8, 4), (3, 3, 4, 6)),
+        (("NHWC", "OIHW", "NCHW"), (2, 9, 8, 4), (6, 4, 3, 3)),
+        (("CHWN", "IOHW", "HWCN"), (4, 9, 8, 2), (4, 6, 3, 3)),
+    ],
+)
+@pytest.mark.parametrize("padding", ["SAME", "VALID", ((2, 0), (1, 1))])
+def test_conv_general_dilated_matches_lax(dn, xs, ws, padding):
+    x, w = _r(xs), _r(ws, 1)
+    kw = dict(window_strides=(2, 1), padding=padding, rhs_dilation=(1, 2), dimension_numbers=dn)
+    got = nn.conv_general_dilated(x, w, **kw)
+    want = jax.lax.conv_general_dilated(x, w, **kw, precision=jax.lax.Precision.HIGHEST)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert CALLED[-1][0] == "convolution"
+
+
+def test_conv_flax_layout_with_groups_and_bias():
+    x, w, b = _r((2, 7, 6, 4)), _r((3, 3, 2, 6), 1), _r((6,), 2)
+    got = nn.conv(x, w, b, strides=2, groups=2)
+    want = jax.lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                        feature_group_count=2, precision=jax.lax.Precision.HIGHEST) + b  # fmt: skip
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_refusals_name_the_argument():
+    x, w = _r((1, 3, 5, 5)), _r((2, 3, 3, 3))
+    with pytest.raises(NotImplementedError, match="lhs_dilation"):
+        nn.conv_general_dilated(x, w, (1, 1), "SAME", lhs_dilation=(2, 2))
+    with pytest.raises(NotImplementedError, match="batch_group_count=2"):
+        nn.conv_general_dilated(x, w, (1, 1), "SAME", batch_group_count=2)
+    with pytest.raises(ValueError, match="window_strides must have 2 entries"):
+        nn.conv_general_dilated(x, w, (1, 1, 1), "SAME")
+
+
+def _flax_pool(x, init, op, window, strides, padding):
+    nsp = len(window)
+    strides = strides or window
+    pads = jax.lax.padtype_to_pads(x.shape[1:-1], window, strides, padding) if isinstance(padding, str) else padding
+    return jax.lax.reduce_window(x, init, op, (1, *window, 1), (1, *strides, 1), ((0, 0), *pads, (0, 0))), nsp
+
+
+@pytest.mark.parametrize("padding", ["VALID", "SAME", ((1, 0), (0, 1))])
+def test_pools_match_flax(padding):
+    x = _r((2, 7, 6, 3))
+    window, strides = (3, 2), (2, 2)
+    want_max, _ = _flax_pool(x, -jnp.inf, jax.lax.max, window, strides, padding)
+    np.testing.assert_allclose(np.asarray(nn.max_pool(x, window, strides, padding)), np.asarray(want_max))
+    s, _ = _flax_pool(x, 0.0, jax.lax.add, window, strides, padding)
+    np.testing.assert_allclose(np.asarray(nn.avg_pool(x, window, strides, padding)), np.asarray(s / 6), rtol=1e-6)
+    cnt, _ = _flax_pool(jnp.ones_like(x), 0.0, jax.lax.add, window, strides, padding)
+    got = nn.avg_pool(x, window, strides, padding, count_include_pad=False)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(s / cnt), rtol=1e-6)
+    assert nn.max_pool(x[0], window, strides, padding).shape == want_max.shape[1:]  # unbatched
+
+
+def test_softmax_and_norms():
+    x = _r((3, 5, 7))
+    np.testing.assert_allclose(np.asarray(nn.softmax(x, axis=1)), np.asarray(jax.nn.softmax(x, axis=1)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(nn.log_softmax(x)), np.asarray(jax.nn.log_softmax(x)), rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="where="):
+        nn.softmax(x, where=x > 0)
+    ln = nn.layer_norm(x, axes=(-2, -1))
+    ax = (1, 2)
+    want = (x - x.mean(ax, keepdims=True)) / jnp.sqrt(x.var(ax, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(np.asarray(ln), np.asarray(want), rtol=1e-5, atol=1e-6)
+    assert CALLED[-1] == ("layer_norm", {"normalized_shape_ndim": 2, "epsilon": 1e-6})
+    rms = nn.rms_norm(x, jnp.full((7,), 2.0))
+    np.testing.assert_allclose(np.asarray(rms), np.asarray(2 * x / jnp.sqrt((x**2).mean(-1, keepdims=True) + 1e-6)),
+                               rtol=1e-5)  # fmt: skip
+    with pytest.raises(NotImplementedError, match="axes=0 are not the trailing ones"):
+        nn.layer_norm(x, axes=0)
+
+
+def test_batch_norm_explicit_state_with_flax_momentum():
+    x = _r((4, 5, 5, 3))
+    s, b, m, v = jnp.ones(3), jnp.zeros(3), jnp.zeros(3), jnp.ones(3)
+    y, nm, nv = nn.batch_norm(x, s, b, m, v, training=True, momentum=0.9)
+    mean, var = x.mean((0, 1, 2)), x.var((0, 1, 2))
+    np.testing.assert_allclose(np.asarray(y), np.asarray((x - mean) / jnp.sqrt(var + 1e-5)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(nm), np.asarray(0.1 * mean), rtol=1e-5, atol=1e-7)
+    assert CALLED[-1][1]["momentum"] == pytest.approx(0.1)
+    y2, nm2, nv2 = nn.batch_norm(x, s, b, nm, nv, training=False)
+    np.testing.assert_array_equal(np.asarray(nm2), np.asarray(nm))  # inference leaves the state as it was
+    np.testing.assert_array_equal(np.asarray(nv2), np.asarray(nv))
+    with pytest.raises(NotImplementedError, match="axis=0"):
+        nn.batch_norm(x, s, b, m, v, training=True, axis=0)

@@ -63,7 +63,20 @@ STANDINS = {
     "layer_norm": lambda x, s, b, **kw: _norm(x, s, b, **kw),
     "rms_norm": lambda x, s, **kw: _norm(x, s, rms=True, **kw),
     "batch_norm": _bn_nc,
+    "sdpa": lambda q, k, v, *, scale, causal: _sdpa_bhsd(q, k, v, scale, causal),
 }
+
+
+def _sdpa_bhsd(q, k, v, scale, causal):
+    """cuDNN's attention in its (B, H, S, D) layout, one kv head broadcast, float32 math."""
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    s = jnp.einsum("bhtd,bhsd->bhts", q32, jnp.broadcast_to(k32, (*q.shape[:2], *k.shape[2:])))
+    s = s * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    if causal:
+        t, n = s.shape[-2:]
+        s = jnp.where(jnp.tril(jnp.ones((t, n), bool)), s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bhts,bhsd->bhtd", p, jnp.broadcast_to(v32, (*q.shape[:2], *v.shape[2:]))).astype(q.dtype)
 
 
 @pytest.fixture(autouse=True)
@@ -175,3 +188,25 @@ def test_batch_norm_explicit_state_with_flax_momentum():
     np.testing.assert_array_equal(np.asarray(nv2), np.asarray(nv))
     with pytest.raises(NotImplementedError, match="axis=0"):
         nn.batch_norm(x, s, b, m, v, training=True, axis=0)
+
+
+@pytest.mark.parametrize("kv_heads, causal", [(4, False), (2, True), (1, False)])
+def test_dot_product_attention_matches_jax(kv_heads, causal):
+    q = _r((2, 6, 4, 8)).astype(jnp.bfloat16)
+    k, v = _r((2, 6, kv_heads, 8), 1).astype(jnp.bfloat16), _r((2, 6, kv_heads, 8), 2).astype(jnp.bfloat16)
+    got = nn.dot_product_attention(q, k, v, is_causal=causal, scale=0.3)
+    want = jax.nn.dot_product_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+                                        is_causal=causal, scale=0.3)  # fmt: skip
+    assert got.shape == want.shape and got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
+    assert nn.dot_product_attention(q[0], k[0], v[0]).shape == (6, 4, 8)
+
+
+def test_dot_product_attention_refusals_name_the_argument():
+    q = _r((1, 4, 2, 8)).astype(jnp.bfloat16)
+    with pytest.raises(NotImplementedError, match="mask= is not supported"):
+        nn.dot_product_attention(q, q, q, mask=jnp.ones((1, 2, 4, 4), bool))
+    with pytest.raises(NotImplementedError, match="query has dtype float32"):
+        nn.dot_product_attention(q.astype(jnp.float32), q, q)
+    with pytest.raises(NotImplementedError, match="is_causal with T=4 != S=3"):
+        nn.dot_product_attention(q, q[:, :3], q[:, :3], is_causal=True)

@@ -141,3 +141,29 @@ def test_every_op_matches_torch_through_jax(name, i):
         if r is None:
             continue
         assert _rel(np.asarray(g, np.float64), r.double().numpy()) < gtol, f"{name} d input {j}"
+
+
+def test_the_functional_api_against_jax_and_flax_semantics():
+    """cudnnkit.jax.nn on the real ops: flax-layout conv with a bias, pools, layer norm and attention against
+    JAX's own (float32 HIGHEST / float32 attention reference)."""
+    from cudnnkit.jax import nn
+
+    rng = np.random.default_rng(9)
+    r = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)  # noqa: E731
+    x, w, b = r(2, 9, 8, 4), r(3, 3, 4, 6) * 0.3, r(6)
+    with cudnnkit.settings(allow_tf32=False):
+        got = jax.jit(lambda *a: nn.conv(*a, strides=2))(x, w, b)
+    want = jax.lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                        precision=jax.lax.Precision.HIGHEST) + b  # fmt: skip
+    assert _rel(got, want) < 1e-5
+    pooled = nn.max_pool(x, (3, 3), (2, 2), "SAME")
+    want = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+    assert _rel(pooled, want) < 1e-7
+    h = r(8, 64)
+    ln = nn.layer_norm(h, epsilon=1e-5)
+    ref = (h - h.mean(-1, keepdims=True)) / jnp.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    assert _rel(ln, ref) < 1e-5
+    q, k, v = (r(2, 128, 4, 64).astype(jnp.bfloat16) for _ in range(3))
+    o = jax.jit(lambda *a: nn.dot_product_attention(*a, is_causal=True))(q, k, v)
+    ref = jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), is_causal=True)
+    assert _rel(o, ref) < 2e-2

@@ -12,6 +12,8 @@ in and the result transposed back (XLA's transposes; a layout-preserving path is
   ``window_shape``, ``strides``, ``padding``, ``count_include_pad``).
 * :func:`softmax`, :func:`log_softmax` -- ``jax.nn``'s (``axis=``).
 * :func:`layer_norm`, :func:`rms_norm` -- over the trailing ``axes`` (flax's ``LayerNorm``/``RMSNorm``).
+* :func:`dot_product_attention` -- ``jax.nn.dot_product_attention``'s signature (``(B, T, N, H)`` arrays,
+  grouped-query key/value heads, ``scale``, ``is_causal``), by cuDNN's fused attention.
 * :func:`batch_norm` -- explicit state in and out (flax's convention: feature axis last, ``momentum`` the weight
   of the old running value).
 
@@ -38,6 +40,7 @@ __all__ = [
     "layer_norm",
     "rms_norm",
     "batch_norm",
+    "dot_product_attention",
 ]
 
 
@@ -211,3 +214,47 @@ def batch_norm(x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, training: 
                             momentum=1.0 - float(momentum), epsilon=epsilon)  # fmt: skip
     y, new_mean, new_var = got if isinstance(got, tuple) and len(got) == 3 else (got, mean, var)
     return jnp.transpose(y, tuple(int(i) for i in np.argsort(perm))), new_mean, new_var
+
+
+def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, mask: Any = None, *,
+                          scale: float | None = None, is_causal: bool = False, query_seq_lengths: Any = None,
+                          key_value_seq_lengths: Any = None, local_window_size: Any = None,
+                          implementation: str | None = None) -> Any:  # fmt: skip
+    """``jax.nn.dot_product_attention`` by cuDNN's fused attention (``cudnnkit.jax.ops.sdpa``): ``query``
+    ``(B, T, N, H)`` (or ``(T, N, H)``), ``key``/``value`` ``(B, S, K, H)`` with ``N % K == 0``, float16 or
+    bfloat16 -> ``(B, T, N, H)``. Grouped key/value heads (``1 < K < N``) are repeated to ``N`` heads (cuDNN's op
+    here takes ``K`` equal to ``N`` or 1). ``is_causal`` keeps ``s <= t`` (equal lengths only). What cuDNN's op
+    does not take yet raises ``NotImplementedError`` naming it: ``bias``, ``mask``, the sequence lengths,
+    ``local_window_size`` (issue 17)."""
+    for name, v in (
+        ("bias", bias),
+        ("mask", mask),
+        ("query_seq_lengths", query_seq_lengths),
+        ("key_value_seq_lengths", key_value_seq_lengths),
+        ("local_window_size", local_window_size),
+    ):
+        if v is not None:
+            raise NotImplementedError(f"dot_product_attention: {name}= is not supported by cudnnkit's attention yet")
+    if implementation not in (None, "cudnn"):
+        raise ValueError(f"dot_product_attention: implementation={implementation!r}; cudnnkit's is cuDNN's")
+    unbatched = query.ndim == 3
+    q, k, v = (x[None] if unbatched else x for x in (query, key, value))
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"dot_product_attention: query/key/value must be (B, T, N, H), got {query.shape}, "
+                         f"{key.shape}, {value.shape}")  # fmt: skip
+    dt = jnp.dtype(q.dtype).name
+    if dt not in ("float16", "bfloat16"):
+        raise NotImplementedError(f"dot_product_attention: query has dtype {dt}; cuDNN's fused attention takes "
+                                  "float16 or bfloat16")  # fmt: skip
+    n, kh = q.shape[2], k.shape[2]
+    if n % kh:
+        raise ValueError(f"dot_product_attention: {n} query heads are not a multiple of {kh} key/value heads")
+    if is_causal and q.shape[1] != k.shape[1]:
+        raise NotImplementedError(f"dot_product_attention: is_causal with T={q.shape[1]} != S={k.shape[1]} (the "
+                                  "diagonal's alignment differs between JAX and cuDNN there)")  # fmt: skip
+    if 1 < kh < n:
+        k, v = jnp.repeat(k, n // kh, axis=2), jnp.repeat(v, n // kh, axis=2)
+    perm = (0, 2, 1, 3)
+    o = _op("sdpa")(*(jnp.transpose(x, perm) for x in (q, k, v)), scale=scale, causal=bool(is_causal))
+    o = jnp.transpose(o, perm)
+    return o[0] if unbatched else o

@@ -78,7 +78,7 @@ def test_every_cache_is_an_lru_with_its_bound():
         (arrays._layout_cache, 4096),
         (handle._checked, 256),
         (rnn._built, 64),
-        (rnn._lengths, 64),
+        (rnn._lengths, 256),
         (_layout._dense.cache, 4096),
         (_layout.fits.cache, 4096),
     ]:

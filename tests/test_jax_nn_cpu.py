@@ -138,7 +138,7 @@ def test_conv_refusals_name_the_argument():
 
 def _flax_pool(x, init, op, window, strides, padding):
     nsp = len(window)
-    strides = strides or window
+    strides = strides or (1,) * nsp  # flax: stride 1 by default
     pads = jax.lax.padtype_to_pads(x.shape[1:-1], window, strides, padding) if isinstance(padding, str) else padding
     return jax.lax.reduce_window(x, init, op, (1, *window, 1), (1, *strides, 1), ((0, 0), *pads, (0, 0))), nsp
 
@@ -155,6 +155,8 @@ def test_pools_match_flax(padding):
     got = nn.avg_pool(x, window, strides, padding, count_include_pad=False)
     np.testing.assert_allclose(np.asarray(got), np.asarray(s / cnt), rtol=1e-6)
     assert nn.max_pool(x[0], window, strides, padding).shape == want_max.shape[1:]  # unbatched
+    dflt, _ = _flax_pool(x, -jnp.inf, jax.lax.max, window, None, padding)  # no strides: flax's stride 1
+    np.testing.assert_allclose(np.asarray(nn.max_pool(x, window, padding=padding)), np.asarray(dflt))
 
 
 def test_softmax_and_norms():

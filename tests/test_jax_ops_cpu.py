@@ -34,14 +34,17 @@ class NumpyRunner:
 
     platform = "cpu"
 
-    def array(self, call, b):
+    def array(self, call, b, shape=None, strides=None):
         n = int(np.prod(b.shape, dtype=np.int64))
         dt = np.dtype(_NP[b.dtype])
         raw = (ctypes.c_char * max(n * dt.itemsize, 1)).from_address(b.ptr)
-        return np.frombuffer(raw, dtype=dt, count=n).reshape(b.shape)
+        flat = np.frombuffer(raw, dtype=dt, count=n)
+        if shape is None:
+            return flat.reshape(b.shape)
+        return np.lib.stride_tricks.as_strided(flat, shape, tuple(s * dt.itemsize for s in strides))
 
-    def write(self, call, dst, value, name):
-        view = self.array(call, dst)
+    def write(self, call, dst, value, name, shape=None, strides=None):
+        view = self.array(call, dst, shape, strides)
         assert view.shape == np.shape(value), (name, view.shape, np.shape(value))
         np.copyto(view, value)
 
@@ -181,3 +184,65 @@ def test_an_array_on_another_platform_is_refused_naming_it():
     x, w = _args()
     with pytest.raises(TypeError, match=r"mul_scale: x is an array on cpu; cudnnkit's CUDA targets need it on gpu"):
         jg(x, w, None)
+
+
+def _fwd_idx(x):
+    return (x * 2, np.argmax(x, axis=-1).astype(np.int32)), {}
+
+
+def _meta_idx(x: Spec):
+    return (new_like(x), Spec(x.shape[:-1], (1,) if len(x.shape) == 2 else (), "int32")), {}
+
+
+IDX = Differentiable("double_argmax", "softmax_forward", ("x",), ("out", "index"), _fwd_idx,
+                     lambda res, douts, needs: (douts[0] * 2,), _meta_idx,
+                     differentiable_outputs=(True, False))  # fmt: skip
+JI = _ops.JaxOp(IDX, NumpyRunner(), namespace="cudnnkit_jaxtest")
+
+
+def test_an_integer_output_takes_a_float0_cotangent():
+    """jax.grad through an op with an integer output: its cotangent is float0, which carries no gradient."""
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((3, 4)))
+    y, idx = JI(x)
+    assert idx.dtype == jnp.int32 and np.array_equal(np.asarray(idx), np.argmax(np.asarray(x), -1))
+    g = jax.grad(lambda a: JI(a)[0].sum())(x)
+    np.testing.assert_allclose(np.asarray(g), 2.0)
+
+
+def _fwd_cl(x):
+    keep = np.ascontiguousarray(np.moveaxis(x * 3, 1, -1))  # a residual laid out channels-last
+    keep = np.moveaxis(keep, -1, 1)
+    return (x * 3,), {"keep": keep, "x": x}
+
+
+def _meta_cl(x: Spec):
+    n, c, h, w = x.shape
+    return (new_like(x),), {"keep": Spec(x.shape, (h * w * c, 1, w * c, c), x.dtype), "x": x}
+
+
+def _bwd_cl(res, douts, needs):
+    k = res["keep"]
+    assert k.strides == tuple(s * k.itemsize for s in (k.shape[2] * k.shape[3] * k.shape[1], 1,
+                                                         k.shape[3] * k.shape[1], k.shape[1]))  # fmt: skip
+    return (douts[0] * k / res["x"],)  # = 3 * dy, through the channels-last residual
+
+
+CL = Differentiable("chlast", "softmax_forward", ("x",), ("out",), _fwd_cl, _bwd_cl, _meta_cl)
+JC = _ops.JaxOp(CL, NumpyRunner(), namespace="cudnnkit_jaxtest")
+
+
+def test_a_residual_keeps_its_layout_between_forward_and_backward():
+    """A channels-last residual is stored in a buffer of its memory order ((N, H, W, C)) and the backward sees it
+    with the forward's strides: no transpose either way."""
+    x = jnp.asarray(np.random.default_rng(6).uniform(1, 2, (2, 3, 4, 5)))
+    g = jax.grad(lambda a: JC(a).sum())(x)
+    np.testing.assert_allclose(np.asarray(g), 3.0)
+
+
+def test_a_forward_that_makes_other_residuals_than_its_meta_is_refused():
+    bad = Differentiable("chlast_bad", "softmax_forward", ("x",), ("out",),
+                         lambda x: ((x * 3,), {"other": x * 1, "x": x}), _bwd_cl, _meta_cl)  # fmt: skip
+    with pytest.raises(Exception, match=r"made residuals \['other'\] where its meta said \['keep'\]"):
+        jax.block_until_ready(
+            jax.grad(lambda a: _ops.JaxOp(bad, NumpyRunner(), "cudnnkit_jaxtest")(a).sum())(jnp.ones((1, 2, 2, 2)))
+        )

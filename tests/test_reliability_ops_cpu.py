@@ -622,6 +622,9 @@ class _FakeValues:
     def free(self, stream=None):
         self.freed.append(stream)
 
+    def ready(self):
+        return getattr(self, "done", True)
+
 
 def _fake_driver(monkeypatch, fake):
     """The driver's device values and capture status faked, the lengths caches emptied: (launch, capturing flag)."""
@@ -649,10 +652,10 @@ def test_U13_rnn_device_lengths_are_the_upload_of_seq_lengths(fake, monkeypatch)
     assert up.values.dtype == np.int32 and up.values.tolist() == [5, 3, 2] and (up.device, up.stream) == (0, 0)
     assert ctypes.cast(p, ctypes.c_void_p).value == up.ptr and not ad.uploads  # no array-library memory
     assert _dev_lengths(launch, seq)[0] is buf and len(_FakeValues.made) == 1  # cached
-    # evicted uploads are freed, stream-ordered on the stream of the call that evicts
+    # an evicted upload is only dropped (freed when the last call holding it lets go), never freed under a holder
     for n in range(_rnn_desc._LENGTHS_MAX):
         _dev_lengths(launch, _Seq(5, 1, (n + 1,), np.array([n + 1], np.int32), False))
-    assert buf.freed == [0] and _dev_lengths(launch, seq)[0] is not buf
+    assert buf.freed == [] and _dev_lengths(launch, seq)[0] is not buf
     _lengths.clear()
 
 
@@ -668,12 +671,22 @@ def test_U13_rnn_lengths_under_cuda_graph_capture_are_kept_or_refused(fake, monk
     warm, _ = _dev_lengths(launch, seq)  # the warm-up
     capturing[0] = True
     assert _dev_lengths(launch, seq)[0] is warm and _rnn_desc._captured[(0, 0, (5, 3))] is warm
-    assert (0, 0, (5, 3)) not in _lengths  # no longer evictable: clear_caches and the LRU leave it alone
-    _lengths.clear()
+    _lengths.clear()  # clear_caches and the LRU's evictions cannot drop what a graph reads
     assert _dev_lengths(launch, seq)[0] is warm and warm.freed == []
     with pytest.raises(RuntimeError, match=r"seq_lengths \[4, 1\] were first seen while stream 0x0 captures"):
         _dev_lengths(launch, _Seq(4, 2, (4, 1), np.array([4, 1], np.int32), False))
     assert len(_FakeValues.made) == 1
+    # a capture on another stream than the warm-up's (torch.cuda.make_graphed_callables) takes a completed upload
+    capturing[0] = False
+    other = _Seq(6, 2, (6, 2), np.array([6, 2], np.int32), False)
+    first, _ = _dev_lengths(launch, other)
+    capturing[0] = True
+    side = Launch(0, ad, 0x77)
+    first.done = False  # not yet complete on the device: refused, not raced
+    with pytest.raises(RuntimeError, match=r"seq_lengths \[6, 2\] were first seen while stream 0x77 captures"):
+        _dev_lengths(side, other)
+    first.done = True
+    assert _dev_lengths(side, other)[0] is first and _rnn_desc._captured[(0, 0x77, (6, 2))] is first
     _lengths.clear()
 
 

@@ -3,6 +3,10 @@
 workspaces from the device's CUDA memory pool, stream-ordered on XLA's stream, and run there; each output is then
 copied into its XLA result buffer (``cuMemcpyDtoDAsync``, or ``cudnnTransformTensor`` from another layout).
 
+The L2 calls' memory comes from the CUDA driver's default pool, outside XLA's preallocated arena (by default
+75% of the GPU): a large workspace can fail with ``MemoryError`` there; lower ``XLA_PYTHON_CLIENT_MEM_FRACTION``
+(or set ``XLA_PYTHON_CLIENT_PREALLOCATE=false``) to leave room.
+
 The device is the one the buffers' memory belongs to (``cuPointerGetAttributes`` of the first buffer), made
 current around the call with XLA's stream (:func:`~cudnnkit.runtime.adapters._raw.on_stream`).
 """
@@ -34,21 +38,25 @@ class CudaRunner:
 
     platform = "CUDA"
 
-    def array(self, call: _ffi.Call, b: _ffi.Buffer) -> _raw.DeviceArray:
+    def array(self, call: _ffi.Call, b: _ffi.Buffer, shape: tuple | None = None,
+              strides: tuple | None = None) -> _raw.DeviceArray:  # fmt: skip
         """A :class:`~cudnnkit.runtime.adapters._raw.DeviceArray` over the buffer (no copy): the declarations call
-        array methods on their operands (a bias's ``reshape``)."""
-        return _raw.DeviceArray(b.shape, contiguous_strides(b.shape), b.dtype, call.device or 0, b.ptr, b)
+        array methods on their operands (a bias's ``reshape``). C order, or ``shape``/``strides`` (a residual in
+        its own layout)."""
+        if shape is None:
+            shape, strides = b.shape, contiguous_strides(b.shape)
+        return _raw.DeviceArray(tuple(shape), tuple(strides), b.dtype, call.device or 0, b.ptr, b)
 
-    def write(self, call: _ffi.Call, dst: _ffi.Buffer, value: Any, name: str) -> None:
+    def write(self, call: _ffi.Call, dst: _ffi.Buffer, value: Any, name: str, shape: tuple | None = None,
+              strides: tuple | None = None) -> None:  # fmt: skip
+        d = self.array(call, dst, shape, strides)
         src = as_view(value, name)
-        if tuple(src.shape) != dst.shape or src.dtype != dst.dtype:
+        if tuple(src.shape) != d.shape or src.dtype != d.dtype:
             raise RuntimeError(f"{name}: the declaration returned a {src.dtype} {tuple(src.shape)} array where its "
-                               f"meta said {dst.dtype} {dst.shape} (a cudnnkit bug: meta and forward disagree)")  # fmt: skip
-        if src.ptr == dst.ptr and tuple(src.strides) == contiguous_strides(dst.shape):
+                               f"meta said {d.dtype} {d.shape} (a cudnnkit bug: meta and forward disagree)")  # fmt: skip
+        if src.ptr == d.ptr and tuple(src.strides) == d.strides:
             return  # already written in place
-        dev = call.device or 0
-        d = _raw.DeviceArray(dst.shape, contiguous_strides(dst.shape), dst.dtype, dev, dst.ptr, dst)
-        s = _raw.DeviceArray(src.shape, src.strides, src.dtype, dev, src.ptr, src)
+        s = _raw.DeviceArray(src.shape, src.strides, src.dtype, d.device, src.ptr, src)
         _raw.ADAPTER.copy(d, s, call.stream)
 
     def zero(self, call: _ffi.Call, dst: _ffi.Buffer) -> None:

@@ -170,22 +170,14 @@ class FfiAbiError(RuntimeError):
 
 @dataclass(frozen=True)
 class Buffer:
-    """One argument or result buffer: cudnnkit ``dtype``, ``shape``, the data pointer ``ptr`` (dense, C order, as
-    XLA lays out custom-call operands) and ``device`` (``None`` on the CPU platform). :meth:`view` is the
-    :class:`~cudnnkit.runtime.ArrayView` the L2 ops take as an array (no adapter: results go by ``out=``)."""
+    """One argument or result buffer: cudnnkit ``dtype``, ``shape`` and the data pointer ``ptr`` (dense, C order,
+    as XLA lays out custom-call operands). ``device`` is ``None`` on the CPU platform; on CUDA the runner finds the
+    buffers' device from their memory (:mod:`cudnnkit.jax._cuda`) and sets ``Call.device``."""
 
     dtype: str
     shape: tuple[int, ...]
     ptr: int
     device: int | None = None
-
-    def view(self) -> Any:
-        from ..runtime.arrays import contiguous_strides
-        from ..runtime.view import ArrayView
-
-        if self.device is None:
-            raise TypeError("a CPU buffer has no device view")
-        return ArrayView(self.shape, contiguous_strides(self.shape), self.dtype, self.device, self.ptr, self)
 
 
 @dataclass

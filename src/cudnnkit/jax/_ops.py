@@ -18,6 +18,11 @@ tuple), then the new values of the mutated arrays when any were given, under ``j
 before XLA compiles anything; a failure inside the handler comes back as XLA's error carrying the exception's type
 and message (:mod:`cudnnkit.jax._ffi`).
 
+``cudnnkit.settings`` in force when a function is traced travel with the call (the handlers run on XLA's
+threads); a ``jax.jit`` function already compiled keeps the settings it was traced with (retrace to change them).
+A residual that is neither an input nor an output is kept in its own layout (the XLA buffer holds its dims in
+memory order), so the backward reads it with the strides the forward wrote (pooling's channels-last index).
+
 How a handler turns buffers into arrays and writes its results is a :class:`Runner`: on CUDA the buffers are
 device views and the declaration's L2 calls run on XLA's stream; the CPU tests run pure-NumPy stand-in
 declarations through a NumPy runner on JAX's CPU platform, so that this machinery is checked without a GPU.
@@ -25,6 +30,7 @@ declarations through a NumPy runner on JAX's CPU platform, so that this machiner
 
 from __future__ import annotations
 
+import ast
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -51,12 +57,15 @@ class Runner(Protocol):
     #: the FFI platform the targets are registered for ("CUDA", or "cpu" in the tests)
     platform: str
 
-    def array(self, call: _ffi.Call, b: _ffi.Buffer) -> Any:
-        """``b`` as an array the declaration's calls take (a device view; NumPy in the CPU tests)."""
+    def array(self, call: _ffi.Call, b: _ffi.Buffer, shape: tuple | None = None, strides: tuple | None = None) -> Any:
+        """``b`` as an array the declaration's calls take (a device view; NumPy in the CPU tests): C order over
+        ``b.shape``, or ``shape`` with element ``strides`` over b's memory (a residual kept in its own layout)."""
         ...
 
-    def write(self, call: _ffi.Call, dst: _ffi.Buffer, value: Any, name: str) -> None:
-        """``value`` (an array the declaration returned: any strides, dst's shape and dtype) into ``dst``."""
+    def write(self, call: _ffi.Call, dst: _ffi.Buffer, value: Any, name: str, shape: tuple | None = None,
+              strides: tuple | None = None) -> None:  # fmt: skip
+        """``value`` (an array the declaration returned: any strides) into ``dst``, seen as :meth:`array` sees
+        it with ``shape``/``strides``."""
         ...
 
     def zero(self, call: _ffi.Call, dst: _ffi.Buffer) -> None:
@@ -73,6 +82,17 @@ def spec(x: Any) -> Spec:
     dense row-major buffers) and cudnnkit dtype name."""
     shape = tuple(int(d) for d in x.shape)
     return Spec(shape, contiguous_strides(shape), canonical(jnp.dtype(x.dtype).name, "array"))
+
+
+def _physical(s: Spec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """``(physical shape, shape, strides)`` of a residual: a dense spec keeps its layout (the buffer XLA allocates
+    is its dims in memory order, so the forward writes it with one plain copy and the backward reads it with the
+    same strides: pooling's channels-last index); anything else is kept in C order."""
+    order = sorted(range(len(s.shape)), key=lambda i: (-s.strides[i], i))
+    phys = tuple(s.shape[i] for i in order)
+    if tuple(s.strides[i] for i in order) == contiguous_strides(phys):
+        return phys, s.shape, s.strides
+    return s.shape, s.shape, contiguous_strides(s.shape)
 
 
 def _sds(s: Spec) -> jax.ShapeDtypeStruct:
@@ -166,8 +186,9 @@ class JaxOp:
             out_specs, res_specs, new = layout(specs)
             shapes = [_sds(s) for s in out_specs]
             shapes += [_sds(specs[len(in_idx) + arr_names.index(m)]) for m in changed]
-            shapes += [_sds(res_specs[k]) for k in new]
-            got = jax.ffi.ffi_call(self.forward_name, shapes)(*ins, *arrs, kw=key)
+            lays = tuple((k, *_physical(res_specs[k])) for k in new)
+            shapes += [jax.ShapeDtypeStruct(phys, jnp.dtype(res_specs[k].dtype)) for k, phys, _, _ in lays]
+            got = jax.ffi.ffi_call(self.forward_name, shapes)(*ins, *arrs, kw=key, fresh=repr(lays))
             got = list(got) if isinstance(got, (list, tuple)) else [got]
             n, c = len(out_specs), len(changed)
             outs, mutated, fresh = tuple(got[:n]), tuple(got[n : n + c]), got[n + c :]
@@ -188,7 +209,9 @@ class JaxOp:
             out_cts, _ = cts  # the mutated arrays' new values are state: no cotangent flows into them
             douts, present = [], []
             for j, g in enumerate(out_cts):
-                use = d.carries_gradient(j) and g is not None and _floating(canonical(jnp.dtype(g.dtype).name, "g"))
+                # an integer output's cotangent is float0 (no dtype cuDNN names): it carries nothing
+                use = (d.carries_gradient(j) and g is not None and g.dtype != jax.dtypes.float0
+                       and jnp.issubdtype(g.dtype, jnp.inexact))  # fmt: skip
                 present.append(use)
                 if use:
                     douts.append(g)
@@ -197,7 +220,9 @@ class JaxOp:
             for i, s in zip(in_idx, in_specs):
                 needs_full[i] = _floating(s.dtype)
             names = tuple(k for k, v in res.items() if v is not None)
-            bkw = dict(kwd, __res__=names, __douts__=tuple(present), __needs__=tuple(needs_full),
+            _, res_specs, new = layout(specs)  # the fresh residuals' layouts, as the forward kept them
+            views = tuple((k, *_physical(res_specs[k])[1:]) for k in new if k in names)
+            bkw = dict(kwd, __views__=views, __res__=names, __douts__=tuple(present), __needs__=tuple(needs_full),
                        __in__=in_idx, __arr__=arr_names, __settings__=settings_items)  # fmt: skip
             wanted = [s for i, s in zip(in_idx, in_specs) if needs_full[i]]
             grads: list[Any] = []
@@ -248,17 +273,24 @@ class JaxOp:
             for j, (o, dst) in enumerate(zip(outs, rets[:n])):
                 r.write(call, dst, o, d.outputs[j])
             names = set(d.inputs) | set(d.arrays) | set(d.outputs)
-            fresh = [k for k in res if k not in names]
-            for k, dst in zip(fresh, rets[n + len(changed) :]):
-                r.write(call, dst, res[k], k)
+            lays = ast.literal_eval(call.attrs["fresh"])  # (name, physical shape, shape, strides), meta's order
+            made = {k for k in res if k not in names}
+            if made != {k for k, *_ in lays}:
+                raise RuntimeError(f"{d.name}: the forward made residuals {sorted(made)} where its meta said "
+                                   f"{sorted(k for k, *_ in lays)} (a cudnnkit bug: meta and forward disagree)")  # fmt: skip
+            for (k, _, shape, strides), dst in zip(lays, rets[n + len(changed) :]):
+                r.write(call, dst, res[k], k, shape, strides)
 
     def _backward(self, call: _ffi.Call) -> None:
         d, r = self.d, self.runner
         kwd = decode(call.attrs["kw"])
         names, present, needs = kwd.pop("__res__"), kwd.pop("__douts__"), kwd.pop("__needs__")
+        views = {k: (shape, strides) for k, shape, strides in kwd.pop("__views__")}
         kwd.pop("__in__"), kwd.pop("__arr__")
         with r.scope(call), in_force(Settings(**dict(kwd.pop("__settings__", ())))):
-            res: dict[str, Any] = {k: r.array(call, b) for k, b in zip(names, call.args[: len(names)])}
+            res: dict[str, Any] = {
+                k: r.array(call, b, *views.get(k, ())) for k, b in zip(names, call.args[: len(names)])
+            }
             given = iter(call.args[len(names) :])
             douts = tuple(r.array(call, next(given)) if p else None for p in present)
             grads = d.backward(res, douts, tuple(needs), **kwd)

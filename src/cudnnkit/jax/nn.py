@@ -134,7 +134,7 @@ def _pool(x: Any, mode: str, window_shape: Sequence[int], strides: Any, padding:
         raise ValueError(f"inputs of rank {x.ndim} for a {nsp}-d window: (N, *spatial, C) or (*spatial, C)")
     xb = x if batched else x[None]
     window = tuple(int(k) for k in window_shape)
-    st = window if strides is None else _tuple(strides, nsp, "strides")
+    st = (1,) * nsp if strides is None else _tuple(strides, nsp, "strides")  # flax's default: stride 1
     pads = _pads(xb.shape[1:-1], window, st, (1,) * nsp, padding)
     perm = (0, nsp + 1, *range(1, nsp + 1))
     y = _op("pooling")(jnp.transpose(xb, perm), mode=mode, window=window, stride=st, padding=pads)
@@ -143,8 +143,8 @@ def _pool(x: Any, mode: str, window_shape: Sequence[int], strides: Any, padding:
 
 
 def max_pool(inputs: Any, window_shape: Sequence[int], strides: Any = None, padding: Any = "VALID") -> Any:
-    """flax's ``nn.max_pool``: ``inputs`` ``(N, *spatial, C)`` (or unbatched ``(*spatial, C)``), by cuDNN's max
-    pooling (``cudnnkit.jax.ops.pooling``, mode ``"max"``; padding never wins a max, as flax's ``-inf``)."""
+    """flax's ``nn.max_pool``: ``inputs`` ``(N, *spatial, C)`` (or unbatched ``(*spatial, C)``), ``strides``
+    defaulting to 1 as flax's (not to the window, as torch's), by cuDNN's max pooling (``cudnnkit.jax.ops.pooling``, mode ``"max"``; padding never wins a max, as flax's ``-inf``)."""
     return _pool(inputs, "max", window_shape, strides, padding)
 
 

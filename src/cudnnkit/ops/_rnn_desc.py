@@ -463,21 +463,10 @@ def _auto_algo(rnn: RNN, N: int, T: int, training: bool, full: bool, math_mode: 
     return (*got, "standard")
 
 
-_LENGTHS_MAX = 64
-
-
-def _free_lengths(key: tuple, buf: Any) -> None:
-    """An evicted upload freed, stream-ordered on its own stream when that is the stream of the call that made it
-    evict (the usual one-stream program), else with a wait (``DeviceValues.free``)."""
-    stream = _evicting.stream if getattr(_evicting, "stream", None) is not None else None
-    try:
-        buf.free(stream)
-    except Exception as e:  # a driver refusal frees nothing: these few bytes stay allocated
-        _log.debug("rnn: freeing the evicted seq_lengths upload %r failed: %s", buf, e)
-
-
-_lengths: LRU[tuple, Any] = LRU("rnn.lengths", _LENGTHS_MAX, _free_lengths)
-_evicting = threading.local()  # the stream of the call whose upload makes the LRU evict
+_LENGTHS_MAX = 256
+#: (device, stream, lengths) -> the upload. An evicted one is only dropped: it is freed (``cuMemFree``) when the
+#: last call holding it lets go, so no call that looked it up can see its memory reused
+_lengths: LRU[tuple, Any] = LRU("rnn.lengths", _LENGTHS_MAX)
 #: uploads a CUDA graph captured (its replays read them): kept for the process, never evicted or cleared
 _captured: dict[tuple, Any] = {}
 _captured_lock = threading.Lock()
@@ -492,27 +481,27 @@ def _dev_lengths(launch: Any, seq: _Seq) -> tuple[Any, Any]:
     The upload is :class:`cudnnkit.runtime.driver.DeviceValues` memory, owned by no array library: a cached
     torch tensor would sit in torch's CUDA-graph pool under ``torch.compile(mode="reduce-overhead")``, which
     refuses it. Under a CUDA-graph capture (``cuStreamIsCapturing``) a cached upload is used and kept for the
-    process (the graph's replays read it after the call); one not made yet cannot be (the copy is not capturable),
-    so the call is refused: run it once before capturing, as CUDA-graph warm-ups do."""
+    process (the graph's replays read it after the call): this stream's, or one made on another stream whose
+    upload has completed (``cuEventQuery``: ``torch.cuda.make_graphed_callables`` warms up on a side stream and
+    captures on another). Lengths with no completed upload cannot be uploaded in a capture (the copy is not
+    capturable), so the call is refused: run it once before capturing, as CUDA-graph warm-ups do."""
     key = (launch.device, launch.stream, seq.lengths)
     hit = _captured.get(key) or _lengths.lookup(key)
     capturing = driver.stream_capturing(launch.stream, launch.device)
-    if hit is MISSING:
-        if capturing:
+    if hit is MISSING and capturing:
+        hit = next((v for k, v in list(_captured.items()) + [(k, _lengths.peek(k)) for k in _lengths.keys()]
+                    if k[0] == launch.device and k[2] == seq.lengths and v is not None and v.ready()), MISSING)  # fmt: skip
+        if hit is MISSING:
             raise RuntimeError(
                 f"rnn: seq_lengths {list(seq.lengths)} were first seen while stream {launch.stream:#x} captures a "
                 "CUDA graph; their device copy cannot be made in a capture. Run this call once before capturing "
                 "(a warm-up, as torch.cuda.graphs and torch.compile(mode='reduce-overhead') do)"
             )
-        _evicting.stream = launch.stream
-        try:
-            hit = _lengths.put(key, driver.DeviceValues(seq.values, launch.device, launch.stream), count_miss=True)
-        finally:
-            _evicting.stream = None
+    if hit is MISSING:
+        hit = _lengths.put(key, driver.DeviceValues(seq.values, launch.device, launch.stream), count_miss=True)
     if capturing and key not in _captured:
         with _captured_lock:
             hit = _captured.setdefault(key, hit)
-        _lengths.pop(key)
     return hit, ctypes.cast(hit.ptr, _INT32_P)
 
 

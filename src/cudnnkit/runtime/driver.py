@@ -139,6 +139,7 @@ def _declare(cuda: ctypes.CDLL) -> None:
     cuda.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, vp]
     cuda.cuMemcpyDtoH_v2.argtypes = [vp, ctypes.c_uint64, ctypes.c_size_t]
     cuda.cuStreamSynchronize.argtypes = [vp]
+    cuda.cuEventQuery.argtypes = [vp]
     cuda.cuDeviceGetName.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
     cuda.cuDeviceGetAttribute.argtypes = [intp, ctypes.c_int, ctypes.c_int]
 
@@ -431,21 +432,44 @@ class DeviceValues(DeviceMemory):
     Must not be made while ``stream`` captures (the copy reads pageable host memory): check
     :func:`stream_capturing` first."""
 
-    __slots__ = ()
+    __slots__ = ("event",)
 
     def __init__(self, values, device: int, stream: int):
         import numpy as np
 
         host = np.ascontiguousarray(values)
+        self.event = 0
         super().__init__(host.nbytes, device, stream, ordered=False)
         cuda = _load()
+        ev = ctypes.c_void_p()
         with _pushed(cuda, self.device):
             rc = cuda.cuMemcpyHtoDAsync_v2(
                 self.ptr, host.ctypes.data_as(ctypes.c_void_p), self.nbytes, ctypes.c_void_p(stream or None)
             )
+            if rc == _CUDA_SUCCESS:  # marks the upload's completion, for readers on other streams (ready())
+                rc = cuda.cuEventCreate(ctypes.byref(ev), _CU_EVENT_DISABLE_TIMING)
+                if rc == _CUDA_SUCCESS:
+                    self.event = ev.value or 0
+                    rc = cuda.cuEventRecord(ctypes.c_void_p(self.event), ctypes.c_void_p(stream or None))
         if rc != _CUDA_SUCCESS:
             self.free()
-            raise RuntimeError(f"cuMemcpyHtoDAsync of {self.nbytes} bytes failed with CUresult {rc}")
+            raise RuntimeError(f"uploading {self.nbytes} bytes to cuda:{device} failed with CUresult {rc}")
+
+    def ready(self) -> bool:
+        """Whether the upload has completed on the device (``cuEventQuery``): then any stream may read it."""
+        if not self.event:
+            return False
+        cuda = _load()
+        with _pushed(cuda, self.device):
+            return cuda.cuEventQuery(ctypes.c_void_p(self.event)) == _CUDA_SUCCESS
+
+    def free(self, stream: int | None = None) -> None:
+        ev, self.event = getattr(self, "event", 0), 0
+        if ev:
+            cuda = _load()
+            with _pushed(cuda, self.device):
+                cuda.cuEventDestroy_v2(ctypes.c_void_p(ev))
+        super().free(stream)
 
 
 def copy_async(dst: int, src: int, nbytes: int, stream: int, device: int) -> None:

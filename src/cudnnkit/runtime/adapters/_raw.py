@@ -76,12 +76,13 @@ class DeviceArray:
         return math.prod(self.shape) * itemsize(self.dtype)
 
     def reshape(self, shape: tuple) -> DeviceArray:
-        """A C-contiguous array's view with a new shape (what the declarations ask of a bias: ``(1, C, 1, 1)``)."""
+        """A C-contiguous array's view with a new shape (what the declarations ask of a bias: ``(1, C, 1, 1)``);
+        any other layout is refused (its elements are not in C order)."""
         shape = tuple(shape)
         if -1 in shape:
             known = math.prod(d for d in shape if d != -1)
             shape = tuple(math.prod(self.shape) // known if d == -1 else d for d in shape)
-        if math.prod(shape) != math.prod(self.shape) or not is_dense(self.shape, self.strides):
+        if math.prod(shape) != math.prod(self.shape) or self.strides != contiguous_strides(self.shape):
             raise ValueError(f"cannot view a {self.shape} array with strides {self.strides} as {shape}")
         return DeviceArray(shape, contiguous_strides(shape), self.dtype, self.device, self.ptr, self)
 
@@ -127,6 +128,8 @@ class RawAdapter(ArrayAdapter):
         s = self.current_stream(dst.device) if stream is None else int(stream)
         if dst.shape != src.shape or dst.dtype != src.dtype:
             raise ValueError(f"copy of a {src.dtype} {src.shape} array into a {dst.dtype} {dst.shape} one")
+        if math.prod(src.shape) == 0:
+            return
         if dst.strides == src.strides and is_dense(src.shape, src.strides):
             driver.copy_async(dst.ptr, src.ptr, _extent(src.shape, src.strides, src.dtype), s, dst.device)
             return

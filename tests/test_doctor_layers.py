@@ -22,7 +22,7 @@ FRAMEWORKS = {"torch", "cupy", "jax", "jaxlib"}
 # Modules allowed to import a framework: one adapter per array library, and the L3 integrations (cudnnkit.torch
 # imports torch, cudnnkit.jax imports jax; cudnnkit.nn imports the caller's library inside its functions, never
 # at import).
-ALLOWED = {"runtime/adapters/_torch.py", "runtime/adapters/_cupy.py"}
+ALLOWED = {"runtime/adapters/_torch.py", "runtime/adapters/_cupy.py", "runtime/adapters/_jax.py"}
 L3_INTEGRATIONS = ("torch/", "nn/", "jax/")
 
 

@@ -167,3 +167,24 @@ def test_the_functional_api_against_jax_and_flax_semantics():
     o = jax.jit(lambda *a: nn.dot_product_attention(*a, is_causal=True))(q, k, v)
     ref = jax.nn.dot_product_attention(*(t.astype(jnp.float32) for t in (q, k, v)), is_causal=True)
     assert _rel(o, ref) < 2e-2
+
+
+def test_eager_l2_calls_on_jax_arrays_return_jax_arrays():
+    """The JAX adapter: L2 ops on JAX GPU arrays outside jit (DLPack in on JAX's stream, outputs handed to JAX
+    once queued); a JAX array as out= is refused (immutable)."""
+    from cudnnkit import ops
+
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((4, 50)), jnp.float32)
+    y = ops.softmax_forward(x)
+    assert isinstance(y, jax.Array) and _rel(y, jax.nn.softmax(x, axis=-1)) < 1e-6
+    z = jnp.exp(y) * 2  # JAX work after ours sees our result
+    assert _rel(z, 2 * np.exp(np.asarray(jax.nn.softmax(x, axis=-1)))) < 1e-6
+    xi = jnp.asarray(rng.standard_normal((2, 3, 8, 8)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((5, 3, 3, 3)), jnp.float32)
+    with cudnnkit.settings(allow_tf32=False):
+        yc = ops.convolution_forward(xi, w, padding=1)
+    ref = jax.lax.conv_general_dilated(xi, w, (1, 1), ((1, 1), (1, 1)), precision=jax.lax.Precision.HIGHEST)
+    assert isinstance(yc, jax.Array) and _rel(yc, ref) < 1e-5
+    with pytest.raises((TypeError, ValueError)):
+        ops.softmax_forward(x, out=jnp.zeros_like(x))

@@ -45,6 +45,7 @@ from typing import Any
 
 from ..graph.plan.plans import _multi_device
 from ..runtime import OPTIONAL, WRITTEN, adapters, check_dtype, current_settings, prepare, tensor_descriptor
+from ..runtime.adapters import FINISH
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import scaling_ref
 from ..runtime.handle import get_handle
@@ -396,7 +397,20 @@ def plan_cache_info() -> dict[str, int]:
 def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwargs: Any) -> Any:
     """One call of primitive ``p``: ``arrays`` maps operand names to arrays (``None`` for an absent optional one),
     ``kwargs`` holds the op's keywords, ``out=`` (each output's keyword) and ``alpha``/``beta`` for blending ops.
-    Returns the output (``out`` if given), a tuple of outputs, or the ``returns`` operand."""
+    Returns the output (``out`` if given), a tuple of outputs, or the ``returns`` operand; an output a library
+    receives only once the call is queued (JAX's: ``adapters.FINISH``) is handed over here."""
+    got = _run(p, arrays, stream, kwargs)
+    if not FINISH:
+        return got
+    f = FINISH.get(type(got))
+    if f is not None:
+        return f(got)
+    if type(got) is tuple:
+        return tuple(FINISH[type(g)](g) if type(g) in FINISH else g for g in got)
+    return got
+
+
+def _run(p: Primitive, arrays: Mapping[str, Any], stream: Any, kwargs: dict) -> Any:
     if p.runner is not None:
         return p.runner(**arrays, stream=stream, **kwargs)
     sig = None

@@ -318,6 +318,12 @@ def _from_dlpack(obj: Any, name: str) -> ArrayView:
     if int(dev_type) not in (_DL_CUDA, _DL_CUDA_MANAGED):
         raise TypeError(f"{name}: DLPack device type {int(dev_type)} is not CUDA; cudnnkit needs a CUDA array")
     capsule = obj.__dlpack__()
+    return view_of_capsule(capsule, name, (obj, capsule))
+
+
+def view_of_capsule(capsule: Any, name: str, owner: Any, adapter: Any = None, readonly: bool = False) -> ArrayView:
+    """The :class:`ArrayView` of an unconsumed ``"dltensor"`` capsule (a CUDA one: its device is the tensor's),
+    ``owner`` kept with it (the capsule among it: its destructor releases the tensor)."""
     t = _DLTensor.from_address(_capsule_get(capsule, b"dltensor"))
     dtype = _DL_CODES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
     if dtype is None:
@@ -328,7 +334,7 @@ def _from_dlpack(obj: Any, name: str) -> ArrayView:
     if not t.data and 0 not in shape:
         raise ValueError(f"{name}: DLPack data pointer is NULL but the array has shape {shape}")
     # the capsule stays un-consumed and is kept alive with the view: its destructor frees it
-    return ArrayView(shape, strides, dtype, int(dev_id), ptr, (obj, capsule), None, False)
+    return ArrayView(shape, strides, dtype, int(t.device.device_id), ptr, owner, adapter, readonly)
 
 
 # ------------------------------------------------------------------ entry

@@ -36,7 +36,16 @@ from typing import Any
 
 from ._protocol import MEMBERS, ArrayAdapter, missing_members
 
-_MODULES = {"cupy": "cudnnkit.runtime.adapters._cupy", "torch": "cudnnkit.runtime.adapters._torch"}
+_MODULES = {
+    "cupy": "cudnnkit.runtime.adapters._cupy",
+    "torch": "cudnnkit.runtime.adapters._torch",
+    "jax": "cudnnkit.runtime.adapters._jax",
+}
+#: a library whose array types live under another top-level module (JAX's ``ArrayImpl`` is ``jaxlib``'s)
+_ROOTS = {"jaxlib": "jax"}
+#: output type -> how a call's result becomes the library's array once the call is queued (JAX's outputs are
+#: cudnnkit memory while the call runs: ``_jax.Pending``); filled as adapters load
+FINISH: dict[type, Any] = {}
 _loaded: dict[str, Any] = {}
 #: exact array type -> the ``key`` function of its adapter (filled as adapters load; see the module docstring)
 KEYED: dict[type, Any] = {}
@@ -52,6 +61,7 @@ __all__ = [
     "in_use",
     "names",
     "KEYED",
+    "FINISH",
     "is_device_array",
 ]
 
@@ -66,15 +76,18 @@ def get(name: str) -> Any:
     if ad is None:
         if name not in _MODULES:
             raise ValueError(f"no adapter for array library {name!r}; known: {sorted(_MODULES)}")
-        ad = _loaded[name] = importlib.import_module(_MODULES[name]).ADAPTER
+        mod = importlib.import_module(_MODULES[name])
+        ad = _loaded[name] = mod.ADAPTER
         for t in getattr(ad, "types", ()):
             KEYED[t] = ad.key
+        FINISH.update(getattr(mod, "FINISH", {}))
     return ad
 
 
 def for_object(obj: Any) -> Any | None:
     """The adapter for ``obj``'s library, or None. Decided by the type's module, without importing anything."""
     root = type(obj).__module__.partition(".")[0]
+    root = _ROOTS.get(root, root)
     if root in _MODULES:
         return get(root)
     if root == "cudnnkit":  # cudnnkit's own device arrays (adapters._raw) name their adapter

@@ -306,9 +306,10 @@ _DL_CODES = {
     (4, 16): "bfloat16",
     (6, 8): "bool",
 }
-_capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_get.restype = ctypes.c_void_p
-_capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# a private prototype (``ctypes.pythonapi``'s function objects are shared by every module in the process)
+_capsule_get = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
 
 
 def _from_dlpack(obj: Any, name: str) -> ArrayView:

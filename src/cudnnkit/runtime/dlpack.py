@@ -32,15 +32,15 @@ _DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
 _DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
 
 _CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_new = ctypes.pythonapi.PyCapsule_New
-_new.restype = ctypes.py_object
-_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _CAPSULE_DESTRUCTOR]
-_valid = ctypes.pythonapi.PyCapsule_IsValid
-_valid.restype = ctypes.c_int
-_valid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_pointer.restype = ctypes.c_void_p
-_pointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+# private prototypes over the C API (``ctypes.pythonapi``'s function objects are shared by every module in the
+# process: setting their argtypes would change them for other libraries, and theirs for us)
+_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, _CAPSULE_DESTRUCTOR)(
+    ("PyCapsule_New", ctypes.pythonapi)
+)
+_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", ctypes.pythonapi))
+_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
 
 #: manager_ctx -> what one exported tensor keeps alive (its ctypes structures and the memory's owner)
 _alive: dict[int, tuple] = {}

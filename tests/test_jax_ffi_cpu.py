@@ -117,3 +117,15 @@ def test_the_metadata_query_is_answered_with_the_version_and_traits():
         assert (md.api_version.major_version, md.api_version.minor_version) == (_ffi._API_MAJOR, _ffi._API_MINOR)
         assert md.traits == (1 if cb else 0)
     assert calls == []
+
+
+def test_a_stream_query_xla_refuses_is_reported_and_its_error_destroyed():
+    """A handler that asks for a stream where XLA has none (the CPU platform): XLA's error object is destroyed
+    (XLA_FFI_Error_Destroy with its args struct: a wrong call would crash here) and ours comes back instead."""
+    calls = []
+    h = _ffi.register("cudnnkit_test_stream", _ffi.Handler(calls.append, platform="cpu"))
+    h.platform = "CUDA"  # as a CUDA handler would ask
+    f = jax.ffi.ffi_call("cudnnkit_test_stream", jax.ShapeDtypeStruct((2,), jnp.float32))
+    with pytest.raises(Exception, match=r"XLA_FFI_Stream_Get failed"):
+        jax.block_until_ready(f(jnp.zeros(2, jnp.float32)))
+    assert calls == []

@@ -135,6 +135,10 @@ class _ErrorCreateArgs(ctypes.Structure):
                 ("errc", ctypes.c_int)]  # fmt: skip
 
 
+class _ErrorDestroyArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", _EXT), ("error", _VP)]
+
+
 class _StreamGetArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", _EXT), ("ctx", _VP), ("stream", _VP)]
 
@@ -275,7 +279,9 @@ def _buffers(lst: Any, what: str, device: int | None) -> list[Buffer]:
 def _stream(frame: Any) -> int:
     args = _StreamGetArgs(ctypes.sizeof(_StreamGetArgs), None, frame.ctx, None)
     err = frame.api.contents.Stream_Get(ctypes.byref(args))
-    if err:
+    if err:  # XLA's error object is ours to destroy (XLA_FFI_Error_Destroy takes its args struct); report our own
+        destroy = ctypes.CFUNCTYPE(None, ctypes.POINTER(_ErrorDestroyArgs))(frame.api.contents.Error_Destroy)
+        destroy(ctypes.byref(_ErrorDestroyArgs(ctypes.sizeof(_ErrorDestroyArgs), None, err)))
         raise RuntimeError("XLA_FFI_Stream_Get failed: this handler is registered for a platform without streams")
     return args.stream or 0
 
@@ -326,7 +332,10 @@ class Handler:
             self.fn(call)
             return None
         except BaseException as e:  # noqa: BLE001  (every exception goes back to XLA as an error, none escapes)
-            return _error(api, e)
+            try:
+                return _error(api, e)
+            except BaseException:  # reporting failed too: a plain error, never NULL (which XLA reads as success)
+                return _error(api, RuntimeError("an error the handler could not describe"))
 
 
 def _error(api: Any, e: BaseException) -> int | None:

@@ -246,3 +246,23 @@ def test_a_forward_that_makes_other_residuals_than_its_meta_is_refused():
         jax.block_until_ready(
             jax.grad(lambda a: _ops.JaxOp(bad, NumpyRunner(), "cudnnkit_jaxtest")(a).sum())(jnp.ones((1, 2, 2, 2)))
         )
+
+
+def test_inside_lax_scan_and_jax_checkpoint():
+    """The op as a scan body and under jax.checkpoint (rematerialized in the backward): values and gradients
+    equal to the plain calls'."""
+    x, w = _args(7)
+    xs = jnp.stack([x, 2 * x, 3 * x])
+
+    def body(c, xi):
+        y, s = J(xi, w, None, scale=0.5)
+        return c + s.sum(), y
+
+    total, ys = jax.lax.scan(body, 0.0, xs)
+    np.testing.assert_allclose(np.asarray(ys), np.asarray(xs * w * 0.5))
+    np.testing.assert_allclose(float(total), float((xs * w).sum()))
+    plain = jax.grad(lambda a: (J(a, w, None)[0] ** 2).sum())(x)
+    remat = jax.grad(lambda a: (jax.checkpoint(lambda b: J(b, w, None)[0])(a) ** 2).sum())(x)
+    np.testing.assert_allclose(np.asarray(remat), np.asarray(plain), rtol=1e-12)
+    g_scan = jax.grad(lambda a: jax.lax.scan(body, 0.0, jnp.stack([a, a]))[0])(x)
+    np.testing.assert_allclose(np.asarray(g_scan), 2 * np.asarray(w), rtol=1e-12)

@@ -12,9 +12,6 @@ tests/l3/*.py:
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 import numpy as np
 import pytest
 
@@ -26,16 +23,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 
-def _tables() -> tuple[dict, dict]:
-    samples, refs = {}, {}
-    for m in pkgutil.iter_modules(l3.__path__):
-        mod = importlib.import_module(f"tests.l3.{m.name}")
-        samples.update(getattr(mod, "SAMPLES", {}))
-        refs.update(getattr(mod, "TORCH_REFERENCE", {}))
-    return samples, refs
-
-
-SAMPLES, REFS = _tables()
+SAMPLES, REFS = l3.tables()
 NAMES = sorted(autograd.functions())
 CASES = [(n, i) for n in NAMES for i in range(len(SAMPLES[n](np.random.default_rng(0), "float64")))] if SAMPLES else []
 

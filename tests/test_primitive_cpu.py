@@ -212,6 +212,38 @@ def test_express_path_skips_the_checks_and_passes_this_calls_pointers():
             _express.entries.clear()
 
 
+def test_express_signature_keys_keyword_types_and_tuples_and_keeps_pointer_order():
+    """The signature's keyword part tells ``1``, ``1.0`` and ``True`` apart (equal and alike-hashing values of
+    other types resolve differently), keeps a tuple's element types, takes an object by identity, and lists the
+    operands' pointers before the ``out=`` arrays' (what ``_fire`` indexes by)."""
+    from cudnnkit.ops import _express
+    from cudnnkit.runtime import adapters
+
+    class Arr:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    adapters.KEYED[Arr] = lambda a: (("arr", (2, 3)), a.ptr, None)
+    try:
+        p = P.Primitive("toy_sig", inputs=(P.Operand("x", FLOATS),), outputs=(P.Output("out", like="x"),),
+                        legacy=lambda c: None, resolve=lambda v, k: (), describe=lambda r: None)  # fmt: skip
+
+        def sig(**kw):
+            return _express.signature(p, {"x": Arr(0x1000)}, kw)
+
+        keys = {sig(k=v)[0] for v in (1, 1.0, True)}
+        assert len(keys) == 3
+        assert sig(k=(1, 2))[0] != sig(k=(1.0, 2))[0] and sig(k=(1, 2))[0] == sig(k=(1, 2))[0]
+        state = object()
+        key, ptrs, objs = sig(k=1, out=Arr(0x2000), state=state)
+        assert ptrs == [0x1000, 0x2000] and objs == [state]
+        assert key == sig(k=1, out=Arr(0x3000), state=state)[0]  # another out pointer, the same signature
+        assert key != sig(k=1, out=Arr(0x2000), state=object())[0]
+        assert sig(k=1)[0] != sig(j=1)[0]  # the keyword's name is part of it
+    finally:
+        adapters.KEYED.pop(Arr, None)
+
+
 def test_rnn_is_declared_and_runs_through_the_registry():
     """The RNN keeps its own sequence (``Primitive.runner``) but is declared like every op: operands, the ``out=``
     output, what it returns after it, residuals and backward; calling the primitive calls the function."""

@@ -233,6 +233,18 @@ def test_settings_call_changes_nothing_until_with_and_applies_over_the_settings_
     assert prefer() == prefer() == "legacy" and current_settings().prefer == base.prefer
 
 
+def test_settings_hash_is_cached_and_a_pickled_copy_hashes_again():
+    """Every op call's cache key holds the settings, so their hash is computed once; a copy made by pickling
+    (another process) computes its own instead of carrying this process's string hashes."""
+    import pickle
+
+    s = cudnnkit.Settings(deterministic=True, autotune="exhaustive")
+    assert hash(s) == hash(cudnnkit.Settings(deterministic=True, autotune="exhaustive"))
+    assert s != cudnnkit.Settings() and hash(s) != hash(cudnnkit.Settings())
+    copy = pickle.loads(pickle.dumps(s))
+    assert copy == s and hash(copy) == hash(s.key())
+
+
 def test_settings_key_changes_with_each_field():
     keys = {current_settings().key()}
     for kw in (

@@ -59,15 +59,19 @@ def info() -> dict[str, int]:
 def signature(p: Any, arrays: Any, kwargs: Any) -> tuple[tuple, list[int], list[Any]] | None:
     """``(key, pointers, objects)`` of one call of primitive ``p``, or None when it cannot be express.
 
-    ``key`` is hashable; ``pointers`` are the data pointers of the present operands (``p``'s order) then of
-    the ``out=`` arrays (keyword order); ``objects`` the keyword values taken by identity."""
+    ``key`` is hashable for plain keyword values (an unhashable one surfaces as ``TypeError`` at the lookup,
+    where :func:`~cudnnkit.ops._primitive.run` takes the full sequence); ``pointers`` are the data pointers of the
+    present operands (``p``'s order) then of the ``out=`` arrays (keyword order); ``objects`` the keyword values
+    taken by identity.
+
+    The per-call host cost is the point of this function (it runs on every call): the keywords go in as three
+    tuples built in C (names, values, their types: ``1``, ``1.0`` and ``True`` are equal and hash alike), and
+    only a call with a non-plain value (an array, a tuple, a state object) walks them in Python."""
     if not _on[0]:
         return None
     keyed = adapters.KEYED
-    # the settings decide the path (prefer) and what a call resolves to (allow_tf32, deterministic, ...)
-    parts: list[Any] = [p.name, current_settings()]
     ptrs: list[int] = []
-    objs: list[Any] = []
+    parts: list[Any] = [p.name, current_settings()]  # the settings decide the path and what a call resolves to
     for name in p._names:
         a = arrays.get(name)
         if a is None:
@@ -81,27 +85,30 @@ def signature(p: Any, arrays: Any, kwargs: Any) -> tuple[tuple, list[int], list[
             return None
         parts.append(got[0])
         ptrs.append(got[1])
-    outs = p._outnames
-    for k, v in kwargs.items():
-        t = type(v)
-        if t in _SIMPLE:
-            parts.append((k, t, v))
-        elif k in outs:
-            key = keyed.get(t)
-            got = key(v) if key is not None else None
-            if got is None:
-                return None
-            parts.append((k, got[0]))
-            ptrs.append(got[1])
-        elif t is tuple and all(type(x) in _SIMPLE for x in v):
-            parts.append((k, t, v, tuple(map(type, v))))
-        else:
-            parts.append((k, id(v)))
-            objs.append(v)
-    try:
-        hash(tuple(parts))
-    except TypeError:
-        return None
+    vals = tuple(kwargs.values())
+    types = tuple(map(type, vals))
+    objs: list[Any] = []
+    if not _SIMPLE.issuperset(types):
+        outs = p._outnames
+        fixed = list(vals)
+        for i, (k, v) in enumerate(kwargs.items()):
+            t = types[i]
+            if t in _SIMPLE:
+                continue
+            if k in outs:
+                key = keyed.get(t)
+                got = key(v) if key is not None else None
+                if got is None:
+                    return None
+                fixed[i] = got[0]
+                ptrs.append(got[1])
+            elif t is tuple and _SIMPLE.issuperset(map(type, v)):
+                fixed[i] = (v, tuple(map(type, v)))
+            else:
+                fixed[i] = id(v)
+                objs.append(v)
+        vals = tuple(fixed)
+    parts += (tuple(kwargs), vals, types)
     return tuple(parts), ptrs, objs
 
 
@@ -139,6 +146,8 @@ class Entry:
     index: dict = None  # type: ignore[assignment]
     #: a hit may take the pointer-only graph path (``_primitive._fire_graph``): a shaped call on the graph path
     fast: bool = False
+    #: what ``last_path()`` reads after a legacy hit: ``(primitive name, "legacy")``
+    last: tuple = ()
 
     def __post_init__(self) -> None:
         self.index = {v[0]: i for i, v in enumerate(self.views)}

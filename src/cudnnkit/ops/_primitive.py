@@ -114,7 +114,7 @@ class Output:
     dtype: Callable[[Any], str] | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """What a primitive's legacy call gets: ``launch`` (device, stream, handle), ``views`` (operand name ->
     :class:`~cudnnkit.runtime.ArrayView` in the call's layout; outputs under their ``Output.name``),
@@ -648,7 +648,9 @@ def _as_given(views: Mapping[str, Any], arrays: Mapping[str, Any]) -> bool:
 
 def _remember(sig: Any, launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Call,
               shaped: bool, outs: Mapping[str, Any] | None = None) -> None:  # fmt: skip
-    _express.entries.put(sig[0], _express.entry_from(launch, views, given, new, call, shaped, sig[2], outs))
+    e = _express.entry_from(launch, views, given, new, call, shaped, sig[2], outs)
+    e.last = (sig[0][0], "legacy")  # the signature starts with the primitive's name
+    _express.entries.put(sig[0], e)
 
 
 def _remember_outputs(p: Primitive, sig: Any, launch: Any, views: dict[str, Any], kwargs: Mapping[str, Any],
@@ -680,13 +682,16 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
             arr = new[name] = vad.empty(shape, dtype, dev, strides)
             got[name] = vad.key(arr)[1]
         call_ptrs = [ptrs[index[n]] if n in index else got[n] for n in order]
-        if any(q & 15 for q in call_ptrs):
+        low = 0
+        for q in call_ptrs:
+            low |= q
+        if low & 15:
             return MISSING
         stream = ad.current_stream(dev)
         ws = None
         ws_ptr = 0
         if plan.workspace_size:
-            ws = ad.empty((plan.workspace_size,), "uint8", dev, None, stream)
+            ws = ad.empty((plan.workspace_size,), "uint8", dev)  # on the current stream, just read
             ws_ptr = ad.key(ws)[1]
     except MemoryError:
         return MISSING
@@ -705,7 +710,8 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
 
 def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Any:
     """A call on the express path (:mod:`cudnnkit.ops._express`): entry ``e``'s templates with this call's
-    pointers, its new outputs allocated, then ``check_plan`` and the legacy call, as :func:`run` makes them."""
+    pointers, its new outputs allocated, then ``check_plan`` and the form the first call took, as :func:`run`
+    makes them (the legacy call directly: its router decision is the entry's)."""
     if e.fast:
         got = _fire_graph(p, e, ptrs, kwargs)
         if got is not MISSING:
@@ -720,7 +726,7 @@ def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwar
         if i == n_in:
             views = dict(operands)  # the given outputs join the call's views, not the operands check_plan sees
         views[name] = ArrayView(shape, strides, dtype, dev, ptrs[i], arrays[name] if i < n_in else kwargs[name], vad)
-    call = Call(launch, operands, e.resolved, e.desc, e.description, e.alpha, e.beta, e.blends, arrays=arrays)
+    call = Call(launch, operands, e.resolved, e.desc, e.description, e.alpha, e.beta, e.blends, {}, arrays)
     if p.check_plan is not None and not e.shaped:
         p.check_plan(call)
     results = {}
@@ -741,10 +747,19 @@ def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwar
         call.extra["graph_key"] = e.graph_key
         if e.graph_form is not None:
             call.extra["graph_form"] = e.graph_form
-    _launch_form(p, call, e.path, e.graph_key)
+        _launch_form(p, call, e.path, e.graph_key)
+    else:
+        if _multi_device(ad) and ad.current_device() != dev:
+            with ad.device_guard(dev):
+                p.legacy(call)  # type: ignore[misc]
+        else:
+            p.legacy(call)  # type: ignore[misc]
+        _last.path = e.last
     if not p.outputs:
         return arrays[p.returns or p.inputs[0].name]
     if e.shaped:  # the extras, if any, are what the form made again (graph forms: see _run_shaped)
         got = [results.get(o.name) for o in p.outputs] + [call.extra.get(n) for n in p.extras]
         return got[0] if len(got) == 1 else tuple(got)
+    if not p.extras and len(p.outputs) == 1:
+        return results.get(p.outputs[0].name)
     return _returned(p, results, call.extra)

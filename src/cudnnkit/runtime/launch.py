@@ -48,7 +48,7 @@ def _describe_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-@dataclass
+@dataclass(slots=True)
 class Launch:
     device: int
     adapter: Any  # allocates outputs; None for arrays of a library without an adapter

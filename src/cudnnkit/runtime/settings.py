@@ -52,6 +52,14 @@ class Settings:
         for name, allowed in (("autotune", _AUTOTUNE), ("heuristic_mode", _HEUR), ("prefer", _PREFER)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"settings: {name} must be one of {allowed}, got {getattr(self, name)!r}")
+        # every op call's cache key holds the settings: hash them once (the generated hash re-hashed all fields)
+        object.__setattr__(self, "_hash", hash(self.key()))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> tuple:  # a copy in another process hashes its own strings again
+        return (type(self), self.key())
 
     def key(self) -> tuple:
         """A hashable key of every field, for plan and algorithm caches."""

@@ -27,6 +27,7 @@ for _n in ("float8_e4m3fn", "float8_e5m2"):
 
 
 _FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
+_DEVICES: dict[int, torch.device] = {}
 
 # torch's raw current-stream query (what Triton uses): an int, without building a Stream object
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -94,8 +95,13 @@ class TorchAdapter(ArrayAdapter):
         return _TO_TORCH[canonical(dtype)]
 
     def empty(self, shape, dtype: str, device: int, strides=None, stream: int | None = None) -> torch.Tensor:
-        dev = torch.device("cuda", device)
-        td = self.torch_dtype(dtype)
+        # every op call allocates its outputs here: the device object is made once per ordinal
+        dev = _DEVICES.get(device)
+        if dev is None:
+            dev = _DEVICES[device] = torch.device("cuda", device)
+        td = _TO_TORCH.get(dtype)
+        if td is None:
+            td = self.torch_dtype(dtype)
         try:
             if stream is not None and stream != self.current_stream(device):
                 with torch.cuda.stream(_torch_stream(stream, dev)):

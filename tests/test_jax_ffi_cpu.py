@@ -129,3 +129,54 @@ def test_a_stream_query_xla_refuses_is_reported_and_its_error_destroyed():
     with pytest.raises(Exception, match=r"XLA_FFI_Stream_Get failed"):
         jax.block_until_ready(f(jnp.zeros(2, jnp.float32)))
     assert calls == []
+
+
+def _checks(call: _ffi.Call) -> None:
+    """A handler whose cudnnkit call refuses its argument (a bad alpha: a TypeError raised by cudnnkit's checks)."""
+    from cudnnkit.runtime.dtypes import check_scalar
+
+    check_scalar("two", "alpha")
+
+
+_ffi.register("cudnnkit_test_checks", _ffi.Handler(_checks, platform="cpu"))
+
+
+def test_the_error_says_where_it_was_raised_and_the_log_has_the_traceback(caplog):
+    """The traceback cannot cross XLA: the message names the innermost cudnnkit frame (file:line in function) and
+    the cudnnkit logger has the whole traceback at debug level, naming the target."""
+    import logging
+    import re
+    from pathlib import Path
+
+    from cudnnkit.runtime import dtypes
+
+    f = jax.ffi.ffi_call("cudnnkit_test_checks", jax.ShapeDtypeStruct((2,), jnp.float32))
+    with caplog.at_level(logging.DEBUG, logger="cudnnkit"), pytest.raises(Exception) as e:
+        jax.block_until_ready(f(jnp.zeros(2, jnp.float32)))
+    msg = str(e.value)
+    assert "cudnnkit: TypeError: alpha must be a real number" in msg
+    m = re.search(r"\(at cudnnkit/runtime/dtypes\.py:(\d+) in (\w+)\)", msg)
+    assert m, msg
+    line = Path(dtypes.__file__).read_text().splitlines()[int(m.group(1)) - 1]
+    assert "raise TypeError" in line, line  # the line that raised
+    logged = [r for r in caplog.records if r.name == "cudnnkit" and "cudnnkit_test_checks" in r.getMessage()]
+    assert logged and logged[0].levelno == logging.DEBUG and logged[0].exc_info is not None
+    text = caplog.text
+    assert "Traceback" in text and "_checks" in text and "check_scalar" in text
+
+
+def test_where_skips_the_bindings_status_checker():
+    """A cuDNN status is raised by the bindings' checker (cudnnkit/lib/errors.py): the cudnnkit frame that made
+    the call is named (a stride-0 dim of size 2: cuDNN's BAD_PARAM, on the CPU too)."""
+    from cudnnkit.lib import CudnnError
+    from cudnnkit.runtime.descriptors import tensor_descriptor
+
+    with pytest.raises(CudnnError) as e:
+        tensor_descriptor("float32", (2, 3), (0, 0))
+    frames = [f.f_code.co_filename for f, _ in __import__("traceback").walk_tb(e.value.__traceback__)]
+    assert any(p.endswith("lib/errors.py") for p in frames)  # raised in the bindings' checker
+    assert _ffi.where(e.value).startswith("cudnnkit/runtime/descriptors.py:")
+    try:
+        raise ValueError("outside")
+    except ValueError as err:
+        assert _ffi.where(err) is None  # no cudnnkit frame at all

@@ -19,7 +19,7 @@ jax.config.update("jax_enable_x64", True)
 from cudnnkit.jax import _ops  # noqa: E402
 from cudnnkit.ops._diff import Differentiable, Spec, new_like  # noqa: E402
 
-_NP = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64}
+_NP = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "uint8": np.uint8}
 
 
 @pytest.fixture(autouse=True)
@@ -266,3 +266,56 @@ def test_inside_lax_scan_and_jax_checkpoint():
     np.testing.assert_allclose(np.asarray(remat), np.asarray(plain), rtol=1e-12)
     g_scan = jax.grad(lambda a: jax.lax.scan(body, 0.0, jnp.stack([a, a]))[0])(x)
     np.testing.assert_allclose(np.asarray(g_scan), 2 * np.asarray(w), rtol=1e-12)
+
+
+# ----------------------------------------------------------------- residuals: None ones, tracked ones
+
+LEDGER: set[int] = set()  # the addresses of the "reserves" the stand-in forward made (as the RNN's ledger)
+
+
+def _fwd_opt(x, m=None):
+    token = np.full(4, 7, np.uint8)  # a fresh residual the backward recognises by its address (the RNN's reserve)
+    LEDGER.add(token.__array_interface__["data"][0])
+    return (x * 2 if m is None else x * 2 + m,), {"x": x, "m": m, "token": token}
+
+
+def _meta_opt(x: Spec, m: Spec | None = None):
+    return (new_like(x),), {"x": x, "m": m, "token": Spec((4,), (1,), "uint8")}
+
+
+def _bwd_opt(res, douts, needs, *, residuals_copied=False):
+    assert list(res) == ["x", "m", "token"], list(res)  # the forward's names and order, an absent input's too
+    assert res["token"].tolist() == [7] * 4
+    if not residuals_copied and res["token"].__array_interface__["data"][0] not in LEDGER:
+        raise ValueError("token has been used already or does not come from the forward")  # the RNN's refusal
+    (dy,) = douts
+    return (dy * 2 if needs[0] else None, (dy if res["m"] is not None else None) if needs[1] else None)
+
+
+def _opt(name, **kw):
+    d = Differentiable(name, "softmax_forward", ("x", "m"), ("out",), _fwd_opt, _bwd_opt, _meta_opt, **kw)
+    return _ops.JaxOp(d, NumpyRunner(), namespace="cudnnkit_jaxtest")
+
+
+def test_an_absent_optional_inputs_residual_reaches_the_backward_as_none():
+    """Divisive normalization without means: its residual ``means`` is None, has no buffer, and the backward still
+    finds it under its name (it read ``res["means"]``: a KeyError on the GPU)."""
+    op = _opt("opt_tracked", tracked_residuals=("token",))
+    x = jnp.asarray(np.random.default_rng(8).standard_normal((3, 4)))
+    g = jax.jit(jax.grad(lambda a: op(a, None).sum()))(x)
+    np.testing.assert_allclose(np.asarray(g), 2.0)
+    gx, gm = jax.grad(lambda a, b: op(a, b).sum(), argnums=(0, 1))(x, x)  # with the optional input present
+    np.testing.assert_allclose(np.asarray(gx), 2.0)
+    np.testing.assert_allclose(np.asarray(gm), 1.0)
+
+
+def test_a_tracked_residual_is_a_copy_in_xla_and_the_backward_is_told():
+    """XLA keeps residuals in buffers of its own: a residual recognised by its address (the RNN's reserve) reaches
+    the backward at another one. A declaration with ``tracked_residuals`` gets ``residuals_copied=True``; one
+    without is refused by its own check, as the RNN was on the GPU."""
+    x = jnp.asarray(np.random.default_rng(9).standard_normal((3, 4)))
+    told = _opt("opt_told", tracked_residuals=("token",))
+    np.testing.assert_allclose(np.asarray(jax.grad(lambda a: told(a, None).sum())(x)), 2.0)
+    untold = _opt("opt_untold")
+    with pytest.raises(Exception, match="token has been used already or does not come from the forward"):
+        jax.block_until_ready(jax.grad(lambda a: untold(a, None).sum())(x))

@@ -185,7 +185,57 @@ def test_backward_passes_the_cotangents_and_keeps_the_reserve(monkeypatch):
     assert grads == ("dx", None, "dhx", None)
     assert got["args"] == ("x", "y", "dy", "w", "r", "hx", None, "dhy", None)
     assert got["kw"] == {"rnn": R.replace(gru, dropout=0.0), "layout": "batch_major", "seq_lengths": (3, 2),
-                         "keep_reserve": True}  # fmt: skip
+                         "keep_reserve": True, "trusted_reserve": False}  # fmt: skip
+    # an integration that copied the residuals (JAX) says so: the copy is passed as a trusted reserve
+    R._l3_backward(res, ("dy", None, None), (True,) * 4, rnn=gru, residuals_copied=True)
+    assert got["kw"]["keep_reserve"] is True and got["kw"]["trusted_reserve"] is True
+    with pytest.raises(TypeError, match="residuals_copied must be a bool"):
+        R._l3_backward(res, ("dy", None, None), (True,) * 4, rnn=gru, residuals_copied=1)
+
+
+def test_the_reserve_is_declared_tracked():
+    """The RNN's reserve is recognised by its address (the ledger): the declaration says so, so that an integration
+    that copies residuals (JAX) tells the backward (residuals_copied)."""
+    from cudnnkit.ops._diff import DIFFERENTIABLE
+
+    assert DIFFERENTIABLE["rnn"].tracked_residuals == ("reserve",)
+    assert all(d.tracked_residuals == () for n, d in DIFFERENTIABLE.items() if n != "rnn")
+
+
+def _reserve_view(n, ptr=0x7000, dtype="uint8"):
+    from cudnnkit.runtime.view import ArrayView
+
+    return ArrayView((n,), (1,), dtype, 0, ptr, None)
+
+
+def test_the_ledger_protects_eager_reserves_and_a_trusted_one_skips_it():
+    """rnn_backward's reserve checks (its helpers, which need no device): a reserve the ledger does not know (used
+    already, or a copy) is refused unless trusted; a trusted one still needs the right size and dtype; a trusted
+    reserve is not looked up (a freed tracked reserve's record at its address says nothing of it), and its use
+    still takes a record at its address, which the backward overwrites."""
+    from cudnnkit.ops._rnn_desc import _reserves
+
+    lstm = R.RNN("lstm", 4, 5, dtype="float64")
+    v = _reserve_view(96, ptr=0x7A000)
+    _reserves.add(0, v.ptr, 96, "standard", lstm)
+    try:
+        entry = R._reserve_entry(0, v, lstm, False)
+        assert entry == (96, "standard")
+        R._check_reserve(v, 96, entry, False)  # a training forward's, unused
+        assert R._reserve_entry(0, v, lstm, True) is None
+        _reserves.take(0, v.ptr)  # a backward used it
+        gone = R._reserve_entry(0, v, lstm, False)
+        with pytest.raises(ValueError, match="has been used by an rnn_backward already .* trusted_reserve=True"):
+            R._check_reserve(v, 96, gone, False)
+        copy = _reserve_view(96, ptr=0x7B000)  # XLA's buffer: an address no forward returned
+        with pytest.raises(ValueError, match="has been used by an rnn_backward already"):
+            R._check_reserve(copy, 96, R._reserve_entry(0, copy, lstm, False), False)
+        R._check_reserve(copy, 96, R._reserve_entry(0, copy, lstm, True), True)  # trusted: taken as the forward's
+        for bad in (_reserve_view(95, ptr=0x7B000), _reserve_view(96, ptr=0x7B000, dtype="int8")):
+            with pytest.raises(ValueError, match="reserve must be the uint8 array of 96 bytes"):
+                R._check_reserve(bad, 96, None, True)
+    finally:
+        _reserves.take(0, v.ptr)
 
 
 def test_the_torch_fake_forward_has_metas_outputs_and_reserve(sizes):

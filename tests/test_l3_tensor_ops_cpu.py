@@ -1,9 +1,11 @@
 """The L3 declarations of op_tensor, reduce_tensor and transform_tensor on the CPU: the registry, meta on the GPU
 samples (shapes against torch's CPU ops, layouts as the L2 ops allocate), the checks that come before any GPU
 work, and the gradients themselves: with the L2 calls the backward makes (op_tensor, reduce_tensor,
-transform_tensor, add_tensor, set_tensor) replaced by torch CPU stand-ins that run the real ops' resolve checks
-first, every sample's forward and backward are compared with torch autograd of the references, and the torch
-custom ops made from the declarations pass gradcheck and opcheck."""
+transform_tensor, add_tensor, set_tensor, activation_backward) and _diff's array helpers (window, host_values,
+from_host) replaced by torch CPU stand-ins that run the real ops' resolve checks first, every sample's forward and
+backward are compared with torch autograd of the references, and the torch custom ops made from the declarations
+pass gradcheck and opcheck. tests/test_l3_strict_cpu.py runs the same declarations on cudnnkit's own device arrays
+(no operators) through the real L2 sequence."""
 
 from __future__ import annotations
 
@@ -232,12 +234,44 @@ class StandIns:
         _float("y", y)
         return y.fill_(value)
 
+    def activation_backward(self, dy, y, x, mode="relu", *, out=None, alpha=1.0, beta=0.0):
+        """cudnnActivationBackward's ReLU (the mode the declarations use): ``alpha * dy * (x > 0) + beta * out``."""
+        self.calls.append("activation_backward")
+        assert mode == "relu" and y.shape == x.shape == dy.shape
+        got = dy * (x > 0) * alpha
+        if out is None:
+            return got.contiguous()
+        out.copy_(got + beta * out)
+        return out
+
+    def window(self, a, start, shape, name="array"):
+        self.calls.append("window")
+        return a[tuple(slice(b, b + n) for b, n in zip(start, shape))]
+
+    def host_values(self, a, name="array"):
+        self.calls.append("host_values")
+        return a.detach().to(torch.float64).numpy().copy()
+
+    def from_host(self, values, like, name="array"):
+        self.calls.append("from_host")
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64)).to(like.dtype)
+
 
 @pytest.fixture
 def l2(monkeypatch):
     fake = StandIns()
     for mod in (ar, tn):
-        for n in ("op_tensor", "reduce_tensor", "transform_tensor", "add_tensor", "set_tensor"):
+        for n in (
+            "op_tensor",
+            "reduce_tensor",
+            "transform_tensor",
+            "add_tensor",
+            "set_tensor",
+            "activation_backward",
+            "host_values",
+            "from_host",
+            "window",
+        ):
             if hasattr(mod, n):
                 monkeypatch.setattr(mod, n, getattr(fake, n))
     monkeypatch.setattr(tn, "as_view", lambda t, name="array": _tv(t))

@@ -13,7 +13,9 @@ Python function as such a handler:
   (the API version this handler speaks and its traits: ``command_buffer=True`` declares it safe to capture
   into a CUDA graph); the handler answers it without calling ``fn``. Only the EXECUTE stage calls ``fn``.
   A Python exception becomes an ``XLA_FFI_Error`` (``XLA_FFI_Error_Create``), which JAX raises as an
-  ``XlaRuntimeError`` carrying the exception's type and message: nothing crashes, nothing is lost.
+  ``XlaRuntimeError`` carrying the exception's type and message and where it was raised (the innermost frame in
+  cudnnkit's source, ``file:line in function``): nothing crashes. The Python traceback cannot cross XLA; the whole
+  of it is logged on the ``cudnnkit`` logger at DEBUG level, naming the FFI target.
 * :func:`register` -- ``register(name, handler, platform)``: ``jax.ffi.register_ffi_target(name,
   jax.ffi.pycapsule(pointer), platform=...)`` once per (name, platform); the handler is kept alive for the
   process (XLA holds only its address).
@@ -27,14 +29,21 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 
-__all__ = ["Buffer", "Call", "Handler", "register", "registered", "DTYPES", "FfiAbiError"]
+__all__ = ["Buffer", "Call", "Handler", "register", "registered", "where", "DTYPES", "FfiAbiError"]
+
+_log = logging.getLogger("cudnnkit")
+#: cudnnkit's package folder: a traceback frame in a file under it is cudnnkit's own
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIB = os.path.join(_PACKAGE, "lib")
 
 # ----------------------------------------------------------------- the C API (xla/ffi/api/c_api.h)
 
@@ -300,6 +309,8 @@ class Handler:
                  device: Callable[[], int] | None = None):  # fmt: skip
         self.fn, self.platform, self.command_buffer = fn, platform, bool(command_buffer)
         self._device = device
+        #: the FFI target's name, once :func:`register` ed (for the log)
+        self.name: str | None = None
         self.calls = 0  # executions (not the metadata query), counted without a lock: about right in threads
         self._c = _HANDLER(self._entry)  # kept alive with the handler: XLA holds only its address
 
@@ -333,16 +344,36 @@ class Handler:
             return None
         except BaseException as e:  # noqa: BLE001  (every exception goes back to XLA as an error, none escapes)
             try:
-                return _error(api, e)
+                return _error(api, e, self.name or getattr(self.fn, "__qualname__", "handler"))
             except BaseException:  # reporting failed too: a plain error, never NULL (which XLA reads as success)
-                return _error(api, RuntimeError("an error the handler could not describe"))
+                return _error(api, RuntimeError("an error the handler could not describe"), "handler")
 
 
-def _error(api: Any, e: BaseException) -> int | None:
+def where(e: BaseException) -> str | None:
+    """``cudnnkit/<file>:<line> in <function>``: the innermost frame of ``e``'s traceback in cudnnkit's own source
+    (where a cudnnkit check raised, or the cudnnkit line that called into the library that raised), frames of the
+    bindings (``cudnnkit/lib``: the status checker) skipped when another is cudnnkit's; ``None`` when no frame is
+    cudnnkit's."""
+    ours = [(path, line, frame.f_code.co_name) for frame, line in traceback.walk_tb(e.__traceback__)
+            if (path := os.path.abspath(frame.f_code.co_filename)).startswith(_PACKAGE + os.sep)]  # fmt: skip
+    if not ours:
+        return None
+    # a cuDNN status is raised by L0's one checker (cudnnkit/lib): the frame that made the call says more
+    above = [f for f in ours if not f[0].startswith(_LIB + os.sep)]
+    path, line, fn = (above or ours)[-1]
+    rel = os.path.relpath(path, os.path.dirname(_PACKAGE)).replace(os.sep, "/")
+    return f"{rel}:{line} in {fn}"
+
+
+def _error(api: Any, e: BaseException, target: str) -> int | None:
     code = _INVALID_ARGUMENT if isinstance(e, (TypeError, ValueError)) else _INTERNAL
     if isinstance(e, NotImplementedError):
         code = _UNIMPLEMENTED
-    msg = f"cudnnkit: {type(e).__name__}: {e}".encode("utf-8", "replace")
+    at = where(e)
+    # the traceback cannot cross XLA: the whole of it goes to the log (debug level), the innermost cudnnkit frame
+    # into the message
+    _log.debug("XLA FFI target %s raised %s: %s", target, type(e).__name__, e, exc_info=e)
+    msg = f"cudnnkit: {type(e).__name__}: {e}{f' (at {at})' if at else ''}".encode("utf-8", "replace")
     if not api:  # a frame too small to hold even the API table (no XLA makes one): nothing to report through
         logging.getLogger("cudnnkit").critical("an XLA FFI call frame without an API table: %s", msg.decode())
         return None
@@ -363,6 +394,7 @@ def register(name: str, handler: Handler) -> Handler:
         if got is not None:
             return got
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler.pointer), platform=handler.platform)
+        handler.name = name
         _registered[key] = handler
         return handler
 

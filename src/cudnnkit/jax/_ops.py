@@ -9,8 +9,10 @@ For a :class:`~cudnnkit.ops._diff.Differentiable` ``d`` named ``n``, :class:`Jax
   running statistics: JAX has no in-place update, so the op returns them) and the residuals that are not an
   input or an output, with the shapes and dtypes ``d.meta`` gives at trace time.
 * ``cudnnkit_n_backward``: the present residuals, then the cotangents of the outputs that carry one; ``kw`` adds
-  the residual names, which cotangents are present and which inputs need a gradient. Its results are those
-  gradients, each shaped like its input.
+  the residual names (those the forward gave as None too: ``d.backward`` gets the forward's residual dict, an
+  absent optional input's entry None), which cotangents are present and which inputs need a gradient. Its
+  results are those gradients, each shaped like its input. A declaration with ``tracked_residuals`` is told
+  (``residuals_copied=True``) that its residuals are XLA's copies, not the forward's arrays (the RNN's reserve).
 
 :meth:`JaxOp.__call__` is the JAX-level function: ``op(*inputs, **kw)`` returns the outputs (one array, or a
 tuple), then the new values of the mutated arrays when any were given, under ``jit``, ``grad`` and
@@ -219,11 +221,16 @@ class JaxOp:
             needs_full = [False] * len(d.inputs)
             for i, s in zip(in_idx, in_specs):
                 needs_full[i] = _floating(s.dtype)
-            names = tuple(k for k, v in res.items() if v is not None)
             _, res_specs, new = layout(specs)  # the fresh residuals' layouts, as the forward kept them
+            order = tuple(res_specs)  # meta's order (a pytree's dict comes back with its keys sorted)
+            names = tuple(k for k in order if res.get(k) is not None)
+            # a residual the forward gave as None (an absent optional input: divisive normalization's means) has no
+            # buffer; the backward still gets it, as None, so that it sees the forward's residual names
+            absent = tuple(k for k in order if res.get(k) is None)
             views = tuple((k, *_physical(res_specs[k])[1:]) for k in new if k in names)
-            bkw = dict(kwd, __views__=views, __res__=names, __douts__=tuple(present), __needs__=tuple(needs_full),
-                       __in__=in_idx, __arr__=arr_names, __settings__=settings_items)  # fmt: skip
+            bkw = dict(kwd, __views__=views, __res__=order, __absent__=absent, __douts__=tuple(present),
+                       __needs__=tuple(needs_full), __in__=in_idx, __arr__=arr_names,
+                       __settings__=settings_items)  # fmt: skip
             wanted = [s for i, s in zip(in_idx, in_specs) if needs_full[i]]
             grads: list[Any] = []
             if wanted and douts:
@@ -284,16 +291,20 @@ class JaxOp:
     def _backward(self, call: _ffi.Call) -> None:
         d, r = self.d, self.runner
         kwd = decode(call.attrs["kw"])
-        names, present, needs = kwd.pop("__res__"), kwd.pop("__douts__"), kwd.pop("__needs__")
+        order, absent = kwd.pop("__res__"), set(kwd.pop("__absent__", ()))
+        present, needs = kwd.pop("__douts__"), kwd.pop("__needs__")
         views = {k: (shape, strides) for k, shape, strides in kwd.pop("__views__")}
         kwd.pop("__in__"), kwd.pop("__arr__")
+        names = [k for k in order if k not in absent]  # the residuals with a buffer, in the arguments' order
         with r.scope(call), in_force(Settings(**dict(kwd.pop("__settings__", ())))):
-            res: dict[str, Any] = {
-                k: r.array(call, b, *views.get(k, ())) for k, b in zip(names, call.args[: len(names)])
-            }
+            got = {k: r.array(call, b, *views.get(k, ())) for k, b in zip(names, call.args[: len(names)])}
+            res: dict[str, Any] = {k: got.get(k) for k in order}  # the forward's names and order, None kept
             given = iter(call.args[len(names) :])
             douts = tuple(r.array(call, next(given)) if p else None for p in present)
-            grads = d.backward(res, douts, tuple(needs), **kwd)
+            # XLA keeps residuals in buffers of its own (a copy, at an address the forward never saw): an op whose
+            # backward recognises a residual by identity is told so explicitly
+            copied = {"residuals_copied": True} if d.tracked_residuals else {}
+            grads = d.backward(res, douts, tuple(needs), **kwd, **copied)
             dsts = iter(call.rets)
             for g, need in zip(grads, needs):
                 if not need:

@@ -21,8 +21,9 @@ packed arrays: inputs with other strides are copied to C order first, and a give
 float32 copies, and a reduction over size-1 dims only (BAD_PARAM) as one of a stacked copy.
 
 L3 (the end of this module): both are differentiable ops of the same names (``cudnnkit.autograd``, the torch custom
-ops ``cudnnkit::op_tensor``/``cudnnkit::reduce_tensor``), their backwards composed of these calls and tensor.py's,
-with the arrays' own operators where cuDNN has no op (comparisons, division).
+ops ``cudnnkit::op_tensor``/``cudnnkit::reduce_tensor``), their backwards composed of these calls, tensor.py's and
+cudnnActivationBackward's ReLU (the comparisons), never of an array library's operators; the gradients that divide
+(cuDNN has no division) are computed on the host.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from ..runtime.arrays import contiguous_strides
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import FLOATS, check_dtype, check_scalar, itemsize, nan_propagation, scaling_ref
 from ..runtime.view import ArrayView
-from ._diff import Differentiable, Spec, differentiable
+from ._diff import Differentiable, Spec, differentiable, from_host, host_values
 from ._primitive import Call, Operand, Output, Primitive, register, run
+from .activation import activation_backward
 from .tensor import add_tensor, set_tensor, transform_tensor
 
 __all__ = ["op_tensor", "reduce_tensor"]
@@ -401,7 +403,7 @@ REDUCE_TENSOR_OP = register(
         extras=("indices",),
         empty=lambda r: False,
         family="reduce_tensor",
-        differentiable=("a",),  # L3 "reduce_tensor": the backward is composed of L2 calls and array operators
+        differentiable=("a",),  # L3 "reduce_tensor": the backward is composed of L2 calls (and host arithmetic)
         residuals=("a", "out"),
     )
 )
@@ -428,10 +430,13 @@ def reduce_tensor(
 
 # ----------------------------------------------------------------- the L3 declarations
 #
-# cuDNN has no backward for either call: the gradients are composed of the L2 calls above and of tensor.py's
-# (transform_tensor to scale, add_tensor to broadcast, set_tensor for zeros). What cuDNN has no op for (comparisons,
-# division, bool masks) is done with the arrays' own operators (``a > b``, ``dc * mask``, ``dc / c``), which CuPy
-# arrays and torch tensors share; a bool mask times a float array keeps the float dtype in both.
+# cuDNN has no backward for either call: the gradients are composed of L2 calls -- the ones above, tensor.py's
+# (transform_tensor to scale and pad, add_tensor to broadcast, set_tensor for zeros) and activation_backward, whose
+# ReLU mode is the one comparison cuDNN has (:func:`_step`: ``dy`` where ``d > 0``, else 0). Never the arrays' own
+# operators: the arrays are whatever the L2 ops take, cudnnkit's own DeviceArray (inside an XLA handler) included,
+# which has none. cuDNN has no elementwise division at all: the gradients that divide (sqrt's ``dc / c``;
+# reduce_tensor's min, max and amax, shared among ties, norm2, mul and mul_no_zeros) are computed on the host in
+# float64 (_diff.host_values / from_host: the adapter protocol's to_numpy and from_numpy, which synchronize).
 
 
 def _view(s: Any) -> Any:
@@ -453,6 +458,20 @@ def _sum_to(g: Any, b: Any, s: float, fresh: bool = False) -> Any:
         return set_tensor(transform_tensor(b), 0.0)
     axes = tuple(i for i, (n, m) in enumerate(zip(g.shape, b.shape)) if n != m)
     return reduce_tensor(g, "add", axes=axes, alpha=s) if axes else _scaled(g, s, fresh)
+
+
+def _step(dy: Any, d: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0) -> Any:
+    """``alpha * (dy where d > 0, else 0) + beta * out`` (``dy`` and ``d`` of one shape): cudnnActivationBackward's
+    ReLU with ``d`` as both its x and its y (relu(d) > 0 exactly where d > 0; 0 at d == 0 and for a NaN)."""
+    return activation_backward(dy, d, d, "relu", out=out, alpha=alpha, beta=beta)
+
+
+def _signed(dy: Any, d: Any) -> Any:
+    """``sign(d) * dy`` (0 where d is 0): :func:`_step` of ``d`` minus :func:`_step` of ``-d``, blended into one
+    new array."""
+    s = _step(dy, d)
+    nd = transform_tensor(d, alpha=-1.0)
+    return _step(dy, nd, out=s, alpha=-1.0, beta=1.0)
 
 
 def _op_residuals(op: str, a: Any, b: Any, c: Any) -> dict[str, Any]:
@@ -481,9 +500,9 @@ def _op_l3_backward(res: Any, douts: Any, needs: Any, *, op: str = "add", alpha1
     * add: ``da = alpha1 dc`` (transform_tensor), ``db = alpha2 sum(dc)``;
     * mul: ``da = alpha1 alpha2 dc b`` (op_tensor mul, b broadcast), ``db = alpha1 alpha2 sum(dc a)``;
     * max (min): dc goes to the larger (smaller) of x and y, half to each where they are equal (torch.maximum's
-      and torch.minimum's rule); the masks are the arrays' comparisons (cuDNN has none), x and y transform_tensor
-      scalings, the sums op_tensor add and reduce_tensor;
-    * sqrt: ``da = alpha1 dc / (2 c)`` (the division by the arrays' operator: cuDNN's op_tensor has none);
+      and torch.minimum's rule): with ``s = sign(x - y) dc`` (op_tensor for x - y, b broadcast, then
+      :func:`_signed`), ``da = alpha1 (dc +- s) / 2`` and ``db = alpha2 sum((dc -+ s) / 2)`` (op_tensor adds);
+    * sqrt: ``da = alpha1 dc / (2 c)``, on the host (cuDNN has no division: :func:`~cudnnkit.ops._diff.host_values`);
     * not (``c = 1 - x``): ``da = -alpha1 dc``."""
     (dc,) = douts
     b = res.get("b")
@@ -499,17 +518,19 @@ def _op_l3_backward(res: Any, douts: Any, needs: Any, *, op: str = "add", alpha1
         da = op_tensor(dc, b, op="mul", alpha1=s) if need_a else None
         db = _sum_to(op_tensor(dc, res["a"], op="mul"), b, s, fresh=True) if need_b else None
     elif op in ("min", "max"):
-        a = res["a"]
-        x = a if alpha1 == 1 else _scaled(a, alpha1)
-        y = b if alpha2 == 1 else _scaled(b, alpha2)
-        wins_a, wins_b = (x > y, y > x) if op == "max" else (x < y, y < x)
-        tie = dc * (x == y)  # a's shape (dc's dtype)
+        # s = sign(x - y) dc: dc where x wins a max (loses a min), -dc where y does, 0 at a tie
+        s = _signed(dc, op_tensor(res["a"], b, op="add", alpha1=alpha1, alpha2=-alpha2))
+        sgn = 1.0 if op == "max" else -1.0
         if need_a:
-            da = op_tensor(dc * wins_a, tie, op="add", alpha1=alpha1, alpha2=0.5 * alpha1)
+            da = op_tensor(dc, s, op="add", alpha1=0.5 * alpha1, alpha2=sgn * 0.5 * alpha1)
         if need_b:
-            db = _sum_to(op_tensor(dc * wins_b, tie, op="add", alpha2=0.5), b, alpha2, fresh=True)
+            db = _sum_to(op_tensor(dc, s, op="add", alpha1=0.5, alpha2=-sgn * 0.5), b, alpha2, fresh=True)
     elif op == "sqrt":
-        da = _scaled(dc / res["out"], 0.5 * alpha1, fresh=True)
+        import numpy as np
+
+        g, c = host_values(dc, "dc"), host_values(res["out"], "out")
+        with np.errstate(divide="ignore", invalid="ignore"):  # c == 0: inf or NaN, as torch.sqrt's gradient
+            da = from_host(0.5 * alpha1 * g / c, dc, "dc")
     else:  # not
         da = _scaled(dc, -alpha1)
     return (da if need_a else None, db)
@@ -532,9 +553,10 @@ OP_TENSOR_L3 = differentiable(
                    doc="""c = op(alpha1 * a, alpha2 * b) (add, mul, min, max; b broadcast: each of its dims a's or
 1) or op(alpha1 * a) (sqrt, not = 1 - x; b None); a and b of one float dtype, 1 to 5 dims; c a's shape and dtype,
 C-contiguous. Forward: one cudnnOpTensor (op_tensor). Backward: cudnnOpTensor, cudnnReduceTensor (the sums over b's
-broadcast dims) and cudnnTransformTensor (scalings) calls; min/max route dc by the arrays' comparisons (half to each
-at ties, as torch.maximum/minimum), sqrt divides by c with the arrays' operator. Residuals: add b; mul, min, max a
-and b; sqrt out; not a (for its device only).""")
+broadcast dims) and cudnnTransformTensor (scalings) calls; min/max route dc by the sign of x - y
+(cudnnActivationBackward's ReLU: half to each at ties, as torch.maximum/minimum); sqrt divides by c on the host
+(cuDNN has no division; synchronizes). Residuals: add b; mul, min, max a and b; sqrt out; not a (for its device
+only).""")
 )  # fmt: skip
 
 
@@ -584,17 +606,16 @@ def _reduce_l3_forward(a: Any, *, op: str = "add", axes: int | Sequence[int] | N
 
 def _reduce_l3_backward(res: Any, douts: Any, needs: Any, *, op: str = "add",
                         axes: int | Sequence[int] | None = None, propagate_nan: bool = False) -> tuple:  # fmt: skip
-    """da (a's shape; c and dc broadcast over the reduced dims by the arrays' operators where a mask or a
-    division is needed, by :func:`_broadcast` otherwise):
+    """da (a's shape):
 
-    * add: dc broadcast; avg: dc / n broadcast (n the reduced count);
-    * norm1: ``sign(a) dc``; norm2: ``a dc / c`` (0 where c is 0, as torch's norm);
-    * max, min: dc shared evenly among the elements equal to c (torch.amax's and amin's rule; the count by a
-      reduce_tensor add); amax (the largest ``|a|``): the same times ``sign(a)``;
-    * mul: torch.prod's gradient, zeros included: ``dc c / a`` in a slice without zeros; with one zero, the
-      product of the others at the zero (a reduce_tensor mul of a with its zeros as 1) and 0 elsewhere; with
-      more, 0 (the zeros counted by a reduce_tensor add);
-    * mul_no_zeros (the product of the non-zero values): ``dc c / a`` at the non-zero values, 0 at the zeros."""
+    * add: dc broadcast (:func:`_broadcast`: transform_tensor and add_tensor); avg: dc / n broadcast (n the
+      reduced count); norm1: ``sign(a) dc`` broadcast (:func:`_signed`, cudnnActivationBackward);
+    * on the host (float64; cuDNN has no division), with c and dc broadcast over the reduced dims: norm2
+      ``a dc / c`` (0 where c is 0, as torch's norm); max, min: dc shared evenly among the elements equal to c
+      (torch.amax's and amin's rule); amax (the largest ``|a|``): the same times ``sign(a)``; mul: torch.prod's
+      gradient, zeros included: ``dc c / a`` in a slice without zeros; with one zero, the product of the others at
+      the zero and 0 elsewhere; with more, 0; mul_no_zeros (the product of the non-zero values): ``dc c / a`` at
+      the non-zero values, 0 at the zeros."""
     (dc,) = douts
     if dc is None or not needs[0]:
         return (None,)
@@ -603,20 +624,31 @@ def _reduce_l3_backward(res: Any, douts: Any, needs: Any, *, op: str = "add",
         n = math.prod(a.shape) // math.prod(dc.shape)
         return (_broadcast(dc, a, 1.0 if op == "add" else 1.0 / n),)
     if op == "norm1":
-        return (dc * (a > 0) - dc * (a < 0),)
-    if op == "norm2":
-        return (a * (dc / (c + (c == 0))),)
-    if op in ("min", "max", "amax"):
-        m = (abs(a) if op == "amax" else a) == c
-        q = dc / reduce_tensor(set_tensor(transform_tensor(a), 0.0) + m, "add", axes=axes)  # dc / the count
-        return (q * m,) if op != "amax" else (q * (m & (a > 0)) - q * (m & (a < 0)),)
-    z = a == 0
-    a1 = a + z  # the zeros as 1
-    if op == "mul_no_zeros":
-        return (dc * (c / a1) * ~z,)
-    zeros = reduce_tensor(set_tensor(transform_tensor(a), 0.0) + z, "add", axes=axes)  # the count per slice
-    others = reduce_tensor(a1, "mul", axes=axes)  # the product of the non-zero values
-    return (dc * (c / a1 + others * (z & (zeros == 1))),)
+        return (_signed(_broadcast(dc, a, 1.0), a),)
+    return (from_host(_reduce_gradient(op, host_values(a, "a"), host_values(c, "out"), host_values(dc, "dc")), a,
+                      "a"),)  # fmt: skip
+
+
+def _reduce_gradient(op: str, a: Any, c: Any, dc: Any) -> Any:
+    """:func:`_reduce_l3_backward`'s host formulas, on float64 NumPy arrays (``c`` and ``dc``: a's rank, 1 on the
+    reduced dims, broadcast by NumPy)."""
+    import numpy as np
+
+    axes = tuple(i for i, m in enumerate(dc.shape) if m == 1)  # the reduced dims (and a's size-1 ones: no matter)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if op == "norm2":
+            return a * (dc / np.where(c == 0, 1.0, c))
+        if op in ("min", "max", "amax"):
+            m = (np.abs(a) if op == "amax" else a) == c
+            q = dc / m.sum(axis=axes, keepdims=True)  # dc / the count of ties
+            return q * m * (np.sign(a) if op == "amax" else 1.0)
+        z = a == 0
+        a1 = np.where(z, 1.0, a)  # the zeros as 1
+        if op == "mul_no_zeros":
+            return dc * (c / a1) * ~z
+        zeros = z.sum(axis=axes, keepdims=True)  # the count per slice
+        others = np.prod(a1, axis=axes, keepdims=True)  # the product of the non-zero values
+        return dc * (c / a1 + others * (z & (zeros == 1)))
 
 
 def _reduce_l3_meta(a: Spec, *, op: str = "add", axes: int | Sequence[int] | None = None,
@@ -634,8 +666,9 @@ REDUCE_TENSOR_L3 = differentiable(
                    _reduce_l3_meta,
                    doc="""c = reduce(a) over axes (default: all), keeping a's rank with 1 on the reduced dims (a's
 float dtype, 1 to 8 dims, C-contiguous), for op in add, mul, min, max, amax, avg, norm1, norm2, mul_no_zeros: one
-cudnnReduceTensor (reduce_tensor; no indices output). The backward broadcasts dc with cudnnAddTensor (add, avg)
-or with the arrays' operators, masks (max, min, amax: shared evenly among ties, as torch.amax) and signs by the
-arrays' comparisons, counts and products by cudnnReduceTensor (see _reduce_l3_backward); mul's gradient is
-torch.prod's, zeros included. Residuals: a, and out for mul, mul_no_zeros, min, max, amax and norm2.""")
+cudnnReduceTensor (reduce_tensor; no indices output). The backward broadcasts dc with cudnnAddTensor (add, avg;
+norm1 then signs it with cudnnActivationBackward); the gradients that divide are computed on the host in float64
+(cuDNN has no division; synchronizes): max, min, amax (shared evenly among ties, as torch.amax), norm2, and mul
+(torch.prod's gradient, zeros included) and mul_no_zeros (see _reduce_l3_backward). Residuals: a, and out for mul,
+mul_no_zeros, min, max, amax and norm2.""")
 )  # fmt: skip

@@ -708,6 +708,30 @@ def _forward_call(
     return reserve, rs_ptr, rs_bytes
 
 
+def _reserve_entry(device: int, vr: Any, rnn: RNN, trusted: bool) -> tuple[int, str] | None:
+    """The ledger's record (bytes, algorithm) of the reserve viewed by ``vr``, None when it has none. A trusted
+    reserve (``rnn_backward(trusted_reserve=True)``) is not looked up: its address may be a freed tracked
+    reserve's, whose record says nothing of it."""
+    return None if trusted else _reserves.entry(device, vr.ptr, rnn)
+
+
+def _check_reserve(vr: Any, rs_bytes: int, entry: tuple[int, str] | None, trusted: bool) -> None:
+    """``ValueError`` unless ``vr`` is a reserve a backward of ``rs_bytes`` may use: a packed uint8 array of that
+    size, and (unless ``trusted``) one the ledger records as a training forward's, unused, of that size."""
+    if vr.dtype != "uint8" or vr.shape != (rs_bytes,) or not vr.is_contiguous():
+        raise ValueError(
+            f"reserve must be the uint8 array of {rs_bytes} bytes a training rnn_forward returned for "
+            f"these shapes, got {vr.dtype} {vr.shape}"
+        )
+    if not trusted and (entry is None or entry[0] != rs_bytes):
+        raise ValueError(
+            "reserve has been used by an rnn_backward already (cuDNN's backward overwrites the reserve "
+            "space) or does not come from a training rnn_forward: run the training forward again, or "
+            "pass keep_reserve=True to every backward but the last (a framework that copies the reserve "
+            "into memory of its own passes trusted_reserve=True)"
+        )
+
+
 def rnn_backward(
     x: Any,
     y: Any,
@@ -725,6 +749,7 @@ def rnn_backward(
     dw: Any = None,
     accumulate: bool = False,
     keep_reserve: bool = False,
+    trusted_reserve: bool = False,
     stream: Any = None,
 ) -> tuple[Any, Any, Any, Any]:
     """Gradients of a training :func:`rnn_forward`: ``(dx, dhx, dcx, dw)``.
@@ -741,9 +766,20 @@ def rnn_backward(
     the second. Since cuDNN overwrites it, a reserve allows one backward:
     a second raises ``ValueError``, unless the first passed
     ``keep_reserve=True`` (the backward then works on a copy of the reserve).
+    That protection tracks each training forward's reserve by its device
+    address. A framework that keeps the reserve in memory of its own (JAX:
+    XLA copies residuals into its buffers) hands the backward an array at an
+    address no forward returned: ``trusted_reserve=True`` says, explicitly,
+    that ``reserve`` holds the bytes a training forward with these arguments
+    wrote and that no backward has overwritten them (the caller's
+    guarantee: it is not tracked); its size is still checked, and for
+    ``algo="auto"`` the algorithm is the one a forward of these shapes runs.
+    Pass ``keep_reserve=True`` with it where the reserve must stay unchanged
+    (an XLA operand is never written).
     """
     _resolve(rnn, layout)
-    for name, flag in (("accumulate", accumulate), ("keep_reserve", keep_reserve)):
+    for name, flag in (("accumulate", accumulate), ("keep_reserve", keep_reserve),
+                       ("trusted_reserve", trusted_reserve)):  # fmt: skip
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     if accumulate and dw is None:
@@ -789,23 +825,13 @@ def rnn_backward(
         if vdw.readonly:
             raise ValueError("dw is read-only")
     padded, xd, yd = _dual(rnn, layout, seq, 0.0)
-    entry = _reserves.entry(launch.device, vr.ptr, rnn)
+    entry = _reserve_entry(launch.device, vr, rnn, trusted_reserve)
     # the forward's algorithm ("auto" may have chosen either); for a reserve the ledger does not know, the one a
     # forward of these shapes would run, for the sizes in the error below
     algo = entry[1] if rnn.algo == "auto" and entry is not None else b.choose(launch, seq, True)
     with launch.on_device():
         ws_bytes, rs_bytes = b.temp_sizes(launch, padded, True, xd, algo)
-    if vr.dtype != "uint8" or vr.shape != (rs_bytes,) or not vr.is_contiguous():
-        raise ValueError(
-            f"reserve must be the uint8 array of {rs_bytes} bytes a training rnn_forward returned for "
-            f"these shapes, got {vr.dtype} {vr.shape}"
-        )
-    if entry is None or entry[0] != rs_bytes:
-        raise ValueError(
-            "reserve has been used by an rnn_backward already (cuDNN's backward overwrites the reserve "
-            "space) or does not come from a training rnn_forward: run the training forward again, or "
-            "pass keep_reserve=True to every backward but the last"
-        )
+    _check_reserve(vr, rs_bytes, entry, trusted_reserve)
     hd, cd = _hc_descs(rnn, seq.N)
     # then copies and allocations, all on the launch stream
     x, x_ptr = _packed(launch, x, vx, "x")
@@ -834,7 +860,7 @@ def rnn_backward(
         if not accumulate:
             # all-zero bytes are 0.0 in every float type: one cuMemsetD8Async, not a cuDNN kernel
             driver.memset_async(vdw.ptr, vdw.shape[0] * itemsize(rnn.dtype), launch.stream)
-        if not keep_reserve:
+        if not keep_reserve:  # overwritten from here on (a trusted reserve at a tracked address too)
             _reserves.take(launch.device, vr.ptr)
         lib.cudnnRNNBackwardData_v8(
             handle,
@@ -1104,7 +1130,12 @@ def _l3_zeros_like(a: Any, name: str) -> Any:
 
 
 def _l3_backward(res: Any, douts: Any, needs: Any, *, rnn: RNN, training: bool = False, layout: str = "seq_major",
-                 seq_lengths: Any = None, padding_fill: float = 0.0) -> tuple:  # fmt: skip
+                 seq_lengths: Any = None, padding_fill: float = 0.0, residuals_copied: bool = False) -> tuple:  # fmt: skip
+    """One :func:`rnn_backward` (see RNN_OP's doc); ``residuals_copied``: the reserve is the integration's copy of
+    the forward's (JAX), so the reserve ledger, keyed by the forward's address, cannot know it: it is passed as
+    ``trusted_reserve``."""
+    if not isinstance(residuals_copied, bool):
+        raise TypeError(f"residuals_copied must be a bool, got {residuals_copied!r}")
     cfg = _l3_config(rnn, training)
     dy, dhy, dcy = douts
     if cfg.cell != "lstm":
@@ -1115,8 +1146,10 @@ def _l3_backward(res: Any, douts: Any, needs: Any, *, rnn: RNN, training: bool =
         dy = _l3_zeros_like(res["out"], "dy")
     hx, cx = res.get("hx"), res.get("cx")
     # keep_reserve: cuDNN's backward overwrites the reserve, and a retained graph (gradcheck) differentiates again
+    # (an XLA operand is never written); trusted_reserve: an integration that copied the residuals says so
     dx, dhx, dcx, dw = rnn_backward(res["x"], res["out"], dy, res["w"], res["reserve"], hx, cx, dhy, dcy, rnn=cfg,
-                                    layout=layout, seq_lengths=seq_lengths, keep_reserve=True)  # fmt: skip
+                                    layout=layout, seq_lengths=seq_lengths, keep_reserve=True,
+                                    trusted_reserve=residuals_copied)  # fmt: skip
     return tuple(g if need else None for g, need in zip((dx, dw, dhx, dcx), needs))
 
 
@@ -1186,5 +1219,7 @@ layer), training (dropout between layers; False runs the config with dropout=0),
 pass a tuple), padding_fill. Residuals x, w, hx, cx (those given), out and reserve (uint8,
 cudnnGetRNNTempSpaceSizes' training reserve bytes: meta asks cuDNN on the current device). Backward: one
 rnn_backward call, cudnnRNNBackwardData_v8 then cudnnRNNBackwardWeights_v8, on a copy of the reserve
-(keep_reserve: a retained graph can be differentiated again); dy None is zeros, dhy/dcy None are zero.""")
+(keep_reserve: a retained graph can be differentiated again); dy None is zeros, dhy/dcy None are zero. The reserve
+is a tracked residual: an integration that copies residuals (JAX) passes residuals_copied=True, and the backward
+takes the copy as the forward's reserve (trusted_reserve).""", tracked_residuals=("reserve",))
 )  # fmt: skip

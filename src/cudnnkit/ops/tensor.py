@@ -38,12 +38,12 @@ from ..runtime import (
     tensor_descriptor,
     tensor_descriptor_of,
 )
-from ..runtime.arrays import ArrayView, as_view, contiguous_strides, like_strides
+from ..runtime.arrays import ArrayView, as_view, contiguous_strides, layout_problem, like_strides
 from ..runtime.cache import lru
 from ..runtime.descriptors import INT_MAX
 from ..runtime.dtypes import check_choice, check_dtype, scaling_ref
 from ..runtime.shapes import expand
-from ._diff import Differentiable, Spec, differentiable
+from ._diff import Differentiable, Spec, differentiable, window
 from ._layout import check_fits, fits
 from ._nd import layout_of
 from ._primitive import Call, Operand, Output, Primitive, register, run
@@ -357,15 +357,21 @@ def _transform_l3_forward(x: Any, *, layout: str | None = None, pad_before: int 
 
 def _transform_l3_backward(res: Any, douts: Any, needs: Any, *, layout: str | None = None,
                            pad_before: int | Sequence[int] = 0, pad_after: int | Sequence[int] = 0) -> tuple:  # fmt: skip
-    """``dx`` = dy's interior (the arrays' own slicing where padded) in x's layout (dense NCHW or NHWC with 3 or
-    more dims; else like dy's): one :func:`transform_tensor` (``cudnnTransformTensor``)."""
+    """``dx`` = dy's interior (where padded: a :func:`~cudnnkit.ops._diff.window` of dy, no copy) in x's layout
+    (dense NCHW or NHWC with 3 or more dims; else like dy's): one :func:`transform_tensor`
+    (``cudnnTransformTensor``)."""
     (dy,) = douts
     if dy is None or not needs[0]:
         return (None,)
     vx = as_view(res["x"], "x")
     before = _pads(pad_before, vx.ndim, "pad_before")
     if any(before) or any(_pads(pad_after, vx.ndim, "pad_after")):
-        dy = dy[tuple(slice(b, b + n) for b, n in zip(before, vx.shape))]
+        vdy = as_view(dy, "dy")
+        if layout_problem(vdy.shape, vdy.strides) is not None:
+            # an expanded cotangent (torch's sum() gives one): a dense copy first, so that the window is one of a
+            # layout cuDNN takes as it is (a view is never copied by itself: only its whole array could be)
+            dy = transform_tensor(dy)
+        dy = window(dy, before, vx.shape, "dy")
     back = layout_of(vx) if vx.ndim >= 3 else None
     return (transform_tensor(dy, layout=back),)
 
@@ -385,6 +391,6 @@ TRANSFORM_TENSOR_L3 = differentiable(
                    _transform_l3_backward, _transform_l3_meta,
                    doc="""y = x copied into layout ("nchw", "nhwc"; default: x's where dense) and zero-padded by
 pad_before/pad_after (an int or one per dim), x's float dtype, 0 to 8 dims: one cudnnTransformTensor
-(transform_tensor; a cudnnSetTensor of the border first where padded). Linear: dx is dy's interior in x's layout,
-one cudnnTransformTensor. Residual x (a reference, for its shape and layout).""")
+(transform_tensor; a cudnnSetTensor of the border first where padded). Linear: dx is dy's interior (a window of dy,
+no copy) in x's layout, one cudnnTransformTensor. Residual x (a reference, for its shape and layout).""")
 )  # fmt: skip

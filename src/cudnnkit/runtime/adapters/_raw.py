@@ -133,7 +133,7 @@ class RawAdapter(ArrayAdapter):
         if dst.strides == src.strides and is_dense(src.shape, src.strides):
             driver.copy_async(dst.ptr, src.ptr, _extent(src.shape, src.strides, src.dtype), s, dst.device)
             return
-        from .. import lib
+        from ... import lib
         from ..descriptors import tensor_descriptor
         from ..dtypes import scaling_ref
         from ..handle import get_handle

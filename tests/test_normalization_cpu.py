@@ -351,7 +351,8 @@ def test_canonical_layouts_of_low_rank_inputs():
 def test_declarations():
     import cudnnkit
 
-    fwd = {"batch_norm": ("legacy",), "layer_norm": ("graph",), "rms_norm": ("graph",), "instance_norm": ("graph",)}
+    fwd = {"batch_norm": ("graph", "legacy"), "layer_norm": ("graph",), "rms_norm": ("graph",),
+           "instance_norm": ("graph",)}  # fmt: skip
     for fam, forms in fwd.items():
         p, b = P.REGISTRY[f"{fam}_forward"], P.REGISTRY[f"{fam}_backward"]
         assert p.forms == forms and b.forms == forms
@@ -405,4 +406,88 @@ def test_graph_builders_bind_every_tensor(mode):
     g, names = nm._gn_fwd_build(c)
     assert [n.kind for n in g.nodes()] == ["norm_fwd"]
     assert set(names.values()) == set(c.views) and all(t.dims for t in names)
+    g.lower()
+
+
+def _bn_views(xs=(2, 8, 4, 4), typestr="<f2", layout="nhwc", **arrays):
+    """Views of a batch-norm call's arrays: x (and z/dy/y when named) in ``layout``, float32 (C,) parameters."""
+    from cudnnkit.runtime import as_view
+
+    from .conftest import FakeCAI
+
+    n, c, h, w = xs
+    isz = 2 if typestr == "<f2" else 4
+    st = tuple(e * isz for e in ((c * h * w, 1, w * c, c) if layout == "nhwc" else (c * h * w, h * w, w, 1)))
+    arr = {"x": FakeCAI(xs, typestr, strides=st)}
+    for name, kind in arrays.items():
+        arr[name] = FakeCAI(xs, typestr, strides=st) if kind == "data" else FakeCAI((c,))
+    return {k: as_view(a, k) for k, a in arr.items()}
+
+
+@pytest.mark.parametrize(
+    "kw, layout, typestr, why",
+    [
+        ({}, "nhwc", "<f2", None),
+        ({"activation": "relu"}, "nhwc", "<f2", None),
+        ({"training": False}, "nhwc", "<f2", "inference"),
+        ({}, "nchw", "<f2", "channels-last"),
+        ({}, "nhwc", "<f4", "float32"),
+        ({"mode": "per_activation"}, "nhwc", "<f2", "per_activation"),
+    ],
+)
+def test_batch_norm_graph_form_takes_channels_last_half_training_only(kw, layout, typestr, why):
+    """The router sends channels-last 4-d float16/bfloat16 training batch norm to its graph form (measured faster
+    than the legacy calls and torch on the H200) and everything else to the legacy calls, saying why."""
+    extra = {"running_mean": "p", "running_var": "p"}
+    views = _bn_views(typestr=typestr, layout=layout, scale="p", bias="p", **extra)
+    if kw.get("mode") == "per_activation":
+        views = {k: v for k, v in views.items() if k == "x"}
+        from cudnnkit.runtime import as_view
+
+        from .conftest import FakeCAI
+
+        views.update({k: as_view(FakeCAI((8, 4, 4)), k) for k in ("scale", "bias")})
+    r = nm.BATCH_NORM_FORWARD.resolve(views, kw)
+    got = nm._bn_graph_refuses(r, kw)
+    assert (got is None) if why is None else (why in got)
+    path = P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw)
+    assert path == ("graph" if why is None else "legacy")
+    import cudnnkit
+
+    with cudnnkit.settings(prefer="legacy"):
+        assert P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw) == "legacy"
+
+
+@pytest.mark.parametrize("running, fused", [(True, False), (False, False), (True, True), (True, "z")])
+def test_batch_norm_graph_builders_bind_every_tensor(running, fused):
+    """The batch-norm graphs: NORM_FORWARD (batch) with the running statistics bound in place (input and output
+    tensors on one array), then ADD (z) and RELU_FWD when fused; NORM_BACKWARD. Each non-virtual tensor is bound
+    to a view the call has; the graphs lower host-side (finalizing needs a GPU)."""
+    from cudnnkit.ops._primitive import Call
+
+    arrays = {"scale": "p", "bias": "p", "y": "data", "saved_mean": "p", "saved_inv_std": "p"}
+    if running:
+        arrays.update(running_mean="p", running_var="p")
+    if fused == "z":
+        arrays["z"] = "data"
+    views = _bn_views(**arrays)
+    kw = {"activation": "relu"} if fused else {}
+    r = nm.BATCH_NORM_FORWARD.resolve({k: v for k, v in views.items() if k != "y"}, kw)
+    assert nm._bn_graph_refuses(r, kw) is None
+    c = Call(None, views, r, extra={"graph_alignment": 16})
+    g, names = nm._bn_graph_fwd_build(c)
+    kinds = [n.kind for n in g.nodes()]
+    assert kinds[0] == "norm_fwd" and len(kinds) == 1 + (fused == "z") + bool(fused)
+    bound = list(names.values())
+    assert set(bound) <= set(c.views) and {"x", "scale", "bias", "y", "saved_mean", "saved_inv_std"} <= set(bound)
+    if running:  # read and written: two tensors each, one array
+        assert bound.count("running_mean") == 2 and bound.count("running_var") == 2
+    g.lower()
+
+    bviews = _bn_views(dy="data", dx="data", scale="p", saved_mean="p", saved_inv_std="p", dscale="p", dbias="p")
+    rb = nm.BATCH_NORM_BACKWARD.resolve({k: v for k, v in bviews.items() if k != "dx"}, {})
+    assert nm._bn_graph_refuses(rb, {}) is None
+    g, names = nm._bn_graph_bwd_build(Call(None, bviews, rb, extra={"graph_alignment": 16}))
+    assert [n.kind for n in g.nodes()] == ["norm_bwd"]
+    assert set(names.values()) == {"x", "dy", "scale", "saved_mean", "saved_inv_std", "dx", "dscale", "dbias"}
     g.lower()

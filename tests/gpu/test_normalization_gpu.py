@@ -83,23 +83,14 @@ def test_batch_norm_inference_matches_the_reference(xp, dtype, layout, mode):
                                running_var=dev(xp, v, p), training=False, mode=mode, out=out)  # fmt: skip
     assert y is out
     assert rel(host(xp, y), ref.bn_inference(x, s, b, m, v, 1e-5, mode)) < TOL[dtype] * 4
-    # a lone batch-norm inference graph has no engine on cuDNN 9.19/H200 (tests/gpu/test_graph_nodes_gpu.py), so
-    # the primitive has only the legacy form: the router takes it, also when the graph is preferred
+    # a lone batch-norm inference graph has no engine on cuDNN 9.19/H200 (tests/gpu/test_graph_nodes_gpu.py): the
+    # graph form refuses inference, so the router takes the legacy call, and forcing the graph says why
     assert ops.last_path() == ("batch_norm_forward", "legacy")
     from cudnnkit import settings
 
-    with settings(prefer="graph"):
-        y2 = ops.batch_norm_forward(
-            dev(xp, x, dtype, layout),
-            dev(xp, s, p),
-            dev(xp, b, p),
-            running_mean=dev(xp, m, p),
-            running_var=dev(xp, v, p),
-            training=False,
-            mode=mode,
-        )
-        assert ops.last_path() == ("batch_norm_forward", "legacy")
-    assert rel(host(xp, y2), host(xp, y)) == 0
+    with settings(prefer="graph"), pytest.raises(ValueError, match="inference"):
+        ops.batch_norm_forward(dev(xp, x, dtype, layout), dev(xp, s, p), dev(xp, b, p), running_mean=dev(xp, m, p),
+                               running_var=dev(xp, v, p), training=False, mode=mode)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
@@ -239,9 +230,19 @@ def test_instance_norm_matches_the_reference(xp, dtype, layout, shape):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("with_z", [False, True])
-def test_fused_batch_norm_add_relu(xp, dtype, layout, with_z):
-    """``relu(bn(x) + z)``, forward and backward, against the reference: the fused Ex calls where cuDNN fuses
-    (channels-last half types, C a multiple of 4: a reserve comes back), the unfused steps elsewhere."""
+@pytest.mark.parametrize("prefer", ["auto", "legacy"])
+def test_fused_batch_norm_add_relu(xp, dtype, layout, with_z, prefer):
+    """``relu(bn(x) + z)``, forward and backward, against the reference: one graph (NORM_FORWARD, ADD, RELU_FWD;
+    the backward the ReLU's gradient from y, then NORM_BACKWARD) for channels-last half types by default; the
+    fused Ex calls where cuDNN fuses them on the legacy path (channels-last float16, C a multiple of 4: a reserve
+    comes back), the unfused steps elsewhere."""
+    from cudnnkit import settings
+
+    with settings(prefer=prefer):
+        _fused_batch_norm_add_relu(xp, dtype, layout, with_z, prefer)
+
+
+def _fused_batch_norm_add_relu(xp, dtype, layout, with_z, prefer):
     rng = np.random.default_rng(21)
     shape = (4, 8, 5, 6)
     x = seen(rng.standard_normal(shape) * 2 + 0.5, dtype)
@@ -256,9 +257,12 @@ def test_fused_batch_norm_add_relu(xp, dtype, layout, with_z):
     tol = TOL[dtype] * 4
     assert rel(host(xp, y), want) < tol
     assert rel(host(xp, sm), mean) < 1e-4 and rel(host(xp, si), inv) < 1e-3
-    fused = reserve is not None
-    if layout == "nhwc" and dtype == "float16":
-        assert fused, "cuDNN fuses channels-last float16 with C % 4 == 0"
+    graph = prefer == "auto" and layout == "nhwc" and dtype in ("float16", "bfloat16")
+    assert ops.last_path() == ("batch_norm_forward", "graph" if graph else "legacy")
+    if graph:
+        assert reserve is None  # the graph keeps none: the backward reads y
+    elif layout == "nhwc" and dtype == "float16":
+        assert reserve is not None, "cuDNN fuses channels-last float16 with C % 4 == 0"
     dy = seen(rng.standard_normal(shape), dtype)
     dyd = dev(xp, dy, dtype, layout)
     mask = (host(xp, y) > 0).astype(np.float64)  # where cuDNN's ReLU was active (pre near 0 may round either way)
@@ -267,7 +271,46 @@ def test_fused_batch_norm_add_relu(xp, dtype, layout, with_z):
     got = ops.batch_norm_backward(dyd, xd, sd, sm, si, activation="relu", y=y, bias=bd, reserve=reserve,
                                   z_grad=with_z)  # fmt: skip
     assert len(got) == (4 if with_z else 3)
+    assert ops.last_path() == ("batch_norm_backward", "graph" if graph else "legacy")
     assert rel(host(xp, got[0]), dx_w) < tol * 4
     assert rel(host(xp, got[1]), ds_w) < tol * 4 and rel(host(xp, got[2]), db_w) < tol * 4
     if with_z:
         assert rel(host(xp, got[3]), g) < tol
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(4, 8, 5, 6), (16, 64, 9, 7)])
+def test_batch_norm_graph_and_legacy_paths_agree(xp, dtype, shape):
+    """Channels-last half training batch norm runs its graph form by default; the legacy calls
+    (``settings(prefer="legacy")``) give the same outputs, saved statistics, in-place running statistics and
+    gradients, and both match the float64 reference. Outputs poisoned first."""
+    from cudnnkit import settings
+
+    rng = np.random.default_rng(23)
+    c = shape[1]
+    x = seen(rng.standard_normal(shape) * 2 + 0.5, dtype)
+    dy = seen(rng.standard_normal(shape), dtype)
+    s, b = rng.standard_normal(c), rng.standard_normal(c)
+    rm0, rv0 = rng.standard_normal(c), rng.uniform(0.5, 2, c)
+    y_ref, mean, inv = ref.bn_forward(x, s, b)[:3]
+    m = x.size // c
+    var = x.transpose(1, 0, 2, 3).reshape(c, -1).var(axis=1)
+    got = {}
+    for prefer in ("auto", "legacy"):
+        with settings(prefer=prefer):
+            rm, rv = dev(xp, rm0, "float32"), dev(xp, rv0, "float32")
+            xd, sd, bd = dev(xp, x, dtype, "nhwc"), dev(xp, s, "float32"), dev(xp, b, "float32")
+            out = nan_out(xp, shape, dtype, "nhwc")
+            y, sm, si = ops.batch_norm_forward(xd, sd, bd, running_mean=rm, running_var=rv, momentum=0.2,
+                                               out=(out, None, None))  # fmt: skip
+            assert y is out
+            assert ops.last_path() == ("batch_norm_forward", "graph" if prefer == "auto" else "legacy")
+            dx, ds, db = ops.batch_norm_backward(dev(xp, dy, dtype, "nhwc"), xd, sd, sm, si)
+            assert ops.last_path() == ("batch_norm_backward", "graph" if prefer == "auto" else "legacy")
+            got[prefer] = [host(xp, a) for a in (y, sm, si, rm, rv, dx, ds, db)]
+    dx_w, ds_w, db_w = ref.bn_backward(dy, x, s, mean, inv)
+    want = [y_ref, mean, inv, 0.8 * rm0 + 0.2 * mean, 0.8 * rv0 + 0.2 * var * m / (m - 1), dx_w, ds_w, db_w]
+    tol = TOL[dtype] * 4
+    for i, (a, g, w) in enumerate(zip(got["auto"], got["legacy"], want)):
+        assert rel(a, w) < tol * 4, i
+        assert rel(a, g) < tol * 4, i

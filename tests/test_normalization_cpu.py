@@ -436,8 +436,9 @@ def _bn_views(xs=(2, 8, 4, 4), typestr="<f2", layout="nhwc", **arrays):
     ],
 )
 def test_batch_norm_graph_form_takes_channels_last_half_training_only(kw, layout, typestr, why):
-    """The router sends channels-last 4-d float16/bfloat16 training batch norm to its graph form (measured faster
-    than the legacy calls and torch on the H200) and everything else to the legacy calls, saying why."""
+    """Batch norm's graph form takes channels-last 4-d float16/bfloat16 training only, and runs under
+    ``settings(prefer="graph")``: by default the router keeps the legacy calls; forcing the graph for a call it
+    refuses says why."""
     extra = {"running_mean": "p", "running_var": "p"}
     views = _bn_views(typestr=typestr, layout=layout, scale="p", bias="p", **extra)
     if kw.get("mode") == "per_activation":
@@ -450,12 +451,17 @@ def test_batch_norm_graph_form_takes_channels_last_half_training_only(kw, layout
     r = nm.BATCH_NORM_FORWARD.resolve(views, kw)
     got = nm._bn_graph_refuses(r, kw)
     assert (got is None) if why is None else (why in got)
-    path = P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw)
-    assert path == ("graph" if why is None else "legacy")
     import cudnnkit
 
+    assert P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw) == "legacy"
     with cudnnkit.settings(prefer="legacy"):
         assert P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw) == "legacy"
+    with cudnnkit.settings(prefer="graph"):
+        if why is None:
+            assert P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw) == "graph"
+        else:
+            with pytest.raises(ValueError, match="prefer='graph'"):
+                P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw)
 
 
 @pytest.mark.parametrize("running, fused", [(True, False), (False, False), (True, True), (True, "z")])

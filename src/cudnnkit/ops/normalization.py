@@ -1,6 +1,6 @@
-"""Normalization, forward and backward: batch norm on cuDNN's legacy calls, and on its graph API for channels-last
-float16/bfloat16 training (faster on the H200, see "batch norm (graph)" below); layer, RMS and instance norm on the
-graph API (``OPERATION_NORM_FORWARD`` / ``OPERATION_NORM_BACKWARD``).
+"""Normalization, forward and backward: batch norm on cuDNN's legacy calls (and, under ``settings(prefer="graph")``,
+on its graph API for channels-last float16/bfloat16 training: see "batch norm (graph)" below); layer, RMS and
+instance norm on the graph API (``OPERATION_NORM_FORWARD`` / ``OPERATION_NORM_BACKWARD``).
 
 Shapes (logical order whatever the memory layout; ``P`` is the parameters' dtype, below)
 
@@ -36,11 +36,11 @@ which cuDNN writes, must be.
 
 cuDNN calls: batch norm: ``cudnnBatchNormalizationForwardTraining``, ``cudnnBatchNormalizationForwardInference``,
 ``cudnnBatchNormalizationBackward``, with the parameter descriptor from ``cudnnDeriveBNTensorDescriptor``
-(``CUDNN_BATCHNORM_SPATIAL``, ``_PER_ACTIVATION``, ``_SPATIAL_PERSISTENT``); channels-last 4-d float16/bfloat16
-training runs one graph instead (``NORM_FORWARD`` batch mode with the running statistics updated in place, then
-``ADD`` and ``RELU_FWD`` when fused; ``NORM_BACKWARD``, after the ReLU's gradient from ``y`` when fused), which keeps
-no reserve. ``settings(prefer="legacy")`` forces the legacy calls; a lone batch-norm inference graph has no engine
-on cuDNN 9.19, so inference is legacy only. Layer, RMS and instance norm: one graph per call
+(``CUDNN_BATCHNORM_SPATIAL``, ``_PER_ACTIVATION``, ``_SPATIAL_PERSISTENT``); under ``settings(prefer="graph")``,
+channels-last 4-d float16/bfloat16 training runs one graph instead (``NORM_FORWARD`` batch mode with the running
+statistics updated in place, then ``ADD`` and ``RELU_FWD`` when fused; ``NORM_BACKWARD``, after the ReLU's gradient
+from ``y`` when fused), which keeps no reserve. A lone batch-norm inference graph has no engine on cuDNN 9.19, so
+inference is legacy only. Layer, RMS and instance norm: one graph per call
 signature (:mod:`cudnnkit.ops._graphform`: ``NORM_FORWARD`` with phase training or inference, ``NORM_BACKWARD``),
 planned once with the settings' heuristics and cached; cuDNN having no engine for a graph raises
 :class:`~cudnnkit.graph.UnsupportedGraphError` (there is no legacy form to fall back to).
@@ -65,7 +65,15 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .. import lib
-from ..runtime import WRITTEN, DescriptorKind, check_choice, check_scalar, get_cached, tensor_descriptor
+from ..runtime import (
+    WRITTEN,
+    DescriptorKind,
+    check_choice,
+    check_scalar,
+    current_settings,
+    get_cached,
+    tensor_descriptor,
+)
 from ..runtime.arrays import contiguous_strides
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import FLOATS, scaling_ref
@@ -560,14 +568,16 @@ def _dz_back(c: Call) -> None:
 
 # ----------------------------------------------------------------- batch norm (graph)
 #
-# Channels-last 4-d training batch norm in float16/bfloat16 runs as one graph (NORM_FORWARD, batch mode, with the
-# running statistics, then ADD and RELU_FWD when fused; NORM_BACKWARD): measured on the H200 with cuDNN 9.19
-# (probe, fp16, 64x256x56x56), forward 0.086 ms against 0.198 for the legacy Ex call and 0.129 for torch, with the
-# add and ReLU 0.137 against 0.275 and 0.259, backward 0.143 against 0.217 and 0.209, and 8-11 us of host time per
-# execute against the legacy calls' 86-103 us. The running statistics are read and written in place (the graph's
-# input and output running-statistics tensors bound to one array: measured exact). Every other call (inference,
-# per-activation, channels-first, float32/float64, other ranks, a backward with the fused forward's reserve) is
-# the legacy calls'.
+# Channels-last 4-d training batch norm in float16/bfloat16 can run as one graph (NORM_FORWARD, batch mode, with
+# the running statistics, then ADD and RELU_FWD when fused; NORM_BACKWARD), under ``settings(prefer="graph")``.
+# A probe on the H200 with cuDNN 9.19 (a bound plan, fp16 64x256x56x56, each call synchronized, so host time is
+# counted too) gave forward 0.086 ms against 0.198 for the legacy Ex call and 0.129 for torch, with the add and ReLU
+# 0.137 against 0.275 and 0.259, backward 0.143 against 0.217 and 0.209, and 8-11 us of host time per execute
+# against the legacy calls' 86-103 us; but the L2 harness row (pipelined, the same shape) read 0.120 ms against the
+# Ex call's 0.112, a gap not yet explained, so the router keeps the Ex calls by default (``_bn_auto``). The running
+# statistics are read and written in place (the graph's input and output running-statistics tensors bound to one
+# array: measured exact). The graph form refuses, by name, every other call (inference, per-activation,
+# channels-first, float32/float64, other ranks, a backward with the fused forward's reserve).
 
 _BN_GRAPH_DTYPES = ("float16", "bfloat16")
 
@@ -587,6 +597,11 @@ def _bn_graph_refuses(r: _BN, kw: Any) -> str | None:
     if r.reserve:
         return "the fused forward's reserve (the Ex backward reads it)"
     return None
+
+
+def _bn_auto(r: _BN, kw: Any) -> tuple[str, str]:
+    """The path under ``prefer="auto"`` when both forms take a call: the legacy calls (see the section comment)."""
+    return "legacy", "the batch-norm graph runs under settings(prefer='graph') (not yet measured faster at L2)"
 
 
 def _bn_param_tensor(b: Binder, name: str, c_: int) -> Any:
@@ -683,6 +698,7 @@ BATCH_NORM_FORWARD = register(
         legacy=_bn_fwd_call,
         graph=graph_form(_bn_graph_fwd_build, _bn_graph_fwd_prepare),
         graph_refuses=_bn_graph_refuses,
+        auto=_bn_auto,
         extras=("saved_mean", "saved_inv_std", "reserve"),
         empty=lambda r: False,
         family="batch_norm",
@@ -713,6 +729,7 @@ BATCH_NORM_BACKWARD = register(
         legacy=_bn_bwd_call,
         graph=graph_form(_bn_graph_bwd_build, _bn_graph_bwd_prepare),
         graph_refuses=_bn_graph_refuses,
+        auto=_bn_auto,
         extras=("dscale", "dbias", "dz"),
         empty=lambda r: False,
         family="batch_norm",
@@ -745,8 +762,8 @@ def batch_norm_forward(
     ``running_mean``/``running_var`` in place when given, as torch does: ``new = (1 - momentum) * old + momentum *
     batch``, with the unbiased variance for ``running_var`` (cuDNN's ``exponentialAverageFactor`` is ``momentum``).
     ``out=(y, saved_mean, saved_inv_std)``, each an array or None. ``cudnnBatchNormalizationForwardTraining``;
-    for a channels-last 4-d float16/bfloat16 ``x``, one graph (``NORM_FORWARD``, batch mode) instead, unless
-    ``settings(prefer="legacy")`` (see the module docstring).
+    under ``settings(prefer="graph")`` and for a channels-last 4-d float16/bfloat16 ``x``, one graph
+    (``NORM_FORWARD``, batch mode) instead (see the module docstring).
 
     Inference (``training=False``): ``y = (x - running_mean) / sqrt(running_var + epsilon) * scale + bias``;
     returns ``y`` (``out=`` an array). ``cudnnBatchNormalizationForwardInference``.
@@ -756,7 +773,7 @@ def batch_norm_forward(
     ``cudnnBatchNormalizationForwardTrainingEx`` (``CUDNN_BATCHNORM_OPS_BN_ACTIVATION`` / ``_ADD_ACTIVATION``)
     where cuDNN fuses these arrays (channels-last half types, C a multiple of 4), whose ``reserve`` (uint8) the
     backward takes; elsewhere the unfused steps (the plain call, ``cudnnAddTensor``, ``cudnnActivationForward``)
-    and ``reserve`` is None. The graph path (channels-last half types) fuses them as ``ADD`` and ``RELU_FWD``
+    and ``reserve`` is None. The graph path (``prefer="graph"``) fuses them as ``ADD`` and ``RELU_FWD``
     nodes after the norm and keeps no reserve (None): its backward takes the ReLU's gradient from ``y``. Inference
     runs the unfused steps.
 
@@ -795,8 +812,8 @@ def batch_norm_backward(
     """``(dx, dscale, dbias)`` of :func:`batch_norm_forward` (training) from ``dy``, its input ``x``, ``scale``
     and its saved statistics (``epsilon`` and ``mode`` the forward's). ``dx`` has ``x``'s shape and dtype,
     ``dscale``/``dbias`` ``scale``'s. ``out=(dx, dscale, dbias)``, each an array or None.
-    ``cudnnBatchNormalizationBackward`` (primitive :data:`BATCH_NORM_BACKWARD`); for a channels-last 4-d
-    float16/bfloat16 ``x`` without a ``reserve``, one graph (``NORM_BACKWARD``) instead.
+    ``cudnnBatchNormalizationBackward`` (primitive :data:`BATCH_NORM_BACKWARD`); under ``settings(prefer="graph")``
+    and for a channels-last 4-d float16/bfloat16 ``x`` without a ``reserve``, one graph (``NORM_BACKWARD``).
 
     The fused forward's backward: ``activation="relu"`` with the forward's output ``y``; ``z_grad=True`` when it
     added a residual, which returns ``(dx, dscale, dbias, dz)`` (``out=`` then takes four). With the fused
@@ -1200,10 +1217,11 @@ def _needed(grads: tuple, needs: tuple) -> tuple:
 def _fusable(dtype: str, lay: str, x_shape: tuple[int, ...], mode: str) -> bool:
     """Where the L3 batch norm keeps the fused forward's reserve: 4-d channels-last float16 with C a multiple of
     4, spatial (what cuDNN fuses, as measured on the H200: tests/gpu/test_normalization_gpu.py), and there only
-    when cuDNN's size query accepts the call. Elsewhere a reserve the forward made is dropped: the backward then
-    runs the unfused steps (from ``y``), the same gradients."""
+    when cuDNN's size query accepts the call, and not under ``settings(prefer="graph")`` (the graph form keeps no
+    reserve). Elsewhere a reserve the forward made is dropped: the backward then runs the unfused steps (from
+    ``y``), the same gradients."""
     return (dtype == "float16" and lay == "nhwc" and len(x_shape) == 4 and x_shape[1] % 4 == 0
-            and mode in ("spatial", "spatial_persistent"))  # fmt: skip
+            and mode in ("spatial", "spatial_persistent") and current_settings().prefer != "graph")  # fmt: skip
 
 
 def _current_handle() -> tuple[Any, int]:

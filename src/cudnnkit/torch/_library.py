@@ -94,7 +94,7 @@ class TorchOp:
         d = self.d
         if len(inputs) != len(d.inputs):
             raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
-        if EAGER and _untraced(inputs) and _untraced(kw.get(n) for n in d.arrays):
+        if EAGER and _plain(inputs) and _plain([kw.get(n) for n in d.arrays]) and not _tracing():
             arrays = {n: kw.pop(n, None) for n in d.arrays}
             if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
                 outs = _Eager.apply(d, kw, arrays, *inputs)
@@ -118,12 +118,18 @@ class TorchOp:
         return [t for t in inputs if t is not None], [t for t in given.values() if t is not None], encode(kw)
 
 
-def _untraced(tensors: Any) -> bool:
-    """Whether these tensors (None skipped) may take the eager fast path: plain CUDA tensors, and nothing tracing."""
+def _plain(tensors: Any) -> bool:
+    """Whether these tensors (None skipped) may take the eager fast path: plain CUDA tensors (no subclass)."""
     for t in tensors:
         if t is not None and (type(t) not in _PLAIN or not (t.is_cuda or _EAGER_CPU)):
             return False
-    return not (
+    return True
+
+
+def _tracing() -> bool:
+    """Whether anything traces this call (torch.compile, a dispatch mode such as FakeTensorMode, functorch): then
+    the custom op is called, never the declaration directly."""
+    return (
         torch.compiler.is_compiling()
         or _python_dispatch._get_current_dispatch_mode() is not None
         or torch._C._are_functorch_transforms_active()

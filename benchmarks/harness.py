@@ -500,9 +500,11 @@ def write_json(results: Sequence[dict[str, Any]], path: str | Path, *, meta: dic
 
 
 def plot(results: Sequence[dict[str, Any]], path: str | Path, *, title: str | None = None) -> Path | None:
-    """Write a PNG bar chart of ``ratio`` per row (log scale, line at 1.0) to ``path``.
+    """Write a PNG of ``ratio`` (ours ms / torch ms) per row to ``path``: one panel of horizontal bars per op
+    family, on a shared log axis with a line at 1.0, each bar labelled with its row and its value.
 
-    Bars at or under 1.0 (as fast as torch or faster) are green, others red.
+    Bars at or under 1.0 (as fast as torch or faster) are green, others red; they start at 1.0, so a bar's length
+    is how far a row is from parity either way. Rows without a ratio (one side failed or absent) are left out.
     Returns the path, or None with a printed note if matplotlib is missing
     (``pip install matplotlib``, or the ``bench`` extra).
     """
@@ -511,32 +513,51 @@ def plot(results: Sequence[dict[str, Any]], path: str | Path, *, title: str | No
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         print(f"note: matplotlib is not installed; skipped the plot {path}")
         return None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [r for r in results if r.get("ratio") is not None and r["ratio"] > 0]
-    labels = [f"{r['family']}/{r['name']}\n{r['shape']} {r['dtype']}" for r in rows]
-    ratios = [r["ratio"] for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(rows) + 2.0), 5.5))
+    families: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        families.setdefault(r["family"], []).append(r)
+    heights = [len(v) + 1.2 for v in families.values()] or [1.0]
+    fig, axes = plt.subplots(
+        len(heights), 1, figsize=(11.0, 0.9 + 0.3 * sum(heights)), sharex=True, squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )  # fmt: skip
     try:
-        if rows:
-            colors = ["tab:green" if v <= 1.0 else "tab:red" for v in ratios]
-            ax.bar(range(len(rows)), ratios, color=colors)
-            ax.set_yscale("log")
-            ax.set_xticks(range(len(rows)))
-            ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-            lo, hi = min(ratios + [1.0]), max(ratios + [1.0])
-            ax.set_ylim(lo / 1.5, hi * 1.5)
-        else:
-            ax.text(0.5, 0.5, "no rows with a ratio", ha="center", va="center", transform=ax.transAxes)
-            ax.set_xticks([])
-        ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
-        ax.set_ylabel("ours ms / torch ms (lower is better)")
-        ax.set_title(title or "cudnnkit vs PyTorch: GPU time ratio")
+        if not rows:
+            axes[0][0].text(0.5, 0.5, "no rows with a ratio", ha="center", va="center", transform=axes[0][0].transAxes)
+            axes[0][0].set_yticks([])
+        ratios = [r["ratio"] for r in rows] + [1.0]
+        lo, hi = min(ratios) / 1.6, max(ratios) * 1.6
+        for ax, (family, frows) in zip((a[0] for a in axes), families.items()):
+            ys = range(len(frows))[::-1]  # the first row on top
+            vals = [r["ratio"] for r in frows]
+            colors = ["tab:green" if v <= 1.0 else "tab:red" for v in vals]
+            ax.barh(list(ys), [v - 1.0 for v in vals], left=1.0, color=colors, height=0.7)
+            for y, v in zip(ys, vals):
+                ax.text(v * (1.04 if v > 1 else 1 / 1.04), y, f"{v:.2f}x", va="center", ha="left" if v > 1 else "right",
+                        fontsize=8)  # fmt: skip
+            ax.set_yticks(list(ys))
+            ax.set_yticklabels([f"{r['name']}  ({r['shape']}, {r['dtype']})" for r in frows], fontsize=8.5)
+            ax.set_ylim(-0.8, len(frows) - 0.2)
+            ax.axvline(1.0, color="black", linewidth=1, linestyle="--")
+            ax.set_title(family, loc="left", fontsize=10, fontweight="bold")
+            ax.grid(axis="x", which="both", alpha=0.25)
+        bottom = axes[-1][0]
+        bottom.set_xscale("log")
+        bottom.set_xlim(lo, hi)
+        ticks = [2.0**k for k in range(-10, 11) if lo <= 2.0**k <= hi]
+        bottom.set_xticks(ticks, [f"{t:g}x" for t in ticks])
+        bottom.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        bottom.set_xlabel("ours ms / torch ms (log scale; under 1 is faster than torch)")
+        fig.suptitle(title or "cudnnkit vs PyTorch: GPU time ratio", fontsize=11)
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
     return path

@@ -497,3 +497,18 @@ def test_batch_norm_graph_builders_bind_every_tensor(running, fused):
     assert [n.kind for n in g.nodes()] == ["norm_bwd"]
     assert set(names.values()) == {"x", "dy", "scale", "saved_mean", "saved_inv_std", "dx", "dscale", "dbias"}
     g.lower()
+
+
+def test_the_l3_batch_norm_predicts_no_fused_reserve_where_the_graph_runs():
+    """The L3 declaration's meta predicts the fused forward's reserve only where the legacy Ex call runs: not under
+    ``settings(prefer="graph")``, whose graph keeps none (its backward reads y)."""
+    import cudnnkit
+
+    args = ("float16", "nhwc", (2, 8, 4, 4), "spatial")
+    assert nm._fusable(*args)
+    with cudnnkit.settings(prefer="graph"):
+        assert not nm._fusable(*args)
+        r = nm._BN("float16", "float32", "spatial", True, False, 0.1, 1e-5, (2, 8, 4, 4), (8,), "nhwc", act=True)
+        assert nm._bn_reserve(r, "nhwc") is None  # no cuDNN size query (no handle needed)
+    with cudnnkit.settings(prefer="legacy"):
+        assert nm._fusable(*args)

@@ -176,6 +176,75 @@ def test_vmap_without_a_batching_rule_names_the_op():
         jax.vmap(lambda a: J(a, a, None)[0])(jnp.stack([x, x]))
 
 
+def _rows_fwd(x, w=None, *, scale=1.0, shared=None):
+    CALLS.append("forward")
+    name, w = ("shared", shared) if w is None else ("w", w)  # (F,), broadcast over the rows: every sample's
+    prod = x * w
+    return (prod * scale,), {"x": x, name: w, "prod": prod}
+
+
+def _rows_bwd(res, douts, needs, *, scale=1.0, **_):
+    CALLS.append("backward")
+    (dy,) = douts
+    w = res["w"] if "w" in res else res["shared"]
+    gx = dy * scale * w if needs[0] else None
+    return (gx,) if len(needs) == 1 else (gx, (dy * scale * res["x"]).sum(axis=0) if needs[1] else None)
+
+
+def _rows_meta(x: Spec, w=None, *, scale=1.0, shared=None):
+    return (new_like(x),), {"x": x, ("shared" if w is None else "w"): w or shared, "prod": new_like(x)}
+
+
+_BATCH = dict(batch=("x", "out", "prod"), batch_refuses=lambda kw, specs: "scale 0" if kw.get("scale") == 0 else None)
+# w as a keyword array (no gradient) and as a differentiable input
+ROWS = Differentiable("scale_rows", "softmax_forward", ("x",), ("out",), lambda x, **k: _rows_fwd(x, **k),
+                      _rows_bwd, lambda x, **k: _rows_meta(x, **k), arrays=("shared",), **_BATCH)  # fmt: skip
+ROWS_W = Differentiable("scale_rows_w", "softmax_forward", ("x", "w"), ("out",), _rows_fwd, _rows_bwd, _rows_meta,
+                        **_BATCH)  # fmt: skip
+JR = _ops.JaxOp(ROWS, NumpyRunner(), namespace="cudnnkit_jaxtest")
+JRW = _ops.JaxOp(ROWS_W, NumpyRunner(), namespace="cudnnkit_jaxtest")
+
+
+def test_vmap_folds_the_mapped_axis_into_the_samples_one_call_each_way():
+    """A declaration with ``batch`` names: ``jax.vmap`` (and a jitted vmap of its gradient) folds the mapped axis
+    into the leading axis of x, so one forward and one backward call serve the whole batch; an unmapped array among
+    them is broadcast; results equal the per-example calls."""
+    rng = np.random.default_rng(7)
+    xs, w = jnp.asarray(rng.standard_normal((5, 3, 4))), jnp.asarray(rng.standard_normal(4))
+    CALLS.clear()
+    ys = jax.vmap(lambda a: JR(a, shared=w, scale=0.5))(xs)
+    assert CALLS == ["forward"] and ys.shape == (5, 3, 4)
+    np.testing.assert_allclose(np.asarray(ys), np.asarray(xs * w * 0.5))
+    CALLS.clear()
+    np.testing.assert_allclose(np.asarray(jax.vmap(lambda a: JRW(a, w))(xs)), np.asarray(xs * w))
+    assert CALLS == ["forward"]
+
+    def loss(a):
+        return (JR(a, shared=w, scale=0.5) ** 2).sum()
+
+    CALLS.clear()
+    gx = jax.jit(jax.vmap(jax.grad(loss)))(xs)
+    assert CALLS.count("backward") == 1 and CALLS.count("forward") == 1
+    np.testing.assert_allclose(np.asarray(gx), np.asarray(2 * (xs * w * 0.5) * 0.5 * w), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(gx[2]), np.asarray(jax.grad(loss)(xs[2])), rtol=1e-12)  # one example
+    # vmap of a vmap: both mapped axes fold
+    y2 = jax.vmap(jax.vmap(lambda a: JR(a, shared=w)))(jnp.stack([xs, 2 * xs]))
+    np.testing.assert_allclose(np.asarray(y2[1]), np.asarray(2 * xs * w))
+
+
+def test_vmap_over_an_array_not_split_by_sample_is_refused_naming_it():
+    rng = np.random.default_rng(8)
+    x, ws = jnp.asarray(rng.standard_normal((3, 4))), jnp.asarray(rng.standard_normal((5, 4)))
+    with pytest.raises(NotImplementedError, match=r"scale_rows: jax.vmap maps over shared, which is not split by"):
+        jax.vmap(lambda b: JR(x, shared=b))(ws)
+    xs, w = jnp.stack([x] * 5), ws[0]
+    # the backward computes every floating input's gradient: a per-sample one of w cannot come from a folded call
+    with pytest.raises(NotImplementedError, match=r"scale_rows_w: jax.vmap asks for a per-sample gradient of w"):
+        jax.vmap(jax.grad(lambda a: JRW(a, w).sum()))(xs)
+    with pytest.raises(NotImplementedError, match=r"cannot fold this call: scale 0"):
+        jax.vmap(lambda a: JR(a, shared=w, scale=0))(xs)
+
+
 def test_an_array_on_another_platform_is_refused_naming_it():
     class GpuOnly(NumpyRunner):
         platform = "CUDA"

@@ -101,3 +101,49 @@ def test_a_bad_argument_is_refused_at_trace_time():
     w = jax.ShapeDtypeStruct((3, 4, 3, 3), jnp.float32)
     with pytest.raises(ValueError, match="x has 2 channels"):
         jax.eval_shape(lambda a, b: cj.ops.convolution(a, b, None), x, w)
+
+
+BATCHED = [(n, i) for n, i in CASES if autograd.get(n).batch]
+
+
+@pytest.mark.parametrize("name, i", BATCHED)
+def test_vmap_of_every_op_with_a_batching_rule_gives_the_stacked_shapes(name, i):
+    """``jax.vmap`` over the arrays an op splits by sample (its declaration's ``batch``), traced with
+    ``jax.eval_shape``: each output is the per-example output with the mapped axis in front (the fold and unfold
+    agree with meta, and every result the folded call makes is declared), and the gradient with respect to those
+    arrays traces under vmap too (its backward target folds) where no other floating input needs one."""
+    d = autograd.get(name)
+    inputs, kw = SAMPLES[name](np.random.default_rng(200 + i), "float64")[i]
+    arrays = {k: v for k, v in kw.items() if k in d.arrays}
+    static = {k: v for k, v in kw.items() if k not in d.arrays}
+    op = cj.op(name)
+    mapped = [j for j, n in enumerate(d.inputs) if n in d.batch and inputs[j] is not None]
+    specs = {n: _spec(a) for n, a in zip(d.inputs, inputs) if a is not None}
+    if d.batch_refuses is not None and d.batch_refuses(static, specs) is not None:
+        pytest.skip(f"{name}: this sample's keywords do not fold ({d.batch_refuses(static, specs)}); refused by name")
+    B = 3
+
+    def f(*xs):
+        ins = [None if a is None else jnp.asarray(a) for a in inputs]
+        for j, x in zip(mapped, xs):
+            ins[j] = x
+        got = op(*ins, **{k: jnp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()},
+                 **static)  # fmt: skip
+        return got if isinstance(got, tuple) else (got,)
+
+    one = jax.eval_shape(f, *[_sds(inputs[j]) for j in mapped])
+    many = jax.eval_shape(jax.vmap(f), *[jax.ShapeDtypeStruct((B, *inputs[j].shape), inputs[j].dtype) for j in mapped])
+    assert [tuple(m.shape) for m in many] == [(B, *o.shape) for o in one]
+    others = [j for j, a in enumerate(inputs) if j not in mapped and isinstance(a, np.ndarray)
+              and np.issubdtype(a.dtype, np.floating)]  # fmt: skip
+    carry = [j for j in range(len(d.outputs)) if d.carries_gradient(j)]
+    if others or not carry or not all(np.issubdtype(inputs[j].dtype, np.floating) for j in mapped):
+        return  # a per-sample gradient of a shared input (w, scale) has no folded form: refused by name (CPU test)
+
+    def loss(*xs):
+        got = f(*xs)
+        return sum(got[j].astype(jnp.float64).sum() for j in carry)
+
+    grads = jax.eval_shape(jax.vmap(jax.grad(loss, argnums=tuple(range(len(mapped))))),
+                           *[jax.ShapeDtypeStruct((B, *inputs[j].shape), inputs[j].dtype) for j in mapped])  # fmt: skip
+    assert [tuple(g.shape) for g in grads] == [(B, *inputs[j].shape) for j in mapped]

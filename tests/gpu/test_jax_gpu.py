@@ -143,6 +143,68 @@ def test_every_op_matches_torch_through_jax(name, i):
         assert _rel(np.asarray(g, np.float64), r.double().numpy()) < gtol, f"{name} d input {j}"
 
 
+_BATCHED = [(n, i) for n, i in _CASES if cudnnkit.autograd.get(n).batch]
+
+
+@pytest.mark.parametrize("name, i", _BATCHED)
+def test_vmap_folds_into_one_call_with_the_per_example_results(name, i):
+    """``jax.vmap`` of each op with a batching rule (the declaration's ``batch``: the arrays split by sample), under
+    jit, over three different perturbations of the sample's mapped arrays: the results equal the same op called on
+    each example alone (the fold is exact: one cuDNN call over the folded samples), and so do the gradients with
+    respect to the mapped arrays where no shared floating input needs one."""
+    from cudnnkit import autograd
+
+    jax.config.update("jax_enable_x64", True)
+    _, _, _, _case, _, _tol, _ = _l3_tables()
+    d = autograd.get(name)
+    inputs, kw = _case(name, i)
+    tol, gtol = _tol(inputs)
+    static = {k: v for k, v in kw.items() if k not in d.arrays}
+    arrays = {k: (None if v is None else jnp.asarray(v)) for k, v in kw.items() if k in d.arrays}
+    mapped = [j for j, n in enumerate(d.inputs) if n in d.batch and inputs[j] is not None]
+    specs = {n: _spec(a) for n, a in zip(d.inputs, inputs) if a is not None}
+    if d.batch_refuses is not None and d.batch_refuses(static, specs) is not None:
+        pytest.skip(f"this sample does not fold ({d.batch_refuses(static, specs)}): refused by name (CPU test)")
+    rng = np.random.default_rng(40 + i)
+    stacks = [jnp.asarray(np.stack([np.asarray(inputs[j], np.float64) * (1 + 0.1 * b)
+                                    + 0.01 * rng.standard_normal(np.shape(inputs[j])) for b in range(3)]),
+                          jnp.asarray(inputs[j]).dtype) for j in mapped]  # fmt: skip
+
+    def f(*xs):
+        full = [None if a is None else jnp.asarray(a) for a in inputs]
+        for j, x in zip(mapped, xs):
+            full[j] = x
+        got = cj.op(name)(*full, **arrays, **static)
+        return (got if isinstance(got, tuple) else (got,))[: len(d.outputs)]
+
+    many = jax.jit(jax.vmap(f))(*stacks)
+    for b in range(3):
+        one = jax.jit(f)(*(s[b] for s in stacks))
+        for j, (m, o) in enumerate(zip(many, one)):
+            assert _rel(m[b], o) < tol, f"{name} output {j}, example {b}"
+    others = [j for j, a in enumerate(inputs) if j not in mapped and a is not None
+              and np.issubdtype(np.asarray(a).dtype, np.floating)]  # fmt: skip
+    if others or not all(jnp.issubdtype(s.dtype, jnp.floating) for s in stacks):
+        return
+
+    def loss(*xs):
+        return sum(o.astype(jnp.float64).sum() ** 2 for k, o in enumerate(f(*xs)) if d.carries_gradient(k))
+
+    argnums = tuple(range(len(mapped)))
+    gmany = jax.jit(jax.vmap(jax.grad(loss, argnums=argnums)))(*stacks)
+    for b in range(3):
+        gone = jax.jit(jax.grad(loss, argnums=argnums))(*(s[b] for s in stacks))
+        for j, (m, o) in enumerate(zip(gmany, gone)):
+            assert _rel(m[b], o) < gtol, f"{name} gradient {j}, example {b}"
+
+
+def _spec(a):
+    from cudnnkit.ops._diff import Spec
+    from cudnnkit.runtime.arrays import contiguous_strides
+
+    return Spec(tuple(np.shape(a)), contiguous_strides(tuple(np.shape(a))), str(np.asarray(a).dtype))
+
+
 def test_the_functional_api_against_jax_and_flax_semantics():
     """cudnnkit.jax.nn on the real ops: flax-layout conv with a bias, pools, layer norm and attention against
     JAX's own (float32 HIGHEST / float32 attention reference)."""

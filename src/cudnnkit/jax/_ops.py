@@ -20,6 +20,14 @@ tuple), then the new values of the mutated arrays when any were given, under ``j
 before XLA compiles anything; a failure inside the handler comes back as XLA's error carrying the exception's type
 and message (:mod:`cudnnkit.jax._ffi`).
 
+``jax.vmap``: a declaration with ``batch`` names (the arrays it splits by sample: softmax's, pooling's,
+convolution's ``x``, attention's ``q``/``k``/``v``, ...) folds the mapped axis into their leading axis, so one FFI
+call serves the whole batch, forward and backward (:class:`_Fold`, a ``jax.custom_batching.custom_vmap`` around
+each FFI call; nested vmaps fold again). Mapping over anything else (a convolution's ``w``), a per-sample gradient
+of a shared floating input (the backward computes every floating input's gradient, so ``vmap(grad)`` of a
+convolution is refused even for ``x`` alone), a call whose keywords mix the samples (softmax over axis 0) and ops
+without ``batch`` raise ``NotImplementedError`` naming the op and the argument, at trace time.
+
 ``cudnnkit.settings`` in force when a function is traced travel with the call (the handlers run on XLA's
 threads); a ``jax.jit`` function already compiled keeps the settings it was traced with (retrace to change them).
 A residual that is neither an input nor an output is kept in its own layout (the XLA buffer holds its dims in
@@ -105,6 +113,85 @@ def _floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat"))
 
 
+def _fold_spec(s: Spec, size: int) -> Spec:
+    shape = (size * s.shape[0], *s.shape[1:])
+    return Spec(shape, contiguous_strides(shape), s.dtype)
+
+
+class _Fold:
+    """The ``jax.vmap`` rule of a declaration with ``batch`` names: the mapped axis folds into the leading (sample)
+    axis of those arrays, ``(B, N, ...) -> (B * N, ...)``, the op runs once on the folded arrays, and its results
+    unfold. An unmapped array among ``batch`` is broadcast over the batch first; a mapped array outside it (a
+    convolution's ``w``), or a gradient asked for one (a per-example weight gradient), has no such rule:
+    ``NotImplementedError`` naming it, at trace time."""
+
+    def __init__(self, d: Differentiable, kwd: dict, in_names: tuple, arr_names: tuple):
+        self.d, self.kwd, self.names = d, kwd, in_names + tuple(arr_names)
+
+    def _refuse(self, what: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"cudnnkit.jax.ops.{self.d.name}: jax.vmap {what}; the batching rule folds the mapped axis into the "
+            f"leading (sample) axis of {', '.join(self.d.batch)} only (map over the batch yourself with jax.lax.map)"
+        )
+
+    def _folded(self, name: str, v: Any, batched: bool, size: int) -> Any:
+        if name not in self.d.batch:
+            if batched:
+                raise self._refuse(f"maps over {name}, which is not split by sample")
+            return v
+        if v.ndim < 1:
+            raise self._refuse(f"maps over {name}, which has no sample axis (a scalar)")
+        if not batched:
+            v = jnp.broadcast_to(v, (size, *v.shape))
+        return v.reshape((size * v.shape[1], *v.shape[2:]))
+
+    def _unfold(self, name: str, v: Any, size: int) -> Any:
+        if v is None:
+            return None
+        if name not in self.d.batch:
+            raise RuntimeError(f"{self.d.name}: {name} is a result of a folded call but not among its batch names "
+                               f"{self.d.batch} (a cudnnkit bug: the declaration's batch is incomplete)")  # fmt: skip
+        return v.reshape((size, v.shape[0] // size, *v.shape[1:]))
+
+    def forward(self, run: Callable, specs: tuple, size: int, batched: Any, ins: tuple, arrs: tuple) -> tuple:
+        d = self.d
+        flags = tuple(batched[0]) + tuple(batched[1])
+        if d.batch_refuses is not None:
+            why = d.batch_refuses(self.kwd, dict(zip(self.names, specs)))
+            if why is not None:
+                raise self._refuse(f"cannot fold this call: {why}")
+        vals = ins + arrs
+        folded = tuple(self._folded(n, v, b, size) for n, v, b in zip(self.names, vals, flags))
+        fspecs = tuple(_fold_spec(s, size) if n in d.batch else s for n, s in zip(self.names, specs))
+        outs, mutated, res = run(fspecs, folded[: len(ins)], folded[len(ins) :])
+        if mutated:
+            raise self._refuse("cannot return per-sample new values of mutated arrays")
+        given = dict(zip(self.names, zip(vals, flags)))  # residuals that are the call's own arrays: as given
+        outs = tuple(self._unfold(n, o, size) for n, o in zip(d.outputs, outs))
+        res_out: dict[str, Any] = {}
+        res_flags: dict[str, Any] = {}
+        for k, v in res.items():
+            if v is None:  # an absent optional input: no array, and no flag (the pytrees match)
+                res_out[k], res_flags[k] = None, None
+            elif k in given:  # one of the call's own arrays, mapped or not: the backward's rule folds it again
+                res_out[k], res_flags[k] = given[k]
+            else:
+                res_out[k], res_flags[k] = self._unfold(k, v, size), True
+        return (outs, mutated, res_out), (tuple(True for _ in outs), (), res_flags)
+
+    def backward(self, run: Callable, specs: tuple, size: int, batched: Any, res_names: tuple, vals: tuple,
+                 out_names: tuple, douts: tuple, grad_names: tuple) -> tuple:  # fmt: skip
+        d = self.d
+        for n in grad_names:
+            if n not in d.batch:
+                raise self._refuse(f"asks for a per-sample gradient of {n}, which is not split by sample")
+        fvals = tuple(self._folded(n, v, b, size) for n, v, b in zip(res_names, vals, batched[0]))
+        fdouts = tuple(self._folded(n, g, b, size) for n, g, b in zip(out_names, douts, batched[1]))
+        fspecs = tuple(_fold_spec(s, size) if n in d.batch else s for n, s in zip(self.names, specs))
+        grads = run(fspecs, fvals, fdouts)
+        return [self._unfold(n, g, size) for n, g in zip(grad_names, grads)], [True] * len(grads)
+
+
 class JaxOp:
     """The JAX function and FFI targets of one declaration (see the module docstring). ``namespace`` prefixes
     the target names (tests use their own); ``runner`` is the handlers' :class:`Runner`."""
@@ -144,8 +231,9 @@ class JaxOp:
             if "vmap_method" not in str(e):
                 raise
             raise NotImplementedError(
-                f"cudnnkit.jax.ops.{d.name}: jax.vmap has no batching rule for this op; map over the batch yourself "
-                f"(jax.lax.map) or fold the batch into the arrays' leading dimension (N)"
+                f"cudnnkit.jax.ops.{d.name}: jax.vmap has no batching rule for this op (its samples are not "
+                f"independent along a leading axis); map over the batch yourself (jax.lax.map) or fold the batch into "
+                f"the arrays' leading dimension (N)"
             ) from None
         if len(outs) == 1 and not mutated:
             return outs[0]
@@ -184,7 +272,24 @@ class JaxOp:
             names = set(d.inputs) | set(d.arrays) | set(d.outputs)
             return out_specs, res_specs, [k for k in res_specs if k not in names]
 
+        in_names = tuple(d.inputs[i] for i in in_idx)
+        fold = _Fold(d, kwd, in_names, arr_names)
+
         def run(specs: tuple, ins: tuple, arrs: tuple) -> tuple[tuple, tuple, dict]:
+            if not d.batch:
+                return run_ffi(specs, ins, arrs)
+
+            @jax.custom_batching.custom_vmap
+            def call(ins: tuple, arrs: tuple) -> tuple[tuple, tuple, dict]:
+                return run_ffi(specs, ins, arrs)
+
+            @call.def_vmap
+            def rule(size: int, batched: Any, ins: tuple, arrs: tuple) -> tuple:
+                return fold.forward(run, specs, size, batched, ins, arrs)  # run again: an outer vmap folds too
+
+            return call(ins, arrs)
+
+        def run_ffi(specs: tuple, ins: tuple, arrs: tuple) -> tuple[tuple, tuple, dict]:
             out_specs, res_specs, new = layout(specs)
             shapes = [_sds(s) for s in out_specs]
             shapes += [_sds(specs[len(in_idx) + arr_names.index(m)]) for m in changed]
@@ -232,12 +337,38 @@ class JaxOp:
                        __needs__=tuple(needs_full), __in__=in_idx, __arr__=arr_names,
                        __settings__=settings_items)  # fmt: skip
             wanted = [s for i, s in zip(in_idx, in_specs) if needs_full[i]]
+
+            def bwd_ffi(specs_: tuple, vals: tuple, douts_: tuple) -> list:
+                """The backward target for arrays of ``specs_`` (the residuals' layouts follow from them)."""
+                _, res_specs_, new_ = layout(specs_)
+                views_ = tuple((k, *_physical(res_specs_[k])[1:]) for k in new_ if k in names)
+                wanted_ = [s for i, s in zip(in_idx, specs_[: len(in_idx)]) if needs_full[i]]
+                got = jax.ffi.ffi_call(self.backward_name, [_sds(s) for s in wanted_])(
+                    *vals, *douts_, kw=encode(dict(bkw, __views__=views_))
+                )
+                return list(got) if isinstance(got, (list, tuple)) else [got]
+
+            out_names = tuple(d.outputs[j] for j, p in enumerate(present) if p)
+            grad_names = tuple(d.inputs[i] for i in in_idx if needs_full[i])
+
+            def bwd_call(specs_: tuple, vals: tuple, douts_: tuple) -> list:
+                if not d.batch:
+                    return bwd_ffi(specs_, vals, douts_)
+
+                @jax.custom_batching.custom_vmap
+                def bcall(vals: tuple, douts_: tuple) -> list:
+                    return bwd_ffi(specs_, vals, douts_)
+
+                @bcall.def_vmap
+                def brule(size: int, batched: Any, vals: tuple, douts_: tuple) -> tuple:
+                    return fold.backward(bwd_call, specs_, size, batched, names, vals, out_names, douts_,
+                                         grad_names)  # fmt: skip
+
+                return bcall(vals, douts_)
+
             grads: list[Any] = []
             if wanted and douts:
-                got = jax.ffi.ffi_call(self.backward_name, [_sds(s) for s in wanted])(
-                    *(res[k] for k in names), *douts, kw=encode(bkw)
-                )
-                grads = list(got) if isinstance(got, (list, tuple)) else [got]
+                grads = bwd_call(specs, tuple(res[k] for k in names), tuple(douts))
             it = iter(grads)
             out = tuple(next(it, None) if needs_full[i] and douts else None for i in in_idx)
             return out, tuple(None for _ in arr_names)

@@ -142,6 +142,13 @@ class Differentiable:
     doc: str = ""
     #: residuals the L2 backward recognises by identity (see the module docstring: ``residuals_copied``)
     tracked_residuals: tuple[str, ...] = ()
+    #: the names (inputs, arrays, outputs, residuals) whose leading axis is the op's samples, along which it computes
+    #: each sample apart from the others: a batch mapped over them (``jax.vmap``) folds into that axis. Empty: no
+    #: batching rule. Every output and fresh residual must be named when any input is.
+    batch: tuple[str, ...] = ()
+    #: ``(kw, specs) -> reason | None``: why a call with these keywords cannot fold (softmax over axis 0);
+    #: ``specs`` the present inputs' and arrays' :class:`Spec` s by name
+    batch_refuses: Callable[[dict, dict], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.differentiable_outputs is not None and len(self.differentiable_outputs) != len(self.outputs):

@@ -355,6 +355,7 @@ def _l3_meta(q: Spec, k: Spec, v: Spec, *, scale: float | None = None, causal: b
 
 SDPA = differentiable(
     Differentiable("sdpa", "sdpa_forward", ("q", "k", "v"), ("out",), _l3_forward, _l3_backward, _l3_meta,
+                   batch=("q", "k", "v", "out", "stats"),
                    doc="scaled dot-product attention (scale=, causal=), float16/bfloat16; the backward reads q, k, "
                        "v, o and the softmax statistics: one sdpa_backward graph")
 )  # fmt: skip

@@ -915,7 +915,7 @@ def _conv_l3_meta(x: Spec, w: Spec, bias: Spec | None = None, *, z: Any = None, 
 
 CONVOLUTION = differentiable(
     Differentiable("convolution", "convolution_forward", ("x", "w", "bias"), ("out",), _conv_l3_forward,
-                   _conv_l3_backward, _conv_l3_meta,
+                   _conv_l3_backward, _conv_l3_meta, batch=("x", "out"),
                    doc="y = relu?(conv(x, w) + bias) (bias and the fused ReLU optional); the backward reads x, w "
                        "(and y with the ReLU): activation_backward, then convolution_backward_data, _filter, "
                        "_bias (each only where needed)")
@@ -956,9 +956,14 @@ def _convt_l3_meta(dy: Spec, w: Spec, **kw: Any) -> Any:
     return (_new(r.y_shape, r.y_strides, r.dtype),), {"dy": dy, "w": w}
 
 
+def _convt_batch_refuses(kw: Any, specs: Any) -> str | None:
+    """A batch folds into the samples unless ``x_shape=`` names the output's batch size."""
+    return "x_shape= names the output's batch size" if kw.get("x_shape") is not None else None
+
+
 CONVOLUTION_TRANSPOSE = differentiable(
     Differentiable("convolution_transpose", "convolution_backward_data", ("dy", "w"), ("out",), _convt_l3_forward,
-                   _convt_l3_backward, _convt_l3_meta,
+                   _convt_l3_backward, _convt_l3_meta, batch=("dy", "out"), batch_refuses=_convt_batch_refuses,
                    doc="the transposed convolution (convolution_backward_data of dy by w, x_shape= or "
                        "output_padding=); the backward: convolution_forward and convolution_backward_filter")
 )  # fmt: skip

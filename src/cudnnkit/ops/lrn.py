@@ -562,6 +562,7 @@ def _l3_lrn_meta(x: Spec, *, size: int = 5, lrn_alpha: float = 1e-4, lrn_beta: f
 
 LRN = differentiable(
     Differentiable("lrn", "lrn_forward", ("x",), ("out",), _l3_lrn_forward, _l3_lrn_backward, _l3_lrn_meta,
+                   batch=("x", "out"),
                    doc="""cross-channel LRN of x (N, C, spatial...), 3 to 8 dims, float16/float32/float64, with the
 module docstring's formula: y = x / (k + lrn_alpha / size * sum over a window of size channels of x^2) ** lrn_beta,
 cuDNN's lrnN/lrnAlpha/lrnBeta/lrnK. That is torch.nn.functional.local_response_norm(x, size, alpha=lrn_alpha,

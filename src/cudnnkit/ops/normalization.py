@@ -1452,26 +1452,33 @@ def _in_l3_backward(res: dict, douts: tuple, needs: tuple, *, epsilon: float = 1
     return _needed(instance_norm_backward(dy, x, s, mean, inv), needs)
 
 
+def _gn_batch_refuses(kw: Any, specs: Any) -> str | None:
+    """A batch folds into axis 0 unless the norm's normalized dims include it (x has no leading sample dim)."""
+    if len(specs["x"].shape) <= len(specs["scale"].shape):
+        return "the norm normalizes over every dim of x (no leading sample axis)"
+    return None
+
+
 _GN_DOC = """y = {what} ({fn}_forward's keywords). Training: residuals x, scale and the saved statistics ({stats},
 float32 {shape}); one {fn}_backward (dx, {grads}). Inference (training=False) saves none: the backward computes
 them with one {fn}_forward (training) first. No float64 (cuDNN's graph API has none: ValueError)."""
 
 LAYER_NORM = differentiable(
     Differentiable("layer_norm", "layer_norm_forward", ("x", "scale", "bias"), ("y",), _ln_l3_forward,
-                   _ln_l3_backward, _ln_l3_meta,
+                   _ln_l3_backward, _ln_l3_meta, batch=("x", "y", "mean", "inv_std"), batch_refuses=_gn_batch_refuses,
                    doc=_GN_DOC.format(what="layer_norm(x) * scale + bias over the trailing dims", fn="layer_norm",
                                       stats="mean, inv_std", shape="x.shape[:-k] + (1,) * k",
                                       grads="dscale, dbias")),
 )  # fmt: skip
 RMS_NORM = differentiable(
     Differentiable("rms_norm", "rms_norm_forward", ("x", "scale"), ("y",), _rms_l3_forward, _rms_l3_backward,
-                   _rms_l3_meta,
+                   _rms_l3_meta, batch=("x", "y", "inv_std"), batch_refuses=_gn_batch_refuses,
                    doc=_GN_DOC.format(what="x * inv_std * scale over the trailing dims", fn="rms_norm",
                                       stats="inv_std", shape="x.shape[:-k] + (1,) * k", grads="dscale")),
 )  # fmt: skip
 INSTANCE_NORM = differentiable(
     Differentiable("instance_norm", "instance_norm_forward", ("x", "scale", "bias"), ("y",), _in_l3_forward,
-                   _in_l3_backward, _in_l3_meta,
+                   _in_l3_backward, _in_l3_meta, batch=("x", "y", "mean", "inv_std"),
                    doc=_GN_DOC.format(what="instance_norm(x) * scale[c] + bias[c] per (n, c)", fn="instance_norm",
                                       stats="mean, inv_std", shape="(N, C)", grads="dscale, dbias")),
 )  # fmt: skip

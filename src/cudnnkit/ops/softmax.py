@@ -278,7 +278,14 @@ def _l3_meta(x: Spec, **kw: Any) -> Any:
     return (y,), {"out": y}
 
 
+def _l3_batch_refuses(kw: Any, specs: Any) -> str | None:
+    """A batch folds into axis 0 unless softmax reduces over it (the samples would mix)."""
+    first, _ = _axes(kw.get("axis", -1), len(specs["x"].shape))
+    return "the softmax reduces over axis 0" if first == 0 else None
+
+
 SOFTMAX_L3 = differentiable(
     Differentiable("softmax", "softmax_forward", ("x",), ("out",), _l3_forward, _l3_backward, _l3_meta,
+                   batch=("x", "out"), batch_refuses=_l3_batch_refuses,
                    doc="softmax (log=True: log-softmax) over axis; the backward reads y (softmax_backward)")
 )  # fmt: skip

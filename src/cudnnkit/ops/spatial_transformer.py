@@ -476,7 +476,7 @@ def _l3_sample_meta(x: Spec, grid: Spec) -> Any:
 
 GRID_SAMPLE = differentiable(
     Differentiable("grid_sample", "grid_sample_forward", ("x", "grid"), ("out",), _l3_sample_forward,
-                   _l3_sample_backward, _l3_sample_meta,
+                   _l3_sample_backward, _l3_sample_meta, batch=("x", "grid", "out"),
                    doc="""bilinear sampling of x (N, C, H_in, W_in) at grid (N, H_out, W_out, 2) (x's dtype:
 float16/float32/float64): torch.nn.functional.grid_sample(x, grid, mode="bilinear", padding_mode="zeros",
 align_corners=True), the only configuration cuDNN has (no other keyword). y: (N, C, H_out, W_out), C-contiguous.

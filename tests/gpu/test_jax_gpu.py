@@ -88,20 +88,27 @@ except Exception:  # torch missing: the references are torch's
     _CASES = []
 
 
+def _sample(name, i):
+    """``(declaration, inputs, keywords, (tol, gradient tol), static keywords, JAX arrays)`` of L3 sample ``i`` of
+    op ``name`` (float64 samples stay float64: x64 on)."""
+    from cudnnkit import autograd
+
+    jax.config.update("jax_enable_x64", True)
+    _, _, _, _case, _, _tol, _ = _l3_tables()
+    d = autograd.get(name)
+    inputs, kw = _case(name, i)
+    static = {k: v for k, v in kw.items() if k not in d.arrays}
+    arrays = {k: (None if v is None else jnp.asarray(v)) for k, v in kw.items() if k in d.arrays}
+    return d, inputs, kw, _tol(inputs), static, arrays
+
+
 @pytest.mark.parametrize("name, i", _CASES)
 def test_every_op_matches_torch_through_jax(name, i):
     """Each L3 sample through ``cudnnkit.jax.op(name)`` under jit: the outputs against torch's float64 CPU
     reference (tests/l3), and the gradients of a random linear loss through ``jax.vjp`` against torch's autograd."""
     torch = pytest.importorskip("torch")
-    from cudnnkit import autograd
-
-    jax.config.update("jax_enable_x64", True)  # the float64 samples stay float64
-    _, REFS, _, _case, _split, _tol, _torch = _l3_tables()
-    d = autograd.get(name)
-    inputs, kw = _case(name, i)
-    tol, gtol = _tol(inputs)
-    static = {k: v for k, v in kw.items() if k not in d.arrays}
-    arrays = {k: (None if v is None else jnp.asarray(v)) for k, v in kw.items() if k in d.arrays}
+    _, REFS, _, _, _split, _, _torch = _l3_tables()
+    d, inputs, kw, (tol, gtol), static, arrays = _sample(name, i)
     present = [j for j, a in enumerate(inputs) if a is not None]
     diff = [j for j in present if np.issubdtype(np.asarray(inputs[j]).dtype, np.floating)
             or np.asarray(inputs[j]).dtype.name == "bfloat16"]  # fmt: skip
@@ -152,15 +159,7 @@ def test_vmap_folds_into_one_call_with_the_per_example_results(name, i):
     jit, over three different perturbations of the sample's mapped arrays: the results equal the same op called on
     each example alone (the fold is exact: one cuDNN call over the folded samples), and so do the gradients with
     respect to the mapped arrays where no shared floating input needs one."""
-    from cudnnkit import autograd
-
-    jax.config.update("jax_enable_x64", True)
-    _, _, _, _case, _, _tol, _ = _l3_tables()
-    d = autograd.get(name)
-    inputs, kw = _case(name, i)
-    tol, gtol = _tol(inputs)
-    static = {k: v for k, v in kw.items() if k not in d.arrays}
-    arrays = {k: (None if v is None else jnp.asarray(v)) for k, v in kw.items() if k in d.arrays}
+    d, inputs, _, (tol, gtol), static, arrays = _sample(name, i)
     mapped = [j for j, n in enumerate(d.inputs) if n in d.batch and inputs[j] is not None]
     specs = {n: _spec(a) for n, a in zip(d.inputs, inputs) if a is not None}
     if d.batch_refuses is not None and d.batch_refuses(static, specs) is not None:

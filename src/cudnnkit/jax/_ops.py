@@ -113,11 +113,6 @@ def _floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat"))
 
 
-def _fold_spec(s: Spec, size: int) -> Spec:
-    shape = (size * s.shape[0], *s.shape[1:])
-    return Spec(shape, contiguous_strides(shape), s.dtype)
-
-
 class _Fold:
     """The ``jax.vmap`` rule of a declaration with ``batch`` names: the mapped axis folds into the leading (sample)
     axis of those arrays, ``(B, N, ...) -> (B * N, ...)``, the op runs once on the folded arrays, and its results
@@ -145,6 +140,16 @@ class _Fold:
             v = jnp.broadcast_to(v, (size, *v.shape))
         return v.reshape((size * v.shape[1], *v.shape[2:]))
 
+    def _specs(self, specs: tuple, size: int) -> tuple:
+        """The call's input and array specs with the batch folded into the leading axis of the batch names."""
+        got = []
+        for n, s in zip(self.names, specs):
+            if n in self.d.batch:
+                shape = (size * s.shape[0], *s.shape[1:])
+                s = Spec(shape, contiguous_strides(shape), s.dtype)
+            got.append(s)
+        return tuple(got)
+
     def _unfold(self, name: str, v: Any, size: int) -> Any:
         if v is None:
             return None
@@ -162,8 +167,7 @@ class _Fold:
                 raise self._refuse(f"cannot fold this call: {why}")
         vals = ins + arrs
         folded = tuple(self._folded(n, v, b, size) for n, v, b in zip(self.names, vals, flags))
-        fspecs = tuple(_fold_spec(s, size) if n in d.batch else s for n, s in zip(self.names, specs))
-        outs, mutated, res = run(fspecs, folded[: len(ins)], folded[len(ins) :])
+        outs, mutated, res = run(self._specs(specs, size), folded[: len(ins)], folded[len(ins) :])
         if mutated:
             raise self._refuse("cannot return per-sample new values of mutated arrays")
         given = dict(zip(self.names, zip(vals, flags)))  # residuals that are the call's own arrays: as given
@@ -187,8 +191,7 @@ class _Fold:
                 raise self._refuse(f"asks for a per-sample gradient of {n}, which is not split by sample")
         fvals = tuple(self._folded(n, v, b, size) for n, v, b in zip(res_names, vals, batched[0]))
         fdouts = tuple(self._folded(n, g, b, size) for n, g, b in zip(out_names, douts, batched[1]))
-        fspecs = tuple(_fold_spec(s, size) if n in d.batch else s for n, s in zip(self.names, specs))
-        grads = run(fspecs, fvals, fdouts)
+        grads = run(self._specs(specs, size), fvals, fdouts)
         return [self._unfold(n, g, size) for n, g in zip(grad_names, grads)], [True] * len(grads)
 
 
@@ -326,20 +329,19 @@ class JaxOp:
             needs_full = [False] * len(d.inputs)
             for i, s in zip(in_idx, in_specs):
                 needs_full[i] = _floating(s.dtype)
-            _, res_specs, new = layout(specs)  # the fresh residuals' layouts, as the forward kept them
-            order = tuple(res_specs)  # meta's order (a pytree's dict comes back with its keys sorted)
+            order = tuple(layout(specs)[1])  # meta's order (a pytree's dict comes back with its keys sorted)
             names = tuple(k for k in order if res.get(k) is not None)
             # a residual the forward gave as None (an absent optional input: divisive normalization's means) has no
             # buffer; the backward still gets it, as None, so that it sees the forward's residual names
             absent = tuple(k for k in order if res.get(k) is None)
-            views = tuple((k, *_physical(res_specs[k])[1:]) for k in new if k in names)
-            bkw = dict(kwd, __views__=views, __res__=order, __absent__=absent, __douts__=tuple(present),
+            bkw = dict(kwd, __res__=order, __absent__=absent, __douts__=tuple(present),
                        __needs__=tuple(needs_full), __in__=in_idx, __arr__=arr_names,
                        __settings__=settings_items)  # fmt: skip
-            wanted = [s for i, s in zip(in_idx, in_specs) if needs_full[i]]
+            wanted = any(needs_full)
 
             def bwd_ffi(specs_: tuple, vals: tuple, douts_: tuple) -> list:
-                """The backward target for arrays of ``specs_`` (the residuals' layouts follow from them)."""
+                """The backward target for arrays of ``specs_``: the fresh residuals' layouts (as the forward kept
+                them) and the gradients' shapes follow from them (a folded call's are the folded ones)."""
                 _, res_specs_, new_ = layout(specs_)
                 views_ = tuple((k, *_physical(res_specs_[k])[1:]) for k in new_ if k in names)
                 wanted_ = [s for i, s in zip(in_idx, specs_[: len(in_idx)]) if needs_full[i]]

@@ -1,12 +1,24 @@
 """Scaled dot-product attention, forward and backward: the fused-attention composite of matmul, pointwise,
 reduction, reshape (and rng) nodes that cuDNN's engines match, or one ``OPERATION_SDPA_FWD``/``_BWD``
 (``implementation="unified"``; cuDNN 9.19's operation graph refuses the backward one).
+
+The composite follows cudnn-frontend's ``CompositeSDPANode``/``CompositeSDPABackwardNode`` node for node (its
+pre-9.21 path, which is what cuDNN 9.19's engines match): on the scores ``scale * q @ k^T``, in this order,
+the softcap (``DIV``, ``TANH_FWD``, ``MUL``), the additive bias (``ADD``), ALiBi (``GEN_INDEX`` row/col in int32,
+``SUB``, ``MUL`` by the slopes, ``ADD``), the padding mask (``GEN_INDEX`` int32, two ``CMP_LT`` against the
+sequence lengths, ``LOGICAL_AND``, ``BINARY_SELECT`` of ``-inf``), then (the backward subtracts the statistics
+first) the diagonal band: a right-bound mask and a left-bound mask, each its own ``GEN_INDEX`` row and column
+(int32, float32 math), the bound arithmetic, one comparison (``CMP_GE`` for the right bound, ``CMP_GT`` for the
+left) and one ``BINARY_SELECT`` of its own ``-inf`` scalar. Sharing one pair of index nodes between the two masks
+(what this module did before) is a pattern no cuDNN 9.19 engine matches.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...lib.backend import BackendDescriptor
 from ..checks import as_ints, as_real, dense_like
@@ -27,6 +39,57 @@ _SDPA_ATTR = {
     "dv": "DVDESC",
 }
 
+#: the head dims cuDNN 9.19's fused attention takes on Hopper (cudnn-frontend's support surface): multiples of 8
+#: up to this, for d_qk and d_v each
+MAX_HEAD_DIM = 256
+#: ``diagonal_alignment`` values (cudnn-frontend's ``DiagonalAlignment_t``)
+ALIGNMENTS = ("top_left", "bottom_right")
+
+
+class SdpaBackwardBias(NamedTuple):
+    """Outputs of :meth:`Graph.sdpa_backward` with ``dbias=True``: the three gradients and the bias's."""
+
+    dq: Tensor
+    dk: Tensor
+    dv: Tensor
+    dbias: Tensor
+
+
+@dataclass
+class _Variant:
+    """One attention call's options, checked (what the forward and backward patterns read)."""
+
+    b: int
+    h: int
+    sq: int
+    d: int
+    hk: int
+    hv: int
+    skv: int
+    dv: int
+    scale: Tensor
+    left_bound: int | None
+    right_bound: int | None
+    bottom_right: bool
+    seq_len_q: Tensor | None
+    seq_len_kv: Tensor | None
+    bias: Tensor | None
+    alibi_slopes: Tensor | None
+    softcap: float | None
+    dropout: float
+
+    @property
+    def padded(self) -> bool:
+        return self.seq_len_q is not None
+
+
+def _bound(v, role: str, minimum: int) -> int | None:
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise GraphError(f"{role} must be an int >= {minimum} or None, got {v!r}")
+    return v
+
 
 class SdpaNodes:
     """The :class:`~cudnnkit.graph.Graph` methods that add attention (and its helpers)."""
@@ -46,6 +109,12 @@ class SdpaNodes:
             raise GraphError(f"q, k, v must share the batch size; got {b}, {bk}, {bv}")
         if dk != d:
             raise GraphError(f"k's head dim {dk} must equal q's {d}")
+        for role, x in (("q", d), ("v", dv)):
+            if x % 8 or x > MAX_HEAD_DIM:
+                raise GraphError(
+                    f"{role}'s head dim must be a multiple of 8 up to {MAX_HEAD_DIM} (cuDNN 9.19's fused attention "
+                    f"on Hopper), got {x}"
+                )
         if skv2 != skv:
             raise GraphError(f"k and v must share the key length; got {skv} and {skv2}")
         if h % hk or h % hv:
@@ -57,68 +126,159 @@ class SdpaNodes:
     def _vt(self, dims, dtype, name) -> Tensor:
         return self.tensor(dims, None, dtype, virtual=True, name=name)
 
-    def _mask(self, s: Tensor, left_bound: int | None, right_bound: int | None) -> Tensor:
-        """Diagonal band mask on scores ``(B, H, Sq, Skv)`` (top-left aligned): keep
-        ``row - left_bound < col <= row + right_bound``; the rest becomes -inf."""
-        if left_bound is None and right_bound is None:
-            return s
-        row = self._pw("GEN_INDEX", s, dtype="int32", name="row_index", axis=2)
-        col = self._pw("GEN_INDEX", s, dtype="int32", name="col_index", axis=3)
-        ninf = self.scalar(-math.inf, "float32", 4, name="neg_inf")
-        if right_bound is not None:
-            r = row
-            if right_bound:
-                r = self._pw(
-                    "ADD",
-                    row,
-                    self.scalar(right_bound, "int32", 4, name="right_bound"),
-                    dtype="int32",
-                    compute="int32",
-                    name="row_plus_right_bound",
-                )
-            keep = self._pw("CMP_GE", r, col, dtype="bool", compute="bool", name="causal_keep")
-            s = self._pw("BINARY_SELECT", s, ninf, keep, name="causal_masked")
-        if left_bound is not None:
-            c = self._pw(
-                "ADD",
-                col,
-                self.scalar(float(left_bound), "float32", 4, name="left_bound"),
-                dtype="float32",
-                name="col_plus_left_bound",
-            )
-            keep = self._pw("CMP_GT", c, row, dtype="bool", compute="bool", name="window_keep")
-            s = self._pw("BINARY_SELECT", s, ninf, keep, name="window_masked")
+    # ------------------------------------------------------------- score modifiers and masks
+
+    def _index(self, s: Tensor, axis: int, tag: str, compute: str | None = None) -> Tensor:
+        """``GEN_INDEX`` of the scores' row (axis 2) or column (axis 3), int32."""
+        what = "row" if axis == 2 else "col"
+        return self._pw("GEN_INDEX", s, dtype="int32", compute=compute, name=f"{what}_index_{tag}", axis=axis)
+
+    def _int_pw(self, mode: str, x: Tensor, b: Tensor, name: str) -> Tensor:
+        return self._pw(mode, x, b, dtype="int32", compute="int32", name=name)
+
+    def _select(self, s: Tensor, keep: Tensor, name: str) -> Tensor:
+        """``keep ? s : -inf`` (``BINARY_SELECT`` with a -inf scalar of its own)."""
+        ninf = self.scalar(-math.inf, "float32", 4, name=f"neg_inf_{name}")
+        return self._pw("BINARY_SELECT", s, ninf, keep, name=name)
+
+    def _modify(self, s: Tensor, o: _Variant, keep: dict) -> Tensor:
+        """The score modifiers that precede the softmax statistics, in cudnn-frontend's order: softcap, bias,
+        ALiBi, padding mask. ``keep`` receives what the backward's gradient of the softcap reads."""
+        if o.softcap is not None:
+            cap = self.scalar(o.softcap, "float32", 4, name="softcap")
+            pre = self._pw("DIV", s, cap, name="div_by_softcap")
+            keep["softcap"], keep["pre_tanh"] = cap, pre
+            s = self._pw("MUL", self._pw("TANH_FWD", pre, name="softcap_tanh"), cap, name="mul_by_softcap")
+        if o.bias is not None:
+            s = self._pw("ADD", s, o.bias, name="bias_add")
+        if o.alibi_slopes is not None:
+            row, col = self._index(s, 2, "alibi", "int32"), self._index(s, 3, "alibi", "int32")
+            dist = self._int_pw("SUB", col, row, "col_minus_row_alibi")
+            s = self._pw("ADD", s, self._pw("MUL", dist, o.alibi_slopes, name="alibi"), name="add_alibi")
+        if o.padded:
+            row, col = self._index(s, 2, "padding", "int32"), self._index(s, 3, "padding", "int32")
+            rk = self._pw("CMP_LT", row, o.seq_len_q, dtype="bool", compute="bool", name="row_lt_seq_len_q")
+            ck = self._pw("CMP_LT", col, o.seq_len_kv, dtype="bool", compute="bool", name="col_lt_seq_len_kv")
+            both = self._pw("LOGICAL_AND", rk, ck, dtype="bool", compute="bool", name="padding_keep")
+            s = self._select(s, both, "padding_masked")
         return s
 
-    def _sdpa_common(self, q, k, v, scale, causal, left_bound, right_bound, implementation, dropout):
+    def _band(self, s: Tensor, o: _Variant) -> Tensor:
+        """The diagonal band ``row - left_bound < col <= row + right_bound`` (bottom-right aligned: ``row``
+        shifted by ``S_kv - S_q``, per sample with padding), as cudnn-frontend's two composite diagonal-band
+        masks: the right bound (causal), then the left bound (sliding window), each with its own index nodes."""
+        if o.right_bound is not None:
+            row, col = self._index(s, 2, "right"), self._index(s, 3, "right")
+            r = row
+            if o.bottom_right:
+                skv = o.seq_len_kv if o.padded else self.scalar(o.skv, "int32", 4, name="s_kv")
+                sq = o.seq_len_q if o.padded else self.scalar(o.sq, "int32", 4, name="s_q")
+                r = self._int_pw("SUB", self._int_pw("ADD", r, skv, "row_plus_s_kv"), sq, "row_shifted")
+            if o.right_bound:
+                shift = self.scalar(o.right_bound, "int32", 4, name="right_bound")
+                r = self._int_pw("ADD", r, shift, "row_plus_right_bound")
+            keep = self._pw("CMP_GE", r, col, dtype="bool", compute="bool", name="right_bound_keep")
+            s = self._select(s, keep, "right_bound_masked")
+        if o.left_bound is not None:
+            row, col = self._index(s, 2, "left"), self._index(s, 3, "left")
+            if not o.bottom_right:
+                lb = self.scalar(float(o.left_bound), "float32", 4, name="left_bound")
+            elif not o.padded:
+                lb = self.scalar(float(o.left_bound - o.skv + o.sq), "float32", 4, name="left_bound_shifted")
+            else:
+                lb = self.scalar(o.left_bound, "int32", 4, name="left_bound")
+            c = self._pw("ADD", col, lb, dtype=lb.dtype, compute=lb.dtype, name="col_plus_left_bound")
+            if o.bottom_right and o.padded:
+                c = self._int_pw("ADD", self._int_pw("SUB", c, o.seq_len_kv, "col_minus_s_kv"), o.seq_len_q,
+                                 "col_shifted")  # fmt: skip
+            keep = self._pw("CMP_GT", c, row, dtype="bool", compute="bool", name="left_bound_keep")
+            s = self._select(s, keep, "left_bound_masked")
+        return s
+
+    # ------------------------------------------------------------- argument checks
+
+    def _seq_len(self, t, role: str, b: int) -> Tensor | None:
+        if t is None:
+            return None
+        t = self._own(t, role)
+        if t.dims != (b, 1, 1, 1) or t.dtype != "int32" or t.virtual:
+            raise GraphError(f"{role} must be an int32 (B, 1, 1, 1) = {(b, 1, 1, 1)} tensor, got {t.dtype} {t.dims}")
+        return t
+
+    def _sdpa_common(
+        self, q, k, v, scale, causal, left_bound, right_bound, implementation, dropout, *, diagonal_alignment,
+        seq_len_q, seq_len_kv, bias, alibi_slopes, softcap,
+    ):  # fmt: skip
         q, k, v = self._own(q, "q"), self._own(k, "k"), self._own(v, "v")
         shape = self._sdpa_check(q, k, v)
+        b, h, sq, d, hk, hv, skv, dv = shape
         if not isinstance(implementation, str) or implementation not in ("composite", "unified"):
             raise GraphError(f"implementation must be 'composite' or 'unified', got {implementation!r}")
+        if not isinstance(causal, bool):
+            raise GraphError(f"causal must be a bool, got {causal!r}")
         if causal:
             if right_bound not in (None, 0):
                 raise GraphError("causal=True is right_bound=0; do not pass another right_bound")
             right_bound = 0
-        for role, bnd in (("left_bound", left_bound), ("right_bound", right_bound)):
-            if bnd is not None and (
-                not isinstance(bnd, int) or isinstance(bnd, bool) or bnd < 0 or (role == "left_bound" and bnd < 1)
-            ):
-                raise GraphError(f"{role} must be a non-negative int (left_bound >= 1), got {bnd!r}")
+        left_bound = _bound(left_bound, "left_bound", 1)
+        right_bound = _bound(right_bound, "right_bound", 0)
+        if diagonal_alignment not in ALIGNMENTS:
+            raise GraphError(f"diagonal_alignment must be one of {ALIGNMENTS}, got {diagonal_alignment!r}")
+        bottom_right = diagonal_alignment == "bottom_right"
         p = as_real(dropout, "dropout")
         if not 0.0 <= p < 1.0:
             raise GraphError(f"dropout must be within [0, 1), got {dropout}")
-        if implementation == "unified" and (left_bound is not None or right_bound is not None or p):
+        if (seq_len_q is None) != (seq_len_kv is None):
+            raise GraphError("a padding mask needs both seq_len_q= and seq_len_kv= (int32 (B, 1, 1, 1) tensors)")
+        sql, sqkv = self._seq_len(seq_len_q, "seq_len_q", b), self._seq_len(seq_len_kv, "seq_len_kv", b)
+        if bias is not None:
+            bias = self._own(bias, "bias")
+            if bias.ndim != 4 or bias.dims[0] not in (1, b) or bias.dims[1] not in (1, h) or bias.dims[2:] != (sq, skv):
+                raise GraphError(f"bias must be (1 or B, 1 or H, S_q, S_kv) = (1|{b}, 1|{h}, {sq}, {skv}), got "
+                                 f"{bias.dims}")  # fmt: skip
+            if bias.dtype not in (q.dtype, "float32"):
+                raise GraphError(f"bias must be q's dtype {q.dtype} or float32, got {bias.dtype}")
+        if alibi_slopes is not None:
+            alibi_slopes = self._own(alibi_slopes, "alibi_slopes")
+            if alibi_slopes.dims != (1, h, 1, 1) or alibi_slopes.dtype != "float32":
+                raise GraphError(f"alibi_slopes must be a float32 (1, H, 1, 1) = {(1, h, 1, 1)} tensor, got "
+                                 f"{alibi_slopes.dtype} {alibi_slopes.dims}")  # fmt: skip
+            if right_bound != 0:
+                raise GraphError("alibi_slopes needs causal=True (cuDNN's ALiBi pattern is causal: right_bound=0)")
+        if softcap is not None:
+            softcap = as_real(softcap, "softcap")
+            if not softcap > 0:
+                raise GraphError(f"softcap must be a positive number, got {softcap}")
+            if right_bound is not None or left_bound is not None or alibi_slopes is not None or sql is not None:
+                raise GraphError("softcap takes no causal mask, bounds, alibi_slopes or padding mask (cuDNN's score "
+                                 "modifier pattern runs alone)")  # fmt: skip
+        # cudnn-frontend's support surface for cuDNN 9.19 (fp16/bf16): what no engine takes, refused by name
+        if bottom_right and right_bound is not None:
+            if sql is None and sq > skv:
+                raise GraphError(f"bottom-right causal masking needs S_q <= S_kv without a padding mask, got S_q = "
+                                 f"{sq} and S_kv = {skv}")  # fmt: skip
+            if bias is not None or alibi_slopes is not None or p:
+                raise GraphError("bottom-right causal masking takes no bias, alibi_slopes or dropout (cuDNN 9.19)")
+        if left_bound is not None and sql is None and sq > skv:
+            raise GraphError(f"left_bound (sliding window) needs S_q <= S_kv without a padding mask, got S_q = {sq} "
+                             f"and S_kv = {skv}")  # fmt: skip
+        variants = (left_bound, right_bound, sql, bias, alibi_slopes, softcap)
+        if implementation == "unified" and (any(x is not None for x in variants) or p):
             raise GraphError(
-                "the unified SDPA operation of cuDNN 9.19 takes no mask or dropout "
+                "the unified SDPA operation of cuDNN 9.19 takes no mask or dropout (nor bias or a score modifier) "
                 "(cuDNN 9.21 adds them); use implementation='composite'"
             )
-        sc = self._scalar_or(1.0 / math.sqrt(shape[3]) if scale is None else scale, "scale", 4)
-        return q, k, v, shape, sc, left_bound, right_bound, p
+        sc = self._scalar_or(1.0 / math.sqrt(d) if scale is None else scale, "scale", 4)
+        o = _Variant(b, h, sq, d, hk, hv, skv, dv, sc, left_bound, right_bound, bottom_right, sql, sqkv, bias,
+                     alibi_slopes, softcap, p)  # fmt: skip
+        return q, k, v, o
 
     def _dropout_mask(self, dims, p: float, seed: Tensor | None, offset: Tensor | None) -> Tensor:
         if seed is None or offset is None:
             raise GraphError("dropout needs seed= and offset= (one-element int64 device tensors)")
         return self.rng(dims, seed=seed, offset=offset, probability=1.0 - p, name="dropout_mask")
+
+    # ------------------------------------------------------------- forward
 
     def sdpa_forward(
         self,
@@ -130,6 +290,12 @@ class SdpaNodes:
         causal: bool = False,
         left_bound: int | None = None,
         right_bound: int | None = None,
+        diagonal_alignment: str = "top_left",
+        seq_len_q: Tensor | None = None,
+        seq_len_kv: Tensor | None = None,
+        bias: Tensor | None = None,
+        alibi_slopes: Tensor | None = None,
+        softcap: float | None = None,
         dropout: float = 0.0,
         seed: Tensor | None = None,
         offset: Tensor | None = None,
@@ -138,36 +304,46 @@ class SdpaNodes:
         implementation: str = "composite",
         name: str = "",
     ) -> SdpaForward:
-        """Scaled dot-product attention forward: ``o = softmax(scale * q @ k^T + mask) @ v``.
+        """Scaled dot-product attention forward: ``o = softmax(mask(modify(scale * q @ k^T))) @ v``.
 
-        ``q`` ``(B, H, Sq, D)``, ``k`` ``(B, Hk, Skv, D)``, ``v`` ``(B, Hv, Skv, Dv)``
-        (any strides with the head dim contiguous: BHSD or BSHD; ``H`` a
-        multiple of ``Hk`` and ``Hv`` for grouped-query attention), float16 or
-        bfloat16. ``scale`` defaults to ``1/sqrt(D)``. ``causal`` keeps
-        ``col <= row``; ``right_bound``/``left_bound`` give a diagonal band
-        ``row - left_bound < col <= row + right_bound`` (top-left aligned).
-        ``dropout`` (probability of dropping) needs ``seed``/``offset``
-        tensors. Returns ``o`` ``(B, H, Sq, Dv)`` (q's dtype, ``o_strides`` or
-        q's layout) and, with ``stats``, the float32 softmax log-sum-exp
-        ``(B, H, Sq, 1)`` that :meth:`sdpa_backward` needs; both virtual until
-        marked. Without ``stats`` the statistics are still written, to a
-        :meth:`scratch` tensor: cuDNN 9.19 on an H200 has no engine for the
-        pattern without them.
+        ``q`` ``(B, H, Sq, D)``, ``k`` ``(B, Hk, Skv, D)``, ``v`` ``(B, Hv, Skv, Dv)`` (any strides with the
+        head dim contiguous: BHSD or BSHD; ``H`` a multiple of ``Hk`` and ``Hv`` for grouped/multi-query
+        attention; ``D`` and ``Dv`` multiples of 8 up to 256, and may differ), float16 or bfloat16.
+        ``scale`` defaults to ``1/sqrt(D)``.
 
-        ``implementation="composite"`` (default) builds cuDNN's fused-attention
-        pattern from primitive nodes: ``OPERATION_MATMUL`` (q @ k^T, with k
-        described as its transpose), ``OPERATION_POINTWISE`` (scale, mask via
-        GEN_INDEX/CMP/BINARY_SELECT, softmax SUB/EXP/DIV/LOG/ADD, dropout MUL),
-        ``OPERATION_REDUCTION`` (row max, row sum), ``OPERATION_RNG`` (dropout)
-        and ``OPERATION_MATMUL`` (P @ v). ``"unified"`` makes one
-        ``CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR`` (cuDNN 9.19: no mask, no dropout).
+        Masks: ``causal`` keeps ``col <= row``; ``right_bound``/``left_bound`` give a diagonal band
+        ``row - left_bound < col <= row + right_bound``; ``diagonal_alignment="top_left"`` (default: row 0
+        against column 0, torch's ``is_causal``) or ``"bottom_right"`` (the last query row against the last key:
+        ``row`` shifted by ``Skv - Sq``, per sample with a padding mask). ``seq_len_q``/``seq_len_kv`` (int32
+        ``(B, 1, 1, 1)`` device tensors, both) mask rows and columns past each sample's lengths (and override the
+        matmuls' M/N/K per sample); the output rows past ``seq_len_q`` are not defined.
+
+        Score modifiers: ``bias`` ``(1|B, 1|H, Sq, Skv)`` (q's dtype or float32) added; ``alibi_slopes`` a
+        float32 ``(1, H, 1, 1)`` tensor, ``slope[h] * (col - row)`` added (needs ``causal``); ``softcap`` a
+        number ``c``: ``c * tanh(s / c)`` (alone: no mask, ALiBi or padding). ``dropout`` (probability of
+        dropping) needs ``seed``/``offset`` (one-element int64 device tensors; the same pair replays the same
+        mask). cuDNN 9.19's refusals are raised here as :class:`GraphError`: bottom-right causal with ``Sq >
+        Skv`` (no padding) or with bias, ALiBi or dropout; a left bound with ``Sq > Skv`` (no padding).
+
+        Returns ``o`` ``(B, H, Sq, Dv)`` (q's dtype, ``o_strides`` or q's layout) and, with ``stats``, the
+        float32 softmax log-sum-exp ``(B, H, Sq, 1)`` that :meth:`sdpa_backward` needs; both virtual until
+        marked. Without ``stats`` the statistics are still written, to a :meth:`scratch` tensor: cuDNN 9.19 on
+        an H200 has no engine for the pattern without them.
+
+        ``implementation="composite"`` (default) builds cudnn-frontend's fused-attention pattern from
+        primitive nodes: ``OPERATION_MATMUL`` (q @ k^T, k described as its transpose), ``OPERATION_POINTWISE``
+        (scale, the modifiers and masks of the module docstring, softmax SUB/EXP/DIV/LOG/ADD, dropout MUL),
+        ``OPERATION_REDUCTION`` (row max, row sum), ``OPERATION_RNG`` (dropout) and ``OPERATION_MATMUL`` (P @ v).
+        ``"unified"`` makes one ``CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR`` (cuDNN 9.19: scale only).
         """
         if o_strides is not None:
             o_strides = as_ints(o_strides, "o_strides")
-        q, k, v, shape, sc, lb, rb, p = self._sdpa_common(
-            q, k, v, scale, causal, left_bound, right_bound, implementation, dropout
-        )
-        b, h, sq, d, hk, hv, skv, dv = shape
+        q, k, v, ov = self._sdpa_common(
+            q, k, v, scale, causal, left_bound, right_bound, implementation, dropout,
+            diagonal_alignment=diagonal_alignment, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, bias=bias,
+            alibi_slopes=alibi_slopes, softcap=softcap,
+        )  # fmt: skip
+        b, h, sq, skv, d, dv, hk = ov.b, ov.h, ov.sq, ov.skv, ov.d, ov.dv, ov.hk
         odims = (b, h, sq, dv)
         o = self.tensor(
             odims,
@@ -184,20 +360,22 @@ class SdpaNodes:
             self._tensors[st.uid] = st
             self._add_scratch(st, None)  # written by the pattern before anything reads it
         if implementation == "unified":
-            self._add("sdpa_fwd", {}, {"q": q, "k": k, "v": v, "scale": sc}, {"o": o, "stats": st})
+            self._add("sdpa_fwd", {}, {"q": q, "k": k, "v": v, "scale": ov.scale}, {"o": o, "stats": st})
             return SdpaForward(o, st if stats else None)
+        p = ov.dropout
+        mask = self._dropout_mask((b, h, sq, skv), p, seed, offset) if p else None  # checked before any node
         self._describe_as(k, (b, hk, d, skv), (k.strides[0], k.strides[1], k.strides[3], k.strides[2]), "k")
-        s = self._mm(q, k, (b, h, sq, skv), name="qk")
+        s = self._mm(q, k, (b, h, sq, skv), name="qk", m=ov.seq_len_q, n=ov.seq_len_kv)
         self._view_nodes.add(len(self._nodes) - 1)
-        s = self._pw("MUL", s, sc, name="scaled")
-        s = self._mask(s, lb, rb)
+        s = self._pw("MUL", s, ov.scale, name="scaled")
+        s = self._band(self._modify(s, ov, {}), ov)
         mx = self._red(s, (b, h, sq, 1), mode="max", name="row_max")
         e = self._pw("EXP", self._pw("SUB", s, mx, name="minus_max"), name="exp")
         sm = self._red(e, (b, h, sq, 1), name="row_sum")
         self._pw("ADD", mx, self._pw("LOG", sm, name="log_sum"), out=st)
         pr = self._pw("DIV", e, sm, name="probs")
         if p:
-            pr = self._pw("MUL", pr, self._dropout_mask((b, h, sq, skv), p, seed, offset), name="dropped")
+            pr = self._pw("MUL", pr, mask, name="dropped")
             pr = self._pw(
                 "MUL",
                 pr,
@@ -207,7 +385,7 @@ class SdpaNodes:
             )
         else:
             pr = self._retype(pr, q.dtype)
-        self._mm(pr, v, odims, out=o)
+        self._mm(pr, v, odims, out=o, m=ov.seq_len_q, k=ov.seq_len_kv)
         return SdpaForward(o, st if stats else None)
 
     def _retype(self, t: Tensor, dtype: str) -> Tensor:
@@ -215,6 +393,8 @@ class SdpaNodes:
         new = Tensor(t.uid, t.dims, t.strides, dtype, True, False, t.name, self._id)
         self._tensors[t.uid] = new
         return new
+
+    # ------------------------------------------------------------- backward
 
     def sdpa_backward(
         self,
@@ -229,40 +409,57 @@ class SdpaNodes:
         causal: bool = False,
         left_bound: int | None = None,
         right_bound: int | None = None,
+        diagonal_alignment: str = "top_left",
+        seq_len_q: Tensor | None = None,
+        seq_len_kv: Tensor | None = None,
+        bias: Tensor | None = None,
+        dbias: bool = False,
+        alibi_slopes: Tensor | None = None,
+        softcap: float | None = None,
         dropout: float = 0.0,
         seed: Tensor | None = None,
         offset: Tensor | None = None,
+        deterministic: bool = False,
         dq_strides: Sequence[int] | None = None,
         dk_strides: Sequence[int] | None = None,
         dv_strides: Sequence[int] | None = None,
         implementation: str = "composite",
         name: str = "",
-    ) -> SdpaBackward:
+    ) -> SdpaBackward | SdpaBackwardBias:
         """Attention backward: ``dq``, ``dk``, ``dv`` from the forward's inputs, ``o``, ``do`` and ``stats``.
 
-        Options as in :meth:`sdpa_forward` (they must match the forward's).
-        ``o`` and ``do`` ``(B, H, Sq, Dv)``, ``stats`` the forward's float32
-        log-sum-exp ``(B, H, Sq, 1)``. Gradients take their input's dtype and
-        layout unless ``*_strides`` say otherwise; virtual until marked.
+        Options as in :meth:`sdpa_forward` (they must match the forward's; ``seed``/``offset`` the same values
+        replay its dropout mask). ``o`` and ``do`` ``(B, H, Sq, Dv)``, ``stats`` the forward's float32
+        log-sum-exp ``(B, H, Sq, 1)``. Gradients take their input's dtype and layout unless ``*_strides`` say
+        otherwise; virtual until marked. ``dk``/``dv`` of grouped-query heads are summed over the query heads
+        of each key/value head (``OPERATION_REDUCTION``). ``dbias=True`` (needs ``bias``) also returns the
+        bias's gradient (the bias's dims and dtype: ``dS`` summed over the broadcast dims) as
+        :class:`SdpaBackwardBias`. ``deterministic=True`` (cudnn-frontend's
+        ``use_deterministic_algorithm``, its Hopper form) writes ``dq`` straight from the ``dS @ k`` matmul,
+        without the float32 accumulator that the atomic-add engines take; so does ``dbias``.
 
-        The composite (default) follows cuDNN's fused attention backward
-        pattern: ``rowsum(do * o)`` into a float32 scratch tensor, the scores
-        recomputed (matmul, scale, mask, ``exp(s - stats)``), ``dv = P^T @ do``
-        and ``dk = dS^T @ q`` through ``OPERATION_RESHAPE`` transposes,
-        ``dq = dS @ k`` into a float32 scratch accumulator then
-        ``IDENTITY`` into ``dq`` (see :meth:`scratch`); grouped-query heads are
-        summed by ``OPERATION_REDUCTION``. ``"unified"`` makes one
-        ``CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR`` (no mask, no dropout).
+        The composite (default) follows cudnn-frontend's backward pattern: ``rowsum(do * o)`` (times the
+        keep probability) into a float32 scratch tensor, the scores recomputed (matmul, scale, the modifiers,
+        ``- stats``, the band, ``exp``), ``dv = P^T @ do`` and ``dk = dS^T @ q`` through ``OPERATION_RESHAPE``
+        transposes, ``dq = dS @ k`` into a float32 scratch accumulator (zeroed) then ``IDENTITY`` into ``dq``
+        (see :meth:`scratch`). ``"unified"`` makes one ``CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR``
+        (scale only).
         """
         strides_of = {"dq": dq_strides, "dk": dk_strides, "dv": dv_strides}
         for role, st in strides_of.items():
             if st is not None:
                 strides_of[role] = as_ints(st, f"{role}_strides")
         dq_strides, dk_strides, dv_strides = strides_of.values()
-        q, k, v, shape, sc, lb, rb, p = self._sdpa_common(
-            q, k, v, scale, causal, left_bound, right_bound, implementation, dropout
-        )
-        b, h, sq, d, hk, hv, skv, dv = shape
+        q, k, v, ov = self._sdpa_common(
+            q, k, v, scale, causal, left_bound, right_bound, implementation, dropout,
+            diagonal_alignment=diagonal_alignment, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, bias=bias,
+            alibi_slopes=alibi_slopes, softcap=softcap,
+        )  # fmt: skip
+        b, h, sq, d, hk, hv, skv, dv = ov.b, ov.h, ov.sq, ov.d, ov.hk, ov.hv, ov.skv, ov.dv
+        if not isinstance(dbias, bool) or not isinstance(deterministic, bool):
+            raise GraphError(f"dbias and deterministic must be bools, got {dbias!r} and {deterministic!r}")
+        if dbias and ov.bias is None:
+            raise GraphError("dbias=True needs bias= (the gradient of the bias the forward added)")
         o, do, stats = self._own(o, "o"), self._own(do, "do"), self._own(stats, "stats")
         for role, t in (("o", o), ("do", do)):
             if t.dims != (b, h, sq, dv):
@@ -270,6 +467,8 @@ class SdpaNodes:
         if stats.dims != (b, h, sq, 1) or stats.dtype != "float32":
             raise GraphError(f"stats must be float32 {(b, h, sq, 1)}, got {stats.dtype} {stats.dims}")
         base = name or "sdpa_bwd"
+        p = ov.dropout
+        mask = self._dropout_mask((b, h, sq, skv), p, seed, offset) if p else None  # checked before any node
 
         def grad(t: Tensor, strides, role: str) -> Tensor:
             return self.tensor(
@@ -281,10 +480,11 @@ class SdpaNodes:
             self._add(
                 "sdpa_bwd",
                 {},
-                {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats, "scale": sc},
+                {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats, "scale": ov.scale},
                 {"dq": dq, "dk": dk, "dv": dvt},
             )
             return SdpaBackward(dq, dk, dvt)
+        sl_q, sl_kv = ov.seq_len_q, ov.seq_len_kv
         k_strides, v_strides = k.strides, v.strides
         self._describe_as(k, (b, hk, d, skv), (k_strides[0], k_strides[1], k_strides[3], k_strides[2]), "k")
         self._describe_as(v, (b, hv, dv, skv), (v_strides[0], v_strides[1], v_strides[3], v_strides[2]), "v")
@@ -294,51 +494,70 @@ class SdpaNodes:
         self._add_scratch(rsum, None)  # written (rowsum) before it is read
         keep = self.scalar(1.0 - p, "float32", 4, name="dropout_keep" if p else "one")
         self._pw("MUL", dsum, keep, out=rsum)
-        # the probabilities again: exp(scale * q @ k^T + mask - stats)
-        s = self._mm(q, k, (b, h, sq, skv), name="qk")
+        # the probabilities again: exp(band(modify(scale * q @ k^T) - stats))
+        s = self._mm(q, k, (b, h, sq, skv), name="qk", m=sl_q, n=sl_kv)
         self._view_nodes.add(len(self._nodes) - 1)
-        s = self._pw("MUL", s, sc, name="scaled")
+        s = self._pw("MUL", s, ov.scale, name="scaled")
+        saved: dict = {}
+        s = self._modify(s, ov, saved)
         s = self._pw("SUB", s, stats, name="minus_stats")
-        s = self._mask(s, lb, rb)
+        s = self._band(s, ov)
         e = self._pw("EXP", s, name="probs")
         pr = e
         if p:
-            mask = self._dropout_mask((b, h, sq, skv), p, seed, offset)
             dscale = self.scalar(1.0 / (1.0 - p), "float32", 4, name="dropout_scale")
             pr = self._pw("MUL", self._pw("MUL", e, mask, name="dropped"), dscale, name="probs_scaled")
         tr = (h * sq * skv, sq * skv, 1, skv)
         pt = self.tensor((b, h, skv, sq), tr, q.dtype, virtual=True, name="probs_t")
         self._add("reshape", {"perm": (0, 1, 3, 2)}, {"x": pr}, {"y": pt})
-        self._grouped(self._mm, pt, do, (b, h, skv, dv), dvt, hv, "dv")
+        self._grouped(pt, do, (b, h, skv, dv), dvt, hv, "dv", m=sl_kv, k=sl_q)
         # dS = P * (do @ v^T - rowsum) * scale
-        dp = self._mm(do, v, (b, h, sq, skv), name="do_v")
+        dp = self._mm(do, v, (b, h, sq, skv), name="do_v", m=sl_q, n=sl_kv)
         self._view_nodes.add(len(self._nodes) - 1)
         if p:
             dp = self._pw("MUL", dp, mask, name="dp_dropped")
         ds = self._pw("MUL", self._pw("SUB", dp, rsum, name="dp_minus_sum"), e, name="ds_raw")
         if p:
             ds = self._pw("MUL", ds, dscale, name="ds_dropout")
-        ds = self._pw("MUL", ds, sc, name="ds")
+        db = None
+        if dbias:
+            bt = ov.bias
+            db = self.tensor(bt.dims, dense_like(bt.dims, None), bt.dtype, virtual=True, name=f"{base}_dbias")
+            self._red(ds, bt.dims, out=db)
+        if ov.softcap is not None:  # d/ds of c * tanh(s / c): cudnn-frontend's Softcap.backward
+            cap = saved["softcap"]
+            t = self._pw("MUL", ds, cap, name="mul_by_softcap_bwd")
+            dt = self._vt(t.dims, self.intermediate_dtype, "dtanh")
+            attrs = {"mode": "TANH_BWD", "compute_dtype": self.compute_dtype, "alpha1": 1.0, "alpha2": 1.0}
+            self._add("pointwise", attrs, {"dy": t, "x": saved["pre_tanh"]}, {"dx": dt})
+            ds = self._pw("DIV", dt, cap, name="div_by_softcap_bwd")
+        ds = self._pw("MUL", ds, ov.scale, name="ds")
         dst = self.tensor((b, h, skv, sq), tr, q.dtype, virtual=True, name="ds_t")
         self._add("reshape", {"perm": (0, 1, 3, 2)}, {"x": ds}, {"y": dst})
-        self._grouped(self._mm, dst, q, (b, h, skv, d), dk, hk, "dk")
-        # dq = dS @ k through a float32 accumulator
+        self._grouped(dst, q, (b, h, skv, d), dk, hk, "dk", m=sl_kv, k=sl_q)
+        # dq = dS @ k (through a float32 accumulator unless deterministic or dbias: cudnn-frontend's dP workspace)
         kv = self.tensor((b, hk, skv, d), k_strides, k.dtype, virtual=True, name="k_view")
         self._add("reshape", {"perm": (0, 1, 3, 2)}, {"x": k}, {"y": kv})
         self._view_nodes.add(len(self._nodes) - 1)
-        acc = self.tensor((b, h, sq, d), None, "float32", name="dq_accum")
-        self._add_scratch(acc, "zero")  # the matmul accumulates into it: zeroed before every run
-        self._mm(ds, kv, (b, h, sq, d), out=acc)
-        self._pw("IDENTITY", acc, out=dq)
+        if deterministic or dbias:
+            self._mm(ds, kv, (b, h, sq, d), out=dq, m=sl_q, k=sl_kv)
+        else:
+            acc = self.tensor((b, h, sq, d), None, "float32", name="dq_accum")
+            self._add_scratch(acc, "zero")  # the matmul accumulates into it: zeroed before every run
+            self._mm(ds, kv, (b, h, sq, d), out=acc, m=sl_q, k=sl_kv)
+            self._pw("IDENTITY", acc, out=dq)
+        if dbias:
+            return SdpaBackwardBias(dq, dk, dvt, db)
         return SdpaBackward(dq, dk, dvt)
 
-    def _grouped(self, mm, a: Tensor, b: Tensor, full_dims, out: Tensor, heads: int, role: str) -> None:
-        """``out = a @ b``, summing groups of query heads down to ``heads`` for grouped-query attention."""
+    def _grouped(self, a: Tensor, b: Tensor, full_dims, out: Tensor, heads: int, role: str, *, m=None, k=None):
+        """``out = a @ b``, summing groups of query heads down to ``heads`` for grouped-query attention (the
+        full-heads product in q's dtype, C order, as cudnn-frontend's ``dK_fullhead``/``dV_fullhead``)."""
         if full_dims[1] == heads:
-            mm(a, b, full_dims, out=out)
+            self._mm(a, b, full_dims, out=out, m=m, k=k)
             return
         full = self._vt(full_dims, out.dtype, f"{role}_full_heads")
-        mm(a, b, full_dims, out=full)
+        self._mm(a, b, full_dims, out=full, m=m, k=k)
         self._red(full, out.dims, out=out)
 
 

@@ -1,0 +1,442 @@
+"""Attention variants on the CPU (issue 17): the op graphs :meth:`Graph.sdpa_forward`/``sdpa_backward`` build for
+each mask, score modifier, padding, dropout and head layout, checked node for node against the patterns
+cudnn-frontend's ``CompositeSDPANode``/``CompositeSDPABackwardNode`` build (modes, data types, compute types,
+by-value constants, order), each graph lowered (every backend descriptor and the operation graph finalized by
+cuDNN 9.19 here, without a device); and the refusals, raised before any GPU work and naming the argument.
+
+The expected patterns are written out by hand below from the frontend's header (not computed by the code under
+test): ``expr`` turns the graph's nodes back into nested tuples ``(mode, out dtype, compute dtype, *inputs)``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cudnnkit import lib
+from cudnnkit.graph import Graph, GraphError
+from cudnnkit.graph.nodes.sdpa import SdpaBackwardBias
+
+B, H, SQ, SKV, D = 2, 4, 64, 128, 64
+NEG_INF = ("const", -math.inf, "float32")
+
+
+def i32(v):
+    return ("const", v, "int32")
+
+
+def f32(v):
+    return ("const", float(v), "float32")
+
+
+def producers(g):
+    return {uid: n for n in g.nodes() for _, uid in n.outputs}
+
+
+def expr(g, uid, stop):
+    """The expression that makes tensor ``uid``: ``"S"`` for a tensor in ``stop``, ``("const", value, dtype)``
+    for a by-value constant, ``("in", name)`` for a graph input, else ``(mode or kind, out dtype, compute dtype,
+    *input expressions)`` (pointwise GEN_INDEX adds ``("axis", n)``)."""
+    if uid in stop:
+        return "S"
+    consts = g.constants()
+    if uid in consts:
+        return ("const", *consts[uid])
+    n = producers(g).get(uid)
+    t = g._tensors[uid]
+    if n is None:
+        return ("in", t.name)
+    a = dict(n.attrs)
+    head = (a.get("mode", n.kind), t.dtype, a.get("compute_dtype"))
+    if a.get("mode") == "GEN_INDEX":
+        head += (("axis", a["axis"]),)
+    return head + tuple(expr(g, u, stop) for _, u in n.inputs)
+
+
+def index(axis, compute="float32"):
+    return ("GEN_INDEX", "int32", compute, ("axis", axis), "S")
+
+
+def right_mask(row):
+    """cudnn-frontend's right-bound diagonal band mask: ``row' >= col`` keeps."""
+    return ("BINARY_SELECT", "float32", "float32", "S", NEG_INF, ("CMP_GE", "bool", "bool", row, index(3)))
+
+
+def left_mask(col):
+    """cudnn-frontend's left-bound diagonal band mask: ``col' > row`` keeps."""
+    return ("BINARY_SELECT", "float32", "float32", "S", NEG_INF, ("CMP_GT", "bool", "bool", col, index(2)))
+
+
+def iop(mode, a, b):
+    return (mode, "int32", "int32", a, b)
+
+
+def qkv(g, sq=SQ, skv=SKV, h=H, hk=H, d=D, dv=D, dtype="bfloat16"):
+    q = g.tensor((B, h, sq, d), dtype=dtype, name="q")
+    k = g.tensor((B, hk, skv, d), dtype=dtype, name="k")
+    v = g.tensor((B, hk, skv, dv), dtype=dtype, name="v")
+    return q, k, v
+
+
+def seq_lens(g):
+    return g.tensor((B, 1, 1, 1), dtype="int32", name="seq_len_q"), g.tensor((B, 1, 1, 1), dtype="int32",
+                                                                               name="seq_len_kv")  # fmt: skip
+
+
+def fwd(sq=SQ, skv=SKV, padded=False, **kw):
+    g = Graph()
+    q, k, v = qkv(g, sq, skv)
+    if padded:
+        kw["seq_len_q"], kw["seq_len_kv"] = seq_lens(g)
+    r = g.sdpa_forward(q, k, v, **kw)
+    g.mark_output(r.o)
+    g.mark_output(r.stats)
+    return g, r
+
+
+def pw_nodes(g, mode):
+    return [n for n in g.nodes() if n.kind == "pointwise" and n.attr("mode") == mode]
+
+
+def softmax_input(g):
+    """The tensor the row max reduces: the scores after every modifier and mask (forward)."""
+    return next(dict(n.inputs)["x"] for n in g.nodes() if n.kind == "reduction" and n.attr("mode") == "max")
+
+
+def scaled(g):
+    """The scaled scores: the output of ``MUL`` by the attention scale (the first pointwise node)."""
+    (uid,) = [t.uid for t in g.tensors() if t.name == "scaled"]
+    return uid
+
+
+def masks_of(g, start=None):
+    """The chain of BINARY_SELECT expressions from the scaled scores up to the softmax input (each with the
+    previous stage as ``S``)."""
+    prod = producers(g)
+    chain = []
+    uid = softmax_input(g) if start is None else start
+    stop_at = scaled(g)
+    while uid != stop_at:
+        n = prod[uid]
+        x = dict(n.inputs)["x"]
+        chain.append(expr(g, uid, {x}))
+        uid = x
+    return chain[::-1]
+
+
+# ----------------------------------------------------------------- masks: node for node
+
+
+def test_causal_top_left_is_one_right_bound_mask():
+    g, _ = fwd(causal=True)
+    assert masks_of(g) == [right_mask(index(2))]
+    g.lower()
+
+
+def test_sliding_window_top_left_two_masks_each_with_its_own_indices():
+    """The issue-17 failure: causal + left_bound built one pair of GEN_INDEX nodes for both masks (no cuDNN 9.19
+    engine matched it). cudnn-frontend builds two diagonal band masks, each with its own row/col indices and
+    -inf; the left bound is a float32 scalar added to the int32 column index in float32."""
+    g, _ = fwd(causal=True, left_bound=64)
+    assert masks_of(g) == [
+        right_mask(index(2)),
+        left_mask(("ADD", "float32", "float32", index(3), f32(64))),
+    ]
+    gens = pw_nodes(g, "GEN_INDEX")
+    assert len(gens) == 4
+    consumers = [u for n in g.nodes() for _, u in n.inputs]
+    assert all(consumers.count(dict(n.outputs)["y"]) == 1 for n in gens)  # each index read once
+    selects = pw_nodes(g, "BINARY_SELECT")
+    assert len({dict(n.inputs)["b"] for n in selects}) == 2  # a -inf scalar each
+    g.lower()
+
+
+def test_right_bound_shift_is_an_int32_add():
+    g, _ = fwd(right_bound=5, left_bound=3)
+    assert masks_of(g) == [
+        right_mask(iop("ADD", index(2), i32(5))),
+        left_mask(("ADD", "float32", "float32", index(3), f32(3))),
+    ]
+    g.lower()
+
+
+def test_causal_bottom_right_shifts_row_by_skv_minus_sq():
+    g, _ = fwd(causal=True, diagonal_alignment="bottom_right")
+    assert masks_of(g) == [right_mask(iop("SUB", iop("ADD", index(2), i32(SKV)), i32(SQ)))]
+    g.lower()
+
+
+def test_window_bottom_right_folds_the_shift_into_a_float_left_bound():
+    g, _ = fwd(causal=True, left_bound=16, diagonal_alignment="bottom_right")
+    assert masks_of(g) == [
+        right_mask(iop("SUB", iop("ADD", index(2), i32(SKV)), i32(SQ))),
+        left_mask(("ADD", "float32", "float32", index(3), f32(16 - SKV + SQ))),
+    ]
+    g.lower()
+
+
+def test_padding_mask_and_bottom_right_window_with_lengths():
+    g, _ = fwd(padded=True, causal=True, left_bound=16, diagonal_alignment="bottom_right")
+    sl_q, sl_kv = ("in", "seq_len_q"), ("in", "seq_len_kv")
+    pad = ("BINARY_SELECT", "float32", "float32", "S", NEG_INF,
+           ("LOGICAL_AND", "bool", "bool",
+            ("CMP_LT", "bool", "bool", index(2, "int32"), sl_q),
+            ("CMP_LT", "bool", "bool", index(3, "int32"), sl_kv)))  # fmt: skip
+    assert masks_of(g) == [
+        pad,
+        right_mask(iop("SUB", iop("ADD", index(2), sl_kv), sl_q)),
+        left_mask(iop("ADD", iop("SUB", iop("ADD", index(3), i32(16)), sl_kv), sl_q)),
+    ]
+    # the matmuls' GEMM sizes overridden per sample: bmm1 M=seq_len_q N=seq_len_kv, bmm2 M=seq_len_q K=seq_len_kv
+    names = {t.uid: t.name for t in g.tensors()}
+    mms = [{r: names[u] for r, u in n.inputs if r.endswith("override")} for n in g.nodes() if n.kind == "matmul"]
+    assert mms == [{"m_override": "seq_len_q", "n_override": "seq_len_kv"},
+                   {"m_override": "seq_len_q", "k_override": "seq_len_kv"}]  # fmt: skip
+    low = g.lower()
+    mm = low.ops[[n.kind for n in g.nodes()].index("matmul")]
+    (m,) = mm.get_descriptors("CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC", "CUDNN_BACKEND_TENSOR_DESCRIPTOR")
+    assert m.get("CUDNN_ATTR_TENSOR_DATA_TYPE") == lib.CUDNN_DATA_INT32
+    assert m.get("CUDNN_ATTR_TENSOR_DIMENSIONS") == [B, 1, 1, 1]
+
+
+def test_padding_top_left_causal_uses_no_lengths_in_the_band():
+    g, _ = fwd(padded=True, causal=True)
+    assert masks_of(g)[1] == right_mask(index(2))
+    g.lower()
+
+
+def test_no_mask_no_index_nodes_and_square_bottom_right():
+    g, _ = fwd()
+    assert masks_of(g) == [] and not pw_nodes(g, "GEN_INDEX")
+    g, _ = fwd(sq=SKV, causal=True, diagonal_alignment="bottom_right")  # S_q == S_kv: the shift is 0, still built
+    assert masks_of(g) == [right_mask(iop("SUB", iop("ADD", index(2), i32(SKV)), i32(SKV)))]
+
+
+# ----------------------------------------------------------------- score modifiers
+
+
+def test_bias_alibi_then_causal_in_frontend_order():
+    g = Graph()
+    q, k, v = qkv(g)
+    bias = g.tensor((1, H, SQ, SKV), dtype="bfloat16", name="bias")
+    slopes = g.tensor((1, H, 1, 1), dtype="float32", name="slopes")
+    r = g.sdpa_forward(q, k, v, bias=bias, alibi_slopes=slopes, causal=True)
+    g.mark_output(r.o)
+    g.mark_output(r.stats)
+    alibi = ("MUL", "float32", "float32", iop("SUB", index(3, "int32"), index(2, "int32")), ("in", "slopes"))
+    assert masks_of(g) == [
+        ("ADD", "float32", "float32", "S", ("in", "bias")),
+        ("ADD", "float32", "float32", "S", alibi),
+        right_mask(index(2)),
+    ]
+    g.lower()
+
+
+def test_softcap_forward_div_tanh_mul():
+    g, _ = fwd(softcap=30.0)
+    cap = f32(30.0)
+    e = expr(g, softmax_input(g), {scaled(g)})
+    assert e == ("MUL", "float32", "float32", ("TANH_FWD", "float32", "float32",
+                                               ("DIV", "float32", "float32", "S", cap)), cap)  # fmt: skip
+    (div,) = pw_nodes(g, "DIV")[:1]
+    (mul,) = [n for n in pw_nodes(g, "MUL") if dict(n.inputs).get("b") == dict(div.inputs)["b"]]
+    assert mul  # one softcap scalar for the DIV and the MUL
+    g.lower()
+
+
+# ----------------------------------------------------------------- head layouts
+
+
+@pytest.mark.parametrize("hk", [1, 2, 4])
+def test_mla_head_dims_and_grouped_heads_forward(hk):
+    g = Graph()
+    q, k, v = qkv(g, hk=hk, d=192, dv=128)
+    r = g.sdpa_forward(q, k, v, causal=True)
+    g.mark_output(r.o)
+    g.mark_output(r.stats)
+    assert r.o.dims == (B, H, SQ, 128)
+    (sc,) = [c for c, t in g.constants().values() if t == "float32" and c not in (-math.inf,)]
+    assert sc == pytest.approx(1 / math.sqrt(192))  # the scale follows d_qk
+    g.lower()
+
+
+@pytest.mark.parametrize("d, dv", [(256, 256), (64, 256), (256, 64)])
+def test_head_dims_up_to_256(d, dv):
+    g = Graph()
+    r = g.sdpa_forward(*qkv(g, d=d, dv=dv))
+    g.mark_output(r.o)
+    g.mark_output(r.stats)
+    g.lower()
+
+
+@pytest.mark.parametrize("d, dv, msg", [(264, 64, "q's head dim"), (64, 12, "v's head dim"), (60, 64, "q's head")])
+def test_head_dims_refused(d, dv, msg):
+    g = Graph()
+    with pytest.raises(GraphError, match=f"{msg}.*multiple of 8 up to 256"):
+        g.sdpa_forward(*qkv(g, d=d, dv=dv))
+
+
+# ----------------------------------------------------------------- backward
+
+
+def bwd(hk=H, d=D, dv=D, padded=False, bias_dims=None, **kw):
+    g = Graph()
+    q, k, v = qkv(g, hk=hk, d=d, dv=dv)
+    o = g.tensor((B, H, SQ, dv), dtype="bfloat16", name="o")
+    do = g.tensor((B, H, SQ, dv), dtype="bfloat16", name="do")
+    st = g.tensor((B, H, SQ, 1), name="stats")
+    if padded:
+        kw["seq_len_q"], kw["seq_len_kv"] = seq_lens(g)
+    if bias_dims is not None:
+        kw["bias"] = g.tensor(bias_dims, dtype="bfloat16", name="bias")
+    r = g.sdpa_backward(q, k, v, o, do, st, **kw)
+    for t in r:
+        g.mark_output(t)
+    return g, r
+
+
+def exp_input(g):
+    (e,) = [n for n in pw_nodes(g, "EXP")]
+    return dict(e.inputs)["x"]
+
+
+def test_backward_window_masks_after_the_statistics():
+    g, r = bwd(causal=True, left_bound=32, diagonal_alignment="bottom_right")
+    chain = masks_of(g, exp_input(g))
+    assert chain[0] == ("SUB", "float32", "float32", "S", ("in", "stats"))  # frontend: the band after - stats
+    assert chain[1:] == [
+        right_mask(iop("SUB", iop("ADD", index(2), i32(SKV)), i32(SQ))),
+        left_mask(("ADD", "float32", "float32", index(3), f32(32 - SKV + SQ))),
+    ]
+    g.lower()
+
+
+def test_backward_padding_before_statistics_and_overrides():
+    g, r = bwd(padded=True, causal=True)
+    chain = masks_of(g, exp_input(g))
+    assert [c[0] for c in chain] == ["BINARY_SELECT", "SUB", "BINARY_SELECT"]  # padding, - stats, causal
+    names = {t.uid: t.name for t in g.tensors()}
+    got = [{r: names[u] for r, u in n.inputs if r.endswith("override")} for n in g.nodes() if n.kind == "matmul"]
+    sq, skv = "seq_len_q", "seq_len_kv"
+    # frontend: Q@K^T (M=sq, N=skv), P^T@dO (M=skv, K=sq), dO@V^T (M=sq, N=skv), dS^T@Q (M=skv, K=sq),
+    # dS@K (M=sq, K=skv)
+    assert got == [{"m_override": sq, "n_override": skv}, {"m_override": skv, "k_override": sq},
+                   {"m_override": sq, "n_override": skv}, {"m_override": skv, "k_override": sq},
+                   {"m_override": sq, "k_override": skv}]  # fmt: skip
+    g.lower()
+
+
+@pytest.mark.parametrize("hk", [1, 2])
+def test_backward_grouped_heads_reduce_dk_dv(hk):
+    g, r = bwd(hk=hk, d=128, dv=64)
+    assert r.dk.dims == (B, hk, SKV, 128) and r.dv.dims == (B, hk, SKV, 64) and r.dq.dims == (B, H, SQ, 128)
+    reds = [n for n in g.nodes() if n.kind == "reduction"]
+    full = {g._tensors[dict(n.inputs)["x"]].dims: g._tensors[dict(n.outputs)["y"]].dims for n in reds}
+    assert full[(B, H, SKV, 128)] == (B, hk, SKV, 128) and full[(B, H, SKV, 64)] == (B, hk, SKV, 64)
+    g.lower()
+
+
+def test_deterministic_backward_writes_dq_without_the_accumulator():
+    g, r = bwd(deterministic=True)
+    assert [t.dims for t in g.scratch()] == [(B, H, SQ, 1)]  # the row sums only
+    assert not pw_nodes(g, "IDENTITY")
+    last = [n for n in g.nodes() if n.kind == "matmul"][-1]
+    assert dict(last.outputs)["c"] == r.dq.uid
+    g.lower()
+    g, r = bwd()
+    assert sorted(t.dims for t in g.scratch()) == [(B, H, SQ, 1), (B, H, SQ, D)] and pw_nodes(g, "IDENTITY")
+
+
+@pytest.mark.parametrize("dims", [(1, H, SQ, SKV), (B, H, SQ, SKV), (1, 1, SQ, SKV)])
+def test_backward_dbias_sums_ds_to_the_bias_dims(dims):
+    g, r = bwd(bias_dims=dims, dbias=True)
+    assert isinstance(r, SdpaBackwardBias) and r.dbias.dims == dims and r.dbias.dtype == "bfloat16"
+    (red,) = [n for n in g.nodes() if n.kind == "reduction" and dict(n.outputs)["y"] == r.dbias.uid]
+    # dS before the attention scale: the scale MUL reads what the reduction reads
+    (scale_mul,) = [n for n in pw_nodes(g, "MUL") if n.attrs and g._tensors[dict(n.outputs)["y"]].name == "ds"]
+    assert dict(scale_mul.inputs)["x"] == dict(red.inputs)["x"]
+    assert not pw_nodes(g, "IDENTITY")  # frontend: dbias uses the dP-workspace form (dq written directly)
+    g.lower()
+
+
+def test_backward_softcap_gradient():
+    g, r = bwd(softcap=20.0)
+    (tb,) = [n for n in g.nodes() if n.kind == "pointwise" and n.attr("mode") == "TANH_BWD"]
+    ins = dict(tb.inputs)
+    (div,) = [n for n in pw_nodes(g, "DIV") if g._tensors[dict(n.outputs)["y"]].name == "div_by_softcap"]
+    assert ins["x"] == dict(div.outputs)["y"]  # tanh' at s / c, recomputed in the backward graph
+    assert expr(g, ins["dy"], set())[:3] == ("MUL", "float32", "float32")
+    g.lower()
+
+
+def test_backward_dropout_replays_the_mask():
+    g = Graph()
+    q, k, v = qkv(g)
+    o, do = (g.tensor((B, H, SQ, D), dtype="bfloat16") for _ in range(2))
+    seed, off = g.tensor((1, 1, 1, 1), dtype="int64"), g.tensor((1, 1, 1, 1), dtype="int64")
+    r = g.sdpa_backward(q, k, v, o, do, g.tensor((B, H, SQ, 1)), dropout=0.2, seed=seed, offset=off)
+    for t in r:
+        g.mark_output(t)
+    (rng,) = [n for n in g.nodes() if n.kind == "rng"]
+    mask = dict(rng.outputs)["y"]
+    readers = [n.attr("mode") for n in g.nodes() if n.kind == "pointwise" and mask in dict(n.inputs).values()]
+    assert readers == ["MUL", "MUL"]  # P and dP, one mask
+    vals = sorted(round(c, 6) for c, t in g.constants().values() if t == "float32")
+    assert round(1 / 0.8, 6) in vals and round(0.8, 6) in vals
+    g.lower()
+
+
+# ----------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"diagonal_alignment": "center"}, "diagonal_alignment must be one of"),
+        ({"causal": True, "diagonal_alignment": "bottom_right", "sq": 256}, "S_q <= S_kv"),
+        ({"left_bound": 8, "sq": 256}, "left_bound .sliding window. needs S_q <= S_kv"),
+        ({"causal": True, "diagonal_alignment": "bottom_right", "bias": True}, "takes no bias"),
+        ({"causal": True, "diagonal_alignment": "bottom_right", "dropout": 0.1}, "takes no bias, alibi_slopes or drop"),
+        ({"alibi": True}, "alibi_slopes needs causal=True"),
+        ({"softcap": 10.0, "causal": True}, "softcap takes no causal mask"),
+        ({"softcap": -1.0}, "softcap must be a positive number"),
+        ({"seq_len_q": True}, "needs both seq_len_q= and seq_len_kv="),
+        ({"bad_seq_len": True}, r"seq_len_q must be an int32 \(B, 1, 1, 1\)"),
+        ({"bias_dims": (1, 3, 64, 128)}, r"bias must be \(1 or B, 1 or H, S_q, S_kv\)"),
+        ({"right_bound": -1}, "right_bound must be an int >= 0"),
+        ({"left_bound": 2.5}, "left_bound must be an int >= 1"),
+        ({"causal": 1}, "causal must be a bool"),
+        ({"implementation": "unified", "bias": True}, "unified SDPA operation"),
+    ],
+)
+def test_refusals_name_the_argument(kw, msg):
+    g = Graph()
+    q, k, v = qkv(g, sq=kw.pop("sq", SQ))
+    if kw.pop("bias", False):
+        kw["bias"] = g.tensor((1, H, q.dims[2], SKV), dtype="bfloat16")
+    if "bias_dims" in kw:
+        kw["bias"] = g.tensor(kw.pop("bias_dims"), dtype="bfloat16")
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = g.tensor((1, H, 1, 1))
+    if kw.pop("seq_len_q", False):
+        kw["seq_len_q"] = seq_lens(g)[0]
+    if kw.pop("bad_seq_len", False):
+        kw["seq_len_q"], kw["seq_len_kv"] = g.tensor((B, 1, 1, 1), dtype="int64"), seq_lens(g)[1]
+    if kw.get("dropout"):
+        kw["seed"], kw["offset"] = g.tensor((1, 1, 1, 1), dtype="int64"), g.tensor((1, 1, 1, 1), dtype="int64")
+    n = len(g.nodes())
+    with pytest.raises(GraphError, match=msg):
+        g.sdpa_forward(q, k, v, **kw)
+    assert len(g.nodes()) == n  # refused before any node was added
+
+
+def test_backward_refusals():
+    g = Graph()
+    q, k, v = qkv(g)
+    o, do = (g.tensor((B, H, SQ, D), dtype="bfloat16") for _ in range(2))
+    st = g.tensor((B, H, SQ, 1))
+    with pytest.raises(GraphError, match="dbias=True needs bias="):
+        g.sdpa_backward(q, k, v, o, do, st, dbias=True)
+    with pytest.raises(GraphError, match="dropout needs seed= and offset="):
+        g.sdpa_backward(q, k, v, o, do, st, dropout=0.1)
+    assert not g.nodes()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from cudnnkit import lib
@@ -440,3 +441,175 @@ def test_backward_refusals():
     with pytest.raises(GraphError, match="dropout needs seed= and offset="):
         g.sdpa_backward(q, k, v, o, do, st, dropout=0.1)
     assert not g.nodes()
+
+
+# ----------------------------------------------------------------- the patterns' values, interpreted on the CPU
+# A float64 NumPy interpreter of the node kinds the attention patterns use (cuDNN's documented semantics:
+# GEN_INDEX the index along ``axis``, BINARY_SELECT ``t ? x : b``, a tensor described as its transpose read
+# transposed, matmul batch dims broadcast with grouped heads ``i // (H / H_kv)``, reductions summing groups of
+# consecutive heads) runs each built graph and must give the torch-CPU float64 reference the GPU tier uses: the
+# mask arithmetic (alignment shifts, bounds, padding) and those references checked against each other here.
+
+_CMP = {"CMP_GE": np.greater_equal, "CMP_GT": np.greater, "CMP_LT": np.less}
+_BIN = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": np.divide, "LOGICAL_AND": np.logical_and}
+_UN = {"EXP": np.exp, "LOG": np.log, "TANH_FWD": np.tanh, "IDENTITY": lambda x: x}
+
+
+def _heads(x, h):
+    return x if x.shape[1] in (1, h) else np.repeat(x, h // x.shape[1], axis=1)
+
+
+def _reduce(x, dims):
+    for ax, (n, m) in enumerate(zip(x.shape, dims)):
+        if m == 1 and n != 1:
+            x = x.sum(axis=ax, keepdims=True)
+        elif m != n:
+            x = x.reshape(x.shape[:ax] + (m, n // m) + x.shape[ax + 1 :]).sum(axis=ax + 1)
+    return x
+
+
+def interpret(g, values, rng_mask=None):
+    """Every tensor's value after running ``g``'s nodes in order on ``values`` ({uid: array}) in float64."""
+    val = dict(values)
+    for uid, (c, _) in g.constants().items():
+        val[uid] = np.float64(c)
+
+    def read(uid):
+        v = val[uid]
+        return np.swapaxes(v, 2, 3) if uid in g._described else v
+
+    for n in g.nodes():
+        ins = {r: read(u) for r, u in n.inputs if n.kind != "rng"}  # seed/offset: the mask is given
+        (out_role, out_uid), *_ = n.outputs
+        dims = g._tensors[out_uid].dims
+        a = dict(n.attrs)
+        if n.kind == "matmul":
+            x, y = ins["a"], ins["b"]
+            h = max(x.shape[1], y.shape[1])
+            r = _heads(x, h) @ _heads(y, h)
+        elif n.kind == "reduction":
+            r = _reduce(ins["x"], dims) if a["mode"] == "add" else ins["x"].max(axis=-1, keepdims=True)
+        elif n.kind == "reshape":
+            r = np.transpose(ins["x"], a["perm"])
+        elif n.kind == "rng":
+            r = rng_mask
+        else:
+            m, x = a["mode"], ins.get("x")
+            if m == "GEN_INDEX":
+                shape = [1] * x.ndim
+                shape[a["axis"]] = x.shape[a["axis"]]
+                r = np.broadcast_to(np.arange(x.shape[a["axis"]]).reshape(shape), x.shape)
+            elif m == "BINARY_SELECT":
+                r = np.where(ins["t"], x, ins["b"])
+            elif m == "TANH_BWD":
+                r = ins["dy"] * (1 - np.tanh(x) ** 2)
+            elif m in _CMP:
+                r = _CMP[m](x, ins["b"])
+            elif m in _BIN:
+                r = _BIN[m](x, ins["b"])
+            else:
+                r = _UN[m](x)
+        val[out_uid] = np.broadcast_to(r, dims) if np.ndim(r) else np.full(dims, r)
+    return val
+
+
+def _valid(a, lens):
+    return np.concatenate([a[b, :, : lens[b]].ravel() for b in range(a.shape[0])])
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(causal=True),
+        dict(causal=True, diagonal_alignment="bottom_right"),
+        dict(causal=True, left_bound=24),
+        dict(causal=True, left_bound=24, diagonal_alignment="bottom_right"),
+        dict(left_bound=20, right_bound=9, diagonal_alignment="bottom_right"),
+        dict(left_bound=20),
+        dict(padded=True),
+        dict(padded=True, causal=True, left_bound=12, diagonal_alignment="bottom_right"),
+        dict(padded=True, causal=True, left_bound=12),
+        dict(bias=(1, 4, 32, 48), causal=True),
+        dict(bias=(2, 1, 32, 48)),
+        dict(alibi=True, causal=True),
+        dict(softcap=2.5),
+        dict(hk=2, causal=True),
+        dict(hk=1, dv=24, left_bound=10),
+        dict(dropout=True, causal=True),
+    ],
+    ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()),
+)
+def test_patterns_compute_the_reference(case):
+    gpu = pytest.importorskip("tests.gpu.test_attention_gpu")
+    case = dict(case)
+    b, h, sq, skv, d = 2, 4, 32, 48, 16
+    hk, dv = case.pop("hk", h), case.pop("dv", d)
+    rng = np.random.default_rng(1)
+    q, k, v = rng.standard_normal((b, h, sq, d)), rng.standard_normal((b, hk, skv, d)), rng.standard_normal(
+        (b, hk, skv, dv))  # fmt: skip
+    do = rng.standard_normal((b, h, sq, dv))
+    lq, lkv = ([5, 32], [20, 48]) if case.pop("padded", False) else ([sq] * b, [skv] * b)
+    for i in range(b):
+        do[i, :, lq[i] :] = 0
+    bias_dims = case.pop("bias", None)
+    bias = None if bias_dims is None else rng.standard_normal(bias_dims)
+    slopes = gpu.alibi_slopes(h) if case.pop("alibi", False) else None
+    p = 0.3 if case.pop("dropout", False) else 0.0
+    drop = (rng.random((b, h, sq, skv)) >= p).astype(np.float64) if p else None
+    keep = gpu.keep_matrix(sq, skv, b=b, causal=case.get("causal", False), left=case.get("left_bound"),
+                           right=case.get("right_bound"), align=case.get("diagonal_alignment", "top_left"),
+                           lens_q=lq, lens_kv=lkv)  # fmt: skip
+    o_ref, lse_ref, grads = gpu.reference(q, k, v, do, scale=1 / math.sqrt(d), keep=keep, bias=bias, slopes=slopes,
+                                          softcap=case.get("softcap"), drop=drop, p=p)  # fmt: skip
+    for direction in ("forward", "backward"):
+        g = Graph()
+        qt, kt, vt = (g.tensor(a.shape, dtype="float16") for a in (q, k, v))
+        vals = {qt.uid: q, kt.uid: k, vt.uid: v}
+        kw = dict(case)
+        if lq != [sq] * b:
+            kw["seq_len_q"], kw["seq_len_kv"] = (g.tensor((b, 1, 1, 1), dtype="int32") for _ in range(2))
+            vals[kw["seq_len_q"].uid] = np.array(lq).reshape(b, 1, 1, 1)
+            vals[kw["seq_len_kv"].uid] = np.array(lkv).reshape(b, 1, 1, 1)
+        if bias is not None:
+            kw["bias"] = g.tensor(bias.shape, dtype="float16")
+            vals[kw["bias"].uid] = bias
+        if slopes is not None:
+            kw["alibi_slopes"] = g.tensor((1, h, 1, 1))
+            vals[kw["alibi_slopes"].uid] = slopes.reshape(1, h, 1, 1)
+        if p:
+            kw["dropout"], kw["seed"], kw["offset"] = p, g.tensor((1, 1, 1, 1), dtype="int64"), g.tensor(
+                (1, 1, 1, 1), dtype="int64")  # fmt: skip
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            if direction == "forward":
+                r = g.sdpa_forward(qt, kt, vt, **kw)
+                val = interpret(g, vals, drop)
+                assert np.allclose(_valid(val[r.o.uid], lq), _valid(o_ref, lq), rtol=1e-9, atol=1e-9)
+                assert np.allclose(_valid(val[r.stats.uid], lq), _valid(lse_ref, lq), rtol=1e-9, atol=1e-9)
+            else:
+                ot, dot, st = g.tensor(o_ref.shape, dtype="float16"), g.tensor(do.shape, dtype="float16"), g.tensor(
+                    lse_ref.shape)  # fmt: skip
+                o_in, lse_in = o_ref.copy(), lse_ref.copy()
+                for i in range(b):
+                    o_in[i, :, lq[i] :], lse_in[i, :, lq[i] :] = 0, 0
+                vals.update({ot.uid: o_in, dot.uid: do, st.uid: lse_in})
+                r = g.sdpa_backward(qt, kt, vt, ot, dot, st, dbias=bias is not None, **kw)
+                val = interpret(g, vals, drop)
+                assert np.allclose(_valid(val[r.dq.uid], lq), _valid(grads[0], lq), rtol=1e-9, atol=1e-9)
+                assert np.allclose(_valid(val[r.dk.uid], lkv), _valid(grads[1], lkv), rtol=1e-9, atol=1e-9)
+                assert np.allclose(_valid(val[r.dv.uid], lkv), _valid(grads[2], lkv), rtol=1e-9, atol=1e-9)
+                if bias is not None:
+                    assert np.allclose(val[r.dbias.uid], grads[3], rtol=1e-9, atol=1e-9)
+
+
+def test_interpreter_sees_a_wrong_mask():
+    """The check above can fail: the causal pattern against a reference without the mask."""
+    gpu = pytest.importorskip("tests.gpu.test_attention_gpu")
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 4, 16, 8)) for _ in range(3))
+    g = Graph()
+    qt, kt, vt = (g.tensor(a.shape, dtype="float16") for a in (q, k, v))
+    r = g.sdpa_forward(qt, kt, vt, causal=True, diagonal_alignment="bottom_right")
+    with np.errstate(invalid="ignore"):
+        val = interpret(g, {qt.uid: q, kt.uid: k, vt.uid: v})
+    o_ref = gpu.reference(q, k, v, np.zeros_like(q), scale=1 / math.sqrt(8))[0]
+    assert not np.allclose(val[r.o.uid], o_ref, rtol=1e-3)

@@ -1,0 +1,329 @@
+"""Attention variants on the GPU (issue 17), forward and backward, against a float64 torch-CPU reference written
+here from the definition (explicit keep-mask matrices, bias, ALiBi, softcap, dropout mask; gradients by torch's
+autograd in float64): causal top-left and bottom-right, sliding windows, padding masks, bias and its gradient,
+ALiBi, softcap, d_qk != d_v and head dim 256, grouped/multi-query heads, dropout replayed from seed/offset,
+deterministic backward (bitwise repeats), through the graph layer (``Graph.execute``) and the L2 op
+(``ops.attention_forward``/``attention_backward``). Fresh random inputs, NaN-poisoned outputs, errors
+``||got - ref|| / ||ref||`` by dtype."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import cudnnkit
+from cudnnkit.graph import Graph
+
+from ..numerics import rel
+from .test_graph_nodes_gpu import got, nan_like, put, seen
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+TOL = {"float16": 5e-3, "bfloat16": 1.2e-2}
+B, H = 2, 4
+
+
+@pytest.fixture
+def dev():
+    """One array library's adapter (torch, else CuPy): the graph layer does not depend on which."""
+    from cudnnkit.runtime import adapters
+
+    from ..conftest import gpu_libraries
+
+    libs = gpu_libraries()
+    if not libs:
+        pytest.skip("no CUDA device")
+    return adapters.get("torch" if "torch" in libs else libs[0])
+
+
+# ----------------------------------------------------------------- the reference (float64, torch on the CPU)
+
+
+def keep_matrix(sq, skv, *, b=B, causal=False, left=None, right=None, align="top_left", lens_q=None, lens_kv=None):
+    """The (b, 1, Sq, Skv) boolean keep-mask from the definition, element by element: row i keeps column j when
+    ``i - left < j - shift <= i + right`` (``shift = Skv_b - Sq_b`` bottom-right, else 0; ``right = 0`` for
+    causal) and ``i < Sq_b``, ``j < Skv_b``; rows past ``Sq_b`` are kept whole up to ``Skv_b`` (their output is
+    not defined: the reference gives them finite values and a zero cotangent)."""
+    if causal:
+        right = 0
+    batch = b
+    keep = np.zeros((batch, 1, sq, skv), bool)
+    for b in range(batch):
+        lq = sq if lens_q is None else lens_q[b]
+        lkv = skv if lens_kv is None else lens_kv[b]
+        shift = lkv - lq if align == "bottom_right" else 0
+        for i in range(sq):
+            for j in range(lkv):
+                if i >= lq:
+                    keep[b, 0, i, j] = True
+                    continue
+                ok = True
+                if right is not None and not j <= i + shift + right:
+                    ok = False
+                if left is not None and not j > i + shift - left:
+                    ok = False
+                keep[b, 0, i, j] = ok
+    return keep
+
+
+def reference(q, k, v, do, *, scale, keep=None, bias=None, slopes=None, softcap=None, drop=None, p=0.0):
+    """o, lse, (dq, dk, dv, dbias) in float64: ``s = scale q k^T``, ``c tanh(s/c)``, ``+ bias``,
+    ``+ slope_h (j - i)``, masked to -inf where ``keep`` is False, softmax, ``* drop / (1 - p)``, ``@ v``;
+    grouped heads: query head i reads key/value head ``i // (H / H_kv)``."""
+    t = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True) for n, a in (("q", q), ("k", k), ("v", v))}
+    tb = None if bias is None else torch.tensor(bias, dtype=torch.float64, requires_grad=True)
+    h, hk = q.shape[1], k.shape[1]
+    kk = t["k"].repeat_interleave(h // hk, dim=1)
+    vv = t["v"].repeat_interleave(h // hk, dim=1)
+    s = t["q"] @ kk.transpose(-1, -2) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if tb is not None:
+        s = s + tb
+    sq, skv = s.shape[-2:]
+    if slopes is not None:
+        dist = torch.arange(skv, dtype=torch.float64)[None, :] - torch.arange(sq, dtype=torch.float64)[:, None]
+        s = s + torch.tensor(slopes, dtype=torch.float64).view(1, h, 1, 1) * dist
+    if keep is not None:
+        s = s.masked_fill(~torch.tensor(keep), -math.inf)
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    pr = torch.exp(s - lse)
+    if drop is not None:
+        pr = pr * torch.tensor(drop, dtype=torch.float64) / (1 - p)
+    o = pr @ vv
+    o.backward(torch.tensor(do, dtype=torch.float64))
+    grads = [t[n].grad.numpy() for n in ("q", "k", "v")] + [None if tb is None else tb.grad.numpy()]
+    return o.detach().numpy(), lse.detach().numpy(), grads
+
+
+def draw(rng, shape, dtype, scale=1.0):
+    return seen(rng.standard_normal(shape) * scale, dtype)
+
+
+def alibi_slopes(h):
+    """The ALiBi paper's slopes for a power-of-two head count: 2^(-8 (i + 1) / h)."""
+    return np.array([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)])
+
+
+# ----------------------------------------------------------------- the graph layer, forward and backward
+
+
+def check(dev, dtype="bfloat16", *, sq=128, skv=128, hk=H, d=64, dv=64, lens=None, keep=None, bias_dims=None,
+          dbias=False, slopes=False, softcap=None, deterministic=False, seed=0, **kw):  # fmt: skip
+    """Forward and backward graphs of one variant against :func:`reference`; ``kw`` go to both graphs. The
+    backward reads the reference's o and lse (cast to the graph's types), so each direction is checked alone.
+    Only the defined region is compared: rows ``i < Sq_b`` of o, stats and dq, rows ``j < Skv_b`` of dk, dv."""
+    rng = np.random.default_rng(seed)
+    q = draw(rng, (B, H, sq, d), dtype)
+    k = draw(rng, (B, hk, skv, d), dtype)
+    v = draw(rng, (B, hk, skv, dv), dtype)
+    do = draw(rng, (B, H, sq, dv), dtype)
+    lq, lkv = (None, None) if lens is None else lens
+    if lq is not None:
+        for b in range(B):
+            do[b, :, lq[b] :] = 0.0
+    bias = None if bias_dims is None else draw(rng, bias_dims, dtype)
+    sl = None if not slopes else alibi_slopes(H)
+    scale = 1 / math.sqrt(d)
+    o_ref, lse_ref, grads_ref = reference(q, k, v, do, scale=scale, keep=keep, bias=bias, slopes=sl,
+                                          softcap=softcap)  # fmt: skip
+    tol = TOL[dtype]
+
+    def graph_inputs(g):
+        ts = {n: g.tensor(a.shape, dtype=dtype, name=n) for n, a in (("q", q), ("k", k), ("v", v))}
+        vals = {ts["q"]: q, ts["k"]: k, ts["v"]: v}
+        extra = dict(kw)
+        if lq is not None:
+            extra["seq_len_q"] = g.tensor((B, 1, 1, 1), dtype="int32", name="seq_len_q")
+            extra["seq_len_kv"] = g.tensor((B, 1, 1, 1), dtype="int32", name="seq_len_kv")
+            vals[extra["seq_len_q"]] = np.array(lq).reshape(B, 1, 1, 1)
+            vals[extra["seq_len_kv"]] = np.array(lkv).reshape(B, 1, 1, 1)
+        if bias is not None:
+            extra["bias"] = g.tensor(bias.shape, dtype=dtype, name="bias")
+            vals[extra["bias"]] = bias
+        if sl is not None:
+            extra["alibi_slopes"] = g.tensor((1, H, 1, 1), dtype="float32", name="slopes")
+            vals[extra["alibi_slopes"]] = sl.reshape(1, H, 1, 1)
+        if softcap is not None:
+            extra["softcap"] = softcap
+        return ts, vals, extra
+
+    def valid_q(a):
+        return [a[b, :, : (sq if lq is None else lq[b])] for b in range(B)]
+
+    def valid_kv(a):
+        return [a[b, :, : (skv if lkv is None else lkv[b])] for b in range(B)]
+
+    def close(got_parts, ref_parts, what):
+        g_ = np.concatenate([x.ravel() for x in got_parts])
+        r_ = np.concatenate([x.ravel() for x in ref_parts])
+        err = rel(g_, r_)
+        assert err < tol, f"{what}: relative error {err:.2e} >= {tol}"
+
+    # forward
+    g = Graph()
+    ts, vals, extra = graph_inputs(g)
+    r = g.sdpa_forward(ts["q"], ts["k"], ts["v"], **extra)
+    o, st = g.mark_output(r.o), g.mark_output(r.stats)
+    outs = {o: nan_like(dev, o), st: nan_like(dev, st)}
+    g.execute({**{t: put(dev, a, t) for t, a in vals.items()}, **outs})
+    close(valid_q(got(dev, outs[o])), valid_q(o_ref), "o")
+    close(valid_q(got(dev, outs[st])), valid_q(lse_ref), "stats")
+
+    # backward
+    g = Graph()
+    ts, vals, extra = graph_inputs(g)
+    ot = g.tensor((B, H, sq, dv), dtype=dtype, name="o")
+    dot = g.tensor((B, H, sq, dv), dtype=dtype, name="do")
+    stt = g.tensor((B, H, sq, 1), name="stats")
+    o_in = o_ref.copy()
+    lse_in = lse_ref.copy()
+    if lq is not None:
+        for b in range(B):
+            o_in[b, :, lq[b] :] = 0.0
+            lse_in[b, :, lq[b] :] = 0.0
+    vals.update({ot: seen(o_in, dtype), dot: do, stt: lse_in})
+    r = g.sdpa_backward(ts["q"], ts["k"], ts["v"], ot, dot, stt, dbias=dbias, deterministic=deterministic, **extra)
+    outs_t = [g.mark_output(t) for t in r]
+    bind = {t: put(dev, a, t) for t, a in vals.items()}
+
+    def once():
+        outs = {t: nan_like(dev, t) for t in outs_t}
+        g.execute({**bind, **outs})
+        return [got(dev, outs[t]) for t in outs_t]
+
+    with cudnnkit.settings(deterministic=deterministic):
+        res = once()
+        if deterministic:
+            again = once()
+            for a, b_ in zip(res, again):
+                assert np.array_equal(a, b_), "deterministic backward: repeats differ"
+    dq, dk, dvv = res[:3]
+    close(valid_q(dq), valid_q(grads_ref[0]), "dq")
+    close(valid_kv(dk), valid_kv(grads_ref[1]), "dk")
+    close(valid_kv(dvv), valid_kv(grads_ref[2]), "dv")
+    if dbias:
+        close([res[3]], [grads_ref[3]], "dbias")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_causal_top_left(dev, dtype):
+    check(dev, dtype, sq=128, skv=192, causal=True, keep=keep_matrix(128, 192, causal=True))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_causal_bottom_right(dev, dtype):
+    check(dev, dtype, sq=64, skv=192, causal=True, diagonal_alignment="bottom_right",
+          keep=keep_matrix(64, 192, causal=True, align="bottom_right"))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("hk", [H, 2, 1])
+def test_sliding_window_causal(dev, dtype, hk):
+    """The issue-17 failure: causal + left_bound=64 had no engine (every head count)."""
+    check(dev, dtype, sq=256, skv=256, hk=hk, causal=True, left_bound=64,
+          keep=keep_matrix(256, 256, causal=True, left=64))  # fmt: skip
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_band_both_bounds(dev, align):
+    check(dev, sq=128, skv=256, left_bound=32, right_bound=16, diagonal_alignment=align,
+          keep=keep_matrix(128, 256, left=32, right=16, align=align))  # fmt: skip
+
+
+def test_sliding_window_without_causal(dev):
+    check(dev, sq=128, skv=128, left_bound=48, keep=keep_matrix(128, 128, left=48))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_padding_mask_lengths_one_and_max(dev, dtype):
+    lens = ([1, 128], [64, 128])
+    check(dev, dtype, lens=lens, keep=keep_matrix(128, 128, lens_q=lens[0], lens_kv=lens[1]))
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_padding_with_causal_and_window(dev, align):
+    lens = ([40, 128], [96, 128])
+    check(dev, lens=lens, causal=True, left_bound=24, diagonal_alignment=align,
+          keep=keep_matrix(128, 128, causal=True, left=24, align=align, lens_q=lens[0], lens_kv=lens[1]))  # fmt: skip
+
+
+@pytest.mark.parametrize("bias_dims, dbias", [((1, H, 128, 128), True), ((B, 1, 128, 128), False)])
+def test_bias(dev, bias_dims, dbias):
+    check(dev, bias_dims=bias_dims, dbias=dbias)
+
+
+def test_bias_with_causal_and_its_gradient(dev):
+    check(dev, bias_dims=(1, H, 128, 128), dbias=True, causal=True, keep=keep_matrix(128, 128, causal=True))
+
+
+def test_alibi(dev):
+    check(dev, slopes=True, causal=True, keep=keep_matrix(128, 128, causal=True))
+
+
+def test_softcap(dev):
+    check(dev, softcap=5.0, seed=3)
+
+
+@pytest.mark.parametrize("d, dv, hk", [(192, 128, H), (128, 64, 2), (256, 256, H), (64, 128, 1)])
+def test_head_dims_and_grouped_heads(dev, d, dv, hk):
+    check(dev, d=d, dv=dv, hk=hk, causal=True, keep=keep_matrix(128, 128, causal=True))
+
+
+@pytest.mark.parametrize("hk", [H, 1])
+def test_deterministic_backward_repeats_bitwise(dev, hk):
+    check(dev, hk=hk, causal=True, deterministic=True, keep=keep_matrix(128, 128, causal=True))
+
+
+# ----------------------------------------------------------------- dropout, replayed from seed and offset
+
+
+def dropout_mask(dev, p, seed, offset, sq, skv, dtype):
+    """The keep-mask cuDNN's attention RNG draws for (seed, offset) at (B, H, Sq, Skv): read back through the
+    pattern itself with q = 0 (every probability 1/Skv) and v = I (o = mask / ((1 - p) Skv))."""
+    g = Graph()
+    q = g.tensor((B, H, sq, skv), dtype=dtype)
+    k = g.tensor((B, H, skv, skv), dtype=dtype)
+    v = g.tensor((B, H, skv, skv), dtype=dtype)
+    sd, of = g.tensor((1, 1, 1, 1), dtype="int64"), g.tensor((1, 1, 1, 1), dtype="int64")
+    r = g.sdpa_forward(q, k, v, dropout=p, seed=sd, offset=of)
+    o, st = g.mark_output(r.o), g.mark_output(r.stats)
+    ka = draw(np.random.default_rng(5), (B, H, skv, skv), dtype)
+    vals = {q: np.zeros((B, H, sq, skv)), k: ka, v: np.broadcast_to(np.eye(skv), (B, H, skv, skv)),
+            sd: np.full((1, 1, 1, 1), seed), of: np.full((1, 1, 1, 1), offset)}  # fmt: skip
+    outs = {o: nan_like(dev, o), st: nan_like(dev, st)}
+    g.execute({**{t: put(dev, a, t) for t, a in vals.items()}, **outs})
+    m = got(dev, outs[o]) * (1 - p) * skv
+    assert np.abs(m - np.round(m)).max() < 0.02 and set(np.unique(np.round(m))) <= {0.0, 1.0}
+    return np.round(m)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_forward_and_backward_replay_the_mask(dev, causal):
+    p, sq, skv, d, dtype = 0.25, 128, 64, 64, "bfloat16"
+    mask = dropout_mask(dev, p, 2024, 7, sq, skv, dtype)
+    assert abs(mask.mean() - (1 - p)) < 0.02
+    rng = np.random.default_rng(9)
+    q, k, v, do = (draw(rng, s, dtype) for s in [(B, H, sq, d), (B, H, skv, d), (B, H, skv, d), (B, H, sq, d)])
+    keep = keep_matrix(sq, skv, causal=True) if causal else None
+    o_ref, lse_ref, grads = reference(q, k, v, do, scale=1 / math.sqrt(d), keep=keep, drop=mask, p=p)
+    for direction in ("forward", "backward"):
+        g = Graph()
+        qt, kt, vt = (g.tensor(a.shape, dtype=dtype) for a in (q, k, v))
+        sd, of = g.tensor((1, 1, 1, 1), dtype="int64"), g.tensor((1, 1, 1, 1), dtype="int64")
+        vals = {qt: q, kt: k, vt: v, sd: np.full((1, 1, 1, 1), 2024), of: np.full((1, 1, 1, 1), 7)}
+        kw = {"dropout": p, "seed": sd, "offset": of, "causal": causal}
+        if direction == "forward":
+            r = g.sdpa_forward(qt, kt, vt, **kw)
+            outs_t, refs = [g.mark_output(r.o), g.mark_output(r.stats)], [o_ref, lse_ref]
+        else:
+            ot, dot, st = g.tensor(o_ref.shape, dtype=dtype), g.tensor(do.shape, dtype=dtype), g.tensor(lse_ref.shape)
+            vals.update({ot: seen(o_ref, dtype), dot: do, st: lse_ref})
+            outs_t, refs = [g.mark_output(t) for t in g.sdpa_backward(qt, kt, vt, ot, dot, st, **kw)], grads[:3]
+        outs = {t: nan_like(dev, t) for t in outs_t}
+        g.execute({**{t: put(dev, a, t) for t, a in vals.items()}, **outs})
+        for t, ref in zip(outs_t, refs):
+            assert rel(got(dev, outs[t]), ref) < TOL[dtype], direction

@@ -217,7 +217,30 @@ def activation_forward(
     stream: Any = None,
 ) -> Any:
     """``y = alpha * f(x) + beta * out`` for activation ``mode`` (the module docstring's table); ``y`` has
-    ``x``'s shape and dtype. ``cudnnActivationForward`` (primitive :data:`ACTIVATION_FORWARD`)."""
+    ``x``'s shape and dtype. ``cudnnActivationForward`` (primitive :data:`ACTIVATION_FORWARD`).
+
+    Args:
+        x: the input, 1 to 8 dims, any strides; float16, bfloat16, float32 or float64.
+        mode: ``"sigmoid"``, ``"relu"``, ``"tanh"``, ``"clipped_relu"``, ``"elu"`` or ``"swish"`` (the graph-only
+            modes ``"gelu"``, ``"gelu_tanh"``, ``"softplus"``, ``"leaky_relu"`` are refused here: they run fused
+            after a convolution).
+        coef: the mode's coefficient (clipped ReLU's ceiling, required; ELU's alpha and swish's beta, default 1.0).
+        propagate_nan: relu and clipped relu return NaN for a NaN input (``CUDNN_PROPAGATE_NAN``).
+        out: an array of ``x``'s shape and dtype to write; None allocates ``y`` in ``x``'s layout.
+        alpha: scale of ``f(x)``.
+        beta: blend factor of ``out``'s previous contents.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``y``, ``x``'s shape and dtype.
+
+    Raises:
+        ValueError: an unknown mode, a graph-only mode (naming where it runs), or a ``coef`` the mode refuses.
+
+    Example:
+        >>> y = ops.activation_forward(x, "swish", coef=1.0)      # SiLU
+        >>> dx = ops.activation_backward(dy, y, x, "swish", coef=1.0)
+    """
     kw = dict(mode=mode, coef=coef, propagate_nan=propagate_nan, out=out, alpha=alpha, beta=beta)
     return run(ACTIVATION_FORWARD, {"x": x}, stream=stream, **kw)
 
@@ -236,7 +259,27 @@ def activation_backward(
     stream: Any = None,
 ) -> Any:
     """``dx = alpha * f'(x) * dy + beta * out`` from ``dy``, the forward's ``y`` and its input ``x`` (the mode and
-    ``coef`` must be the forward's). ``cudnnActivationBackward`` (primitive :data:`ACTIVATION_BACKWARD`)."""
+    ``coef`` must be the forward's). ``cudnnActivationBackward`` (primitive :data:`ACTIVATION_BACKWARD`).
+
+    Args:
+        dy: the gradient of ``y``, ``x``'s shape and dtype.
+        y: the forward's output.
+        x: the forward's input.
+        mode: the forward's ``mode``.
+        coef: the forward's ``coef``.
+        propagate_nan: as in the forward.
+        out: an array of ``x``'s shape and dtype to write ``dx``; None allocates it.
+        alpha: scale of the gradient.
+        beta: blend factor of ``out``'s previous contents.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``dx``, ``x``'s shape and dtype.
+
+    Example:
+        >>> y = ops.activation_forward(x, "relu")
+        >>> dx = ops.activation_backward(dy, y, x, "relu")
+    """
     kw = dict(mode=mode, coef=coef, propagate_nan=propagate_nan, out=out, alpha=alpha, beta=beta)
     return run(ACTIVATION_BACKWARD, {"dy": dy, "y": y, "x": x}, stream=stream, **kw)
 

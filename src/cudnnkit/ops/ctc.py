@@ -408,6 +408,39 @@ def ctc_loss(
     ``blank`` must be 0.
     Both come from one ``cudnnCTCLoss_v8`` call (primitive :data:`CTC`); which of ``labels`` and the lengths
     are device arrays, the adapters decide (:func:`cudnnkit.runtime.adapters.is_device_array`).
+
+    Args:
+        x: ``(T, N, A)`` float32 (time, batch, alphabet including the blank), on the device; any strides (a
+            non-C-contiguous ``x`` is copied first).
+        labels: the label sequences, packed 1-d (``sum(label_lengths)`` values) or padded 2-d ``(N, S)``; each value
+            in ``[1, A)``; a host sequence, NumPy array or device array of any integer dtype.
+        label_lengths: ``N`` ints, each in ``[1, 255]`` and at most ``input_lengths[n]``.
+        input_lengths: ``N`` ints, each in ``[1, T]``.
+        blank: the blank label; must be 0 (cuDNN has no blank parameter).
+        normalization: ``"softmax"`` (``x`` holds logits; cuDNN applies the softmax) or ``"none"`` (``x`` holds
+            probabilities; see the module docstring for its gradient).
+        algo: ``"deterministic"`` or ``"non_deterministic"`` (refused under ``settings(deterministic=True)``).
+        oob_grads: ``"zero"`` (the gradient of a sample without a feasible alignment is zero) or ``"skip"`` (left
+            as it was in ``grads_out``).
+        out: ``(costs_out, grads_out)``, each an array or None (allocate).
+        stream: the stream to run on; None: the library's current stream.
+        costs_out: deprecated form of ``out=(costs_out, None)``.
+        grads_out: deprecated form of ``out=(None, grads_out)``.
+
+    Returns:
+        ``(costs, grads)``: ``costs`` ``(N,)`` float32, the negative log-likelihood per sample (``inf`` for a sample
+        without a feasible alignment), and ``grads`` ``(T, N, A)`` float32, the gradient of each ``costs[n]`` with
+        respect to ``x`` (zero past ``input_lengths[n]``). No reduction over the batch.
+
+    Raises:
+        TypeError: ``x`` not float32 or a host array.
+        ValueError: ``blank`` other than 0, a label out of ``[1, A)``, an empty label, lengths out of range or
+            inconsistent with ``labels`` (each named).
+
+    Example:
+        >>> x = cp.random.standard_normal((50, 4, 20), dtype=cp.float32)        # (T, N, A) logits
+        >>> labels = [1, 2, 3, 4, 5, 6, 7, 8, 9]                               # packed: 3 + 2 + 1 + 3
+        >>> costs, grads = ops.ctc_loss(x, labels, [3, 2, 1, 3], [50, 40, 30, 50])
     """
     costs_out, grads_out = split_out("ctc_loss", out, {"costs_out": costs_out, "grads_out": grads_out})
     arrays = {"x": x, "labels": labels, "label_lengths": label_lengths, "input_lengths": input_lengths}

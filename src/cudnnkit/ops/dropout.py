@@ -50,7 +50,18 @@ class DropoutState:
     """cuDNN dropout RNG states on the device (and library) of ``like``.
 
     ``like``: any CUDA array; its device is used and its library allocates the
-    states. ``seed``: 64-bit unsigned seed.
+    states. ``seed``: 64-bit unsigned seed. Creating one allocates ``cudnnDropoutGetStatesSize`` bytes and runs
+    ``cudnnSetDropoutDescriptor`` once (a GPU kernel that initialises the states); each
+    :func:`dropout_forward` with it advances them. Not thread-safe: use one per thread.
+
+    Args:
+        like: a CUDA array whose device and library the states get.
+        seed: the seed, an int in ``[0, 2**64)``.
+        stream: the stream the initialisation runs on; None: the library's current stream.
+
+    Example:
+        >>> state = ops.DropoutState(x, seed=0)
+        >>> y, reserve = ops.dropout_forward(x, 0.1, state=state)
     """
 
     def __init__(self, like: Any, seed: int = 0, *, stream: Any = None, _name: str = "like"):
@@ -112,7 +123,22 @@ _defaults_lock = threading.Lock()
 
 def default_state(like: Any, *, stream: Any = None, name: str = "like") -> DropoutState:
     """This thread's default state (seed 0) for ``like``'s device and library, created on ``stream`` (checked on
-    every call, also when the state exists). ``name``: the argument errors name (the op's ``x`` or ``dy``)."""
+    every call, also when the state exists). ``name``: the argument errors name (the op's ``x`` or ``dy``). The
+    first call per thread, device and library creates it (``cudnnDropoutGetStatesSize`` bytes initialised by
+    ``cudnnSetDropoutDescriptor``); later calls return it.
+
+    Args:
+        like: a CUDA array; the state is for its device and library.
+        stream: the stream its creation runs on; None: the library's current stream.
+        name: the argument name used in error messages.
+
+    Returns:
+        A :class:`DropoutState`, the same object for every call from this thread with the same device and library.
+
+    Example:
+        >>> state = ops.default_state(x)
+        >>> y, reserve = ops.dropout_forward(x, 0.2, state=state)   # what state=None does
+    """
     launch, (v,) = prepare((name, like), stream=stream)
     key = (v.device, v.library, threading.get_ident())
     with _defaults_lock:
@@ -303,12 +329,35 @@ def dropout_forward(
 ) -> tuple[Any, Any]:
     """``(y, reserve)``: ``y = x * mask / (1 - p)`` with a fresh Bernoulli(1 - p) mask.
 
-    ``x``: any shape (1-8 dims), float16/float32/float64, any strides.
+    ``x``: any shape (1-8 dims), float16/float32/float64, any strides (cuDNN refuses bfloat16).
     ``reserve``: a uint8 array holding the mask, for :func:`dropout_backward`.
     ``state`` defaults to :func:`default_state` for ``x``. ``cudnnDropoutForward``
     with ``x`` and ``y`` in one layout: ``y`` is allocated in ``x``'s when ``x`` is
     dense; an ``x`` with gaps is copied to C order first, and an ``out`` in
     another layout is written through a temporary (both logged). Primitive :data:`DROPOUT_FORWARD`.
+    The scale ``1 / (1 - p)`` is a float32 value (cuDNN keeps ``p`` as a C float), also for float64 data.
+
+    Args:
+        x: the input, a CUDA array of 1 to 8 dims; float16, float32 or float64.
+        p: the probability of zeroing an element, a float in ``[0, 1)``.
+        state: the :class:`DropoutState` to draw the mask from (advanced by the call); None: this thread's
+            default state (seed 0) for ``x``'s device and library.
+        out: an array of ``x``'s shape and dtype to write ``y`` into, any layout; None allocates ``y``.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(y, reserve)``: ``y`` of ``x``'s shape and dtype, and ``reserve``, the 1-d uint8 array of
+        ``cudnnDropoutGetReserveSpaceSize`` bytes that :func:`dropout_backward` needs.
+
+    Raises:
+        TypeError: a host array or an unsupported dtype (bfloat16 included), ``p`` not a float, ``state`` not a
+            :class:`DropoutState`.
+        ValueError: ``p`` outside ``[0, 1)``, or ``state`` on another device than ``x``.
+
+    Example:
+        >>> state = ops.DropoutState(x, seed=0)
+        >>> y, reserve = ops.dropout_forward(x, 0.1, state=state)
+        >>> dx = ops.dropout_backward(dy, reserve, 0.1, state=state)   # the same mask
     """
     p = _check_p(p)
     return run(DROPOUT_FORWARD, {"x": x}, p=p, state=state, out=out, stream=stream)
@@ -322,6 +371,26 @@ def dropout_backward(
     ``p`` must be the forward's. ``cudnnDropoutBackward``, in the layout the forward ran in (``dy`` is copied
     into it, and an ``out`` of another layout written through a temporary, where they differ; logged), so each
     element meets its own mask bit whatever the layouts. Primitive :data:`DROPOUT_BACKWARD`.
+
+    Args:
+        dy: the gradient of ``y``, the forward's ``x`` shape and dtype (float16, float32 or float64).
+        reserve: the uint8 array :func:`dropout_forward` returned for this ``dy``'s forward.
+        p: the forward's ``p``.
+        state: the forward's :class:`DropoutState` (None: the default state, as in the forward).
+        out: an array of ``dy``'s shape and dtype to write ``dx`` into; None allocates it.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``dx``, ``dy``'s shape and dtype.
+
+    Raises:
+        TypeError: ``reserve`` is not a 1-d uint8 array, or a host array or unsupported dtype is given.
+        ValueError: ``reserve`` is not contiguous or has the wrong size for ``dy``'s shape (not this ``dy``'s
+            forward).
+
+    Example:
+        >>> y, reserve = ops.dropout_forward(x, 0.5, state=state)
+        >>> dx = ops.dropout_backward(dy, reserve, 0.5, state=state)
     """
     p = _check_p(p)
     return run(DROPOUT_BACKWARD, {"dy": dy, "reserve": reserve}, p=p, state=state, out=out, stream=stream)

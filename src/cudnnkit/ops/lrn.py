@@ -273,6 +273,30 @@ def lrn_forward(
     ``lrn_alpha`` (default 1e-4), ``lrn_beta`` (0.75), ``size`` and ``k`` are the formula's (``alpha``/``beta``:
     their deprecated names, see the module docstring); ``out = y_alpha * result + y_beta * out``.
     ``cudnnLRNCrossChannelForward`` (primitive :data:`LRN_FORWARD`). The backward needs ``x`` and this ``y``.
+
+    Args:
+        x: a CUDA array ``(N, C, ...)`` of 3 to 8 dims; float16, float32 or float64 (cuDNN refuses bfloat16).
+        size: the window, an int in ``[1, 16]`` (``CUDNN_LRN_MIN_N``/``MAX_N``); odd sizes have an exact backward.
+        lrn_alpha: the formula's alpha (cuDNN's ``lrnAlpha``), real, finite, within float32.
+        lrn_beta: the formula's beta (cuDNN's ``lrnBeta``), at least 0.01.
+        k: the formula's k (cuDNN's ``lrnK``), at least 1e-5.
+        out: an array of ``x``'s shape and dtype to write ``y`` into, any layout; None allocates ``y``.
+        y_alpha: scale of the result.
+        y_beta: blend factor of ``out``'s previous contents.
+        stream: the stream to run on; None: the library's current stream.
+        alpha: deprecated name of ``lrn_alpha`` (a ``FutureWarning``; becomes the output blend in 0.3).
+        beta: deprecated name of ``lrn_beta`` (likewise).
+
+    Returns:
+        ``y``, ``x``'s shape and dtype (``out`` itself when given).
+
+    Raises:
+        TypeError: a host array, an unsupported dtype, or a non-real parameter (each named).
+        ValueError: a parameter out of its range, or ``x`` of fewer than 3 dims.
+
+    Example:
+        >>> y = ops.lrn_forward(x, size=5, lrn_alpha=1e-4, lrn_beta=0.75, k=2.0)
+        >>> dx = ops.lrn_backward(dy, y, x, size=5, lrn_alpha=1e-4, lrn_beta=0.75, k=2.0)
     """
     f = _formula("lrn_forward", lrn_alpha, lrn_beta, alpha, beta, "y_alpha/y_beta")
     kw = dict(size=size, k=k, out=out, y_alpha=y_alpha, y_beta=y_beta, **f)
@@ -300,6 +324,28 @@ def lrn_backward(
     ``cudnnLRNCrossChannelBackward`` (primitive :data:`LRN_BACKWARD`), with ``y``, ``dy``, ``x`` and ``dx`` in
     one layout (copies where they differ); the LRN parameters must be the forward's;
     ``out = dx_alpha * dx + dx_beta * out``.
+
+    Args:
+        dy: the gradient of ``y``, ``x``'s shape and dtype.
+        y: the forward's output.
+        x: the forward's input.
+        size: the window, an int in ``[1, 16]`` (``CUDNN_LRN_MIN_N``/``MAX_N``); odd sizes have an exact backward.
+        lrn_alpha: the formula's alpha (cuDNN's ``lrnAlpha``), real, finite, within float32.
+        lrn_beta: the formula's beta (cuDNN's ``lrnBeta``), at least 0.01.
+        k: the formula's k (cuDNN's ``lrnK``), at least 1e-5.
+        out: an array of ``x``'s shape and dtype to write ``dx`` into; None allocates it.
+        dx_alpha: scale of the gradient.
+        dx_beta: blend factor of ``out``'s previous contents.
+        stream: the stream to run on; None: the library's current stream.
+        alpha: deprecated name of ``lrn_alpha`` (a ``FutureWarning``; becomes the output blend in 0.3).
+        beta: deprecated name of ``lrn_beta`` (likewise).
+
+    Returns:
+        ``dx``, ``x``'s shape and dtype.
+
+    Example:
+        >>> y = ops.lrn_forward(x, size=3)
+        >>> dx = ops.lrn_backward(dy, y, x, size=3)
     """
     f = _formula("lrn_backward", lrn_alpha, lrn_beta, alpha, beta, "dx_alpha/dx_beta")
     kw = dict(size=size, k=k, out=out, dx_alpha=dx_alpha, dx_beta=dx_beta, **f)
@@ -472,6 +518,28 @@ def divisive_normalization_forward(
     ``means``, its two scratch buffers and ``y`` with one layout (9.19 returns NOT_SUPPORTED otherwise), packed
     NCHW or NHWC here: ``x`` and ``means`` are copied when they have gaps, another layout or differ in layout,
     and an ``out`` of another layout is computed into a temporary and copied into (see the module docstring).
+    The formula (identified on an H200, not in cuDNN's documentation) is in the module docstring.
+
+    Args:
+        x: a CUDA array ``(N, C, H, W)`` (3 to 5 dims); float16, float32 or float64.
+        means: optional precomputed means, ``x``'s shape and dtype; None passes NULL.
+        size: the window, an int in ``[1, 16]`` (``CUDNN_LRN_MIN_N``/``MAX_N``); odd sizes have an exact backward.
+        lrn_alpha: the formula's alpha (cuDNN's ``lrnAlpha``), real, finite, within float32.
+        lrn_beta: the formula's beta (cuDNN's ``lrnBeta``), at least 0.01.
+        k: the formula's k (cuDNN's ``lrnK``), at least 1e-5.
+        out: an array of ``x``'s shape and dtype to write ``y`` into; None allocates ``y``.
+        y_alpha: scale of the result.
+        y_beta: blend factor of ``out``'s previous contents (negative values handled as above).
+        stream: the stream to run on; None: the library's current stream.
+        alpha: deprecated name of ``lrn_alpha`` (a ``FutureWarning``; becomes the output blend in 0.3).
+        beta: deprecated name of ``lrn_beta`` (likewise).
+
+    Returns:
+        ``y``, ``x``'s shape and dtype. cuDNN allocates nothing itself: its two temporary buffers come from ``x``'s
+        library.
+
+    Example:
+        >>> y = ops.divisive_normalization_forward(x, size=5)
     """
     f = _formula("divisive_normalization_forward", lrn_alpha, lrn_beta, alpha, beta, "y_alpha/y_beta")
     kw = dict(size=size, k=k, out=out, y_alpha=y_alpha, y_beta=y_beta, **f)
@@ -501,7 +569,31 @@ def divisive_normalization_backward(
     ``cudnnDivisiveNormalizationBackward`` (primitive :data:`DIVISIVE_NORMALIZATION_BACKWARD`). ``dmeans`` is
     ``None`` when ``means`` was not given (cuDNN is passed NULL and computes only ``dx``). ``x``, ``means``,
     ``dy``, ``dx`` and ``dmeans`` share one layout in cuDNN (copies and temporaries where they differ, as in the
-    forward).
+    forward). For an even ``size`` cuDNN 9.19's backward sums over the forward's window rather than its mirror
+    image, so ``dx`` is not the exact gradient there (measured on an H200; odd sizes are exact).
+
+    Args:
+        dy: the gradient of ``y``, ``x``'s shape and dtype.
+        x: the forward's input.
+        means: the forward's ``means`` (None if it had none).
+        size: the window, an int in ``[1, 16]`` (``CUDNN_LRN_MIN_N``/``MAX_N``); odd sizes have an exact backward.
+        lrn_alpha: the formula's alpha (cuDNN's ``lrnAlpha``), real, finite, within float32.
+        lrn_beta: the formula's beta (cuDNN's ``lrnBeta``), at least 0.01.
+        k: the formula's k (cuDNN's ``lrnK``), at least 1e-5.
+        out: ``(dx_out, dmeans_out)``, each an array or None (allocate).
+        dx_alpha: scale of the gradients.
+        dx_beta: blend factor of the outputs' previous contents.
+        stream: the stream to run on; None: the library's current stream.
+        alpha: deprecated name of ``lrn_alpha`` (a ``FutureWarning``; becomes the output blend in 0.3).
+        beta: deprecated name of ``lrn_beta`` (likewise).
+        dx_out: deprecated form of ``out=(dx_out, None)``.
+        dmeans_out: deprecated form of ``out=(None, dmeans_out)``.
+
+    Returns:
+        ``(dx, dmeans)``, each ``x``'s shape and dtype; ``dmeans`` is None without ``means``.
+
+    Example:
+        >>> dx, dmeans = ops.divisive_normalization_backward(dy, x, size=5)   # dmeans is None
     """
     dx_out, dmeans_out = split_out("divisive_normalization_backward", out, {"dx_out": dx_out, "dmeans_out": dmeans_out})
     f = _formula("divisive_normalization_backward", lrn_alpha, lrn_beta, alpha, beta, "dx_alpha/dx_beta")

@@ -71,7 +71,24 @@ _MODES = {
 
 @dataclass(frozen=True)
 class Pooling:
-    """A pooling's parameters, for reuse (hashable); see the module docstring. ``stride=None`` is the window."""
+    """A pooling's parameters, for reuse (hashable); see the module docstring. ``stride=None`` is the window.
+
+    Passed as ``pool=`` to :func:`pooling_forward` and :func:`pooling_backward` in place of their keywords; the
+    cuDNN pooling descriptor (``cudnnSetPoolingNdDescriptor``) it leads to is cached by value.
+
+    Args:
+        mode: ``"max"``, ``"max_deterministic"``, ``"avg_include_padding"`` or ``"avg_exclude_padding"``.
+        window: the window, an int or one per spatial dim.
+        stride: an int or one per spatial dim; None: the window.
+        padding: an int or one per spatial dim, ``(before, after)`` pairs, ``"valid"`` or ``"same"``.
+        ceil_mode: round the output size up, as torch does.
+        propagate_nan: max pooling returns NaN for a window holding one.
+
+    Example:
+        >>> pool = ops.Pooling(mode="max", window=3, stride=2, padding=1)
+        >>> y = ops.pooling_forward(x, pool=pool)
+        >>> dx = ops.pooling_backward(dy, y, x, pool=pool)
+    """
 
     mode: str = "max"
     window: int | tuple[int, ...] = 2
@@ -396,7 +413,33 @@ def pooling_forward(
     :class:`Pooling` in place of the keywords. ``return_index=True`` (max modes) returns ``(y, index)``: the
     argmax within each window (int8, int32 for windows over 127 cells, ``y``'s shape and layout), which
     :func:`pooling_backward` takes as ``index=`` on the graph path. ``cudnnPoolingForward`` or the graph's
-    resample (primitive :data:`POOLING_FORWARD`)."""
+    resample (primitive :data:`POOLING_FORWARD`); :func:`cudnnkit.ops.last_path` says which ran.
+
+    Args:
+        x: ``(N, C, *spatial)`` with 1 to 3 spatial dims, dense channels-first or channels-last (another layout is
+            copied); float16, bfloat16, float32 or float64.
+        mode: ``"max"``, ``"max_deterministic"``, ``"avg_include_padding"`` or ``"avg_exclude_padding"``.
+        window: the window, an int or one per spatial dim (1 to 3 spatial dims).
+        stride: an int or one per spatial dim; None: the window.
+        padding: an int or one per spatial dim, ``(before, after)`` pairs, ``"valid"`` or ``"same"``; each side
+            smaller than the window.
+        ceil_mode: round the output size up, as torch does.
+        propagate_nan: max pooling returns NaN for a window holding one.
+        pool: a :class:`Pooling` in place of the keywords above.
+        return_index: also return the argmax index (max modes; runs the graph path).
+        out: a dense array of ``y``'s shape and ``x``'s dtype; None allocates ``y`` in ``x``'s layout.
+        alpha: scale of the result.
+        beta: blend factor of ``out``'s previous contents.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``y`` ``(N, C, *out)`` (:func:`cudnnkit.runtime.shapes.pool_output_shape`), ``x``'s dtype; with
+        ``return_index=True`` ``(y, index)``.
+
+    Example:
+        >>> y = ops.pooling_forward(x, mode="max", window=3, stride=2, padding=1)
+        >>> y, idx = ops.pooling_forward(x, window=3, stride=2, ceil_mode=True, return_index=True)
+    """
     kw = dict(mode=mode, window=window, stride=stride, padding=padding, ceil_mode=ceil_mode,
               propagate_nan=propagate_nan, pool=pool, return_index=return_index)  # fmt: skip
     y, index = run(POOLING_FORWARD, {"x": x}, out=out, alpha=alpha, beta=beta, stream=stream, **kw)
@@ -425,7 +468,33 @@ def pooling_backward(
     parameters must be the forward's). The legacy call reads ``y`` and ``x`` (for max pooling it finds the maximum
     again); the graph's resample backward reads ``dy`` and, for max pooling, ``index=`` (the forward's
     ``return_index=True``), which asymmetric padding and ``ceil_mode`` padding after need. ``cudnnPoolingBackward``
-    or the graph (primitive :data:`POOLING_BACKWARD`)."""
+    or the graph (primitive :data:`POOLING_BACKWARD`).
+
+    Args:
+        dy: the gradient of ``y``, ``y``'s shape and dtype.
+        y: the forward's output.
+        x: the forward's input.
+        mode: ``"max"``, ``"max_deterministic"``, ``"avg_include_padding"`` or ``"avg_exclude_padding"``.
+        window: the window, an int or one per spatial dim (1 to 3 spatial dims).
+        stride: an int or one per spatial dim; None: the window.
+        padding: an int or one per spatial dim, ``(before, after)`` pairs, ``"valid"`` or ``"same"``; each side
+            smaller than the window.
+        ceil_mode: round the output size up, as torch does.
+        propagate_nan: max pooling returns NaN for a window holding one.
+        pool: a :class:`Pooling` in place of the keywords above.
+        index: the forward's index (``return_index=True``), for max pooling on the graph path.
+        out: a dense array of ``x``'s shape and dtype to write ``dx``; None allocates it.
+        alpha: scale of the gradient.
+        beta: blend factor of ``out``'s previous contents.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``dx``, ``x``'s shape and dtype.
+
+    Example:
+        >>> y = ops.pooling_forward(x, mode="avg_exclude_padding", window=3, stride=1, padding=1)
+        >>> dx = ops.pooling_backward(dy, y, x, mode="avg_exclude_padding", window=3, stride=1, padding=1)
+    """
     kw = dict(mode=mode, window=window, stride=stride, padding=padding, ceil_mode=ceil_mode,
               propagate_nan=propagate_nan, pool=pool)  # fmt: skip
     return run(POOLING_BACKWARD, {"dy": dy, "y": y, "x": x, "index": index}, out=out, alpha=alpha, beta=beta,

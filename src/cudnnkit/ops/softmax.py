@@ -220,7 +220,37 @@ def softmax_forward(
     ``x``'s shape and dtype (and its strides when ``x`` is dense). ``out`` may
     have any layout; cuDNN is given one layout for ``x`` and ``y`` (see the module
     docstring for the copies that takes). Calls ``cudnnSoftmaxForward`` once
-    (primitive :data:`SOFTMAX_FORWARD`).
+    (primitive :data:`SOFTMAX_FORWARD`), in ``CUDNN_SOFTMAX_MODE_INSTANCE`` when the reduced axes are trailing and
+    ``CUDNN_SOFTMAX_MODE_CHANNEL`` otherwise.
+
+    Args:
+        x: the input, a CUDA array (CuPy, torch, or any ``__cuda_array_interface__``/DLPack array) of at least one
+            dim; float16, bfloat16, float32 or float64 (the half types compute in float32).
+        axis: the axis to reduce over, negative allowed, or a tuple of adjacent axes (reduced together, as one).
+        algo: ``"accurate"`` (``CUDNN_SOFTMAX_ACCURATE``: the maximum is subtracted first) or ``"fast"``
+            (``CUDNN_SOFTMAX_FAST``: no subtraction, can overflow). With ``log=True`` only ``"accurate"``.
+        log: compute log-softmax (``CUDNN_SOFTMAX_LOG``); cannot be combined with ``algo="fast"``.
+        out: an array of ``x``'s shape and dtype to write, any layout; None allocates ``y`` with ``x``'s library.
+        alpha: scale of the result, in the compute type.
+        beta: blend factor of ``out``'s previous contents: ``out = alpha * softmax(x) + beta * out``
+            (``beta != 0`` needs ``out``).
+        stream: the stream to run on (a stream object of ``x``'s library, or anything with ``__cuda_stream__``);
+            None: the library's current stream.
+
+    Returns:
+        ``y``, ``x``'s shape and dtype, in ``x``'s library (``out`` itself when given).
+
+    Raises:
+        TypeError: ``x`` is a host array or of another dtype, or ``axis`` is not an int or a tuple of ints.
+        ValueError: ``axis`` is out of range or names axes that are not adjacent, or ``log=True`` with
+            ``algo="fast"``.
+
+    Example:
+        >>> import cupy as cp
+        >>> from cudnnkit import ops
+        >>> x = cp.random.standard_normal((8, 1000), dtype=cp.float32)
+        >>> y = ops.softmax_forward(x, axis=1)              # each row sums to 1
+        >>> logp = ops.softmax_forward(x, axis=-1, log=True)
     """
     return run(SOFTMAX_FORWARD, {"x": x}, axis=axis, algo=algo, log=log, out=out, alpha=alpha, beta=beta, stream=stream)
 
@@ -243,7 +273,30 @@ def softmax_backward(
     must be the forward's. cuDNN is given one layout for ``y``, ``dy`` and ``dx``
     (it refuses two with ``!isTensorSameStrides``), so an input or ``out`` in
     another layout is copied (logged). Calls ``cudnnSoftmaxBackward`` once; ``x`` is never needed
-    (primitive :data:`SOFTMAX_BACKWARD`).
+    (primitive :data:`SOFTMAX_BACKWARD`). For softmax ``dx = y * (dy - sum(dy * y))``, for log-softmax
+    ``dx = dy - exp(y) * sum(dy)``, the sums over ``axis``.
+
+    Args:
+        dy: the gradient of ``y``, ``y``'s shape and dtype (float16, bfloat16, float32 or float64), any strides.
+        y: the output of :func:`softmax_forward` (log-softmax's output with ``log=True``).
+        axis: the forward's ``axis``.
+        algo: the forward's ``algo``.
+        log: the forward's ``log``.
+        out: an array of ``y``'s shape and dtype to write ``dx`` into, any layout; None allocates it.
+        alpha: scale of the gradient, in the compute type.
+        beta: blend factor of ``out``'s previous contents: ``out = alpha * dx + beta * out``.
+        stream: the stream to run on; None: the arrays' library's current stream.
+
+    Returns:
+        ``dx``, ``y``'s shape and dtype (``out`` itself when given).
+
+    Raises:
+        TypeError: a host array, or ``dy`` and ``y`` of different dtypes.
+        ValueError: ``dy`` and ``y`` of different shapes, or a bad ``axis`` (as in :func:`softmax_forward`).
+
+    Example:
+        >>> y = ops.softmax_forward(x, axis=1, log=True)
+        >>> dx = ops.softmax_backward(cp.ones_like(y), y, axis=1, log=True)
     """
     return run(
         SOFTMAX_BACKWARD,

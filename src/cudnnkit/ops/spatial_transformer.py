@@ -364,6 +364,20 @@ def affine_grid_forward(theta: Any, *, size: Sequence[int], out: Any = None, str
     ``torch.nn.functional.affine_grid(theta, size, align_corners=True)``.
 
     Calls ``cudnnSpatialTfGridGeneratorForward`` once (none when N is 0; primitive :data:`AFFINE_GRID_FORWARD`).
+
+    Args:
+        theta: ``(N, 2, 3)`` affine matrices, float16, float32 or float64 (cuDNN's spatial transformer refuses
+            every other dtype, bfloat16 included).
+        size: ``(N, C, H, W)``, the sampled output's size; ``H`` and ``W`` at least 2.
+        out: an ``(N, H, W, 2)`` array of ``theta``'s dtype to write; None allocates ``grid``.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``grid`` ``(N, H, W, 2)``, ``theta``'s dtype.
+
+    Example:
+        >>> theta = cp.asarray([[[1, 0, 0], [0, 1, 0]]] * 8, dtype=cp.float32)   # identity transforms
+        >>> grid = ops.affine_grid_forward(theta, size=(8, 3, 32, 32))
     """
     return run(AFFINE_GRID_FORWARD, {"theta": theta}, size=size, out=out, stream=stream)
 
@@ -378,6 +392,18 @@ def affine_grid_backward(dgrid: Any, *, size: Sequence[int], out: Any = None, st
 
     Calls ``cudnnSpatialTfGridGeneratorBackward`` once (none when N is 0; primitive
     :data:`AFFINE_GRID_BACKWARD`).
+
+    Args:
+        dgrid: the gradient of ``grid``, ``(N, H, W, 2)``; float16, float32 or float64.
+        size: the forward's ``size``.
+        out: an ``(N, 2, 3)`` array of ``dgrid``'s dtype to write; None allocates ``dtheta``.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``dtheta`` ``(N, 2, 3)``, ``dgrid``'s dtype.
+
+    Example:
+        >>> dtheta = ops.affine_grid_backward(cp.ones_like(grid), size=(8, 3, 32, 32))
     """
     return run(AFFINE_GRID_BACKWARD, {"dgrid": dgrid}, size=size, out=out, stream=stream)
 
@@ -401,6 +427,21 @@ def grid_sample_forward(
     ``x``'s dtype; ``y = alpha * sample + beta * y``.
 
     Calls ``cudnnSpatialTfSamplerForward`` once (none when N is 0; primitive :data:`GRID_SAMPLE_FORWARD`).
+
+    Args:
+        x: ``(N, C, H_in, W_in)``; float16, float32 or float64.
+        grid: ``(N, H_out, W_out, 2)`` of ``x``'s dtype, ``H_out`` and ``W_out`` at least 2.
+        out: an ``(N, C, H_out, W_out)`` array to write; None allocates ``y``.
+        alpha: scale of the samples.
+        beta: blend factor of ``out``'s previous contents.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``y`` ``(N, C, H_out, W_out)``, ``x``'s dtype.
+
+    Example:
+        >>> grid = ops.affine_grid_forward(theta, size=x.shape)
+        >>> y = ops.grid_sample_forward(x, grid)      # F.grid_sample(x, grid, align_corners=True)
     """
     return run(GRID_SAMPLE_FORWARD, {"x": x, "grid": grid}, out=out, alpha=alpha, beta=beta, stream=stream)
 
@@ -429,7 +470,28 @@ def grid_sample_backward(
     C-contiguous, the gradient with respect to the normalized coordinates,
     ``dgrid = alpha_dgrid * dL/dgrid + beta_dgrid * dgrid``. All of ``x``'s dtype.
 
-    Calls ``cudnnSpatialTfSamplerBackward`` once (none when N is 0; primitive :data:`GRID_SAMPLE_BACKWARD`).
+    Calls ``cudnnSpatialTfSamplerBackward`` once (none when N is 0; primitive :data:`GRID_SAMPLE_BACKWARD`). cuDNN
+    9.19 refuses it above 1024 channels (NOT_SUPPORTED for 1100, measured on an H200): such ``x`` are refused by
+    name. Its results differ bitwise between runs (cuDNN accumulates with atomics).
+
+    Args:
+        x: the forward's ``x``.
+        grid: the forward's ``grid``.
+        dy: the gradient of ``y``, ``(N, C, H_out, W_out)``.
+        alpha: scale of ``dx``.
+        beta: blend factor of ``dx_out``'s previous contents.
+        alpha_dgrid: scale of ``dgrid``.
+        beta_dgrid: blend factor of ``dgrid_out``'s previous contents.
+        out: ``(dx_out, dgrid_out)``, each an array or None (allocate).
+        stream: the stream to run on; None: the library's current stream.
+        dx_out: deprecated form of ``out=(dx_out, None)``.
+        dgrid_out: deprecated form of ``out=(None, dgrid_out)``.
+
+    Returns:
+        ``(dx, dgrid)``: ``x``'s and ``grid``'s shapes, ``x``'s dtype.
+
+    Example:
+        >>> dx, dgrid = ops.grid_sample_backward(x, grid, dy)
     """
     dx_out, dgrid_out = split_out("grid_sample_backward", out, {"dx_out": dx_out, "dgrid_out": dgrid_out})
     return run(

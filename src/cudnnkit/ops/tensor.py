@@ -181,6 +181,19 @@ def set_tensor(y: Any, value: float, *, stream: Any = None) -> Any:
     expanded dims of a broadcast view are written once. ``value`` may be NaN or inf. Elements outside ``y``'s
     view (gaps of a strided slice) are not touched. An overlapping or reversed ``y`` is refused by name
     (primitive :data:`SET_TENSOR`).
+
+    Args:
+        y: the CUDA array to fill, float16, bfloat16, float32 or float64 (integer arrays are refused: cuDNN 9.19's
+            ``cudnnSetTensor`` returns NOT_SUPPORTED for int32).
+        value: the value, a real number (converted to ``y``'s dtype).
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``y`` itself.
+
+    Example:
+        >>> y = cp.empty((8, 16, 32, 32), cp.float32)
+        >>> ops.set_tensor(y, 0.0)
     """
     return run(SET_TENSOR, {"y": y}, value=value, stream=stream)
 
@@ -189,6 +202,17 @@ def scale_tensor(y: Any, alpha: float, *, stream: Any = None) -> Any:
     """``y *= alpha`` in place (0 to 8 dims, any strides, dims merged as for :func:`set_tensor`); returns ``y``.
 
     ``cudnnScaleTensor`` (deprecated in cuDNN 9). ``alpha`` must be finite (primitive :data:`SCALE_TENSOR`).
+
+    Args:
+        y: the CUDA array to scale, float16, bfloat16, float32 or float64.
+        alpha: the factor, a finite real number.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``y`` itself.
+
+    Example:
+        >>> ops.scale_tensor(y, 2.0)
     """
     return run(SCALE_TENSOR, {"y": y}, alpha=alpha, stream=stream)
 
@@ -201,6 +225,20 @@ def add_tensor(a: Any, c: Any, *, alpha: float = 1.0, beta: float = 1.0, stream:
     each dim of ``a`` equals ``c``'s or is 1 (a bias of shape ``(1, C, 1, 1)`` over an
     ``(N, C, H, W)`` ``c``, for example). ``cudnnAddTensor`` (deprecated in cuDNN 9; primitive
     :data:`ADD_TENSOR`).
+
+    Args:
+        a: the array added, broadcast over ``c``'s shape.
+        c: the array written in place; float16, bfloat16, float32 or float64, ``a``'s dtype.
+        alpha: scale of ``a``.
+        beta: scale of ``c``'s previous contents.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``c`` itself.
+
+    Example:
+        >>> bias = cp.ones((1, 16, 1, 1), cp.float32)
+        >>> ops.add_tensor(bias, y)               # y += bias, per channel
     """
     return run(ADD_TENSOR, {"a": a, "c": c}, alpha=alpha, beta=beta, stream=stream)
 
@@ -246,6 +284,22 @@ def transform_tensor(
     ``cudnnTransformTensorEx``, the padding call, is not used: measured on an H200 (cuDNN 9.19) it refuses
     float64 into packed NCHW with ``NOT_SUPPORTED_LAYOUT`` (issue 10's fuzzer). An empty ``x`` with padding
     gives an output of padding alone. Both calls are deprecated in cuDNN 9.
+
+    Args:
+        x: the CUDA array to copy; float16, bfloat16, float32 or float64.
+        layout: ``"nchw"``, ``"nhwc"``, or None (``x``'s own layout).
+        pad_before: zero padding before each dim, an int or one per dim.
+        pad_after: zero padding after each dim, an int or one per dim.
+        out: an array of the output shape and ``x``'s dtype, any strides; None allocates it in ``layout``.
+        alpha: scale of ``x``.
+        beta: blend factor of ``out``'s previous contents.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``y`` of shape ``x.shape + pad_before + pad_after``, ``x``'s dtype (``out`` itself when given).
+
+    Example:
+        >>> y = ops.transform_tensor(x, layout="nhwc", pad_before=(0, 0, 1, 1), pad_after=(0, 0, 1, 1))
     """
     kw = dict(layout=layout, pad_before=pad_before, pad_after=pad_after, out=out, alpha=alpha, beta=beta)
     return run(TRANSFORM_TENSOR, {"x": x}, stream=stream, **kw)

@@ -613,3 +613,182 @@ def test_interpreter_sees_a_wrong_mask():
         val = interpret(g, {qt.uid: q, kt.uid: k, vt.uid: v})
     o_ref = gpu.reference(q, k, v, np.zeros_like(q), scale=1 / math.sqrt(8))[0]
     assert not np.allclose(val[r.o.uid], o_ref, rtol=1e-3)
+
+
+# ----------------------------------------------------------------- the L2 op: ops.attention_forward/_backward
+# (fake arrays and recording plans, as tests/test_l3_attention_cpu.py: the graphs the calls build and bind)
+
+from cudnnkit import ops, settings  # noqa: E402
+
+from . import test_l3_attention_cpu as L3  # noqa: E402
+from .test_l3_attention_cpu import _arr, _kinds  # noqa: E402
+
+
+@pytest.fixture
+def fake_fixture():
+    """tests/fuzz's fake arrays installed (as test_l3_attention_cpu's ``fake``)."""
+    from .fuzz.materialize import FakeBackend
+
+    b = FakeBackend()
+    with b.installed():
+        yield b
+
+
+@pytest.fixture
+def plans_fixture(monkeypatch, fake_fixture):
+    """(graphs built, pointer-only runs, checked executions): test_l3_attention_cpu's ``plans``, its caches
+    cleared around the test."""
+    from cudnnkit.graph import Graph
+    from cudnnkit.ops import _express
+
+    from .graph_fakes import RecordingPlan, recording_plans
+
+    runs = recording_plans(monkeypatch)
+    built, executed = [], []
+    fake_build = Graph.build
+    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: built.append(self) or fake_build(self, device))
+    monkeypatch.setattr(RecordingPlan, "execute", lambda self, b, **kw: executed.append((self.graph, b, kw)),
+                        raising=False)  # fmt: skip
+    _express.entries.clear()
+    L3.A._bwd_forms.clear()
+    yield built, runs, executed
+    _express.entries.clear()
+    L3.A._bwd_forms.clear()
+
+
+QS, KS = (2, 4, 32, 64), (2, 4, 48, 64)
+
+
+def _named(g):
+    return {t.name: t for t in g.tensors() if not t.virtual and not t.by_value}
+
+
+def test_l2_forward_binds_every_variant_array(fake_fixture, plans_fixture):
+    built, runs, _ = plans_fixture
+    fake = fake_fixture
+    q, k, v = _arr(fake, QS), _arr(fake, KS), _arr(fake, KS)
+    mask = _arr(fake, (1, 4, 32, 48))
+    lq, lkv = _arr(fake, (2,), "int32"), _arr(fake, (2,), "int32")
+    o, st = ops.attention_forward(q, k, v, attn_mask=mask, seq_len_q=lq, seq_len_kv=lkv, is_causal=True,
+                                  left_bound=8, scale=0.3)  # fmt: skip
+    assert ops.last_path() == ("sdpa_forward", "graph")
+    assert o.shape == (2, 4, 32, 64) and st.shape == (2, 4, 32, 1) and st.dtype == "float32"
+    (g,) = built
+    t = _named(g)
+    assert t["attn_mask"].dims == (1, 4, 32, 48) and t["attn_mask"].dtype == "bfloat16"
+    assert t["seq_len_q"].dims == t["seq_len_kv"].dims == (2, 1, 1, 1) and t["seq_len_q"].dtype == "int32"
+    kinds = _kinds(g)
+    assert kinds.count("GEN_INDEX") == 6 and kinds.count("BINARY_SELECT") == 3  # padding, right, left bound
+    assert (0.3, "float32") in g.constants().values() and (8.0, "float32") in g.constants().values()
+    seen = runs[-1]
+    for name, arr in (("q", q), ("k", k), ("v", v), ("attn_mask", mask), ("seq_len_q", lq), ("seq_len_kv", lkv)):
+        assert seen[name][1] == arr.ptr
+    # the shape class: other length values, the same plan; another window, another graph
+    ops.attention_forward(q, k, v, attn_mask=mask, seq_len_q=_arr(fake, (2,), "int32"),
+                          seq_len_kv=_arr(fake, (2,), "int32"), is_causal=True, left_bound=8, scale=0.3)  # fmt: skip
+    assert len(built) == 1
+    ops.attention_forward(q, k, v, attn_mask=mask, seq_len_q=lq, seq_len_kv=lkv, is_causal=True, left_bound=9,
+                          scale=0.3)  # fmt: skip
+    assert len(built) == 2
+
+
+def test_l2_two_d_mask_alibi_dropout_and_bottom_right(fake_fixture, plans_fixture):
+    built, runs, _ = plans_fixture
+    fake = fake_fixture
+    q, k, v = _arr(fake, QS), _arr(fake, KS), _arr(fake, KS)
+    o, st = ops.attention_forward(q, k, v, attn_mask=_arr(fake, (32, 48), "float32"))
+    assert _named(built[-1])["attn_mask"].dims == (1, 1, 32, 48)
+    slopes = _arr(fake, (4,), "float32")
+    ops.attention_forward(q, k, v, alibi_slopes=slopes, is_causal=True)
+    t = _named(built[-1])["alibi_slopes"]
+    assert (t.dims, t.strides, t.dtype) == ((1, 4, 1, 1), (4, 1, 1, 1), "float32")
+    seed, off = _arr(fake, (1,), "int64"), _arr(fake, (1,), "int64")
+    ops.attention_forward(q, k, v, dropout_p=0.1, seed=seed, offset=off)
+    g = built[-1]
+    assert "rng" in _kinds(g) and _named(g)["seed"].dims == (1, 1, 1, 1)
+    assert runs[-1]["seed"][1] == seed.ptr and runs[-1]["offset"][1] == off.ptr
+    ops.attention_forward(q, k, v, is_causal=True, diagonal_alignment="bottom_right")
+    assert (48, "int32") in built[-1].constants().values() and (32, "int32") in built[-1].constants().values()
+
+
+def test_l2_backward_dbias_gqa_and_deterministic(fake_fixture, plans_fixture):
+    built, _, executed = plans_fixture
+    fake = fake_fixture
+    q, o, do = _arr(fake, QS), _arr(fake, QS), _arr(fake, QS)
+    k, v = _arr(fake, (2, 2, 48, 64)), _arr(fake, (2, 2, 48, 64))
+    st = _arr(fake, (2, 4, 32, 1), "float32")
+    mask = _arr(fake, (4, 32, 48))
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        ops.attention_backward(q, k, v, o, do, st)
+    got = ops.attention_backward(q, k, v, o, do, st, attn_mask=mask, enable_gqa=True, dbias=True)
+    assert ops.last_path() == ("sdpa_backward", "graph")
+    dq, dk, dv, dmask = got
+    assert dk.shape == dv.shape == (2, 2, 48, 64) and dq.shape == QS
+    assert (dmask.shape, dmask.dtype) == ((4, 32, 48), "bfloat16")
+    g, bindings, _ = executed[-1]
+    red = [n for n in g.nodes() if n.kind == "reduction"]
+    assert len(red) == 4  # rowsum(do * o), dbias, the head sums of dk and dv
+    (db,) = [dict(n.outputs)["y"] for n in red if g._tensors[dict(n.outputs)["y"]].dims == (1, 4, 32, 48)]
+    assert bindings[db] == dmask.ptr and g._tensors[db].dtype == "bfloat16"  # described (1, H, S_q, S_kv)
+    assert "IDENTITY" not in _kinds(g)  # dbias: dq written directly
+    assert len(ops.attention_backward(q, k, v, o, do, st, attn_mask=mask, enable_gqa=True)) == 3
+    assert "IDENTITY" in _kinds(built[-1])  # without dbias: the dq accumulator
+    n = len(built)
+    with settings(deterministic=True):
+        ops.attention_backward(q, k, v, o, do, st, attn_mask=mask, enable_gqa=True)
+    g = built[-1]
+    assert len(built) == n + 1 and "IDENTITY" not in _kinds(g) and [t.name for t in g.scratch()] == ["softmax_sum"]
+
+
+def _l2_call(b, **kw):
+    q, k, v = _arr(b, kw.pop("qs", QS)), _arr(b, KS), _arr(b, KS)
+    for name, (shape, dtype) in kw.pop("arrays", {}).items():
+        kw[name] = _arr(b, shape, dtype)
+    return ops.attention_forward(q, k, v, **kw)
+
+
+L2_REFUSED = [
+    ({"arrays": {"attn_mask": ((32, 48), "bool")}}, TypeError, "attn_mask: a boolean mask is not taken"),
+    ({"arrays": {"attn_mask": ((32, 48), "float16")}}, TypeError, "attn_mask must have q's dtype bfloat16"),
+    ({"arrays": {"attn_mask": ((32, 40), "bfloat16")}}, ValueError, r"attn_mask must end in \(S_q, S_kv\)"),
+    ({"arrays": {"attn_mask": ((3, 4, 32, 48), "bfloat16")}}, ValueError, "attn_mask's leading dims"),
+    ({"arrays": {"seq_len_q": ((2,), "int32")}}, ValueError, "needs both seq_len_q= and seq_len_kv="),
+    ({"arrays": {"seq_len_q": ((2,), "int32"), "seq_len_kv": ((3,), "int32")}}, ValueError,
+     r"seq_len_kv must be an int32 device array of shape \(2,\)"),
+    ({"arrays": {"alibi_slopes": ((4,), "float32")}}, ValueError, "alibi_slopes needs is_causal=True"),
+    ({"arrays": {"alibi_slopes": ((3,), "float32")}, "is_causal": True}, ValueError, "alibi_slopes must be a float32"),
+    ({"dropout_p": 0.2}, ValueError, "dropout_p > 0 needs seed= and offset="),
+    ({"dropout_p": 1.0}, ValueError, r"dropout_p must be within \[0, 1\)"),
+    ({"dropout_p": 0.2, "arrays": {"seed": ((1,), "int32"), "offset": ((1,), "int64")}}, TypeError,
+     "seed has dtype int32"),
+    ({"softcap": 10.0, "is_causal": True}, ValueError, "softcap takes no causal mask"),
+    ({"is_causal": True, "diagonal_alignment": "bottom_right", "qs": (2, 4, 64, 64)}, ValueError, "S_q <= S_kv"),
+    ({"left_bound": 4, "qs": (2, 4, 64, 64)}, ValueError, "left_bound .sliding window. needs S_q <= S_kv"),
+    ({"is_causal": True, "diagonal_alignment": "bottom_right", "arrays": {"attn_mask": ((32, 48), "bfloat16")}},
+     ValueError, "bottom-right causal masking takes no attn_mask"),
+    ({"diagonal_alignment": "BOTTOM"}, ValueError, "diagonal_alignment must be one of"),
+    ({"left_bound": 0}, ValueError, "left_bound must be an int >= 1"),
+    ({"is_causal": "yes"}, TypeError, "is_causal must be a bool"),
+    ({"enable_gqa": 1}, TypeError, "enable_gqa must be a bool"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kw, exc, msg", L2_REFUSED)
+def test_l2_refusals_before_any_gpu_work(fake_fixture, plans_fixture, kw, exc, msg):
+    built, runs, _ = plans_fixture
+    fake = fake_fixture
+    with pytest.raises(exc, match=msg):
+        _l2_call(fake, **kw)
+    assert not built and not runs
+
+
+def test_l2_backward_refusals(fake_fixture, plans_fixture):
+    built, _, executed = plans_fixture
+    fake = fake_fixture
+    q, k, v, o, do = (_arr(fake, s) for s in (QS, KS, KS, QS, QS))
+    st = _arr(fake, (2, 4, 32, 1), "float32")
+    with pytest.raises(ValueError, match="dbias=True needs attn_mask="):
+        ops.attention_backward(q, k, v, o, do, st, dbias=True)
+    with pytest.raises(TypeError, match="dbias must be a bool"):
+        ops.attention_backward(q, k, v, o, do, st, attn_mask=_arr(fake, (32, 48)), dbias=1)
+    assert not built and not executed

@@ -3187,7 +3187,8 @@ def _sdpa_op_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
         return None
     reps = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, reps, axis=1), np.repeat(v, reps, axis=1)
-    o, st, _ = sdpa_ref(q, k, v, _sdpa_scale(ctx, q.shape[-1]), bool(ctx.param("causal", False)))
+    causal = ctx.param("is_causal", False) if "attention" in ctx.spec.name else ctx.param("causal", False)
+    o, st, _ = sdpa_ref(q, k, v, _sdpa_scale(ctx, q.shape[-1]), bool(causal))
     return o if key == "o" else st
 
 
@@ -3232,23 +3233,63 @@ def _sdpa_op_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
             + ctx.compare(res[1], None, "float32", "stats", None, shape=q.shape[:3] + (1,)))  # fmt: skip
 
 
+def _attn_op_draw(d: Draw, lib: str, backward: bool = False) -> Base:
+    """A valid :func:`~cudnnkit.ops.attention_forward` / ``attention_backward`` call: :func:`_sdpa_op_draw`'s with
+    torch's names (``is_causal``; ``enable_gqa=True`` for a shared key/value head; no ``training``). The variants
+    (masks, lengths, bias, dropout) are checked by tests/test_attention_variants_cpu.py and tests/gpu."""
+    base = _sdpa_op_draw(d, lib, backward)
+    kw = dict(base.kwargs)
+    if "causal" in kw:
+        kw["is_causal"] = kw.pop("causal")
+    kw.pop("training", None)
+    if kw["k"].shape[1] != kw["q"].shape[1]:
+        kw["enable_gqa"] = True
+    return Base(kw, base.positional, base.setup)
+
+
+def _attn_op_shape(case: Case, name: str, old, new) -> str | None:
+    """As :func:`_sdpa_op_shape`, with torch's rule for the heads: ``H_kv`` other than ``H`` only with
+    ``enable_gqa=True``, then any divisor of ``H``."""
+    shapes = {n: tuple(a.shape) for n, a in case.kwargs.items() if isinstance(a, A)}
+    shapes[name] = tuple(new)
+    q, k, v = shapes["q"], shapes["k"], shapes["v"]
+    gqa = case.kwargs.get("enable_gqa", False) is True
+    if len(q) == len(k) == len(v) == 4 and q[1] >= 1 and k[1] >= 1 and k[1] == v[1] and q[1] % k[1] == 0:
+        if k[1] == q[1] or gqa:  # the heads rule met: the rest as sdpa's, with H_kv taken as H or 1
+            shapes["k"] = k[:1] + ((1,) if k[1] != q[1] else (q[1],)) + k[2:]
+            shapes["v"] = v[:1] + ((1,) if v[1] != q[1] else (q[1],)) + v[2:]
+            return "any" if _sdpa_valid(shapes) else "refuse"
+    return "refuse"
+
+
 _SDPA_H = ("float16", "bfloat16")
 _SDPA_ST = Role("in", ("float32",), None, fixed_dtype=True)
 _SDPA_OP_PARAMS = {
     "scale": Param("float", nullable=True, f32=True, optional_kw=True),
     "causal": Param("bool", strict_verdict="refuse", optional_kw=True),
 }
+#: the attention variants' optional arrays (not drawn here: tests/test_attention_variants_cpu.py and tests/gpu
+#: check them); described for the registry's operands
+_SDPA_VARIANT_ROLES = {
+    "attn_mask": Role("in", ("float16", "bfloat16", "float32"), None, required=False),
+    **{n: Role("in", ("int32",), None, required=False, fixed_dtype=True) for n in ("seq_len_q", "seq_len_kv")},
+    "alibi_slopes": Role("in", ("float32",), None, required=False, fixed_dtype=True),
+    **{n: Role("in", ("int64",), None, required=False, fixed_dtype=True) for n in ("seed", "offset")},
+}
 _SDPA_FWD_ROLES = {
     "q": _in(_SDPA_H),
     "k": _in(_SDPA_H),
     "v": _in(_SDPA_H),
+    **_SDPA_VARIANT_ROLES,
     "out": _out(_SDPA_H),
     "stats": Role("out", ("float32",), None, required=False, fixed_dtype=True),
 }
 _SDPA_BWD_ROLES = {
     **{n: _in(_SDPA_H) for n in ("q", "k", "v", "o", "do")},
     "stats": _SDPA_ST,
-    **{n: _out(_SDPA_H) for n in ("dq", "dk", "dv")},  # new arrays (no out=): described for the registry's outputs
+    **_SDPA_VARIANT_ROLES,
+    # new arrays (no out=): described for the registry's outputs (dattn_mask: attn_mask's gradient, dbias=True)
+    **{n: _out(_SDPA_H) for n in ("dq", "dk", "dv", "dattn_mask")},
 }
 
 
@@ -3413,6 +3454,17 @@ _add(OpSpec("sdpa_forward", _sdpa_op_draw, _SDPA_FWD_ROLES,
 _add(OpSpec("sdpa_backward", _bw(_sdpa_op_draw, backward=True), _SDPA_BWD_ROLES, _SDPA_OP_PARAMS,
             check=_bw(_sdpa_op_check, backward=True), derive=_sdpa_op_derive, shape_rule=_sdpa_op_shape,
             weight=0.5))  # fmt: skip
+_ATTN_OP_PARAMS = {
+    "scale": _SDPA_OP_PARAMS["scale"],
+    "is_causal": Param("bool", strict_verdict="refuse", optional_kw=True),
+    "enable_gqa": Param("bool", strict_verdict="refuse", optional_kw=True),
+}
+_add(OpSpec("attention_forward", _attn_op_draw, _SDPA_FWD_ROLES, _ATTN_OP_PARAMS,
+            call=_outs_call("attention_forward", ("out", "stats")), check=_sdpa_op_check, shape_rule=_attn_op_shape,
+            weight=0.4))  # fmt: skip
+_add(OpSpec("attention_backward", _bw(_attn_op_draw, backward=True), _SDPA_BWD_ROLES, _ATTN_OP_PARAMS,
+            check=_bw(_sdpa_op_check, backward=True), derive=_sdpa_op_derive, shape_rule=_attn_op_shape,
+            weight=0.3))  # fmt: skip
 
 for _s in SPECS.values():
     if _s.derive is None and _s.name in ("Graph.norm_backward",):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ._primitive import REGISTRY, Primitive, last_path
 from .activation import activation_backward, activation_forward
 from .arith import op_tensor, reduce_tensor
-from .attention import sdpa_backward, sdpa_forward
+from .attention import attention_backward, attention_forward, sdpa_backward, sdpa_forward
 from .convolution import (
     Convolution,
     convolution_backward_bias,
@@ -102,4 +102,6 @@ __all__ = [
     "transform_tensor",
     "sdpa_forward",
     "sdpa_backward",
+    "attention_forward",
+    "attention_backward",
 ]

@@ -1,5 +1,9 @@
 """Scaled dot-product attention on cuDNN's graph API: :func:`sdpa_forward` and :func:`sdpa_backward`, and the L3
-declaration ``sdpa`` (``cudnnkit.torch.op("sdpa")``, ``cudnnkit.nn.scaled_dot_product_attention``).
+declaration ``sdpa`` (``cudnnkit.torch.op("sdpa")``, ``cudnnkit.nn.scaled_dot_product_attention``);
+:func:`attention_forward` and :func:`attention_backward`, the same two primitives with every variant cuDNN 9.19
+runs as keywords in torch's names (``attn_mask``, ``is_causal``, ``dropout_p``, ``scale``, ``enable_gqa``; masks
+of either diagonal alignment and sliding windows, padding masks from per-sample lengths, ALiBi, softcap, dropout
+replayed from seed/offset, grouped-query heads, the mask's gradient, deterministic backward: their docstrings).
 
 ``o = softmax(scale * q @ k^T + mask) @ v``, per batch and head; ``mask`` is nothing or, with ``causal=True``,
 ``-inf`` above the diagonal (``col > row``, top-left aligned: torch's ``is_causal``).
@@ -21,11 +25,10 @@ array          shape                     notes
 
 ``D`` and ``D_v`` are multiples of 8 from 8 to 256 (cuDNN's fused attention: 16-byte rows, ``d <= 256``; its
 Ampere/Ada backward engines take ``d <= 128``, which cuDNN refuses when planning); ``S_q, S_kv >= 1``;
-``scale`` defaults to ``1 / sqrt(D)``. Grouped-query attention is one shared key/value head (``H_kv = 1``):
-the graph's pattern broadcasts k and v over the query heads and sums their gradients with a reduction, which
-cuDNN takes for a head dim of 1 only. Not here: an attention mask or bias (the graph's pattern has none),
-dropout (the graph's RNG needs seed/offset device tensors, not wired to a framework's generator). All of it is
-checked before any GPU work, each error naming the argument.
+``scale`` defaults to ``1 / sqrt(D)``. :func:`sdpa_forward`/:func:`sdpa_backward` take one shared key/value head
+(``H_kv = 1``) or ``H``; :func:`attention_forward`/:func:`attention_backward` any divisor of ``H`` with
+``enable_gqa=True`` (cudnn-frontend's pattern: the heads summed by a reduction over each group of query heads).
+All of it is checked before any GPU work, each error naming the argument.
 
 **The graphs** (one per call signature, planned with the settings' heuristics, cached; graph-only: cuDNN has no
 legacy attention). The forward is :meth:`cudnnkit.graph.Graph.sdpa_forward`'s fused-attention composite:
@@ -45,21 +48,27 @@ import math
 from typing import Any, NamedTuple
 
 from ..graph.checks import dense_like
+from ..graph.nodes.sdpa import ALIGNMENTS, MAX_HEAD_DIM, resolve_variant
 from ..runtime.arrays import contiguous_strides, is_dense
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import check_dtype, check_scalar
+from ..runtime.settings import current_settings
 from ..runtime.view import ArrayView
 from ._diff import Differentiable, Spec, differentiable
 from ._graphform import Binder, graph_form, write_through
 from ._layout import copy_in
 from ._primitive import Operand, Output, Primitive, register, run, split_out
 
-__all__ = ["sdpa_forward", "sdpa_backward"]
+__all__ = ["sdpa_forward", "sdpa_backward", "attention_forward", "attention_backward"]
 
 _HALF = ("float16", "bfloat16")
 _FAMILY = "sdpa"
 #: the head dims cuDNN's fused attention takes: multiples of 8 (16-byte rows of a half type) up to this
-_MAX_D = 256
+_MAX_D = MAX_HEAD_DIM
+#: the optional operands of the attention variants (absent for sdpa_forward/sdpa_backward)
+_VARIANT_ARRAYS = ("attn_mask", "seq_len_q", "seq_len_kv", "alibi_slopes", "seed", "offset")
+#: this module's keywords -> the names the L2 attention functions take (torch's where torch has one)
+_TORCH_NAMES = {"causal": "is_causal", "dropout": "dropout_p", "bias": "attn_mask"}
 
 
 class _Sdpa(NamedTuple):
@@ -73,6 +82,16 @@ class _Sdpa(NamedTuple):
     causal: bool
     o_strides: tuple[int, ...]  #: a new o's strides
     grad_strides: tuple[tuple[int, ...], ...] = ()  #: new dq, dk, dv's (the backward)
+    left_bound: int | None = None
+    right_bound: int | None = None  #: 0 with causal
+    bottom_right: bool = False  #: diagonal_alignment="bottom_right"
+    softcap: float | None = None
+    dropout: float = 0.0
+    mask_dims: tuple[int, ...] | None = None  #: attn_mask as the graph's bias: (1|B, 1|H, S_q, S_kv)
+    mask_shape: tuple[int, ...] | None = None  #: attn_mask's own shape (its gradient's)
+    mask_dtype: str | None = None
+    dbias: bool = False  #: the backward also makes attn_mask's gradient
+    deterministic: bool = False  #: the backward under settings(deterministic=True)
 
     @property
     def o_shape(self) -> tuple[int, ...]:
@@ -91,7 +110,9 @@ def _strides_like(shape: tuple[int, ...], like: Any) -> tuple[int, ...]:
     return contiguous_strides(tuple(shape))
 
 
-def _check_qkv(vq: Any, vk: Any, vv: Any) -> None:
+def _check_qkv(vq: Any, vk: Any, vv: Any, gqa: bool | None = None) -> None:
+    """q, k, v's shapes. ``gqa``: None (sdpa_forward/sdpa_backward: ``H_kv`` of ``H`` or 1), or attention_forward's
+    ``enable_gqa`` (torch's rule: ``H_kv`` other than ``H`` only when it is True, then any divisor of ``H``)."""
     for name, x in (("q", vq), ("k", vk), ("v", vv)):
         if x.ndim != 4:
             raise ValueError(f"{name} must be 4-d (B, H, S, D), got shape {tuple(x.shape)}")
@@ -108,7 +129,10 @@ def _check_qkv(vq: Any, vk: Any, vv: Any) -> None:
         raise ValueError(f"v must have k's {hk} heads, got {hv}")
     if h % hk:
         raise ValueError(f"q's {h} heads must be a multiple of k's {hk} (grouped-query attention)")
-    if hk not in (1, h):
+    if gqa is not None:
+        if hk != h and not gqa:
+            raise ValueError(f"k and v have {hk} heads for q's {h}: pass enable_gqa=True for grouped-query attention")
+    elif hk not in (1, h):
         raise NotImplementedError(
             f"k and v have {hk} heads for q's {h}: grouped-query attention runs with one shared key/value head "
             "(H_kv = 1) or none (H_kv = H): the graph's pattern broadcasts and sums a head dim of 1 only"
@@ -139,11 +163,68 @@ def _options(kw: Any, d: int) -> tuple[float, bool]:
 
 def _fwd_resolve(views: Any, kw: Any) -> _Sdpa:
     vq, vk, vv = views["q"], views["k"], views["v"]
-    _check_qkv(vq, vk, vv)
+    _check_qkv(vq, vk, vv, kw.get("enable_gqa"))
     scale, causal = _options(kw, vq.shape[3])
     o_shape = tuple(vq.shape[:3]) + (vv.shape[3],)
-    return _Sdpa(vq.dtype, tuple(vq.shape), tuple(vk.shape), tuple(vv.shape), scale, causal,
-                 _strides_like(o_shape, vq))  # fmt: skip
+    r = _Sdpa(vq.dtype, tuple(vq.shape), tuple(vk.shape), tuple(vv.shape), scale, causal,
+              _strides_like(o_shape, vq))  # fmt: skip
+    return _variant(views, kw, r)
+
+
+def _variant(views: Any, kw: Any, r: _Sdpa) -> _Sdpa:
+    """The attention variant's keywords and optional arrays checked (errors name the attention functions'
+    arguments), before any GPU work: the rules of :func:`cudnnkit.graph.nodes.sdpa.resolve_variant` (cuDNN
+    9.19's refusals) and each array's dtype and size."""
+    b, h, sq, _ = r.q
+    skv = r.k[2]
+    m = views.get("attn_mask")
+    mask_dims = None
+    if m is not None:
+        if m.dtype == "bool":
+            raise TypeError("attn_mask: a boolean mask is not taken (cuDNN's attention adds a bias; it cannot be "
+                            "boolean): pass an additive float mask, 0 where kept and -inf where masked")  # fmt: skip
+        if m.dtype not in (r.dtype, "float32"):
+            raise TypeError(f"attn_mask must have q's dtype {r.dtype} or float32, got {m.dtype}")
+        if not 2 <= m.ndim <= 4 or tuple(m.shape[-2:]) != (sq, skv):
+            raise ValueError(f"attn_mask must end in (S_q, S_kv) = {(sq, skv)} with 2 to 4 dims, got shape "
+                             f"{tuple(m.shape)}")  # fmt: skip
+        mask_dims = (1,) * (4 - m.ndim) + tuple(m.shape)
+        if mask_dims[0] not in (1, b) or mask_dims[1] not in (1, h):
+            raise ValueError(f"attn_mask's leading dims must be 1 or B = {b}, 1 or H = {h} (it broadcasts over "
+                             f"batch and heads), got shape {tuple(m.shape)}")  # fmt: skip
+    lens = [views.get("seq_len_q"), views.get("seq_len_kv")]
+    if (lens[0] is None) != (lens[1] is None):
+        raise ValueError("a padding mask needs both seq_len_q= and seq_len_kv= (int32 device arrays of B elements)")
+    for name, x in zip(("seq_len_q", "seq_len_kv"), lens):
+        if x is not None and (x.dtype != "int32" or x.size != b or x.shape not in ((b,), (b, 1, 1, 1))):
+            raise ValueError(f"{name} must be an int32 device array of shape ({b},) or ({b}, 1, 1, 1), got "
+                             f"{x.dtype} {tuple(x.shape)}")  # fmt: skip
+    sl = views.get("alibi_slopes")
+    if sl is not None and (sl.dtype != "float32" or sl.shape not in ((h,), (1, h, 1, 1))):
+        raise ValueError(f"alibi_slopes must be a float32 device array of shape ({h},) or (1, {h}, 1, 1), got "
+                         f"{sl.dtype} {tuple(sl.shape)}")  # fmt: skip
+    lb, rb, bottom_right, p, softcap = resolve_variant(
+        sq, skv, causal=r.causal, left_bound=kw.get("left_bound"), right_bound=kw.get("right_bound"),
+        diagonal_alignment=kw.get("diagonal_alignment", "top_left"), dropout=kw.get("dropout", 0.0),
+        padded=lens[0] is not None, bias=m is not None, alibi=sl is not None, softcap=kw.get("softcap"),
+        names=_TORCH_NAMES,
+    )  # fmt: skip
+    if p:
+        for name in ("seed", "offset"):
+            x = views.get(name)
+            if x is None:
+                raise ValueError("dropout_p > 0 needs seed= and offset= (one-element int64 device arrays; the same "
+                                 "pair replays the mask in attention_backward)")  # fmt: skip
+            if x.dtype != "int64" or x.size != 1:
+                raise ValueError(f"{name} must be a one-element int64 device array, got {x.dtype} {tuple(x.shape)}")
+    dbias = kw.get("dbias", False)
+    if not isinstance(dbias, bool):
+        raise TypeError(f"dbias must be a bool, got {dbias!r}")
+    if dbias and m is None:
+        raise ValueError("dbias=True needs attn_mask= (its gradient is what dbias returns)")
+    return r._replace(left_bound=lb, right_bound=rb, bottom_right=bottom_right, softcap=softcap, dropout=p,
+                      mask_dims=mask_dims, mask_shape=None if m is None else tuple(m.shape),
+                      mask_dtype=None if m is None else m.dtype, dbias=dbias)  # fmt: skip
 
 
 def _bwd_resolve(views: Any, kw: Any) -> _Sdpa:
@@ -159,7 +240,7 @@ def _bwd_resolve(views: Any, kw: Any) -> _Sdpa:
         raise ValueError(f"stats must have shape {r.stats_shape} (B, H, S_q, 1): the forward's, got "
                          f"{tuple(st.shape)}")  # fmt: skip
     grads = tuple(_strides_like(views[n].shape, views[n]) for n in ("q", "k", "v"))
-    return r._replace(grad_strides=grads)
+    return r._replace(grad_strides=grads, deterministic=current_settings().deterministic)
 
 
 # ----------------------------------------------------------------- the graph forms
@@ -179,11 +260,34 @@ def _head_rows(c: Any, names: tuple[str, ...], outputs: tuple[str, ...] = ()) ->
             write_through(c, n, contiguous_strides(v.shape))
 
 
+def _variant_inputs(bd: Any, c: Any) -> dict[str, Any]:
+    """The graph keywords of the call's variant: its optional arrays as graph tensors (1-d ones described 4-d:
+    ``(B, 1, 1, 1)`` lengths, ``(1, H, 1, 1)`` slopes, ``(1, 1, 1, 1)`` seed and offset, attn_mask with leading
+    1s), the bounds, alignment, softcap and dropout."""
+    r, views = c.resolved, c.views
+    b, h = r.q[:2]
+    kw: dict[str, Any] = {"left_bound": r.left_bound, "right_bound": r.right_bound, "softcap": r.softcap,
+                          "diagonal_alignment": ALIGNMENTS[r.bottom_right], "dropout": r.dropout}  # fmt: skip
+    m = views.get("attn_mask")
+    if m is not None:
+        lead = (max(1, m.size),) * (4 - m.ndim)
+        kw["bias"] = bd.tensor("attn_mask", r.mask_dims, lead + tuple(m.strides), m.dtype)
+    if views.get("seq_len_q") is not None:
+        for n in ("seq_len_q", "seq_len_kv"):
+            kw[n] = bd.tensor(n, (b, 1, 1, 1), (1, 1, 1, 1), "int32")
+    if views.get("alibi_slopes") is not None:
+        kw["alibi_slopes"] = bd.tensor("alibi_slopes", (1, h, 1, 1), (h, 1, 1, 1), "float32")
+    if r.dropout:
+        for n in ("seed", "offset"):
+            kw[n] = bd.tensor(n, (1, 1, 1, 1), (1, 1, 1, 1), "int64")
+    return kw
+
+
 def _fwd_build(c: Any) -> tuple[Any, dict]:
     r = c.resolved
     bd = Binder(c)
     q, k, v = (bd.tensor(n, c.views[n].shape, c.views[n].strides, r.dtype) for n in ("q", "k", "v"))
-    got = bd.g.sdpa_forward(q, k, v, scale=r.scale, causal=r.causal)
+    got = bd.g.sdpa_forward(q, k, v, scale=r.scale, **_variant_inputs(bd, c))
     bd.output(got.o, "out", r.dtype, c.views["out"].strides)
     bd.output(got.stats, "stats", "float32", c.views["stats"].strides)
     return bd.done()
@@ -194,9 +298,13 @@ def _bwd_build(c: Any) -> tuple[Any, dict]:
     bd = Binder(c)
     t = {n: bd.tensor(n, c.views[n].shape, c.views[n].strides, c.views[n].dtype)
          for n in ("q", "k", "v", "o", "do", "stats")}  # fmt: skip
-    got = bd.g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], t["stats"], scale=r.scale, causal=r.causal)
+    got = bd.g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], t["stats"], scale=r.scale, dbias=r.dbias,
+                             deterministic=r.deterministic, **_variant_inputs(bd, c))  # fmt: skip
     for name, g in zip(("dq", "dk", "dv"), got):
         bd.output(g, name, r.dtype, c.views[name].strides)
+    if r.dbias:
+        dm = c.views["dattn_mask"]
+        bd.output(got.dbias, "dattn_mask", r.mask_dtype, (max(1, dm.size),) * (4 - dm.ndim) + tuple(dm.strides))
     return bd.done()
 
 
@@ -209,7 +317,7 @@ def _bwd_graph(c: Any) -> None:
     cached per graph key), run with the plan's checked ``execute`` so that its scratch tensors can be bound."""
     _head_rows(c, ("q", "k", "v", "o", "do"))
     for name, v in list(c.views.items()):  # misaligned inputs copied (the outputs are new: aligned)
-        if v.ptr % 16 and name not in ("dq", "dk", "dv"):
+        if v is not None and v.ptr % 16 and name not in ("dq", "dk", "dv", "dattn_mask"):
             new, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)
             c.launch.copy(new, v.owner if v.adapter is not None else c.arrays[name], name)
     c.extra["graph_alignment"] = 16
@@ -248,10 +356,22 @@ def _grad(i: int) -> Output:
     return Output(name, shape=lambda r: (r.q, r.k, r.v)[i], strides=lambda r: r.grad_strides[i])
 
 
+def _variant_operands() -> tuple[Operand, ...]:
+    """The attention variants' optional arrays (cuDNN reads the small ones packed)."""
+    return (
+        Operand("attn_mask", optional=True, packed=True),
+        Operand("seq_len_q", ("int32",), optional=True, packed=True),
+        Operand("seq_len_kv", ("int32",), optional=True, packed=True),
+        Operand("alibi_slopes", ("float32",), optional=True, packed=True),
+        Operand("seed", ("int64",), optional=True, packed=True),
+        Operand("offset", ("int64",), optional=True, packed=True),
+    )
+
+
 SDPA_FORWARD = register(
     Primitive(
         "sdpa_forward",
-        inputs=(Operand("q", _HALF), Operand("k", _HALF), Operand("v", _HALF)),
+        inputs=(Operand("q", _HALF), Operand("k", _HALF), Operand("v", _HALF), *_variant_operands()),
         outputs=(
             Output("out", shape=lambda r: r.o_shape, strides=_o_strides),
             Output("stats", shape=lambda r: r.stats_shape, dtype=lambda r: "float32"),
@@ -275,8 +395,19 @@ SDPA_BACKWARD = register(
             Operand("o", _HALF),
             Operand("do", _HALF),
             Operand("stats", ("float32",)),
+            *_variant_operands(),
         ),
-        outputs=(_grad(0), _grad(1), _grad(2)),
+        outputs=(
+            _grad(0),
+            _grad(1),
+            _grad(2),
+            # attn_mask's gradient with dbias=True; otherwise an empty array the public functions drop
+            Output(
+                "dattn_mask",
+                shape=lambda r: r.mask_shape if r.dbias else (0,),
+                dtype=lambda r: r.mask_dtype if r.dbias else r.dtype,
+            ),
+        ),
         resolve=_bwd_resolve,
         graph=_bwd_graph,
         empty=lambda r: r.q[0] == 0,
@@ -312,7 +443,87 @@ def sdpa_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, scale:
     gradients are new arrays in q's dtype, each in its input's dim order; a shared key/value head (``H_kv = 1``)
     gets the sum over the query heads. One graph (primitive :data:`SDPA_BACKWARD`: the module docstring)."""
     arrays = {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats}
-    return run(SDPA_BACKWARD, arrays, stream=stream, scale=scale, causal=causal)
+    return run(SDPA_BACKWARD, arrays, stream=stream, scale=scale, causal=causal)[:3]
+
+
+_VARIANT_DOC = """
+    Variants (keywords; torch's names where torch has one): ``attn_mask`` an additive float mask or bias (q's
+    dtype or float32) of shape ``(S_q, S_kv)``, ``(1|H, S_q, S_kv)`` or ``(1|B, 1|H, S_q, S_kv)`` (broadcast over
+    batch and heads; a boolean mask is refused: pass 0 / -inf); ``is_causal`` keeps ``col <= row``;
+    ``diagonal_alignment`` ``"top_left"`` (torch's ``is_causal``) or ``"bottom_right"`` (the last query row
+    against the last key: rows shifted by ``S_kv - S_q``, per sample with lengths); ``left_bound``/
+    ``right_bound`` a band ``row - left_bound < col <= row + right_bound`` (a sliding window is
+    ``is_causal=True, left_bound=W``); ``seq_len_q``/``seq_len_kv`` int32 device arrays of ``B`` elements (a
+    padding mask: rows and columns past each sample's lengths are masked; o's rows past ``seq_len_q`` are not
+    defined); ``alibi_slopes`` a float32 device array of ``H`` elements (``slope_h * (col - row)`` added; needs
+    ``is_causal``); ``softcap`` a number ``c`` (``c * tanh(s / c)`` on the scaled scores; alone); ``dropout_p``
+    with ``seed``/``offset`` (one-element int64 device arrays; the same pair replays the same mask);
+    ``enable_gqa`` lets k and v have fewer heads (a divisor of ``H``: query head ``i`` reads key/value head
+    ``i // (H / H_kv)``); ``scale`` (default ``1 / sqrt(D)``). ``D`` and ``D_v`` are multiples of 8 up to 256 and
+    may differ. Refused before any GPU work, naming the argument: what cuDNN 9.19 does not run on Hopper
+    (bottom-right causal with ``S_q > S_kv`` and no lengths, or with attn_mask, ALiBi or dropout; a left bound
+    with ``S_q > S_kv`` and no lengths; ALiBi without ``is_causal``; a softcap with a mask, ALiBi or lengths)."""
+
+
+def _attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset) -> dict[str, Any]:
+    return {"attn_mask": attn_mask, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "alibi_slopes": alibi_slopes,
+            "seed": seed, "offset": offset}  # fmt: skip
+
+
+def _flag(v: Any, name: str) -> bool:
+    if not isinstance(v, bool):
+        if type(v).__name__ != "bool_":
+            raise TypeError(f"{name} must be a bool, got {v!r}")
+        v = bool(v)
+    return v
+
+
+def attention_forward(q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_p: float = 0.0,
+                      is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+                      diagonal_alignment: str = "top_left", left_bound: int | None = None,
+                      right_bound: int | None = None, seq_len_q: Any = None, seq_len_kv: Any = None,
+                      alibi_slopes: Any = None, softcap: float | None = None, seed: Any = None, offset: Any = None,
+                      out: Any = None, stream: Any = None) -> tuple[Any, Any]:  # fmt: skip
+    """Attention forward with every variant cuDNN 9.19 runs: ``(o, stats)``, ``o = softmax(mask(modify(scale *
+    q @ k^T))) @ v`` ``(B, H, S_q, D_v)`` in q's dtype and dim order, ``stats`` the float32 log-sum-exp
+    ``(B, H, S_q, 1)`` of each row (what :func:`attention_backward` reads). ``q`` ``(B, H, S_q, D)``, ``k``
+    ``(B, H_kv, S_kv, D)``, ``v`` ``(B, H_kv, S_kv, D_v)``, float16 or bfloat16. ``out=``: ``(o, stats)``, each
+    an array or None. The same primitive as :func:`sdpa_forward` (one graph per call signature, cached by
+    shape class: the op-level plan cache): :meth:`cudnnkit.graph.Graph.sdpa_forward`'s pattern.
+    """
+    o, st = split_out("attention_forward", out, {"out": None, "stats": None})
+    arrays = {"q": q, "k": k, "v": v, **_attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed,
+                                                            offset)}  # fmt: skip
+    return run(SDPA_FORWARD, arrays, stream=stream, out=o, stats=st, scale=scale,
+               causal=_flag(is_causal, "is_causal"), enable_gqa=_flag(enable_gqa, "enable_gqa"),
+               dropout=dropout_p, diagonal_alignment=diagonal_alignment, left_bound=left_bound,
+               right_bound=right_bound, softcap=softcap)  # fmt: skip
+
+
+def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, attn_mask: Any = None,
+                       dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                       enable_gqa: bool = False, diagonal_alignment: str = "top_left", left_bound: int | None = None,
+                       right_bound: int | None = None, seq_len_q: Any = None, seq_len_kv: Any = None,
+                       alibi_slopes: Any = None, softcap: float | None = None, seed: Any = None, offset: Any = None,
+                       dbias: bool = False, stream: Any = None) -> tuple[Any, ...]:  # fmt: skip
+    """Attention backward: ``(dq, dk, dv)`` (with ``dbias=True`` also attn_mask's gradient, in its shape and
+    dtype: ``(dq, dk, dv, dmask)``) from the forward's ``q``, ``k``, ``v``, its ``o`` and ``stats`` (the
+    log-sum-exp :func:`attention_forward` returns) and ``do``, with the forward's keywords (the same ``seed``/
+    ``offset`` replay its dropout mask). ``dk``/``dv`` of grouped heads are summed over the query heads of each
+    key/value head. Under ``cudnnkit.settings(deterministic=True)`` the graph writes ``dq`` without the atomic
+    float32 accumulator (cudnn-frontend's deterministic form) and planning rejects engines with cuDNN's
+    NONDETERMINISTIC note: repeats are bitwise equal. The same primitive as :func:`sdpa_backward`.
+    """
+    arrays = {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats,
+              **_attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset)}  # fmt: skip
+    res = run(SDPA_BACKWARD, arrays, stream=stream, scale=scale, causal=_flag(is_causal, "is_causal"),
+              enable_gqa=_flag(enable_gqa, "enable_gqa"), dropout=dropout_p, diagonal_alignment=diagonal_alignment,
+              left_bound=left_bound, right_bound=right_bound, softcap=softcap, dbias=dbias)  # fmt: skip
+    return res if dbias else res[:3]
+
+
+attention_forward.__doc__ += _VARIANT_DOC
+attention_backward.__doc__ += _VARIANT_DOC
 
 
 # ----------------------------------------------------------------- the L3 declaration
@@ -356,6 +567,7 @@ def _l3_meta(q: Spec, k: Spec, v: Spec, *, scale: float | None = None, causal: b
 SDPA = differentiable(
     Differentiable("sdpa", "sdpa_forward", ("q", "k", "v"), ("out",), _l3_forward, _l3_backward, _l3_meta,
                    batch=("q", "k", "v", "out", "stats"),
+                   capture_safe=True,  # one sdpa graph execute each way (no dropout: no seed/offset on the host)
                    doc="scaled dot-product attention (scale=, causal=), float16/bfloat16; the backward reads q, k, "
                        "v, o and the softmax statistics: one sdpa_backward graph")
 )  # fmt: skip

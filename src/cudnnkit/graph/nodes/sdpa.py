@@ -91,6 +91,69 @@ def _bound(v, role: str, minimum: int) -> int | None:
     return v
 
 
+def resolve_variant(
+    sq: int,
+    skv: int,
+    *,
+    causal: bool = False,
+    left_bound: int | None = None,
+    right_bound: int | None = None,
+    diagonal_alignment: str = "top_left",
+    dropout: float = 0.0,
+    padded: bool = False,
+    bias: bool = False,
+    alibi: bool = False,
+    softcap: float | None = None,
+    names: dict[str, str] | None = None,
+) -> tuple[int | None, int | None, bool, float, float | None]:
+    """The attention variant's options checked and normalized: ``(left_bound, right_bound, bottom_right, dropout,
+    softcap)`` (``causal`` is ``right_bound=0``). Raises :class:`GraphError` (a ``ValueError``) naming the
+    argument (``names`` maps these keywords to the caller's: the L2 op's torch names) for a bad value and for the
+    combinations cuDNN 9.19 refuses on Hopper (cudnn-frontend's support surface): bottom-right causal masking
+    with ``S_q > S_kv`` without a padding mask, or with a bias, ALiBi or dropout; a left bound with ``S_q > S_kv``
+    without a padding mask; ALiBi without causal masking; a softcap with any mask or ALiBi."""
+    nm = {n: n for n in ("causal", "left_bound", "right_bound", "diagonal_alignment", "dropout", "bias",
+                         "alibi_slopes", "softcap", "padding")}  # fmt: skip
+    nm.update(names or {})
+    if not isinstance(causal, bool):
+        if type(causal).__name__ != "bool_":  # a NumPy bool is taken
+            raise GraphError(f"{nm['causal']} must be a bool, got {causal!r}")
+        causal = bool(causal)
+    if causal:
+        if right_bound not in (None, 0):
+            raise GraphError(f"{nm['causal']}=True is right_bound=0; do not pass another right_bound")
+        right_bound = 0
+    left_bound = _bound(left_bound, nm["left_bound"], 1)
+    right_bound = _bound(right_bound, nm["right_bound"], 0)
+    if diagonal_alignment not in ALIGNMENTS:
+        raise GraphError(f"{nm['diagonal_alignment']} must be one of {ALIGNMENTS}, got {diagonal_alignment!r}")
+    bottom_right = diagonal_alignment == "bottom_right"
+    p = as_real(dropout, nm["dropout"])
+    if not 0.0 <= p < 1.0:
+        raise GraphError(f"{nm['dropout']} must be within [0, 1), got {dropout}")
+    if alibi and right_bound != 0:
+        raise GraphError(f"{nm['alibi_slopes']} needs {nm['causal']}=True (cuDNN's ALiBi pattern is causal: "
+                         "right_bound=0)")  # fmt: skip
+    if softcap is not None:
+        softcap = as_real(softcap, nm["softcap"])
+        if not softcap > 0:
+            raise GraphError(f"{nm['softcap']} must be a positive number, got {softcap}")
+        if right_bound is not None or left_bound is not None or alibi or padded:
+            raise GraphError(f"{nm['softcap']} takes no causal mask, bounds, {nm['alibi_slopes']} or padding mask "
+                             "(cuDNN's score modifier pattern runs alone)")  # fmt: skip
+    if bottom_right and right_bound is not None:
+        if not padded and sq > skv:
+            raise GraphError(f"bottom-right causal masking needs S_q <= S_kv without a padding mask, got S_q = {sq} "
+                             f"and S_kv = {skv}")  # fmt: skip
+        if bias or alibi or p:
+            raise GraphError(f"bottom-right causal masking takes no {nm['bias']}, {nm['alibi_slopes']} or "
+                             f"{nm['dropout']} (cuDNN 9.19)")  # fmt: skip
+    if left_bound is not None and not padded and sq > skv:
+        raise GraphError(f"{nm['left_bound']} (sliding window) needs S_q <= S_kv without a padding mask, got S_q = "
+                         f"{sq} and S_kv = {skv}")  # fmt: skip
+    return left_bound, right_bound, bottom_right, p, softcap
+
+
 class SdpaNodes:
     """The :class:`~cudnnkit.graph.Graph` methods that add attention (and its helpers)."""
 
@@ -214,20 +277,6 @@ class SdpaNodes:
         b, h, sq, d, hk, hv, skv, dv = shape
         if not isinstance(implementation, str) or implementation not in ("composite", "unified"):
             raise GraphError(f"implementation must be 'composite' or 'unified', got {implementation!r}")
-        if not isinstance(causal, bool):
-            raise GraphError(f"causal must be a bool, got {causal!r}")
-        if causal:
-            if right_bound not in (None, 0):
-                raise GraphError("causal=True is right_bound=0; do not pass another right_bound")
-            right_bound = 0
-        left_bound = _bound(left_bound, "left_bound", 1)
-        right_bound = _bound(right_bound, "right_bound", 0)
-        if diagonal_alignment not in ALIGNMENTS:
-            raise GraphError(f"diagonal_alignment must be one of {ALIGNMENTS}, got {diagonal_alignment!r}")
-        bottom_right = diagonal_alignment == "bottom_right"
-        p = as_real(dropout, "dropout")
-        if not 0.0 <= p < 1.0:
-            raise GraphError(f"dropout must be within [0, 1), got {dropout}")
         if (seq_len_q is None) != (seq_len_kv is None):
             raise GraphError("a padding mask needs both seq_len_q= and seq_len_kv= (int32 (B, 1, 1, 1) tensors)")
         sql, sqkv = self._seq_len(seq_len_q, "seq_len_q", b), self._seq_len(seq_len_kv, "seq_len_kv", b)
@@ -243,34 +292,20 @@ class SdpaNodes:
             if alibi_slopes.dims != (1, h, 1, 1) or alibi_slopes.dtype != "float32":
                 raise GraphError(f"alibi_slopes must be a float32 (1, H, 1, 1) = {(1, h, 1, 1)} tensor, got "
                                  f"{alibi_slopes.dtype} {alibi_slopes.dims}")  # fmt: skip
-            if right_bound != 0:
-                raise GraphError("alibi_slopes needs causal=True (cuDNN's ALiBi pattern is causal: right_bound=0)")
-        if softcap is not None:
-            softcap = as_real(softcap, "softcap")
-            if not softcap > 0:
-                raise GraphError(f"softcap must be a positive number, got {softcap}")
-            if right_bound is not None or left_bound is not None or alibi_slopes is not None or sql is not None:
-                raise GraphError("softcap takes no causal mask, bounds, alibi_slopes or padding mask (cuDNN's score "
-                                 "modifier pattern runs alone)")  # fmt: skip
-        # cudnn-frontend's support surface for cuDNN 9.19 (fp16/bf16): what no engine takes, refused by name
-        if bottom_right and right_bound is not None:
-            if sql is None and sq > skv:
-                raise GraphError(f"bottom-right causal masking needs S_q <= S_kv without a padding mask, got S_q = "
-                                 f"{sq} and S_kv = {skv}")  # fmt: skip
-            if bias is not None or alibi_slopes is not None or p:
-                raise GraphError("bottom-right causal masking takes no bias, alibi_slopes or dropout (cuDNN 9.19)")
-        if left_bound is not None and sql is None and sq > skv:
-            raise GraphError(f"left_bound (sliding window) needs S_q <= S_kv without a padding mask, got S_q = {sq} "
-                             f"and S_kv = {skv}")  # fmt: skip
-        variants = (left_bound, right_bound, sql, bias, alibi_slopes, softcap)
-        if implementation == "unified" and (any(x is not None for x in variants) or p):
+        lb, rb, bottom_right, p, softcap = resolve_variant(
+            sq, skv, causal=causal, left_bound=left_bound, right_bound=right_bound,
+            diagonal_alignment=diagonal_alignment, dropout=dropout, padded=sql is not None, bias=bias is not None,
+            alibi=alibi_slopes is not None, softcap=softcap,
+        )  # fmt: skip
+        if implementation == "unified" and (lb is not None or rb is not None or sql is not None or p or bias is not None
+                                            or alibi_slopes is not None or softcap is not None):  # fmt: skip
             raise GraphError(
                 "the unified SDPA operation of cuDNN 9.19 takes no mask or dropout (nor bias or a score modifier) "
                 "(cuDNN 9.21 adds them); use implementation='composite'"
             )
         sc = self._scalar_or(1.0 / math.sqrt(d) if scale is None else scale, "scale", 4)
-        o = _Variant(b, h, sq, d, hk, hv, skv, dv, sc, left_bound, right_bound, bottom_right, sql, sqkv, bias,
-                     alibi_slopes, softcap, p)  # fmt: skip
+        o = _Variant(b, h, sq, d, hk, hv, skv, dv, sc, lb, rb, bottom_right, sql, sqkv, bias, alibi_slopes, softcap,
+                     p)  # fmt: skip
         return q, k, v, o
 
     def _dropout_mask(self, dims, p: float, seed: Tensor | None, offset: Tensor | None) -> Tensor:

@@ -792,3 +792,105 @@ def test_l2_backward_refusals(fake_fixture, plans_fixture):
     with pytest.raises(TypeError, match="dbias must be a bool"):
         ops.attention_backward(q, k, v, o, do, st, attn_mask=_arr(fake, (32, 48)), dbias=1)
     assert not built and not executed
+
+
+# ----------------------------------------------------------------- the GPU tier's checks, run on an emulated device
+# tests/gpu/test_attention_gpu.py's graph-level checks end to end with NumPy arrays for device arrays and
+# Graph.execute replaced by the interpreter above (its RNG a NumPy Bernoulli draw keyed by the bound seed and
+# offset): the tests' plumbing (bindings, poisoned outputs, the compared regions, the references) is exercised
+# here, so that a GPU failure means cuDNN, not the test.
+
+
+class _HostArrays:
+    """The adapter calls the GPU tests make (empty, copy, from_numpy, to_numpy), on NumPy arrays."""
+
+    @staticmethod
+    def empty(dims, dtype, device=0, strides=None):
+        from .numerics import np_dtype
+
+        return np.empty(dims, np_dtype(dtype))
+
+    @staticmethod
+    def copy(dst, src):
+        dst[...] = src
+
+    @staticmethod
+    def from_numpy(a, device=0):
+        return a
+
+    @staticmethod
+    def to_numpy(a):
+        return np.asarray(a)
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    def execute(self, bindings, **kw):
+        vals = {t.uid: np.asarray(a, dtype=np.float64) for t, a in bindings.items()}
+        drop = None
+        rng_nodes = [n for n in self.nodes() if n.kind == "rng"]
+        if rng_nodes:
+            ins = dict(rng_nodes[0].inputs)
+            key = (int(vals[ins["seed"]].ravel()[0]), int(vals[ins["offset"]].ravel()[0]))
+            dims = self._tensors[dict(rng_nodes[0].outputs)["y"]].dims
+            p = 1.0 - dict(rng_nodes[0].attrs)["probability"]  # the node's Bernoulli keeps with 1 - p
+            drop = (np.random.default_rng(key).random(dims) >= p).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            val = interpret(self, vals, drop)
+        produced = {u for n in self.nodes() for _, u in n.outputs}
+        for t, a in bindings.items():
+            if t.uid in produced:
+                a[...] = val[t.uid]
+        return None
+
+    monkeypatch.setattr(Graph, "execute", execute)
+    return _HostArrays()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(
+            sq=64, skv=96, causal=True, diagonal_alignment="bottom_right", keep=dict(causal=True, align="bottom_right")
+        ),
+        dict(sq=64, skv=96, left_bound=16, right_bound=8, keep=dict(left=16, right=8)),
+        dict(
+            lens=([9, 64], [40, 64]),
+            causal=True,
+            left_bound=12,
+            diagonal_alignment="bottom_right",
+            keep=dict(causal=True, left=12, align="bottom_right"),
+        ),
+        dict(bias_dims=(1, 4, 64, 64), dbias=True, causal=True, keep=dict(causal=True)),
+        dict(slopes=True, causal=True, keep=dict(causal=True)),
+        dict(softcap=4.0),
+        dict(hk=2, d=32, dv=16, causal=True, deterministic=True, keep=dict(causal=True)),
+    ],
+    ids=["bottom_right", "band", "lengths-window", "bias", "alibi", "softcap", "gqa-mla-det"],
+)
+def test_gpu_checks_pass_on_the_emulated_device(emulated, case):
+    gpu = pytest.importorskip("tests.gpu.test_attention_gpu")
+    case = dict(case)
+    sq, skv = case.pop("sq", 64), case.pop("skv", 64)
+    lens = case.get("lens")
+    keep_kw = case.pop("keep", None)
+    keep = None
+    if keep_kw is not None:
+        keep = gpu.keep_matrix(sq, skv, lens_q=None if lens is None else lens[0],
+                               lens_kv=None if lens is None else lens[1], **keep_kw)  # fmt: skip
+    case.setdefault("d", 32)
+    case.setdefault("dv", case["d"])
+    gpu.check(emulated, "float16", sq=sq, skv=skv, keep=keep, **case)
+
+
+def test_gpu_check_fails_on_a_wrong_result(emulated):
+    """The check can fail: the bottom-right pattern compared with the top-left reference."""
+    gpu = pytest.importorskip("tests.gpu.test_attention_gpu")
+    with pytest.raises(AssertionError, match="relative error"):
+        gpu.check(emulated, "float16", sq=32, skv=64, d=32, dv=32, causal=True, diagonal_alignment="bottom_right",
+                  keep=gpu.keep_matrix(32, 64, causal=True))  # fmt: skip
+
+
+def test_gpu_dropout_check_on_the_emulated_device(emulated):
+    gpu = pytest.importorskip("tests.gpu.test_attention_gpu")
+    gpu.test_dropout_forward_and_backward_replay_the_mask(emulated, True)

@@ -327,3 +327,99 @@ def test_dropout_forward_and_backward_replay_the_mask(dev, causal):
         g.execute({**{t: put(dev, a, t) for t, a in vals.items()}, **outs})
         for t, ref in zip(outs_t, refs):
             assert rel(got(dev, outs[t]), ref) < TOL[dtype], direction
+
+
+# ----------------------------------------------------------------- the L2 op: ops.attention_forward/_backward
+
+
+def device(dev, a, dtype):
+    """A C-order device array of ``a``'s values in ``dtype``."""
+    from types import SimpleNamespace
+
+    from cudnnkit.runtime.arrays import contiguous_strides
+
+    a = np.asarray(a)
+    return put(dev, a, SimpleNamespace(dims=a.shape, strides=contiguous_strides(a.shape), dtype=dtype))
+
+
+L2_CASES = {
+    "window-gqa": dict(hk=2, kw=dict(is_causal=True, left_bound=48, enable_gqa=True), keep=dict(causal=True, left=48)),
+    "bottom-right": dict(sq=64, kw=dict(is_causal=True, diagonal_alignment="bottom_right"),
+                         keep=dict(causal=True, align="bottom_right")),
+    "mask-dbias": dict(mask=(4, 64, 128), kw=dict(dbias=True)),
+    "lengths": dict(sq=128, lens=([1, 128], [77, 128]), kw=dict(is_causal=True), keep=dict(causal=True)),
+    "alibi-mqa": dict(hk=1, alibi=True, kw=dict(is_causal=True, enable_gqa=True), keep=dict(causal=True)),
+    "softcap-mla": dict(d=192, dv=128, kw=dict(softcap=8.0)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(L2_CASES))
+def test_l2_attention_forward_and_backward(dev, name):
+    from cudnnkit import ops
+
+    c = L2_CASES[name]
+    dtype, sq, skv, d, dv, hk = "bfloat16", c.get("sq", 64), 128, c.get("d", 64), c.get("dv", 64), c.get("hk", H)
+    lq, lkv = c.get("lens", (None, None))
+    rng = np.random.default_rng(21)
+    q, k, v = draw(rng, (B, H, sq, d), dtype), draw(rng, (B, hk, skv, d), dtype), draw(rng, (B, hk, skv, dv), dtype)
+    do = draw(rng, (B, H, sq, dv), dtype)
+    if lq is not None:
+        for b in range(B):
+            do[b, :, lq[b] :] = 0
+    mask = None if "mask" not in c else draw(rng, c["mask"], dtype)
+    slopes = alibi_slopes(H) if c.get("alibi") else None
+    keep = keep_matrix(sq, skv, lens_q=lq, lens_kv=lkv, **c.get("keep", {})) if (c.get("keep") or lq) else None
+    o_ref, lse_ref, grads = reference(q, k, v, do, scale=1 / math.sqrt(d), keep=keep, bias=mask, slopes=slopes,
+                                      softcap=c["kw"].get("softcap"))  # fmt: skip
+    arrays = {}
+    if mask is not None:
+        arrays["attn_mask"] = device(dev, mask, dtype)
+    if lq is not None:
+        arrays["seq_len_q"], arrays["seq_len_kv"] = device(dev, lq, "int32"), device(dev, lkv, "int32")
+    if slopes is not None:
+        arrays["alibi_slopes"] = device(dev, slopes, "float32")
+    kw = {n: x for n, x in c["kw"].items() if n != "dbias"}
+    qd, kd, vd = device(dev, q, dtype), device(dev, k, dtype), device(dev, v, dtype)
+    o, st = ops.attention_forward(qd, kd, vd, **kw, **arrays)
+    rows = [slice(None, sq if lq is None else lq[b]) for b in range(B)]
+    cols = [slice(None, skv if lkv is None else lkv[b]) for b in range(B)]
+
+    def part(a, sl):
+        return np.concatenate([a[b, :, sl[b]].ravel() for b in range(B)])
+
+    assert rel(part(got(dev, o), rows), part(o_ref, rows)) < TOL[dtype]
+    assert rel(part(got(dev, st), rows), part(lse_ref, rows)) < TOL[dtype]
+    o_in, lse_in = o_ref.copy(), lse_ref.copy()
+    if lq is not None:
+        for b in range(B):
+            o_in[b, :, lq[b] :], lse_in[b, :, lq[b] :] = 0, 0
+    res = ops.attention_backward(qd, kd, vd, device(dev, o_in, dtype), device(dev, do, dtype),
+                                 device(dev, lse_in, "float32"), **c["kw"], **arrays)  # fmt: skip
+    assert len(res) == (4 if c["kw"].get("dbias") else 3)
+    assert rel(part(got(dev, res[0]), rows), part(grads[0], rows)) < TOL[dtype]
+    for i in (1, 2):
+        assert rel(part(got(dev, res[i]), cols), part(grads[i], cols)) < TOL[dtype]
+    if len(res) == 4:
+        assert res[3].shape == mask.shape and rel(got(dev, res[3]), grads[3]) < TOL[dtype]
+
+
+def test_l2_dropout_replays_and_deterministic_backward_repeats(dev):
+    """attention_forward/backward with dropout_p and seed/offset arrays against the reference with the mask the
+    same (seed, offset) draws; the backward under settings(deterministic=True) twice, bitwise equal."""
+    from cudnnkit import ops
+
+    p, sq, skv, d, dtype = 0.2, 128, 64, 64, "bfloat16"
+    mask = dropout_mask(dev, p, 77, 3, sq, skv, dtype)
+    rng = np.random.default_rng(4)
+    q, k, v, do = (draw(rng, s, dtype) for s in [(B, H, sq, d), (B, H, skv, d), (B, H, skv, d), (B, H, sq, d)])
+    o_ref, lse_ref, grads = reference(q, k, v, do, scale=1 / math.sqrt(d), drop=mask, p=p)
+    seed, off = device(dev, [77], "int64"), device(dev, [3], "int64")
+    qd, kd, vd = device(dev, q, dtype), device(dev, k, dtype), device(dev, v, dtype)
+    o, st = ops.attention_forward(qd, kd, vd, dropout_p=p, seed=seed, offset=off)
+    assert rel(got(dev, o), o_ref) < TOL[dtype] and rel(got(dev, st), lse_ref) < TOL[dtype]
+    args = (qd, kd, vd, device(dev, o_ref, dtype), device(dev, do, dtype), device(dev, lse_ref, "float32"))
+    with cudnnkit.settings(deterministic=True):
+        first = [got(dev, x) for x in ops.attention_backward(*args, dropout_p=p, seed=seed, offset=off)]
+        again = [got(dev, x) for x in ops.attention_backward(*args, dropout_p=p, seed=seed, offset=off)]
+    for a, b_, ref in zip(first, again, grads):
+        assert np.array_equal(a, b_) and rel(a, ref) < TOL[dtype]

@@ -1,9 +1,9 @@
-"""Normalization rows (issue 12): ``cudnnkit.ops.batch_norm_forward`` (legacy) training on 64x256x56x56 float16
-channels-last, plain and fused with the residual add and ReLU (``cudnnBatchNormalizationForwardTrainingEx``),
-against torch's ``F.batch_norm`` (and ``relu(bn(x) + z)`` eager); memory-bound (``bytes``: x read twice, z once,
-y written), the same two under ``settings(prefer="graph")`` (batch norm's graph form: NORM_FORWARD, then ADD and
-RELU_FWD; ``ops.last_path()`` is checked after each call, so a row that fell back to the legacy calls errs instead
-of timing them), and a layer norm row (graph)."""
+"""Normalization rows (issue 12): ``cudnnkit.ops.batch_norm_forward`` training on 64x256x56x56 float16
+channels-last, plain and fused with the residual add and ReLU, by its default path (the graph: NORM_FORWARD, then
+ADD and RELU_FWD) and under ``settings(prefer="legacy")`` (``cudnnBatchNormalizationForwardTrainingEx``), against
+torch's ``F.batch_norm`` (and ``relu(bn(x) + z)`` eager); memory-bound (``bytes``: x read twice, z once, y
+written); ``ops.last_path()`` is checked after each call, so a row whose path did not run errs instead of timing
+another. The small CNN's float32 batch norm (host-bound), and a layer norm row (graph)."""
 
 from __future__ import annotations
 
@@ -33,61 +33,74 @@ def norm_rows() -> list[Row]:
     hs, hb = torch.ones(1024, device="cuda"), torch.zeros(1024, device="cuda")
     import cudnnkit
 
-    def on_graph(fn):
-        """``fn`` under ``settings(prefer="graph")``, failing (the row's error) where the graph form did not run."""
+    def on_path(fn, path, prefer="auto"):
+        """``fn`` under ``settings(prefer=prefer)``, failing (the row's error) where ``path`` did not run."""
 
         def call():
-            with cudnnkit.settings(prefer="graph"):
+            with cudnnkit.settings(prefer=prefer):
                 got = fn()
-            if ops.last_path() != ("batch_norm_forward", "graph"):
-                raise RuntimeError(f"batch norm's graph form did not run: {ops.last_path()}")
+            if ops.last_path() != ("batch_norm_forward", path):
+                raise RuntimeError(f"batch norm's {path} form did not run: {ops.last_path()}")
             return got
 
         return call
 
-    graph_rows = [
-        Row(
-            FAMILY,
-            "batch norm training fwd, graph form",
-            "64x256x56x56 NHWC",
-            "float16",
-            ours=on_graph(lambda: ops.batch_norm_forward(x, s, b, running_mean=rm, running_var=rv)),
-            torch=lambda: F.batch_norm(x, trm, trv, s, b, training=True),
-            bytes=3 * n * isz,
-            notes='settings(prefer="graph"): NORM_FORWARD (the context manager adds ~2 us of host time)',
-        ),
-        Row(
-            FAMILY,
-            "batch norm + add + relu fwd, graph form",
-            "64x256x56x56 NHWC",
-            "float16",
-            ours=on_graph(
-                lambda: ops.batch_norm_forward(x, s, b, running_mean=rm, running_var=rv, z=z, activation="relu")
-            ),
-            torch=lambda: F.relu(F.batch_norm(x, trm, trv, s, b, training=True) + z),
-            bytes=4 * n * isz,
-            notes='settings(prefer="graph"): NORM_FORWARD -> ADD -> RELU_FWD, one graph',
-        ),
-    ]
-    return graph_rows + [
+    plain = lambda: ops.batch_norm_forward(x, s, b, running_mean=rm, running_var=rv)  # noqa: E731
+    fused = lambda: ops.batch_norm_forward(x, s, b, running_mean=rm, running_var=rv, z=z, activation="relu")  # noqa: E731
+    xs = torch.randn(64, 32, 32, 32, device="cuda").contiguous(memory_format=cl)
+    ss, bs = torch.ones(32, device="cuda"), torch.zeros(32, device="cuda")
+    rms, rvs = torch.zeros(32, device="cuda"), torch.ones(32, device="cuda")
+    trms, trvs = rms.clone(), rvs.clone()
+    return [
         Row(
             FAMILY,
             "batch norm training fwd",
             "64x256x56x56 NHWC",
             "float16",
-            ours=lambda: ops.batch_norm_forward(x, s, b, running_mean=rm, running_var=rv),
+            ours=on_path(plain, "graph"),
             torch=lambda: F.batch_norm(x, trm, trv, s, b, training=True),
             bytes=3 * n * isz,
+            notes="the default path: the graph's NORM_FORWARD (the row errs if it did not run)",
         ),
         Row(
             FAMILY,
             "batch norm + add + relu fwd",
             "64x256x56x56 NHWC",
             "float16",
-            ours=lambda: ops.batch_norm_forward(x, s, b, running_mean=rm, running_var=rv, z=z, activation="relu"),
+            ours=on_path(fused, "graph"),
             torch=lambda: F.relu(F.batch_norm(x, trm, trv, s, b, training=True) + z),
             bytes=4 * n * isz,
-            notes="ours: one cudnnBatchNormalizationForwardTrainingEx (BN_ADD_ACTIVATION); torch: 3 kernels eager",
+            notes="the default path: NORM_FORWARD -> ADD -> RELU_FWD, one graph; torch: 3 kernels eager",
+        ),
+        Row(
+            FAMILY,
+            "batch norm training fwd, Ex call",
+            "64x256x56x56 NHWC",
+            "float16",
+            ours=on_path(plain, "legacy", "legacy"),
+            torch=lambda: F.batch_norm(x, trm, trv, s, b, training=True),
+            bytes=3 * n * isz,
+            notes='settings(prefer="legacy"): cudnnBatchNormalizationForwardTrainingEx',
+        ),
+        Row(
+            FAMILY,
+            "batch norm + add + relu fwd, Ex call",
+            "64x256x56x56 NHWC",
+            "float16",
+            ours=on_path(fused, "legacy", "legacy"),
+            torch=lambda: F.relu(F.batch_norm(x, trm, trv, s, b, training=True) + z),
+            bytes=4 * n * isz,
+            notes='settings(prefer="legacy"): one cudnnBatchNormalizationForwardTrainingEx (BN_ADD_ACTIVATION)',
+        ),
+        Row(
+            FAMILY,
+            "batch norm training fwd (small CNN's)",
+            "64x32x32x32 NHWC",
+            "float32",
+            ours=on_path(lambda: ops.batch_norm_forward(xs, ss, bs, running_mean=rms, running_var=rvs), "graph"),
+            torch=lambda: F.batch_norm(xs, trms, trvs, ss, bs, training=True),
+            bytes=3 * xs.numel() * 4,
+            notes="host-bound: the default path's host time per call against torch's",
         ),
         Row(
             FAMILY,

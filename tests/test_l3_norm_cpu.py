@@ -99,8 +99,12 @@ def test_batch_norm_meta_relu_without_a_reserve_needs_no_gpu():
     cl = _cl((2, 4, 3, 3))
     (y,), res = N._bn_l3_meta(S((2, 4, 3, 3), "float32", cl), S((4,)), S((4,)), activation="relu")
     assert y.strides == cl and list(res) == ["x", "scale", "saved_mean", "saved_inv_std", "y"]
-    assert not N._fusable("float16", "nhwc", (2, 6, 3, 3), "spatial")  # C % 4
-    assert N._fusable("float16", "nhwc", (2, 8, 3, 3), "spatial")
+    import cudnnkit
+
+    assert not N._fusable("float16", "nhwc", (2, 8, 3, 3), "spatial")  # the default: the graph, no reserve
+    with cudnnkit.settings(prefer="legacy"):
+        assert not N._fusable("float16", "nhwc", (2, 6, 3, 3), "spatial")  # C % 4
+        assert N._fusable("float16", "nhwc", (2, 8, 3, 3), "spatial")
 
 
 @pytest.mark.parametrize("shape, k", [((3, 5), 1), ((2, 3, 4), 2), ((2, 3, 4), 1)])
@@ -292,7 +296,9 @@ def test_a_predicted_reserve_that_did_not_come_back_is_an_error(fakes, monkeypat
     s, b = np.ones(8, np.float32), np.zeros(8, np.float32)
     monkeypatch.setattr(N, "_bn_reserve", lambda r, lay: Spec((64,), (1,), "uint8"))
     monkeypatch.setattr(N, "batch_norm_forward", lambda *a, **k: (x, s, s, None))  # ran unfused
-    with pytest.raises(RuntimeError, match="reserve"):
+    import cudnnkit
+
+    with cudnnkit.settings(prefer="legacy"), pytest.raises(RuntimeError, match="reserve"):  # the Ex call's reserve
         N._bn_l3_forward(x, s, b, activation="relu")
     y32 = x.astype(np.float32)  # float32: no reserve kept, whatever the call made
     monkeypatch.setattr(N, "batch_norm_forward", lambda *a, **k: (y32, s, s, np.zeros(64, np.uint8)))

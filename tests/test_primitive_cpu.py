@@ -335,6 +335,56 @@ def test_express_graph_hits_bind_only_pointers(monkeypatch):
             _express.entries.clear()
 
 
+def test_express_graph_hits_make_the_forms_new_extras_too(monkeypatch):
+    """A graph form whose ``prepare`` makes an extra the call returns (batch norm's saved statistics) keeps its
+    pointer-only express form: each hit allocates that extra anew beside the output, binds it where the plan
+    wants it, and returns it; the plan is built once."""
+    from cudnnkit.ops import _express, _graphform
+    from cudnnkit.runtime import adapters
+
+    from .fuzz.materialize import FakeArray, FakeBackend
+
+    fast = []
+    real = P._fire_graph
+    monkeypatch.setattr(P, "_fire_graph", lambda *a: fast.append(real(*a)) or fast[-1])
+    monkeypatch.setattr(P, "get_handle", lambda *a: type("H", (), {"ptr": 0xABC})())
+    plan = _FakePlan(0)
+    plan.bindable_uids = (2, 1, 3)
+
+    class T:
+        def __init__(self, uid):
+            self.uid = uid
+
+    class G:
+        def build(self, device=None):
+            plan.builds += 1
+            return plan
+
+    def prepare(c):
+        arr, c.views["stat"] = c.launch.empty((3,), "float32", name="stat")
+        c.extra["stat"] = arr
+
+    out = P.Output("out", shape=lambda r: (2, 3, 4))
+    p = P.Primitive("toy_graph_extras", inputs=(P.Operand("x", FLOATS),), outputs=(out,), empty=lambda r: False,
+                    extras=("stat",), graph=_graphform.graph_form(
+                        lambda c: (G(), {T(1): "x", T(2): "out", T(3): "stat"}), prepare))  # fmt: skip
+    b = FakeBackend()
+    with b.installed():
+        adapters.KEYED[FakeArray] = lambda a: b.adapters[a.lib].key(a)
+        try:
+            _express.entries.clear()
+            xs = [_fake_array(b) for _ in range(4)]
+            got = [p({"x": x}) for x in xs]
+            assert plan.builds == 1 and len(plan.calls) == 4
+            for x, (o, stat), (_, ptrs, _) in zip(xs, got, plan.calls):
+                assert stat is not None and stat.shape == (3,) and ptrs == (o.ptr, x.ptr, stat.ptr)
+            assert len({stat.ptr for _, stat in got}) == 4  # a new extra per call, not the first call's
+            assert len(fast) == 3 and all(f is not P.MISSING for f in fast)
+        finally:
+            adapters.KEYED.pop(FakeArray, None)
+            _express.entries.clear()
+
+
 def test_graph_path_blends_through_a_temporary(monkeypatch):
     """alpha/beta on the graph path: the plan writes a temporary, cudnnAddTensor(alpha, tmp, beta, out) blends it
     into the given output; such a call keeps no pointer-only express form."""

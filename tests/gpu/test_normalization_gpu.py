@@ -84,12 +84,12 @@ def test_batch_norm_inference_matches_the_reference(xp, dtype, layout, mode):
     assert y is out
     assert rel(host(xp, y), ref.bn_inference(x, s, b, m, v, 1e-5, mode)) < TOL[dtype] * 4
     # a lone batch-norm inference graph has no engine on cuDNN 9.19/H200 (tests/gpu/test_graph_nodes_gpu.py): the
-    # graph form refuses inference (and float32/float64), so the router takes the legacy call, and forcing the
+    # graph form refuses inference (and float64), so the router takes the legacy call, and forcing the
     # graph says why
     assert ops.last_path() == ("batch_norm_forward", "legacy")
     from cudnnkit import settings
 
-    why = "inference" if dtype in ("float16", "bfloat16") else dtype
+    why = "inference" if dtype != "float64" else dtype
     with settings(prefer="graph"), pytest.raises(ValueError, match=why):
         ops.batch_norm_forward(dev(xp, x, dtype, layout), dev(xp, s, p), dev(xp, b, p), running_mean=dev(xp, m, p),
                                running_var=dev(xp, v, p), training=False, mode=mode)  # fmt: skip
@@ -232,16 +232,17 @@ def test_instance_norm_matches_the_reference(xp, dtype, layout, shape):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("with_z", [False, True])
-@pytest.mark.parametrize("prefer", ["auto", "graph"])
+@pytest.mark.parametrize("prefer", ["auto", "graph", "legacy"])
 def test_fused_batch_norm_add_relu(xp, dtype, layout, with_z, prefer):
-    """``relu(bn(x) + z)``, forward and backward, against the reference: by default the fused Ex calls where cuDNN
-    fuses them (channels-last float16, C a multiple of 4: a reserve comes back), the unfused steps elsewhere; under
-    ``prefer="graph"`` one graph for channels-last half types (NORM_FORWARD, ADD, RELU_FWD; the backward the ReLU's
-    gradient from y, then NORM_BACKWARD), and a clear refusal for the calls the graph form does not take."""
+    """``relu(bn(x) + z)``, forward and backward, against the reference: by default (and under ``prefer="graph"``)
+    one graph for channels-last arrays (NORM_FORWARD, ADD, RELU_FWD; the backward the ReLU's gradient from y, then
+    NORM_BACKWARD); under ``prefer="legacy"`` the fused Ex calls where cuDNN fuses them (channels-last float16, C a
+    multiple of 4: a reserve comes back); the unfused legacy steps for channels-first arrays; a clear refusal for
+    the calls the graph form does not take when it is forced."""
     from cudnnkit import settings
 
     with settings(prefer=prefer):
-        if prefer == "graph" and not (layout == "nhwc" and dtype in ("float16", "bfloat16")):
+        if prefer == "graph" and layout != "nhwc":
             with pytest.raises(ValueError, match="prefer='graph'"):
                 _fused_batch_norm_add_relu(xp, dtype, layout, with_z, prefer)
             return
@@ -263,7 +264,7 @@ def _fused_batch_norm_add_relu(xp, dtype, layout, with_z, prefer):
     tol = TOL[dtype] * 4
     assert rel(host(xp, y), want) < tol
     assert rel(host(xp, sm), mean) < 1e-4 and rel(host(xp, si), inv) < 1e-3
-    graph = prefer == "graph"
+    graph = prefer != "legacy" and layout == "nhwc"
     assert ops.last_path() == ("batch_norm_forward", "graph" if graph else "legacy")
     if graph:
         assert reserve is None  # the graph keeps none: the backward reads y
@@ -284,12 +285,13 @@ def _fused_batch_norm_add_relu(xp, dtype, layout, with_z, prefer):
         assert rel(host(xp, got[3]), g) < tol
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("shape", [(4, 8, 5, 6), (16, 64, 9, 7)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("shape", [(4, 8, 5, 6), (16, 64, 9, 7), (64, 32, 8, 8)])
 def test_batch_norm_graph_and_legacy_paths_agree(xp, dtype, shape):
-    """Channels-last half training batch norm under ``settings(prefer="graph")`` runs its graph form; the legacy
-    calls (the default) give the same outputs, saved statistics, in-place running statistics and gradients, and
-    both match the float64 reference. Outputs poisoned first."""
+    """Channels-last training batch norm runs its graph form by default; the legacy calls (``prefer="legacy"``)
+    give the same outputs, saved statistics, in-place running statistics and gradients, and both match the float64
+    reference. Outputs poisoned first. The call repeated (an express hit: the pointer-only graph path, which
+    allocates the saved statistics anew) gives new statistics arrays with the same values."""
     from cudnnkit import settings
 
     rng = np.random.default_rng(23)
@@ -302,7 +304,7 @@ def test_batch_norm_graph_and_legacy_paths_agree(xp, dtype, shape):
     m = x.size // c
     var = x.transpose(1, 0, 2, 3).reshape(c, -1).var(axis=1)
     got = {}
-    for prefer in ("graph", "auto"):
+    for prefer in ("auto", "legacy"):
         with settings(prefer=prefer):
             rm, rv = dev(xp, rm0, "float32"), dev(xp, rv0, "float32")
             xd, sd, bd = dev(xp, x, dtype, "nhwc"), dev(xp, s, "float32"), dev(xp, b, "float32")
@@ -310,13 +312,29 @@ def test_batch_norm_graph_and_legacy_paths_agree(xp, dtype, shape):
             y, sm, si = ops.batch_norm_forward(xd, sd, bd, running_mean=rm, running_var=rv, momentum=0.2,
                                                out=(out, None, None))  # fmt: skip
             assert y is out
-            assert ops.last_path() == ("batch_norm_forward", "graph" if prefer == "graph" else "legacy")
-            dx, ds, db = ops.batch_norm_backward(dev(xp, dy, dtype, "nhwc"), xd, sd, sm, si)
-            assert ops.last_path() == ("batch_norm_backward", "graph" if prefer == "graph" else "legacy")
+            path = "graph" if prefer == "auto" else "legacy"
+            assert ops.last_path() == ("batch_norm_forward", path)
+            dyd = dev(xp, dy, dtype, "nhwc")
+            dx, ds, db = ops.batch_norm_backward(dyd, xd, sd, sm, si)
+            assert ops.last_path() == ("batch_norm_backward", path)
             got[prefer] = [host(xp, a) for a in (y, sm, si, rm, rv, dx, ds, db)]
+            from cudnnkit.ops import _express
+
+            hits = _express.info()["hits"]
+            for _ in range(2):  # express hits: new statistics and gradients each call, the same values
+                rm2, rv2 = dev(xp, rm0, "float32"), dev(xp, rv0, "float32")
+                y2, sm2, si2 = ops.batch_norm_forward(xd, sd, bd, running_mean=rm2, running_var=rv2, momentum=0.2)
+                assert ops.last_path() == ("batch_norm_forward", path)
+                assert sm2 is not sm and si2 is not si
+                dx2, ds2, db2 = ops.batch_norm_backward(dyd, xd, sd, sm2, si2)
+                assert ds2 is not ds
+                again = [host(xp, a) for a in (y2, sm2, si2, rm2, rv2, dx2, ds2, db2)]
+                for i, (a, w) in enumerate(zip(again, got[prefer])):
+                    assert rel(a, w) < 1e-6, (prefer, i)
+            assert _express.info()["hits"] >= hits + 3  # (the first forward without out= is a new signature)
     dx_w, ds_w, db_w = ref.bn_backward(dy, x, s, mean, inv)
     want = [y_ref, mean, inv, 0.8 * rm0 + 0.2 * mean, 0.8 * rv0 + 0.2 * var * m / (m - 1), dx_w, ds_w, db_w]
     tol = TOL[dtype] * 4
-    for i, (a, g, w) in enumerate(zip(got["graph"], got["auto"], want)):
+    for i, (a, g, w) in enumerate(zip(got["auto"], got["legacy"], want)):
         assert rel(a, w) < tol * 4, i
         assert rel(a, g) < tol * 4, i

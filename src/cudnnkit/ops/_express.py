@@ -148,6 +148,9 @@ class Entry:
     fast: bool = False
     #: what ``last_path()`` reads after a legacy hit: ``(primitive name, "legacy")``
     last: tuple = ()
+    #: ``(name, shape, dtype, strides)`` of the extras the graph path writes new on each call (batch norm's saved
+    #: statistics): a pointer-only hit allocates them like its new outputs
+    fresh: tuple = ()
 
     def __post_init__(self) -> None:
         self.index = {v[0]: i for i, v in enumerate(self.views)}
@@ -182,4 +185,5 @@ def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[t
         call.extra.get("_path", "legacy"),
         call.extra.get("graph_key"),
         call.extra.get("graph_form"),
+        fresh=tuple(call.extra.get("graph_fresh", ())) if call.extra.get("graph_form") is not None else (),
     )

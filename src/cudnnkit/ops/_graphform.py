@@ -144,6 +144,23 @@ def new_graph(c: Any) -> Any:
     return Graph(compute_dtype="float32", intermediate_dtype="float32", alignment=c.extra.get("graph_alignment", 16))
 
 
+def _fresh_extras(c: Any, given: Mapping[str, Any], names: tuple[str, ...]) -> tuple | None:
+    """``(name, shape, dtype, strides)`` of each bound array that is an extra the call made new and returns
+    (``c.extra[name]`` is its array: batch norm's saved statistics), when every other bound array is the caller's
+    own; None when any is a copy or a temporary (no pointer-only express form then)."""
+    fresh = []
+    extras = c.extra.get("_extras", ())
+    for n in names:
+        v = c.views[n]
+        if v is given.get(n):
+            continue
+        if n in extras and given.get(n) is None and v.owner is c.extra.get(n) and v.is_contiguous():
+            fresh.append((n, v.shape, v.dtype, v.strides))
+            continue
+        return None
+    return tuple(fresh)
+
+
 def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: Callable[[Any], None] | None = None
                ) -> Callable[[Any], None]:  # fmt: skip
     """A primitive's graph form from ``build(call) -> (graph, {Tensor: view name})`` (see the module docstring).
@@ -188,10 +205,13 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
                 _forms.put(key, form, count_miss=True)
             _log.debug("graph form: plan %s (workspace %d bytes)", plan.name, plan.workspace_size)
         blends = _blends(c)
-        if not back and not blends and all(c.views[n] is given.get(n) for n in form[1]):
-            # what an express entry keeps: a plan every pointer of which is the caller's own array (not prepare's
-            # copies, its zero bias or its index: a hit binds nothing but the caller's pointers)
+        fresh = None if back or blends else _fresh_extras(c, given, form[1])
+        if fresh is not None:
+            # what an express entry keeps: a plan every pointer of which is the caller's own array or an extra
+            # the call returns new (batch norm's saved statistics: a hit allocates those anew), not prepare's
+            # copies, its zero bias or its index
             c.extra["graph_form"] = form
+            c.extra["graph_fresh"] = fresh
         for name, _, _ in blends:  # the graph writes a temporary, blended into the output after it
             v = c.views[name]
             tmp, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)

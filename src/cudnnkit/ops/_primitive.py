@@ -346,6 +346,7 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
         from ..graph import UnsupportedGraphError
 
         call.extra["_written"] = p._written  # type: ignore[attr-defined]
+        call.extra["_extras"] = p.extras
         views = dict(call.views)  # the graph form may swap in copies and temporaries: a legacy retry gets these
         try:
             with call.launch.on_device():
@@ -626,9 +627,11 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
     outs = {o.name: call_views[o.name] for o in p.outputs}  # as allocated: the form may write through temporaries
     _launch_form(p, call, path, graph_key)
     if sig is not None and uncopied and not call.extra.get("_fell_back") and _as_given(views, arrays):
-        if any(call.extra.get(n) is not None for n in p.extras):
-            # the call made extras (saved statistics, an index, a reserve): a hit runs the whole form again, which
-            # makes them anew (not the pointer-only graph path, which allocates the outputs only)
+        fresh = {f[0] for f in call.extra.get("graph_fresh", ())}
+        if any(call.extra.get(n) is not None and n not in fresh for n in p.extras):
+            # the call made extras the pointer-only graph path cannot make (an index, a reserve, a legacy call's
+            # statistics): a hit runs the whole form again, which makes them anew; the graph form's own new
+            # extras (batch norm's saved statistics) a hit allocates like its outputs
             call.extra.pop("graph_form", None)
         _remember_outputs(p, sig, launch, views, kwargs, call, shaped=True, outs=outs)
     results += [call.extra.get(n) for n in p.extras]  # what the legacy call left (reduce_tensor's indices)
@@ -681,6 +684,9 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
         for name, shape, dtype, strides, vad in e.new:
             arr = new[name] = vad.empty(shape, dtype, dev, strides)
             got[name] = vad.key(arr)[1]
+        for name, shape, dtype, strides in e.fresh:  # extras the graph writes (saved statistics): made anew
+            arr = new[name] = ad.empty(shape, dtype, dev, strides)
+            got[name] = ad.key(arr)[1]
         call_ptrs = [ptrs[index[n]] if n in index else got[n] for n in order]
         low = 0
         for q in call_ptrs:
@@ -704,7 +710,7 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
         plan.execute_raw(h.ptr, call_ptrs, ws_ptr)
     del ws  # the allocator's stream-ordered free follows the queued work
     _last.path = (p.name, "graph")
-    res = [new[o.name] if o.name in new else kwargs.get(o.name) for o in p.outputs] + [None] * len(p.extras)
+    res = [new[o.name] if o.name in new else kwargs.get(o.name) for o in p.outputs] + [new.get(n) for n in p.extras]
     return res[0] if len(res) == 1 else tuple(res)
 
 
@@ -745,7 +751,7 @@ def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwar
     call.views = views
     if e.path == "graph":
         call.extra["graph_key"] = e.graph_key
-        if e.graph_form is not None:
+        if e.graph_form is not None and not e.fresh:  # fresh extras: the whole form runs and makes them
             call.extra["graph_form"] = e.graph_form
         _launch_form(p, call, e.path, e.graph_key)
     else:

@@ -8,7 +8,8 @@ torch itself.
 * CNN train step: conv3x3 3->32, BN, ReLU, max pool, conv3x3 32->64, BN, ReLU, adaptive avg pool, linear 10 on a
   batch of 64 3x32x32 channels-last images; forward, cross-entropy, backward and an SGD step. ours: a deep copy of
   the torch model through ``cudnnkit.torch.convert`` (convs, BNs, ReLUs, the max pool swapped; the adaptive pool and
-  the linear stay torch's); eager and under ``torch.compile`` (mode default), float32 and bfloat16;
+  the linear stay torch's); eager, eager with ``convert(fuse=True)`` (each BN -> ReLU one fused op), and under
+  ``torch.compile`` (mode default), float32 and bfloat16;
 * LSTM train step: a 2-layer LSTM (input 64, hidden 256) over 64 steps of a batch of 32, float32; forward, MSE,
   backward and an Adam step; eager and compiled;
 * fused conv+bias+ReLU through ``cudnnkit.torch.op("convolution")`` with ``activation="relu"`` where the declaration
@@ -116,11 +117,11 @@ def _small_cnn(torch):
     )  # fmt: skip
 
 
-def _converted(model):
-    """A deep copy of ``model`` through ``cudnnkit.torch.convert``, and how many modules it swapped."""
+def _converted(model, fuse: bool = False):
+    """A deep copy of ``model`` through ``cudnnkit.torch.convert`` (``fuse=``), and how many modules it swapped."""
     import cudnnkit.torch as ckt
 
-    report = ckt.convert(copy.deepcopy(model))
+    report = ckt.convert(copy.deepcopy(model), fuse=fuse)
     return report.model, len(report.replaced)
 
 
@@ -146,10 +147,18 @@ def cnn_train_rows() -> list[Row]:
         model = _small_cnn(torch).to("cuda", dtype).to(memory_format=torch.channels_last)
         x = torch.randn(64, 3, 32, 32, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 10, (64,), device="cuda")
-        modes = (None, "default", "reduce-overhead") if dtype == torch.float32 else (None, "default")
+        modes = (None, "fused", "default", "reduce-overhead") if dtype == torch.float32 else (None, "fused", "default")
         for mode in modes:
             base = copy.deepcopy(model)  # each pair trains its own copies
-            ours, n = _converted(base)
+            ours, n = _converted(base, fuse=mode == "fused")
+            if mode == "fused":
+                steps = [_train_step(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), F.cross_entropy, x, y)
+                         for m in (ours, base)]  # fmt: skip
+                rows.append(Row(FAMILY, "CNN train step, convert(fuse=True)", "64x3x32x32 NHWC", _dname(dtype),
+                                ours=steps[0], torch=steps[1],
+                                notes=f"convert swapped {n} modules and fused each BN -> ReLU (one cuDNN graph each "
+                                      "way); fwd + cross-entropy + bwd + SGD"))  # fmt: skip
+                continue
             steps = [_train_step(torch.compile(m, mode=mode) if mode else m, torch.optim.SGD(m.parameters(), lr=0.01,
                                  momentum=0.9), F.cross_entropy, x, y) for m in (ours, base)]  # fmt: skip
             label = {None: "", "default": " (compiled)", "reduce-overhead": " (compiled, reduce-overhead)"}[mode]

@@ -239,7 +239,25 @@ class _Twin:
 # ----------------------------------------------------------------- convolution
 
 
-class _Conv(_Twin):
+class _Fusable:
+    """A twin that can apply a ReLU after its op, fused into it (``fused_activation = "relu"``): what
+    :func:`cudnnkit.torch.convert` sets with ``fuse=True`` where the module is followed by a ``ReLU`` in an
+    ``nn.Sequential`` (which it replaces by ``nn.Identity``). The forward then returns ``relu(op(x))`` from one
+    cuDNN call (the convolution's graph ``conv_fprop -> ADD -> RELU_FWD``, batch norm's ``NORM_FORWARD ->
+    RELU_FWD``), and the backward takes the ReLU's gradient from the saved output. Parameters, buffers and
+    ``state_dict`` keys are unchanged; ``extra_repr`` shows it."""
+
+    fused_activation: str | None = None
+
+    def _fused(self) -> dict[str, Any]:
+        return {} if self.fused_activation is None else {"activation": self.fused_activation}
+
+    def extra_repr(self) -> str:
+        got = super().extra_repr()  # type: ignore[misc]
+        return got if self.fused_activation is None else f"{got}, activation={self.fused_activation!r}"
+
+
+class _Conv(_Fusable, _Twin):
     nsp: ClassVar[int]
 
     @classmethod
@@ -252,7 +270,7 @@ class _Conv(_Twin):
         self._check()
         x, added = _batched(input, self.nsp)
         y = _first(_call("convolution", {"x": x, "w": weight, "bias": bias}, stride=self.stride, padding=self.padding,
-                         dilation=self.dilation, groups=self.groups))  # fmt: skip
+                         dilation=self.dilation, groups=self.groups, **self._fused()))  # fmt: skip
         return y.squeeze(0) if added else y
 
 
@@ -412,7 +430,7 @@ def _float64_params(m: Any) -> str | None:
 
 
 def _batch_norm(x: torch.Tensor, w: Any, b: Any, rm: Any, rv: Any, training: bool, momentum: float,
-                eps: float) -> torch.Tensor:  # fmt: skip
+                eps: float, **fused: Any) -> torch.Tensor:  # fmt: skip
     """``batch_norm`` with torch's parameters and running statistics, cast to :func:`_pdt` of ``x`` where they
     differ (the statistics through copies written back)."""
     C = x.shape[1]
@@ -421,7 +439,7 @@ def _batch_norm(x: torch.Tensor, w: Any, b: Any, rm: Any, rv: Any, training: boo
     stats = [None if t is None else (t if t.dtype == dt else t.to(dt)) for t in (rm, rv)]
     y = _first(_call("batch_norm", {"x": x, "scale": scale, "bias": bias, "running_mean": stats[0],
                                     "running_var": stats[1]}, training=training, momentum=momentum,
-                     epsilon=eps))  # fmt: skip
+                     epsilon=eps, **fused))  # fmt: skip
     if training:
         with torch.no_grad():
             for t, c in zip((rm, rv), stats):
@@ -430,7 +448,7 @@ def _batch_norm(x: torch.Tensor, w: Any, b: Any, rm: Any, rv: Any, training: boo
     return y
 
 
-class _BatchNorm(_Twin):
+class _BatchNorm(_Fusable, _Twin):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
@@ -444,7 +462,8 @@ class _BatchNorm(_Twin):
             if n == 1:
                 raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
         return _batch_norm(input, self.weight, self.bias, self.running_mean if keep else None,
-                           self.running_var if keep else None, bn_training, float(factor), self.eps)  # fmt: skip
+                           self.running_var if keep else None, bn_training, float(factor), self.eps,
+                           **self._fused())  # fmt: skip
 
 
 class BatchNorm1d(_BatchNorm, torch.nn.BatchNorm1d):

@@ -1,0 +1,92 @@
+"""``cudnnkit.torch.convert(model, fuse=True)`` on the GPU: a CNN whose Conv/BatchNorm -> ReLU pairs run as one
+fused cuDNN call each gives torch's outputs, input and parameter gradients and running statistics (float32 without
+TF32, channels-first and channels-last, train and eval mode), and trains like it for a few SGD steps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+import cudnnkit  # noqa: E402
+import cudnnkit.torch  # noqa: E402
+
+
+def _rel(a, b) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    n = b.norm()
+    return float((a - b).norm() / (n if n > 0 else 1.0))
+
+
+def _cnn():
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.ReLU(), nn.Conv2d(16, 8, 1), nn.BatchNorm2d(8),
+        nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def fp32(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_fused_cnn_matches_torch_forward_backward_and_statistics(fp32, channels_last):
+    torch.manual_seed(0)
+    ref = _cnn().cuda()
+    report = cudnnkit.torch.convert(copy.deepcopy(ref), fuse=True)
+    ours = report.model
+    assert report.fused == [("1", "2"), ("4", "5"), ("7", "8")], str(report)
+    x = torch.randn(8, 3, 12, 12, device="cuda")
+    if channels_last:
+        ref, ours = ref.to(memory_format=torch.channels_last), ours.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    for train in (True, False):
+        ref.train(train)
+        ours.train(train)
+        xo, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+        with cudnnkit.settings(allow_tf32=False):
+            yo = ours(xo)
+        cot = torch.randn_like(yo)
+        (yo * cot).sum().backward()
+        yr = ref(xr)
+        (yr * cot).sum().backward()
+        mode = "train" if train else "eval"
+        assert _rel(yo, yr) < 1e-4, f"{mode}: {_rel(yo, yr):.2e}"
+        assert _rel(xo.grad, xr.grad) < 1e-3, f"{mode} dx: {_rel(xo.grad, xr.grad):.2e}"
+        po = dict(ours.named_parameters())
+        for n, p in ref.named_parameters():
+            assert _rel(po[n].grad, p.grad) < 1e-3, f"{mode} d{n}: {_rel(po[n].grad, p.grad):.2e}"
+            po[n].grad, p.grad = None, None
+        bo = dict(ours.named_buffers())
+        for n, b in ref.named_buffers():
+            assert _rel(bo[n].float(), b.float()) < 1e-4, f"{mode} buffer {n}"
+
+
+def test_a_fused_cnn_trains_like_torch(fp32):
+    torch.manual_seed(1)
+    ref = _cnn().cuda().to(memory_format=torch.channels_last)
+    ours = cudnnkit.torch.convert(copy.deepcopy(ref), fuse=True).model
+    x = torch.randn(32, 3, 12, 12, device="cuda").contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 5, (32,), device="cuda")
+    losses = {}
+    for name, m in (("ours", ours), ("torch", ref)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        got = []
+        for _ in range(10):
+            opt.zero_grad()
+            with cudnnkit.settings(allow_tf32=False):
+                loss = torch.nn.functional.cross_entropy(m(x), y)
+                loss.backward()
+            opt.step()
+            got.append(loss.item())
+        losses[name] = got
+    for a, b in zip(losses["ours"], losses["torch"]):
+        assert abs(a - b) <= 1e-3 * abs(b), losses
+    assert losses["ours"][-1] < 0.8 * losses["ours"][0], losses

@@ -28,14 +28,14 @@ exclude_patterns = ["_build", "README.md"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 
-# autodoc: every name in each module's __all__, in source order, signatures as written (no evaluation of the
-# string annotations). cudnnkit.torch and cudnnkit.jax import torch and jax: the docs build installs their CPU
-# builds (.ci/run step 2b) rather than mocking them, so their pages show the real objects.
+# autodoc: every name in each module's __all__, in source order; type hints in the parameter lists (signatures stay
+# short), the defaults as written. cudnnkit.torch and cudnnkit.jax import torch and jax: the docs build installs
+# their CPU builds (.ci/run step 2b) rather than mocking them, so their pages show the real objects.
 autodoc_default_options = {"members": True, "member-order": "bysource", "show-inheritance": True}
-autodoc_typehints = "signature"
+autodoc_typehints = "description"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
-autodoc_class_signature = "separated"
+autodoc_class_signature = "mixed"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
@@ -46,7 +46,6 @@ nitpicky = False
 html_theme = "furo"
 html_title = f"cudnnkit {release}"
 html_static_path: list[str] = []
-pygments_style = "sphinx"
 
 
 def _nn_module_docstring(app, what, name, obj, options, lines):  # noqa: ANN001, ARG001

@@ -292,7 +292,8 @@ def bwd(hk=H, d=D, dv=D, padded=False, bias_dims=None, **kw):
         kw["bias"] = g.tensor(bias_dims, dtype="bfloat16", name="bias")
     r = g.sdpa_backward(q, k, v, o, do, st, **kw)
     for t in r:
-        g.mark_output(t)
+        if t is not None:
+            g.mark_output(t)
     return g, r
 
 
@@ -451,7 +452,14 @@ def test_backward_refusals():
 # mask arithmetic (alignment shifts, bounds, padding) and those references checked against each other here.
 
 _CMP = {"CMP_GE": np.greater_equal, "CMP_GT": np.greater, "CMP_LT": np.less}
-_BIN = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": np.divide, "LOGICAL_AND": np.logical_and}
+_BIN = {
+    "ADD": np.add,
+    "SUB": np.subtract,
+    "MUL": np.multiply,
+    "DIV": np.divide,
+    "MAX": np.maximum,
+    "LOGICAL_AND": np.logical_and,
+}
 _UN = {"EXP": np.exp, "LOG": np.log, "TANH_FWD": np.tanh, "IDENTITY": lambda x: x}
 
 
@@ -894,3 +902,73 @@ def test_gpu_check_fails_on_a_wrong_result(emulated):
 def test_gpu_dropout_check_on_the_emulated_device(emulated):
     gpu = pytest.importorskip("tests.gpu.test_attention_gpu")
     gpu.test_dropout_forward_and_backward_replay_the_mask(emulated, True)
+
+
+# ----------------------------------------------------------------- attention sinks
+
+
+def test_sink_softmax_pattern_in_frontend_order():
+    g = Graph()
+    q, k, v = qkv(g)
+    sink = g.tensor((1, H, 1, 1), name="sink")
+    r = g.sdpa_forward(q, k, v, sink=sink, causal=True)
+    g.mark_output(r.o)
+    g.mark_output(r.stats)
+    steps = [n.kind if n.kind != "pointwise" else n.attr("mode") for n in g.nodes()]
+    i = steps.index("reduction")  # the row max
+    assert steps[i:] == ["reduction", "MAX", "SUB", "EXP", "SUB", "EXP", "reduction", "ADD", "LOG", "ADD", "DIV",
+                         "matmul"]  # fmt: skip
+    sub_sink = [n for n in pw_nodes(g, "SUB") if dict(n.inputs)["x"] == sink.uid]
+    (n,) = sub_sink
+    assert g._tensors[dict(n.outputs)["y"]].dims == (B, H, SQ, 1)  # broadcast to the rows, not the sink's dims
+    g.lower()
+
+
+def test_sink_backward_gradient_pattern():
+    g = Graph()
+    q, k, v = qkv(g)
+    o, do = (g.tensor((B, H, SQ, D), dtype="bfloat16") for _ in range(2))
+    st, sink = g.tensor((B, H, SQ, 1), name="stats"), g.tensor((1, H, 1, 1), name="sink")
+    r = g.sdpa_backward(q, k, v, o, do, st, sink=sink, dsink=True)
+    assert isinstance(r, SdpaBackwardBias) and r.dbias is None and r.dsink.dims == (1, H, 1, 1)
+    for t in r:
+        if t is not None:
+            g.mark_output(t)
+    (red,) = [n for n in g.nodes() if n.kind == "reduction" and dict(n.outputs)["y"] == r.dsink.uid]
+    e = expr(g, dict(red.inputs)["x"], set())
+    rowsum = ("add", "float32", "float32", ("MUL", "float32", "float32", ("in", ""), ("in", "")))
+    assert e == ("MUL", "float32", "float32",
+                 ("EXP", "float32", "float32", ("SUB", "float32", "float32", ("in", "sink"), ("in", "stats"))),
+                 rowsum)  # fmt: skip
+    g.lower()
+    with pytest.raises(GraphError, match="dsink=True needs sink="):
+        g.sdpa_backward(q, k, v, o, do, st, dsink=True)
+    with pytest.raises(GraphError, match="sink must be a float32"):
+        g.sdpa_forward(q, k, v, sink=g.tensor((1, H, 1, 1), dtype="float16"))
+
+
+def test_sink_pattern_computes_the_reference():
+    """Forward and dq/dk/dv with a sink: the reference. dsink: the pattern as cudnn-frontend builds it reads
+    ``+sum exp(sink - lse) rowsum(do * o)``, the negative of the sink's gradient (autograd's); cuDNN's engine
+    matches the pattern to the gradient (the frontend's own test compares the engine's dsink with autograd),
+    which the GPU tier checks."""
+    gpu = pytest.importorskip("tests.gpu.test_attention_gpu")
+    b, h, sq, skv, d = 2, 4, 16, 24, 8
+    rng = np.random.default_rng(3)
+    q, k, v, do = (rng.standard_normal(s) for s in [(b, h, sq, d), (b, h, skv, d), (b, h, skv, d), (b, h, sq, d)])
+    sk = rng.standard_normal((1, h, 1, 1))
+    o_ref, lse_ref, grads = gpu.reference(q, k, v, do, scale=0.3, sink=sk)
+    g = Graph()
+    qt, kt, vt = (g.tensor(a.shape, dtype="float16") for a in (q, k, v))
+    st = g.tensor((1, h, 1, 1))
+    r = g.sdpa_forward(qt, kt, vt, scale=0.3, sink=st)
+    val = interpret(g, {qt.uid: q, kt.uid: k, vt.uid: v, st.uid: sk})
+    assert np.allclose(val[r.o.uid], o_ref, rtol=1e-9) and np.allclose(val[r.stats.uid], lse_ref, rtol=1e-9)
+    g = Graph()
+    qt, kt, vt, ot, dot = (g.tensor(a.shape, dtype="float16") for a in (q, k, v, o_ref, do))
+    stt, st = g.tensor(lse_ref.shape), g.tensor((1, h, 1, 1))
+    r = g.sdpa_backward(qt, kt, vt, ot, dot, stt, scale=0.3, sink=st, dsink=True)
+    val = interpret(g, {qt.uid: q, kt.uid: k, vt.uid: v, ot.uid: o_ref, dot.uid: do, stt.uid: lse_ref, st.uid: sk})
+    for t, ref in zip(r[:3], grads[:3]):
+        assert np.allclose(val[t.uid], ref, rtol=1e-9, atol=1e-12)
+    assert np.allclose(val[r.dsink.uid], -grads[4], rtol=1e-9)

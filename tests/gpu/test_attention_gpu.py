@@ -69,12 +69,14 @@ def keep_matrix(sq, skv, *, b=B, causal=False, left=None, right=None, align="top
     return keep
 
 
-def reference(q, k, v, do, *, scale, keep=None, bias=None, slopes=None, softcap=None, drop=None, p=0.0):
-    """o, lse, (dq, dk, dv, dbias) in float64: ``s = scale q k^T``, ``c tanh(s/c)``, ``+ bias``,
-    ``+ slope_h (j - i)``, masked to -inf where ``keep`` is False, softmax, ``* drop / (1 - p)``, ``@ v``;
-    grouped heads: query head i reads key/value head ``i // (H / H_kv)``."""
+def reference(q, k, v, do, *, scale, keep=None, bias=None, slopes=None, softcap=None, drop=None, p=0.0, sink=None):
+    """o, lse, (dq, dk, dv, dbias, dsink) in float64: ``s = scale q k^T``, ``c tanh(s/c)``, ``+ bias``,
+    ``+ slope_h (j - i)``, masked to -inf where ``keep`` is False, softmax (with ``sink``: one more logit
+    ``sink_h`` per row in the normalizer, with no value), ``* drop / (1 - p)``, ``@ v``; grouped heads: query head
+    i reads key/value head ``i // (H / H_kv)``."""
     t = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True) for n, a in (("q", q), ("k", k), ("v", v))}
     tb = None if bias is None else torch.tensor(bias, dtype=torch.float64, requires_grad=True)
+    ts = None if sink is None else torch.tensor(sink, dtype=torch.float64, requires_grad=True)
     h, hk = q.shape[1], k.shape[1]
     kk = t["k"].repeat_interleave(h // hk, dim=1)
     vv = t["v"].repeat_interleave(h // hk, dim=1)
@@ -89,13 +91,16 @@ def reference(q, k, v, do, *, scale, keep=None, bias=None, slopes=None, softcap=
         s = s + torch.tensor(slopes, dtype=torch.float64).view(1, h, 1, 1) * dist
     if keep is not None:
         s = s.masked_fill(~torch.tensor(keep), -math.inf)
-    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    if ts is None:
+        lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    else:
+        lse = torch.logsumexp(torch.cat([s, ts.expand(s.shape[0], h, sq, 1)], dim=-1), dim=-1, keepdim=True)
     pr = torch.exp(s - lse)
     if drop is not None:
         pr = pr * torch.tensor(drop, dtype=torch.float64) / (1 - p)
     o = pr @ vv
     o.backward(torch.tensor(do, dtype=torch.float64))
-    grads = [t[n].grad.numpy() for n in ("q", "k", "v")] + [None if tb is None else tb.grad.numpy()]
+    grads = [t[n].grad.numpy() for n in ("q", "k", "v")] + [None if x is None else x.grad.numpy() for x in (tb, ts)]
     return o.detach().numpy(), lse.detach().numpy(), grads
 
 
@@ -112,7 +117,7 @@ def alibi_slopes(h):
 
 
 def check(dev, dtype="bfloat16", *, sq=128, skv=128, hk=H, d=64, dv=64, lens=None, keep=None, bias_dims=None,
-          dbias=False, slopes=False, softcap=None, deterministic=False, seed=0, **kw):  # fmt: skip
+          dbias=False, slopes=False, softcap=None, sink=False, deterministic=False, seed=0, **kw):  # fmt: skip
     """Forward and backward graphs of one variant against :func:`reference`; ``kw`` go to both graphs. The
     backward reads the reference's o and lse (cast to the graph's types), so each direction is checked alone.
     Only the defined region is compared: rows ``i < Sq_b`` of o, stats and dq, rows ``j < Skv_b`` of dk, dv."""
@@ -127,9 +132,10 @@ def check(dev, dtype="bfloat16", *, sq=128, skv=128, hk=H, d=64, dv=64, lens=Non
             do[b, :, lq[b] :] = 0.0
     bias = None if bias_dims is None else draw(rng, bias_dims, dtype)
     sl = None if not slopes else alibi_slopes(H)
+    sk = None if not sink else rng.standard_normal((1, H, 1, 1)) + 2.0  # weighs like a few keys
     scale = 1 / math.sqrt(d)
     o_ref, lse_ref, grads_ref = reference(q, k, v, do, scale=scale, keep=keep, bias=bias, slopes=sl,
-                                          softcap=softcap)  # fmt: skip
+                                          softcap=softcap, sink=sk)  # fmt: skip
     tol = TOL[dtype]
 
     def graph_inputs(g):
@@ -149,6 +155,9 @@ def check(dev, dtype="bfloat16", *, sq=128, skv=128, hk=H, d=64, dv=64, lens=Non
             vals[extra["alibi_slopes"]] = sl.reshape(1, H, 1, 1)
         if softcap is not None:
             extra["softcap"] = softcap
+        if sk is not None:
+            extra["sink"] = g.tensor((1, H, 1, 1), dtype="float32", name="sink")
+            vals[extra["sink"]] = sk
         return ts, vals, extra
 
     def valid_q(a):
@@ -186,8 +195,9 @@ def check(dev, dtype="bfloat16", *, sq=128, skv=128, hk=H, d=64, dv=64, lens=Non
             o_in[b, :, lq[b] :] = 0.0
             lse_in[b, :, lq[b] :] = 0.0
     vals.update({ot: seen(o_in, dtype), dot: do, stt: lse_in})
-    r = g.sdpa_backward(ts["q"], ts["k"], ts["v"], ot, dot, stt, dbias=dbias, deterministic=deterministic, **extra)
-    outs_t = [g.mark_output(t) for t in r]
+    r = g.sdpa_backward(ts["q"], ts["k"], ts["v"], ot, dot, stt, dbias=dbias, dsink=sink, deterministic=deterministic,
+                        **extra)  # fmt: skip
+    outs_t = [g.mark_output(t) for t in r if t is not None]
     bind = {t: put(dev, a, t) for t, a in vals.items()}
 
     def once():
@@ -205,8 +215,9 @@ def check(dev, dtype="bfloat16", *, sq=128, skv=128, hk=H, d=64, dv=64, lens=Non
     close(valid_q(dq), valid_q(grads_ref[0]), "dq")
     close(valid_kv(dk), valid_kv(grads_ref[1]), "dk")
     close(valid_kv(dvv), valid_kv(grads_ref[2]), "dv")
-    if dbias:
-        close([res[3]], [grads_ref[3]], "dbias")
+    extra_grads = [(n, i) for n, i, on in (("dbias", 3, dbias), ("dsink", 4, sink)) if on]
+    for (what, i), got_ in zip(extra_grads, res[3:]):
+        close([got_], [grads_ref[i]], what)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -266,6 +277,13 @@ def test_alibi(dev):
 
 def test_softcap(dev):
     check(dev, softcap=5.0, seed=3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_sink_and_its_gradient(dev, causal):
+    """cudnn-frontend's sink pattern; dsink against autograd's sink gradient (-sum P_sink rowsum(do * o)), as
+    the frontend's own test checks it."""
+    check(dev, sink=True, causal=causal, keep=keep_matrix(128, 128, causal=True) if causal else None)
 
 
 @pytest.mark.parametrize("d, dv, hk", [(192, 128, H), (128, 64, 2), (256, 256, H), (64, 128, 1)])

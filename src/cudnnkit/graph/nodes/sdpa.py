@@ -47,12 +47,14 @@ ALIGNMENTS = ("top_left", "bottom_right")
 
 
 class SdpaBackwardBias(NamedTuple):
-    """Outputs of :meth:`Graph.sdpa_backward` with ``dbias=True``: the three gradients and the bias's."""
+    """Outputs of :meth:`Graph.sdpa_backward` with ``dbias=True`` or ``dsink=True``: the three gradients, the
+    bias's and the sink's (each None unless asked)."""
 
     dq: Tensor
     dk: Tensor
     dv: Tensor
-    dbias: Tensor
+    dbias: Tensor | None
+    dsink: Tensor | None = None
 
 
 @dataclass
@@ -77,6 +79,7 @@ class _Variant:
     alibi_slopes: Tensor | None
     softcap: float | None
     dropout: float
+    sink: Tensor | None = None
 
     @property
     def padded(self) -> bool:
@@ -270,7 +273,7 @@ class SdpaNodes:
 
     def _sdpa_common(
         self, q, k, v, scale, causal, left_bound, right_bound, implementation, dropout, *, diagonal_alignment,
-        seq_len_q, seq_len_kv, bias, alibi_slopes, softcap,
+        seq_len_q, seq_len_kv, bias, alibi_slopes, softcap, sink=None,
     ):  # fmt: skip
         q, k, v = self._own(q, "q"), self._own(k, "k"), self._own(v, "v")
         shape = self._sdpa_check(q, k, v)
@@ -292,20 +295,28 @@ class SdpaNodes:
             if alibi_slopes.dims != (1, h, 1, 1) or alibi_slopes.dtype != "float32":
                 raise GraphError(f"alibi_slopes must be a float32 (1, H, 1, 1) = {(1, h, 1, 1)} tensor, got "
                                  f"{alibi_slopes.dtype} {alibi_slopes.dims}")  # fmt: skip
+        if sink is not None:
+            sink = self._own(sink, "sink")
+            if sink.dims != (1, h, 1, 1) or sink.dtype != "float32":
+                raise GraphError(f"sink must be a float32 (1, H, 1, 1) = {(1, h, 1, 1)} tensor, got {sink.dtype} "
+                                 f"{sink.dims}")  # fmt: skip
+            if sq == 1:
+                raise GraphError("sink takes S_q > 1 (cuDNN has no decode-only attention with a sink)")
         lb, rb, bottom_right, p, softcap = resolve_variant(
             sq, skv, causal=causal, left_bound=left_bound, right_bound=right_bound,
             diagonal_alignment=diagonal_alignment, dropout=dropout, padded=sql is not None, bias=bias is not None,
             alibi=alibi_slopes is not None, softcap=softcap,
         )  # fmt: skip
         if implementation == "unified" and (lb is not None or rb is not None or sql is not None or p or bias is not None
-                                            or alibi_slopes is not None or softcap is not None):  # fmt: skip
+                                            or alibi_slopes is not None or softcap is not None
+                                            or sink is not None):  # fmt: skip
             raise GraphError(
                 "the unified SDPA operation of cuDNN 9.19 takes no mask or dropout (nor bias or a score modifier) "
                 "(cuDNN 9.21 adds them); use implementation='composite'"
             )
         sc = self._scalar_or(1.0 / math.sqrt(d) if scale is None else scale, "scale", 4)
         o = _Variant(b, h, sq, d, hk, hv, skv, dv, sc, lb, rb, bottom_right, sql, sqkv, bias, alibi_slopes, softcap,
-                     p)  # fmt: skip
+                     p, sink)  # fmt: skip
         return q, k, v, o
 
     def _dropout_mask(self, dims, p: float, seed: Tensor | None, offset: Tensor | None) -> Tensor:
@@ -331,6 +342,7 @@ class SdpaNodes:
         bias: Tensor | None = None,
         alibi_slopes: Tensor | None = None,
         softcap: float | None = None,
+        sink: Tensor | None = None,
         dropout: float = 0.0,
         seed: Tensor | None = None,
         offset: Tensor | None = None,
@@ -355,7 +367,9 @@ class SdpaNodes:
 
         Score modifiers: ``bias`` ``(1|B, 1|H, Sq, Skv)`` (q's dtype or float32) added; ``alibi_slopes`` a
         float32 ``(1, H, 1, 1)`` tensor, ``slope[h] * (col - row)`` added (needs ``causal``); ``softcap`` a
-        number ``c``: ``c * tanh(s / c)`` (alone: no mask, ALiBi or padding). ``dropout`` (probability of
+        number ``c``: ``c * tanh(s / c)`` (alone: no mask, ALiBi or padding). ``sink`` (attention sinks) a
+        float32 ``(1, H, 1, 1)`` tensor: one more logit per row and head in the softmax's max and sum, with no
+        value (``S_q > 1``). ``dropout`` (probability of
         dropping) needs ``seed``/``offset`` (one-element int64 device tensors; the same pair replays the same
         mask). cuDNN 9.19's refusals are raised here as :class:`GraphError`: bottom-right causal with ``Sq >
         Skv`` (no padding) or with bias, ALiBi or dropout; a left bound with ``Sq > Skv`` (no padding).
@@ -376,7 +390,7 @@ class SdpaNodes:
         q, k, v, ov = self._sdpa_common(
             q, k, v, scale, causal, left_bound, right_bound, implementation, dropout,
             diagonal_alignment=diagonal_alignment, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, bias=bias,
-            alibi_slopes=alibi_slopes, softcap=softcap,
+            alibi_slopes=alibi_slopes, softcap=softcap, sink=sink,
         )  # fmt: skip
         b, h, sq, skv, d, dv, hk = ov.b, ov.h, ov.sq, ov.skv, ov.d, ov.dv, ov.hk
         odims = (b, h, sq, dv)
@@ -404,9 +418,20 @@ class SdpaNodes:
         self._view_nodes.add(len(self._nodes) - 1)
         s = self._pw("MUL", s, ov.scale, name="scaled")
         s = self._band(self._modify(s, ov, {}), ov)
-        mx = self._red(s, (b, h, sq, 1), mode="max", name="row_max")
+        row = (b, h, sq, 1)
+        mx = self._red(s, row, mode="max", name="row_max")
+        if ov.sink is not None:  # cudnn-frontend's softmax with a sink: one more logit per row, no value
+            mx = self._pw("MAX", mx, ov.sink, name="max_with_sink")
         e = self._pw("EXP", self._pw("SUB", s, mx, name="minus_max"), name="exp")
-        sm = self._red(e, (b, h, sq, 1), name="row_sum")
+        if ov.sink is not None:
+            es = self._pw(
+                "EXP",
+                self._pw("SUB", ov.sink, mx, out=self._vt(row, self.intermediate_dtype, "sink_minus_max")),
+                name="exp_sink",
+            )
+            sm = self._pw("ADD", self._red(e, row, name="row_sum"), es, name="row_sum_with_sink")
+        else:
+            sm = self._red(e, row, name="row_sum")
         self._pw("ADD", mx, self._pw("LOG", sm, name="log_sum"), out=st)
         pr = self._pw("DIV", e, sm, name="probs")
         if p:
@@ -451,6 +476,8 @@ class SdpaNodes:
         dbias: bool = False,
         alibi_slopes: Tensor | None = None,
         softcap: float | None = None,
+        sink: Tensor | None = None,
+        dsink: bool = False,
         dropout: float = 0.0,
         seed: Tensor | None = None,
         offset: Tensor | None = None,
@@ -469,7 +496,9 @@ class SdpaNodes:
         otherwise; virtual until marked. ``dk``/``dv`` of grouped-query heads are summed over the query heads
         of each key/value head (``OPERATION_REDUCTION``). ``dbias=True`` (needs ``bias``) also returns the
         bias's gradient (the bias's dims and dtype: ``dS`` summed over the broadcast dims) as
-        :class:`SdpaBackwardBias`. ``deterministic=True`` (cudnn-frontend's
+        :class:`SdpaBackwardBias`; ``dsink=True`` (needs ``sink``) the sink's float32 ``(1, H, 1, 1)``
+        gradient (its field ``dsink``; cudnn-frontend's pattern: ``exp(sink - stats) * rowsum(do * o)``
+        summed, which cuDNN's engine matches to the sink's gradient). ``deterministic=True`` (cudnn-frontend's
         ``use_deterministic_algorithm``, its Hopper form) writes ``dq`` straight from the ``dS @ k`` matmul,
         without the float32 accumulator that the atomic-add engines take; so does ``dbias``.
 
@@ -488,13 +517,17 @@ class SdpaNodes:
         q, k, v, ov = self._sdpa_common(
             q, k, v, scale, causal, left_bound, right_bound, implementation, dropout,
             diagonal_alignment=diagonal_alignment, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, bias=bias,
-            alibi_slopes=alibi_slopes, softcap=softcap,
+            alibi_slopes=alibi_slopes, softcap=softcap, sink=sink,
         )  # fmt: skip
         b, h, sq, d, hk, hv, skv, dv = ov.b, ov.h, ov.sq, ov.d, ov.hk, ov.hv, ov.skv, ov.dv
         if not isinstance(dbias, bool) or not isinstance(deterministic, bool):
             raise GraphError(f"dbias and deterministic must be bools, got {dbias!r} and {deterministic!r}")
         if dbias and ov.bias is None:
             raise GraphError("dbias=True needs bias= (the gradient of the bias the forward added)")
+        if not isinstance(dsink, bool):
+            raise GraphError(f"dsink must be a bool, got {dsink!r}")
+        if dsink and ov.sink is None:
+            raise GraphError("dsink=True needs sink= (the gradient of the sink the forward used)")
         o, do, stats = self._own(o, "o"), self._own(do, "do"), self._own(stats, "stats")
         for role, t in (("o", o), ("do", do)):
             if t.dims != (b, h, sq, dv):
@@ -525,6 +558,17 @@ class SdpaNodes:
         self._describe_as(v, (b, hv, dv, skv), (v_strides[0], v_strides[1], v_strides[3], v_strides[2]), "v")
         # rowsum(do * o), kept in a float32 scratch tensor
         dsum = self._red(self._pw("MUL", do, o, name="do_o"), (b, h, sq, 1), name="rowsum_do_o")
+        dsk = None
+        if dsink:  # cudnn-frontend's dSink: exp(sink - stats) * rowsum(do * o), summed to (1, H, 1, 1)
+            ps = self._pw(
+                "EXP",
+                self._pw(
+                    "SUB", ov.sink, stats, out=self._vt((b, h, sq, 1), self.intermediate_dtype, "sink_minus_stats")
+                ),
+                name="exp_sink",
+            )
+            dsk = self.tensor((1, h, 1, 1), None, "float32", virtual=True, name=f"{base}_dsink")
+            self._red(self._pw("MUL", ps, dsum, name="sink_grad_rows"), (1, h, 1, 1), out=dsk)
         rsum = self.tensor((b, h, sq, 1), None, "float32", name="softmax_sum")
         self._add_scratch(rsum, None)  # written (rowsum) before it is read
         keep = self.scalar(1.0 - p, "float32", 4, name="dropout_keep" if p else "one")
@@ -581,8 +625,8 @@ class SdpaNodes:
             self._add_scratch(acc, "zero")  # the matmul accumulates into it: zeroed before every run
             self._mm(ds, kv, (b, h, sq, d), out=acc, m=sl_q, k=sl_kv)
             self._pw("IDENTITY", acc, out=dq)
-        if dbias:
-            return SdpaBackwardBias(dq, dk, dvt, db)
+        if dbias or dsink:
+            return SdpaBackwardBias(dq, dk, dvt, db, dsk)
         return SdpaBackward(dq, dk, dvt)
 
     def _grouped(self, a: Tensor, b: Tensor, full_dims, out: Tensor, heads: int, role: str, *, m=None, k=None):

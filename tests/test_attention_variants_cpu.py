@@ -972,3 +972,25 @@ def test_sink_pattern_computes_the_reference():
     for t, ref in zip(r[:3], grads[:3]):
         assert np.allclose(val[t.uid], ref, rtol=1e-9, atol=1e-12)
     assert np.allclose(val[r.dsink.uid], -grads[4], rtol=1e-9)
+
+
+def test_l2_sink_and_its_gradient(fake_fixture, plans_fixture):
+    built, runs, executed = plans_fixture
+    fake = fake_fixture
+    q, k, v, o, do = (_arr(fake, s) for s in (QS, KS, KS, QS, QS))
+    st, sink = _arr(fake, (2, 4, 32, 1), "float32"), _arr(fake, (4,), "float32")
+    ops.attention_forward(q, k, v, sink=sink, is_causal=True)
+    t = _named(built[-1])["sink"]
+    assert (t.dims, t.strides) == ((1, 4, 1, 1), (4, 1, 1, 1)) and runs[-1]["sink"][1] == sink.ptr
+    dq, dk, dv, dsink = ops.attention_backward(q, k, v, o, do, st, sink=sink, dsink=True, is_causal=True)
+    assert (dsink.shape, dsink.dtype) == ((4,), "float32")
+    g, bindings, _ = executed[-1]
+    (red,) = [n for n in g.nodes() if n.kind == "reduction" and g._tensors[dict(n.outputs)["y"]].dims == (1, 4, 1, 1)]
+    assert bindings[dict(red.outputs)["y"]] == dsink.ptr
+    mask = _arr(fake, (32, 48))
+    got = ops.attention_backward(q, k, v, o, do, st, sink=sink, attn_mask=mask, dbias=True, dsink=True)
+    assert [x.shape for x in got[3:]] == [(32, 48), (4,)]
+    with pytest.raises(ValueError, match="dsink=True needs sink="):
+        ops.attention_backward(q, k, v, o, do, st, dsink=True)
+    with pytest.raises(ValueError, match="sink must be a float32 device array of shape"):
+        ops.attention_forward(q, k, v, sink=_arr(fake, (3,), "float32"))

@@ -3275,6 +3275,7 @@ _SDPA_VARIANT_ROLES = {
     **{n: Role("in", ("int32",), None, required=False, fixed_dtype=True) for n in ("seq_len_q", "seq_len_kv")},
     "alibi_slopes": Role("in", ("float32",), None, required=False, fixed_dtype=True),
     **{n: Role("in", ("int64",), None, required=False, fixed_dtype=True) for n in ("seed", "offset")},
+    "sink": Role("in", ("float32",), None, required=False, fixed_dtype=True),
 }
 _SDPA_FWD_ROLES = {
     "q": _in(_SDPA_H),
@@ -3290,6 +3291,7 @@ _SDPA_BWD_ROLES = {
     **_SDPA_VARIANT_ROLES,
     # new arrays (no out=): described for the registry's outputs (dattn_mask: attn_mask's gradient, dbias=True)
     **{n: _out(_SDPA_H) for n in ("dq", "dk", "dv", "dattn_mask")},
+    "dsink": Role("out", ("float32",), None, required=False, fixed_dtype=True),
 }
 
 

@@ -368,6 +368,7 @@ L2_CASES = {
     "lengths": dict(sq=128, lens=([1, 128], [77, 128]), kw=dict(is_causal=True), keep=dict(causal=True)),
     "alibi-mqa": dict(hk=1, alibi=True, kw=dict(is_causal=True, enable_gqa=True), keep=dict(causal=True)),
     "softcap-mla": dict(d=192, dv=128, kw=dict(softcap=8.0)),
+    "sink": dict(sink=True, kw=dict(is_causal=True, dsink=True), keep=dict(causal=True)),
 }  # fmt: skip
 
 
@@ -386,9 +387,11 @@ def test_l2_attention_forward_and_backward(dev, name):
             do[b, :, lq[b] :] = 0
     mask = None if "mask" not in c else draw(rng, c["mask"], dtype)
     slopes = alibi_slopes(H) if c.get("alibi") else None
+    sink = rng.standard_normal(H) + 2.0 if c.get("sink") else None
     keep = keep_matrix(sq, skv, lens_q=lq, lens_kv=lkv, **c.get("keep", {})) if (c.get("keep") or lq) else None
     o_ref, lse_ref, grads = reference(q, k, v, do, scale=1 / math.sqrt(d), keep=keep, bias=mask, slopes=slopes,
-                                      softcap=c["kw"].get("softcap"))  # fmt: skip
+                                      softcap=c["kw"].get("softcap"),
+                                      sink=None if sink is None else sink.reshape(1, H, 1, 1))  # fmt: skip
     arrays = {}
     if mask is not None:
         arrays["attn_mask"] = device(dev, mask, dtype)
@@ -396,7 +399,9 @@ def test_l2_attention_forward_and_backward(dev, name):
         arrays["seq_len_q"], arrays["seq_len_kv"] = device(dev, lq, "int32"), device(dev, lkv, "int32")
     if slopes is not None:
         arrays["alibi_slopes"] = device(dev, slopes, "float32")
-    kw = {n: x for n, x in c["kw"].items() if n != "dbias"}
+    if sink is not None:
+        arrays["sink"] = device(dev, sink, "float32")
+    kw = {n: x for n, x in c["kw"].items() if n not in ("dbias", "dsink")}
     qd, kd, vd = device(dev, q, dtype), device(dev, k, dtype), device(dev, v, dtype)
     o, st = ops.attention_forward(qd, kd, vd, **kw, **arrays)
     rows = [slice(None, sq if lq is None else lq[b]) for b in range(B)]
@@ -413,12 +418,14 @@ def test_l2_attention_forward_and_backward(dev, name):
             o_in[b, :, lq[b] :], lse_in[b, :, lq[b] :] = 0, 0
     res = ops.attention_backward(qd, kd, vd, device(dev, o_in, dtype), device(dev, do, dtype),
                                  device(dev, lse_in, "float32"), **c["kw"], **arrays)  # fmt: skip
-    assert len(res) == (4 if c["kw"].get("dbias") else 3)
+    assert len(res) == 3 + bool(c["kw"].get("dbias")) + bool(c["kw"].get("dsink"))
     assert rel(part(got(dev, res[0]), rows), part(grads[0], rows)) < TOL[dtype]
     for i in (1, 2):
         assert rel(part(got(dev, res[i]), cols), part(grads[i], cols)) < TOL[dtype]
-    if len(res) == 4:
+    if c["kw"].get("dbias"):
         assert res[3].shape == mask.shape and rel(got(dev, res[3]), grads[3]) < TOL[dtype]
+    if c["kw"].get("dsink"):  # the sink's gradient, against autograd's
+        assert res[-1].shape == (H,) and rel(got(dev, res[-1]), grads[4].reshape(H)) < TOL[dtype]
 
 
 def test_l2_dropout_replays_and_deterministic_backward_repeats(dev):

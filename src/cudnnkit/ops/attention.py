@@ -66,7 +66,7 @@ _FAMILY = "sdpa"
 #: the head dims cuDNN's fused attention takes: multiples of 8 (16-byte rows of a half type) up to this
 _MAX_D = MAX_HEAD_DIM
 #: the optional operands of the attention variants (absent for sdpa_forward/sdpa_backward)
-_VARIANT_ARRAYS = ("attn_mask", "seq_len_q", "seq_len_kv", "alibi_slopes", "seed", "offset")
+_VARIANT_ARRAYS = ("attn_mask", "seq_len_q", "seq_len_kv", "alibi_slopes", "seed", "offset", "sink")
 #: this module's keywords -> the names the L2 attention functions take (torch's where torch has one)
 _TORCH_NAMES = {"causal": "is_causal", "dropout": "dropout_p", "bias": "attn_mask"}
 
@@ -92,6 +92,8 @@ class _Sdpa(NamedTuple):
     mask_dtype: str | None = None
     dbias: bool = False  #: the backward also makes attn_mask's gradient
     deterministic: bool = False  #: the backward under settings(deterministic=True)
+    sink_shape: tuple[int, ...] | None = None  #: the sink's own shape (its gradient's)
+    dsink: bool = False  #: the backward also makes the sink's gradient
 
     @property
     def o_shape(self) -> tuple[int, ...]:
@@ -217,14 +219,25 @@ def _variant(views: Any, kw: Any, r: _Sdpa) -> _Sdpa:
                                  "pair replays the mask in attention_backward)")  # fmt: skip
             if x.dtype != "int64" or x.size != 1:
                 raise ValueError(f"{name} must be a one-element int64 device array, got {x.dtype} {tuple(x.shape)}")
-    dbias = kw.get("dbias", False)
-    if not isinstance(dbias, bool):
-        raise TypeError(f"dbias must be a bool, got {dbias!r}")
+    dbias, dsink = kw.get("dbias", False), kw.get("want_dsink", False)  # (the output is named dsink)
+    for name, flag in (("dbias", dbias), ("dsink", dsink)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
     if dbias and m is None:
         raise ValueError("dbias=True needs attn_mask= (its gradient is what dbias returns)")
+    sk = views.get("sink")
+    if sk is not None:
+        if sk.dtype != "float32" or sk.shape not in ((h,), (1, h, 1, 1)):
+            raise ValueError(f"sink must be a float32 device array of shape ({h},) or (1, {h}, 1, 1), got "
+                             f"{sk.dtype} {tuple(sk.shape)}")  # fmt: skip
+        if sq == 1:
+            raise ValueError("sink takes S_q > 1 (cuDNN has no decode-only attention with a sink)")
+    if dsink and sk is None:
+        raise ValueError("dsink=True needs sink= (its gradient is what dsink returns)")
     return r._replace(left_bound=lb, right_bound=rb, bottom_right=bottom_right, softcap=softcap, dropout=p,
                       mask_dims=mask_dims, mask_shape=None if m is None else tuple(m.shape),
-                      mask_dtype=None if m is None else m.dtype, dbias=dbias)  # fmt: skip
+                      mask_dtype=None if m is None else m.dtype, dbias=dbias,
+                      sink_shape=None if sk is None else tuple(sk.shape), dsink=dsink)  # fmt: skip
 
 
 def _bwd_resolve(views: Any, kw: Any) -> _Sdpa:
@@ -280,6 +293,8 @@ def _variant_inputs(bd: Any, c: Any) -> dict[str, Any]:
     if r.dropout:
         for n in ("seed", "offset"):
             kw[n] = bd.tensor(n, (1, 1, 1, 1), (1, 1, 1, 1), "int64")
+    if views.get("sink") is not None:
+        kw["sink"] = bd.tensor("sink", (1, h, 1, 1), (h, 1, 1, 1), "float32")
     return kw
 
 
@@ -299,12 +314,14 @@ def _bwd_build(c: Any) -> tuple[Any, dict]:
     t = {n: bd.tensor(n, c.views[n].shape, c.views[n].strides, c.views[n].dtype)
          for n in ("q", "k", "v", "o", "do", "stats")}  # fmt: skip
     got = bd.g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], t["stats"], scale=r.scale, dbias=r.dbias,
-                             deterministic=r.deterministic, **_variant_inputs(bd, c))  # fmt: skip
+                             dsink=r.dsink, deterministic=r.deterministic, **_variant_inputs(bd, c))  # fmt: skip
     for name, g in zip(("dq", "dk", "dv"), got):
         bd.output(g, name, r.dtype, c.views[name].strides)
     if r.dbias:
         dm = c.views["dattn_mask"]
         bd.output(got.dbias, "dattn_mask", r.mask_dtype, (max(1, dm.size),) * (4 - dm.ndim) + tuple(dm.strides))
+    if r.dsink:
+        bd.output(got.dsink, "dsink", "float32", (r.q[1], 1, 1, 1))
     return bd.done()
 
 
@@ -317,7 +334,7 @@ def _bwd_graph(c: Any) -> None:
     cached per graph key), run with the plan's checked ``execute`` so that its scratch tensors can be bound."""
     _head_rows(c, ("q", "k", "v", "o", "do"))
     for name, v in list(c.views.items()):  # misaligned inputs copied (the outputs are new: aligned)
-        if v is not None and v.ptr % 16 and name not in ("dq", "dk", "dv", "dattn_mask"):
+        if v is not None and v.ptr % 16 and name not in ("dq", "dk", "dv", "dattn_mask", "dsink"):
             new, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides, name=name)
             c.launch.copy(new, v.owner if v.adapter is not None else c.arrays[name], name)
     c.extra["graph_alignment"] = 16
@@ -365,6 +382,7 @@ def _variant_operands() -> tuple[Operand, ...]:
         Operand("alibi_slopes", ("float32",), optional=True, packed=True),
         Operand("seed", ("int64",), optional=True, packed=True),
         Operand("offset", ("int64",), optional=True, packed=True),
+        Operand("sink", ("float32",), optional=True, packed=True),
     )
 
 
@@ -407,6 +425,8 @@ SDPA_BACKWARD = register(
                 shape=lambda r: r.mask_shape if r.dbias else (0,),
                 dtype=lambda r: r.mask_dtype if r.dbias else r.dtype,
             ),
+            # the sink's gradient with dsink=True (float32, the sink's shape); otherwise empty
+            Output("dsink", shape=lambda r: r.sink_shape if r.dsink else (0,), dtype=lambda r: "float32"),
         ),
         resolve=_bwd_resolve,
         graph=_bwd_graph,
@@ -456,7 +476,9 @@ _VARIANT_DOC = """
     ``is_causal=True, left_bound=W``); ``seq_len_q``/``seq_len_kv`` int32 device arrays of ``B`` elements (a
     padding mask: rows and columns past each sample's lengths are masked; o's rows past ``seq_len_q`` are not
     defined); ``alibi_slopes`` a float32 device array of ``H`` elements (``slope_h * (col - row)`` added; needs
-    ``is_causal``); ``softcap`` a number ``c`` (``c * tanh(s / c)`` on the scaled scores; alone); ``dropout_p``
+    ``is_causal``); ``softcap`` a number ``c`` (``c * tanh(s / c)`` on the scaled scores; alone); ``sink``
+    (attention sinks) a float32 device array of ``H`` elements, one more logit per row in the softmax, with no
+    value (``S_q > 1``); ``dropout_p``
     with ``seed``/``offset`` (one-element int64 device arrays; the same pair replays the same mask);
     ``enable_gqa`` lets k and v have fewer heads (a divisor of ``H``: query head ``i`` reads key/value head
     ``i // (H / H_kv)``); ``scale`` (default ``1 / sqrt(D)``). ``D`` and ``D_v`` are multiples of 8 up to 256 and
@@ -465,9 +487,9 @@ _VARIANT_DOC = """
     with ``S_q > S_kv`` and no lengths; ALiBi without ``is_causal``; a softcap with a mask, ALiBi or lengths)."""
 
 
-def _attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset) -> dict[str, Any]:
+def _attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset, sink) -> dict[str, Any]:
     return {"attn_mask": attn_mask, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "alibi_slopes": alibi_slopes,
-            "seed": seed, "offset": offset}  # fmt: skip
+            "seed": seed, "offset": offset, "sink": sink}  # fmt: skip
 
 
 def _flag(v: Any, name: str) -> bool:
@@ -483,7 +505,7 @@ def attention_forward(q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_
                       diagonal_alignment: str = "top_left", left_bound: int | None = None,
                       right_bound: int | None = None, seq_len_q: Any = None, seq_len_kv: Any = None,
                       alibi_slopes: Any = None, softcap: float | None = None, seed: Any = None, offset: Any = None,
-                      out: Any = None, stream: Any = None) -> tuple[Any, Any]:  # fmt: skip
+                      sink: Any = None, out: Any = None, stream: Any = None) -> tuple[Any, Any]:  # fmt: skip
     """Attention forward with every variant cuDNN 9.19 runs: ``(o, stats)``, ``o = softmax(mask(modify(scale *
     q @ k^T))) @ v`` ``(B, H, S_q, D_v)`` in q's dtype and dim order, ``stats`` the float32 log-sum-exp
     ``(B, H, S_q, 1)`` of each row (what :func:`attention_backward` reads). ``q`` ``(B, H, S_q, D)``, ``k``
@@ -493,7 +515,7 @@ def attention_forward(q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_
     """
     o, st = split_out("attention_forward", out, {"out": None, "stats": None})
     arrays = {"q": q, "k": k, "v": v, **_attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed,
-                                                            offset)}  # fmt: skip
+                                                            offset, sink)}  # fmt: skip
     return run(SDPA_FORWARD, arrays, stream=stream, out=o, stats=st, scale=scale,
                causal=_flag(is_causal, "is_causal"), enable_gqa=_flag(enable_gqa, "enable_gqa"),
                dropout=dropout_p, diagonal_alignment=diagonal_alignment, left_bound=left_bound,
@@ -505,9 +527,10 @@ def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, a
                        enable_gqa: bool = False, diagonal_alignment: str = "top_left", left_bound: int | None = None,
                        right_bound: int | None = None, seq_len_q: Any = None, seq_len_kv: Any = None,
                        alibi_slopes: Any = None, softcap: float | None = None, seed: Any = None, offset: Any = None,
-                       dbias: bool = False, stream: Any = None) -> tuple[Any, ...]:  # fmt: skip
-    """Attention backward: ``(dq, dk, dv)`` (with ``dbias=True`` also attn_mask's gradient, in its shape and
-    dtype: ``(dq, dk, dv, dmask)``) from the forward's ``q``, ``k``, ``v``, its ``o`` and ``stats`` (the
+                       sink: Any = None, dbias: bool = False, dsink: bool = False,
+                       stream: Any = None) -> tuple[Any, ...]:  # fmt: skip
+    """Attention backward: ``(dq, dk, dv)`` (with ``dbias=True`` then attn_mask's gradient, in its shape and
+    dtype; with ``dsink=True`` then the sink's, float32 in its shape: ``(dq, dk, dv[, dmask][, dsink])``) from the forward's ``q``, ``k``, ``v``, its ``o`` and ``stats`` (the
     log-sum-exp :func:`attention_forward` returns) and ``do``, with the forward's keywords (the same ``seed``/
     ``offset`` replay its dropout mask). ``dk``/``dv`` of grouped heads are summed over the query heads of each
     key/value head. Under ``cudnnkit.settings(deterministic=True)`` the graph writes ``dq`` without the atomic
@@ -515,11 +538,11 @@ def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, a
     NONDETERMINISTIC note: repeats are bitwise equal. The same primitive as :func:`sdpa_backward`.
     """
     arrays = {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats,
-              **_attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset)}  # fmt: skip
+              **_attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset, sink)}  # fmt: skip
     res = run(SDPA_BACKWARD, arrays, stream=stream, scale=scale, causal=_flag(is_causal, "is_causal"),
               enable_gqa=_flag(enable_gqa, "enable_gqa"), dropout=dropout_p, diagonal_alignment=diagonal_alignment,
-              left_bound=left_bound, right_bound=right_bound, softcap=softcap, dbias=dbias)  # fmt: skip
-    return res if dbias else res[:3]
+              left_bound=left_bound, right_bound=right_bound, softcap=softcap, dbias=dbias, want_dsink=dsink)  # fmt: skip
+    return res[:3] + tuple(g for g, on in zip(res[3:], (dbias, dsink)) if on)
 
 
 attention_forward.__doc__ += _VARIANT_DOC

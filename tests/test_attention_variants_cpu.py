@@ -501,6 +501,15 @@ def interpret(g, values, rng_mask=None):
             r = np.transpose(ins["x"], a["perm"])
         elif n.kind == "rng":
             r = rng_mask
+        elif n.kind == "paged_cache_load":  # y[b, h, s] = container[table[b, s // block], h, s % block]
+            c, table = ins["container"], ins["page_table"].astype(int)
+            bs = c.shape[2]
+            logical = (dims[0], dims[1], dims[3], dims[2]) if dims[2] == c.shape[3] and dims[3] != c.shape[3] else dims
+            s_kv = logical[2]
+            r = np.stack([np.stack([c[table[i, 0, s // bs, 0], :, s % bs] for s in range(s_kv)], axis=1)
+                          for i in range(dims[0])])  # fmt: skip
+            if logical != dims:
+                r = np.swapaxes(r, 2, 3)
         else:
             m, x = a["mode"], ins.get("x")
             if m == "GEN_INDEX":
@@ -994,3 +1003,89 @@ def test_l2_sink_and_its_gradient(fake_fixture, plans_fixture):
         ops.attention_backward(q, k, v, o, do, st, dsink=True)
     with pytest.raises(ValueError, match="sink must be a float32 device array of shape"):
         ops.attention_forward(q, k, v, sink=_arr(fake, (3,), "float32"))
+
+
+# ----------------------------------------------------------------- paged key/value caches
+
+
+def paged_graph(b=2, hk=2, h=4, sq=4, bs=16, blocks=3, nb=8, d=32, **kw):
+    g = Graph()
+    q = g.tensor((b, h, sq, d), dtype="float16", name="q")
+    kc = g.tensor((nb, hk, bs, d), dtype="float16", name="k_container")
+    vc = g.tensor((nb, hk, bs, d), dtype="float16", name="v_container")
+    ptk = g.tensor((b, 1, blocks, 1), dtype="int32", name="page_table_k")
+    ptv = g.tensor((b, 1, blocks, 1), dtype="int32", name="page_table_v")
+    lq, lkv = (g.tensor((b, 1, 1, 1), dtype="int32", name=n) for n in ("seq_len_q", "seq_len_kv"))
+    r = g.sdpa_forward(q, kc, vc, page_table_k=ptk, page_table_v=ptv, seq_len_q=lq, seq_len_kv=lkv, **kw)
+    g.mark_output(r.o)
+    g.mark_output(r.stats)
+    return g, r, (q, kc, vc, ptk, ptv, lq, lkv)
+
+
+def test_paged_caches_load_k_transposed_and_v():
+    g, r, (q, kc, vc, ptk, ptv, lq, lkv) = paged_graph(causal=True, diagonal_alignment="bottom_right")
+    loads = [n for n in g.nodes() if n.kind == "paged_cache_load"]
+    assert len(loads) == 2
+    kt, vv = (g._tensors[dict(n.outputs)["y"]] for n in loads)
+    # frontend: K^T (b, hk, d, s_kv) over BHSD memory, V (b, hv, s_kv, dv); S_kv = 3 blocks of 16
+    assert (kt.dims, kt.strides) == ((2, 2, 32, 48), (32 * 48 * 2, 32 * 48, 1, 32)) and kt.virtual
+    assert (vv.dims, vv.strides) == ((2, 2, 48, 32), (32 * 48 * 2, 32 * 48, 32, 1)) and vv.virtual
+    assert [dict(n.inputs) for n in loads] == [{"container": kc.uid, "page_table": ptk.uid, "seq_len": lkv.uid},
+                                               {"container": vc.uid, "page_table": ptv.uid, "seq_len": lkv.uid}]  # fmt: skip
+    mms = [n for n in g.nodes() if n.kind == "matmul"]
+    assert dict(mms[0].inputs)["b"] == kt.uid and dict(mms[1].inputs)["b"] == vv.uid
+    assert kc.uid not in g._described  # the container is read as it is
+    low = g.lower()
+    op = low.ops[[n.kind for n in g.nodes()].index("paged_cache_load")]
+    (y,) = op.get_descriptors("CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_YDESC", "CUDNN_BACKEND_TENSOR_DESCRIPTOR")
+    assert y.get("CUDNN_ATTR_TENSOR_DIMENSIONS") == [2, 2, 32, 48]
+    g, r, _ = paged_graph(max_seq_len_kv=40)
+    assert [g._tensors[dict(n.outputs)["y"]].dims[3] for n in g.nodes() if n.kind == "paged_cache_load"][0] == 40
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"max_seq_len_kv": 20}, r"page_table_k has 3 blocks for S_kv = 20 with blocks of 16"),
+        ({"max_seq_len_kv": 0}, "max_seq_len_kv must be a positive int"),
+        ({"drop": "page_table_v"}, "needs both page_table_k= and page_table_v="),
+        ({"drop": "seq_len_q"}, "paged caches need seq_len_q= and seq_len_kv="),
+        ({"implementation": "unified"}, "unified SDPA operation"),
+    ],
+)
+def test_paged_refusals(kw, msg):
+    g = Graph()
+    q = g.tensor((2, 4, 4, 32), dtype="float16")
+    kc, vc = (g.tensor((8, 2, 16, 32), dtype="float16") for _ in range(2))
+    args = {"page_table_k": g.tensor((2, 1, 3, 1), dtype="int32"), "page_table_v": g.tensor((2, 1, 3, 1), dtype="int32"),
+            "seq_len_q": g.tensor((2, 1, 1, 1), dtype="int32"), "seq_len_kv": g.tensor((2, 1, 1, 1), dtype="int32")}  # fmt: skip
+    drop = kw.pop("drop", None)
+    if drop:
+        args.pop(drop)
+    with pytest.raises(GraphError, match=msg):
+        g.sdpa_forward(q, kc, vc, **args, **kw)
+    with pytest.raises(GraphError, match="max_seq_len_kv is for paged caches"):
+        g.sdpa_forward(q, *(g.tensor((2, 4, 16, 32), dtype="float16") for _ in range(2)), max_seq_len_kv=16)
+
+
+def test_paged_pattern_computes_the_reference():
+    """Pages out of order: the gathered caches' attention equals the dense reference on the gathered k, v."""
+    gpu = pytest.importorskip("tests.gpu.test_attention_gpu")
+    b, h, hk, sq, bs, blocks, nb, d = 2, 4, 2, 4, 16, 3, 8, 32
+    g, r, (q, kc, vc, ptk, ptv, lq, lkv) = paged_graph(b, hk, h, sq, bs, blocks, nb, d, causal=True,
+                                                       diagonal_alignment="bottom_right")  # fmt: skip
+    rng = np.random.default_rng(7)
+    qa, ka, va = rng.standard_normal((b, h, sq, d)), rng.standard_normal((nb, hk, bs, d)), rng.standard_normal(
+        (nb, hk, bs, d))  # fmt: skip
+    table = np.array([[5, 0, 7], [2, 6, 1]]).reshape(b, 1, blocks, 1)
+    lens_q, lens_kv = [4, 3], [40, 48]
+    vals = {q.uid: qa, kc.uid: ka, vc.uid: va, ptk.uid: table, ptv.uid: table,
+            lq.uid: np.array(lens_q).reshape(b, 1, 1, 1), lkv.uid: np.array(lens_kv).reshape(b, 1, 1, 1)}  # fmt: skip
+    with np.errstate(invalid="ignore"):
+        val = interpret(g, vals)
+    kd = np.stack([np.concatenate([ka[table[i, 0, j, 0]] for j in range(blocks)], axis=1) for i in range(b)])
+    vd = np.stack([np.concatenate([va[table[i, 0, j, 0]] for j in range(blocks)], axis=1) for i in range(b)])
+    keep = gpu.keep_matrix(sq, bs * blocks, b=b, causal=True, align="bottom_right", lens_q=lens_q, lens_kv=lens_kv)
+    o_ref, lse_ref, _ = gpu.reference(qa, kd, vd, np.zeros((b, h, sq, d)), scale=1 / math.sqrt(d), keep=keep)
+    assert np.allclose(_valid(val[r.o.uid], lens_q), _valid(o_ref, lens_q), rtol=1e-9)
+    assert np.allclose(_valid(val[r.stats.uid], lens_q), _valid(lse_ref, lens_q), rtol=1e-9)

@@ -448,3 +448,42 @@ def test_l2_dropout_replays_and_deterministic_backward_repeats(dev):
         again = [got(dev, x) for x in ops.attention_backward(*args, dropout_p=p, seed=seed, offset=off)]
     for a, b_, ref in zip(first, again, grads):
         assert np.array_equal(a, b_) and rel(a, ref) < TOL[dtype]
+
+
+# ----------------------------------------------------------------- paged key/value caches (the forward)
+
+
+@pytest.mark.parametrize("sq, causal", [(1, False), (16, True)], ids=["decode", "chunked-prefill"])
+def test_paged_caches_pages_out_of_order(dev, sq, causal):
+    """k and v read through page tables (blocks in a shuffled order, distinct per sample) against the dense
+    reference on the gathered caches; per-sample lengths (one short, one the maximum); chunked prefill is
+    bottom-right causal (the new queries at the end of each sample's cache)."""
+    dtype, hk, bs, blocks, nb, d = "bfloat16", 2, 64, 4, 16, 128
+    skv = bs * blocks
+    rng = np.random.default_rng(12)
+    q = draw(rng, (B, H, sq, d), dtype)
+    kc, vc = draw(rng, (nb, hk, bs, d), dtype), draw(rng, (nb, hk, bs, d), dtype)
+    table = rng.permutation(nb)[: B * blocks].reshape(B, 1, blocks, 1)
+    lens_q, lens_kv = [sq, max(1, sq // 2)], [skv, 100]
+    kd = np.stack([np.concatenate([kc[table[b, 0, j, 0]] for j in range(blocks)], axis=1) for b in range(B)])
+    vd = np.stack([np.concatenate([vc[table[b, 0, j, 0]] for j in range(blocks)], axis=1) for b in range(B)])
+    kw = {"causal": True, "diagonal_alignment": "bottom_right"} if causal else {}
+    keep = keep_matrix(sq, skv, causal=causal, align="bottom_right", lens_q=lens_q, lens_kv=lens_kv)
+    o_ref, lse_ref, _ = reference(q, kd, vd, np.zeros((B, H, sq, d)), scale=1 / math.sqrt(d), keep=keep)
+    g = Graph()
+    qt = g.tensor(q.shape, dtype=dtype)
+    kt, vt = g.tensor(kc.shape, dtype=dtype), g.tensor(vc.shape, dtype=dtype)
+    ptk, ptv = (g.tensor((B, 1, blocks, 1), dtype="int32") for _ in range(2))
+    lq, lkv = (g.tensor((B, 1, 1, 1), dtype="int32") for _ in range(2))
+    r = g.sdpa_forward(qt, kt, vt, page_table_k=ptk, page_table_v=ptv, seq_len_q=lq, seq_len_kv=lkv, **kw)
+    o, st = g.mark_output(r.o), g.mark_output(r.stats)
+    vals = {qt: q, kt: kc, vt: vc, ptk: table, ptv: table, lq: np.array(lens_q).reshape(B, 1, 1, 1),
+            lkv: np.array(lens_kv).reshape(B, 1, 1, 1)}  # fmt: skip
+    outs = {o: nan_like(dev, o), st: nan_like(dev, st)}
+    g.execute({**{t: put(dev, a, t) for t, a in vals.items()}, **outs})
+
+    def rows(a):
+        return np.concatenate([a[b, :, : lens_q[b]].ravel() for b in range(B)])
+
+    assert rel(rows(got(dev, outs[o])), rows(o_ref)) < TOL[dtype]
+    assert rel(rows(got(dev, outs[st])), rows(lse_ref)) < TOL[dtype]

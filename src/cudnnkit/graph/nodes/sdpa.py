@@ -86,6 +86,18 @@ class _Variant:
         return self.seq_len_q is not None
 
 
+class _Cache(NamedTuple):
+    """A paged cache's logical ``(B, H, S_kv, D)`` (what the shape checks read in place of k or v)."""
+
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.dims)
+
+
 def _bound(v, role: str, minimum: int) -> int | None:
     if v is None:
         return None
@@ -273,10 +285,10 @@ class SdpaNodes:
 
     def _sdpa_common(
         self, q, k, v, scale, causal, left_bound, right_bound, implementation, dropout, *, diagonal_alignment,
-        seq_len_q, seq_len_kv, bias, alibi_slopes, softcap, sink=None,
+        seq_len_q, seq_len_kv, bias, alibi_slopes, softcap, sink=None, paged=None,
     ):  # fmt: skip
         q, k, v = self._own(q, "q"), self._own(k, "k"), self._own(v, "v")
-        shape = self._sdpa_check(q, k, v)
+        shape = self._sdpa_check(q, *(paged or (k, v)))
         b, h, sq, d, hk, hv, skv, dv = shape
         if not isinstance(implementation, str) or implementation not in ("composite", "unified"):
             raise GraphError(f"implementation must be 'composite' or 'unified', got {implementation!r}")
@@ -309,7 +321,7 @@ class SdpaNodes:
         )  # fmt: skip
         if implementation == "unified" and (lb is not None or rb is not None or sql is not None or p or bias is not None
                                             or alibi_slopes is not None or softcap is not None
-                                            or sink is not None):  # fmt: skip
+                                            or sink is not None or paged is not None):  # fmt: skip
             raise GraphError(
                 "the unified SDPA operation of cuDNN 9.19 takes no mask or dropout (nor bias or a score modifier) "
                 "(cuDNN 9.21 adds them); use implementation='composite'"
@@ -323,6 +335,43 @@ class SdpaNodes:
         if seed is None or offset is None:
             raise GraphError("dropout needs seed= and offset= (one-element int64 device tensors)")
         return self.rng(dims, seed=seed, offset=offset, probability=1.0 - p, name="dropout_mask")
+
+    def _paged_check(self, q, k, v, pt_k, pt_v, max_seq_len_kv, seq_len_q, seq_len_kv) -> tuple | None:
+        """Paged k/v caches (cudnn-frontend's ``paged_cache_load``): ``k`` and ``v`` the containers
+        ``(num_blocks, H_kv, block_size, D)``, each page table an int32 ``(B, 1, ceil(S_kv / block_size), 1)``
+        tensor of block indices; ``S_kv`` is ``max_seq_len_kv`` or the tables' blocks times the block size (the
+        smaller of k's and v's). Returns the caches' logical shapes for the checks, or None (not paged)."""
+        if pt_k is None and pt_v is None:
+            if max_seq_len_kv is not None:
+                raise GraphError("max_seq_len_kv is for paged caches (page_table_k=, page_table_v=)")
+            return None
+        if pt_k is None or pt_v is None:
+            raise GraphError("paged attention needs both page_table_k= and page_table_v=")
+        if seq_len_q is None or seq_len_kv is None:
+            raise GraphError("paged caches need seq_len_q= and seq_len_kv= (cuDNN reads them through a padding mask)")
+        q, k, v = self._own(q, "q"), self._own(k, "k"), self._own(v, "v")
+        pts = self._own(pt_k, "page_table_k"), self._own(pt_v, "page_table_v")
+        b = q.dims[0] if q.ndim == 4 else 0
+        for role, c in (("k", k), ("v", v)):
+            if c.ndim != 4:
+                raise GraphError(f"{role} (a paged cache) must be 4-d (num_blocks, H_kv, block_size, D), got {c.dims}")
+        sizes = []
+        for role, pt, c in (("page_table_k", pts[0], k), ("page_table_v", pts[1], v)):
+            if pt.ndim != 4 or pt.dims[0] != b or pt.dims[1] != 1 or pt.dims[3] != 1 or pt.dtype != "int32":
+                raise GraphError(f"{role} must be an int32 (B, 1, blocks, 1) tensor with B = {b}, got {pt.dtype} "
+                                 f"{pt.dims}")  # fmt: skip
+            sizes.append(pt.dims[2] * c.dims[2])
+        skv = min(sizes) if max_seq_len_kv is None else max_seq_len_kv
+        if not isinstance(skv, int) or isinstance(skv, bool) or skv < 1:
+            raise GraphError(f"max_seq_len_kv must be a positive int, got {max_seq_len_kv!r}")
+        for role, pt, c in (("page_table_k", pts[0], k), ("page_table_v", pts[1], v)):
+            if -(-skv // c.dims[2]) != pt.dims[2]:
+                raise GraphError(f"{role} has {pt.dims[2]} blocks for S_kv = {skv} with blocks of {c.dims[2]}: it "
+                                 f"needs ceil(S_kv / block_size) = {-(-skv // c.dims[2])}")  # fmt: skip
+        return (
+            _Cache((b, k.dims[1], skv, k.dims[3]), (0, 0, k.dims[3], 1), k.dtype),
+            _Cache((b, v.dims[1], skv, v.dims[3]), (0, 0, v.dims[3], 1), v.dtype),
+        )
 
     # ------------------------------------------------------------- forward
 
@@ -343,6 +392,9 @@ class SdpaNodes:
         alibi_slopes: Tensor | None = None,
         softcap: float | None = None,
         sink: Tensor | None = None,
+        page_table_k: Tensor | None = None,
+        page_table_v: Tensor | None = None,
+        max_seq_len_kv: int | None = None,
         dropout: float = 0.0,
         seed: Tensor | None = None,
         offset: Tensor | None = None,
@@ -369,7 +421,11 @@ class SdpaNodes:
         float32 ``(1, H, 1, 1)`` tensor, ``slope[h] * (col - row)`` added (needs ``causal``); ``softcap`` a
         number ``c``: ``c * tanh(s / c)`` (alone: no mask, ALiBi or padding). ``sink`` (attention sinks) a
         float32 ``(1, H, 1, 1)`` tensor: one more logit per row and head in the softmax's max and sum, with no
-        value (``S_q > 1``). ``dropout`` (probability of
+        value (``S_q > 1``). Paged key/value caches (decode, chunked prefill; the forward only):
+        ``page_table_k``/``page_table_v`` int32 ``(B, 1, blocks, 1)`` tensors of block indices into ``k`` and
+        ``v``, then the containers ``(num_blocks, Hk, block_size, D)`` and ``(num_blocks, Hv, block_size, Dv)``;
+        ``Skv`` is ``max_seq_len_kv`` or blocks times block size; they need ``seq_len_q``/``seq_len_kv``
+        (``OPERATION_PAGED_CACHE_LOAD`` into K^T and V, as cudnn-frontend). ``dropout`` (probability of
         dropping) needs ``seed``/``offset`` (one-element int64 device tensors; the same pair replays the same
         mask). cuDNN 9.19's refusals are raised here as :class:`GraphError`: bottom-right causal with ``Sq >
         Skv`` (no padding) or with bias, ALiBi or dropout; a left bound with ``Sq > Skv`` (no padding).
@@ -387,10 +443,11 @@ class SdpaNodes:
         """
         if o_strides is not None:
             o_strides = as_ints(o_strides, "o_strides")
+        paged = self._paged_check(q, k, v, page_table_k, page_table_v, max_seq_len_kv, seq_len_q, seq_len_kv)
         q, k, v, ov = self._sdpa_common(
             q, k, v, scale, causal, left_bound, right_bound, implementation, dropout,
             diagonal_alignment=diagonal_alignment, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, bias=bias,
-            alibi_slopes=alibi_slopes, softcap=softcap, sink=sink,
+            alibi_slopes=alibi_slopes, softcap=softcap, sink=sink, paged=paged,
         )  # fmt: skip
         b, h, sq, skv, d, dv, hk = ov.b, ov.h, ov.sq, ov.skv, ov.d, ov.dv, ov.hk
         odims = (b, h, sq, dv)
@@ -413,9 +470,15 @@ class SdpaNodes:
             return SdpaForward(o, st if stats else None)
         p = ov.dropout
         mask = self._dropout_mask((b, h, sq, skv), p, seed, offset) if p else None  # checked before any node
-        self._describe_as(k, (b, hk, d, skv), (k.strides[0], k.strides[1], k.strides[3], k.strides[2]), "k")
-        s = self._mm(q, k, (b, h, sq, skv), name="qk", m=ov.seq_len_q, n=ov.seq_len_kv)
-        self._view_nodes.add(len(self._nodes) - 1)
+        if paged is not None:  # cudnn-frontend's paged caches: K^T (BHDS) and V (BHSD) loaded through the tables
+            kt = self.tensor((b, hk, d, skv), (d * skv * hk, d * skv, 1, d), k.dtype, virtual=True, name="k_cache")
+            self._add("paged_cache_load", {}, {"container": k, "page_table": self._own(page_table_k, "page_table_k"),
+                                               "seq_len": ov.seq_len_kv}, {"y": kt})  # fmt: skip
+            s = self._mm(q, kt, (b, h, sq, skv), name="qk", m=ov.seq_len_q, n=ov.seq_len_kv)
+        else:
+            self._describe_as(k, (b, hk, d, skv), (k.strides[0], k.strides[1], k.strides[3], k.strides[2]), "k")
+            s = self._mm(q, k, (b, h, sq, skv), name="qk", m=ov.seq_len_q, n=ov.seq_len_kv)
+            self._view_nodes.add(len(self._nodes) - 1)
         s = self._pw("MUL", s, ov.scale, name="scaled")
         s = self._band(self._modify(s, ov, {}), ov)
         row = (b, h, sq, 1)
@@ -445,6 +508,12 @@ class SdpaNodes:
             )
         else:
             pr = self._retype(pr, q.dtype)
+        if paged is not None:
+            hv = ov.hv
+            vc = self.tensor((b, hv, skv, dv), (dv * skv * hv, dv * skv, dv, 1), v.dtype, virtual=True, name="v_cache")
+            self._add("paged_cache_load", {}, {"container": v, "page_table": self._own(page_table_v, "page_table_v"),
+                                               "seq_len": ov.seq_len_kv}, {"y": vc})  # fmt: skip
+            v = vc
         self._mm(pr, v, odims, out=o, m=ov.seq_len_q, k=ov.seq_len_kv)
         return SdpaForward(o, st if stats else None)
 
@@ -649,5 +718,17 @@ def lower_sdpa(n: Node, tds: dict[int, BackendDescriptor]) -> tuple[BackendDescr
     return op.finalize(), None
 
 
+def lower_paged_cache_load(n: Node, tds: dict[int, BackendDescriptor]) -> tuple[BackendDescriptor, None]:
+    """``OPERATION_PAGED_CACHE_LOAD`` (container, page table, sequence lengths, Y), as cudnn-frontend's
+    ``PagedCacheLoadNode``."""
+    ins, outs = dict(n.inputs), dict(n.outputs)
+    op = BackendDescriptor("CUDNN_BACKEND_OPERATION_PAGED_CACHE_LOAD_DESCRIPTOR")
+    op.set("CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_CONTAINER_DESC", tds[ins["container"]])
+    op.set("CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_PAGE_TABLE_DESC", tds[ins["page_table"]])
+    op.set("CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_SEQUENCE_DESC", tds[ins["seq_len"]])
+    op.set("CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_YDESC", tds[outs["y"]])
+    return op.finalize(), None
+
+
 #: node kind -> its lowering
-LOWER = {"sdpa_fwd": lower_sdpa, "sdpa_bwd": lower_sdpa}
+LOWER = {"sdpa_fwd": lower_sdpa, "sdpa_bwd": lower_sdpa, "paged_cache_load": lower_paged_cache_load}

@@ -1089,3 +1089,42 @@ def test_paged_pattern_computes_the_reference():
     o_ref, lse_ref, _ = gpu.reference(qa, kd, vd, np.zeros((b, h, sq, d)), scale=1 / math.sqrt(d), keep=keep)
     assert np.allclose(_valid(val[r.o.uid], lens_q), _valid(o_ref, lens_q), rtol=1e-9)
     assert np.allclose(_valid(val[r.stats.uid], lens_q), _valid(lse_ref, lens_q), rtol=1e-9)
+
+
+def test_l2_paged_forward_and_refusals(fake_fixture, plans_fixture):
+    built, runs, _ = plans_fixture
+    fake = fake_fixture
+    q = _arr(fake, (2, 4, 1, 64))
+    kc, vc = _arr(fake, (16, 2, 64, 64)), _arr(fake, (16, 2, 64, 64))
+    ptk, ptv = _arr(fake, (2, 4), "int32"), _arr(fake, (2, 4), "int32")
+    lq, lkv = _arr(fake, (2,), "int32"), _arr(fake, (2,), "int32")
+    kw = dict(page_table_k=ptk, page_table_v=ptv, seq_len_q=lq, seq_len_kv=lkv, enable_gqa=True)
+    o, st = ops.attention_forward(q, kc, vc, **kw)
+    assert o.shape == (2, 4, 1, 64) and st.shape == (2, 4, 1, 1)
+    g = built[-1]
+    t = _named(g)
+    assert t["page_table_k"].dims == (2, 1, 4, 1) and t["k"].dims == (16, 2, 64, 64)
+    loads = [n for n in g.nodes() if n.kind == "paged_cache_load"]
+    assert [g._tensors[dict(n.outputs)["y"]].dims for n in loads] == [(2, 2, 64, 256), (2, 2, 256, 64)]
+    assert runs[-1]["page_table_k"][1] == ptk.ptr and runs[-1]["k"][1] == kc.ptr
+    ops.attention_forward(q, kc, vc, max_seq_len_kv=200, **kw)
+    assert [g_.dims for g_ in built[-1].tensors() if g_.name == "k_cache"] == [(2, 2, 64, 200)]
+    n = len(built)
+    with pytest.raises(ValueError, match="paged caches need seq_len_q= and seq_len_kv="):
+        ops.attention_forward(q, kc, vc, page_table_k=ptk, page_table_v=ptv, enable_gqa=True)
+    with pytest.raises(ValueError, match="page_table_k has 4 blocks for S_kv = 100"):
+        ops.attention_forward(q, kc, vc, max_seq_len_kv=100, **kw)
+    with pytest.raises(TypeError, match="page_table_v has dtype int64"):
+        ops.attention_forward(q, kc, vc, **{**kw, "page_table_v": _arr(fake, (2, 4), "int64")})
+    with pytest.raises(ValueError, match=r"page_table_v must be an int32 device array of shape \(B, blocks\)"):
+        ops.attention_forward(q, kc, vc, **{**kw, "page_table_v": _arr(fake, (3, 4), "int32")})
+    with pytest.raises(ValueError, match="max_seq_len_kv is for paged caches"):
+        ops.attention_forward(q, _arr(fake, (2, 4, 64, 64)), _arr(fake, (2, 4, 64, 64)), max_seq_len_kv=64)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'page_table_k'"):  # no paged backward
+        ops.attention_backward(q, kc, vc, o, _arr(fake, (2, 4, 1, 64)), st, **kw)
+    with pytest.raises(ValueError, match="are for attention_forward"):  # the primitive itself refuses them too
+        from cudnnkit.ops._primitive import run
+
+        run(L3.A.SDPA_BACKWARD, {"q": q, "k": kc, "v": vc, "o": o, "do": _arr(fake, (2, 4, 1, 64)), "stats": st,
+                                 "page_table_k": ptk, "page_table_v": ptv})  # fmt: skip
+    assert len(built) == n

@@ -46,7 +46,17 @@ def _bshd_strides(b, h, s, d):
 def test_the_primitives_and_the_declaration_are_registered():
     fwd, bwd = REGISTRY["sdpa_forward"], REGISTRY["sdpa_backward"]
     assert fwd.forms == ("graph",) and bwd.forms == ("graph",)  # graph-only: no legacy attention in cuDNN
-    variants = ["attn_mask", "seq_len_q", "seq_len_kv", "alibi_slopes", "seed", "offset", "sink"]  # issue 17
+    variants = [
+        "attn_mask",
+        "seq_len_q",
+        "seq_len_kv",
+        "alibi_slopes",
+        "seed",
+        "offset",
+        "sink",
+        "page_table_k",
+        "page_table_v",
+    ]  # optional (issue 17)
     assert [op.name for op in fwd.inputs] == ["q", "k", "v", *variants]
     assert [o.name for o in fwd.outputs] == ["out", "stats"]
     assert [op.name for op in bwd.inputs] == ["q", "k", "v", "o", "do", "stats", *variants]

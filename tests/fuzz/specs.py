@@ -3276,6 +3276,7 @@ _SDPA_VARIANT_ROLES = {
     "alibi_slopes": Role("in", ("float32",), None, required=False, fixed_dtype=True),
     **{n: Role("in", ("int64",), None, required=False, fixed_dtype=True) for n in ("seed", "offset")},
     "sink": Role("in", ("float32",), None, required=False, fixed_dtype=True),
+    **{n: Role("in", ("int32",), None, required=False, fixed_dtype=True) for n in ("page_table_k", "page_table_v")},
 }
 _SDPA_FWD_ROLES = {
     "q": _in(_SDPA_H),

@@ -45,10 +45,11 @@ arrays' library and bound, which the plan's checked ``execute`` takes (its point
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from ..graph.checks import dense_like
-from ..graph.nodes.sdpa import ALIGNMENTS, MAX_HEAD_DIM, resolve_variant
+from ..graph.nodes.sdpa import ALIGNMENTS, MAX_HEAD_DIM, paged_kv_length, resolve_variant
 from ..runtime.arrays import contiguous_strides, is_dense
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import check_dtype, check_scalar
@@ -66,7 +67,17 @@ _FAMILY = "sdpa"
 #: the head dims cuDNN's fused attention takes: multiples of 8 (16-byte rows of a half type) up to this
 _MAX_D = MAX_HEAD_DIM
 #: the optional operands of the attention variants (absent for sdpa_forward/sdpa_backward)
-_VARIANT_ARRAYS = ("attn_mask", "seq_len_q", "seq_len_kv", "alibi_slopes", "seed", "offset", "sink")
+_VARIANT_ARRAYS = (
+    "attn_mask",
+    "seq_len_q",
+    "seq_len_kv",
+    "alibi_slopes",
+    "seed",
+    "offset",
+    "sink",
+    "page_table_k",
+    "page_table_v",
+)
 #: this module's keywords -> the names the L2 attention functions take (torch's where torch has one)
 _TORCH_NAMES = {"causal": "is_causal", "dropout": "dropout_p", "bias": "attn_mask"}
 
@@ -163,8 +174,34 @@ def _options(kw: Any, d: int) -> tuple[float, bool]:
     return float(scale), causal
 
 
-def _fwd_resolve(views: Any, kw: Any) -> _Sdpa:
+def _paged(views: Any, kw: Any) -> tuple[Any, Any]:
+    """k and v as the shape checks see them: themselves, or with page tables the caches the tables address,
+    ``(B, H_kv, S_kv, D)`` (``S_kv`` by :func:`~cudnnkit.graph.nodes.sdpa.paged_kv_length`)."""
     vq, vk, vv = views["q"], views["k"], views["v"]
+    tables = [views.get("page_table_k"), views.get("page_table_v")]
+    if tables == [None, None]:
+        if kw.get("max_seq_len_kv") is not None:
+            raise ValueError("max_seq_len_kv is for paged caches (page_table_k=, page_table_v=)")
+        return vk, vv
+    if vq.ndim != 4 or vk.ndim != 4 or vv.ndim != 4:
+        raise ValueError(f"q must be 4-d and k, v paged caches (num_blocks, H_kv, block_size, D), got shapes "
+                         f"{tuple(vq.shape)}, {tuple(vk.shape)}, {tuple(vv.shape)}")  # fmt: skip
+    b = vq.shape[0]
+    dims = []
+    for name, t in zip(("page_table_k", "page_table_v"), tables):
+        if t is not None and (t.dtype != "int32" or t.ndim not in (2, 4) or t.shape[0] != b):
+            raise ValueError(f"{name} must be an int32 device array of shape (B, blocks) or (B, 1, blocks, 1) with "
+                             f"B = {b}, got {t.dtype} {tuple(t.shape)}")  # fmt: skip
+        dims.append(None if t is None else (b, 1, t.shape[1], 1) if t.ndim == 2 else tuple(t.shape))
+    lengths = views.get("seq_len_q") is not None and views.get("seq_len_kv") is not None
+    skv = paged_kv_length(b, tuple(vk.shape), tuple(vv.shape), *dims, kw.get("max_seq_len_kv"), lengths)
+    return (SimpleNamespace(ndim=4, shape=(b, vk.shape[1], skv, vk.shape[3]), dtype=vk.dtype),
+            SimpleNamespace(ndim=4, shape=(b, vv.shape[1], skv, vv.shape[3]), dtype=vv.dtype))  # fmt: skip
+
+
+def _fwd_resolve(views: Any, kw: Any) -> _Sdpa:
+    vq = views["q"]
+    vk, vv = _paged(views, kw)
     _check_qkv(vq, vk, vv, kw.get("enable_gqa"))
     scale, causal = _options(kw, vq.shape[3])
     o_shape = tuple(vq.shape[:3]) + (vv.shape[3],)
@@ -241,6 +278,9 @@ def _variant(views: Any, kw: Any, r: _Sdpa) -> _Sdpa:
 
 
 def _bwd_resolve(views: Any, kw: Any) -> _Sdpa:
+    if views.get("page_table_k") is not None or views.get("page_table_v") is not None:
+        raise ValueError("page_table_k/page_table_v are for attention_forward: cuDNN's paged attention has no "
+                         "backward (inference: decode and chunked prefill)")  # fmt: skip
     r = _fwd_resolve(views, kw)
     for name in ("o", "do"):
         x = views[name]
@@ -295,6 +335,11 @@ def _variant_inputs(bd: Any, c: Any) -> dict[str, Any]:
             kw[n] = bd.tensor(n, (1, 1, 1, 1), (1, 1, 1, 1), "int64")
     if views.get("sink") is not None:
         kw["sink"] = bd.tensor("sink", (1, h, 1, 1), (h, 1, 1, 1), "float32")
+    if views.get("page_table_k") is not None:
+        for n in ("page_table_k", "page_table_v"):
+            blocks = views[n].shape[1] if views[n].ndim == 2 else views[n].shape[2]
+            kw[n] = bd.tensor(n, (b, 1, blocks, 1), (blocks, blocks, 1, 1), "int32")
+        kw["max_seq_len_kv"] = r.k[2]
     return kw
 
 
@@ -383,6 +428,8 @@ def _variant_operands() -> tuple[Operand, ...]:
         Operand("seed", ("int64",), optional=True, packed=True),
         Operand("offset", ("int64",), optional=True, packed=True),
         Operand("sink", ("float32",), optional=True, packed=True),
+        Operand("page_table_k", ("int32",), optional=True, packed=True),
+        Operand("page_table_v", ("int32",), optional=True, packed=True),
     )
 
 
@@ -487,9 +534,11 @@ _VARIANT_DOC = """
     with ``S_q > S_kv`` and no lengths; ALiBi without ``is_causal``; a softcap with a mask, ALiBi or lengths)."""
 
 
-def _attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset, sink) -> dict[str, Any]:
+def _attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset, sink, page_table_k=None,
+                      page_table_v=None) -> dict[str, Any]:  # fmt: skip
     return {"attn_mask": attn_mask, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "alibi_slopes": alibi_slopes,
-            "seed": seed, "offset": offset, "sink": sink}  # fmt: skip
+            "seed": seed, "offset": offset, "sink": sink, "page_table_k": page_table_k,
+            "page_table_v": page_table_v}  # fmt: skip
 
 
 def _flag(v: Any, name: str) -> bool:
@@ -505,21 +554,26 @@ def attention_forward(q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_
                       diagonal_alignment: str = "top_left", left_bound: int | None = None,
                       right_bound: int | None = None, seq_len_q: Any = None, seq_len_kv: Any = None,
                       alibi_slopes: Any = None, softcap: float | None = None, seed: Any = None, offset: Any = None,
-                      sink: Any = None, out: Any = None, stream: Any = None) -> tuple[Any, Any]:  # fmt: skip
+                      sink: Any = None, page_table_k: Any = None, page_table_v: Any = None,
+                      max_seq_len_kv: int | None = None, out: Any = None,
+                      stream: Any = None) -> tuple[Any, Any]:  # fmt: skip
     """Attention forward with every variant cuDNN 9.19 runs: ``(o, stats)``, ``o = softmax(mask(modify(scale *
     q @ k^T))) @ v`` ``(B, H, S_q, D_v)`` in q's dtype and dim order, ``stats`` the float32 log-sum-exp
     ``(B, H, S_q, 1)`` of each row (what :func:`attention_backward` reads). ``q`` ``(B, H, S_q, D)``, ``k``
     ``(B, H_kv, S_kv, D)``, ``v`` ``(B, H_kv, S_kv, D_v)``, float16 or bfloat16. ``out=``: ``(o, stats)``, each
     an array or None. The same primitive as :func:`sdpa_forward` (one graph per call signature, cached by
-    shape class: the op-level plan cache): :meth:`cudnnkit.graph.Graph.sdpa_forward`'s pattern.
+    shape class: the op-level plan cache): :meth:`cudnnkit.graph.Graph.sdpa_forward`'s pattern. Paged key/value
+    caches (decode, chunked prefill): ``page_table_k``/``page_table_v`` int32 ``(B, blocks)`` (or ``(B, 1,
+    blocks, 1)``) block indices into ``k``/``v``, then containers ``(num_blocks, H_kv, block_size, D)``;
+    ``S_kv`` is ``max_seq_len_kv`` or blocks times block size; they need ``seq_len_q``/``seq_len_kv``.
     """
     o, st = split_out("attention_forward", out, {"out": None, "stats": None})
     arrays = {"q": q, "k": k, "v": v, **_attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed,
-                                                            offset, sink)}  # fmt: skip
+                                                            offset, sink, page_table_k, page_table_v)}  # fmt: skip
     return run(SDPA_FORWARD, arrays, stream=stream, out=o, stats=st, scale=scale,
                causal=_flag(is_causal, "is_causal"), enable_gqa=_flag(enable_gqa, "enable_gqa"),
                dropout=dropout_p, diagonal_alignment=diagonal_alignment, left_bound=left_bound,
-               right_bound=right_bound, softcap=softcap)  # fmt: skip
+               right_bound=right_bound, softcap=softcap, max_seq_len_kv=max_seq_len_kv)  # fmt: skip
 
 
 def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, attn_mask: Any = None,

@@ -169,6 +169,33 @@ def resolve_variant(
     return left_bound, right_bound, bottom_right, p, softcap
 
 
+def paged_kv_length(b, k_dims, v_dims, table_k, table_v, max_seq_len_kv, lengths: bool) -> int:
+    """``S_kv`` of paged caches, checked (cudnn-frontend's rules): ``k``/``v`` containers ``(num_blocks, H_kv,
+    block_size, D)``, page tables ``(B, 1, blocks, 1)`` (dims given here; int32 checked by the caller) with
+    ``blocks = ceil(S_kv / block_size)``; ``S_kv`` is ``max_seq_len_kv`` or the smaller of the tables' blocks
+    times their block size; the sequence lengths (a padding mask) are required. :class:`GraphError` otherwise."""
+    if table_k is None or table_v is None:
+        raise GraphError("paged attention needs both page_table_k= and page_table_v=")
+    if not lengths:
+        raise GraphError("paged caches need seq_len_q= and seq_len_kv= (cuDNN reads them through a padding mask)")
+    for role, c in (("k", k_dims), ("v", v_dims)):
+        if len(c) != 4:
+            raise GraphError(f"{role} (a paged cache) must be 4-d (num_blocks, H_kv, block_size, D), got {c}")
+    sizes = []
+    for role, t, c in (("page_table_k", table_k, k_dims), ("page_table_v", table_v, v_dims)):
+        if len(t) != 4 or t[0] != b or t[1] != 1 or t[3] != 1:
+            raise GraphError(f"{role} must be (B, 1, blocks, 1) with B = {b}, got {tuple(t)}")
+        sizes.append(t[2] * c[2])
+    skv = min(sizes) if max_seq_len_kv is None else max_seq_len_kv
+    if not isinstance(skv, int) or isinstance(skv, bool) or skv < 1:
+        raise GraphError(f"max_seq_len_kv must be a positive int, got {max_seq_len_kv!r}")
+    for role, t, c in (("page_table_k", table_k, k_dims), ("page_table_v", table_v, v_dims)):
+        if -(-skv // c[2]) != t[2]:
+            raise GraphError(f"{role} has {t[2]} blocks for S_kv = {skv} with blocks of {c[2]}: it needs "
+                             f"ceil(S_kv / block_size) = {-(-skv // c[2])}")  # fmt: skip
+    return skv
+
+
 class SdpaNodes:
     """The :class:`~cudnnkit.graph.Graph` methods that add attention (and its helpers)."""
 
@@ -337,40 +364,22 @@ class SdpaNodes:
         return self.rng(dims, seed=seed, offset=offset, probability=1.0 - p, name="dropout_mask")
 
     def _paged_check(self, q, k, v, pt_k, pt_v, max_seq_len_kv, seq_len_q, seq_len_kv) -> tuple | None:
-        """Paged k/v caches (cudnn-frontend's ``paged_cache_load``): ``k`` and ``v`` the containers
-        ``(num_blocks, H_kv, block_size, D)``, each page table an int32 ``(B, 1, ceil(S_kv / block_size), 1)``
-        tensor of block indices; ``S_kv`` is ``max_seq_len_kv`` or the tables' blocks times the block size (the
-        smaller of k's and v's). Returns the caches' logical shapes for the checks, or None (not paged)."""
+        """Paged k/v caches (cudnn-frontend's ``paged_cache_load``): the caches' logical shapes for the checks,
+        or None (not paged); the rules of :func:`paged_kv_length`."""
         if pt_k is None and pt_v is None:
             if max_seq_len_kv is not None:
                 raise GraphError("max_seq_len_kv is for paged caches (page_table_k=, page_table_v=)")
             return None
-        if pt_k is None or pt_v is None:
-            raise GraphError("paged attention needs both page_table_k= and page_table_v=")
-        if seq_len_q is None or seq_len_kv is None:
-            raise GraphError("paged caches need seq_len_q= and seq_len_kv= (cuDNN reads them through a padding mask)")
         q, k, v = self._own(q, "q"), self._own(k, "k"), self._own(v, "v")
-        pts = self._own(pt_k, "page_table_k"), self._own(pt_v, "page_table_v")
-        b = q.dims[0] if q.ndim == 4 else 0
-        for role, c in (("k", k), ("v", v)):
-            if c.ndim != 4:
-                raise GraphError(f"{role} (a paged cache) must be 4-d (num_blocks, H_kv, block_size, D), got {c.dims}")
-        sizes = []
-        for role, pt, c in (("page_table_k", pts[0], k), ("page_table_v", pts[1], v)):
-            if pt.ndim != 4 or pt.dims[0] != b or pt.dims[1] != 1 or pt.dims[3] != 1 or pt.dtype != "int32":
-                raise GraphError(f"{role} must be an int32 (B, 1, blocks, 1) tensor with B = {b}, got {pt.dtype} "
-                                 f"{pt.dims}")  # fmt: skip
-            sizes.append(pt.dims[2] * c.dims[2])
-        skv = min(sizes) if max_seq_len_kv is None else max_seq_len_kv
-        if not isinstance(skv, int) or isinstance(skv, bool) or skv < 1:
-            raise GraphError(f"max_seq_len_kv must be a positive int, got {max_seq_len_kv!r}")
-        for role, pt, c in (("page_table_k", pts[0], k), ("page_table_v", pts[1], v)):
-            if -(-skv // c.dims[2]) != pt.dims[2]:
-                raise GraphError(f"{role} has {pt.dims[2]} blocks for S_kv = {skv} with blocks of {c.dims[2]}: it "
-                                 f"needs ceil(S_kv / block_size) = {-(-skv // c.dims[2])}")  # fmt: skip
+        tables = [None if t is None else self._own(t, n) for t, n in ((pt_k, "page_table_k"), (pt_v, "page_table_v"))]
+        for t, n in zip(tables, ("page_table_k", "page_table_v")):
+            if t is not None and t.dtype != "int32":
+                raise GraphError(f"{n} must be int32, got {t.dtype}")
+        skv = paged_kv_length(q.dims[0], k.dims, v.dims, *(None if t is None else t.dims for t in tables),
+                              max_seq_len_kv, seq_len_q is not None and seq_len_kv is not None)  # fmt: skip
         return (
-            _Cache((b, k.dims[1], skv, k.dims[3]), (0, 0, k.dims[3], 1), k.dtype),
-            _Cache((b, v.dims[1], skv, v.dims[3]), (0, 0, v.dims[3], 1), v.dtype),
+            _Cache((q.dims[0], k.dims[1], skv, k.dims[3]), (0, 0, k.dims[3], 1), k.dtype),
+            _Cache((q.dims[0], v.dims[1], skv, v.dims[3]), (0, 0, v.dims[3], 1), v.dtype),
         )
 
     # ------------------------------------------------------------- forward

@@ -380,6 +380,7 @@ def test_backward_dropout_replays_the_mask():
     for t in r:
         g.mark_output(t)
     (rng,) = [n for n in g.nodes() if n.kind == "rng"]
+    assert g.nodes()[0] is rng  # cudnn-frontend's backward makes the RNG node first
     mask = dict(rng.outputs)["y"]
     readers = [n.attr("mode") for n in g.nodes() if n.kind == "pointwise" and mask in dict(n.inputs).values()]
     assert readers == ["MUL", "MUL"]  # P and dP, one mask
@@ -1128,3 +1129,13 @@ def test_l2_paged_forward_and_refusals(fake_fixture, plans_fixture):
         run(L3.A.SDPA_BACKWARD, {"q": q, "k": kc, "v": vc, "o": o, "do": _arr(fake, (2, 4, 1, 64)), "stats": st,
                                  "page_table_k": ptk, "page_table_v": ptv})  # fmt: skip
     assert len(built) == n
+
+
+def test_forward_dropout_in_frontend_order():
+    g = Graph()
+    q, k, v = qkv(g)
+    seed, off = g.tensor((1, 1, 1, 1), dtype="int64"), g.tensor((1, 1, 1, 1), dtype="int64")
+    r = g.sdpa_forward(q, k, v, dropout=0.1, seed=seed, offset=off)
+    steps = [n.kind if n.kind != "pointwise" else n.attr("mode") for n in g.nodes()]
+    assert steps[-5:] == ["DIV", "rng", "MUL", "MUL", "matmul"]  # softmax, the mask, its scale, P @ v
+    assert r.o.dtype == "bfloat16"

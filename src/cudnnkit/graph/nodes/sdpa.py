@@ -478,7 +478,8 @@ class SdpaNodes:
             self._add("sdpa_fwd", {}, {"q": q, "k": k, "v": v, "scale": ov.scale}, {"o": o, "stats": st})
             return SdpaForward(o, st if stats else None)
         p = ov.dropout
-        mask = self._dropout_mask((b, h, sq, skv), p, seed, offset) if p else None  # checked before any node
+        if p and (seed is None or offset is None):  # checked before any node; the RNG node follows the softmax
+            self._dropout_mask((b, h, sq, skv), p, seed, offset)
         if paged is not None:  # cudnn-frontend's paged caches: K^T (BHDS) and V (BHSD) loaded through the tables
             kt = self.tensor((b, hk, d, skv), (d * skv * hk, d * skv, 1, d), k.dtype, virtual=True, name="k_cache")
             self._add("paged_cache_load", {}, {"container": k, "page_table": self._own(page_table_k, "page_table_k"),
@@ -506,8 +507,8 @@ class SdpaNodes:
             sm = self._red(e, row, name="row_sum")
         self._pw("ADD", mx, self._pw("LOG", sm, name="log_sum"), out=st)
         pr = self._pw("DIV", e, sm, name="probs")
-        if p:
-            pr = self._pw("MUL", pr, mask, name="dropped")
+        if p:  # cudnn-frontend's order: the RNG node after the softmax, then MUL by the mask and the scale
+            pr = self._pw("MUL", pr, self._dropout_mask((b, h, sq, skv), p, seed, offset), name="dropped")
             pr = self._pw(
                 "MUL",
                 pr,
@@ -614,7 +615,8 @@ class SdpaNodes:
             raise GraphError(f"stats must be float32 {(b, h, sq, 1)}, got {stats.dtype} {stats.dims}")
         base = name or "sdpa_bwd"
         p = ov.dropout
-        mask = self._dropout_mask((b, h, sq, skv), p, seed, offset) if p else None  # checked before any node
+        # cudnn-frontend's backward makes the RNG node first (one mask for P and dP)
+        mask = self._dropout_mask((b, h, sq, skv), p, seed, offset) if p else None
 
         def grad(t: Tensor, strides, role: str) -> Tensor:
             return self.tensor(

@@ -67,6 +67,11 @@ class Row:
     set for memory-bound ops; ``flops`` is the op's floating-point operation
     count and is set for compute-bound ops. Both callables run on torch's
     current stream and must not synchronize.
+
+    ``sync``, for callables whose work is queued where torch's events do not see it (JAX: XLA's own stream, and
+    asynchronous dispatch), waits until the work behind a callable's return value is done (``jax.block_until_ready``);
+    both sides are then timed by the host clock around ``fn()`` and ``sync(result)`` (see :func:`time_gpu`), and the
+    host-overhead loop ends with ``sync`` of its last result instead of a device synchronize.
     """
 
     family: str
@@ -78,6 +83,7 @@ class Row:
     bytes: int | None = None
     flops: float | None = None
     notes: str = ""
+    sync: Callable[[Any], Any] | None = None
 
     @property
     def label(self) -> str:
@@ -126,6 +132,7 @@ def time_gpu(
     warmup: int = 10,
     iters: int = 100,
     rotate: Callable[[int], Any] | None = None,
+    sync: Callable[[Any], Any] | None = None,
 ) -> dict[str, float]:
     """GPU time of ``fn()`` in milliseconds: ``{"median_ms", "p10_ms", "p90_ms"}`` over ``iters`` calls.
 
@@ -138,11 +145,19 @@ def time_gpu(
 
     For a call whose host work takes longer than its GPU work (tiny shapes),
     the GPU waits for the launch, so the event time includes that host time.
-    """
-    import torch
 
+    With ``sync`` (a row's JAX hook: ``jax.block_until_ready``), each call is timed instead by the host clock from
+    just before ``fn()`` to the return of ``sync(fn())``: the call's dispatch, its device work and the wait, as
+    ``timeit`` of a JAX function that blocks on its result measures it (torch's events see neither XLA's stream nor
+    JAX's asynchronous dispatch). Nothing else is queued meanwhile, so for device-bound calls this is the device
+    time plus one dispatch and one wake-up (microseconds).
+    """
     if iters < 1:
         raise ValueError(f"iters must be at least 1, got {iters}")
+    if sync is not None:
+        return _time_synced(fn, sync, warmup=warmup, iters=iters, rotate=rotate)
+    import torch
+
     for i in range(warmup):
         if rotate is not None:
             rotate(i)
@@ -166,12 +181,36 @@ def time_gpu(
     }
 
 
-def host_overhead_us(fn: Callable[[], Any], *, iters: int = 200, warmup: int = 10, repeats: int = 5) -> float:
+def _time_synced(fn: Callable[[], Any], sync: Callable[[Any], Any], *, warmup: int, iters: int,
+                 rotate: Callable[[int], Any] | None) -> dict[str, float]:  # fmt: skip
+    """:func:`time_gpu` by the host clock around ``sync(fn())`` (see there)."""
+    for i in range(warmup):
+        if rotate is not None:
+            rotate(i)
+        sync(fn())
+    times = []
+    for i in range(iters):
+        if rotate is not None:
+            rotate(warmup + i)
+        t0 = time.perf_counter()
+        sync(fn())
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return {
+        "median_ms": statistics.median(times),
+        "p10_ms": _percentile(times, 0.10),
+        "p90_ms": _percentile(times, 0.90),
+    }
+
+
+def host_overhead_us(fn: Callable[[], Any], *, iters: int = 200, warmup: int = 10, repeats: int = 5,
+                     sync: Callable[[Any], Any] | None = None) -> float:  # fmt: skip
     """Host (CPU) time per call of ``fn()`` in microseconds: the fastest of ``repeats`` loops.
 
     After ``warmup`` calls and a device synchronize, each loop runs ``iters`` calls back to back without any
     synchronization; its wall time (``time.perf_counter``) divided by ``iters`` is one sample, and a
-    synchronize after each loop (not counted) lets the next start with an empty queue. The minimum is
+    synchronize after each loop (not counted; with ``sync``, ``sync`` of the loop's last result: a JAX function's
+    work completes in order) lets the next start with an empty queue. The minimum is
     reported, as ``timeit`` does: a shared host's noise (other processes, frequency changes) only ever adds
     time, and one loop of 200 calls moved by 30-60 % between runs on the H200 machine.
 
@@ -183,22 +222,32 @@ def host_overhead_us(fn: Callable[[], Any], *, iters: int = 200, warmup: int = 1
     GPU work is shorter than the host work, which is why each family also has
     a tiny-shape row.
     """
-    import torch
-
     if iters < 1:
         raise ValueError(f"iters must be at least 1, got {iters}")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if sync is None:
+        import torch
+
+        def wait(last: Any) -> None:
+            torch.cuda.synchronize()
+    else:
+
+        def wait(last: Any) -> None:
+            sync(last)
+
+    last = None
     for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
+        last = fn()
+    wait(last)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(iters):
-            fn()
+            last = fn()
         best = min(best, time.perf_counter() - t0)
-        torch.cuda.synchronize()
+        wait(last)
+        last = None
     return best / iters * 1e6
 
 
@@ -276,7 +325,7 @@ def _measure_side(
 ) -> str | None:
     """Fill ``result``'s columns for one side (``ours`` or ``torch``); return an error string or None."""
     try:
-        t = time_gpu(fn, warmup=warmup, iters=iters)
+        t = time_gpu(fn, warmup=warmup, iters=iters, sync=row.sync)
         result[f"{side}_ms"] = t["median_ms"]
         result[f"{side}_p10_ms"] = t["p10_ms"]
         result[f"{side}_p90_ms"] = t["p90_ms"]
@@ -285,7 +334,7 @@ def _measure_side(
             result[f"{side}_copy_bw_frac"] = row.bytes / seconds / copy_bw
         if row.flops is not None and seconds > 0:
             result[f"{side}_tflops"] = row.flops / seconds / 1e12
-        result[f"{side}_host_us"] = host_overhead_us(fn, iters=host_iters, warmup=min(warmup, 3))
+        result[f"{side}_host_us"] = host_overhead_us(fn, iters=host_iters, warmup=min(warmup, 3), sync=row.sync)
     except Exception as exc:  # one failing row must never end the run
         if tracebacks:
             traceback.print_exc()

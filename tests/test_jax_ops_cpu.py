@@ -69,8 +69,12 @@ def _fwd(x, w, bias=None, *, scale=1.0, stat=None, labels=None):
     return (y, prod.sum(axis=-1)), {"x": x, "w": w, "prod": prod}
 
 
+DOUTS: list[tuple] = []  # which cotangents each backward of mul_scale was given (None: a zero one)
+
+
 def _bwd(res, douts, needs, *, scale=1.0, **_):
     CALLS.append("backward")
+    DOUTS.append(tuple(g is not None for g in douts))
     dy, ds = douts
     g = (0 if dy is None else dy * scale) + (0 if ds is None else ds[..., None])
     gb = np.broadcast_to(np.asarray(g, float), res["x"].shape)
@@ -183,8 +187,12 @@ def _rows_fwd(x, w=None, *, scale=1.0, shared=None):
     return (prod * scale,), {"x": x, name: w, "prod": prod}
 
 
+NEEDS: list[tuple] = []  # the ``needs`` each stand-in backward was given
+
+
 def _rows_bwd(res, douts, needs, *, scale=1.0, **_):
     CALLS.append("backward")
+    NEEDS.append(tuple(needs))
     (dy,) = douts
     w = res["w"] if "w" in res else res["shared"]
     gx = dy * scale * w if needs[0] else None
@@ -238,11 +246,58 @@ def test_vmap_over_an_array_not_split_by_sample_is_refused_naming_it():
     with pytest.raises(NotImplementedError, match=r"scale_rows: jax.vmap maps over shared, which is not split by"):
         jax.vmap(lambda b: JR(x, shared=b))(ws)
     xs, w = jnp.stack([x] * 5), ws[0]
-    # the backward computes every floating input's gradient: a per-sample one of w cannot come from a folded call
+    # a per-sample gradient of a shared w (grad taken with respect to it) cannot come from a folded call
     with pytest.raises(NotImplementedError, match=r"scale_rows_w: jax.vmap asks for a per-sample gradient of w"):
-        jax.vmap(jax.grad(lambda a: JRW(a, w).sum()))(xs)
+        jax.vmap(jax.grad(lambda a, b: JRW(a, b).sum(), argnums=(0, 1)), in_axes=(0, None))(xs, w)
     with pytest.raises(NotImplementedError, match=r"cannot fold this call: scale 0"):
         jax.vmap(lambda a: JR(a, shared=w, scale=0))(xs)
+
+
+def test_the_backward_computes_only_the_gradients_of_perturbed_inputs():
+    """``custom_vjp`` with symbolic zeros: the forward rule learns which inputs the differentiation perturbs, so the
+    backward target is asked only for their gradients (a closed-over w, or one ``grad`` is not taken with respect
+    to, gets none: no cuDNN call for it), and an output nothing depends on reaches it as no cotangent at all."""
+    rng = np.random.default_rng(11)
+    x, w = jnp.asarray(rng.standard_normal((3, 4))), jnp.asarray(rng.standard_normal(4))
+    NEEDS.clear()
+    gx = jax.jit(jax.grad(lambda a: (JRW(a, w) ** 2).sum()))(x)  # w closed over: a constant
+    np.testing.assert_allclose(np.asarray(gx), np.asarray(2 * x * w * w), rtol=1e-12)
+    gw = jax.grad(lambda b: (JRW(x, b) ** 2).sum())(w)  # x a constant now
+    np.testing.assert_allclose(np.asarray(gw), np.asarray((2 * x * w * x).sum(0)), rtol=1e-12)
+    both = jax.grad(lambda a, b: (JRW(a, b) ** 2).sum(), argnums=(0, 1))(x, w)
+    np.testing.assert_allclose(np.asarray(both[0]), np.asarray(gx), rtol=1e-12)
+    assert NEEDS == [(True, False), (False, True), (True, True)]
+    DOUTS.clear()
+    x2, w2 = _args(12)
+    g = jax.grad(lambda a: J(a, w2, None)[0].sum())(x2)  # the row sums (second output) are unused
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w2))
+    assert DOUTS == [(True, False)]
+
+
+def test_vmap_of_grad_with_a_closed_over_shared_input_folds():
+    """vmap(grad wrt x) of an op whose shared w is closed over (a convolution's weights): w is not perturbed, so
+    the folded backward is asked for dx only, one forward and one backward call for the whole batch, each example's
+    gradient equal to its own grad; under jit, and with w a jitted argument that grad does not differentiate."""
+    rng = np.random.default_rng(13)
+    xs, w = jnp.asarray(rng.standard_normal((5, 3, 4))), jnp.asarray(rng.standard_normal(4))
+
+    def loss(a, b):
+        return (JRW(a, b, scale=0.5) ** 2).sum()
+
+    CALLS.clear()
+    NEEDS.clear()
+    g = jax.jit(jax.vmap(jax.grad(lambda a: loss(a, w))))(xs)
+    assert CALLS == ["forward", "backward"] and NEEDS == [(True, False)]
+    for b in range(5):
+        np.testing.assert_allclose(np.asarray(g[b]), np.asarray(jax.grad(loss)(xs[b], w)), rtol=1e-12)
+    g2 = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None)))(xs, w)  # w traced by jit, not differentiated
+    np.testing.assert_allclose(np.asarray(g2), np.asarray(g), rtol=1e-12)
+    # the value and the gradient together, and a vmap of a vmap of the gradient
+    v, g3 = jax.vmap(jax.value_and_grad(lambda a: loss(a, w)))(xs)
+    np.testing.assert_allclose(np.asarray(g3), np.asarray(g), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(v), np.asarray(((xs * w * 0.5) ** 2).sum(axis=(1, 2))), rtol=1e-12)
+    g4 = jax.vmap(jax.vmap(jax.grad(lambda a: loss(a, w))))(jnp.stack([xs, 2 * xs]))
+    np.testing.assert_allclose(np.asarray(g4[1]), np.asarray(2 * g), rtol=1e-12)
 
 
 def test_an_array_on_another_platform_is_refused_naming_it():

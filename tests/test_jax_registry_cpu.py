@@ -147,3 +147,40 @@ def test_vmap_of_every_op_with_a_batching_rule_gives_the_stacked_shapes(name, i)
     grads = jax.eval_shape(jax.vmap(jax.grad(loss, argnums=tuple(range(len(mapped))))),
                            *[jax.ShapeDtypeStruct((B, *inputs[j].shape), inputs[j].dtype) for j in mapped])  # fmt: skip
     assert [tuple(g.shape) for g in grads] == [(B, *inputs[j].shape) for j in mapped]
+
+
+SHARED = [(n, i) for n, i in BATCHED
+          if any(j is not None and n_ not in autograd.get(n).batch and isinstance(a, np.ndarray)
+                 and np.issubdtype(a.dtype, np.floating)
+                 for j, (n_, a) in enumerate(zip(autograd.get(n).inputs,
+                                                 SAMPLES[n](np.random.default_rng(200 + i), "float64")[i][0])))]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, i", SHARED)
+def test_vmap_of_grad_with_the_shared_inputs_closed_over_traces(name, i):
+    """The samples whose op has a shared floating input (a convolution's ``w``, a norm's ``scale``): ``vmap(grad)``
+    with respect to the mapped arrays, the shared ones closed over, traces (``jax.eval_shape``) to per-example
+    gradients: the symbolic zeros tell the backward those are not perturbed, so it asks only for the mapped
+    arrays' gradients and folds."""
+    d = autograd.get(name)
+    inputs, kw = SAMPLES[name](np.random.default_rng(200 + i), "float64")[i]
+    arrays = {k: (jnp.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in kw.items() if k in d.arrays}
+    static = {k: v for k, v in kw.items() if k not in d.arrays}
+    specs = {n: _spec(a) for n, a in zip(d.inputs, inputs) if a is not None}
+    if d.batch_refuses is not None and d.batch_refuses(static, specs) is not None:
+        pytest.skip(f"{name}: this sample's keywords do not fold ({d.batch_refuses(static, specs)}); refused by name")
+    mapped = [j for j, n in enumerate(d.inputs) if n in d.batch and inputs[j] is not None]
+    carry = [j for j in range(len(d.outputs)) if d.carries_gradient(j)]
+    op, B = cj.op(name), 3
+
+    def loss(*xs):
+        ins = [None if a is None else jnp.asarray(a) for a in inputs]  # the shared ones: constants
+        for j, x in zip(mapped, xs):
+            ins[j] = x
+        got = op(*ins, **arrays, **static)
+        got = got if isinstance(got, tuple) else (got,)
+        return sum(got[j].astype(jnp.float64).sum() for j in carry)
+
+    grads = jax.eval_shape(jax.vmap(jax.grad(loss, argnums=tuple(range(len(mapped))))),
+                           *[jax.ShapeDtypeStruct((B, *inputs[j].shape), inputs[j].dtype) for j in mapped])  # fmt: skip
+    assert [tuple(g.shape) for g in grads] == [(B, *inputs[j].shape) for j in mapped]

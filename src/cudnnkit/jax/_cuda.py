@@ -37,6 +37,9 @@ class CudaRunner:
     """See the module docstring."""
 
     platform = "CUDA"
+    #: not capturable into XLA's command buffers: every call allocates its outputs, temporaries and workspaces with
+    #: ``cuMemAllocAsync`` outside XLA (see :mod:`cudnnkit.jax._ops`' docstring)
+    capture_safe = False
 
     def array(self, call: _ffi.Call, b: _ffi.Buffer, shape: tuple | None = None,
               strides: tuple | None = None) -> _raw.DeviceArray:  # fmt: skip

@@ -312,6 +312,7 @@ class Handler:
         #: the FFI target's name, once :func:`register` ed (for the log)
         self.name: str | None = None
         self.calls = 0  # executions (not the metadata query), counted without a lock: about right in threads
+        self.metadata_queries = 0  # the metadata queries XLA made (the version and traits asked; once per process)
         self._c = _HANDLER(self._entry)  # kept alive with the handler: XLA holds only its address
 
     @property
@@ -331,6 +332,7 @@ class Handler:
                             "XLA_FFI_Metadata")  # fmt: skip
                 md.api_version.major_version, md.api_version.minor_version = _API_MAJOR, _API_MINOR
                 md.traits = _COMMAND_BUFFER_COMPATIBLE if self.command_buffer else 0
+                self.metadata_queries += 1
                 return None
             if frame.stage != _EXECUTE:
                 return None

@@ -14,6 +14,12 @@ For a :class:`~cudnnkit.ops._diff.Differentiable` ``d`` named ``n``, :class:`Jax
   results are those gradients, each shaped like its input. A declaration with ``tracked_residuals`` is told
   (``residuals_copied=True``) that its residuals are XLA's copies, not the forward's arrays (the RNN's reserve).
 
+The ``custom_vjp`` rule is defined with ``symbolic_zeros=True``: the forward rule learns which inputs the
+differentiation perturbs (``CustomVJPPrimal.perturbed``), and the backward target is asked only for the gradients of
+perturbed floating inputs (``__needs__``): ``jax.grad`` with respect to ``x`` of a convolution whose ``w`` is a
+closed-over constant (or an argument ``grad`` does not take) runs no weight-gradient call. An output nothing
+downstream depends on reaches the backward as a symbolic zero: no cotangent, as for an unused output.
+
 :meth:`JaxOp.__call__` is the JAX-level function: ``op(*inputs, **kw)`` returns the outputs (one array, or a
 tuple), then the new values of the mutated arrays when any were given, under ``jit``, ``grad`` and
 ``value_and_grad``. ``d.meta`` runs at trace time, in Python, so a bad argument raises its clear exception there,
@@ -23,10 +29,11 @@ and message (:mod:`cudnnkit.jax._ffi`).
 ``jax.vmap``: a declaration with ``batch`` names (the arrays it splits by sample: softmax's, pooling's,
 convolution's ``x``, attention's ``q``/``k``/``v``, ...) folds the mapped axis into their leading axis, so one FFI
 call serves the whole batch, forward and backward (:class:`_Fold`, a ``jax.custom_batching.custom_vmap`` around
-each FFI call; nested vmaps fold again). Mapping over anything else (a convolution's ``w``), a per-sample gradient
-of a shared floating input (the backward computes every floating input's gradient, so ``vmap(grad)`` of a
-convolution is refused even for ``x`` alone), a call whose keywords mix the samples (softmax over axis 0) and ops
-without ``batch`` raise ``NotImplementedError`` naming the op and the argument, at trace time.
+each FFI call; nested vmaps fold again). ``vmap(grad)`` with respect to the mapped arrays folds too, shared inputs
+closed over or not differentiated (a convolution's ``w``: only ``dx`` is asked for, per the symbolic zeros above).
+Mapping over anything else (a convolution's ``w``), a per-sample gradient of a shared floating input that ``grad``
+is taken with respect to (a per-example ``dw``), a call whose keywords mix the samples (softmax over axis 0) and
+ops without ``batch`` raise ``NotImplementedError`` naming the op and the argument, at trace time.
 
 ``cudnnkit.settings`` in force when a function is traced travel with the call (the handlers run on XLA's
 threads); a ``jax.jit`` function already compiled keeps the settings it was traced with (retrace to change them).
@@ -36,11 +43,33 @@ memory order), so the backward reads it with the strides the forward wrote (pool
 How a handler turns buffers into arrays and writes its results is a :class:`Runner`: on CUDA the buffers are
 device views and the declaration's L2 calls run on XLA's stream; the CPU tests run pure-NumPy stand-in
 declarations through a NumPy runner on JAX's CPU platform, so that this machinery is checked without a GPU.
+
+**XLA's command buffers (CUDA graphs).** A target is registered with the FFI's command-buffer trait (XLA may then
+capture the call into a CUDA graph and replay it without calling the handler) only when both the declaration and the
+runner are capture-safe: ``d.capture_safe`` (its warm calls queue device work only: no host synchronization, no host
+read of device data, no upload from host memory, no host-side state a replay would skip) and
+``runner.capture_safe``. The declarations that are not, and why: ``op_tensor`` and ``reduce_tensor`` (some
+backwards divide on the host: ``host_values``/``from_host`` synchronize), ``ctc_loss`` (device labels and lengths
+are read on the host, then uploaded), ``rnn`` (its sequence lengths are uploaded from host memory on first sight,
+its reserve ledger and its dropout states are host-side state) and ``dropout`` (its ``DropoutState``: RNG states
+made on first use, a position a replay would repeat). **The CUDA runner is not capture-safe, so no target declares
+the trait today**: every call allocates memory outside XLA while it runs (the L2 calls' outputs, temporaries and
+workspaces come from ``cuMemAllocAsync`` on XLA's stream and are copied into XLA's result buffers; they are freed
+with ``cuMemFreeAsync`` when Python drops them, which can be after the call). In a capture those become graph
+memory nodes XLA did not plan (a graph holding them cannot be nested as a child graph, as XLA nests a traced
+custom call) or a free of graph-owned memory outside the graph; and first-use work (a handle, a plan, an algorithm
+search, a lazily made dropout state) would run inside the capture. Measured (jax 0.11.2, H200, the trait forced on,
+``XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1``): a jitted
+convolution's forward and backward failed with XLA's "Failed to create a child graph node and add it to a CUDA
+graph: CUDA_ERROR_NOT_SUPPORTED". Declaring the trait needs the outputs written straight into XLA's result buffers
+(the L2 ops' ``out=``), workspaces from XLA (a scratch result of the ``ffi_call``, or the FFI's scratch allocator)
+and the first-use work moved to the FFI's prepare/initialize stages.
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -66,6 +95,10 @@ class Runner(Protocol):
 
     #: the FFI platform the targets are registered for ("CUDA", or "cpu" in the tests)
     platform: str
+    #: whether the handlers' memory handling is capturable into a CUDA graph (every byte from XLA, nothing allocated
+    #: or freed outside it during a call): with the declaration's ``capture_safe``, the command-buffer trait. A runner
+    #: without the attribute is taken as not capture-safe.
+    capture_safe: bool
 
     def array(self, call: _ffi.Call, b: _ffi.Buffer, shape: tuple | None = None, strides: tuple | None = None) -> Any:
         """``b`` as an array the declaration's calls take (a device view; NumPy in the CPU tests): C order over
@@ -113,12 +146,48 @@ def _floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat"))
 
 
+#: whether this jax's ``custom_vjp.defvjp`` takes ``symbolic_zeros=`` (jax 0.4.14 and later: 0.10 and 0.11 do)
+_SYMBOLIC_ZEROS = "symbolic_zeros" in inspect.signature(jax.custom_vjp.defvjp).parameters
+_CustomVJPPrimal: Any = getattr(getattr(jax, "custom_derivatives", None), "CustomVJPPrimal", ())
+_SymbolicZero: Any = getattr(getattr(jax, "custom_derivatives", None), "SymbolicZero", ())
+
+
+def _primal(leaf: Any) -> tuple[Any, bool]:
+    """``(value, perturbed)`` of an argument of a ``custom_vjp`` forward rule: with ``symbolic_zeros=True`` JAX passes
+    each array as a ``CustomVJPPrimal`` whose ``perturbed`` says whether the differentiation reaches it (False for a
+    closed-over constant, or an argument ``grad`` is not taken with respect to); anything else is a plain value,
+    taken as perturbed (the conservative reading)."""
+    if _CustomVJPPrimal and isinstance(leaf, _CustomVJPPrimal):
+        return leaf.value, bool(leaf.perturbed)
+    return leaf, True
+
+
+class _Static:
+    """A residual that is no array: a pytree node without leaves whose value (a tuple of flags) travels in the
+    tree's structure from the forward rule to the backward rule, static under every transformation."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: tuple):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Static) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+jax.tree_util.register_pytree_node(_Static, lambda s: ((), s.value), lambda value, _: _Static(value))
+
+
 class _Fold:
     """The ``jax.vmap`` rule of a declaration with ``batch`` names: the mapped axis folds into the leading (sample)
     axis of those arrays, ``(B, N, ...) -> (B * N, ...)``, the op runs once on the folded arrays, and its results
     unfold. An unmapped array among ``batch`` is broadcast over the batch first; a mapped array outside it (a
-    convolution's ``w``), or a gradient asked for one (a per-example weight gradient), has no such rule:
-    ``NotImplementedError`` naming it, at trace time."""
+    convolution's ``w``), or a gradient asked for one (a per-example weight gradient: only when ``w`` is perturbed,
+    the backward asking for perturbed inputs' gradients alone), has no such rule: ``NotImplementedError`` naming it,
+    at trace time."""
 
     def __init__(self, d: Differentiable, kwd: dict, in_names: tuple, arr_names: tuple):
         self.d, self.kwd, self.names = d, kwd, in_names + tuple(arr_names)
@@ -312,23 +381,30 @@ class JaxOp:
             return outs, mutated
 
         def f_fwd(specs: tuple, ins: tuple, arrs: tuple) -> tuple:
+            got = tuple(_primal(t) for t in ins)  # (value, perturbed) per input (symbolic zeros: see _primal)
+            ins = tuple(v for v, _ in got)
+            arrs = tuple(_primal(t)[0] for t in arrs)
             outs, mutated, res = run(specs, ins, arrs)
-            return (outs, mutated), res
+            return (outs, mutated), (res, _Static(tuple(p for _, p in got)))
 
-        def f_bwd(specs: tuple, res: dict, cts: tuple) -> tuple:
+        def f_bwd(specs: tuple, packed: tuple, cts: tuple) -> tuple:
+            res, perturbed = packed[0], packed[1].value
             out_cts, _ = cts  # the mutated arrays' new values are state: no cotangent flows into them
             douts, present = [], []
             for j, g in enumerate(out_cts):
-                # an integer output's cotangent is float0 (no dtype cuDNN names): it carries nothing
-                use = (d.carries_gradient(j) and g is not None and g.dtype != jax.dtypes.float0
-                       and jnp.issubdtype(g.dtype, jnp.inexact))  # fmt: skip
+                # an integer output's cotangent is float0 (no dtype cuDNN names): it carries nothing; an output
+                # nothing downstream depends on comes as a symbolic zero: it carries nothing either
+                use = (d.carries_gradient(j) and g is not None and not isinstance(g, _SymbolicZero)
+                       and g.dtype != jax.dtypes.float0 and jnp.issubdtype(g.dtype, jnp.inexact))  # fmt: skip
                 present.append(use)
                 if use:
                     douts.append(g)
             in_specs = specs[: len(in_idx)]
             needs_full = [False] * len(d.inputs)
-            for i, s in zip(in_idx, in_specs):
-                needs_full[i] = _floating(s.dtype)
+            for i, s, p in zip(in_idx, in_specs, perturbed):
+                # only the inputs the differentiation perturbs: a closed-over (constant) w takes no gradient, so
+                # the backward skips its cuDNN call and a vmap of grad(x) does not ask for a per-sample dw
+                needs_full[i] = _floating(s.dtype) and p
             order = tuple(layout(specs)[1])  # meta's order (a pytree's dict comes back with its keys sorted)
             names = tuple(k for k in order if res.get(k) is not None)
             # a residual the forward gave as None (an absent optional input: divisive normalization's means) has no
@@ -376,19 +452,28 @@ class JaxOp:
             return out, tuple(None for _ in arr_names)
 
         fn = jax.custom_vjp(f, nondiff_argnums=(0,))
-        fn.defvjp(f_fwd, f_bwd)
+        if _SYMBOLIC_ZEROS:
+            fn.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
+        else:  # pragma: no cover  (a jax without symbolic zeros: every floating input is taken as perturbed)
+            fn.defvjp(f_fwd, f_bwd)
         return fn
 
     # ------------------------------------------------------------- the handlers
+
+    @property
+    def command_buffer(self) -> bool:
+        """Whether the targets declare XLA's command-buffer trait: the declaration's ``capture_safe`` and the
+        runner's (see the module docstring)."""
+        return bool(self.d.capture_safe) and bool(getattr(self.runner, "capture_safe", False))
 
     def _register(self) -> None:
         if self._registered:
             return
         with self._lock:
             if not self._registered:
-                p = self.runner.platform
-                _ffi.register(self.forward_name, _ffi.Handler(self._forward, platform=p))
-                _ffi.register(self.backward_name, _ffi.Handler(self._backward, platform=p))
+                p, cb = self.runner.platform, self.command_buffer
+                _ffi.register(self.forward_name, _ffi.Handler(self._forward, platform=p, command_buffer=cb))
+                _ffi.register(self.backward_name, _ffi.Handler(self._backward, platform=p, command_buffer=cb))
                 self._registered = True
 
     def _forward(self, call: _ffi.Call) -> None:

@@ -149,6 +149,13 @@ class Differentiable:
     #: ``(kw, specs) -> reason | None``: why a call with these keywords cannot fold (softmax over axis 0);
     #: ``specs`` the present inputs' and arrays' :class:`Spec` s by name
     batch_refuses: Callable[[dict, dict], str | None] | None = None
+    #: whether a warm call of the op (its forward and its backward, once the first call of these shapes and settings
+    #: has built its descriptors, plans and algorithm choice and made its handle) queues device work only on the
+    #: caller's stream: no host synchronization, no host read of device data, no upload from pageable host memory, no
+    #: host-side state (an RNG position, a ledger) that a replay of captured work would skip. What a CUDA-graph
+    #: capture of the call needs of the op itself; an integration also needs its own memory handling to be capturable
+    #: (:mod:`cudnnkit.jax._ops`: XLA's command-buffer trait). Default False; each True carries its one-line reason.
+    capture_safe: bool = False
 
     def __post_init__(self) -> None:
         if self.differentiable_outputs is not None and len(self.differentiable_outputs) != len(self.outputs):

@@ -307,5 +307,6 @@ def _l3_meta(x: Spec, mode: str = "relu", **kw: Any) -> Any:
 ACTIVATION_L3 = differentiable(
     Differentiable("activation", "activation_forward", ("x",), ("out",), _l3_forward, _l3_backward, _l3_meta,
                    batch=("x", "out"),
+                   capture_safe=True,  # one cudnnActivationForward / Backward each way: device work only
                    doc="y = f(x) for a legacy activation mode; the backward reads x and y (activation_backward)")
 )  # fmt: skip

@@ -916,6 +916,7 @@ def _conv_l3_meta(x: Spec, w: Spec, bias: Spec | None = None, *, z: Any = None, 
 CONVOLUTION = differentiable(
     Differentiable("convolution", "convolution_forward", ("x", "w", "bias"), ("out",), _conv_l3_forward,
                    _conv_l3_backward, _conv_l3_meta, batch=("x", "out"),
+                   capture_safe=True,  # conv_fprop/dgrad/wgrad (graph or legacy): device work once the algorithm is chosen
                    doc="y = relu?(conv(x, w) + bias) (bias and the fused ReLU optional); the backward reads x, w "
                        "(and y with the ReLU): activation_backward, then convolution_backward_data, _filter, "
                        "_bias (each only where needed)")
@@ -964,6 +965,7 @@ def _convt_batch_refuses(kw: Any, specs: Any) -> str | None:
 CONVOLUTION_TRANSPOSE = differentiable(
     Differentiable("convolution_transpose", "convolution_backward_data", ("dy", "w"), ("out",), _convt_l3_forward,
                    _convt_l3_backward, _convt_l3_meta, batch=("dy", "out"), batch_refuses=_convt_batch_refuses,
+                   capture_safe=True,  # dgrad, then fprop and wgrad: device work once the algorithms are chosen
                    doc="the transposed convolution (convolution_backward_data of dy by w, x_shape= or "
                        "output_padding=); the backward: convolution_forward and convolution_backward_filter")
 )  # fmt: skip

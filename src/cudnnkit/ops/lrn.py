@@ -655,6 +655,7 @@ def _l3_lrn_meta(x: Spec, *, size: int = 5, lrn_alpha: float = 1e-4, lrn_beta: f
 LRN = differentiable(
     Differentiable("lrn", "lrn_forward", ("x",), ("out",), _l3_lrn_forward, _l3_lrn_backward, _l3_lrn_meta,
                    batch=("x", "out"),
+                   capture_safe=True,  # one cudnnLRNCrossChannelForward / Backward each way: device work only
                    doc="""cross-channel LRN of x (N, C, spatial...), 3 to 8 dims, float16/float32/float64, with the
 module docstring's formula: y = x / (k + lrn_alpha / size * sum over a window of size channels of x^2) ** lrn_beta,
 cuDNN's lrnN/lrnAlpha/lrnBeta/lrnK. That is torch.nn.functional.local_response_norm(x, size, alpha=lrn_alpha,
@@ -707,6 +708,7 @@ def _l3_divnorm_meta(x: Spec, means: Spec | None = None, *, size: int = 5, lrn_a
 DIVISIVE_NORMALIZATION = differentiable(
     Differentiable("divisive_normalization", "divisive_normalization_forward", ("x", "means"), ("out",),
                    _l3_divnorm_forward, _l3_divnorm_backward, _l3_divnorm_meta,
+                   capture_safe=True,  # one cudnnDivisiveNormalizationForward / Backward: device work (temporaries)
                    doc="""cuDNN's spatial divisive normalization of x (N, C, H, W) (3 to 5 dims, float16/float32/
 float64; the module docstring's formula) with optional precomputed means (x's shape and dtype, or None: NULL; how
 cuDNN uses them is not documented, its dx and dmeans are their derivatives). size must be odd here (for an even one

@@ -1357,6 +1357,7 @@ BATCH_NORM = differentiable(
     Differentiable(
         "batch_norm", "batch_norm_forward", ("x", "scale", "bias", "z"), ("y",), _bn_l3_forward, _bn_l3_backward,
         _bn_l3_meta, arrays=("running_mean", "running_var"), mutated=("running_mean", "running_var"),
+        capture_safe=True,  # cudnnBatchNormalization*Ex (or the graph): device work, the statistics updated on the device
         doc="""y = relu?(batch_norm(x) (+ z)) (batch_norm_forward's keywords; z, the fused residual, with
         activation='relu'). Training: the running statistics updated in place; residuals x, scale, saved_mean,
         saved_inv_std (scale's shape, the parameters' dtype), y (with the ReLU), bias and reserve (uint8, where the
@@ -1470,6 +1471,7 @@ them with one {fn}_forward (training) first. No float64 (cuDNN's graph API has n
 LAYER_NORM = differentiable(
     Differentiable("layer_norm", "layer_norm_forward", ("x", "scale", "bias"), ("y",), _ln_l3_forward,
                    _ln_l3_backward, _ln_l3_meta, batch=("x", "y", "mean", "inv_std"), batch_refuses=_gn_batch_refuses,
+                   capture_safe=True,  # one norm graph execute each way (plan built on the first call)
                    doc=_GN_DOC.format(what="layer_norm(x) * scale + bias over the trailing dims", fn="layer_norm",
                                       stats="mean, inv_std", shape="x.shape[:-k] + (1,) * k",
                                       grads="dscale, dbias")),
@@ -1477,12 +1479,14 @@ LAYER_NORM = differentiable(
 RMS_NORM = differentiable(
     Differentiable("rms_norm", "rms_norm_forward", ("x", "scale"), ("y",), _rms_l3_forward, _rms_l3_backward,
                    _rms_l3_meta, batch=("x", "y", "inv_std"), batch_refuses=_gn_batch_refuses,
+                   capture_safe=True,  # one norm graph execute each way (plan built on the first call)
                    doc=_GN_DOC.format(what="x * inv_std * scale over the trailing dims", fn="rms_norm",
                                       stats="inv_std", shape="x.shape[:-k] + (1,) * k", grads="dscale")),
 )  # fmt: skip
 INSTANCE_NORM = differentiable(
     Differentiable("instance_norm", "instance_norm_forward", ("x", "scale", "bias"), ("y",), _in_l3_forward,
                    _in_l3_backward, _in_l3_meta, batch=("x", "y", "mean", "inv_std"),
+                   capture_safe=True,  # one norm graph execute each way (plan built on the first call)
                    doc=_GN_DOC.format(what="instance_norm(x) * scale[c] + bias[c] per (n, c)", fn="instance_norm",
                                       stats="mean, inv_std", shape="(N, C)", grads="dscale, dbias")),
 )  # fmt: skip

@@ -558,6 +558,7 @@ def _pool_l3_meta(x: Spec, **kw: Any) -> Any:
 DIFF_POOLING = differentiable(
     Differentiable("pooling", "pooling_forward", ("x",), ("out",), _pool_l3_forward, _pool_l3_backward,
                    _pool_l3_meta, batch=("x", "out", "index"),
+                   capture_safe=True,  # cudnnPooling* (or the graph's resample) each way: device work only
                    doc="y = pool(x); the backward (pooling_backward) reads x and y, and max pooling's argmax index "
                        "where padding after differs from before (asymmetric or ceil_mode: the graph path)")
 )  # fmt: skip

@@ -340,5 +340,6 @@ def _l3_batch_refuses(kw: Any, specs: Any) -> str | None:
 SOFTMAX_L3 = differentiable(
     Differentiable("softmax", "softmax_forward", ("x",), ("out",), _l3_forward, _l3_backward, _l3_meta,
                    batch=("x", "out"), batch_refuses=_l3_batch_refuses,
+                   capture_safe=True,  # one cudnnSoftmaxForward / cudnnSoftmaxBackward each way: device work only
                    doc="softmax (log=True: log-softmax) over axis; the backward reads y (softmax_backward)")
 )  # fmt: skip

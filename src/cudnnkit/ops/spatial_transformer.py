@@ -539,6 +539,7 @@ def _l3_sample_meta(x: Spec, grid: Spec) -> Any:
 GRID_SAMPLE = differentiable(
     Differentiable("grid_sample", "grid_sample_forward", ("x", "grid"), ("out",), _l3_sample_forward,
                    _l3_sample_backward, _l3_sample_meta, batch=("x", "grid", "out"),
+                   capture_safe=True,  # one cudnnSpatialTfSamplerForward / Backward: device work only
                    doc="""bilinear sampling of x (N, C, H_in, W_in) at grid (N, H_out, W_out, 2) (x's dtype:
 float16/float32/float64): torch.nn.functional.grid_sample(x, grid, mode="bilinear", padding_mode="zeros",
 align_corners=True), the only configuration cuDNN has (no other keyword). y: (N, C, H_out, W_out), C-contiguous.
@@ -568,6 +569,7 @@ def _l3_grid_meta(theta: Spec, *, size: Sequence[int]) -> Any:
 AFFINE_GRID = differentiable(
     Differentiable("affine_grid", "affine_grid_forward", ("theta",), ("out",), _l3_grid_forward, _l3_grid_backward,
                    _l3_grid_meta,
+                   capture_safe=True,  # one cudnnSpatialTfGridGeneratorForward / Backward: device work only
                    doc="""the sampling grid (N, H, W, 2) (C-contiguous, theta's dtype) of theta (N, 2, 3)
 (float16/float32/float64) for size (N, C, H, W) (C unused; H, W >= 2): torch.nn.functional.affine_grid(theta, size,
 align_corners=True). cudnnSpatialTfGridGeneratorForward (affine_grid_forward); the backward is linear (residual theta

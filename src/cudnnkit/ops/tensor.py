@@ -443,6 +443,7 @@ def _transform_l3_meta(x: Spec, *, layout: str | None = None, pad_before: int | 
 TRANSFORM_TENSOR_L3 = differentiable(
     Differentiable("transform_tensor", "transform_tensor", ("x",), ("out",), _transform_l3_forward,
                    _transform_l3_backward, _transform_l3_meta,
+                   capture_safe=True,  # cudnnSetTensor / cudnnTransformTensor calls: device work only
                    doc="""y = x copied into layout ("nchw", "nhwc"; default: x's where dense) and zero-padded by
 pad_before/pad_after (an int or one per dim), x's float dtype, 0 to 8 dims: one cudnnTransformTensor
 (transform_tensor; a cudnnSetTensor of the border first where padded). Linear: dx is dy's interior (a window of dy,

@@ -79,7 +79,17 @@ CASES = [
     (lambda: call(labels=[1, -2, 3]), ValueError, r"labels\[1\] is -2"),
     (lambda: call(labels=np.array([1.0, 2.0, 3.0])), TypeError, "labels must hold integers, got dtype float64"),
     (lambda: call(labels=np.array([True, True, True])), TypeError, "labels must hold integers, got dtype bool"),
-    (lambda: call(labels=np.array([[1, 2, 3]])), ValueError, r"labels must be 1-d, got shape \(1, 3\)"),
+    (lambda: call(labels=np.array([[1, 2, 3]])), ValueError, "labels has 1 rows .* but x has a batch of N=2"),
+    # (N, S) padded labels pass every check (row 1's 4 is padding): what stops this call is the missing adapter
+    (lambda: call(labels=np.array([[1, 2], [3, 4]]), **outs()), TypeError, "host labels and lengths cannot be copied"),
+    (
+        lambda: call(labels=np.array([[1, 2], [0, 4]]), ll=[2, 3]),
+        ValueError,
+        r"label_lengths\[1\] is 3 but labels "
+        r"\(2-d, padded\) has rows of S=2",
+    ),  # fmt: skip
+    (lambda: call(labels=np.array([[1, 0], [0, 4]]), ll=[1, 2]), ValueError, r"labels\[1\] is 0, the blank"),
+    (lambda: call(labels=np.array([[[1, 2, 3]]])), ValueError, r"labels must be 1-d or 2-d, got shape \(1, 1, 3\)"),
     (lambda: call(ll=5), ValueError, r"label_lengths must be 1-d, got shape \(\)"),
     (lambda: call(labels=["a", "b", "c"]), TypeError, "labels must hold integers"),
     # device index arrays
@@ -88,7 +98,7 @@ CASES = [
         TypeError,
         "labels is a device array of dtype float32; it must hold integers",
     ),
-    (lambda: call(labels=x((1, 3), "<i4")), ValueError, r"labels must be 1-d, got shape \(1, 3\)"),
+    (lambda: call(labels=x((1, 1, 3), "<i4")), ValueError, r"labels must be 1-d or 2-d, got shape \(1, 1, 3\)"),
     (
         lambda: call(labels=x((3,), "<i4")),
         TypeError,

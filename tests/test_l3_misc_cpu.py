@@ -19,7 +19,7 @@ from .l3.misc import ONLY_DTYPE, SAMPLES, TORCH_REFERENCE
 torch = pytest.importorskip("torch")
 
 DECLARED = {  # name: (primitive, inputs, outputs, arrays, residual keys)
-    "dropout": ("dropout_forward", ("x",), ("out",), (), ("reserve",)),
+    "dropout": ("dropout_forward", ("x",), ("out",), ("seed",), ("reserve",)),
     "lrn": ("lrn_forward", ("x",), ("out",), (), ("x", "out")),
     "divisive_normalization": ("divisive_normalization_forward", ("x", "means"), ("out",), (), ("x", "means")),
     "grid_sample": ("grid_sample_forward", ("x", "grid"), ("out",), (), ("x", "grid")),

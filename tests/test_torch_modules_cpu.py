@@ -433,7 +433,7 @@ FAKES = {
     "lrn": lambda: FakeOp(("x",), (), lambda x, *, size, lrn_alpha, lrn_beta, k:
                           F.local_response_norm(x, size, lrn_alpha, lrn_beta, k)),
     "ctc_loss": lambda: FakeOp(("x",), ("labels", "label_lengths", "input_lengths"), _ctc),
-    "dropout": lambda: FakeOp(("x",), (), lambda x, *, p, state: (x * 2, None)),
+    "dropout": lambda: FakeOp(("x",), ("seed",), lambda x, *, p, state: (x * 2, None)),
 }  # fmt: skip
 
 

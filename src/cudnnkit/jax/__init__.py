@@ -4,8 +4,11 @@
   ``jax.jit``, ``jax.grad`` and ``jax.value_and_grad``: two XLA FFI targets per op (``cudnnkit_<name>`` and
   ``cudnnkit_<name>_backward``) reached through ``jax.ffi.ffi_call``, shapes from the declaration's ``meta``,
   the gradient by ``jax.custom_vjp`` (:mod:`cudnnkit.jax._ops`). ``cudnnkit.jax.ops.softmax(x, axis=-1)``.
-* :mod:`cudnnkit.jax.nn`: JAX's and flax's names over them (``conv_general_dilated``, ``conv``, ``max_pool``,
-  ``avg_pool``, ``softmax``, ``log_softmax``, ``layer_norm``, ``rms_norm``, ``batch_norm`` with explicit state).
+* :mod:`cudnnkit.jax.nn`: JAX's, flax's and optax's names over them (``conv_general_dilated``, ``conv``,
+  ``max_pool``, ``avg_pool``, ``softmax``, ``log_softmax``, ``layer_norm``, ``rms_norm``, ``batch_norm`` with
+  explicit state, ``dot_product_attention``, ``dropout`` with an explicit key, ``ctc_loss`` with optax's
+  arguments), and the recurrent networks of :mod:`cudnnkit.jax.rnn` (``lstm``, ``gru``, ``rnn`` over a params
+  pytree; ``pack_params``/``unpack_params`` for cuDNN's flat weight buffer; ``from_flax_lstm``/``to_flax_lstm``).
 * :mod:`cudnnkit.jax._ffi`: XLA's FFI from Python through ``ctypes`` (handlers, registration, the call frame's
   buffers, attributes and stream); :mod:`cudnnkit.jax._cuda`: the handlers' CUDA side (XLA's stream, memory no
   library owns for the L2 calls' outputs and workspaces).

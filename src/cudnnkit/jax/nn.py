@@ -16,9 +16,18 @@ in and the result transposed back (XLA's transposes; a layout-preserving path is
   grouped-query key/value heads, ``scale``, ``is_causal``), by cuDNN's fused attention.
 * :func:`batch_norm` -- explicit state in and out (flax's convention: feature axis last, ``momentum`` the weight
   of the old running value).
+* :func:`dropout` -- ``dropout(key, rate, x, *, deterministic=False)`` (haiku's ``hk.dropout`` order), an explicit
+  ``jax.random`` key and no hidden state: the key's bits are cuDNN's seed, reaching the handler as a device array.
+* :func:`lstm`, :func:`gru`, :func:`rnn` -- cuDNN's whole-sequence RNN (layers, directions, LSTM projection,
+  sequence lengths) over a params pytree (``params[layer][direction]`` dicts of ``w_ih``, ``w_hh``, ``b_ih``,
+  ``b_hh``, ``w_hr``); :func:`init_params`, :func:`pack_params`/:func:`unpack_params` (cuDNN's flat weight buffer),
+  :func:`from_flax_lstm`/:func:`to_flax_lstm` (flax's ``OptimizedLSTMCell`` params). In
+  :mod:`cudnnkit.jax.rnn`, whose docstring has the shapes.
+* :func:`ctc_loss` -- ``optax.ctc_loss``'s signature and per-sequence result (``logits`` ``(B, T, K)``,
+  ``logit_paddings``, ``labels``, ``label_paddings``, ``blank_id=0``) by ``cudnnCTCLoss_v8``.
 
 What cuDNN cannot do raises ``NotImplementedError`` naming the argument (``lhs_dilation``, ``batch_group_count``,
-a ``where=`` mask, normalization axes that are not trailing).
+a ``where=`` mask, normalization axes that are not trailing, a ``blank_id`` other than 0).
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .rnn import from_flax_lstm, gru, init_params, lstm, pack_params, rnn, to_flax_lstm, unpack_params
 
 __all__ = [
     "conv_general_dilated",
@@ -41,7 +52,20 @@ __all__ = [
     "rms_norm",
     "batch_norm",
     "dot_product_attention",
+    "dropout",
+    "ctc_loss",
+    "lstm",
+    "gru",
+    "rnn",
+    "init_params",
+    "pack_params",
+    "unpack_params",
+    "from_flax_lstm",
+    "to_flax_lstm",
 ]
+
+#: JAX's tracer type (a traced ``rate``, or lengths under jit)
+_TRACER: Any = getattr(getattr(jax, "core", None), "Tracer", ())
 
 
 def _op(name: str) -> Any:
@@ -258,3 +282,79 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     o = _op("sdpa")(*(jnp.transpose(x, perm) for x in (q, k, v)), scale=scale, causal=bool(is_causal))
     o = jnp.transpose(o, perm)
     return o[0] if unbatched else o
+
+
+def dropout(key: Any, rate: float, x: Any, *, deterministic: bool = False) -> Any:
+    """Dropout with an explicit key: ``x * mask / (1 - rate)``, each element kept with probability ``1 - rate``
+    (haiku's ``hk.dropout(rng, rate, x)`` argument order; flax's ``nn.Dropout`` semantics: ``deterministic=True``,
+    or ``rate == 0``, returns ``x``, ``rate == 1`` zeros). cuDNN's dropout (``cudnnkit.jax.ops.dropout``,
+    ``cudnnDropoutForward``), its gradient ``cudnnDropoutBackward`` with the mask the forward kept.
+
+    ``key``: a ``jax.random`` key (``jax.random.key`` or ``PRNGKey``), traced or not: its 64 bits
+    (``jax.random.bits``) are cuDNN's seed, handed to the FFI call as an int32 device array (``seed=``); the handler
+    reads them (a synchronization of XLA's stream, since ``cudnnSetDropoutDescriptor`` takes its seed on the host)
+    and draws the mask from RNG states re-initialised from that seed. So the same key and shape give the same mask,
+    different keys different ones, and nothing is carried between calls; the mask is cuDNN's random stream, not
+    ``jax.random.bernoulli``'s. ``rate``: a Python float in ``[0, 1]`` (static: a traced rate is refused). ``x``:
+    float16, float32 or float64; bfloat16 runs in float32 (cuDNN's dropout has no bfloat16)."""
+    if isinstance(rate, _TRACER):
+        raise TypeError("dropout: rate is a traced value; it must be a Python float (cuDNN's dropout descriptor "
+                        "takes the probability on the host): mark it static or close over it")  # fmt: skip
+    try:
+        p = float(rate)
+    except (TypeError, ValueError):
+        raise TypeError(f"dropout: rate must be a float in [0, 1], got {rate!r}") from None
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: rate must be in [0, 1], got {p}")
+    if deterministic or p == 0.0:
+        return x
+    if p == 1.0:
+        return jnp.zeros_like(x)
+    seed = jax.lax.bitcast_convert_type(jax.random.bits(key, (2,), jnp.uint32), jnp.int32)
+    if jnp.dtype(x.dtype) == jnp.bfloat16:
+        return _op("dropout")(x.astype(jnp.float32), p=p, seed=seed).astype(x.dtype)
+    return _op("dropout")(x, p=p, seed=seed)
+
+
+def _lengths(paddings: Any, size: int, name: str, shape: tuple[int, int]) -> Any:
+    if tuple(paddings.shape) != shape:
+        raise ValueError(f"ctc_loss: {name} has shape {tuple(paddings.shape)}; it must be {shape}")
+    return jnp.round(size - jnp.sum(paddings.astype(jnp.float32), axis=1)).astype(jnp.int32)
+
+
+def ctc_loss(logits: Any, logit_paddings: Any, labels: Any, label_paddings: Any, blank_id: int = 0,
+             log_epsilon: float = -1e5) -> Any:  # fmt: skip
+    """``optax.ctc_loss``'s signature and result: the negative log-likelihood of each sequence, ``(B,)``, by
+    cuDNN's CTC loss (``cudnnkit.jax.ops.ctc_loss``: one ``cudnnCTCLoss_v8`` makes the costs and the gradient, which
+    the backward scales by the cotangent).
+
+    ``logits`` ``(B, T, K)``: unnormalized (cuDNN applies the softmax over ``K`` itself), any float dtype (computed
+    in float32, cuDNN's only CTC dtype; the loss comes back in ``logits``' dtype). ``logit_paddings`` ``(B, T)``
+    and ``label_paddings`` ``(B, N)``: 1.0 for padding, right-padded; the lengths are the counts of 0.0 entries.
+    ``labels`` ``(B, N)`` integers in ``[1, K)`` (the padded positions are ignored), the blank being class 0.
+
+    The lengths and labels reach the handler as device arrays (traced under jit); cuDNN's CTC checks them on the
+    host, so the handler reads them back (a synchronization of XLA's stream). Where cuDNN differs from optax: a
+    label longer than its input, or an empty one (``label_paddings`` all 1.0), is an error (raised when the call
+    runs, as XLA's error carrying cudnnkit's message); a sequence with no alignment (too few frames for its
+    repeated labels) costs ``+inf`` where optax gives a large finite value; ``log_epsilon`` (optax's stand-in for
+    ``log(0)``) is accepted for the signature and has no effect; labels longer than 255 are refused (cuDNN).
+    ``blank_id`` other than 0 raises ``NotImplementedError`` (cuDNN's blank is class 0: roll the class axis)."""
+    if isinstance(blank_id, _TRACER) or int(blank_id) != 0:
+        raise NotImplementedError(f"ctc_loss: blank_id={blank_id}; cuDNN's CTC loss always uses class 0 as the "
+                                  "blank (move the blank class to index 0 of the logits' last axis, e.g. "
+                                  "jnp.roll, and shift the labels to match)")  # fmt: skip
+    del log_epsilon  # optax's stand-in for log(0): cuDNN's CTC needs none
+    if getattr(logits, "ndim", None) != 3:
+        raise ValueError(f"ctc_loss: logits must be (B, T, K), got shape {tuple(getattr(logits, 'shape', ()))}")
+    B, T, _ = logits.shape
+    if getattr(labels, "ndim", None) != 2 or labels.shape[0] != B:
+        raise ValueError(f"ctc_loss: labels must be (B, N) with B={B}, got shape {tuple(getattr(labels, 'shape', ()))}")
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise TypeError(f"ctc_loss: labels must be integers, got {jnp.dtype(labels.dtype).name}")
+    input_lengths = _lengths(logit_paddings, T, "logit_paddings", (B, T))
+    label_lengths = _lengths(label_paddings, labels.shape[1], "label_paddings", tuple(labels.shape))
+    x = jnp.transpose(logits, (1, 0, 2)).astype(jnp.float32)  # cuDNN's (T, B, K)
+    costs = _op("ctc_loss")(x, labels=labels.astype(jnp.int32), label_lengths=label_lengths,
+                            input_lengths=input_lengths)  # fmt: skip
+    return costs.astype(logits.dtype)

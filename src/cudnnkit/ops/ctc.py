@@ -13,7 +13,11 @@ Shapes and dtypes
 
 Labels and lengths
     ``labels``: 1-d, the label sequences of all samples concatenated (packed),
-    ``sum(label_lengths)`` values, each in ``[1, A)``. ``label_lengths`` and
+    ``sum(label_lengths)`` values, each in ``[1, A)``; or 2-d ``(N, S)``, padded
+    (torch's ``ctc_loss`` takes both forms): row ``n``'s first
+    ``label_lengths[n] <= S`` values are its label, the rest are ignored (packed
+    on the host, after the values are read; a fixed shape, so that a traced
+    JAX call can give it). ``label_lengths`` and
     ``input_lengths``: 1-d, ``N`` values each. Each of the three may be a host
     sequence or NumPy array (any integer dtype; copied to the device, in one
     int32 buffer, by the library of ``x``), or a device array. A device array
@@ -130,8 +134,8 @@ def ctc_descriptor(normalization: str = "softmax", oob_grads: str = "zero", max_
     return get_cached(CTC_LOSS, ("float32", int(_NORMS[normalization]), int(_OOB[oob_grads]), int(max_label_length)))
 
 
-def _host_ints(obj: Any, name: str) -> np.ndarray:
-    """A host sequence/array as a 1-d int64 NumPy array, checked."""
+def _host_ints(obj: Any, name: str, ndims: tuple[int, ...] = (1,)) -> np.ndarray:
+    """A host sequence/array as an int64 NumPy array of ``ndims`` dims (1-d; labels may be 2-d), checked."""
     try:
         a = np.asarray(obj)
     except Exception as e:
@@ -140,8 +144,8 @@ def _host_ints(obj: Any, name: str) -> np.ndarray:
         a = a.astype(np.int64)
     if a.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be 1-d, got shape {a.shape}")
+    if a.ndim not in ndims:
+        raise ValueError(f"{name} must be {' or '.join(f'{n}-d' for n in ndims)}, got shape {a.shape}")
     return a.astype(np.int64, copy=False)
 
 
@@ -155,21 +159,39 @@ class _Index:
 
 
 def _read_index(obj: Any, v: ArrayView | None, name: str) -> _Index:
+    ndims = (1, 2) if name == "labels" else (1,)  # labels may be (N, S), padded
     if v is None:
-        return _Index(name, _host_ints(obj, name))
+        return _Index(name, _host_ints(obj, name, ndims))
     if v.dtype not in ("int32", "int64", "int8", "uint8"):
         raise TypeError(f"{name} is a device array of dtype {v.dtype}; it must hold integers (int32 is used as is)")
-    if v.ndim != 1:
-        raise ValueError(f"{name} must be 1-d, got shape {v.shape}")
+    if v.ndim not in ndims:
+        raise ValueError(f"{name} must be {' or '.join(f'{n}-d' for n in ndims)}, got shape {v.shape}")
     if v.adapter is None:
         raise TypeError(
             f"{name} is a device array of a library without a cudnnkit adapter, so cudnnkit cannot read it to check "
             f"it; pass {name} as a host array (NumPy or a list) instead"
         )
     values = np.asarray(v.adapter.to_numpy(obj)).astype(np.int64, copy=False)  # synchronizes
-    if v.dtype == "int32" and (v.shape[0] <= 1 or v.strides[0] == 1) and v.ptr:
+    if v.ndim == 1 and v.dtype == "int32" and (v.shape[0] <= 1 or v.strides[0] == 1) and v.ptr:
         return _Index(name, values, v.ptr, obj)
     return _Index(name, values)  # uploaded as int32 with the host ones
+
+
+def _unpad(labels: np.ndarray, label_lengths: np.ndarray, N: int) -> np.ndarray:
+    """2-d padded labels ``(N, S)`` as the packed 1-d form: row ``n``'s first ``label_lengths[n]`` values, checked
+    (``ValueError`` naming the row that is too short or the batch that does not match)."""
+    if labels.shape[0] != N:
+        raise ValueError(f"labels has {labels.shape[0]} rows (2-d: one padded label per sample) but x has a batch "
+                         f"of N={N}")  # fmt: skip
+    S = labels.shape[1]
+    if label_lengths.shape[0] != N or N == 0:
+        return labels.reshape(-1)[:0]  # an empty batch; or label_lengths of another batch, which _validate refuses
+    bad = np.flatnonzero((label_lengths < 0) | (label_lengths > S))
+    if bad.size:
+        i = bad[0]
+        raise ValueError(f"label_lengths[{i}] is {label_lengths[i]} but labels (2-d, padded) has rows of S={S}")
+    keep = np.arange(S)[None, :] < label_lengths[:, None]
+    return labels[keep]  # row-major: row n's first label_lengths[n] values, in order
 
 
 def _repeats(labels: np.ndarray, label_lengths: np.ndarray) -> np.ndarray:
@@ -275,6 +297,8 @@ def _ctc_resolve(views: Any, kw: Any) -> _Ctc:
         v = views[n]  # a view of a device array, or the caller's host data
         idx.append(_read_index(v.owner, v, n) if isinstance(v, ArrayView) else _read_index(v, None, n))
     lab, ll, il = idx
+    if lab.values.ndim == 2:  # padded (N, S): packed here, uploaded with the host values
+        lab = _Index("labels", _unpad(lab.values, ll.values, N))
     _validate(lab.values, ll.values, il.values, T, N, A)
     short = np.empty(0, np.int64)
     if N:
@@ -399,7 +423,8 @@ def ctc_loss(
     """CTC loss of each sample and its gradient with respect to ``x``; returns ``(costs, grads)``.
 
     ``x``: ``(T, N, A)`` float32 logits (``normalization="softmax"``) or
-    probabilities (``"none"``). ``labels``: 1-d packed labels in ``[1, A)``;
+    probabilities (``"none"``). ``labels``: 1-d packed labels in ``[1, A)``, or 2-d ``(N, S)`` padded ones
+    (row ``n``'s first ``label_lengths[n]`` values);
     ``label_lengths``, ``input_lengths``: ``N`` values each (host or device
     integers; see the module doc for the host copy of device ones).
     ``costs``: ``(N,)`` float32; ``grads``: ``(T, N, A)`` float32,
@@ -501,10 +526,13 @@ def _l3_meta(x: Spec, *, labels: Any = None, label_lengths: Any = None, input_le
                                                                         algo=algo, oob_grads=oob_grads))  # fmt: skip
     for n, a in arrays.items():
         if isinstance(a, Spec):  # what the values need (ranges, sums) is checked by the forward, on the host
-            if len(a.shape) != 1 or not a.dtype.startswith(("int", "uint")):
-                raise ValueError(f"{n} must be a 1-d integer array, got {a.dtype} of shape {a.shape}")
-            if n != "labels" and a.shape[0] != N:
-                raise ValueError(f"{n} has {a.shape[0]} values but x has a batch of N={N}")
+            ndims = (1, 2) if n == "labels" else (1,)
+            if len(a.shape) not in ndims or not a.dtype.startswith(("int", "uint")):
+                what = "a 1-d (packed) or 2-d (N, S) (padded)" if n == "labels" else "a 1-d"
+                raise ValueError(f"{n} must be {what} integer array, got {a.dtype} of shape {a.shape}")
+            if (n != "labels" or len(a.shape) == 2) and a.shape[0] != N:
+                raise ValueError(f"{n} has {a.shape[0]} {'rows' if n == 'labels' else 'values'} but x has a batch "
+                                 f"of N={N}")  # fmt: skip
     costs, grads = Spec((N,), (1,), "float32"), Spec((T, N, A), contiguous_strides((T, N, A)), "float32")
     return (costs,), {"grads": grads}
 
@@ -515,7 +543,8 @@ CTC_LOSS_L3 = differentiable(
 blank at 0; any strides, copied to C order): x holds logits (or log-probabilities: cuDNN applies the softmax over A
 itself, normalization="softmax", the only mode offered here), so the reference is torch.nn.functional.ctc_loss(
 x.log_softmax(-1), labels, input_lengths, label_lengths, blank=0, reduction="none"). Arrays labels (1-d, packed,
-sum(label_lengths) values in [1, A)), label_lengths, input_lengths (N values each): host data (NumPy, lists, CPU
+sum(label_lengths) values in [1, A); or 2-d (N, S), padded: row n's first label_lengths[n] values, packed on the
+host), label_lengths, input_lengths (N values each): host data (NumPy, lists, CPU
 tensors of any integer dtype: uploaded as one int32 buffer) or device integer arrays (int32 contiguous ones used as
 they are; all are read to the host to be checked, a synchronisation); no gradient. One cudnnCTCLoss_v8 (ctc_loss)
 makes the costs and the gradient, kept as the residual grads (T, N, A) float32; the backward is

@@ -17,13 +17,22 @@ keeps ``p`` as a C float, so the scale ``1 / (1 - p)`` is a float32 value even
 for float64 data (about 1e-9 relative from the exact scale for ``p = 0.1``).
 
 A state is not thread-safe: use one per thread (or lock around it).
+
+The L3 declaration (``cudnnkit.autograd.dropout``) also takes ``seed=``, a device (or host) array of 32-bit words
+instead of a state: the forward then reads the seed on the host (a synchronization), re-initialises a state of its
+own from it (:func:`seeded_state`, one per device, library and stream) and draws the mask from it, so that the
+mask depends on the seed and the shape alone. That is how a traced JAX key reaches cuDNN
+(``cudnnkit.jax.nn.dropout``): ``cudnnSetDropoutDescriptor`` takes its seed as a host integer, never from device
+memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import numbers
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from .. import lib
@@ -34,7 +43,7 @@ from ._diff import Differentiable, Spec, differentiable, new_like
 from ._layout import canonical_strides, describable
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
-__all__ = ["DropoutState", "default_state", "dropout_forward", "dropout_backward"]
+__all__ = ["DropoutState", "default_state", "seeded_state", "seed_from_words", "dropout_forward", "dropout_backward"]
 
 # cuDNN 9.19's dropout returns NOT_SUPPORTED for bfloat16 (measured on an H200)
 _DTYPES = ("float16", "float32", "float64")
@@ -148,6 +157,54 @@ def default_state(like: Any, *, stream: Any = None, name: str = "like") -> Dropo
         with _defaults_lock:
             _defaults[key] = st
     return st
+
+
+_seeded: dict[tuple[int, str, int], tuple[DropoutState, threading.Lock]] = {}
+
+
+@contextlib.contextmanager
+def seeded_state(like: Any, seed: int, *, stream: Any = None, name: str = "x") -> Iterator[DropoutState]:
+    """Within the block, a :class:`DropoutState` freshly initialised from ``seed`` on ``stream`` (``like``'s
+    library's current one by default): the next :func:`dropout_forward` with it draws the mask that ``seed`` and the
+    shape give, whatever ran before. One state per (device, library, stream), made on first use and kept for the
+    process; the block holds its lock, so two threads on one stream do not re-seed it under each other (the GPU
+    work is ordered by the stream). ``cudnnSetDropoutDescriptor`` (an initialisation kernel) on every entry."""
+    _check_seed(seed)
+    launch, (v,) = prepare((name, like), stream=stream)
+    key = (v.device, v.library, int(launch.stream or 0))
+    with _defaults_lock:
+        got = _seeded.get(key)
+    if got is None:
+        got = (DropoutState(v.owner if v.adapter is not None else like, seed, stream=launch.stream, _name=name),
+               threading.Lock())  # fmt: skip
+        with _defaults_lock:
+            got = _seeded.setdefault(key, got)
+    state, lock = got
+    with lock:
+        state.reseed(seed, stream=launch.stream)
+        yield state
+
+
+def seed_from_words(words: Any, name: str = "seed") -> int:
+    """The 64-bit seed that one or two 32-bit words (low word first; any integers, each taken modulo 2**32: an
+    int32 word's two's complement) spell."""
+    import numpy as np
+
+    w = np.asarray(words).reshape(-1)
+    if w.size not in (1, 2):
+        raise ValueError(f"{name} must hold one or two 32-bit words, got {w.size} values")
+    out = 0
+    for i, v in enumerate(w.tolist()):
+        out |= (int(v) & 0xFFFFFFFF) << (32 * i)
+    return out
+
+
+def _seed_words(seed: Any, name: str = "seed") -> int:
+    """The 64-bit seed in ``seed``, an int32 array of one or two 32-bit words (what ``jax.random.bits`` gives
+    bit-cast to int32), read on the host (its library's ``to_numpy``: a synchronization)."""
+    from ._diff import host_values
+
+    return seed_from_words(host_values(seed, name), name)
 
 
 def _check_p(p: float, name: str = "p") -> float:
@@ -399,8 +456,20 @@ def dropout_backward(
 # ----------------------------------------------------------------- the L3 declaration
 
 
-def _l3_forward(x: Any, *, p: float, state: DropoutState | None = None) -> Any:
-    y, reserve = dropout_forward(x, p, state=state)
+def _l3_seed_check(seed: Any, state: Any) -> None:
+    if seed is not None and state is not None:
+        raise ValueError("dropout: pass state= (a DropoutState, which each call advances) or seed= (an int32 array: "
+                         "a fresh state per call), not both")  # fmt: skip
+
+
+def _l3_forward(x: Any, *, p: float, state: DropoutState | None = None, seed: Any = None) -> Any:
+    _l3_seed_check(seed, state)
+    if seed is None:
+        y, reserve = dropout_forward(x, p, state=state)
+    else:
+        p = _check_p(p)  # before the seed is read (a synchronization)
+        with seeded_state(x, _seed_words(seed)) as st:
+            y, reserve = dropout_forward(x, p, state=st)
     return (y,), {"reserve": reserve}
 
 
@@ -411,9 +480,13 @@ def _l3_backward(res: Any, douts: Any, needs: Any, *, p: float, state: DropoutSt
     return (dropout_backward(dy, res["reserve"], p, state=state),)
 
 
-def _l3_meta(x: Spec, *, p: float, state: DropoutState | None = None) -> Any:
+def _l3_meta(x: Spec, *, p: float, state: DropoutState | None = None, seed: Spec | None = None) -> Any:
     _check_p(p)
+    _l3_seed_check(seed, state)
     check_dtype(x, "x", _DTYPES, "dropout")
+    if seed is not None and (seed.dtype != "int32" or len(seed.shape) != 1 or seed.shape[0] not in (1, 2)):
+        raise TypeError(f"seed must be an int32 array of shape (1,) or (2,) (the seed's 32-bit words, low first), "
+                        f"got {seed.dtype} of shape {seed.shape}")  # fmt: skip
     y = new_like(x)  # dense x: its layout; else C order (what dropout_forward allocates: a gapped x is copied)
     nres = 0
     if 0 not in x.shape:  # cudnnDropoutGetReserveSpaceSize on the descriptor the forward builds (host-side)
@@ -423,11 +496,14 @@ def _l3_meta(x: Spec, *, p: float, state: DropoutState | None = None) -> Any:
 
 DROPOUT = differentiable(
     Differentiable("dropout", "dropout_forward", ("x",), ("out",), _l3_forward, _l3_backward, _l3_meta,
-                   doc="""y = x * mask / (1 - p) (p in [0, 1), checked as dropout_forward does: p=0 drops nothing, p=1
-is refused). x: 1 to 8 dims, float16/float32/float64. Keywords p and state (a DropoutState, default: the
-thread's default_state of x's device; the torch layer passes it by key). Residual reserve: the uint8 mask,
-cudnnDropoutGetReserveSpaceSize bytes for x's descriptor (host-side: meta computes it the same way).
-cudnnDropoutForward, then cudnnDropoutBackward(dy, reserve) with the same p and state (dropout_backward); the
-backward reads only the mask, so a default state of another thread (torch's autograd thread) gives the same
-gradient.""")
+                   arrays=("seed",), doc="""y = x * mask / (1 - p) (p in [0, 1), checked as dropout_forward does: p=0 drops
+nothing, p=1 is refused). x: 1 to 8 dims, float16/float32/float64. Keywords p and state (a DropoutState, default:
+the thread's default_state of x's device; the torch layer passes it by key), or the array seed (no gradient): an
+int32 array of one or two 32-bit words (low first) of a 64-bit seed, read on the host by the forward (a
+synchronization), which then draws the mask from a state re-initialised from it (seeded_state): the same seed and
+shape give the same mask, with no state carried between calls (the JAX layer's explicit key); state and seed
+together are refused. Residual reserve: the uint8 mask, cudnnDropoutGetReserveSpaceSize bytes for x's descriptor
+(host-side: meta computes it the same way). cudnnDropoutForward, then cudnnDropoutBackward(dy, reserve) with the
+same p and state (dropout_backward); the backward reads only the mask, so a default state of another thread
+(torch's autograd thread) gives the same gradient.""")
 )  # fmt: skip

@@ -1,9 +1,9 @@
 """Normalization rows (issue 12): ``cudnnkit.ops.batch_norm_forward`` training on 64x256x56x56 float16
-channels-last, plain and fused with the residual add and ReLU, by its default path (the graph: NORM_FORWARD, then
-ADD and RELU_FWD) and under ``settings(prefer="legacy")`` (``cudnnBatchNormalizationForwardTrainingEx``), against
+channels-last, plain and fused with the residual add and ReLU, under ``settings(prefer="graph")`` (NORM_FORWARD,
+then ADD and RELU_FWD) and under ``settings(prefer="legacy")`` (``cudnnBatchNormalizationForwardTrainingEx``), against
 torch's ``F.batch_norm`` (and ``relu(bn(x) + z)`` eager); memory-bound (``bytes``: x read twice, z once, y
 written); ``ops.last_path()`` is checked after each call, so a row whose path did not run errs instead of timing
-another. The small CNN's float32 batch norm (host-bound), and a layer norm row (graph)."""
+another. The small CNN's float32 batch norm on the graph (host-bound), and a layer norm row (graph)."""
 
 from __future__ import annotations
 
@@ -54,23 +54,23 @@ def norm_rows() -> list[Row]:
     return [
         Row(
             FAMILY,
-            "batch norm training fwd",
+            "batch norm training fwd, graph form",
             "64x256x56x56 NHWC",
             "float16",
-            ours=on_path(plain, "graph"),
+            ours=on_path(plain, "graph", "graph"),
             torch=lambda: F.batch_norm(x, trm, trv, s, b, training=True),
             bytes=3 * n * isz,
-            notes="the default path: the graph's NORM_FORWARD (the row errs if it did not run)",
+            notes="settings(prefer='graph'): NORM_FORWARD (the row errs if it did not run)",
         ),
         Row(
             FAMILY,
-            "batch norm + add + relu fwd",
+            "batch norm + add + relu fwd, graph form",
             "64x256x56x56 NHWC",
             "float16",
-            ours=on_path(fused, "graph"),
+            ours=on_path(fused, "graph", "graph"),
             torch=lambda: F.relu(F.batch_norm(x, trm, trv, s, b, training=True) + z),
             bytes=4 * n * isz,
-            notes="the default path: NORM_FORWARD -> ADD -> RELU_FWD, one graph; torch: 3 kernels eager",
+            notes="settings(prefer='graph'): NORM_FORWARD -> ADD -> RELU_FWD, one graph; torch: 3 kernels eager",
         ),
         Row(
             FAMILY,
@@ -94,13 +94,15 @@ def norm_rows() -> list[Row]:
         ),
         Row(
             FAMILY,
-            "batch norm training fwd (small CNN's)",
+            "batch norm training fwd, graph form (small CNN's)",
             "64x32x32x32 NHWC",
             "float32",
-            ours=on_path(lambda: ops.batch_norm_forward(xs, ss, bs, running_mean=rms, running_var=rvs), "graph"),
+            ours=on_path(
+                lambda: ops.batch_norm_forward(xs, ss, bs, running_mean=rms, running_var=rvs), "graph", "graph"
+            ),
             torch=lambda: F.batch_norm(xs, trms, trvs, ss, bs, training=True),
             bytes=3 * xs.numel() * 4,
-            notes="host-bound: the default path's host time per call against torch's",
+            notes="host-bound: the graph form's host time per call (prefer='graph') against torch's",
         ),
         Row(
             FAMILY,

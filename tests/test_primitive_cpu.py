@@ -276,11 +276,13 @@ class _FakePlan:
         self.calls.append((handle, tuple(ptrs), ws))
 
 
-def _fake_graph_primitive(name: str, workspace: int = 0, blend: bool = False):
-    """A graph-only primitive ``x -> out`` (2, 3, 4) whose graph "builds" to a :class:`_FakePlan`."""
+def _fake_graph_primitive(name: str, workspace: int = 0, blend: bool = False, prepare=None, extras: tuple = ()):
+    """A graph-only primitive ``x -> out`` (2, 3, 4) whose graph "builds" to a :class:`_FakePlan`; each of
+    ``extras`` (made by ``prepare``) is bound after them, with uids 3, 4, ..."""
     from cudnnkit.ops import _graphform
 
     plan = _FakePlan(workspace)
+    plan.bindable_uids = (2, 1, *range(3, 3 + len(extras)))
 
     class T:
         def __init__(self, uid):
@@ -292,8 +294,9 @@ def _fake_graph_primitive(name: str, workspace: int = 0, blend: bool = False):
             return plan
 
     out = P.Output("out", shape=lambda r: (2, 3, 4), blend=("alpha", "beta") if blend else None)
-    p = P.Primitive(name, inputs=(P.Operand("x", FLOATS),), outputs=(out,), empty=lambda r: False,
-                    graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})))  # fmt: skip
+    bind = lambda c: (G(), {T(1): "x", T(2): "out"} | {T(3 + i): n for i, n in enumerate(extras)})  # noqa: E731
+    p = P.Primitive(name, inputs=(P.Operand("x", FLOATS),), outputs=(out,), empty=lambda r: False, extras=extras,
+                    graph=_graphform.graph_form(bind, prepare))  # fmt: skip
     return p, plan
 
 
@@ -339,7 +342,7 @@ def test_express_graph_hits_make_the_forms_new_extras_too(monkeypatch):
     """A graph form whose ``prepare`` makes an extra the call returns (batch norm's saved statistics) keeps its
     pointer-only express form: each hit allocates that extra anew beside the output, binds it where the plan
     wants it, and returns it; the plan is built once."""
-    from cudnnkit.ops import _express, _graphform
+    from cudnnkit.ops import _express
     from cudnnkit.runtime import adapters
 
     from .fuzz.materialize import FakeArray, FakeBackend
@@ -348,26 +351,12 @@ def test_express_graph_hits_make_the_forms_new_extras_too(monkeypatch):
     real = P._fire_graph
     monkeypatch.setattr(P, "_fire_graph", lambda *a: fast.append(real(*a)) or fast[-1])
     monkeypatch.setattr(P, "get_handle", lambda *a: type("H", (), {"ptr": 0xABC})())
-    plan = _FakePlan(0)
-    plan.bindable_uids = (2, 1, 3)
-
-    class T:
-        def __init__(self, uid):
-            self.uid = uid
-
-    class G:
-        def build(self, device=None):
-            plan.builds += 1
-            return plan
 
     def prepare(c):
         arr, c.views["stat"] = c.launch.empty((3,), "float32", name="stat")
         c.extra["stat"] = arr
 
-    out = P.Output("out", shape=lambda r: (2, 3, 4))
-    p = P.Primitive("toy_graph_extras", inputs=(P.Operand("x", FLOATS),), outputs=(out,), empty=lambda r: False,
-                    extras=("stat",), graph=_graphform.graph_form(
-                        lambda c: (G(), {T(1): "x", T(2): "out", T(3): "stat"}), prepare))  # fmt: skip
+    p, plan = _fake_graph_primitive("toy_graph_extras", prepare=prepare, extras=("stat",))
     b = FakeBackend()
     with b.installed():
         adapters.KEYED[FakeArray] = lambda a: b.adapters[a.lib].key(a)

@@ -14,11 +14,7 @@ torch = pytest.importorskip("torch")
 import cudnnkit  # noqa: E402
 import cudnnkit.torch  # noqa: E402
 
-
-def _rel(a, b) -> float:
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    n = b.norm()
-    return float((a - b).norm() / (n if n > 0 else 1.0))
+from .test_torch_modules_gpu import _same_in_train_and_eval  # noqa: E402
 
 
 def _cnn():
@@ -32,8 +28,15 @@ def _cnn():
 
 @pytest.fixture
 def fp32(monkeypatch):
+    """float32 without TF32 on both sides, cudnnkit's settings process-wide (as test_torch_modules_gpu's fixture:
+    the backward runs on autograd's device thread)."""
+    import sys
+    import types
+
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    mod = sys.modules["cudnnkit.runtime.settings"]
+    monkeypatch.setattr(mod, "_stack", types.SimpleNamespace(current=mod.current_settings()))
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -47,26 +50,7 @@ def test_a_fused_cnn_matches_torch_forward_backward_and_statistics(fp32, channel
     if channels_last:
         ref, ours = ref.to(memory_format=torch.channels_last), ours.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    for train in (True, False):
-        ref.train(train)
-        ours.train(train)
-        xo, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
-        with cudnnkit.settings(allow_tf32=False):
-            yo = ours(xo)
-        cot = torch.randn_like(yo)
-        (yo * cot).sum().backward()
-        yr = ref(xr)
-        (yr * cot).sum().backward()
-        mode = "train" if train else "eval"
-        assert _rel(yo, yr) < 1e-4, f"{mode}: {_rel(yo, yr):.2e}"
-        assert _rel(xo.grad, xr.grad) < 1e-3, f"{mode} dx: {_rel(xo.grad, xr.grad):.2e}"
-        po = dict(ours.named_parameters())
-        for n, p in ref.named_parameters():
-            assert _rel(po[n].grad, p.grad) < 1e-3, f"{mode} d{n}: {_rel(po[n].grad, p.grad):.2e}"
-            po[n].grad, p.grad = None, None
-        bo = dict(ours.named_buffers())
-        for n, b in ref.named_buffers():
-            assert _rel(bo[n].float(), b.float()) < 1e-4, f"{mode} buffer {n}"
+    _same_in_train_and_eval(ref, ours, x)  # outputs, input and parameter gradients, buffers; train and eval
 
 
 def test_a_fused_cnn_trains_like_torch(fp32):

@@ -53,7 +53,7 @@ def main() -> None:
     err = rel(cp.asnumpy(y), ref)
     assert err < 1e-2, f"relative error {err:.2e} against the float64 reference"
     print(
-        f"plan {plan.name} (workspace {plan.workspace_size} bytes), cache {plan_cache().stats()}; rel. error {err:.1e}"
+        f"plan {plan.name} (workspace {plan.workspace_size} bytes), cache {plan_cache().stats}; rel. error {err:.1e}"
     )
 
 

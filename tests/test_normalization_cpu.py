@@ -436,9 +436,9 @@ def _bn_views(xs=(2, 8, 4, 4), typestr="<f2", layout="nhwc", **arrays):
     ],
 )
 def test_batch_norm_graph_form_takes_channels_last_training_only(kw, layout, typestr, why):
-    """Batch norm's graph form takes channels-last 4-d float16/bfloat16/float32 training only, and runs under
-    ``settings(prefer="graph")``: by default the router keeps the Ex calls (until the graph's express path has run
-    on the GPU); forcing the graph for a call it refuses says why."""
+    """Batch norm's graph form takes channels-last 4-d float16/bfloat16/float32 training only, and is the default
+    path there; ``settings(prefer="legacy")`` keeps the Ex calls; forcing the graph for a call it refuses says
+    why."""
     extra = {"running_mean": "p", "running_var": "p"}
     views = _bn_views(typestr=typestr, layout=layout, scale="p", bias="p", **extra)
     if kw.get("mode") == "per_activation":
@@ -453,7 +453,7 @@ def test_batch_norm_graph_form_takes_channels_last_training_only(kw, layout, typ
     assert (got is None) if why is None else (why in got)
     import cudnnkit
 
-    assert P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw) == "legacy"
+    assert P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw) == ("graph" if why is None else "legacy")
     with cudnnkit.settings(prefer="legacy"):
         assert P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw) == "legacy"
     with cudnnkit.settings(prefer="graph"):
@@ -500,12 +500,13 @@ def test_batch_norm_graph_builders_bind_every_tensor(running, fused):
 
 
 def test_the_l3_batch_norm_predicts_no_fused_reserve_where_the_graph_runs():
-    """The L3 declaration's meta predicts the fused forward's reserve only where the legacy Ex call runs: not under
-    ``settings(prefer="graph")``, whose graph keeps none (its backward reads y)."""
+    """The L3 declaration's meta predicts the fused forward's reserve only where the legacy Ex call runs (under
+    ``settings(prefer="legacy")``): not by default or under ``prefer="graph"``, whose graph keeps none (its
+    backward reads y)."""
     import cudnnkit
 
     args = ("float16", "nhwc", (2, 8, 4, 4), "spatial")
-    assert nm._fusable(*args)
+    assert not nm._fusable(*args)
     with cudnnkit.settings(prefer="graph"):
         assert not nm._fusable(*args)
         r = nm._BN("float16", "float32", "spatial", True, False, 0.1, 1e-5, (2, 8, 4, 4), (8,), "nhwc", act=True)

@@ -18,10 +18,13 @@ from .test_torch_modules_gpu import _same_in_train_and_eval  # noqa: E402
 
 
 def _cnn():
+    """torchvision's convention: a convolution followed by batch norm has no bias (in training mode its gradient is
+    zero in exact arithmetic, float32 rounding noise on both sides, so no relative comparison can hold); the fused
+    convolution + ReLU (4, 5) has one."""
     nn = torch.nn
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.ReLU(), nn.Conv2d(16, 8, 1), nn.BatchNorm2d(8),
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 1, bias=False), nn.BatchNorm2d(8),
         nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5),
     )  # fmt: skip
 
@@ -61,9 +64,9 @@ def test_a_fused_cnn_trains_like_torch(fp32):
     y = torch.randint(0, 5, (32,), device="cuda")
     losses = {}
     for name, m in (("ours", ours), ("torch", ref)):
-        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
         got = []
-        for _ in range(10):
+        for _ in range(20):  # torch on the CPU, seeds 0-7: the last loss is 0.45-0.68 of the first
             opt.zero_grad()
             with cudnnkit.settings(allow_tf32=False):
                 loss = torch.nn.functional.cross_entropy(m(x), y)

@@ -1,5 +1,5 @@
-"""Normalization, forward and backward: batch norm on cuDNN's legacy calls (and, under ``settings(prefer="graph")``,
-on its graph API for channels-last 4-d training: see "batch norm (graph)" below); layer, RMS and
+"""Normalization, forward and backward: batch norm on cuDNN's graph API for channels-last 4-d training (see
+"batch norm (graph)" below) and on its legacy calls for everything else; layer, RMS and
 instance norm on the graph API (``OPERATION_NORM_FORWARD`` / ``OPERATION_NORM_BACKWARD``).
 
 Shapes (logical order whatever the memory layout; ``P`` is the parameters' dtype, below)
@@ -36,8 +36,8 @@ which cuDNN writes, must be.
 
 cuDNN calls: batch norm: ``cudnnBatchNormalizationForwardTraining``, ``cudnnBatchNormalizationForwardInference``,
 ``cudnnBatchNormalizationBackward``, with the parameter descriptor from ``cudnnDeriveBNTensorDescriptor``
-(``CUDNN_BATCHNORM_SPATIAL``, ``_PER_ACTIVATION``, ``_SPATIAL_PERSISTENT``); under ``settings(prefer="graph")``,
-channels-last 4-d float16, bfloat16 and float32 training runs one graph instead (``NORM_FORWARD`` batch mode with the running
+(``CUDNN_BATCHNORM_SPATIAL``, ``_PER_ACTIVATION``, ``_SPATIAL_PERSISTENT``); channels-last 4-d float16, bfloat16
+and float32 training runs one graph instead (``settings(prefer="legacy")`` keeps the Ex calls) (``NORM_FORWARD`` batch mode with the running
 statistics updated in place, then ``ADD`` and ``RELU_FWD`` when fused; ``NORM_BACKWARD``, after the ReLU's gradient
 from ``y`` when fused), which keeps no reserve. A lone batch-norm inference graph has no engine on cuDNN 9.19, so
 inference is legacy only. Layer, RMS and instance norm: one graph per call
@@ -568,16 +568,16 @@ def _dz_back(c: Call) -> None:
 
 # ----------------------------------------------------------------- batch norm (graph)
 #
-# Channels-last 4-d training batch norm in float16/bfloat16/float32 runs as one graph under
-# ``settings(prefer="graph")`` (NORM_FORWARD, batch mode, with the running statistics, then ADD and RELU_FWD when
-# fused; NORM_BACKWARD). It is meant to become the default once the express path below and the float32 backward
-# have run on the GPU (tests/gpu/test_normalization_gpu.py); until then ``_bn_auto`` keeps the Ex calls.
+# Channels-last 4-d training batch norm in float16/bfloat16/float32 runs as one graph by default (NORM_FORWARD,
+# batch mode, with the running statistics, then ADD and RELU_FWD when fused; NORM_BACKWARD).
 # A probe on the H200 with cuDNN 9.19 (a bound plan, fp16 64x256x56x56, each call synchronized, so host time is
 # counted too) gave forward 0.086 ms against 0.198 for the legacy Ex call and 0.129 for torch, with the add and ReLU
 # 0.137 against 0.275 and 0.259, backward 0.143 against 0.217 and 0.209, and 8-11 us of host time per execute
 # against the legacy calls' 86-103 us. The L2 call first read no faster (0.120 ms against 0.112): its express hits
 # ran the whole form again, because the call makes new saved statistics; they now take the pointer-only path and
-# allocate those like outputs (``_graphform._fresh_extras``). float32 measured on the H200 (9.19): error 1.4e-7
+# allocate those like outputs (``_graphform._fresh_extras``): the L2 call then read 0.138 ms against the Ex call's
+# 0.211 and torch's 0.113, with 122 us of host time against 203 (benchmarks norm/, H200, 2026-12-03; the GPU tier's
+# tests/gpu/test_normalization_gpu.py, graph against legacy with express repeats, passed there). float32 measured on the H200 (9.19): error 1.4e-7
 # against float64, 0.097 ms against the Ex call's 0.188 for 64x32x32x32 (the small CNN's). The running
 # statistics are read and written in place (the graph's input and output running-statistics tensors bound to one
 # array: measured exact). The graph form refuses, by name, every other call (inference, per-activation,
@@ -604,9 +604,8 @@ def _bn_graph_refuses(r: _BN, kw: Any) -> str | None:
 
 
 def _bn_auto(r: _BN, kw: Any) -> tuple[str, str]:
-    """The path under ``prefer="auto"`` when both forms take a call: the Ex calls until the graph form's express
-    path (fresh extras) and its float32 backward have run on the GPU (see the section comment)."""
-    return "legacy", "the batch-norm graph runs under settings(prefer='graph') (its express path not yet run on a GPU)"
+    """The path under ``prefer="auto"`` when both forms take a call: the graph (see the section comment)."""
+    return "graph", "the batch-norm graph: measured faster than the Ex calls (host and GPU)"
 
 
 def _bn_param_tensor(b: Binder, name: str, c_: int) -> Any:
@@ -766,9 +765,9 @@ def batch_norm_forward(
     ``(y, saved_mean, saved_inv_std)`` (``inv_std = 1 / sqrt(var + epsilon)``, the biased variance), and updates
     ``running_mean``/``running_var`` in place when given, as torch does: ``new = (1 - momentum) * old + momentum *
     batch``, with the unbiased variance for ``running_var`` (cuDNN's ``exponentialAverageFactor`` is ``momentum``).
-    ``out=(y, saved_mean, saved_inv_std)``, each an array or None. ``cudnnBatchNormalizationForwardTraining``;
-    under ``settings(prefer="graph")`` and for a channels-last 4-d float16, bfloat16 or float32 ``x``, one graph
-    (``NORM_FORWARD``, batch mode) instead (see the module docstring).
+    ``out=(y, saved_mean, saved_inv_std)``, each an array or None. For a channels-last 4-d float16, bfloat16 or
+    float32 ``x``: one graph (``NORM_FORWARD``, batch mode; see the module docstring); otherwise, or under
+    ``settings(prefer="legacy")``, ``cudnnBatchNormalizationForwardTraining``.
 
     Inference (``training=False``): ``y = (x - running_mean) / sqrt(running_var + epsilon) * scale + bias``;
     returns ``y`` (``out=`` an array). ``cudnnBatchNormalizationForwardInference``.
@@ -776,9 +775,10 @@ def batch_norm_forward(
     **Fused** (``activation="relu"``, with an optional residual ``z`` of ``x``'s shape and dtype):
     ``y = relu(bn(x) + z)``. Training returns ``(y, saved_mean, saved_inv_std, reserve)``: one
     ``cudnnBatchNormalizationForwardTrainingEx`` (``CUDNN_BATCHNORM_OPS_BN_ACTIVATION`` / ``_ADD_ACTIVATION``)
-    where cuDNN fuses these arrays (channels-last half types, C a multiple of 4), whose ``reserve`` (uint8) the
+    where cuDNN fuses these arrays (channels-last half types, C a multiple of 4; under ``settings(prefer="legacy")``
+    where the graph would take them), whose ``reserve`` (uint8) the
     backward takes; elsewhere the unfused steps (the plain call, ``cudnnAddTensor``, ``cudnnActivationForward``)
-    and ``reserve`` is None. The graph path (``prefer="graph"``) fuses them as ``ADD`` and ``RELU_FWD``
+    and ``reserve`` is None. The graph path (the default where it applies) fuses them as ``ADD`` and ``RELU_FWD``
     nodes after the norm and keeps no reserve (None): its backward takes the ReLU's gradient from ``y``. Inference
     runs the unfused steps.
 
@@ -817,8 +817,8 @@ def batch_norm_backward(
     """``(dx, dscale, dbias)`` of :func:`batch_norm_forward` (training) from ``dy``, its input ``x``, ``scale``
     and its saved statistics (``epsilon`` and ``mode`` the forward's). ``dx`` has ``x``'s shape and dtype,
     ``dscale``/``dbias`` ``scale``'s. ``out=(dx, dscale, dbias)``, each an array or None.
-    ``cudnnBatchNormalizationBackward`` (primitive :data:`BATCH_NORM_BACKWARD`); under ``settings(prefer="graph")``
-    and for a channels-last 4-d float16, bfloat16 or float32 ``x`` without a ``reserve``, one graph
+    ``cudnnBatchNormalizationBackward`` (primitive :data:`BATCH_NORM_BACKWARD`); for a channels-last 4-d float16,
+    bfloat16 or float32 ``x`` without a ``reserve`` (unless ``settings(prefer="legacy")``), one graph
     (``NORM_BACKWARD``).
 
     The fused forward's backward: ``activation="relu"`` with the forward's output ``y``; ``z_grad=True`` when it
@@ -1223,11 +1223,11 @@ def _needed(grads: tuple, needs: tuple) -> tuple:
 def _fusable(dtype: str, lay: str, x_shape: tuple[int, ...], mode: str) -> bool:
     """Where the L3 batch norm keeps the fused forward's reserve: 4-d channels-last float16 with C a multiple of
     4, spatial (what cuDNN fuses, as measured on the H200: tests/gpu/test_normalization_gpu.py), and there only
-    when cuDNN's size query accepts the call, and not under ``settings(prefer="graph")`` (the graph form keeps no
-    reserve). Elsewhere a reserve the forward made is dropped: the backward then runs the unfused steps (from
+    when cuDNN's size query accepts the call, and only under ``settings(prefer="legacy")`` (the graph form, which
+    runs such calls otherwise, keeps no reserve). Elsewhere a reserve the forward made is dropped: the backward then runs the unfused steps (from
     ``y``), the same gradients."""
     return (dtype == "float16" and lay == "nhwc" and len(x_shape) == 4 and x_shape[1] % 4 == 0
-            and mode in ("spatial", "spatial_persistent") and current_settings().prefer != "graph")  # fmt: skip
+            and mode in ("spatial", "spatial_persistent") and current_settings().prefer == "legacy")  # fmt: skip
 
 
 def _current_handle() -> tuple[Any, int]:

@@ -78,6 +78,7 @@ from .nodes import (
     ResampleNodes,
     ReshapeNodes,
     RngNodes,
+    SdpaFp8Nodes,
     SdpaNodes,
 )
 from .plan.autotuner import autotune as _autotune
@@ -111,6 +112,7 @@ class Graph(
     RngNodes,
     ReshapeNodes,
     SdpaNodes,
+    SdpaFp8Nodes,
 ):
     """A cuDNN operation graph under construction.
 

@@ -16,12 +16,13 @@ or None)``. Operations and the backend descriptors they lower to:
 ``rng(dims, seed=...)``         ``RNG_DESCRIPTOR`` + ``OPERATION_RNG``
 ``reshape``, ``concat``         ``OPERATION_RESHAPE``, ``OPERATION_CONCATENATE``
 ``sdpa_forward/backward``       the fused-attention composite, or ``OPERATION_SDPA_FWD`` / ``_BWD``
+``sdpa_fp8_forward/backward``   the fp8 attention composite (matmul, pointwise, reduction, reshape, rng)
 ==============================  ===================================================================
 """
 
 from __future__ import annotations
 
-from . import conv, matmul, norm, pointwise, reduction, resample, reshape, rng, sdpa
+from . import conv, matmul, norm, pointwise, reduction, resample, reshape, rng, sdpa, sdpa_fp8
 from .conv import ConvNodes
 from .matmul import MatmulNodes
 from .norm import NormNodes
@@ -31,6 +32,7 @@ from .resample import ResampleNodes
 from .reshape import ReshapeNodes
 from .rng import RngNodes
 from .sdpa import SdpaNodes
+from .sdpa_fp8 import SdpaFp8Nodes
 
 __all__ = [
     "LOWER",
@@ -43,6 +45,7 @@ __all__ = [
     "ReshapeNodes",
     "RngNodes",
     "SdpaNodes",
+    "SdpaFp8Nodes",
 ]
 
 #: node kind -> its lowering ``(node, tensor descriptors by uid) -> (operation, parameter descriptor or None)``
@@ -56,4 +59,5 @@ LOWER = {
     **rng.LOWER,
     **reshape.LOWER,
     **sdpa.LOWER,
+    **sdpa_fp8.LOWER,
 }

@@ -150,6 +150,7 @@ class Graph(
         self._scratch: dict[int, str | None] = {}
         self._described: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # uid -> lowered dims, strides
         self._view_nodes: set[int] = set()  # nodes that read a tensor through its _described view
+        self._ragged: dict[int, int] = {}  # uid -> the uid of its ragged offset tensor (packed THD layouts)
 
     # ------------------------------------------------------------- tensors
 
@@ -212,6 +213,38 @@ class Graph(
 
     def tensors(self) -> list[Tensor]:
         return list(self._tensors.values())
+
+    def set_ragged_offset(self, t: Tensor, offsets: Tensor) -> Tensor:
+        """Make ``t`` ragged (packed: cuDNN's THD layout for attention): ``offsets`` is a non-virtual int32 or
+        int64 tensor of dims ``(B + 1, 1, ..., 1)`` (``B = t.dims[0]``, ``t``'s rank) holding where each batch
+        entry starts, in *elements* of ``t`` from its pointer (not bytes, not tokens: a packed ``(T, H, D)``
+        array described ``(B, H, S_max, D)`` with strides ``(S_max * H * D, D, H * D, 1)`` has offsets
+        ``cu_seqlens * H * D``), the last one the end (``CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC``; cuDNN 9.19 has
+        no multiplier for the composite attention). ``t``'s batch stride is then not used by cuDNN. Returns
+        ``t``. A ragged tensor's binding is checked for dtype and device only (its extent is in the offsets, on
+        the device). :class:`GraphError` for another offset already set, or a bad ``offsets``."""
+        t, offsets = self._own(t, "t"), self._own(offsets, "offsets")
+        want = (t.dims[0] + 1,) + (1,) * (t.ndim - 1)
+        if offsets.virtual or offsets.by_value or offsets.dtype not in ("int32", "int64") or offsets.dims != want:
+            raise GraphError(
+                f"the ragged offsets of tensor {t.name or t.uid} must be a non-virtual int32 or int64 tensor of dims "
+                f"{want} (B + 1 element offsets), got {offsets.dtype} {offsets.dims}"
+                f"{' virtual' if offsets.virtual else ''}"
+            )
+        if t.by_value:
+            raise GraphError(f"tensor {t.name or t.uid} is a by-value constant: it cannot be ragged")
+        old = self._ragged.get(t.uid)
+        if old is not None and old != offsets.uid:
+            raise GraphError(f"tensor {t.name or t.uid} already has ragged offsets (uid {old})")
+        self._ragged[t.uid] = offsets.uid
+        return t
+
+    def ragged_offsets(self) -> dict[int, int]:
+        """``{uid: offsets uid}`` of the ragged tensors (:meth:`set_ragged_offset`)."""
+        return dict(self._ragged)
+
+    def is_ragged(self, t: Tensor) -> bool:
+        return self._own(t, "t").uid in self._ragged
 
     def _own(self, t: Any, role: str) -> Tensor:
         if not isinstance(t, Tensor):
@@ -339,7 +372,7 @@ class Graph(
         if not self._nodes:
             raise GraphError("the graph has no operations")
         produced = {uid for n in self._nodes for _, uid in n.outputs}
-        consumed = {uid for n in self._nodes for _, uid in n.inputs}
+        consumed = {uid for n in self._nodes for _, uid in n.inputs} | set(self._ragged.values())
         for uid, t in self._tensors.items():
             label = f"tensor {t.name or uid} (uid {uid})"
             if uid not in produced and uid not in consumed:
@@ -367,6 +400,7 @@ class Graph(
             tuple(sorted(self._constants.items())),
             tuple(sorted(self._described.items())),
             tuple(sorted(self._scratch.items(), key=lambda kv: kv[0])),
+            tuple(sorted(self._ragged.items())),
         )
         return (
             "cudnnkit.graph/1",
@@ -396,10 +430,11 @@ class Graph(
         driver) propagates unchanged.
         """
         self.validate()
-        tds = {}
-        for uid, t in self._tensors.items():
+        tds: dict[int, BackendDescriptor] = {}
+        offsets = set(self._ragged.values())  # lowered first: a ragged tensor's descriptor points at its offsets'
+        for uid, t in sorted(self._tensors.items(), key=lambda kv: kv[0] not in offsets):
             with self._lowering(self._tensor_what, uid):
-                tds[uid] = self._lower_tensor(t)
+                tds[uid] = self._lower_tensor(t) if uid not in self._ragged else self._lower_ragged(t, tds)
         ops = []
         for i, n in enumerate(self._nodes):
             with self._lowering(self._node_label, i, n):
@@ -440,7 +475,11 @@ class Graph(
                 self.label, [Attempt(what(*args), "lower", status_reason(e), e.status_name)]
             ) from e
 
-    def _lower_tensor(self, t: Tensor) -> BackendDescriptor:
+    def _lower_ragged(self, t: Tensor, tds: dict[int, BackendDescriptor]) -> BackendDescriptor:
+        """A ragged tensor's descriptor: :meth:`_lower_tensor`'s, pointing at its (already lowered) offsets."""
+        return self._lower_tensor(t, tds[self._ragged[t.uid]])
+
+    def _lower_tensor(self, t: Tensor, ragged_offsets: BackendDescriptor | None = None) -> BackendDescriptor:
         d = BackendDescriptor("CUDNN_BACKEND_TENSOR_DESCRIPTOR")
         d.set("CUDNN_ATTR_TENSOR_DATA_TYPE", cudnn_dtype(t.dtype))
         dims, strides = self._described.get(t.uid, (t.dims, t.strides))
@@ -451,6 +490,8 @@ class Graph(
         d.set("CUDNN_ATTR_TENSOR_IS_VIRTUAL", t.virtual)
         if t.by_value:
             d.set("CUDNN_ATTR_TENSOR_IS_BY_VALUE", True)
+        if ragged_offsets is not None:
+            d.set("CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC", ragged_offsets)
         return d.finalize()
 
     # ------------------------------------------------------------- plans (cudnnkit.graph.plan)

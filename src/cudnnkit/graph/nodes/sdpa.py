@@ -322,6 +322,7 @@ class SdpaNodes:
         if (seq_len_q is None) != (seq_len_kv is None):
             raise GraphError("a padding mask needs both seq_len_q= and seq_len_kv= (int32 (B, 1, 1, 1) tensors)")
         sql, sqkv = self._seq_len(seq_len_q, "seq_len_q", b), self._seq_len(seq_len_kv, "seq_len_kv", b)
+        self._ragged_needs_lengths((("q", q), ("k", k), ("v", v)), sql)
         if bias is not None:
             bias = self._own(bias, "bias")
             if bias.ndim != 4 or bias.dims[0] not in (1, b) or bias.dims[1] not in (1, h) or bias.dims[2:] != (sq, skv):
@@ -358,6 +359,23 @@ class SdpaNodes:
                      p, sink)  # fmt: skip
         return q, k, v, o
 
+    def _ragged_needs_lengths(self, tensors, seq_len_q) -> None:
+        """Ragged (packed) tensors need the padding mask's lengths, as cuDNN's engines do (cudnn-frontend: "Ragged
+        offsets are only supported with padding mask")."""
+        ragged = [role for role, t in tensors if t is not None and self._own(t, role).uid in self._ragged]
+        if ragged and seq_len_q is None:
+            raise GraphError(f"ragged (packed) {', '.join(ragged)} need seq_len_q= and seq_len_kv= (cuDNN runs ragged "
+                             "offsets only with a padding mask)")  # fmt: skip
+
+    def _ragged_out(self, t: Tensor, offsets: Tensor | None, role: str, padded: bool) -> None:
+        """Output ``t`` ragged with ``offsets`` (None: not ragged)."""
+        if offsets is None:
+            return
+        if not padded:
+            raise GraphError(f"{role}_ragged_offset (a packed {role}) needs seq_len_q= and seq_len_kv= (cuDNN runs "
+                             "ragged offsets only with a padding mask)")  # fmt: skip
+        self.set_ragged_offset(t, offsets)
+
     def _dropout_mask(self, dims, p: float, seed: Tensor | None, offset: Tensor | None) -> Tensor:
         if seed is None or offset is None:
             raise GraphError("dropout needs seed= and offset= (one-element int64 device tensors)")
@@ -371,6 +389,9 @@ class SdpaNodes:
                 raise GraphError("max_seq_len_kv is for paged caches (page_table_k=, page_table_v=)")
             return None
         q, k, v = self._own(q, "q"), self._own(k, "k"), self._own(v, "v")
+        for role, t in (("k", k), ("v", v)):
+            if t.uid in self._ragged:
+                raise GraphError(f"{role} is a paged cache (page_table_{role}=): it cannot also be ragged")
         tables = [None if t is None else self._own(t, n) for t, n in ((pt_k, "page_table_k"), (pt_v, "page_table_v"))]
         for t, n in zip(tables, ("page_table_k", "page_table_v")):
             if t is not None and t.dtype != "int32":
@@ -409,6 +430,7 @@ class SdpaNodes:
         offset: Tensor | None = None,
         stats: bool = True,
         o_strides: Sequence[int] | None = None,
+        o_ragged_offset: Tensor | None = None,
         implementation: str = "composite",
         name: str = "",
     ) -> SdpaForward:
@@ -439,6 +461,14 @@ class SdpaNodes:
         mask). cuDNN 9.19's refusals are raised here as :class:`GraphError`: bottom-right causal with ``Sq >
         Skv`` (no padding) or with bias, ALiBi or dropout; a left bound with ``Sq > Skv`` (no padding).
 
+        Ragged (packed, THD) batches: ``q``, ``k``, ``v`` made ragged with :meth:`Graph.set_ragged_offset`
+        before this call (each ``(B, H, S_max, D)`` with strides ``(S_max * t, h, t, 1)`` over a packed ``(T, H,
+        D)`` array of token stride ``t`` and head stride ``h``; offsets ``cu_seqlens * t`` in elements) need
+        ``seq_len_q``/``seq_len_kv`` (cuDNN's padding mask: the lengths are read from there, the offsets only
+        place each sample); ``o_ragged_offset`` makes ``o`` ragged too (give ``o_strides`` of its packed layout),
+        else ``o`` is padded ``(B, H, S_max, Dv)``. ``stats`` stays padded ``(B, H, S_max, 1)`` (its rows past
+        each sample's length are not defined). Each tensor may be ragged or not, as in cudnn-frontend.
+
         Returns ``o`` ``(B, H, Sq, Dv)`` (q's dtype, ``o_strides`` or q's layout) and, with ``stats``, the
         float32 softmax log-sum-exp ``(B, H, Sq, 1)`` that :meth:`sdpa_backward` needs; both virtual until
         marked. Without ``stats`` the statistics are still written, to a :meth:`scratch` tensor: cuDNN 9.19 on
@@ -467,6 +497,10 @@ class SdpaNodes:
             virtual=True,
             name=name or "o",
         )
+        if o_ragged_offset is not None and implementation == "unified":
+            raise GraphError("o_ragged_offset: the unified SDPA operation of cuDNN 9.19 takes no ragged tensors; use "
+                             "implementation='composite'")  # fmt: skip
+        self._ragged_out(o, o_ragged_offset, "o", ov.padded)
         st = self._vt((b, h, sq, 1), "float32", (name + "_" if name else "") + "stats")
         if not stats:
             # cuDNN 9.19 on an H200 offers no engine for the pattern without statistics (measured): they go to
@@ -564,6 +598,9 @@ class SdpaNodes:
         dq_strides: Sequence[int] | None = None,
         dk_strides: Sequence[int] | None = None,
         dv_strides: Sequence[int] | None = None,
+        dq_ragged_offset: Tensor | None = None,
+        dk_ragged_offset: Tensor | None = None,
+        dv_ragged_offset: Tensor | None = None,
         implementation: str = "composite",
         name: str = "",
     ) -> SdpaBackward | SdpaBackwardBias:
@@ -587,6 +624,12 @@ class SdpaNodes:
         transposes, ``dq = dS @ k`` into a float32 scratch accumulator (zeroed) then ``IDENTITY`` into ``dq``
         (see :meth:`scratch`). ``"unified"`` makes one ``CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR``
         (scale only).
+
+        Ragged (packed) batches as in :meth:`sdpa_forward`: ``q``, ``k``, ``v``, ``o``, ``do`` each ragged or
+        not (:meth:`Graph.set_ragged_offset`), ``stats`` padded; ``dq_ragged_offset``/``dk_ragged_offset``/
+        ``dv_ragged_offset`` make the gradients ragged (with ``*_strides`` of their packed layout, or their
+        input's). The scratch tensors stay padded (B, H, S_max, ...), as cudnn-frontend's without
+        ``max_total_seq_len``.
         """
         strides_of = {"dq": dq_strides, "dk": dk_strides, "dv": dv_strides}
         for role, st in strides_of.items():
@@ -608,6 +651,7 @@ class SdpaNodes:
         if dsink and ov.sink is None:
             raise GraphError("dsink=True needs sink= (the gradient of the sink the forward used)")
         o, do, stats = self._own(o, "o"), self._own(do, "do"), self._own(stats, "stats")
+        self._ragged_needs_lengths((("o", o), ("do", do), ("stats", stats)), ov.seq_len_q)
         for role, t in (("o", o), ("do", do)):
             if t.dims != (b, h, sq, dv):
                 raise GraphError(f"{role} must have dims {(b, h, sq, dv)}, got {t.dims}")
@@ -624,6 +668,8 @@ class SdpaNodes:
             )
 
         dq, dk, dvt = grad(q, dq_strides, "dq"), grad(k, dk_strides, "dk"), grad(v, dv_strides, "dv")
+        for role, t, off in (("dq", dq, dq_ragged_offset), ("dk", dk, dk_ragged_offset), ("dv", dvt, dv_ragged_offset)):
+            self._ragged_out(t, off, role, ov.padded)
         if implementation == "unified":
             self._add(
                 "sdpa_bwd",
@@ -698,6 +744,8 @@ class SdpaNodes:
         kv = self.tensor((b, hk, skv, d), k_strides, k.dtype, virtual=True, name="k_view")
         self._add("reshape", {"perm": (0, 1, 3, 2)}, {"x": k}, {"y": kv})
         self._view_nodes.add(len(self._nodes) - 1)
+        if k.uid in self._ragged:  # the view of a packed k is packed alike (cudnn-frontend's reshape_k)
+            self._ragged[kv.uid] = self._ragged[k.uid]
         if deterministic or dbias:
             self._mm(ds, kv, (b, h, sq, d), out=dq, m=sl_q, k=sl_kv)
         else:

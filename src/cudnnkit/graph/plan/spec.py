@@ -115,8 +115,12 @@ class PlanSpec:
         outputs: Iterable[int] = (),
         constants: Mapping[int, tuple[Any, str]] | None = None,
         scratch: Iterable[int] | Mapping[int, str | None] = (),
+        ragged: Iterable[int] = (),
     ):
         self.tensors = dict(sorted(tensors.items()))
+        #: ragged (packed) tensors: their extent is in device-side offsets, so a binding is checked for dtype and
+        #: device only (an array of any shape; a raw pointer for one element)
+        self.ragged = frozenset(int(u) for u in ragged)
         self.device = int(device)
         self.alignment = int(alignment)
         self.outputs = frozenset(outputs)
@@ -130,7 +134,11 @@ class PlanSpec:
         self.uids = tuple(self.tensors)
         self.labels = {u: f"tensor {t.name or '?'} (uid {u})" for u, t in self.tensors.items()}
         #: the bytes each tensor's dims and strides address from its pointer (what a raw pointer must hold)
-        self.nbytes = {u: _extent_bytes(t) for u, t in self.tensors.items() if not t.by_value}
+        self.nbytes = {
+            u: _itemsize(t.dtype) if u in self.ragged else _extent_bytes(t)
+            for u, t in self.tensors.items()
+            if not t.by_value
+        }
 
     @classmethod
     def of(cls, graph: PlanGraph, device: int) -> PlanSpec:
@@ -138,6 +146,7 @@ class PlanSpec:
         tensors = _tensor_specs(graph.tensors())
         constants = graph.constants() if hasattr(graph, "constants") else {}
         scratch = graph.scratch_init()
+        ragged = graph.ragged_offsets() if hasattr(graph, "ragged_offsets") else {}
         return cls(
             tensors,
             device=device,
@@ -145,6 +154,7 @@ class PlanSpec:
             outputs=[u for u in tensors if u in produced],
             constants=constants,
             scratch=scratch,
+            ragged=[u for u in ragged if u in tensors],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +163,7 @@ class PlanSpec:
             "outputs": sorted(self.outputs),
             "scratch": sorted(self.scratch),
             "zero_scratch": sorted(self.zero_scratch),
+            "ragged": sorted(self.ragged),
             "constants": [[u, v, dt] for u, (v, dt) in sorted(self.constants.items())],
             "tensors": [
                 [t.uid, list(t.dims), list(t.strides), t.dtype, t.by_value, t.name] for t in self.tensors.values()
@@ -174,6 +185,7 @@ class PlanSpec:
             outputs=d.get("outputs", ()),
             constants={int(u): (v, dt) for u, v, dt in d.get("constants", ())},
             scratch=scratch,
+            ragged=d.get("ragged", ()),
         )
 
     def _uid_of(self, k: Any) -> int:
@@ -262,10 +274,13 @@ class PlanSpec:
                 view = as_view(v, label)
                 if view.dtype != spec.dtype:
                     raise BindingError(f"{label}: dtype {view.dtype}, the plan expects {spec.dtype}")
-                if view.shape != spec.dims:
+                ragged = uid in self.ragged  # packed: any shape; the offsets (on the device) place each sample
+                if not ragged and view.shape != spec.dims:
                     raise BindingError(f"{label}: shape {view.shape}, the plan expects {spec.dims}")
-                if view.strides != spec.strides and any(
-                    a != b for d, a, b in zip(spec.dims, view.strides, spec.strides) if d != 1
+                if (
+                    not ragged
+                    and view.strides != spec.strides
+                    and any(a != b for d, a, b in zip(spec.dims, view.strides, spec.strides) if d != 1)
                 ):
                     raise BindingError(
                         f"{label}: strides {view.strides}, the plan expects {spec.strides} "

@@ -1,0 +1,355 @@
+"""fp8 scaled dot-product attention at the array level: :func:`attention_fp8_forward` and
+:func:`attention_fp8_backward` (per-tensor scaling, as Transformer Engine's delayed and current scaling use it).
+
+Each quantized array ``x`` (q, k, v, o, do) comes with ``descale_x``, the float32 factor that gives its real
+values (``x_real = descale_x * x``); each quantized result with ``scale_x`` (``x = fp8(scale_x * x_real)``); the
+functions also return each result's ``amax`` (its largest magnitude before the scale: what a recipe turns into
+the next ``scale_x``). The factors are one-element float32 device arrays (shape ``(1,)`` or ``(1, 1, 1, 1)``),
+passed by keyword: the plan does not depend on their values (one plan per shape class, as the other attention
+ops), so a training loop updates them in place without planning again.
+
+=============  ========================  ==================================================================
+array          shape                     notes
+=============  ========================  ==================================================================
+``q``          ``(B, H, S_q, D)``        ``float8_e4m3fn`` or ``float8_e5m2``; head dim contiguous (BHSD or
+                                         BSHD memory; another last stride is copied to C order)
+``k``          ``(B, H_kv, S_kv, D)``    q's dtype; ``H_kv`` a divisor of ``H`` with ``enable_gqa=True``
+``v``          ``(B, H_kv, S_kv, D_v)``  q's dtype
+``o``          ``(B, H, S_q, D_v)``      fp8 (``o_dtype``, default q's), q's dim order
+``stats``      ``(B, H, S_q, 1)``        float32 log-sum-exp of each row (what the backward reads)
+``do``         ``(B, H, S_q, D_v)``      fp8, either type (recipes keep gradients in ``float8_e5m2``)
+``dq/dk/dv``   q's, k's, v's             fp8 (``grad_dtype``, default do's), their input's dim order
+amax values    ``(1,)``                  float32
+=============  ========================  ==================================================================
+
+What cuDNN 9.19 runs on Hopper, refused here otherwise (``ValueError``/``TypeError`` naming the argument, before
+any GPU work): head dims multiples of 16 up to 256 (the backward: ``D = D_v = 128``); ``is_causal`` and
+``left_bound``/``right_bound`` top-left aligned; padding masks (``seq_len_q``/``seq_len_kv``); dropout with
+``seed``/``offset``; no ``attn_mask``, ALiBi, softcap, sinks or paged caches; fp8 outputs only. The graphs are
+:meth:`cudnnkit.graph.Graph.sdpa_fp8_forward`/``sdpa_fp8_backward`` (cudnn-frontend's fp8 patterns: the node list
+is in :mod:`cudnnkit.graph.nodes.sdpa_fp8`), planned once per call signature and cached.
+
+These two declarations are not in the op registry (:data:`cudnnkit.ops.REGISTRY`): they have no L3
+(differentiable) form, which would need a scaling recipe to pick ``scale_dp``/``scale_dq``/... from the forward.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from ..graph.nodes.sdpa_fp8 import BACKWARD_FACTORS, FORWARD_FACTORS, FP8, check_fp8_shapes, check_fp8_variant
+from ..runtime.dtypes import check_scalar
+from ._graphform import Binder, graph_form
+from ._primitive import Operand, Output, Primitive, run, split_out
+
+__all__ = ["attention_fp8_forward", "attention_fp8_backward", "FP8_FORWARD", "FP8_BACKWARD"]
+
+_FAMILY = "fp8 attention"
+_NAMES = {"causal": "is_causal", "dropout": "dropout_p"}
+
+
+class _Fp8(NamedTuple):
+    """A call, resolved (hashable: the caches key on it)."""
+
+    q: tuple[int, ...]
+    k: tuple[int, ...]
+    v: tuple[int, ...]
+    scale: float
+    causal: bool
+    left_bound: int | None
+    right_bound: int | None
+    dropout: float
+    padded: bool
+    o_dtype: str
+    o_strides: tuple[int, ...]
+    grad_dtype: str | None = None
+    grad_strides: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def o_shape(self) -> tuple[int, ...]:
+        return self.q[:3] + (self.v[3],)
+
+    @property
+    def stats_shape(self) -> tuple[int, ...]:
+        return self.q[:3] + (1,)
+
+
+def _flag(v: Any, name: str) -> bool:
+    if not isinstance(v, bool):
+        if type(v).__name__ != "bool_":
+            raise TypeError(f"{name} must be a bool, got {v!r}")
+        v = bool(v)
+    return v
+
+
+def _dtype_kw(v: Any, name: str, default: str) -> str:
+    if v is None:
+        return default
+    if v not in FP8:
+        raise ValueError(f"{name} must be one of {FP8} (cuDNN 9.19 on Hopper writes fp8 only), got {v!r}")
+    return v
+
+
+def _resolve(views: Any, kw: Any, backward: bool) -> _Fp8:
+    from .attention import _strides_like  # one rule for a new output's layout (the attention ops')
+
+    vq, vk, vv = views["q"], views["k"], views["v"]
+    for n, x in (("k", vk), ("v", vv)):
+        if x.dtype != vq.dtype:
+            raise TypeError(f"{n} must have q's dtype {vq.dtype}, got {x.dtype}")
+    for n, x in (("q", vq), ("k", vk), ("v", vv)):
+        if x.ndim != 4:
+            raise ValueError(f"{n} must be 4-d (B, H, S, D), got shape {tuple(x.shape)}")
+        if min(x.shape) < 1:
+            raise ValueError(f"{n} must not be empty, got shape {tuple(x.shape)}")
+    gqa = _flag(kw.get("enable_gqa", False), "enable_gqa")
+    if vk.shape[1] != vq.shape[1] and not gqa:
+        raise ValueError(f"k and v have {vk.shape[1]} heads for q's {vq.shape[1]}: pass enable_gqa=True for "
+                         "grouped-query attention")  # fmt: skip
+    if vv.shape[1] != vk.shape[1]:
+        raise ValueError(f"v must have k's {vk.shape[1]} heads, got {vv.shape[1]}")
+    try:
+        check_fp8_shapes(tuple(vq.shape), tuple(vk.shape), tuple(vv.shape), backward=backward)
+    except ValueError as e:  # GraphError is a ValueError: the same text at this level
+        raise ValueError(str(e)) from None
+    for name in FORWARD_FACTORS + BACKWARD_FACTORS:
+        x = views.get(name)
+        if x is not None and (x.dtype != "float32" or x.size != 1):
+            raise ValueError(f"{name} must be a one-element float32 device array, got {x.dtype} {tuple(x.shape)}")
+    b = vq.shape[0]
+    lens = [views.get("seq_len_q"), views.get("seq_len_kv")]
+    if (lens[0] is None) != (lens[1] is None):
+        raise ValueError("a padding mask needs both seq_len_q= and seq_len_kv= (int32 device arrays of B elements)")
+    for name, x in zip(("seq_len_q", "seq_len_kv"), lens):
+        if x is not None and (x.dtype != "int32" or x.shape not in ((b,), (b, 1, 1, 1))):
+            raise ValueError(f"{name} must be an int32 device array of shape ({b},) or ({b}, 1, 1, 1), got "
+                             f"{x.dtype} {tuple(x.shape)}")  # fmt: skip
+    causal = _flag(kw.get("causal", False), "is_causal")
+    try:
+        lb, rb, p = check_fp8_variant(
+            vq.shape[2], vk.shape[2], causal=causal, left_bound=kw.get("left_bound"),
+            right_bound=kw.get("right_bound"), diagonal_alignment=kw.get("diagonal_alignment", "top_left"),
+            dropout=kw.get("dropout", 0.0), padded=lens[0] is not None, names=_NAMES,
+        )  # fmt: skip
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    if p:
+        for name in ("seed", "offset"):
+            x = views.get(name)
+            if x is None:
+                raise ValueError("dropout_p > 0 needs seed= and offset= (one-element int64 device arrays; the same "
+                                 "pair replays the mask in attention_fp8_backward)")  # fmt: skip
+            if x.dtype != "int64" or x.size != 1:
+                raise ValueError(f"{name} must be a one-element int64 device array, got {x.dtype} {tuple(x.shape)}")
+    scale = kw.get("scale")
+    scale = 1.0 / math.sqrt(vq.shape[3]) if scale is None else float(check_scalar(scale, "scale"))
+    o_shape = tuple(vq.shape[:3]) + (vv.shape[3],)
+    return _Fp8(tuple(vq.shape), tuple(vk.shape), tuple(vv.shape), scale, causal, lb, rb, p, lens[0] is not None,
+                _dtype_kw(kw.get("o_dtype"), "o_dtype", vq.dtype), _strides_like(o_shape, vq))  # fmt: skip
+
+
+def _fwd_resolve(views: Any, kw: Any) -> _Fp8:
+    return _resolve(views, kw, backward=False)
+
+
+def _bwd_resolve(views: Any, kw: Any) -> _Fp8:
+    r = _resolve(views, kw, backward=True)
+    for name in ("o", "do"):
+        x = views[name]
+        if tuple(x.shape) != r.o_shape:
+            raise ValueError(f"{name} must have shape {r.o_shape} (B, H, S_q, D_v), got {tuple(x.shape)}")
+    st = views["stats"]
+    if tuple(st.shape) != r.stats_shape:
+        raise ValueError(f"stats must have shape {r.stats_shape} (B, H, S_q, 1): the forward's, got "
+                         f"{tuple(st.shape)}")  # fmt: skip
+    from .attention import _strides_like
+
+    grads = tuple(_strides_like(views[n].shape, views[n]) for n in ("q", "k", "v"))
+    gdt = _dtype_kw(kw.get("grad_dtype"), "grad_dtype", views["do"].dtype)
+    return r._replace(grad_dtype=gdt, grad_strides=grads, o_dtype=views["o"].dtype)
+
+
+# ----------------------------------------------------------------- the graphs
+
+_ONE = ((1, 1, 1, 1), (1, 1, 1, 1))
+
+
+def _common(bd: Any, c: Any, factors: tuple[str, ...]) -> dict[str, Any]:
+    r = c.resolved
+    kw: dict[str, Any] = {n: bd.tensor(n, *_ONE, "float32") for n in factors}
+    # causal is right_bound=0, already resolved
+    kw.update(scale=r.scale, left_bound=r.left_bound, right_bound=r.right_bound, dropout=r.dropout)
+    b = r.q[0]
+    if r.padded:
+        for n in ("seq_len_q", "seq_len_kv"):
+            kw[n] = bd.tensor(n, (b, 1, 1, 1), (1, 1, 1, 1), "int32")
+    if r.dropout:
+        for n in ("seed", "offset"):
+            kw[n] = bd.tensor(n, *_ONE, "int64")
+    return kw
+
+
+def _fwd_build(c: Any) -> tuple[Any, dict]:
+    r, views = c.resolved, c.views
+    bd = Binder(c)
+    q, k, v = (bd.tensor(n, views[n].shape, views[n].strides, views[n].dtype) for n in ("q", "k", "v"))
+    kw = _common(bd, c, FORWARD_FACTORS)
+    f = [kw.pop(n) for n in FORWARD_FACTORS]
+    got = bd.g.sdpa_fp8_forward(q, k, v, *f, o_dtype=r.o_dtype, **kw)
+    bd.output(got.o, "out", r.o_dtype, views["out"].strides)
+    bd.output(got.stats, "stats", "float32", views["stats"].strides)
+    bd.output(got.amax_s, "amax_s", "float32", (1, 1, 1, 1))
+    bd.output(got.amax_o, "amax_o", "float32", (1, 1, 1, 1))
+    return bd.done()
+
+
+def _bwd_build(c: Any) -> tuple[Any, dict]:
+    r, views = c.resolved, c.views
+    bd = Binder(c)
+    t = {n: bd.tensor(n, views[n].shape, views[n].strides, views[n].dtype)
+         for n in ("q", "k", "v", "o", "do", "stats")}  # fmt: skip
+    kw = _common(bd, c, BACKWARD_FACTORS)
+    f = [kw.pop(n) for n in BACKWARD_FACTORS]
+    got = bd.g.sdpa_fp8_backward(t["q"], t["k"], t["v"], t["o"], t["do"], t["stats"], *f,
+                                 grad_dtype=r.grad_dtype, **kw)  # fmt: skip
+    for name, g in zip(("dq", "dk", "dv"), got[:3]):
+        bd.output(g, name, r.grad_dtype, views[name].strides)
+    for name, g in zip(("amax_dq", "amax_dk", "amax_dv", "amax_dp"), got[3:]):
+        bd.output(g, name, "float32", (1, 1, 1, 1))
+    return bd.done()
+
+
+def _head_rows(c: Any, names: tuple[str, ...], outputs: tuple[str, ...] = ()) -> None:
+    from .attention import _head_rows as rows  # the attention ops' copy of a non-contiguous head dim
+
+    rows(c, names, outputs)
+
+
+# ----------------------------------------------------------------- the declarations
+
+_F32 = ("float32",)
+
+
+def _factor_operands(names: tuple[str, ...]) -> tuple[Operand, ...]:
+    return tuple(Operand(n, _F32, packed=True) for n in names)
+
+
+def _optional_operands() -> tuple[Operand, ...]:
+    return (
+        Operand("seq_len_q", ("int32",), optional=True, packed=True),
+        Operand("seq_len_kv", ("int32",), optional=True, packed=True),
+        Operand("seed", ("int64",), optional=True, packed=True),
+        Operand("offset", ("int64",), optional=True, packed=True),
+    )
+
+
+def _amax_out(name: str) -> Output:
+    return Output(name, shape=lambda r: (1,), dtype=lambda r: "float32")
+
+
+def _grad(i: int) -> Output:
+    name = ("dq", "dk", "dv")[i]
+    return Output(name, shape=lambda r: (r.q, r.k, r.v)[i], strides=lambda r: r.grad_strides[i],
+                  dtype=lambda r: r.grad_dtype)  # fmt: skip
+
+
+#: the forward's declaration (not registered: see the module docstring)
+FP8_FORWARD = Primitive(
+    "attention_fp8_forward",
+    inputs=(
+        Operand("q", FP8),
+        Operand("k", FP8),
+        Operand("v", FP8),
+        *_factor_operands(FORWARD_FACTORS),
+        *_optional_operands(),
+    ),  # fmt: skip
+    outputs=(
+        Output("out", shape=lambda r: r.o_shape, strides=lambda r: r.o_strides, dtype=lambda r: r.o_dtype),
+        Output("stats", shape=lambda r: r.stats_shape, dtype=lambda r: "float32"),
+        _amax_out("amax_s"),
+        _amax_out("amax_o"),
+    ),
+    resolve=_fwd_resolve,
+    graph=graph_form(_fwd_build, lambda c: _head_rows(c, ("q", "k", "v"), ("out",))),
+    empty=lambda r: False,
+    family=_FAMILY,
+)
+#: the backward's declaration (not registered)
+FP8_BACKWARD = Primitive(
+    "attention_fp8_backward",
+    inputs=(
+        Operand("q", FP8),
+        Operand("k", FP8),
+        Operand("v", FP8),
+        Operand("o", FP8),
+        Operand("do", FP8),
+        Operand("stats", _F32),
+        *_factor_operands(BACKWARD_FACTORS),
+        *_optional_operands(),
+    ),  # fmt: skip
+    outputs=(_grad(0), _grad(1), _grad(2), *(_amax_out(n) for n in ("amax_dq", "amax_dk", "amax_dv", "amax_dp"))),
+    resolve=_bwd_resolve,
+    graph=graph_form(_bwd_build, lambda c: _head_rows(c, ("q", "k", "v", "o", "do"))),
+    empty=lambda r: False,
+    family=_FAMILY,
+)
+
+
+# ----------------------------------------------------------------- the public functions
+
+
+def attention_fp8_forward(q: Any, k: Any, v: Any, *, descale_q: Any, descale_k: Any, descale_v: Any,
+                          descale_s: Any, scale_s: Any, scale_o: Any, is_causal: bool = False,
+                          scale: float | None = None, enable_gqa: bool = False, left_bound: int | None = None,
+                          right_bound: int | None = None, seq_len_q: Any = None, seq_len_kv: Any = None,
+                          dropout_p: float = 0.0, seed: Any = None, offset: Any = None, o_dtype: str | None = None,
+                          out: Any = None, stream: Any = None) -> tuple[Any, Any, Any, Any]:  # fmt: skip
+    """fp8 attention forward: ``(o, stats, amax_s, amax_o)``.
+
+    In real values ``o_real = softmax(scale * q_real @ k_real^T (+ masks)) @ v_real``; the graph computes it from
+    the fp8 ``q``, ``k``, ``v`` and their ``descale_q/k/v``, quantizes the probabilities with ``scale_s``
+    (undone by ``descale_s``, normally ``1 / scale_s``: ``scale_s`` is commonly the fp8 type's largest value, the
+    probabilities being at most 1) and writes ``o = fp8(scale_o * o_real)`` (``o_dtype``, default q's).
+    ``stats`` is the float32 log-sum-exp ``(B, H, S_q, 1)``, ``amax_s`` the largest probability and ``amax_o``
+    the largest ``|o_real|``, each float32 ``(1,)``. Keywords as :func:`cudnnkit.ops.attention_forward`'s
+    (``is_causal``, ``scale`` default ``1 / sqrt(D)``, ``enable_gqa``, ``left_bound``/``right_bound`` top-left
+    aligned, ``seq_len_q``/``seq_len_kv``, ``dropout_p`` with ``seed``/``offset``). ``out=``: ``(o, stats,
+    amax_s, amax_o)``, each an array or None. Shapes, dtypes and what cuDNN 9.19 refuses on Hopper: the module
+    docstring.
+    """
+    o, st, a_s, a_o = split_out("attention_fp8_forward", out, {"out": None, "stats": None, "amax_s": None,
+                                                               "amax_o": None})  # fmt: skip
+    arrays = {"q": q, "k": k, "v": v, "descale_q": descale_q, "descale_k": descale_k, "descale_v": descale_v,
+              "descale_s": descale_s, "scale_s": scale_s, "scale_o": scale_o, "seq_len_q": seq_len_q,
+              "seq_len_kv": seq_len_kv, "seed": seed, "offset": offset}  # fmt: skip
+    return run(FP8_FORWARD, arrays, stream=stream, out=o, stats=st, amax_s=a_s, amax_o=a_o, scale=scale,
+               causal=is_causal, enable_gqa=enable_gqa, left_bound=left_bound, right_bound=right_bound,
+               dropout=dropout_p, o_dtype=o_dtype)  # fmt: skip
+
+
+def attention_fp8_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, descale_q: Any, descale_k: Any,
+                           descale_v: Any, descale_o: Any, descale_do: Any, descale_s: Any, descale_dp: Any,
+                           scale_s: Any, scale_dq: Any, scale_dk: Any, scale_dv: Any, scale_dp: Any,
+                           is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+                           left_bound: int | None = None, right_bound: int | None = None, seq_len_q: Any = None,
+                           seq_len_kv: Any = None, dropout_p: float = 0.0, seed: Any = None, offset: Any = None,
+                           grad_dtype: str | None = None,
+                           stream: Any = None) -> tuple[Any, Any, Any, Any, Any, Any, Any]:  # fmt: skip
+    """fp8 attention backward: ``(dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp)``.
+
+    From the forward's fp8 ``q``, ``k``, ``v``, ``o`` and float32 ``stats``, and ``do`` (o's gradient, fp8),
+    with each input's ``descale_*``; ``scale_s``/``descale_s`` as the forward used them; ``scale_dp``/
+    ``descale_dp`` quantize ``dP`` (the scaled scores' gradient, do's dtype) between the matmuls; the gradients
+    are ``fp8(scale_dq * dq_real)`` etc. (``grad_dtype``, default do's dtype), each in its input's dim order,
+    ``dk``/``dv`` of grouped heads summed over each group. The amax values (float32 ``(1,)``) are taken before
+    each scale. cuDNN 9.19 on Hopper needs ``D = D_v = 128`` here. The forward's keywords must be passed again
+    (the same ``seed``/``offset`` replay its dropout mask).
+    """
+    arrays = {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats, "descale_q": descale_q,
+              "descale_k": descale_k, "descale_v": descale_v, "descale_o": descale_o, "descale_do": descale_do,
+              "descale_s": descale_s, "descale_dp": descale_dp, "scale_s": scale_s, "scale_dq": scale_dq,
+              "scale_dk": scale_dk, "scale_dv": scale_dv, "scale_dp": scale_dp, "seq_len_q": seq_len_q,
+              "seq_len_kv": seq_len_kv, "seed": seed, "offset": offset}  # fmt: skip
+    return run(FP8_BACKWARD, arrays, stream=stream, scale=scale, causal=is_causal, enable_gqa=enable_gqa,
+               left_bound=left_bound, right_bound=right_bound, dropout=dropout_p, grad_dtype=grad_dtype)  # fmt: skip

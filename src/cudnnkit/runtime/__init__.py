@@ -1,4 +1,5 @@
-"""L1 runtime: array views, adapters, handles, settings, caches (one LRU), descriptors, shape inference."""
+"""L1 runtime: array views, adapters, handles, settings, caches (one LRU), descriptors, shape inference, and cuDNN's
+own log routed into :mod:`logging` (:func:`enable_cudnn_logging`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .arrays import (
     layout_problem,
     same_device,
 )
+from .cudnn_log import cudnn_logging_enabled, disable_cudnn_logging, enable_cudnn_logging
 from .descriptors import (
     Descriptor,
     DescriptorCache,
@@ -85,4 +87,7 @@ __all__ = [
     "Settings",
     "current_settings",
     "settings",
+    "enable_cudnn_logging",
+    "disable_cudnn_logging",
+    "cudnn_logging_enabled",
 ]

@@ -46,15 +46,3 @@ nitpicky = False
 html_theme = "furo"
 html_title = f"cudnnkit {release}"
 html_static_path: list[str] = []
-
-
-def _nn_module_docstring(app, what, name, obj, options, lines):  # noqa: ANN001, ARG001
-    """cudnnkit.nn's module docstring has a simple table one column too narrow for docutils (a line of its middle
-    column runs into the margin: "Malformed table"). Until that docstring is widened, its page shows the text as a
-    literal block; the same table is on the functional-API page (layers/nn.md)."""
-    if what == "module" and name == "cudnnkit.nn":
-        lines[:] = ["::", ""] + ["    " + line for line in lines]
-
-
-def setup(app):  # noqa: ANN001, ANN201
-    app.connect("autodoc-process-docstring", _nn_module_docstring)

@@ -11,21 +11,21 @@ the argument, before any GPU work (``return_indices``, ``dilation`` and ``diviso
 ``blank`` other than 0 in ``ctc_loss``; ``attn_mask`` and ``dropout_p`` in attention; ``hardtanh`` with
 ``min_val != 0``; float64 in the graph norms; the graph-only activations ``gelu``, ``leaky_relu``, ``softplus``).
 
-========================  ===============================================  ====================================
-family                    functions                                        L3 op (cuDNN)
-========================  ===============================================  ====================================
-convolution               conv1d/2d/3d, conv_transpose1d/2d/3d             convolution, convolution_transpose
-pooling                   max_pool1d/2d/3d, avg_pool1d/2d/3d               pooling
-normalization             batch_norm, layer_norm, rms_norm, instance_norm,  batch_norm, layer_norm, rms_norm,
-                          local_response_norm                              instance_norm, lrn
-activations               softmax, log_softmax, relu, relu6, sigmoid,      softmax, activation
+========================  ==================================================  ====================================
+family                    functions                                           L3 op (cuDNN)
+========================  ==================================================  ====================================
+convolution               conv1d/2d/3d, conv_transpose1d/2d/3d                convolution, convolution_transpose
+pooling                   max_pool1d/2d/3d, avg_pool1d/2d/3d                  pooling
+normalization             batch_norm, layer_norm, rms_norm, instance_norm,    batch_norm, layer_norm, rms_norm,
+                          local_response_norm                                 instance_norm, lrn
+activations               softmax, log_softmax, relu, relu6, sigmoid,         softmax, activation
                           tanh, elu, silu, hardtanh
-dropout                   dropout                                          dropout
-spatial transformer       affine_grid, grid_sample                         affine_grid, grid_sample
-loss                      ctc_loss                                         ctc_loss
-attention                 scaled_dot_product_attention                     (graph API: sdpa_forward/backward)
-recurrent                 lstm, gru, rnn_tanh, rnn_relu (torch's _VF)      rnn
-========================  ===============================================  ====================================
+dropout                   dropout                                             dropout
+spatial transformer       affine_grid, grid_sample                            affine_grid, grid_sample
+loss                      ctc_loss                                            ctc_loss
+attention                 scaled_dot_product_attention                        (graph API: sdpa_forward/backward)
+recurrent                 lstm, gru, rnn_tanh, rnn_relu (torch's _VF)         rnn
+========================  ==================================================  ====================================
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ DOCUMENTED = (
     "lrn_backward divisive_normalization_forward divisive_normalization_backward ctc_loss affine_grid_forward "
     "affine_grid_backward grid_sample_forward grid_sample_backward set_tensor scale_tensor add_tensor "
     "transform_tensor op_tensor reduce_tensor activation_forward activation_backward Pooling pooling_forward "
-    "pooling_backward"
+    "pooling_backward Convolution convolution_forward convolution_backward_data convolution_backward_filter "
+    "convolution_backward_bias"
 ).split()
 
 

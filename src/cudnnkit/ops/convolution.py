@@ -109,9 +109,30 @@ _FAMILY = "convolution"
 
 @dataclass(frozen=True)
 class Convolution:
-    """A convolution's parameters, for reuse (hashable): ``stride``, ``padding`` (int, per-dim ints, ``"valid"``,
-    ``"same"``), ``dilation`` (ints or one per spatial dim), ``groups`` and ``mode`` ("cross_correlation" or
-    "convolution"). Checked against the arrays at each call (the rank decides what an int expands to)."""
+    """A convolution's parameters, for reuse (hashable): passed as ``conv=`` to :func:`convolution_forward`,
+    :func:`convolution_backward_data` and :func:`convolution_backward_filter` in place of their keywords.
+
+    The values are checked here (types and ranges) and against the arrays at each call (the rank decides what an
+    int expands to). The cuDNN convolution descriptor each call leads to (``cudnnSetConvolutionNdDescriptor``,
+    ``cudnnSetConvolutionGroupCount``, ``cudnnSetConvolutionMathType``) is cached by value.
+
+    Args:
+        stride: an int or one per spatial dim, each >= 1.
+        padding: an int or one per spatial dim (both sides), ``(before, after)`` pairs per dim (graph path only
+            when they differ), ``"valid"`` (none) or ``"same"`` (torch's; stride 1).
+        dilation: an int or one per spatial dim, each >= 1.
+        groups: divides ``C`` and ``K`` (``groups == C`` is depthwise); a positive int.
+        mode: ``"cross_correlation"`` (torch's, the default) or ``"convolution"`` (the kernel flipped).
+
+    Raises:
+        ValueError: a mode other than the two, a non-positive ``groups``, or a stride, dilation or padding of the
+            wrong form or range.
+
+    Example:
+        >>> conv = ops.Convolution(stride=2, padding=1)
+        >>> y = ops.convolution_forward(x, w, conv=conv)
+        >>> dx = ops.convolution_backward_data(dy, w, x_shape=x.shape, conv=conv)
+    """
 
     stride: int | tuple[int, ...] = 1
     padding: int | tuple[int, ...] | str = 0
@@ -739,24 +760,76 @@ def convolution_forward(
     stream: Any = None,
 ) -> Any:
     """``y = alpha * conv(x, w) + beta * out``: ``x`` ``(N, C, *in)``, ``w`` ``(K, C // groups, *k)`` -> ``y``
-    ``(N, K, *out)`` (see the module docstring for layouts, dtypes and the paths); ``conv=`` a
-    :class:`Convolution` in place of the keywords.
+    ``(N, K, *out)``, with 1 to 3 spatial dims; ``conv=`` a :class:`Convolution` in place of the keywords.
+
+    ``out = (in + pad_before + pad_after - dilation * (k - 1) - 1) // stride + 1`` per spatial dim
+    (:func:`cudnnkit.runtime.shapes.conv_output_shape`). ``x``, ``w`` (and ``bias``, ``z``, ``out``) share one of
+    float16, bfloat16, float32 (TF32 as ``cudnnkit.settings(allow_tf32=...)`` says) and float64; the half types
+    compute in float32. ``x`` and ``w`` dense channels-first or channels-last (others are copied); a new ``y``
+    takes ``x``'s layout. See the module docstring for the layouts, the algorithm choice and the paths.
 
     **Fused:** ``y = act(alpha * conv(x, w) + bias + z_alpha * z)`` with ``bias`` ``(K,)``, a residual ``z`` of
     ``y``'s shape and ``activation`` one of :mod:`cudnnkit.ops.activation`'s modes (``activation_coef`` its
     ``coef``), each optional, all in ``x``'s dtype. The graph path runs it as one graph (``conv_fprop`` -> ``ADD``
-    -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, or a graph cuDNN refuses) as
+    -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, float32, or a graph cuDNN refuses) as
     ``cudnnConvolutionForward``, ``cudnnAddTensor`` and ``cudnnActivationForward`` in place (the graph-only
     activations have no legacy form). ``beta`` must be 0 when fusing.
 
     **Quantized:** int8 or fp8 (``float8_e4m3fn``, ``float8_e5m2``) ``x`` and ``w`` (the same dtype) give
-    ``y = scale * conv(x, w)`` in ``out_dtype`` (int8: float32 (default), float16, bfloat16 or int8 (rounded to
-    nearest, saturated); fp8: float32 (default), float16, bfloat16 or either fp8), ``scale`` being the product of the dequantization scales of x and w (and y's
-    quantization scale for an 8-bit y). One graph: ``conv_fprop`` (int32 compute for int8, float32 for fp8) ->
-    ``MUL`` -> ``y``; nothing fused, no blend, no backward.
+    ``y = scale * conv(x, w)`` in ``out_dtype``, ``scale`` being the product of the dequantization scales of x and
+    w (and y's quantization scale for an 8-bit y). One graph: ``conv_fprop`` (int32 compute for int8, float32 for
+    fp8) -> ``MUL`` -> ``y``; nothing fused, no blend, no backward.
 
-    Calls: the graph (``CONVOLUTION_FORWARD`` operation) or ``cudnnConvolutionForward`` (primitive
-    :data:`CONVOLUTION_FORWARD`)."""
+    Calls: the graph (``conv_fprop``, the ``CONVOLUTION_FORWARD`` operation) or ``cudnnConvolutionForward`` with
+    the algorithm ``cudnnGetConvolutionForwardAlgorithm_v7`` or ``cudnnFindConvolutionForwardAlgorithmEx`` picks
+    (primitive :data:`CONVOLUTION_FORWARD`); :func:`cudnnkit.ops.last_path` says which ran.
+
+    Args:
+        x: the input ``(N, C, *in)``, 1 to 3 spatial dims, a CUDA array; float16, bfloat16, float32, float64,
+            or int8/fp8 (quantized).
+        w: the filter ``(K, C // groups, *k)``, ``x``'s dtype and rank.
+        bias: ``(K,)`` in ``x``'s dtype, added after the convolution (fused); None: no bias.
+        z: a residual of ``y``'s shape and ``x``'s dtype, added after the bias (fused); None: none.
+        z_alpha: the residual's scale (needs ``z``).
+        activation: an activation applied last (fused), one of :func:`activation_forward`'s modes; None: none.
+        activation_coef: the activation's ``coef`` (clip, ELU alpha, ...; needs ``activation``).
+        stride: an int or one per spatial dim, each >= 1.
+        padding: an int or one per spatial dim, ``(before, after)`` pairs per dim (unequal pairs run on the graph
+            path only), ``"valid"`` or ``"same"`` (stride 1).
+        dilation: an int or one per spatial dim, each >= 1.
+        groups: the number of groups; divides ``C`` and ``K``.
+        mode: ``"cross_correlation"`` (the default, torch's) or ``"convolution"`` (the kernel flipped).
+        conv: a :class:`Convolution` in place of ``stride``, ``padding``, ``dilation``, ``groups`` and ``mode``
+            (not both).
+        out_dtype: the quantized forward's output dtype: for int8 ``x`` float32 (the default), float16, bfloat16
+            or int8 (rounded to nearest, saturated); for fp8 float32 (the default), float16, bfloat16 or either
+            fp8. For float ``x`` None (or ``x``'s dtype).
+        scale: the quantized forward's output scale; 1.0 for float ``x`` (use ``alpha``).
+        out: an array of ``y``'s shape, dense channels-first or channels-last, to write; None allocates ``y``.
+        alpha: scale of the convolution.
+        beta: blend factor of ``out``'s previous contents (needs ``out``; 0 when fused or quantized).
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``y`` ``(N, K, *out)`` in ``x``'s dtype (``out_dtype`` when quantized) and library (``out`` when given).
+
+    Raises:
+        TypeError: a host array, a dtype outside the list, operands of different dtypes, ``conv=`` with the
+            keywords, ``z_alpha`` without ``z`` or ``activation_coef`` without ``activation``.
+        ValueError: a rank other than 3 to 5, ``w``/``bias``/``z`` of the wrong shape, ``C`` not ``groups`` times
+            ``w``'s second dim, a bad stride/padding/dilation, ``beta`` with a fused or quantized call, an
+            ``out_dtype``/``scale`` that does not fit ``x``'s dtype, or a call neither cuDNN path takes.
+        cudnnkit.lib.errors.NotSupportedError: cuDNN has no algorithm for the call.
+
+    Example:
+        >>> import cupy as cp
+        >>> from cudnnkit import ops
+        >>> x = cp.random.standard_normal((8, 3, 32, 32), dtype=cp.float32)
+        >>> w = cp.random.standard_normal((16, 3, 3, 3), dtype=cp.float32)
+        >>> y = ops.convolution_forward(x, w, padding=1)                 # (8, 16, 32, 32)
+        >>> b = cp.zeros(16, dtype=cp.float32)
+        >>> y = ops.convolution_forward(x, w, b, padding=1, activation="relu")   # relu(conv(x, w) + b)
+    """
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv, z_alpha=z_alpha,
               activation=activation, activation_coef=activation_coef, out_dtype=out_dtype, scale=scale)  # fmt: skip
     return run(CONVOLUTION_FORWARD, {"x": x, "w": w, "bias": bias, "z": z}, out=out, alpha=alpha, beta=beta,
@@ -780,10 +853,51 @@ def convolution_backward_data(
     beta: float = 0.0,
     stream: Any = None,
 ) -> Any:
-    """``dx`` of a convolution from ``dy`` ``(N, K, *out)`` and ``w``, which is also the transposed convolution
-    of ``dy``: ``dx`` has ``x_shape`` if given, else ``(out - 1) * stride - 2 * pad + dilation * (k - 1) + 1 +
-    output_padding`` per spatial dim (``0 <= output_padding < max(stride, dilation)``, torch's
-    ``conv_transpose``). ``cudnnConvolutionBackwardData`` (primitive :data:`CONVOLUTION_BACKWARD_DATA`)."""
+    """``dx`` of a convolution from ``dy`` ``(N, K, *out)`` and ``w`` ``(K, C // groups, *k)``, which is also
+    the transposed convolution of ``dy`` (torch's ``conv_transpose``, whose weight is ``w``).
+
+    ``dx`` ``(N, C, *in)`` has ``x_shape`` if given, else ``in = (out - 1) * stride - 2 * pad + dilation * (k - 1)
+    + 1 + output_padding`` per spatial dim (:func:`cudnnkit.runtime.shapes.conv_transpose_output_shape`).
+    ``dy``, ``w`` and ``dx`` share one of float16, bfloat16, float32 and float64; a new ``dx`` takes ``dy``'s
+    layout (channels-first or channels-last). Calls: the graph (``conv_dgrad``) or
+    ``cudnnConvolutionBackwardData`` with the algorithm ``cudnnGetConvolutionBackwardDataAlgorithm_v7`` or
+    ``cudnnFindConvolutionBackwardDataAlgorithmEx`` picks (primitive :data:`CONVOLUTION_BACKWARD_DATA`).
+
+    Args:
+        dy: the output's gradient ``(N, K, *out)``, 1 to 3 spatial dims, a CUDA array; float16, bfloat16,
+            float32 or float64.
+        w: the filter ``(K, C // groups, *k)``, ``dy``'s dtype and rank.
+        x_shape: the forward input's shape ``(N, C, *in)`` (it fixes sizes that several inputs convolve to, and is
+            needed with ``padding="same"``/``"valid"``); None: computed from ``output_padding``.
+        output_padding: added to each computed spatial size, ``0 <= output_padding < max(stride, dilation)``
+            (not with ``x_shape``).
+        stride: an int or one per spatial dim, each >= 1.
+        padding: an int or one per spatial dim, ``(before, after)`` pairs per dim (unequal pairs run on the graph
+            path only), ``"valid"`` or ``"same"`` (stride 1).
+        dilation: an int or one per spatial dim, each >= 1.
+        groups: the number of groups; divides ``C`` and ``K``.
+        mode: ``"cross_correlation"`` (the default, torch's) or ``"convolution"`` (the kernel flipped).
+        conv: a :class:`Convolution` in place of ``stride``, ``padding``, ``dilation``, ``groups`` and ``mode``
+            (not both).
+        out: an array of ``dx``'s shape, dense channels-first or channels-last, to write; None allocates ``dx``.
+        alpha: scale of the result.
+        beta: blend factor of ``out``'s previous contents (needs ``out``).
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``dx`` ``(N, C, *in)`` in ``dy``'s dtype and library (``out`` when given).
+
+    Raises:
+        TypeError: a host array, another dtype, ``w`` of another dtype, ``conv=`` with the keywords, or both
+            ``x_shape`` and ``output_padding``.
+        ValueError: a rank other than 3 to 5, ``x_shape`` whose convolution with ``w`` does not give ``dy``'s
+            shape, a string ``padding`` without ``x_shape``, or a bad stride/padding/dilation/output padding.
+        cudnnkit.lib.errors.NotSupportedError: cuDNN has no algorithm for the call.
+
+    Example:
+        >>> dx = ops.convolution_backward_data(dy, w, x_shape=x.shape, padding=1)
+        >>> up = ops.convolution_backward_data(y, w2, stride=2, padding=1, output_padding=1)  # conv_transpose2d
+    """
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
               x_shape=x_shape, output_padding=output_padding)  # fmt: skip
     return run(CONVOLUTION_BACKWARD_DATA, {"dy": dy, "w": w}, out=out, alpha=alpha, beta=beta, stream=stream, **kw)
@@ -805,9 +919,47 @@ def convolution_backward_filter(
     beta: float = 0.0,
     stream: Any = None,
 ) -> Any:
-    """``dw`` ``w_shape`` ``(K, C // groups, *k)`` of a convolution from its input ``x`` and ``dy`` (a new ``dw``
-    is C-contiguous, or channels-last ``KRSC`` when ``x`` is channels-last; ``beta=1`` accumulates). ``cudnnConvolutionBackwardFilter`` (primitive
-    :data:`CONVOLUTION_BACKWARD_FILTER`)."""
+    """``dw`` ``w_shape`` ``(K, C // groups, *k)`` of a convolution from its input ``x`` ``(N, C, *in)`` and
+    ``dy`` ``(N, K, *out)``.
+
+    ``x``, ``dy`` and ``dw`` share one of float16, bfloat16, float32 and float64. A new ``dw`` is C-contiguous, or
+    channels-last (``KRSC``) when ``x`` is channels-last; ``beta=1`` accumulates into ``out``. An empty batch gives
+    zeros (or ``beta * out``). Calls: the graph (``conv_wgrad``) or ``cudnnConvolutionBackwardFilter`` with the
+    algorithm ``cudnnGetConvolutionBackwardFilterAlgorithm_v7`` or ``cudnnFindConvolutionBackwardFilterAlgorithmEx``
+    picks (primitive :data:`CONVOLUTION_BACKWARD_FILTER`).
+
+    Args:
+        x: the forward's input ``(N, C, *in)``, 1 to 3 spatial dims, a CUDA array; float16, bfloat16, float32 or
+            float64.
+        dy: the output's gradient ``(N, K, *out)``, ``x``'s dtype and rank.
+        w_shape: the filter's shape ``(K, C // groups, *k)`` (required).
+        stride: an int or one per spatial dim, each >= 1.
+        padding: an int or one per spatial dim, ``(before, after)`` pairs per dim (unequal pairs run on the graph
+            path only), ``"valid"`` or ``"same"`` (stride 1).
+        dilation: an int or one per spatial dim, each >= 1.
+        groups: the number of groups; divides ``C`` and ``K``.
+        mode: ``"cross_correlation"`` (the default, torch's) or ``"convolution"`` (the kernel flipped).
+        conv: a :class:`Convolution` in place of ``stride``, ``padding``, ``dilation``, ``groups`` and ``mode``
+            (not both).
+        out: an array of ``w_shape``, dense C order or channels-last, to write; None allocates ``dw``.
+        alpha: scale of the result.
+        beta: blend factor of ``out``'s previous contents (``beta=1`` accumulates; needs ``out``).
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``dw`` of ``w_shape`` in ``x``'s dtype and library (``out`` when given).
+
+    Raises:
+        TypeError: a host array, another dtype, ``dy`` of another dtype, no ``w_shape``, or ``conv=`` with the
+            keywords.
+        ValueError: a rank other than 3 to 5, a ``dy`` shape that the convolution of ``x`` by a ``w_shape`` filter
+            does not give, or a bad stride/padding/dilation.
+        cudnnkit.lib.errors.NotSupportedError: cuDNN has no algorithm for the call.
+
+    Example:
+        >>> dw = ops.convolution_backward_filter(x, dy, w_shape=w.shape, padding=1)
+        >>> ops.convolution_backward_filter(x, dy, w_shape=w.shape, padding=1, out=dw, beta=1.0)  # accumulate
+    """
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
               w_shape=w_shape)  # fmt: skip
     return run(CONVOLUTION_BACKWARD_FILTER, {"x": x, "dy": dy}, out=out, alpha=alpha, beta=beta, stream=stream, **kw)
@@ -815,9 +967,31 @@ def convolution_backward_filter(
 
 def convolution_backward_bias(dy: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0,
                               stream: Any = None) -> Any:  # fmt: skip
-    """``db`` ``(K,)``: ``dy`` ``(N, K, *out)`` summed over every dim but the channels, in ``dy``'s dtype (float32
-    or float64 accumulation). ``cudnnReduceTensor`` with ``CUDNN_REDUCE_TENSOR_ADD`` (primitive
-    :data:`CONVOLUTION_BACKWARD_BIAS`)."""
+    """``db`` ``(K,)``: ``dy`` ``(N, K, *out)`` summed over every dim but the channels.
+
+    ``db`` has ``dy``'s dtype (float32 accumulation, float64 for float64; bfloat16 through float32 copies). Any
+    layout of ``dy``. An empty batch gives zeros (or ``beta * out``). Calls ``cudnnReduceTensor`` with
+    ``CUDNN_REDUCE_TENSOR_ADD`` (``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last ``dy`` on
+    cuDNN 9.19; primitive :data:`CONVOLUTION_BACKWARD_BIAS`).
+
+    Args:
+        dy: the output's gradient ``(N, K, *out)``, 1 to 3 spatial dims, a CUDA array; float16, bfloat16,
+            float32 or float64.
+        out: a packed ``(K,)`` array of ``dy``'s dtype to write; None allocates ``db``.
+        alpha: scale of the sum.
+        beta: blend factor of ``out``'s previous contents (needs ``out``).
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``db`` ``(K,)`` in ``dy``'s dtype and library (``out`` when given).
+
+    Raises:
+        TypeError: a host array or another dtype.
+        ValueError: a rank other than 3 to 5, or ``beta != 0`` without ``out``.
+
+    Example:
+        >>> db = ops.convolution_backward_bias(dy)          # dy.sum(axis=(0, 2, 3))
+    """
     return run(CONVOLUTION_BACKWARD_BIAS, {"dy": dy}, out=out, alpha=alpha, beta=beta, stream=stream)
 
 

@@ -8,6 +8,7 @@ lowering is checked by recording every ``BackendDescriptor.set``."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cudnnkit.graph import Graph, GraphError
@@ -215,3 +216,181 @@ def test_plan_spec_binds_packed_arrays_by_dtype_and_device():
             spec.resolve(b)
     again = PlanSpec.from_dict(spec.to_dict(), 0)
     assert again.ragged == spec.ragged and again.nbytes == spec.nbytes
+
+
+# ----------------------------------------------------------------- the L2 op: cu_seqlens_q/cu_seqlens_kv
+
+from cudnnkit import ops  # noqa: E402
+from cudnnkit.ops import attention as A  # noqa: E402
+
+from . import test_attention_variants_cpu as V  # noqa: E402
+from .fuzz.materialize import FakeAdapter, FakeArray  # noqa: E402
+from .fuzz.model import A as Arg  # noqa: E402
+from .test_l3_attention_cpu import _arr, _kinds  # noqa: E402
+
+_named = V._named
+fake_fixture = V.fake_fixture  # the L2 tests' fake arrays and recorded plans (test_attention_variants_cpu's)
+plans_fixture = V.plans_fixture
+
+CU_Q, CU_KV = [0, 1, 9, 12], [0, 5, 6, 16]  # lengths 1, 8, 3 and 5, 1, 10: 1 and the maximum on each side
+TQ, TKV = 12, 16
+
+
+def _packed_call(fake, hq=4, hk=2, d=64, dv=32):
+    return (_arr(fake, (TQ, hq, d)), _arr(fake, (TKV, hk, d)), _arr(fake, (TKV, hk, dv)))
+
+
+def test_l2_forward_packed_graph(fake_fixture, plans_fixture):
+    built, runs, _ = plans_fixture
+    q, k, v = _packed_call(fake_fixture)
+    o, st = ops.attention_forward(q, k, v, cu_seqlens_q=CU_Q, cu_seqlens_kv=CU_KV, is_causal=True,
+                                  diagonal_alignment="bottom_right", enable_gqa=True)  # fmt: skip
+    assert ops.last_path() == ("sdpa_forward", "graph")
+    assert o.shape == (TQ, 4, 32) and o.dtype == "bfloat16" and st.shape == (3, 4, 8, 1) and st.dtype == "float32"
+    (g,) = built
+    t = _named(g)
+    # the packed arrays described (B, H, S_max, D) with the token stride on S, each with its offsets
+    assert (t["q"].dims, t["q"].strides) == ((3, 4, 8, 64), (8 * 256, 64, 256, 1))
+    assert (t["k"].dims, t["k"].strides) == ((3, 2, 10, 64), (10 * 128, 64, 128, 1))
+    assert (t["v"].dims, t["v"].strides) == ((3, 2, 10, 32), (10 * 64, 32, 64, 1))
+    assert (t["o"].dims, t["o"].strides) == ((3, 4, 8, 32), (8 * 128, 32, 128, 1))
+    assert t["stats"].dims == (3, 4, 8, 1) and not g.is_ragged(t["stats"])
+    rag = g.ragged_offsets()
+    for n in ("q", "k", "v", "o"):
+        off = g._tensors[rag[t[n].uid]]
+        assert off.name == f"ragged_{n}" and (off.dims, off.dtype) == ((4, 1, 1, 1), "int64")
+    assert t["seq_len_q"].dims == (3, 1, 1, 1)  # the padding mask cuDNN needs with ragged offsets
+    assert _kinds(g).count("CMP_LT") == 2
+    seen = runs[-1]
+    assert seen["q"][1] == q.ptr and seen["out"][1] == o.ptr
+    g.lower()  # cuDNN 9.19 finalizes the operation graph with the ragged tensors
+    # other lengths with the same maxima and token counts: the same plan; another maximum: another graph
+    ops.attention_forward(q, k, v, cu_seqlens_q=[0, 8, 9, 12], cu_seqlens_kv=[0, 10, 11, 16], is_causal=True,
+                          diagonal_alignment="bottom_right", enable_gqa=True)  # fmt: skip
+    assert len(built) == 1
+    ops.attention_forward(q, k, v, cu_seqlens_q=CU_Q, cu_seqlens_kv=CU_KV, max_seqlen_q=16, max_seqlen_kv=16,
+                          is_causal=True, diagonal_alignment="bottom_right", enable_gqa=True)  # fmt: skip
+    assert len(built) == 2 and _named(built[-1])["q"].dims == (3, 4, 16, 64)
+
+
+def test_l2_backward_packed_graph(fake_fixture, plans_fixture):
+    built, _, executed = plans_fixture
+    fake = fake_fixture
+    q, k, v = _packed_call(fake, hk=4, dv=64)
+    o, do = _arr(fake, (TQ, 4, 64)), _arr(fake, (TQ, 4, 64))
+    st = _arr(fake, (3, 4, 8, 1), "float32")
+    dq, dk, dv = ops.attention_backward(q, k, v, o, do, st, cu_seqlens_q=CU_Q, cu_seqlens_kv=CU_KV, is_causal=True)
+    assert ops.last_path() == ("sdpa_backward", "graph")
+    assert dq.shape == (TQ, 4, 64) and dk.shape == dv.shape == (TKV, 4, 64)
+    g, bindings, _ = executed[-1]
+    t = _named(g)
+    for n, x in (("dq", dq), ("dk", dk), ("dv", dv)):  # the gradients, bound to the arrays returned
+        (t[n],) = [g._tensors[u] for u, p in bindings.items() if p == x.ptr]
+    rag = g.ragged_offsets()
+    for n in ("q", "k", "v", "o", "do", "dq", "dk", "dv"):
+        assert g._tensors[rag[t[n].uid]].name == f"ragged_{n}", n
+    assert (t["dq"].dims, t["dq"].strides) == ((3, 4, 8, 64), (8 * 256, 64, 256, 1))
+    assert (t["dk"].dims, t["dk"].strides) == ((3, 4, 10, 64), (10 * 256, 64, 256, 1))
+    for s in g.scratch():  # row sums and the dq accumulator stay padded (B, H, S_max, .)
+        assert s.dims[:3] == (3, 4, 8)
+    g.lower()
+    with pytest.raises(ValueError, match="stats must have shape"):
+        ops.attention_backward(q, k, v, o, do, _arr(fake, (3, 4, 9, 1), "float32"), cu_seqlens_q=CU_Q,
+                               cu_seqlens_kv=CU_KV)  # fmt: skip
+
+
+def test_l2_ragged_offsets_are_element_offsets_per_token_stride(fake_fixture):
+    """The offsets cuDNN reads are ``cu_seqlens`` times each array's token stride (elements), the lengths their
+    differences; arrays of one side and one token stride share one upload."""
+    fake = fake_fixture
+    qkv = _arr(fake, (TQ, 3, 4, 64))  # a packed qkv: q, k, v views of token stride 3 * 4 * 64
+    from cudnnkit.runtime import as_view
+
+    base = as_view(qkv, "qkv")
+
+    def part(i):
+        return FakeArray((TQ, 4, 64), "bfloat16", (768, 64, 1), base.ptr + 2 * 256 * i, "fakeA")
+
+    arrays = {"q": part(0), "k": part(1), "v": part(2)}
+    got = A._ragged_arrays(arrays, CU_Q, CU_Q, None, None, None, {"o": (256, 64, 1)})
+    assert got == (3, 8, 8)
+    host = {n: np.asarray(arrays[f"ragged_{n}"].host).tolist() for n in ("q", "k", "v", "o")}
+    assert host["q"] == host["k"] == host["v"] == [c * 768 for c in CU_Q]
+    assert host["o"] == [c * 256 for c in CU_Q]
+    assert arrays["ragged_k"] is arrays["ragged_v"]  # one side, one token stride: one upload
+    assert arrays["seq_len_q"].dtype == "int32" and np.asarray(arrays["seq_len_q"].host).tolist() == [1, 8, 3]
+    arrays = {"q": part(0), "k": _arr(fake, (TKV, 2, 64)), "v": _arr(fake, (TKV, 2, 64))}
+    A._ragged_arrays(arrays, np.array(CU_Q), np.array(CU_KV, np.int32), 8, 12, None, {})
+    assert np.asarray(arrays["ragged_k"].host).tolist() == [c * 128 for c in CU_KV]
+    assert np.asarray(arrays["seq_len_kv"].host).tolist() == [5, 1, 10]
+    # a device cu_seqlens is read back through its library
+    dev = fake.array(Arg((4,), "int32"), np.array(CU_KV), "fakeA", None)
+    arrays = {"q": part(0), "k": _arr(fake, (TKV, 2, 64)), "v": _arr(fake, (TKV, 2, 64))}
+    A._ragged_arrays(arrays, CU_Q, dev, None, None, None, {})
+    assert np.asarray(arrays["ragged_v"].host).tolist() == [c * 128 for c in CU_KV]
+
+
+def _ragged_l2(fake, fwd=True, qs=(TQ, 4, 64), **kw):
+    q, k, v = _arr(fake, qs), _arr(fake, (TKV, 4, 64)), _arr(fake, (TKV, 4, 64))
+    kw.setdefault("cu_seqlens_q", CU_Q)
+    kw.setdefault("cu_seqlens_kv", CU_KV)
+    for name, (shape, dtype) in kw.pop("arrays", {}).items():
+        kw[name] = _arr(fake, shape, dtype)
+    if fwd:
+        return ops.attention_forward(q, k, v, **kw)
+    o, do = _arr(fake, (TQ, 4, 64)), _arr(fake, (TQ, 4, 64))
+    return ops.attention_backward(q, k, v, o, do, _arr(fake, (3, 4, 8, 1), "float32"), **kw)
+
+
+RAGGED_REFUSED = [
+    ({"cu_seqlens_kv": None}, ValueError, "needs both cu_seqlens_q= and cu_seqlens_kv="),
+    ({"cu_seqlens_q": [0, 1, 1, 12]}, ValueError, "cu_seqlens_q must start at 0 and grow by at least 1"),
+    ({"cu_seqlens_q": [1, 2, 9, 12]}, ValueError, "cu_seqlens_q must start at 0"),
+    ({"cu_seqlens_kv": [0, 5, 6, 17]}, ValueError, "cu_seqlens_kv ends at 17 tokens but k has T = 16"),
+    ({"cu_seqlens_q": [0, 12]}, ValueError, "cu_seqlens_q and cu_seqlens_kv must have the same B . 1 values"),
+    ({"cu_seqlens_q": [0]}, ValueError, "cu_seqlens_q must have B . 1 >= 2 values"),
+    ({"cu_seqlens_q": [[0, 1]]}, ValueError, "cu_seqlens_q must be a 1-d integer sequence"),
+    ({"cu_seqlens_q": [0.0, 1.0, 9.0, 12.0]}, ValueError, "cu_seqlens_q must be a 1-d integer sequence"),
+    ({"arrays": {"cu_seqlens_kv": ((4,), "float32")}}, ValueError, "cu_seqlens_kv must be a 1-d int32 or int64"),
+    ({"max_seqlen_q": 7}, ValueError, r"max_seqlen_q must be an int >= the longest sequence of cu_seqlens_q \(8\)"),
+    ({"max_seqlen_kv": 9.5}, ValueError, "max_seqlen_kv must be an int"),
+    ({"qs": (3, 4, 4, 64)}, ValueError, r"q must be 3-d \(T, H, D\) \(packed\)"),
+    ({"arrays": {"seq_len_q": ((3,), "int32"), "seq_len_kv": ((3,), "int32")}}, ValueError,
+     "seq_len_q: cu_seqlens_q/cu_seqlens_kv give the lengths"),
+    ({"cu_seqlens_q": None, "cu_seqlens_kv": None, "max_seqlen_q": 8}, ValueError,
+     "max_seqlen_q/max_seqlen_kv are for packed batches"),
+    ({"is_causal": True, "left_bound": 0}, ValueError, "left_bound must be an int >= 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fwd", [True, False], ids=["forward", "backward"])
+@pytest.mark.parametrize("kw, exc, msg", RAGGED_REFUSED)
+def test_l2_ragged_refusals_before_any_gpu_work(fake_fixture, plans_fixture, fwd, kw, exc, msg, monkeypatch):
+    built, runs, executed = plans_fixture
+    uploads = []
+    real = FakeAdapter.from_numpy
+    monkeypatch.setattr(FakeAdapter, "from_numpy", lambda *a, **k: uploads.append(a) or real(*a, **k))
+    with pytest.raises(exc, match=msg):
+        _ragged_l2(fake_fixture, fwd, **dict(kw))
+    assert not built and not runs and not executed
+    if "left_bound" not in kw:  # (refused by the primitive's checks after the upload of the offsets)
+        assert not uploads
+
+
+def test_l2_ragged_refuses_a_strided_head_dim_and_page_tables(fake_fixture, plans_fixture):
+    built, runs, _ = plans_fixture
+    fake = fake_fixture
+    from cudnnkit.runtime import as_view
+
+    q, k, v = _packed_call(fake, hk=4, dv=64)
+    base = as_view(q, "q")
+    q_t = FakeArray((TQ, 4, 64), "bfloat16", (256, 1, 4), base.ptr, "fakeA")
+    with pytest.raises(ValueError, match="q .packed. must have a contiguous head dim"):
+        ops.attention_forward(q_t, k, v, cu_seqlens_q=CU_Q, cu_seqlens_kv=CU_KV)
+    pt = _arr(fake, (3, 2), "int32")
+    with pytest.raises(ValueError, match="do not take page tables"):
+        ops.attention_forward(q, k, v, cu_seqlens_q=CU_Q, cu_seqlens_kv=CU_KV, page_table_k=pt, page_table_v=pt)
+    dense = {n: _arr(fake, (3, 4, 8, 64)) for n in ("q", "k", "v")}
+    with pytest.raises(ValueError, match="ragged_q is for ragged .packed. calls"):
+        A.run(A.SDPA_FORWARD, {**dense, "ragged_q": _arr(fake, (4,), "int64")})
+    assert not built and not runs

@@ -50,7 +50,8 @@ from typing import Any, NamedTuple
 
 from ..graph.checks import dense_like
 from ..graph.nodes.sdpa import ALIGNMENTS, MAX_HEAD_DIM, paged_kv_length, resolve_variant
-from ..runtime.arrays import contiguous_strides, is_dense
+from ..runtime import adapters, validate_stream
+from ..runtime.arrays import as_view, contiguous_strides, is_dense
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import check_dtype, check_scalar
 from ..runtime.settings import current_settings
@@ -77,7 +78,10 @@ _VARIANT_ARRAYS = (
     "sink",
     "page_table_k",
     "page_table_v",
+    *(f"ragged_{n}" for n in ("q", "k", "v", "o", "do", "dq", "dk", "dv")),
 )
+#: the packed (THD) arrays of a ragged call and the side (q or kv) whose cu_seqlens place each one's samples
+_RAGGED_SIDES = {"q": "q", "k": "kv", "v": "kv", "o": "q", "do": "q", "dq": "q", "dk": "kv", "dv": "kv"}
 #: this module's keywords -> the names the L2 attention functions take (torch's where torch has one)
 _TORCH_NAMES = {"causal": "is_causal", "dropout": "dropout_p", "bias": "attn_mask"}
 
@@ -105,10 +109,23 @@ class _Sdpa(NamedTuple):
     deterministic: bool = False  #: the backward under settings(deterministic=True)
     sink_shape: tuple[int, ...] | None = None  #: the sink's own shape (its gradient's)
     dsink: bool = False  #: the backward also makes the sink's gradient
+    #: a ragged (packed, THD) call: the token counts (T_q, T_kv) of the packed arrays; q, k, v above are then the
+    #: logical (B, H, S_max, D) shapes the graph describes
+    packed: tuple[int, int] | None = None
 
     @property
     def o_shape(self) -> tuple[int, ...]:
+        if self.packed is not None:
+            return (self.packed[0], self.q[1], self.v[3])
         return self.q[:3] + (self.v[3],)
+
+    @property
+    def array_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """q, k, v's array shapes: the logical ones, or packed ``(T, H, D)``."""
+        if self.packed is None:
+            return (self.q, self.k, self.v)
+        tq, tkv = self.packed
+        return ((tq, *self.q[1::2]), (tkv, *self.k[1::2]), (tkv, *self.v[1::2]))
 
     @property
     def stats_shape(self) -> tuple[int, ...]:
@@ -200,6 +217,12 @@ def _paged(views: Any, kw: Any) -> tuple[Any, Any]:
 
 
 def _fwd_resolve(views: Any, kw: Any) -> _Sdpa:
+    ragged = kw.get("ragged")
+    if ragged is not None:
+        return _variant(views, kw, _ragged_resolve(views, kw, ragged))
+    for n in _RAGGED_SIDES:
+        if views.get(f"ragged_{n}") is not None:
+            raise ValueError(f"ragged_{n} is for ragged (packed) calls: pass cu_seqlens_q= and cu_seqlens_kv=")
     vq = views["q"]
     vk, vv = _paged(views, kw)
     _check_qkv(vq, vk, vv, kw.get("enable_gqa"))
@@ -208,6 +231,36 @@ def _fwd_resolve(views: Any, kw: Any) -> _Sdpa:
     r = _Sdpa(vq.dtype, tuple(vq.shape), tuple(vk.shape), tuple(vv.shape), scale, causal,
               _strides_like(o_shape, vq))  # fmt: skip
     return _variant(views, kw, r)
+
+
+def _ragged_resolve(views: Any, kw: Any, ragged: Any) -> _Sdpa:
+    """A ragged call's shapes: packed q ``(T_q, H, D)``, k ``(T_kv, H_kv, D)``, v ``(T_kv, H_kv, D_v)`` checked as
+    the logical ``(B, H, S_max, D)`` arrays the graph describes (``ragged = (B, S_max_q, S_max_kv)``, made by
+    :func:`attention_forward` from the cu_seqlens), and each present array's offsets (int64, ``B + 1``)."""
+    b, sq, skv = ragged
+    vq, vk, vv = views["q"], views["k"], views["v"]
+    for name, x in (("q", vq), ("k", vk), ("v", vv)):
+        if x.ndim != 3:
+            raise ValueError(f"{name} must be 3-d (T, H, D) (packed) with cu_seqlens_q/cu_seqlens_kv, got shape "
+                             f"{tuple(x.shape)}")  # fmt: skip
+    if views.get("page_table_k") is not None or views.get("page_table_v") is not None:
+        raise ValueError("cu_seqlens_q/cu_seqlens_kv (packed batches) do not take page tables: pass seq_len_q= and "
+                         "seq_len_kv= with paged caches")  # fmt: skip
+    logical = [SimpleNamespace(ndim=4, shape=(b, x.shape[1], s, x.shape[2]), dtype=x.dtype)
+               for x, s in ((vq, sq), (vk, skv), (vv, skv))]  # fmt: skip
+    _check_qkv(*logical, kw.get("enable_gqa"))
+    for name in _RAGGED_SIDES:
+        x = views.get(f"ragged_{name}")
+        if x is not None and (x.dtype != "int64" or x.shape != (b + 1,)):
+            raise ValueError(f"ragged_{name} must be an int64 device array of shape ({b + 1},), got {x.dtype} "
+                             f"{tuple(x.shape)}")  # fmt: skip
+    for name in ("q", "k", "v"):
+        if views.get(f"ragged_{name}") is None:
+            raise ValueError(f"a ragged call needs ragged_{name}= (made by attention_forward from cu_seqlens)")
+    scale, causal = _options(kw, vq.shape[2])
+    o_shape = (vq.shape[0], vq.shape[1], vv.shape[2])
+    return _Sdpa(vq.dtype, logical[0].shape, logical[1].shape, logical[2].shape, scale, causal,
+                 _strides_like(o_shape, vq), packed=(vq.shape[0], vk.shape[0]))  # fmt: skip
 
 
 def _variant(views: Any, kw: Any, r: _Sdpa) -> _Sdpa:
@@ -293,6 +346,10 @@ def _bwd_resolve(views: Any, kw: Any) -> _Sdpa:
         raise ValueError(f"stats must have shape {r.stats_shape} (B, H, S_q, 1): the forward's, got "
                          f"{tuple(st.shape)}")  # fmt: skip
     grads = tuple(_strides_like(views[n].shape, views[n]) for n in ("q", "k", "v"))
+    if r.packed is not None:
+        for n in ("o", "do", "dq", "dk", "dv"):
+            if views.get(f"ragged_{n}") is None:
+                raise ValueError(f"a ragged backward needs ragged_{n}= (made by attention_backward from cu_seqlens)")
     return r._replace(grad_strides=grads, deterministic=current_settings().deterministic)
 
 
@@ -343,12 +400,56 @@ def _variant_inputs(bd: Any, c: Any) -> dict[str, Any]:
     return kw
 
 
+def _logical(r: _Sdpa, shape: tuple[int, ...], strides: tuple[int, ...], side: str) -> tuple[tuple, tuple]:
+    """A packed ``(T, H, D)`` array's dims and strides as the graph describes it, ``(B, H, S_max, D)`` with the
+    token stride on S and ``S_max`` times it on B (cuDNN reads each sample from its ragged offset: cudnn-frontend's
+    THD layout)."""
+    b, s = r.q[0], (r.q if side == "q" else r.k)[2]
+    t, hs, _ = strides
+    return (b, shape[1], s, shape[2]), (s * t, hs, t, 1)
+
+
+def _graph_array(bd: Any, c: Any, name: str, dtype: str) -> Any:
+    """Operand or output ``name`` as a graph tensor: as the call holds it, or packed (ragged, its offsets set)."""
+    r, v = c.resolved, c.views[name]
+    if r.packed is None or name not in _RAGGED_SIDES:
+        return bd.tensor(name, v.shape, v.strides, dtype)
+    dims, strides = _logical(r, v.shape, v.strides, _RAGGED_SIDES[name])
+    t = bd.tensor(name, dims, strides, dtype)
+    return bd.g.set_ragged_offset(t, _ragged_offsets(bd, c, name))
+
+
+def _ragged_offsets(bd: Any, c: Any, name: str) -> Any:
+    return bd.tensor(f"ragged_{name}", (c.resolved.q[0] + 1, 1, 1, 1), (1, 1, 1, 1), "int64")
+
+
+def _ragged_outputs(bd: Any, c: Any, names: tuple[str, ...], strides_kw: str) -> dict[str, Any]:
+    """The graph keywords that make outputs ``names`` packed (their logical strides and offsets), or nothing."""
+    r, kw = c.resolved, {}
+    if r.packed is None:
+        return kw
+    for n in names:
+        v = c.views["out" if n == "o" else n]
+        kw[strides_kw.format(n)] = _logical(r, v.shape, v.strides, _RAGGED_SIDES[n])[1]
+        kw[f"{n}_ragged_offset"] = _ragged_offsets(bd, c, n)
+    return kw
+
+
+def _output(bd: Any, c: Any, t: Any, name: str, dtype: str) -> None:
+    v = c.views[name]
+    strides = v.strides
+    if c.resolved.packed is not None and name in ("out", "dq", "dk", "dv"):
+        strides = _logical(c.resolved, v.shape, v.strides, _RAGGED_SIDES["o" if name == "out" else name])[1]
+    bd.output(t, name, dtype, strides)
+
+
 def _fwd_build(c: Any) -> tuple[Any, dict]:
     r = c.resolved
     bd = Binder(c)
-    q, k, v = (bd.tensor(n, c.views[n].shape, c.views[n].strides, r.dtype) for n in ("q", "k", "v"))
-    got = bd.g.sdpa_forward(q, k, v, scale=r.scale, **_variant_inputs(bd, c))
-    bd.output(got.o, "out", r.dtype, c.views["out"].strides)
+    q, k, v = (_graph_array(bd, c, n, r.dtype) for n in ("q", "k", "v"))
+    got = bd.g.sdpa_forward(q, k, v, scale=r.scale, **_variant_inputs(bd, c),
+                            **_ragged_outputs(bd, c, ("o",), "{}_strides"))  # fmt: skip
+    _output(bd, c, got.o, "out", r.dtype)
     bd.output(got.stats, "stats", "float32", c.views["stats"].strides)
     return bd.done()
 
@@ -356,12 +457,12 @@ def _fwd_build(c: Any) -> tuple[Any, dict]:
 def _bwd_build(c: Any) -> tuple[Any, dict]:
     r = c.resolved
     bd = Binder(c)
-    t = {n: bd.tensor(n, c.views[n].shape, c.views[n].strides, c.views[n].dtype)
-         for n in ("q", "k", "v", "o", "do", "stats")}  # fmt: skip
+    t = {n: _graph_array(bd, c, n, c.views[n].dtype) for n in ("q", "k", "v", "o", "do", "stats")}
     got = bd.g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], t["stats"], scale=r.scale, dbias=r.dbias,
-                             dsink=r.dsink, deterministic=r.deterministic, **_variant_inputs(bd, c))  # fmt: skip
+                             dsink=r.dsink, deterministic=r.deterministic, **_variant_inputs(bd, c),
+                             **_ragged_outputs(bd, c, ("dq", "dk", "dv"), "{}_strides"))  # fmt: skip
     for name, g in zip(("dq", "dk", "dv"), got):
-        bd.output(g, name, r.dtype, c.views[name].strides)
+        _output(bd, c, g, name, r.dtype)
     if r.dbias:
         dm = c.views["dattn_mask"]
         bd.output(got.dbias, "dattn_mask", r.mask_dtype, (max(1, dm.size),) * (4 - dm.ndim) + tuple(dm.strides))
@@ -415,7 +516,7 @@ def _o_strides(r: _Sdpa) -> tuple[int, ...]:
 
 def _grad(i: int) -> Output:
     name = ("dq", "dk", "dv")[i]
-    return Output(name, shape=lambda r: (r.q, r.k, r.v)[i], strides=lambda r: r.grad_strides[i])
+    return Output(name, shape=lambda r: r.array_shapes[i], strides=lambda r: r.grad_strides[i])
 
 
 def _variant_operands() -> tuple[Operand, ...]:
@@ -430,6 +531,7 @@ def _variant_operands() -> tuple[Operand, ...]:
         Operand("sink", ("float32",), optional=True, packed=True),
         Operand("page_table_k", ("int32",), optional=True, packed=True),
         Operand("page_table_v", ("int32",), optional=True, packed=True),
+        *(Operand(f"ragged_{n}", ("int64",), optional=True, packed=True) for n in _RAGGED_SIDES),
     )
 
 
@@ -529,7 +631,17 @@ _VARIANT_DOC = """
     with ``seed``/``offset`` (one-element int64 device arrays; the same pair replays the same mask);
     ``enable_gqa`` lets k and v have fewer heads (a divisor of ``H``: query head ``i`` reads key/value head
     ``i // (H / H_kv)``); ``scale`` (default ``1 / sqrt(D)``). ``D`` and ``D_v`` are multiples of 8 up to 256 and
-    may differ. Refused before any GPU work, naming the argument: what cuDNN 9.19 does not run on Hopper
+    may differ. Ragged (packed, THD) batches, variable-length training without padding: ``cu_seqlens_q``/
+    ``cu_seqlens_kv`` (flash-attn's and torch's varlen names: ``B + 1`` cumulative token counts from 0, each
+    sequence at least one token; a host sequence, or an int32/int64 device array read back: a stream
+    synchronization) with packed ``q`` ``(T_q, H, D)``, ``k`` ``(T_kv, H_kv, D)``, ``v`` ``(T_kv, H_kv, D_v)``
+    (any token and head strides, the head dim contiguous) and ``max_seqlen_q``/``max_seqlen_kv`` (the graph's
+    ``S_max``; default the longest, a larger bucket keeps one plan for many batches): ``o`` is packed ``(T_q,
+    H, D_v)``, ``stats`` padded ``(B, H, max_seqlen_q, 1)`` (rows past each length not defined); the backward
+    takes the same keywords and returns packed gradients. cuDNN reads ragged offsets (``cu_seqlens`` times each
+    array's token stride, in elements, int64, uploaded with q's library on the call's stream) and a padding mask
+    of the same lengths (so ``seq_len_q``/``seq_len_kv`` are not passed with them; page tables are not taken).
+    Refused before any GPU work, naming the argument: what cuDNN 9.19 does not run on Hopper
     (bottom-right causal with ``S_q > S_kv`` and no lengths, or with attn_mask, ALiBi or dropout; a left bound
     with ``S_q > S_kv`` and no lengths; ALiBi without ``is_causal``; a softcap with a mask, ALiBi or lengths)."""
 
@@ -539,6 +651,108 @@ def _attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offs
     return {"attn_mask": attn_mask, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "alibi_slopes": alibi_slopes,
             "seed": seed, "offset": offset, "sink": sink, "page_table_k": page_table_k,
             "page_table_v": page_table_v}  # fmt: skip
+
+
+def _cu_values(obj: Any, name: str) -> Any:
+    """``cu_seqlens_*`` as host int64 values: a host sequence or array as is, a device int32/int64 array read back
+    through its library's adapter (``to_numpy``: a stream synchronization)."""
+    import numpy as np
+
+    if adapters.is_device_array(obj):
+        v = as_view(obj, name)
+        if v.dtype not in ("int32", "int64") or v.ndim != 1:
+            raise ValueError(f"{name} must be a 1-d int32 or int64 array of B + 1 cumulative lengths, got {v.dtype} "
+                             f"{tuple(v.shape)}")  # fmt: skip
+        if v.adapter is None:
+            raise TypeError(f"{name} is a device array of a library without a cudnnkit adapter, so its values cannot "
+                            "be read; pass it as a host sequence (a list or a NumPy array)")  # fmt: skip
+        values = np.asarray(v.adapter.to_numpy(obj))  # synchronizes
+    else:
+        try:
+            values = np.asarray(obj)
+        except Exception as e:
+            raise TypeError(f"{name} must be a 1-d integer sequence or array, got {type(obj).__name__}") from e
+        if values.dtype.kind not in "iu" or values.ndim != 1:
+            raise ValueError(f"{name} must be a 1-d integer sequence or array of B + 1 cumulative lengths, got "
+                             f"{values.dtype} of shape {values.shape}")  # fmt: skip
+    return values.astype(np.int64)
+
+
+def _max_len(given: Any, lengths: Any, name: str, cu_name: str) -> int:
+    longest = int(lengths.max())
+    if given is None:
+        return longest
+    if not isinstance(given, int) or isinstance(given, bool) or given < longest:
+        raise ValueError(f"{name} must be an int >= the longest sequence of {cu_name} ({longest}), got {given!r}")
+    return given
+
+
+def _ragged_arrays(arrays: dict, cu_q: Any, cu_kv: Any, max_q: Any, max_kv: Any, stream: Any,
+                   out_strides: dict[str, tuple[int, ...]]) -> tuple[int, int, int]:  # fmt: skip
+    """A ragged (packed, THD) call's extra arrays, into ``arrays``: the padding mask's ``seq_len_q``/``seq_len_kv``
+    (int32, B) and each packed array's ragged offsets (``ragged_<name>``, int64, ``B + 1``: ``cu_seqlens`` times
+    the array's token stride, in elements: cuDNN 9.19's composite attention has no offset multiplier), from
+    ``cu_seqlens_q``/``cu_seqlens_kv`` (flash-attn's and torch's varlen convention: int, ``B + 1`` cumulative
+    token counts from 0), read on the host, checked and uploaded with q's library on the call's stream.
+    ``out_strides``: the strides of the arrays the call makes (their offsets are computed before they exist).
+    Returns ``(B, S_max_q, S_max_kv)``. Every check before any upload, each error naming the argument."""
+    import numpy as np
+
+    if cu_q is None or cu_kv is None:
+        raise ValueError("a ragged (packed) batch needs both cu_seqlens_q= and cu_seqlens_kv=")
+    for name in ("seq_len_q", "seq_len_kv"):
+        if arrays.get(name) is not None:
+            raise ValueError(f"{name}: cu_seqlens_q/cu_seqlens_kv give the lengths of a packed batch; do not pass "
+                             f"{name} too")  # fmt: skip
+    views = {}
+    for name in ("q", "k", "v", "o", "do"):
+        if arrays.get(name) is None:
+            continue
+        v = views[name] = as_view(arrays[name], name)
+        if v.ndim != 3:
+            raise ValueError(f"{name} must be 3-d (T, H, D) (packed) with cu_seqlens_q/cu_seqlens_kv, got shape "
+                             f"{tuple(v.shape)}")  # fmt: skip
+        if v.strides[-1] != 1 and v.shape[-1] > 1:
+            raise ValueError(f"{name} (packed) must have a contiguous head dim (last stride 1), got strides "
+                             f"{tuple(v.strides)}")  # fmt: skip
+    for name, st in out_strides.items():
+        if st[-1] != 1:
+            raise ValueError(f"{name} (packed) must have a contiguous head dim (last stride 1), got strides {st}")
+    values = {}
+    for side, cu, cu_name in (("q", cu_q, "cu_seqlens_q"), ("kv", cu_kv, "cu_seqlens_kv")):
+        c = _cu_values(cu, cu_name)
+        if c.shape[0] < 2:
+            raise ValueError(f"{cu_name} must have B + 1 >= 2 values (0, then each sample's end), got {c.tolist()}")
+        lengths = np.diff(c)
+        if c[0] != 0 or (lengths < 1).any():
+            raise ValueError(f"{cu_name} must start at 0 and grow by at least 1 per sample (every sequence has a "
+                             f"token), got {c.tolist()}")  # fmt: skip
+        t = views["q" if side == "q" else "k"].shape[0]
+        if c[-1] > t:
+            raise ValueError(f"{cu_name} ends at {int(c[-1])} tokens but {'q' if side == 'q' else 'k'} has T = {t}")
+        values[side] = (c, lengths)
+    b = values["q"][0].shape[0] - 1
+    if values["kv"][0].shape[0] - 1 != b:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_kv must have the same B + 1 values, got {b + 1} and "
+                         f"{values['kv'][0].shape[0]}")  # fmt: skip
+    sq = _max_len(max_q, values["q"][1], "max_seqlen_q", "cu_seqlens_q")
+    skv = _max_len(max_kv, values["kv"][1], "max_seqlen_kv", "cu_seqlens_kv")
+    vq = views["q"]
+    if vq.adapter is None:
+        raise TypeError("q comes from a library without a cudnnkit adapter, so the ragged offsets made from "
+                        "cu_seqlens cannot be uploaded; pass CuPy arrays or torch tensors")  # fmt: skip
+    st = None if stream is None else validate_stream(stream, vq.adapter, vq.device)
+    token_strides = {n: v.strides[0] for n, v in views.items()}
+    token_strides.update({n: s[0] for n, s in out_strides.items()})
+    made: dict[tuple[str, int], Any] = {}
+    for name, ts in token_strides.items():
+        side = _RAGGED_SIDES[name]
+        if (side, ts) not in made:
+            made[side, ts] = vq.adapter.from_numpy(values[side][0] * ts, vq.device, st)
+        arrays[f"ragged_{name}"] = made[side, ts]
+    arrays["seq_len_q"] = vq.adapter.from_numpy(values["q"][1].astype(np.int32), vq.device, st)
+    arrays["seq_len_kv"] = vq.adapter.from_numpy(values["kv"][1].astype(np.int32), vq.device, st)
+    return b, sq, skv
 
 
 def _flag(v: Any, name: str) -> bool:
@@ -555,7 +769,8 @@ def attention_forward(q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_
                       right_bound: int | None = None, seq_len_q: Any = None, seq_len_kv: Any = None,
                       alibi_slopes: Any = None, softcap: float | None = None, seed: Any = None, offset: Any = None,
                       sink: Any = None, page_table_k: Any = None, page_table_v: Any = None,
-                      max_seq_len_kv: int | None = None, out: Any = None,
+                      max_seq_len_kv: int | None = None, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
+                      max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None, out: Any = None,
                       stream: Any = None) -> tuple[Any, Any]:  # fmt: skip
     """Attention forward with every variant cuDNN 9.19 runs: ``(o, stats)``, ``o = softmax(mask(modify(scale *
     q @ k^T))) @ v`` ``(B, H, S_q, D_v)`` in q's dtype and dim order, ``stats`` the float32 log-sum-exp
@@ -570,10 +785,21 @@ def attention_forward(q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_
     o, st = split_out("attention_forward", out, {"out": None, "stats": None})
     arrays = {"q": q, "k": k, "v": v, **_attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed,
                                                             offset, sink, page_table_k, page_table_v)}  # fmt: skip
+    extra = {}
+    if cu_seqlens_q is not None or cu_seqlens_kv is not None:
+        vq, vv = as_view(q, "q"), as_view(v, "v")
+        o_strides = as_view(o, "out").strides if o is not None else None
+        if o_strides is None and vq.ndim == 3 and vv.ndim == 3:
+            o_strides = _strides_like((vq.shape[0], vq.shape[1], vv.shape[2]), vq)
+        outs = {} if o_strides is None else {"o": tuple(o_strides)}
+        extra["ragged"] = _ragged_arrays(arrays, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, stream,
+                                         outs)  # fmt: skip
+    elif max_seqlen_q is not None or max_seqlen_kv is not None:
+        raise ValueError("max_seqlen_q/max_seqlen_kv are for packed batches (cu_seqlens_q=, cu_seqlens_kv=)")
     return run(SDPA_FORWARD, arrays, stream=stream, out=o, stats=st, scale=scale,
                causal=_flag(is_causal, "is_causal"), enable_gqa=_flag(enable_gqa, "enable_gqa"),
                dropout=dropout_p, diagonal_alignment=diagonal_alignment, left_bound=left_bound,
-               right_bound=right_bound, softcap=softcap, max_seq_len_kv=max_seq_len_kv)  # fmt: skip
+               right_bound=right_bound, softcap=softcap, max_seq_len_kv=max_seq_len_kv, **extra)  # fmt: skip
 
 
 def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, attn_mask: Any = None,
@@ -581,21 +807,34 @@ def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, a
                        enable_gqa: bool = False, diagonal_alignment: str = "top_left", left_bound: int | None = None,
                        right_bound: int | None = None, seq_len_q: Any = None, seq_len_kv: Any = None,
                        alibi_slopes: Any = None, softcap: float | None = None, seed: Any = None, offset: Any = None,
-                       sink: Any = None, dbias: bool = False, dsink: bool = False,
+                       sink: Any = None, dbias: bool = False, dsink: bool = False, cu_seqlens_q: Any = None,
+                       cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None,
                        stream: Any = None) -> tuple[Any, ...]:  # fmt: skip
     """Attention backward: ``(dq, dk, dv)`` (with ``dbias=True`` then attn_mask's gradient, in its shape and
     dtype; with ``dsink=True`` then the sink's, float32 in its shape: ``(dq, dk, dv[, dmask][, dsink])``) from the forward's ``q``, ``k``, ``v``, its ``o`` and ``stats`` (the
     log-sum-exp :func:`attention_forward` returns) and ``do``, with the forward's keywords (the same ``seed``/
     ``offset`` replay its dropout mask). ``dk``/``dv`` of grouped heads are summed over the query heads of each
-    key/value head. Under ``cudnnkit.settings(deterministic=True)`` the graph writes ``dq`` without the atomic
+    key/value head; a packed batch's gradients are packed like their inputs. Under ``cudnnkit.settings(deterministic=True)`` the graph writes ``dq`` without the atomic
     float32 accumulator (cudnn-frontend's deterministic form) and planning rejects engines with cuDNN's
     NONDETERMINISTIC note: repeats are bitwise equal. The same primitive as :func:`sdpa_backward`.
     """
     arrays = {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats,
               **_attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset, sink)}  # fmt: skip
+    extra = {}
+    if cu_seqlens_q is not None or cu_seqlens_kv is not None:
+        grads = {}
+        for g, n in (("dq", "q"), ("dk", "k"), ("dv", "v")):
+            x = as_view(arrays[n], n)
+            if x.ndim == 3:
+                grads[g] = tuple(_strides_like(x.shape, x))
+        extra["ragged"] = _ragged_arrays(arrays, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, stream,
+                                         grads)  # fmt: skip
+    elif max_seqlen_q is not None or max_seqlen_kv is not None:
+        raise ValueError("max_seqlen_q/max_seqlen_kv are for packed batches (cu_seqlens_q=, cu_seqlens_kv=)")
     res = run(SDPA_BACKWARD, arrays, stream=stream, scale=scale, causal=_flag(is_causal, "is_causal"),
               enable_gqa=_flag(enable_gqa, "enable_gqa"), dropout=dropout_p, diagonal_alignment=diagonal_alignment,
-              left_bound=left_bound, right_bound=right_bound, softcap=softcap, dbias=dbias, want_dsink=dsink)  # fmt: skip
+              left_bound=left_bound, right_bound=right_bound, softcap=softcap, dbias=dbias, want_dsink=dsink,
+              **extra)  # fmt: skip
     return res[:3] + tuple(g for g, on in zip(res[3:], (dbias, dsink)) if on)
 
 

@@ -27,7 +27,8 @@ DOCUMENTED = (
     "affine_grid_backward grid_sample_forward grid_sample_backward set_tensor scale_tensor add_tensor "
     "transform_tensor op_tensor reduce_tensor activation_forward activation_backward Pooling pooling_forward "
     "pooling_backward Convolution convolution_forward convolution_backward_data convolution_backward_filter "
-    "convolution_backward_bias"
+    "convolution_backward_bias batch_norm_forward batch_norm_backward layer_norm_forward layer_norm_backward "
+    "rms_norm_forward rms_norm_backward instance_norm_forward instance_norm_backward"
 ).split()
 
 

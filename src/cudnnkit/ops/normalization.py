@@ -759,30 +759,70 @@ def batch_norm_forward(
 ) -> Any:
     """Batch normalization of ``x`` ``(N, C, *sp)`` (0 to 3 spatial dims) with ``scale``/``bias`` ``(C,)``
     (``mode="spatial"`` or ``"spatial_persistent"``: statistics over N and the spatial dims) or ``(C, *sp)``
-    (``"per_activation"``: over N). Parameters and statistics in :func:`param_dtype` of ``x``'s dtype.
+    (``"per_activation"``: over N).
 
     Training (the default): ``y = (x - mean) * inv_std * scale + bias`` with the batch's statistics; returns
     ``(y, saved_mean, saved_inv_std)`` (``inv_std = 1 / sqrt(var + epsilon)``, the biased variance), and updates
     ``running_mean``/``running_var`` in place when given, as torch does: ``new = (1 - momentum) * old + momentum *
     batch``, with the unbiased variance for ``running_var`` (cuDNN's ``exponentialAverageFactor`` is ``momentum``).
-    ``out=(y, saved_mean, saved_inv_std)``, each an array or None. For a channels-last 4-d float16, bfloat16 or
-    float32 ``x``: one graph (``NORM_FORWARD``, batch mode; see the module docstring); otherwise, or under
-    ``settings(prefer="legacy")``, ``cudnnBatchNormalizationForwardTraining``.
+    For a channels-last 4-d float16, bfloat16 or float32 ``x``: one graph (``NORM_FORWARD``, batch mode; see the
+    module docstring); otherwise, or under ``settings(prefer="legacy")``, ``cudnnBatchNormalizationForwardTraining``.
 
     Inference (``training=False``): ``y = (x - running_mean) / sqrt(running_var + epsilon) * scale + bias``;
-    returns ``y`` (``out=`` an array). ``cudnnBatchNormalizationForwardInference``.
+    returns ``y``. ``cudnnBatchNormalizationForwardInference``.
 
     **Fused** (``activation="relu"``, with an optional residual ``z`` of ``x``'s shape and dtype):
     ``y = relu(bn(x) + z)``. Training returns ``(y, saved_mean, saved_inv_std, reserve)``: one
     ``cudnnBatchNormalizationForwardTrainingEx`` (``CUDNN_BATCHNORM_OPS_BN_ACTIVATION`` / ``_ADD_ACTIVATION``)
     where cuDNN fuses these arrays (channels-last half types, C a multiple of 4; under ``settings(prefer="legacy")``
-    where the graph would take them), whose ``reserve`` (uint8) the
-    backward takes; elsewhere the unfused steps (the plain call, ``cudnnAddTensor``, ``cudnnActivationForward``)
-    and ``reserve`` is None. The graph path (the default where it applies) fuses them as ``ADD`` and ``RELU_FWD``
-    nodes after the norm and keeps no reserve (None): its backward takes the ReLU's gradient from ``y``. Inference
-    runs the unfused steps.
+    where the graph would take them), whose ``reserve`` (uint8) the backward takes; elsewhere the unfused steps
+    (the plain call, ``cudnnAddTensor``, ``cudnnActivationForward``) and ``reserve`` is None. The graph path (the
+    default where it applies) fuses them as ``ADD`` and ``RELU_FWD`` nodes after the norm and keeps no reserve
+    (None): its backward takes the ReLU's gradient from ``y``. Inference runs the unfused steps.
 
-    ``epsilon`` > 0 (``CUDNN_BN_MIN_EPSILON``), ``momentum`` in [0, 1]. Primitive :data:`BATCH_NORM_FORWARD`."""
+    The parameter descriptor comes from ``cudnnDeriveBNTensorDescriptor`` (primitive :data:`BATCH_NORM_FORWARD`).
+
+    Args:
+        x: ``(N, C, *sp)``, 2 to 5 dims, a CUDA array; float16, bfloat16, float32 or float64; dense channels-first
+            or channels-last (others are copied to C order). Training needs more than one value per channel.
+        scale: ``(C,)`` (``(C, *sp)`` per activation) in :func:`param_dtype` of ``x``'s dtype (float32, float64
+            for float64 ``x``).
+        bias: as ``scale``.
+        running_mean: as ``scale``, C-contiguous, updated in place when training; required for inference. Pass
+            both running statistics or neither.
+        running_var: as ``running_mean`` (the unbiased variance).
+        training: normalize with the batch's statistics (True) or the running ones (False).
+        momentum: the weight of the batch's statistics in the running ones, in [0, 1].
+        epsilon: added to the variance, > 0 (and >= ``CUDNN_BN_MIN_EPSILON``, 0 in cuDNN 9).
+        mode: ``"spatial"``, ``"spatial_persistent"`` (``CUDNN_BATCHNORM_SPATIAL_PERSISTENT``, faster for some
+            inputs) or ``"per_activation"``.
+        z: a residual of ``x``'s shape and dtype added before the ReLU (needs ``activation="relu"``).
+        activation: None or ``"relu"`` (fused after the norm).
+        out: training: ``(y, saved_mean, saved_inv_std)``, each an array to write or None; inference: ``y`` or
+            None. A ``y`` dense channels-first or channels-last; statistics C-contiguous.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        Training: ``(y, saved_mean, saved_inv_std)``, with ``activation`` ``(y, saved_mean, saved_inv_std,
+        reserve)`` (``reserve`` a uint8 array or None); inference: ``y``. ``y`` has ``x``'s shape, dtype and layout,
+        the statistics ``scale``'s shape and dtype.
+
+    Raises:
+        TypeError: a host array, a dtype outside the list, parameters or statistics of a dtype other than
+            :func:`param_dtype`'s, or ``training`` not a bool.
+        ValueError: a rank outside 2 to 5; parameters of the wrong shape or not packed where cuDNN writes them;
+            ``epsilon``/``momentum`` out of range; one running statistic; inference without them; a batch with
+            one value per channel in training; an ``activation`` other than ``"relu"``, or ``z`` without it.
+
+    Example:
+        >>> import cupy as cp
+        >>> from cudnnkit import ops
+        >>> x = cp.random.standard_normal((8, 16, 32, 32), dtype=cp.float32)
+        >>> g, b = cp.ones(16, cp.float32), cp.zeros(16, cp.float32)
+        >>> rm, rv = cp.zeros(16, cp.float32), cp.ones(16, cp.float32)
+        >>> y, mean, inv_std = ops.batch_norm_forward(x, g, b, running_mean=rm, running_var=rv)
+        >>> y_eval = ops.batch_norm_forward(x, g, b, running_mean=rm, running_var=rv, training=False)
+    """
     training = _bool(training, "training")
     if training:
         y, sm, si = _outs("batch_norm_forward", out, ("y", "saved_mean", "saved_inv_std"))
@@ -815,16 +855,47 @@ def batch_norm_backward(
     stream: Any = None,
 ) -> tuple[Any, ...]:
     """``(dx, dscale, dbias)`` of :func:`batch_norm_forward` (training) from ``dy``, its input ``x``, ``scale``
-    and its saved statistics (``epsilon`` and ``mode`` the forward's). ``dx`` has ``x``'s shape and dtype,
-    ``dscale``/``dbias`` ``scale``'s. ``out=(dx, dscale, dbias)``, each an array or None.
+    and its saved statistics (``epsilon`` and ``mode`` the forward's).
+
+    ``dx`` has ``x``'s shape and dtype (and layout when new), ``dscale``/``dbias`` ``scale``'s.
     ``cudnnBatchNormalizationBackward`` (primitive :data:`BATCH_NORM_BACKWARD`); for a channels-last 4-d float16,
     bfloat16 or float32 ``x`` without a ``reserve`` (unless ``settings(prefer="legacy")``), one graph
     (``NORM_BACKWARD``).
 
     The fused forward's backward: ``activation="relu"`` with the forward's output ``y``; ``z_grad=True`` when it
-    added a residual, which returns ``(dx, dscale, dbias, dz)`` (``out=`` then takes four). With the fused
-    forward's ``reserve`` (and ``bias``): one ``cudnnBatchNormalizationBackwardEx``; without (it ran unfused):
-    ``cudnnActivationBackward`` from ``y``, then the plain backward."""
+    added a residual, which returns ``(dx, dscale, dbias, dz)``. With the fused forward's ``reserve`` (and
+    ``bias``): one ``cudnnBatchNormalizationBackwardEx``; without (it ran unfused): ``cudnnActivationBackward``
+    from ``y``, then the plain backward.
+
+    Args:
+        dy: ``y``'s gradient, ``x``'s shape and dtype.
+        x: the forward's input ``(N, C, *sp)``, 2 to 5 dims, non-empty; float16, bfloat16, float32 or float64.
+        scale: the forward's ``scale``, in :func:`param_dtype` of ``x``'s dtype.
+        saved_mean: the forward's ``saved_mean``.
+        saved_inv_std: the forward's ``saved_inv_std``.
+        epsilon: the forward's.
+        mode: the forward's.
+        activation: None, or ``"relu"`` for a fused forward's backward (needs ``y``).
+        y: the fused forward's output (where the ReLU was active); only with ``activation``.
+        bias: the forward's ``bias``, needed with ``reserve`` (cuDNN reads it).
+        reserve: the fused forward's ``reserve`` (1-d uint8) when it returned one; None otherwise.
+        z_grad: also return the residual's gradient ``dz`` (a fused forward with ``z``).
+        out: ``(dx, dscale, dbias)`` (and ``dz`` with ``z_grad``), each an array to write or None.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(dx, dscale, dbias)``, or ``(dx, dscale, dbias, dz)`` with ``z_grad=True``.
+
+    Raises:
+        TypeError: a host array, another dtype, or a ``reserve`` that is not uint8.
+        ValueError: an empty ``x``, shapes that do not match, an ``activation`` other than ``"relu"``, ``y`` or
+            ``reserve`` without it, ``activation`` without ``y``, ``reserve`` without ``bias``, or ``z_grad``
+            without ``activation``.
+
+    Example:
+        >>> y, mean, inv_std = ops.batch_norm_forward(x, g, b)
+        >>> dx, dg, db = ops.batch_norm_backward(dy, x, g, mean, inv_std)
+    """
     names = ("dx", "dscale", "dbias", "dz") if z_grad is True else ("dx", "dscale", "dbias")
     got = _outs("batch_norm_backward", out, names)
     dx, ds, db = got[:3]
@@ -1089,14 +1160,46 @@ def layer_norm_forward(
     stream: Any = None,
 ) -> Any:
     """Layer normalization over the trailing ``k`` dims of ``x`` (``k = normalized_shape_ndim``, default
-    ``scale.ndim``; torch's ``normalized_shape = x.shape[-k:]``): ``y = (x - mean) * inv_std * scale + bias``
-    with ``scale``/``bias`` (float32) shaped ``x.shape[-k:]`` (no ``bias``: zero) and per-sample statistics.
+    ``scale.ndim``; torch's ``normalized_shape = x.shape[-k:]``): ``y = (x - mean) * inv_std * scale + bias`` with
+    per-sample statistics (``inv_std = 1 / sqrt(var + epsilon)``, the biased variance).
 
-    Training (the default) returns ``(y, mean, inv_std)``, the statistics float32 shaped ``x.shape[:-k] + (1,) *
-    k`` (torch's ``native_layer_norm``); ``out=(y, mean, inv_std)``. Inference (``training=False``) returns ``y``
-    (``out=`` an array). cuDNN normalizes every dim but the batch, so ``x`` runs as ``(prod(x.shape[:-k]),
-    prod(x.shape[-k:]), 1, 1)``: a graph ``NORM_FORWARD`` (``CUDNN_LAYER_NORM``; primitive
-    :data:`LAYER_NORM_FORWARD`). float16, bfloat16, float32; float64 is refused (the graph API has none)."""
+    cuDNN normalizes every dim but the batch, so ``x`` runs as ``(prod(x.shape[:-k]), prod(x.shape[-k:]), 1, 1)``:
+    one graph ``NORM_FORWARD`` (``CUDNN_LAYER_NORM``, phase training or inference; primitive
+    :data:`LAYER_NORM_FORWARD`), planned once per signature and cached, run by ``cudnnBackendExecute``. float64 is refused (the graph API has
+    none).
+
+    Args:
+        x: ``(*lead, *norm)``, at least 2 dims, non-empty, C-contiguous (others are copied), a CUDA array;
+            float16, bfloat16 or float32.
+        scale: float32 ``x.shape[-k:]``.
+        bias: float32 ``x.shape[-k:]``; None: zero.
+        normalized_shape_ndim: ``k``, the number of trailing dims normalized, in ``[1, x.ndim - 1]``; None:
+            ``scale.ndim``.
+        epsilon: added to the variance (mean square for RMS norm), > 0.
+        training: return the statistics the backward reads (True), or ``y`` alone (False).
+        out: training: ``(y, mean, inv_std)``, each an array to write or None (``y`` C-contiguous, the statistics
+            packed); inference: ``y`` or None.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        Training: ``(y, mean, inv_std)``, ``y`` ``x``'s shape and dtype, the statistics float32
+        ``x.shape[:-k] + (1,) * k`` (torch's ``native_layer_norm``); inference: ``y``.
+
+    Raises:
+        TypeError: a host array, another dtype, ``scale``/``bias``/statistics not float32, or a
+            ``normalized_shape_ndim`` that is not an int.
+        ValueError: float64 ``x``, an empty ``x``, ``k`` out of range, parameters of the wrong shape, or
+            ``epsilon`` <= 0.
+        cudnnkit.graph.UnsupportedGraphError: cuDNN has no engine for the graph.
+
+    Example:
+        >>> import cupy as cp
+        >>> from cudnnkit import ops
+        >>> x = cp.random.standard_normal((4, 128, 768), dtype=cp.float16)
+        >>> g, b = cp.ones(768, cp.float32), cp.zeros(768, cp.float32)
+        >>> y, mean, inv_std = ops.layer_norm_forward(x, g, b)       # mean, inv_std: (4, 128, 1)
+        >>> y = ops.layer_norm_forward(x, g, b, training=False)
+    """
     arrays = {"x": x, "scale": scale, "bias": bias}
     return _gn_forward(LAYER_NORM_FORWARD, "layer_norm_forward", ("mean", "inv_std"), arrays, training, out, stream,
                        normalized_shape_ndim=normalized_shape_ndim, epsilon=epsilon)  # fmt: skip
@@ -1113,9 +1216,38 @@ def layer_norm_backward(
     out: Any = None,
     stream: Any = None,
 ) -> tuple[Any, Any, Any]:
-    """``(dx, dscale, dbias)`` of :func:`layer_norm_forward` from ``dy``, its input ``x``, ``scale`` and its saved
-    ``mean``/``inv_std``; ``out=(dx, dscale, dbias)``. A graph ``NORM_BACKWARD`` (``CUDNN_LAYER_NORM``; primitive
-    :data:`LAYER_NORM_BACKWARD`)."""
+    """``(dx, dscale, dbias)`` of :func:`layer_norm_forward` from ``dy``, its input ``x``, ``scale`` and its
+    saved ``mean``/``inv_std``.
+
+    One graph ``NORM_BACKWARD`` (``CUDNN_LAYER_NORM``; primitive :data:`LAYER_NORM_BACKWARD`) run by
+    ``cudnnBackendExecute``, ``x`` as
+    ``(prod(x.shape[:-k]), prod(x.shape[-k:]), 1, 1)`` as in the forward.
+
+    Args:
+        dy: ``y``'s gradient, ``x``'s shape and dtype.
+        x: ``(*lead, *norm)``, at least 2 dims, non-empty, C-contiguous (others are copied), a CUDA array;
+            float16, bfloat16 or float32.
+        scale: the forward's ``scale``, float32 ``x.shape[-k:]``.
+        mean: the forward's ``mean``, float32 ``x.shape[:-k] + (1,) * k``.
+        inv_std: the forward's ``inv_std``, as ``mean``.
+        normalized_shape_ndim: ``k``, the number of trailing dims normalized, in ``[1, x.ndim - 1]``; None:
+            ``scale.ndim``.
+        out: ``(dx, dscale, dbias)``, each an array to write or None.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(dx, dscale, dbias)``: ``dx`` ``x``'s shape and dtype, ``dscale``/``dbias`` float32 ``x.shape[-k:]``
+        (``dbias`` also when the forward had no bias).
+
+    Raises:
+        TypeError: a host array, another dtype, or float32 operands of another dtype.
+        ValueError: float64 ``x``, an empty ``x``, ``k`` out of range, or operands of the wrong shape.
+        cudnnkit.graph.UnsupportedGraphError: cuDNN has no engine for the graph.
+
+    Example:
+        >>> y, mean, inv_std = ops.layer_norm_forward(x, g, b)
+        >>> dx, dg, db = ops.layer_norm_backward(dy, x, g, mean, inv_std)
+    """
     dx, ds, db = _outs("layer_norm_backward", out, ("dx", "dscale", "dbias"))
     arrays = {"dy": dy, "x": x, "scale": scale, "mean": mean, "inv_std": inv_std, "dscale": ds, "dbias": db}
     return run(LAYER_NORM_BACKWARD, arrays, stream=stream, dx=dx, normalized_shape_ndim=normalized_shape_ndim)
@@ -1132,10 +1264,37 @@ def rms_norm_forward(
     stream: Any = None,
 ) -> Any:
     """RMS normalization over the trailing ``k`` dims of ``x`` (as :func:`layer_norm_forward`): ``y = x *
-    inv_std * scale``, ``inv_std = 1 / sqrt(mean(x**2) + epsilon)`` per sample, ``scale`` float32 shaped
-    ``x.shape[-k:]``. Training returns ``(y, inv_std)`` (``inv_std`` float32 ``x.shape[:-k] + (1,) * k``;
-    ``out=(y, inv_std)``), inference ``y``. A graph ``NORM_FORWARD`` (``CUDNN_RMS_NORM``; primitive
-    :data:`RMS_NORM_FORWARD`); no float64."""
+    inv_std * scale``, ``inv_std = 1 / sqrt(mean(x**2) + epsilon)`` per sample, no bias.
+
+    One graph ``NORM_FORWARD`` (``CUDNN_RMS_NORM``, phase training or inference; primitive
+    :data:`RMS_NORM_FORWARD`) run by ``cudnnBackendExecute``, ``x`` as ``(prod(x.shape[:-k]),
+    prod(x.shape[-k:]), 1, 1)``; no float64.
+
+    Args:
+        x: ``(*lead, *norm)``, at least 2 dims, non-empty, C-contiguous (others are copied), a CUDA array;
+            float16, bfloat16 or float32.
+        scale: float32 ``x.shape[-k:]``.
+        normalized_shape_ndim: ``k``, the number of trailing dims normalized, in ``[1, x.ndim - 1]``; None:
+            ``scale.ndim``.
+        epsilon: added to the variance (mean square for RMS norm), > 0.
+        training: return the statistics the backward reads (True), or ``y`` alone (False).
+        out: training: ``(y, inv_std)``, each an array to write or None; inference: ``y`` or None.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        Training: ``(y, inv_std)``, ``inv_std`` float32 ``x.shape[:-k] + (1,) * k``; inference: ``y``.
+
+    Raises:
+        TypeError: a host array, another dtype, ``scale``/``inv_std`` not float32, or a ``normalized_shape_ndim``
+            that is not an int.
+        ValueError: float64 ``x``, an empty ``x``, ``k`` out of range, ``scale`` of the wrong shape, or
+            ``epsilon`` <= 0.
+        cudnnkit.graph.UnsupportedGraphError: cuDNN has no engine for the graph.
+
+    Example:
+        >>> x = cp.random.standard_normal((4, 128, 4096), dtype=cp.bfloat16)
+        >>> y, inv_std = ops.rms_norm_forward(x, cp.ones(4096, cp.float32), epsilon=1e-6)
+    """
     return _gn_forward(RMS_NORM_FORWARD, "rms_norm_forward", ("inv_std",), {"x": x, "scale": scale}, training, out,
                        stream, normalized_shape_ndim=normalized_shape_ndim, epsilon=epsilon)  # fmt: skip
 
@@ -1151,8 +1310,34 @@ def rms_norm_backward(
     stream: Any = None,
 ) -> tuple[Any, Any]:
     """``(dx, dscale)`` of :func:`rms_norm_forward` from ``dy``, its input ``x``, ``scale`` and its saved
-    ``inv_std``; ``out=(dx, dscale)``. A graph ``NORM_BACKWARD`` (``CUDNN_RMS_NORM``; primitive
-    :data:`RMS_NORM_BACKWARD`)."""
+    ``inv_std``.
+
+    One graph ``NORM_BACKWARD`` (``CUDNN_RMS_NORM``; primitive :data:`RMS_NORM_BACKWARD`) run by
+    ``cudnnBackendExecute``.
+
+    Args:
+        dy: ``y``'s gradient, ``x``'s shape and dtype.
+        x: ``(*lead, *norm)``, at least 2 dims, non-empty, C-contiguous (others are copied), a CUDA array;
+            float16, bfloat16 or float32.
+        scale: the forward's ``scale``, float32 ``x.shape[-k:]``.
+        inv_std: the forward's ``inv_std``, float32 ``x.shape[:-k] + (1,) * k``.
+        normalized_shape_ndim: ``k``, the number of trailing dims normalized, in ``[1, x.ndim - 1]``; None:
+            ``scale.ndim``.
+        out: ``(dx, dscale)``, each an array to write or None.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(dx, dscale)``: ``dx`` ``x``'s shape and dtype, ``dscale`` float32 ``x.shape[-k:]``.
+
+    Raises:
+        TypeError: a host array, another dtype, or float32 operands of another dtype.
+        ValueError: float64 ``x``, an empty ``x``, ``k`` out of range, or operands of the wrong shape.
+        cudnnkit.graph.UnsupportedGraphError: cuDNN has no engine for the graph.
+
+    Example:
+        >>> y, inv_std = ops.rms_norm_forward(x, g)
+        >>> dx, dg = ops.rms_norm_backward(dy, x, g, inv_std)
+    """
     dx, ds = _outs("rms_norm_backward", out, ("dx", "dscale"))
     arrays = {"dy": dy, "x": x, "scale": scale, "inv_std": inv_std, "dscale": ds}
     return run(RMS_NORM_BACKWARD, arrays, stream=stream, dx=dx, normalized_shape_ndim=normalized_shape_ndim)
@@ -1169,10 +1354,34 @@ def instance_norm_forward(
     stream: Any = None,
 ) -> Any:
     """Instance normalization of ``x`` ``(N, C, *sp)`` (1 to 3 spatial dims): statistics per ``(n, c)`` over the
-    spatial dims, ``y = (x - mean) * inv_std * scale[c] + bias[c]`` with ``scale``/``bias`` float32 ``(C,)`` (no
-    ``bias``: zero). Training returns ``(y, mean, inv_std)``, the statistics float32 ``(N, C)`` (``out=(y, mean,
-    inv_std)``); inference ``y``. ``x`` NCHW or NHWC (``y`` in its layout). A graph ``NORM_FORWARD``
-    (``CUDNN_INSTANCE_NORM``; primitive :data:`INSTANCE_NORM_FORWARD`); no float64."""
+    spatial dims, ``y = (x - mean) * inv_std * scale[c] + bias[c]``.
+
+    ``y`` takes ``x``'s layout (NCHW or NHWC). One graph ``NORM_FORWARD`` (``CUDNN_INSTANCE_NORM``, phase
+    training or inference; primitive :data:`INSTANCE_NORM_FORWARD`) run by ``cudnnBackendExecute``; no float64.
+
+    Args:
+        x: ``(N, C, *sp)``, 1 to 3 spatial dims, non-empty, a CUDA array; float16, bfloat16 or float32; dense
+            channels-first or channels-last (others are copied to C order).
+        scale: float32 ``(C,)``.
+        bias: float32 ``(C,)``; None: zero.
+        epsilon: added to the variance (mean square for RMS norm), > 0.
+        training: return the statistics the backward reads (True), or ``y`` alone (False).
+        out: training: ``(y, mean, inv_std)``, each an array to write or None; inference: ``y`` or None.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        Training: ``(y, mean, inv_std)``, the statistics float32 ``(N, C)``; inference: ``y``.
+
+    Raises:
+        TypeError: a host array, another dtype, or ``scale``/``bias``/statistics not float32.
+        ValueError: float64 ``x``, a rank outside 3 to 5, an empty ``x``, parameters of the wrong shape, or
+            ``epsilon`` <= 0.
+        cudnnkit.graph.UnsupportedGraphError: cuDNN has no engine for the graph.
+
+    Example:
+        >>> x = cp.random.standard_normal((2, 64, 32, 32), dtype=cp.float32)
+        >>> y, mean, inv_std = ops.instance_norm_forward(x, cp.ones(64, cp.float32), cp.zeros(64, cp.float32))
+    """
     arrays = {"x": x, "scale": scale, "bias": bias}
     return _gn_forward(INSTANCE_NORM_FORWARD, "instance_norm_forward", ("mean", "inv_std"), arrays, training, out,
                        stream, epsilon=epsilon)  # fmt: skip
@@ -1189,8 +1398,33 @@ def instance_norm_backward(
     stream: Any = None,
 ) -> tuple[Any, Any, Any]:
     """``(dx, dscale, dbias)`` of :func:`instance_norm_forward` from ``dy``, its input ``x``, ``scale`` and its
-    saved ``mean``/``inv_std`` ``(N, C)``; ``out=(dx, dscale, dbias)``. A graph ``NORM_BACKWARD``
-    (``CUDNN_INSTANCE_NORM``; primitive :data:`INSTANCE_NORM_BACKWARD`)."""
+    saved ``mean``/``inv_std`` ``(N, C)``.
+
+    One graph ``NORM_BACKWARD`` (``CUDNN_INSTANCE_NORM``; primitive :data:`INSTANCE_NORM_BACKWARD`) run by
+    ``cudnnBackendExecute``.
+
+    Args:
+        dy: ``y``'s gradient, ``x``'s shape and dtype.
+        x: ``(N, C, *sp)``, 1 to 3 spatial dims, non-empty, a CUDA array; float16, bfloat16 or float32; dense
+            channels-first or channels-last (others are copied to C order).
+        scale: the forward's ``scale``, float32 ``(C,)``.
+        mean: the forward's ``mean``, float32 ``(N, C)``.
+        inv_std: the forward's ``inv_std``, float32 ``(N, C)``.
+        out: ``(dx, dscale, dbias)``, each an array to write or None.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(dx, dscale, dbias)``: ``dx`` ``x``'s shape and dtype, ``dscale``/``dbias`` float32 ``(C,)``.
+
+    Raises:
+        TypeError: a host array, another dtype, or float32 operands of another dtype.
+        ValueError: float64 ``x``, a rank outside 3 to 5, an empty ``x``, or operands of the wrong shape.
+        cudnnkit.graph.UnsupportedGraphError: cuDNN has no engine for the graph.
+
+    Example:
+        >>> y, mean, inv_std = ops.instance_norm_forward(x, g, b)
+        >>> dx, dg, db = ops.instance_norm_backward(dy, x, g, mean, inv_std)
+    """
     dx, ds, db = _outs("instance_norm_backward", out, ("dx", "dscale", "dbias"))
     arrays = {"dy": dy, "x": x, "scale": scale, "mean": mean, "inv_std": inv_std, "dscale": ds, "dbias": db}
     return run(INSTANCE_NORM_BACKWARD, arrays, stream=stream, dx=dx)

@@ -508,3 +508,144 @@ def test_l2_paged_decode(dev):
                                   page_table_k=tab, page_table_v=tab, seq_len_q=device(dev, [1, 1], "int32"),
                                   seq_len_kv=device(dev, lens_kv, "int32"), enable_gqa=True)  # fmt: skip
     assert rel(got(dev, o), o_ref) < TOL[dtype] and rel(got(dev, st), lse_ref) < TOL[dtype]
+
+
+# ----------------------------------------------------------------- ragged (packed, THD) batches
+
+
+def packed_reference(q, k, v, do, cu_q, cu_kv, s_max_q, *, scale, causal=False, align="top_left"):
+    """The reference per sample on the unpacked sequences: q ``(T_q, H, D)``, k/v ``(T_kv, H_kv, .)``, do ``(T_q,
+    H, D_v)`` packed at ``cu_q``/``cu_kv``; returns packed o, the padded lse ``(B, H, s_max_q, 1)`` (0 past each
+    length) and packed dq, dk, dv."""
+    b = len(cu_q) - 1
+    o, dq, dk, dv = np.zeros(do.shape), np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    lse = np.zeros((b, q.shape[1], s_max_q, 1))
+    for i in range(b):
+        rq, rkv = slice(cu_q[i], cu_q[i + 1]), slice(cu_kv[i], cu_kv[i + 1])
+        lq, lkv = rq.stop - rq.start, rkv.stop - rkv.start
+
+        def unpack(a, r):
+            return a[r].transpose(1, 0, 2)[None]  # (1, H, L, D)
+
+        keep = keep_matrix(lq, lkv, b=1, causal=causal, align=align) if causal else None
+        o_b, lse_b, (dq_b, dk_b, dv_b, _, _) = reference(unpack(q, rq), unpack(k, rkv), unpack(v, rkv),
+                                                         unpack(do, rq), scale=scale, keep=keep)  # fmt: skip
+        o[rq], dq[rq], dk[rkv], dv[rkv] = (x[0].transpose(1, 0, 2) for x in (o_b, dq_b, dk_b, dv_b))
+        lse[i, :, :lq] = lse_b[0]
+    return o, lse, (dq, dk, dv)
+
+
+@pytest.mark.parametrize("hk, causal", [(H, False), (2, True)], ids=["mha", "gqa-causal"])
+def test_ragged_graph_forward_and_backward(dev, hk, causal):
+    """Graph.sdpa_forward/sdpa_backward on packed q, k, v, o, do (and dq, dk, dv) with ragged offsets (the
+    cu_seqlens times the token stride H * D, in elements, int64) and the padding mask's lengths, lengths 1 and
+    the maximum on each side; against the reference per sample on the unpacked sequences. Outputs NaN-poisoned;
+    every packed row is compared (each token belongs to a sample), the stats rows below each length."""
+    dtype, d, dv, s = "bfloat16", 64, 64, 64
+    lens_q, lens_kv = [1, s, 37], [s, 1, 50]
+    cu_q, cu_kv = np.concatenate([[0], np.cumsum(lens_q)]), np.concatenate([[0], np.cumsum(lens_kv)])
+    tq, tkv, b = int(cu_q[-1]), int(cu_kv[-1]), len(lens_q)
+    rng = np.random.default_rng(31)
+    q, k, v = draw(rng, (tq, H, d), dtype), draw(rng, (tkv, hk, d), dtype), draw(rng, (tkv, hk, dv), dtype)
+    do = draw(rng, (tq, H, dv), dtype)
+    scale = 1 / math.sqrt(d)
+    o_ref, lse_ref, grads = packed_reference(q, k, v, do, cu_q, cu_kv, s, scale=scale, causal=causal)
+
+    def packed(g, h, dd, name):
+        return g.tensor((b, h, s, dd), (s * h * dd, dd, h * dd, 1), dtype, name=name)
+
+    def inputs(g, names):
+        t, vals = {}, {}
+        shapes = {"q": (H, d, "q"), "k": (hk, d, "kv"), "v": (hk, dv, "kv"), "o": (H, dv, "q"), "do": (H, dv, "q")}
+        offs = {}
+        for side, cu in (("q", cu_q), ("kv", cu_kv)):
+            for h_, dd in {(hh, x) for hh, x, sd in shapes.values() if sd == side}:
+                r = g.tensor((b + 1, 1, 1, 1), None, "int64", name=f"off_{side}_{h_}_{dd}")
+                offs[side, h_, dd] = r
+                vals[r] = (cu * h_ * dd).reshape(b + 1, 1, 1, 1)  # element offsets: tokens times H * D
+        for n in names:
+            h_, dd, side = shapes[n]
+            t[n] = g.set_ragged_offset(packed(g, h_, dd, n), offs[side, h_, dd])
+        lq, lkv = (g.tensor((b, 1, 1, 1), None, "int32", name=n) for n in ("seq_len_q", "seq_len_kv"))
+        vals[lq], vals[lkv] = np.array(lens_q).reshape(b, 1, 1, 1), np.array(lens_kv).reshape(b, 1, 1, 1)
+        bind = {x: put(dev, a, x) for x, a in vals.items()}
+        return t, offs, bind, lq, lkv
+
+    def packed_array(a, h_, dd):
+        from types import SimpleNamespace
+
+        return put(dev, a, SimpleNamespace(dims=a.shape, strides=(h_ * dd, dd, 1), dtype=dtype))
+
+    def poisoned(rows, h_, dd):
+        return packed_array(np.full((rows, h_, dd), np.nan), h_, dd)
+
+    def close(got_, ref, what):
+        err = rel(got_.ravel(), ref.ravel())
+        assert err < TOL[dtype], f"{what}: relative error {err:.2e} >= {TOL[dtype]}"
+
+    # forward
+    g = Graph()
+    t, offs, bind, lq, lkv = inputs(g, ("q", "k", "v"))
+    r = g.sdpa_forward(t["q"], t["k"], t["v"], seq_len_q=lq, seq_len_kv=lkv, causal=causal, scale=scale,
+                       o_strides=(s * H * dv, dv, H * dv, 1), o_ragged_offset=offs["q", H, dv])  # fmt: skip
+    o, st = g.mark_output(r.o), g.mark_output(r.stats)
+    out_o, out_st = poisoned(tq, H, dv), nan_like(dev, st)
+    host = {"q": (q, H, d), "k": (k, hk, d), "v": (v, hk, dv)}
+    g.execute({**bind, **{t[n]: packed_array(a, h_, dd) for n, (a, h_, dd) in host.items()}, o: out_o, st: out_st})
+    close(got(dev, out_o), o_ref, "o")
+    lse = got(dev, out_st)
+    close(np.concatenate([lse[i, :, : lens_q[i]].ravel() for i in range(b)]),
+          np.concatenate([lse_ref[i, :, : lens_q[i]].ravel() for i in range(b)]), "stats")  # fmt: skip
+
+    # backward (from the reference's o and lse, so that it is checked alone)
+    g = Graph()
+    t, offs, bind, lq, lkv = inputs(g, ("q", "k", "v", "o", "do"))
+    stt = g.tensor((b, H, s, 1), None, "float32", name="stats")
+    dq, dk, dvt = g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], stt, seq_len_q=lq, seq_len_kv=lkv,
+                                  causal=causal, scale=scale, dq_ragged_offset=offs["q", H, d],
+                                  dk_ragged_offset=offs["kv", hk, d], dv_ragged_offset=offs["kv", hk, dv])  # fmt: skip
+    dq, dk, dvt = (g.mark_output(x) for x in (dq, dk, dvt))
+    host.update({"o": (seen(o_ref, dtype), H, dv), "do": (do, H, dv)})
+    outs = {dq: poisoned(tq, H, d), dk: poisoned(tkv, hk, d), dvt: poisoned(tkv, hk, dv)}
+    g.execute({**bind, **{t[n]: packed_array(a, h_, dd) for n, (a, h_, dd) in host.items()},
+               stt: put(dev, lse_ref, stt), **outs})  # fmt: skip
+    for x, ref, what in zip((dq, dk, dvt), grads, ("dq", "dk", "dv")):
+        close(got(dev, outs[x]), ref, what)
+
+
+@pytest.mark.parametrize("cu_on_device", [True, False], ids=["device-cu", "host-cu"])
+def test_l2_ragged_forward_and_backward(dev, cu_on_device):
+    """ops.attention_forward/attention_backward with cu_seqlens_q/cu_seqlens_kv (lengths 1 and the maximum, a
+    max_seqlen_kv bucket above the longest), grouped heads, causal; packed results against the per-sample
+    reference; the stats padded (B, H, max_seqlen_q, 1)."""
+    from cudnnkit import ops
+
+    dtype, d, dv, hk = "bfloat16", 64, 128, 2
+    lens_q, lens_kv = [1, 48, 64, 17], [33, 1, 64, 70]
+    cu_q, cu_kv = np.concatenate([[0], np.cumsum(lens_q)]), np.concatenate([[0], np.cumsum(lens_kv)])
+    tq, tkv, b = int(cu_q[-1]), int(cu_kv[-1]), len(lens_q)
+    rng = np.random.default_rng(32)
+    q, k, v = draw(rng, (tq, H, d), dtype), draw(rng, (tkv, hk, d), dtype), draw(rng, (tkv, hk, dv), dtype)
+    do = draw(rng, (tq, H, dv), dtype)
+    scale = 1 / math.sqrt(d)
+    o_ref, lse_ref, grads = packed_reference(q, k, v, do, cu_q, cu_kv, 64, scale=scale, causal=True)
+    cuq = device(dev, cu_q, "int32") if cu_on_device else cu_q.tolist()
+    cukv = device(dev, cu_kv, "int32") if cu_on_device else cu_kv.tolist()
+    kw = dict(cu_seqlens_q=cuq, cu_seqlens_kv=cukv, max_seqlen_kv=96, is_causal=True, enable_gqa=True)
+    qd, kd, vd = device(dev, q, dtype), device(dev, k, dtype), device(dev, v, dtype)
+    poisoned = (
+        device(dev, np.full((tq, H, dv), np.nan), dtype),
+        device(dev, np.full((b, H, 64, 1), np.nan), "float32"),
+    )
+    o, st = ops.attention_forward(qd, kd, vd, out=poisoned, **kw)
+    assert o is poisoned[0] and st is poisoned[1]
+    assert tuple(o.shape) == (tq, H, dv) and tuple(st.shape) == (b, H, 64, 1)
+    assert rel(got(dev, o), o_ref) < TOL[dtype]
+    lse = got(dev, st)
+    assert rel(np.concatenate([lse[i, :, : lens_q[i]].ravel() for i in range(b)]),
+               np.concatenate([lse_ref[i, :, : lens_q[i]].ravel() for i in range(b)])) < TOL[dtype]  # fmt: skip
+    dq, dk, dvv = ops.attention_backward(qd, kd, vd, device(dev, o_ref, dtype), device(dev, do, dtype),
+                                         device(dev, lse_ref, "float32"), **kw)  # fmt: skip
+    assert tuple(dq.shape) == (tq, H, d) and tuple(dk.shape) == (tkv, hk, d) and tuple(dvv.shape) == (tkv, hk, dv)
+    for x, ref in zip((dq, dk, dvv), grads):
+        assert rel(got(dev, x), ref) < TOL[dtype]

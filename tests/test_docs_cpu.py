@@ -28,7 +28,8 @@ DOCUMENTED = (
     "transform_tensor op_tensor reduce_tensor activation_forward activation_backward Pooling pooling_forward "
     "pooling_backward Convolution convolution_forward convolution_backward_data convolution_backward_filter "
     "convolution_backward_bias batch_norm_forward batch_norm_backward layer_norm_forward layer_norm_backward "
-    "rms_norm_forward rms_norm_backward instance_norm_forward instance_norm_backward"
+    "rms_norm_forward rms_norm_backward instance_norm_forward instance_norm_backward RNN LinearParams rnn_forward "
+    "rnn_backward load_torch_params to_torch_params torch_param_names"
 ).split()
 
 

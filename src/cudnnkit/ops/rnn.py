@@ -143,7 +143,23 @@ def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
 
 
 class LinearParams(NamedTuple):
-    """One linear id of one pseudo-layer: views into a flat weight buffer (``None`` where absent)."""
+    """One linear id of one pseudo-layer: views into a flat weight buffer (``None`` where absent), as
+    :meth:`RNN.weight_params` returns them from ``cudnnGetRNNWeightParams``.
+
+    Args:
+        layer: the layer, from 0.
+        direction: 0 forward, 1 reverse (pseudo-layer ``layer * D + direction``).
+        lin_id: cuDNN's linear id (the module docstring lists them per cell).
+        gate: its name, e.g. ``"W_f"`` (input-side forget gate), ``"R_h"`` (GRU recurrent candidate), ``"P"``
+            (the LSTM projection).
+        matrix: a view of the matrix in the flat buffer (``(H, I)``, ``(H, D * P)``, ``(H, P)`` or ``(P, H)``),
+            or None.
+        bias: a view of the bias ``(H,)``, or None where the bias mode leaves it out.
+
+    Example:
+        >>> p = rnn.weight_params(w)[0][1]       # pseudo-layer 0, linear id 1 (LSTM: W_f)
+        >>> p.gate, p.matrix.shape, p.bias.shape
+    """
 
     layer: int
     direction: int  # 0 forward, 1 reverse
@@ -157,43 +173,59 @@ class LinearParams(NamedTuple):
 class RNN:
     """Everything ``cudnnSetRNNDescriptor_v8`` (and ``cudnnRNNSetClip_v9``) take, as a hashable config.
 
-    ``cell``: "relu" | "tanh" | "lstm" | "gru". ``input_size``, ``hidden_size``,
-    ``num_layers`` >= 1. ``bidirectional``. ``input_mode``: "linear" (a
-    matrix on the first layer's input) or "skip" (the input is added as is:
-    needs ``input_size == hidden_size``). ``bias_mode``: "double" (input and
-    recurrent biases, torch's ``bias=True``), "single_input",
-    "single_recurrent" or "none". ``proj_size``: LSTM recurrent projection to
-    ``proj_size < hidden_size`` outputs (0: none). ``dropout``: probability
-    of dropping the output of each layer but the last, in training;
-    ``dropout_seed`` seeds its RNG states (one :class:`DropoutState` per
-    device, see :meth:`dropout_state`). ``algo``: "auto" (the default),
-    "standard", "persist_static", "persist_dynamic" or
-    "persist_static_small_h". "auto" runs cuDNN's persistent-static
-    algorithm where it supports the config and the call and was measured
-    faster than the standard one (float16 and float32 data, one
-    direction, full-length sequences, shapes of the kind in
-    :func:`cudnnkit.ops._rnn_desc._auto_algo`), and the standard algorithm otherwise; it decides once
-    per (config, batch, length class, training), :meth:`chosen_algo` says
-    what it picked, and a training forward's reserve remembers the algorithm
-    its backward must use. Name an algorithm to override it.
-    ``dtype``: the data type of x, y, h, c and w: float16, float32 or float64.
-    ``math_precision``: the compute type (default float32 for float16 and
-    float32, float64 for float64; float16 may compute in float16).
-    ``math_type``: "default" | "tensor_op" | "tensor_op_allow_conversion" |
-    "fma"; ``None`` picks "tensor_op" for float16 and, for float32, "default"
-    (TF32 allowed) or "fma" as ``cudnnkit.settings(allow_tf32=...)`` says.
-    ``cell_clip``: LSTM cell-state clipping, ``c`` (meaning ``(-c, c)``) or
-    ``(lo, hi)``; ``None`` for none. cuDNN clips the cell state where it
-    is read, with float32 bounds: ``c_t = f * clip(c_{t-1}) + i * g``,
-    ``h_t = o * tanh(clip(c_t))``, and ``cy`` is the unclipped ``c_T``
-    (measured on cuDNN 9.19). ``padded_io``: the
-    ``CUDNN_RNN_PADDED_IO_ENABLED`` aux flag, which the unpacked layouts
-    need. ``None`` (the default) decides per call: a call whose data is
-    packed in memory (``layout="packed"``, or ``"seq_major"`` with every
-    sequence of full length ``T``) runs as ``SEQ_MAJOR_PACKED`` with padded
-    I/O disabled (measured 20% faster for a float32 LSTM forward than padded
-    I/O), others with it enabled; ``True`` always enables it, ``False``
-    allows ``layout="packed"`` only.
+    The descriptor (and, with ``dropout > 0``, its dropout RNG states through ``cudnnSetDropoutDescriptor``) is
+    built once per (device, math type) and cached; :meth:`weight_count`, :meth:`new_weights`,
+    :meth:`weight_params`, :meth:`dropout_state` and :meth:`chosen_algo` read it.
+
+    Args:
+        cell: ``"relu"``, ``"tanh"``, ``"lstm"`` or ``"gru"``.
+        input_size: ``I``, the features of ``x``, >= 1.
+        hidden_size: ``H``, >= 1.
+        num_layers: ``L``, >= 1.
+        bidirectional: a bool; ``D = 2`` when True.
+        input_mode: ``"linear"`` (a matrix on the first layer's input) or ``"skip"`` (the input is added as is:
+            needs ``input_size == hidden_size``).
+        bias_mode: ``"double"`` (input and recurrent biases, torch's ``bias=True``), ``"single_input"``,
+            ``"single_recurrent"`` or ``"none"``.
+        proj_size: LSTM recurrent projection to ``proj_size < hidden_size`` outputs (0: none; ``algo`` standard
+            or auto).
+        dropout: probability of dropping the output of each layer but the last, in training.
+        dropout_seed: seeds its RNG states (one :class:`DropoutState` per device, see :meth:`dropout_state`).
+        algo: ``"auto"`` (the default), ``"standard"``, ``"persist_static"``, ``"persist_dynamic"`` or
+            ``"persist_static_small_h"``. ``"auto"`` runs cuDNN's persistent-static algorithm where it supports
+            the config and the call and was measured faster than the standard one (float16 and float32 data, one
+            direction, full-length sequences, shapes of the kind in :func:`cudnnkit.ops._rnn_desc._auto_algo`), and
+            the standard algorithm otherwise; it decides once per (config, batch, length class, training),
+            :meth:`chosen_algo` says what it picked, and a training forward's reserve remembers the algorithm its
+            backward must use. Name an algorithm to override it (the persistent ones take full-length batches
+            only).
+        dtype: the data type of x, y, h, c and w: float16, float32 or float64 (cuDNN 9.19 refuses bfloat16).
+        math_precision: the compute type (default float32 for float16 and float32, float64 for float64; float16
+            may compute in float16).
+        math_type: ``"default"``, ``"tensor_op"``, ``"tensor_op_allow_conversion"`` or ``"fma"``; None picks
+            ``"tensor_op"`` for float16 and, for float32, ``"default"`` (TF32 allowed) or ``"fma"`` as
+            ``cudnnkit.settings(allow_tf32=...)`` says.
+        cell_clip: LSTM cell-state clipping, ``c`` (meaning ``(-c, c)``) or ``(lo, hi)``; None for none. cuDNN
+            clips the cell state where it is read, with float32 bounds: ``c_t = f * clip(c_{t-1}) + i * g``,
+            ``h_t = o * tanh(clip(c_t))``, and ``cy`` is the unclipped ``c_T`` (measured on cuDNN 9.19).
+        padded_io: the ``CUDNN_RNN_PADDED_IO_ENABLED`` aux flag, which the unpacked layouts need. None (the
+            default) decides per call: a call whose data is packed in memory (``layout="packed"``, or
+            ``"seq_major"`` with every sequence of full length ``T``) runs as ``SEQ_MAJOR_PACKED`` with padded I/O
+            disabled (measured 20% faster for a float32 LSTM forward than padded I/O), others with it enabled;
+            True always enables it, False allows ``layout="packed"`` only.
+
+    Raises:
+        ValueError: a choice outside its list, a size below its minimum, ``proj_size`` on another cell or not
+            below ``hidden_size``, ``"skip"`` with ``input_size != hidden_size``, a ``math_precision`` the dtype
+            does not take, a bad ``dropout``, ``dropout_seed`` or ``cell_clip``, or an ``algo`` cuDNN documents
+            not to take the config.
+        TypeError: a non-bool ``bidirectional``/``padded_io``, a dtype other than the three, or a ``dropout`` or
+            ``cell_clip`` of another type.
+
+    Example:
+        >>> rnn = ops.RNN("lstm", input_size=32, hidden_size=64, num_layers=2, bidirectional=True)
+        >>> w = rnn.new_weights(x)                      # (rnn.weight_count(x),), like x
+        >>> y, hy, cy = ops.rnn_forward(x, w, rnn=rnn)   # x (T, N, 32) -> y (T, N, 128)
     """
 
     cell: str
@@ -491,17 +523,54 @@ def rnn_forward(
 ) -> tuple[Any, ...]:
     """Run the RNN over ``x``: ``(y, hy, cy)``, and with ``training=True`` ``(y, hy, cy, reserve)``.
 
-    Shapes as in the module docstring; ``cy`` is ``None`` for cells other
-    than LSTM. ``hx``/``cx`` ``None`` start from zeros. ``seq_lengths``: host
-    ints (N,), each in ``[1, T]`` (default: all ``T``; required and
-    decreasing for ``layout="packed"``); cuDNN also reads them on the device,
-    from a copy cudnnkit makes on the launch stream once per lengths (cached).
-    Padded steps of ``y`` (unpacked layouts) get ``padding_fill``, a real number
-    (NaN and inf allowed) that ``rnn.dtype`` can hold; ``hy``/``cy`` hold each sample's state after its own
-    last step. ``reserve`` (uint8) is what :func:`rnn_backward` needs;
-    training applies ``rnn.dropout`` between layers. Non-contiguous inputs are
-    copied. ``cudnnRNNForward`` (after ``cudnnBuildRNNDynamic`` for
-    ``algo="persist_dynamic"``).
+    Shapes as in the module docstring (``x`` ``(T, N, I)``, ``(N, T, I)`` or packed ``(sum(lengths), I)``; ``y``
+    the same with ``D * P`` features; ``hx``/``hy`` ``(L * D, N, P)``; ``cx``/``cy`` ``(L * D, N, H)``), all in
+    ``rnn.dtype``. ``hy``/``cy`` hold each sample's state after its own last step; padded steps of ``y``
+    (unpacked layouts) get ``padding_fill``. Training applies ``rnn.dropout`` between layers and returns the
+    reserve space :func:`rnn_backward` needs. Non-contiguous inputs are copied. cuDNN reads ``seq_lengths`` on
+    the device too, from a copy cudnnkit makes on the launch stream once per lengths (cached). Calls
+    ``cudnnRNNForward`` (``CUDNN_FWD_MODE_TRAINING`` or ``_INFERENCE``), with the sizes from
+    ``cudnnGetRNNTempSpaceSizes``, after ``cudnnBuildRNNDynamic`` for ``algo="persist_dynamic"``.
+
+    Args:
+        x: the input sequences in ``layout``, a CuPy or torch CUDA array of ``rnn.dtype``; feature size
+            ``rnn.input_size``, at least one sample and one step.
+        w: the flat weight space, 1-d, contiguous, ``rnn.dtype``, at least :meth:`RNN.weight_count` elements.
+        hx: the initial hidden state ``(L * D, N, P)``; None: zeros.
+        cx: the initial LSTM cell state ``(L * D, N, H)`` (LSTM only); None: zeros.
+        rnn: the :class:`RNN` config.
+        training: also return the reserve space for the backward (``CUDNN_FWD_MODE_TRAINING``), with dropout.
+        layout: ``"seq_major"`` (T, N, I), ``"batch_major"`` (N, T, I) or ``"packed"`` (torch's
+            ``PackedSequence.data``: time-major, sorted by decreasing length).
+        seq_lengths: host ints ``(N,)``, each in ``[1, T]``; None: all ``T``. Required, and decreasing, for
+            ``layout="packed"``.
+        padding_fill: the value of ``y``'s padded steps (unpacked layouts), a real number (NaN and inf allowed)
+            that ``rnn.dtype`` can hold.
+        out: a C-contiguous array of ``y``'s shape and ``rnn.dtype`` to write; None allocates ``y``.
+        stream: the stream to run on; None: the library's current stream.
+        y_out: the deprecated name of ``out`` (a ``DeprecationWarning``).
+
+    Returns:
+        ``(y, hy, cy)`` (``cy`` None for cells other than LSTM), and with ``training=True`` ``(y, hy, cy,
+        reserve)``, ``reserve`` a 1-d uint8 array; new arrays of ``x``'s library.
+
+    Raises:
+        TypeError: ``rnn`` not an :class:`RNN`, a non-bool ``training``, ``x``/``w`` missing, arrays of another
+            dtype, arrays of a library without a cudnnkit adapter, or both ``out`` and ``y_out``.
+        ValueError: a bad ``layout``, ``x``'s shape for the layout, bad ``seq_lengths``, variable lengths with a
+            persistent ``algo``, ``cx`` for a non-LSTM cell, states or ``w`` of the wrong size, a non-contiguous
+            ``out``, an unpacked layout with ``padded_io=False``, or a ``padding_fill`` that overflows.
+        cudnnkit.lib.errors.NotSupportedError: cuDNN refuses the config for this call (the message names the
+            algorithm and the call).
+
+    Example:
+        >>> import cupy as cp
+        >>> from cudnnkit import ops
+        >>> rnn = ops.RNN("gru", input_size=16, hidden_size=32)
+        >>> x = cp.random.standard_normal((20, 4, 16), dtype=cp.float32)      # (T, N, I)
+        >>> w = rnn.new_weights(x)
+        >>> y, hy, _ = ops.rnn_forward(x, w, rnn=rnn, seq_lengths=[20, 15, 9, 3])
+        >>> y, hy, _, reserve = ops.rnn_forward(x, w, rnn=rnn, training=True)
     """
     if y_out is not None:
         if out is not None:
@@ -754,28 +823,53 @@ def rnn_backward(
 ) -> tuple[Any, Any, Any, Any]:
     """Gradients of a training :func:`rnn_forward`: ``(dx, dhx, dcx, dw)``.
 
-    ``x``, ``w``, ``hx``, ``cx``, ``layout`` and ``seq_lengths`` must be the
-    forward's, and ``y`` and ``reserve`` what it returned; ``dy`` is the
-    gradient of ``y`` (shape of ``y``), ``dhy``/``dcy`` of ``hy``/``cy``
-    (``None``: zero). ``dhx``/``dcx`` are ``None`` where ``hx``/``cx`` were
-    not given. ``dw`` (flat, like ``w``): a new zeroed buffer receives the
-    weight gradient; a given ``dw`` is zeroed too unless ``accumulate=True``,
-    which adds to it. Makes ``cudnnRNNBackwardData_v8`` and then
-    ``cudnnRNNBackwardWeights_v8`` (``CUDNN_WGRAD_MODE_ADD``), in that order,
-    with one workspace; the reserve space is updated by the first and read by
-    the second. Since cuDNN overwrites it, a reserve allows one backward:
-    a second raises ``ValueError``, unless the first passed
-    ``keep_reserve=True`` (the backward then works on a copy of the reserve).
-    That protection tracks each training forward's reserve by its device
-    address. A framework that keeps the reserve in memory of its own (JAX:
-    XLA copies residuals into its buffers) hands the backward an array at an
-    address no forward returned: ``trusted_reserve=True`` says, explicitly,
-    that ``reserve`` holds the bytes a training forward with these arguments
-    wrote and that no backward has overwritten them (the caller's
-    guarantee: it is not tracked); its size is still checked, and for
-    ``algo="auto"`` the algorithm is the one a forward of these shapes runs.
-    Pass ``keep_reserve=True`` with it where the reserve must stay unchanged
-    (an XLA operand is never written).
+    Makes ``cudnnRNNBackwardData_v8`` and then ``cudnnRNNBackwardWeights_v8`` (``CUDNN_WGRAD_MODE_ADD``), in that
+    order, with one workspace; the reserve space is updated by the first and read by the second. Since cuDNN
+    overwrites it, a reserve allows one backward: a second raises ``ValueError``, unless the first passed
+    ``keep_reserve=True`` (the backward then works on a copy of the reserve). That protection tracks each
+    training forward's reserve by its device address. A framework that keeps the reserve in memory of its own
+    (JAX: XLA copies residuals into its buffers) hands the backward an array at an address no forward returned:
+    ``trusted_reserve=True`` says, explicitly, that ``reserve`` holds the bytes a training forward with these
+    arguments wrote and that no backward has overwritten them (the caller's guarantee: it is not tracked); its
+    size is still checked, and for ``algo="auto"`` the algorithm is the one a forward of these shapes runs.
+    Pass ``keep_reserve=True`` with it where the reserve must stay unchanged (an XLA operand is never written).
+
+    Args:
+        x: the forward's ``x``.
+        y: the forward's output ``y``.
+        dy: the gradient of ``y``, ``y``'s shape and dtype.
+        w: the forward's weights.
+        reserve: the reserve space the training forward returned (1-d uint8, of the size cuDNN asks for).
+        hx: the forward's ``hx`` (None if it had none).
+        cx: the forward's ``cx`` (LSTM; None if it had none).
+        dhy: the gradient of ``hy``, ``(L * D, N, P)``; None: zero.
+        dcy: the gradient of ``cy`` (LSTM), ``(L * D, N, H)``; None: zero.
+        rnn: the forward's :class:`RNN`.
+        layout: the forward's.
+        seq_lengths: the forward's.
+        dw: a flat array like ``w`` to receive the weight gradient (zeroed first unless ``accumulate``); None: a
+            new zeroed buffer.
+        accumulate: add the weight gradient to ``dw`` (needs ``dw``).
+        keep_reserve: leave ``reserve`` usable for another backward (this one works on a copy).
+        trusted_reserve: accept a reserve no tracked forward returned (see above).
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(dx, dhx, dcx, dw)``: ``dx`` ``x``'s shape; ``dhx``/``dcx`` the states' shapes, None where
+        ``hx``/``cx`` were not given (``dcx`` None for other cells); ``dw`` flat like ``w`` (``dw`` itself when
+        given).
+
+    Raises:
+        TypeError: ``rnn`` not an :class:`RNN`, a non-bool flag, a required array missing, arrays of another
+            dtype or of a library without a cudnnkit adapter.
+        ValueError: shapes that do not match the forward's, ``cx``/``dcy`` for a non-LSTM cell, ``accumulate``
+            without ``dw``, a read-only ``dw``, or a reserve of the wrong size, already used or not a training
+            forward's.
+        cudnnkit.lib.errors.NotSupportedError: cuDNN refuses the config for this call.
+
+    Example:
+        >>> y, hy, cy, reserve = ops.rnn_forward(x, w, rnn=rnn, training=True)
+        >>> dx, dhx, dcx, dw = ops.rnn_backward(x, y, dy, w, reserve, rnn=rnn)
     """
     _resolve(rnn, layout)
     for name, flag in (("accumulate", accumulate), ("keep_reserve", keep_reserve),
@@ -960,7 +1054,27 @@ RNN_BACKWARD = register(
 
 
 def torch_param_names(rnn: RNN) -> list[str]:
-    """The parameter names ``torch.nn.LSTM``/``GRU``/``RNN`` give this config, in torch's order."""
+    """The parameter names ``torch.nn.LSTM``/``GRU``/``RNN`` give this config, in torch's order.
+
+    Host-side; no cuDNN call (the names map onto ``cudnnGetRNNWeightParams``'s linear ids in
+    :func:`load_torch_params`): ``weight_ih_l{k}[_reverse]``, ``weight_hh_l{k}...``, then ``bias_ih``/``bias_hh``
+    (``bias_mode="double"``) and ``weight_hr`` (``proj_size``), per layer and direction.
+
+    Args:
+        rnn: an :class:`RNN` with ``input_mode="linear"`` and ``bias_mode`` ``"double"`` or ``"none"`` (torch's
+            modules have no other).
+
+    Returns:
+        A list of str.
+
+    Raises:
+        TypeError: ``rnn`` is not an :class:`RNN`.
+        ValueError: a config torch's modules cannot express.
+
+    Example:
+        >>> ops.torch_param_names(ops.RNN("gru", 8, 16))
+        ['weight_ih_l0', 'weight_hh_l0', 'bias_ih_l0', 'bias_hh_l0']
+    """
     _torch_compatible(rnn)
     names = []
     for layer in range(rnn.num_layers):
@@ -1013,14 +1127,34 @@ def load_torch_params(
 ) -> Any:
     """Copy torch-layout parameters into a flat cuDNN weight buffer; returns ``w``.
 
-    ``params``: name -> CUDA array (e.g. ``dict(lstm.named_parameters())``
-    of a ``torch.nn.LSTM`` on the GPU, or CuPy arrays with those names and
-    shapes): ``weight_ih_l{k}[_reverse]`` ``(G*H, in)``,
-    ``weight_hh_l{k}...`` ``(G*H, P)``, ``bias_ih/bias_hh`` ``(G*H,)``,
-    ``weight_hr_l{k}...`` ``(P, H)``, gates stacked in torch's order (LSTM
-    i, f, g, o; GRU r, z, n), which is cuDNN's. ``w`` (1-d, ``rnn.dtype``)
-    is written; if ``None``, a new buffer is made like the first parameter
-    (or ``like``). Copies run on ``stream`` (default: the library's current).
+    Each parameter is split into the pieces ``cudnnGetRNNWeightParams`` locates in ``w`` (one per gate and side;
+    gates stacked in torch's order, LSTM i, f, g, o and GRU r, z, n, which is cuDNN's), and copied with the
+    array library's copy on ``stream``. Every parameter is checked before the first copy.
+
+    Args:
+        rnn: the :class:`RNN` (``input_mode="linear"``, ``bias_mode`` ``"double"`` or ``"none"``).
+        params: name -> CUDA array of ``rnn.dtype`` (e.g. ``dict(lstm.named_parameters())`` of a
+            ``torch.nn.LSTM`` on the GPU, or CuPy arrays with those names and shapes): ``weight_ih_l{k}[_reverse]``
+            ``(G*H, in)``, ``weight_hh_l{k}...`` ``(G*H, P)``, ``bias_ih``/``bias_hh`` ``(G*H,)``,
+            ``weight_hr_l{k}...`` ``(P, H)``; exactly :func:`torch_param_names`.
+        w: the flat buffer to write (1-d, ``rnn.dtype``, CuPy or torch); None: a new one like the first parameter
+            (or ``like``).
+        like: an array whose library and device a new ``w`` takes.
+        stream: the stream of the copies; None: the library's current stream.
+
+    Returns:
+        ``w``.
+
+    Raises:
+        TypeError: ``rnn`` not an :class:`RNN`, a parameter of another dtype, or a ``w`` of a library without a
+            cudnnkit adapter.
+        ValueError: names missing or unexpected, a shape that does not match, parameters of another library or
+            device than ``w``, or a config torch's modules cannot express.
+
+    Example:
+        >>> lstm = torch.nn.LSTM(32, 64, num_layers=2).cuda()
+        >>> rnn = ops.RNN("lstm", 32, 64, num_layers=2)
+        >>> w = ops.load_torch_params(rnn, dict(lstm.named_parameters()))
     """
     names = torch_param_names(rnn)
     missing = [n for n in names if n not in params]
@@ -1067,8 +1201,24 @@ def _torch_shapes(pieces: list[tuple[str, Any, int]]) -> dict[str, tuple[int, ..
 def to_torch_params(rnn: RNN, w: Any, *, stream: Any = None) -> dict[str, Any]:
     """The parameters in torch's layout (see :func:`load_torch_params`): name -> new array of ``w``'s library.
 
-    With torch tensors, ``module.load_state_dict(to_torch_params(rnn, w), strict=False)`` (or copying
-    into each parameter) loads them into a matching ``torch.nn.LSTM``/``GRU``/``RNN``.
+    The pieces ``cudnnGetRNNWeightParams`` locates in ``w`` are copied (the array library's copy, on ``stream``)
+    into new arrays of torch's shapes. With torch tensors, ``module.load_state_dict(to_torch_params(rnn, w),
+    strict=False)`` (or copying into each parameter) loads them into a matching ``torch.nn.LSTM``/``GRU``/``RNN``.
+
+    Args:
+        rnn: the :class:`RNN` (``input_mode="linear"``, ``bias_mode`` ``"double"`` or ``"none"``).
+        w: the flat weight space, a CuPy or torch array of ``rnn.dtype``.
+        stream: the stream of the copies; None: the library's current stream.
+
+    Returns:
+        A dict of :func:`torch_param_names` -> new arrays of ``w``'s library and ``rnn.dtype``.
+
+    Raises:
+        TypeError: ``rnn`` not an :class:`RNN`, or ``w`` of a library without a cudnnkit adapter.
+        ValueError: a config torch's modules cannot express.
+
+    Example:
+        >>> lstm.load_state_dict(ops.to_torch_params(rnn, w), strict=False)
     """
     launch, (vw,) = prepare(("w", w), stream=stream)
     if launch.adapter is None:

@@ -2,9 +2,10 @@
 
 The strict check covers the ops whose docstrings follow the standard (summary, each parameter under ``Args:``,
 ``Returns:``, the cuDNN call, an ``Example:``): the softmax, dropout, LRN and divisive normalization, CTC, spatial
-transformer, tensor, arithmetic, activation and pooling families. The convolution, normalization, RNN and attention
-families are not in it yet (their docstrings state shapes, dtypes and calls in prose): every public name of
-``cudnnkit.ops`` is still required to have a docstring.
+transformer, tensor, arithmetic, activation, pooling, convolution, normalization and RNN families. Every other
+public name of ``cudnnkit.ops`` is listed in ``NOT_YET`` with the reason, so a new op cannot slip past: the
+attention family (its keywords are described in prose) and the router's own names. Every public name is still
+required to have a docstring.
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ DOCUMENTED = (
 ).split()
 
 
+#: public names not held to the standard yet, and why
+NOT_YET = {
+    "sdpa_forward": "attention: keywords in prose, no Args:/Returns:/Example:",
+    "sdpa_backward": "attention: keywords in prose, no Args:/Returns:/Example:",
+    "attention_forward": "attention: keywords in prose, no Args:/Returns:/Example:",
+    "attention_backward": "attention: keywords in prose, no Args:/Returns:/Example:",
+    "REGISTRY": "the primitives' registry (data)",
+    "Primitive": "the declaration class of the shared machinery (fields documented in _primitive.py)",
+    "last_path": "the router's per-thread record (no cuDNN call)",
+}
+
+
 def _params(obj) -> list[str]:
     sig = inspect.signature(obj)
     skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
@@ -52,6 +65,11 @@ def test_every_public_op_has_a_docstring():
 
 def test_documented_names_are_public():
     assert set(DOCUMENTED) <= set(ops.__all__)
+
+
+def test_every_public_op_is_documented_or_listed_as_not_yet():
+    assert not set(DOCUMENTED) & set(NOT_YET)
+    assert set(ops.__all__) - set(DOCUMENTED) == set(NOT_YET), "document the new name, or say why in NOT_YET"
 
 
 @pytest.mark.parametrize("name", DOCUMENTED)

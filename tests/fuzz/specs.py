@@ -3277,6 +3277,11 @@ _SDPA_VARIANT_ROLES = {
     **{n: Role("in", ("int64",), None, required=False, fixed_dtype=True) for n in ("seed", "offset")},
     "sink": Role("in", ("float32",), None, required=False, fixed_dtype=True),
     **{n: Role("in", ("int32",), None, required=False, fixed_dtype=True) for n in ("page_table_k", "page_table_v")},
+    # a packed (THD) call's ragged offsets, made by attention_forward/backward from cu_seqlens
+    **{
+        f"ragged_{n}": Role("in", ("int64",), None, required=False, fixed_dtype=True)
+        for n in ("q", "k", "v", "o", "do", "dq", "dk", "dv")
+    },  # fmt: skip
 }
 _SDPA_FWD_ROLES = {
     "q": _in(_SDPA_H),

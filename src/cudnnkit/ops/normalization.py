@@ -4,16 +4,16 @@ instance norm on the graph API (``OPERATION_NORM_FORWARD`` / ``OPERATION_NORM_BA
 
 Shapes (logical order whatever the memory layout; ``P`` is the parameters' dtype, below)
 
-==============================  ===================  ===========================  ================================
-function                        ``x``, ``y``, ``dy``  ``scale``, ``bias`` (``P``)  saved statistics (``P``)
-==============================  ===================  ===========================  ================================
-batch norm, ``"spatial"``        ``(N, C, *sp)``      ``(C,)``                     ``(C,)``: ``mean``, ``inv_std``
-batch norm, ``"per_activation"`` ``(N, C, *sp)``      ``(C, *sp)``                 ``(C, *sp)``
-layer norm                      ``(*lead, *norm)``   ``norm``                     ``(*lead, 1...)``: ``mean``,
-                                                                                  ``inv_std``
-RMS norm                        ``(*lead, *norm)``   ``norm`` (no bias)           ``(*lead, 1...)``: ``inv_std``
-instance norm                   ``(N, C, *sp)``      ``(C,)``                     ``(N, C)``: ``mean``, ``inv_std``
-==============================  ===================  ===========================  ================================
+================================  ====================  ===========================  =================================
+function                          ``x``, ``y``, ``dy``  ``scale``, ``bias`` (``P``)  saved statistics (``P``)
+================================  ====================  ===========================  =================================
+batch norm, ``"spatial"``         ``(N, C, *sp)``       ``(C,)``                     ``(C,)``: ``mean``, ``inv_std``
+batch norm, ``"per_activation"``  ``(N, C, *sp)``       ``(C, *sp)``                 ``(C, *sp)``
+layer norm                        ``(*lead, *norm)``    ``norm``                     ``(*lead, 1...)``: ``mean``,
+                                                                                     ``inv_std``
+RMS norm                          ``(*lead, *norm)``    ``norm`` (no bias)           ``(*lead, 1...)``: ``inv_std``
+instance norm                     ``(N, C, *sp)``       ``(C,)``                     ``(N, C)``: ``mean``, ``inv_std``
+================================  ====================  ===========================  =================================
 
 ``sp`` is 0 to 3 spatial dims for batch norm (``(N, C)`` and ``(N, C, L)`` run as 4-d with trailing size-1 dims,
 as torch's ``BatchNorm1d``), 1 to 3 for instance norm. Layer and RMS norm normalize over the trailing dims that

@@ -5,11 +5,14 @@ op); CuPy arrays in, CuPy arrays out, forward only (through ``cudnnkit.autograd.
 library is read from the arguments (:mod:`cudnnkit.runtime.adapters`); importing this module imports neither
 torch nor CuPy. The L3 ops are looked up at call time.
 
-Every argument combination that cuDNN cannot compute as torch defines it raises ``NotImplementedError`` naming
+Every argument combination not computed here as torch defines it raises ``NotImplementedError`` naming
 the argument, before any GPU work (``return_indices``, ``dilation`` and ``divisor_override`` of pooling; an even
 ``size`` of ``local_response_norm``; ``grid_sample`` other than bilinear, zeros, ``align_corners=True``, 4-d; a
-``blank`` other than 0 in ``ctc_loss``; ``attn_mask`` and ``dropout_p`` in attention; ``hardtanh`` with
-``min_val != 0``; float64 in the graph norms; the graph-only activations ``gelu``, ``leaky_relu``, ``softplus``).
+``blank`` other than 0 in ``ctc_loss``; in ``scaled_dot_product_attention`` any ``attn_mask`` (only
+``is_causal=True`` masks), a nonzero ``dropout_p``, ``enable_gqa`` with key/value heads other than ``H`` or 1,
+inputs of other than 3 or 4 dims; ``hardtanh`` with ``min_val != 0``; float64 in the graph norms; the graph-only
+activations ``gelu``, ``leaky_relu``, ``softplus``). The attention limits are this API's, not cuDNN's: the L2
+function :func:`cudnnkit.ops.attention_forward` takes additive masks, dropout and any grouping of heads.
 
 ========================  ==================================================  ====================================
 family                    functions                                           L3 op (cuDNN)

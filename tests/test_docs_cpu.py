@@ -2,10 +2,10 @@
 
 The strict check covers the ops whose docstrings follow the standard (summary, each parameter under ``Args:``,
 ``Returns:``, the cuDNN call, an ``Example:``): the softmax, dropout, LRN and divisive normalization, CTC, spatial
-transformer, tensor, arithmetic, activation, pooling, convolution, normalization and RNN families. Every other
+transformer, tensor, arithmetic, activation, pooling, convolution, normalization, RNN and attention families, and
+the fp8 attention functions of ``cudnnkit.ops.attention_fp8`` (not re-exported by ``cudnnkit.ops``). Every other
 public name of ``cudnnkit.ops`` is listed in ``NOT_YET`` with the reason, so a new op cannot slip past: the
-attention family (its keywords are described in prose) and the router's own names. Every public name is still
-required to have a docstring.
+router's own names. Every public name is still required to have a docstring.
 """
 
 from __future__ import annotations
@@ -30,20 +30,27 @@ DOCUMENTED = (
     "pooling_backward Convolution convolution_forward convolution_backward_data convolution_backward_filter "
     "convolution_backward_bias batch_norm_forward batch_norm_backward layer_norm_forward layer_norm_backward "
     "rms_norm_forward rms_norm_backward instance_norm_forward instance_norm_backward RNN LinearParams rnn_forward "
-    "rnn_backward load_torch_params to_torch_params torch_param_names"
+    "rnn_backward load_torch_params to_torch_params torch_param_names sdpa_forward sdpa_backward attention_forward "
+    "attention_backward"
 ).split()
+
+#: the public functions of cudnnkit.ops.attention_fp8 (its FP8_FORWARD/FP8_BACKWARD are declarations, not calls)
+DOCUMENTED_FP8 = ["attention_fp8_forward", "attention_fp8_backward"]
 
 
 #: public names not held to the standard yet, and why
 NOT_YET = {
-    "sdpa_forward": "attention: keywords in prose, no Args:/Returns:/Example:",
-    "sdpa_backward": "attention: keywords in prose, no Args:/Returns:/Example:",
-    "attention_forward": "attention: keywords in prose, no Args:/Returns:/Example:",
-    "attention_backward": "attention: keywords in prose, no Args:/Returns:/Example:",
     "REGISTRY": "the primitives' registry (data)",
     "Primitive": "the declaration class of the shared machinery (fields documented in _primitive.py)",
     "last_path": "the router's per-thread record (no cuDNN call)",
 }
+
+
+def _obj(name: str):
+    """A checked name's object: from cudnnkit.ops, or from cudnnkit.ops.attention_fp8 for the fp8 functions."""
+    from cudnnkit.ops import attention_fp8
+
+    return getattr(attention_fp8 if name in DOCUMENTED_FP8 else ops, name)
 
 
 def _params(obj) -> list[str]:
@@ -72,9 +79,18 @@ def test_every_public_op_is_documented_or_listed_as_not_yet():
     assert set(ops.__all__) - set(DOCUMENTED) == set(NOT_YET), "document the new name, or say why in NOT_YET"
 
 
-@pytest.mark.parametrize("name", DOCUMENTED)
+def test_every_fp8_attention_function_is_checked_and_in_the_api_reference():
+    from cudnnkit.ops import attention_fp8
+
+    functions = {n for n in attention_fp8.__all__ if inspect.isfunction(getattr(attention_fp8, n))}
+    assert functions == set(DOCUMENTED_FP8)
+    pages = "\n".join(p.read_text() for p in (ROOT / "docs" / "api").glob("*.md"))
+    assert re.search(r"(?m)^\.\. automodule:: cudnnkit\.ops\.attention_fp8$", pages), "no API page for attention_fp8"
+
+
+@pytest.mark.parametrize("name", DOCUMENTED + DOCUMENTED_FP8)
 def test_docstring_names_every_parameter(name):
-    obj = getattr(ops, name)
+    obj = _obj(name)
     doc = inspect.getdoc(obj)
     args = _section(doc, "Args")
     assert args, f"{name}: no Args: section"
@@ -82,9 +98,9 @@ def test_docstring_names_every_parameter(name):
     assert listed == _params(obj), f"{name}: Args lists {listed}, the signature has {_params(obj)}"
 
 
-@pytest.mark.parametrize("name", DOCUMENTED)
+@pytest.mark.parametrize("name", DOCUMENTED + DOCUMENTED_FP8)
 def test_docstring_states_returns_call_and_example(name):
-    obj = getattr(ops, name)
+    obj = _obj(name)
     doc = inspect.getdoc(obj)
     if inspect.isfunction(obj):
         assert _section(doc, "Returns"), f"{name}: no Returns: section"

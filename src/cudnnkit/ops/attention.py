@@ -590,14 +590,60 @@ SDPA_BACKWARD = register(
 
 def sdpa_forward(q: Any, k: Any, v: Any, *, scale: float | None = None, causal: bool = False, training: bool = True,
                  out: Any = None, stream: Any = None) -> Any:  # fmt: skip
-    """Attention forward: ``o = softmax(scale * q @ k^T (+ the causal mask)) @ v`` for ``q`` ``(B, H, S_q, D)``,
-    ``k`` ``(B, H_kv, S_kv, D)``, ``v`` ``(B, H_kv, S_kv, D_v)`` (float16 or bfloat16, one dtype; ``H_kv`` is
-    ``H`` or 1), ``scale`` (default ``1 / sqrt(D)``), ``causal`` (keep ``col <= row``). Returns ``(o, stats)``:
-    ``o`` ``(B, H, S_q, D_v)`` in q's dtype and dim order, ``stats`` the float32 log-sum-exp ``(B, H, S_q, 1)``
-    that :func:`sdpa_backward` reads; with ``training=False`` ``o`` alone (the statistics are still made, to a
-    temporary: cuDNN 9.19 has no engine for the pattern without them). ``out=``: ``(o, stats)`` (each an array
-    or None) when training, else ``o``. See the module docstring for the graph (primitive
-    :data:`SDPA_FORWARD`)."""
+    """Attention forward, plain: ``o = softmax(scale * q @ k^T (+ the causal mask)) @ v``, with its statistics.
+
+    ``q`` ``(B, H, S_q, D)``, ``k`` ``(B, H_kv, S_kv, D)`` and ``v`` ``(B, H_kv, S_kv, D_v)`` share one of float16
+    and bfloat16; ``H_kv`` is ``H`` or 1 (one key/value head shared by every query head); ``D`` and ``D_v`` are
+    multiples of 8 from 8 to 256 and may differ. Any strides with a contiguous head dim (BHSD or BSHD memory) are
+    read as they are; another last stride is copied to C order first. The scores, softmax and accumulation are
+    float32 inside the graph. A batch of ``B = 0`` returns empty arrays with no cuDNN call. Masks other than the
+    causal one, dropout, padding lengths, packed or paged batches and other head groupings are
+    :func:`attention_forward`'s keywords (the same primitive).
+
+    The cuDNN call: ``cudnnBackendExecute`` of the graph's fused-attention nodes
+    (:meth:`cudnnkit.graph.Graph.sdpa_forward`'s composite, listed in the module docstring: ``q @ k^T``, the
+    scale, the causal mask, the softmax with its log-sum-exp into ``stats``, ``P @ v``), one graph per call
+    signature, planned once with the settings' heuristics and cached (primitive :data:`SDPA_FORWARD`). cuDNN has
+    no legacy attention, so there is no other path.
+
+    Args:
+        q: the queries ``(B, H, S_q, D)``, float16 or bfloat16, a CUDA array.
+        k: the keys ``(B, H_kv, S_kv, D)``, ``q``'s dtype; ``H_kv`` is ``H`` or 1.
+        v: the values ``(B, H_kv, S_kv, D_v)``, ``q``'s dtype.
+        scale: the factor on the scores, a finite number; None: ``1 / sqrt(D)``.
+        causal: mask the scores above the diagonal (keep ``col <= row``, top-left aligned: torch's
+            ``is_causal``).
+        training: return the statistics that :func:`sdpa_backward` reads too; with False ``o`` alone (the
+            statistics are still made, to a temporary: cuDNN 9.19 has no engine for the pattern without them).
+        out: with ``training``, a tuple ``(o, stats)``, each an array of its shape to write or None to allocate;
+            without, ``o``'s array or None. A given ``o`` may be BHSD or BSHD with a contiguous head dim (another
+            is written through a C-order temporary).
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(o, stats)``: ``o`` ``(B, H, S_q, D_v)`` in ``q``'s dtype and dim order (C order when ``q`` is not dense
+        with a contiguous head dim), ``stats`` float32 ``(B, H, S_q, 1)`` C order, each row's log-sum-exp of the
+        scaled (masked) scores; with ``training=False`` ``o`` alone. The given ``out`` arrays when passed.
+
+    Raises:
+        TypeError: a host array, a dtype other than float16/bfloat16, ``k`` or ``v`` of another dtype than
+            ``q``, ``causal`` or ``training`` not a bool, a ``scale`` that is not a number, or an ``out`` that is
+            not a pair when training.
+        ValueError: inputs that are not 4-d, batch sizes, lengths or head dims that do not match, ``H`` not a
+            multiple of ``H_kv``, a head dim outside the multiples of 8 up to 256, an empty length, a non-finite
+            ``scale``, or an ``out`` of the wrong shape or dtype.
+        NotImplementedError: ``H_kv`` other than ``H`` or 1 (:func:`attention_forward` with
+            ``enable_gqa=True`` takes any divisor of ``H``).
+        cudnnkit.graph.UnsupportedGraphError: no cuDNN engine runs the graph on this GPU (fused attention needs
+            Ampere or newer).
+
+    Example:
+        >>> import torch
+        >>> from cudnnkit import ops
+        >>> q, k, v = (torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        >>> o, stats = ops.sdpa_forward(q, k, v, causal=True)                # o (2, 8, 1024, 64), stats float32
+        >>> o = ops.sdpa_forward(q, k, v, causal=True, training=False)      # inference: o alone
+    """
     if not isinstance(training, bool):
         raise TypeError(f"training must be a bool, got {training!r}")
     o, st = split_out("sdpa_forward", out, {"out": None, "stats": None}) if training else (out, None)
@@ -607,43 +653,54 @@ def sdpa_forward(q: Any, k: Any, v: Any, *, scale: float | None = None, causal: 
 
 def sdpa_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, scale: float | None = None,
                   causal: bool = False, stream: Any = None) -> tuple[Any, Any, Any]:  # fmt: skip
-    """Attention backward: ``(dq, dk, dv)`` from the forward's ``q``, ``k``, ``v``, its ``o`` and ``stats`` and
-    ``do`` (o's cotangent, ``(B, H, S_q, D_v)`` in q's dtype), with the forward's ``scale`` and ``causal``. The
-    gradients are new arrays in q's dtype, each in its input's dim order; a shared key/value head (``H_kv = 1``)
-    gets the sum over the query heads. One graph (primitive :data:`SDPA_BACKWARD`: the module docstring)."""
+    """Attention backward, plain: ``(dq, dk, dv)`` of :func:`sdpa_forward`, from its inputs, ``o``, ``stats`` and
+    ``do``.
+
+    ``do`` is ``o``'s cotangent ``(B, H, S_q, D_v)`` in ``q``'s dtype; ``scale`` and ``causal`` must be the
+    forward's. The graph recomputes the probabilities from ``stats`` (no ``S_q x S_kv`` matrix is kept between
+    the calls), takes ``rowsum(do * o)``, and makes ``dv = P^T @ do``, ``dk = dS^T @ q`` and ``dq = dS @ k``
+    (through a float32 accumulator, zeroed before each run); a shared key/value head (``H_kv = 1``) gets the sum
+    over the query heads. Inputs with a non-contiguous head dim, or not 16-byte aligned, are copied first. cuDNN
+    9.19's Ampere/Ada backward engines take head dims up to 128 (larger ones are refused when planning); Hopper
+    takes 256. Under ``cudnnkit.settings(deterministic=True)`` the graph writes ``dq`` without the atomic
+    accumulator and planning skips engines with cuDNN's NONDETERMINISTIC note.
+
+    The cuDNN call: ``cudnnBackendExecute`` of the graph's fused-attention backward nodes
+    (:meth:`cudnnkit.graph.Graph.sdpa_backward`'s composite: the module docstring), one graph per call signature,
+    planned once with the settings' heuristics and cached (primitive :data:`SDPA_BACKWARD`), its two float32
+    scratch tensors allocated per call with the arrays' library.
+
+    Args:
+        q: the forward's queries ``(B, H, S_q, D)``, float16 or bfloat16.
+        k: the forward's keys ``(B, H_kv, S_kv, D)``, ``q``'s dtype.
+        v: the forward's values ``(B, H_kv, S_kv, D_v)``, ``q``'s dtype.
+        o: the forward's output ``(B, H, S_q, D_v)``, ``q``'s dtype.
+        do: the gradient of ``o``, ``o``'s shape and dtype.
+        stats: the forward's float32 statistics ``(B, H, S_q, 1)``.
+        scale: the forward's scale; None: ``1 / sqrt(D)``.
+        causal: the forward's ``causal``.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(dq, dk, dv)``: new arrays of ``q``'s, ``k``'s and ``v``'s shapes in ``q``'s dtype, each in its input's
+        dim order (C order for an input that is not dense).
+
+    Raises:
+        TypeError: a host array, a dtype other than float16/bfloat16 (float32 for ``stats``), ``o`` or ``do``
+            of another dtype than ``q``, ``causal`` not a bool, or a ``scale`` that is not a number.
+        ValueError: the forward's shape errors, ``o``/``do`` not ``(B, H, S_q, D_v)``, ``stats`` not
+            ``(B, H, S_q, 1)``, or a non-finite ``scale``.
+        NotImplementedError: ``H_kv`` other than ``H`` or 1 (:func:`attention_backward` with ``enable_gqa=True``).
+        cudnnkit.graph.UnsupportedGraphError: no cuDNN engine runs the graph on this GPU (for example a head
+            dim over 128 on Ampere or Ada).
+
+    Example:
+        >>> o, stats = ops.sdpa_forward(q, k, v, causal=True)
+        >>> do = torch.randn_like(o)
+        >>> dq, dk, dv = ops.sdpa_backward(q, k, v, o, do, stats, causal=True)
+    """
     arrays = {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats}
     return run(SDPA_BACKWARD, arrays, stream=stream, scale=scale, causal=causal)[:3]
-
-
-_VARIANT_DOC = """
-    Variants (keywords; torch's names where torch has one): ``attn_mask`` an additive float mask or bias (q's
-    dtype or float32) of shape ``(S_q, S_kv)``, ``(1|H, S_q, S_kv)`` or ``(1|B, 1|H, S_q, S_kv)`` (broadcast over
-    batch and heads; a boolean mask is refused: pass 0 / -inf); ``is_causal`` keeps ``col <= row``;
-    ``diagonal_alignment`` ``"top_left"`` (torch's ``is_causal``) or ``"bottom_right"`` (the last query row
-    against the last key: rows shifted by ``S_kv - S_q``, per sample with lengths); ``left_bound``/
-    ``right_bound`` a band ``row - left_bound < col <= row + right_bound`` (a sliding window is
-    ``is_causal=True, left_bound=W``); ``seq_len_q``/``seq_len_kv`` int32 device arrays of ``B`` elements (a
-    padding mask: rows and columns past each sample's lengths are masked; o's rows past ``seq_len_q`` are not
-    defined); ``alibi_slopes`` a float32 device array of ``H`` elements (``slope_h * (col - row)`` added; needs
-    ``is_causal``); ``softcap`` a number ``c`` (``c * tanh(s / c)`` on the scaled scores; alone); ``sink``
-    (attention sinks) a float32 device array of ``H`` elements, one more logit per row in the softmax, with no
-    value (``S_q > 1``); ``dropout_p``
-    with ``seed``/``offset`` (one-element int64 device arrays; the same pair replays the same mask);
-    ``enable_gqa`` lets k and v have fewer heads (a divisor of ``H``: query head ``i`` reads key/value head
-    ``i // (H / H_kv)``); ``scale`` (default ``1 / sqrt(D)``). ``D`` and ``D_v`` are multiples of 8 up to 256 and
-    may differ. Ragged (packed, THD) batches, variable-length training without padding: ``cu_seqlens_q``/
-    ``cu_seqlens_kv`` (flash-attn's and torch's varlen names: ``B + 1`` cumulative token counts from 0, each
-    sequence at least one token; a host sequence, or an int32/int64 device array read back: a stream
-    synchronization) with packed ``q`` ``(T_q, H, D)``, ``k`` ``(T_kv, H_kv, D)``, ``v`` ``(T_kv, H_kv, D_v)``
-    (any token and head strides, the head dim contiguous) and ``max_seqlen_q``/``max_seqlen_kv`` (the graph's
-    ``S_max``; default the longest, a larger bucket keeps one plan for many batches): ``o`` is packed ``(T_q,
-    H, D_v)``, ``stats`` padded ``(B, H, max_seqlen_q, 1)`` (rows past each length not defined); the backward
-    takes the same keywords and returns packed gradients. cuDNN reads ragged offsets (``cu_seqlens`` times each
-    array's token stride, in elements, int64, uploaded with q's library on the call's stream) and a padding mask
-    of the same lengths (so ``seq_len_q``/``seq_len_kv`` are not passed with them; page tables are not taken).
-    Refused before any GPU work, naming the argument: what cuDNN 9.19 does not run on Hopper
-    (bottom-right causal with ``S_q > S_kv`` and no lengths, or with attn_mask, ALiBi or dropout; a left bound
-    with ``S_q > S_kv`` and no lengths; ALiBi without ``is_causal``; a softcap with a mask, ALiBi or lengths)."""
 
 
 def _attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset, sink, page_table_k=None,
@@ -772,15 +829,117 @@ def attention_forward(q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_
                       max_seq_len_kv: int | None = None, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
                       max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None, out: Any = None,
                       stream: Any = None) -> tuple[Any, Any]:  # fmt: skip
-    """Attention forward with every variant cuDNN 9.19 runs: ``(o, stats)``, ``o = softmax(mask(modify(scale *
-    q @ k^T))) @ v`` ``(B, H, S_q, D_v)`` in q's dtype and dim order, ``stats`` the float32 log-sum-exp
-    ``(B, H, S_q, 1)`` of each row (what :func:`attention_backward` reads). ``q`` ``(B, H, S_q, D)``, ``k``
-    ``(B, H_kv, S_kv, D)``, ``v`` ``(B, H_kv, S_kv, D_v)``, float16 or bfloat16. ``out=``: ``(o, stats)``, each
-    an array or None. The same primitive as :func:`sdpa_forward` (one graph per call signature, cached by
-    shape class: the op-level plan cache): :meth:`cudnnkit.graph.Graph.sdpa_forward`'s pattern. Paged key/value
-    caches (decode, chunked prefill): ``page_table_k``/``page_table_v`` int32 ``(B, blocks)`` (or ``(B, 1,
-    blocks, 1)``) block indices into ``k``/``v``, then containers ``(num_blocks, H_kv, block_size, D)``;
-    ``S_kv`` is ``max_seq_len_kv`` or blocks times block size; they need ``seq_len_q``/``seq_len_kv``.
+    """Attention forward with every variant cuDNN 9.19 runs, in torch's keyword names: ``(o, stats)``.
+
+    ``o = softmax(mask(modify(scale * q @ k^T))) @ v``: the scores scaled, then (in this order) the softcap, the
+    additive ``attn_mask``, ALiBi, the padding mask of ``seq_len_q``/``seq_len_kv``, the causal or banded
+    diagonal mask, the softmax (with ``sink`` logits), dropout, and the product with ``v``. ``q``
+    ``(B, H, S_q, D)``, ``k`` ``(B, H_kv, S_kv, D)``, ``v`` ``(B, H_kv, S_kv, D_v)`` share one of float16 and
+    bfloat16, with a contiguous head dim (BHSD or BSHD memory; another last stride is copied to C order); ``D``
+    and ``D_v`` are multiples of 8 from 8 to 256 and may differ; ``H_kv`` is ``H`` unless ``enable_gqa=True``.
+    Two more layouts: a **packed (ragged, THD) batch** of variable-length sequences without padding
+    (``cu_seqlens_q``/``cu_seqlens_kv``: ``q`` ``(T_q, H, D)``, ``k`` ``(T_kv, H_kv, D)``, ``v`` ``(T_kv, H_kv,
+    D_v)``) and **paged key/value caches** for decode and chunked prefill (``page_table_k``/``page_table_v``:
+    ``k``/``v`` are caches of ``(num_blocks, H_kv, block_size, D)`` blocks). Every argument is checked before any
+    GPU work, each error naming it, including the combinations cuDNN 9.19 refuses on Hopper (under Raises).
+
+    The cuDNN call: ``cudnnBackendExecute`` of the graph's fused-attention nodes
+    (:meth:`cudnnkit.graph.Graph.sdpa_forward`'s composite of matmul, pointwise, reduction and, with dropout, RNG
+    nodes; the node list is :mod:`cudnnkit.graph.nodes.sdpa`'s), one graph per call signature (the variant's
+    options are part of it), planned once with the settings' heuristics and cached: the primitive of
+    :func:`sdpa_forward` (:data:`SDPA_FORWARD`). A packed batch's ``cu_seqlens`` become ragged offsets and a
+    padding mask, uploaded with ``q``'s library on the call's stream before the execute.
+
+    Args:
+        q: the queries ``(B, H, S_q, D)`` (packed: ``(T_q, H, D)``), float16 or bfloat16, a CUDA array.
+        k: the keys ``(B, H_kv, S_kv, D)`` in ``q``'s dtype (packed: ``(T_kv, H_kv, D)``; paged: the key cache
+            ``(num_blocks, H_kv, block_size, D)``).
+        v: the values ``(B, H_kv, S_kv, D_v)`` in ``q``'s dtype (packed: ``(T_kv, H_kv, D_v)``; paged: the value
+            cache ``(num_blocks, H_kv, block_size, D_v)``).
+        attn_mask: an additive mask or bias in ``q``'s dtype or float32, ``(S_q, S_kv)``, ``(1|H, S_q, S_kv)``
+            or ``(1|B, 1|H, S_q, S_kv)`` (broadcast over batch and heads): 0 where kept, ``-inf`` where masked,
+            or any bias. A boolean mask is refused (cuDNN adds a bias). None: none.
+        dropout_p: the probability of dropping an attention weight, in ``[0, 1)``; above 0 it needs ``seed``
+            and ``offset``.
+        is_causal: mask the scores above the diagonal (``right_bound=0``: keep ``col <= row``, aligned as
+            ``diagonal_alignment`` says).
+        scale: the factor on the scores, a finite number; None: ``1 / sqrt(D)``.
+        enable_gqa: let ``k`` and ``v`` have ``H_kv`` heads, a divisor of ``H`` (grouped-query attention: query
+            head ``i`` reads key/value head ``i // (H / H_kv)``); False needs ``H_kv = H``.
+        diagonal_alignment: ``"top_left"`` (torch's ``is_causal``: row 0 against key 0) or ``"bottom_right"``
+            (the last query row against the last key: rows shifted by ``S_kv - S_q``, per sample with lengths).
+        left_bound: a sliding window: keep ``col > row - left_bound`` (an int >= 1; with ``is_causal=True`` a
+            window of ``left_bound`` keys). None: no left bound.
+        right_bound: keep ``col <= row + right_bound`` (an int >= 0; ``is_causal=True`` is ``right_bound=0``
+            and takes no other). None: no right bound.
+        seq_len_q: per-sample query lengths, an int32 device array ``(B,)`` or ``(B, 1, 1, 1)``: a padding mask
+            with ``seq_len_kv`` (both or neither); rows of ``o`` past a sample's length are not defined. Needed
+            with page tables; not with ``cu_seqlens_q``, which makes it.
+        seq_len_kv: per-sample key/value lengths, an int32 device array ``(B,)`` or ``(B, 1, 1, 1)``; columns
+            past a sample's length are masked.
+        alibi_slopes: ALiBi, a float32 device array ``(H,)`` or ``(1, H, 1, 1)``: ``slope_h * (col - row)``
+            added to the scores; needs ``is_causal=True``.
+        softcap: a positive number ``c``: the scaled scores become ``c * tanh(s / c)``; takes no causal mask,
+            bounds, ALiBi or padding lengths (so no packed or paged batch).
+        seed: dropout's seed, a one-element int64 device array (with ``dropout_p > 0``).
+        offset: dropout's offset, a one-element int64 device array; the same ``seed``/``offset`` pair gives
+            the same mask (:func:`attention_backward` replays it).
+        sink: attention sinks, a float32 device array ``(H,)`` or ``(1, H, 1, 1)``: one more logit per row in
+            the softmax, with no value; needs ``S_q > 1``.
+        page_table_k: the key cache's page table, an int32 device array ``(B, blocks)`` or ``(B, 1, blocks, 1)``
+            of block indices into ``k``, ``blocks = ceil(S_kv / block_size)``; needs ``page_table_v`` and
+            ``seq_len_q``/``seq_len_kv``; not with ``cu_seqlens_*``. None: ``k`` is not paged.
+        page_table_v: the value cache's page table, as ``page_table_k``.
+        max_seq_len_kv: the paged caches' ``S_kv``; None: the smaller of the two tables' blocks times the block
+            size. Only with page tables.
+        cu_seqlens_q: a packed batch's query offsets: ``B + 1`` cumulative token counts from 0 (flash-attn's and
+            torch's varlen convention), each sequence at least one token, the last at most ``T_q``; a host
+            sequence or NumPy array, or an int32/int64 device array (read back: a stream synchronization).
+            Needs ``cu_seqlens_kv``; the padding mask is made from both, so ``seq_len_q``/``seq_len_kv`` are not
+            passed.
+        cu_seqlens_kv: the key/value offsets, as ``cu_seqlens_q`` (the same ``B``), the last at most ``T_kv``.
+        max_seqlen_q: the graph's ``S_max`` for queries, an int >= the longest query sequence; None: the
+            longest. A larger bucket keeps one plan for many batches. Only with ``cu_seqlens_q``.
+        max_seqlen_kv: the same for keys and values.
+        out: a tuple ``(o, stats)``, each an array of its shape and dtype to write or None to allocate. A given
+            ``o`` needs a contiguous head dim to be written in place (another is written through a C-order
+            temporary; packed: it must have one).
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(o, stats)``: ``o`` ``(B, H, S_q, D_v)`` in ``q``'s dtype and dim order (packed: ``(T_q, H, D_v)``),
+        ``stats`` float32 ``(B, H, S_q, 1)`` (packed: ``(B, H, max_seqlen_q, 1)``, rows past each length not
+        defined), each row's log-sum-exp, which :func:`attention_backward` reads. The given ``out`` arrays when
+        passed.
+
+    Raises:
+        TypeError: a host array, a dtype other than float16/bfloat16, ``k``/``v`` of another dtype than ``q``,
+            a boolean ``attn_mask`` or one of another dtype, a flag that is not a bool, a ``scale``/``softcap``/
+            ``dropout_p`` that is not a number, a device ``cu_seqlens`` (or a packed ``q``) of a library without a
+            cudnnkit adapter, or an ``out`` that is not a pair.
+        ValueError: shapes that do not match (the packed and paged forms included), head dims outside the
+            multiples of 8 up to 256, ``H_kv`` other than ``H`` without ``enable_gqa``, an optional array of the
+            wrong dtype or shape, one of ``seq_len_q``/``seq_len_kv``, ``dropout_p`` outside ``[0, 1)`` or
+            without ``seed``/``offset``, a bad bound or alignment, ``sink`` with ``S_q = 1``, bad ``cu_seqlens``
+            (not starting at 0, an empty sequence, past ``T``, different ``B``), ``max_seqlen_*`` or
+            ``max_seq_len_kv`` without their layout, page tables with ``cu_seqlens`` or without the lengths, and
+            what cuDNN 9.19 does not run on Hopper: a bottom-right aligned ``is_causal``/``right_bound`` with
+            ``S_q > S_kv`` and no lengths, or with ``attn_mask``, ALiBi or dropout; a ``left_bound`` with
+            ``S_q > S_kv`` and no lengths; ALiBi without ``is_causal``; a softcap with a causal mask, bounds,
+            ALiBi or lengths.
+        cudnnkit.graph.UnsupportedGraphError: no cuDNN engine runs the graph on this GPU.
+
+    Example:
+        >>> import torch
+        >>> from cudnnkit import ops
+        >>> q = torch.randn(2, 16, 2048, 128, device="cuda", dtype=torch.bfloat16)
+        >>> k, v = (torch.randn(2, 4, 2048, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        >>> o, stats = ops.attention_forward(q, k, v, is_causal=True, left_bound=512, enable_gqa=True)  # window
+        >>> seed, offset = torch.tensor([1234], device="cuda"), torch.tensor([0], device="cuda")      # int64
+        >>> o, stats = ops.attention_forward(q, k, v, dropout_p=0.1, seed=seed, offset=offset, enable_gqa=True)
+        >>> cu = [0, 300, 1024, 1500]                                  # a packed batch: 3 sequences, 1500 tokens
+        >>> qp, kp, vp = (torch.randn(1500, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        >>> o, stats = ops.attention_forward(qp, kp, vp, is_causal=True, cu_seqlens_q=cu, cu_seqlens_kv=cu)
     """
     o, st = split_out("attention_forward", out, {"out": None, "stats": None})
     arrays = {"q": q, "k": k, "v": v, **_attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed,
@@ -810,13 +969,77 @@ def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, a
                        sink: Any = None, dbias: bool = False, dsink: bool = False, cu_seqlens_q: Any = None,
                        cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None,
                        stream: Any = None) -> tuple[Any, ...]:  # fmt: skip
-    """Attention backward: ``(dq, dk, dv)`` (with ``dbias=True`` then attn_mask's gradient, in its shape and
-    dtype; with ``dsink=True`` then the sink's, float32 in its shape: ``(dq, dk, dv[, dmask][, dsink])``) from the forward's ``q``, ``k``, ``v``, its ``o`` and ``stats`` (the
-    log-sum-exp :func:`attention_forward` returns) and ``do``, with the forward's keywords (the same ``seed``/
-    ``offset`` replay its dropout mask). ``dk``/``dv`` of grouped heads are summed over the query heads of each
-    key/value head; a packed batch's gradients are packed like their inputs. Under ``cudnnkit.settings(deterministic=True)`` the graph writes ``dq`` without the atomic
-    float32 accumulator (cudnn-frontend's deterministic form) and planning rejects engines with cuDNN's
-    NONDETERMINISTIC note: repeats are bitwise equal. The same primitive as :func:`sdpa_backward`.
+    """Attention backward with every variant of :func:`attention_forward`: ``(dq, dk, dv[, dmask][, dsink])``.
+
+    From the forward's ``q``, ``k``, ``v``, its ``o`` and ``stats`` and ``do`` (``o``'s cotangent), with the
+    forward's keywords passed again: the graph recomputes the masked probabilities from ``stats`` (the same
+    ``seed``/``offset`` replay the dropout mask), takes ``rowsum(do * o)`` and makes ``dv = P^T @ do``,
+    ``dk = dS^T @ q`` and ``dq = dS @ k``. ``dk``/``dv`` of grouped heads (``enable_gqa``) are summed over the
+    query heads of each key/value head; a packed batch's gradients are packed like their inputs. cuDNN's paged
+    attention has no backward (no page-table keywords here). Under ``cudnnkit.settings(deterministic=True)`` the
+    graph writes ``dq`` without the atomic float32 accumulator (cudnn-frontend's deterministic form) and planning
+    rejects engines with cuDNN's NONDETERMINISTIC note: repeats are bitwise equal. cuDNN 9.19's Ampere/Ada
+    backward engines take head dims up to 128.
+
+    The cuDNN call: ``cudnnBackendExecute`` of the graph's fused-attention backward nodes
+    (:meth:`cudnnkit.graph.Graph.sdpa_backward`'s composite), one graph per call signature, planned once with the
+    settings' heuristics and cached: the primitive of :func:`sdpa_backward` (:data:`SDPA_BACKWARD`), its float32
+    scratch tensors allocated per call with the arrays' library. A packed batch's ``cu_seqlens`` become ragged
+    offsets and a padding mask, uploaded with ``q``'s library on the call's stream.
+
+    Args:
+        q: the forward's queries ``(B, H, S_q, D)`` (packed: ``(T_q, H, D)``), float16 or bfloat16.
+        k: the forward's keys ``(B, H_kv, S_kv, D)`` (packed: ``(T_kv, H_kv, D)``), ``q``'s dtype.
+        v: the forward's values ``(B, H_kv, S_kv, D_v)`` (packed: ``(T_kv, H_kv, D_v)``), ``q``'s dtype.
+        o: the forward's output ``(B, H, S_q, D_v)`` (packed: ``(T_q, H, D_v)``), ``q``'s dtype.
+        do: the gradient of ``o``, ``o``'s shape and dtype.
+        stats: the forward's float32 statistics ``(B, H, S_q, 1)`` (packed: ``(B, H, max_seqlen_q, 1)``).
+        attn_mask: the forward's additive mask or bias (``q``'s dtype or float32, broadcast over batch and
+            heads); None: none.
+        dropout_p: the forward's dropout probability, with its ``seed`` and ``offset``.
+        is_causal: the forward's ``is_causal``.
+        scale: the forward's scale; None: ``1 / sqrt(D)``.
+        enable_gqa: the forward's ``enable_gqa`` (``H_kv`` a divisor of ``H``).
+        diagonal_alignment: the forward's ``"top_left"`` or ``"bottom_right"``.
+        left_bound: the forward's left bound (sliding window), or None.
+        right_bound: the forward's right bound, or None.
+        seq_len_q: the forward's per-sample query lengths (int32 ``(B,)`` or ``(B, 1, 1, 1)``), with
+            ``seq_len_kv``; not with ``cu_seqlens_q``.
+        seq_len_kv: the forward's per-sample key/value lengths.
+        alibi_slopes: the forward's float32 ALiBi slopes ``(H,)`` or ``(1, H, 1, 1)`` (with ``is_causal``).
+        softcap: the forward's softcap, or None.
+        seed: the forward's dropout seed (one-element int64 device array).
+        offset: the forward's dropout offset (one-element int64 device array).
+        sink: the forward's float32 sink logits ``(H,)`` or ``(1, H, 1, 1)``, or None.
+        dbias: also return ``attn_mask``'s gradient (needs ``attn_mask``), in its shape and dtype.
+        dsink: also return the sink's gradient (needs ``sink``): float32, in its shape.
+        cu_seqlens_q: the forward's packed query offsets (``B + 1`` cumulative token counts from 0; a host
+            sequence or an int32/int64 device array, read back).
+        cu_seqlens_kv: the forward's packed key/value offsets.
+        max_seqlen_q: the forward's ``max_seqlen_q`` (``stats`` has it as its length); None: the longest.
+        max_seqlen_kv: the forward's ``max_seqlen_kv``; None: the longest.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(dq, dk, dv)``, new arrays of ``q``'s, ``k``'s and ``v``'s shapes in ``q``'s dtype, each in its input's
+        dim order (C order for an input that is not dense; packed for packed inputs); then, with
+        ``dbias=True``, ``attn_mask``'s gradient, and with ``dsink=True`` the sink's.
+
+    Raises:
+        TypeError: the forward's type errors; ``o``/``do`` of another dtype than ``q``, ``stats`` not float32,
+            or ``dbias``/``dsink`` not a bool.
+        ValueError: the forward's checks (shapes, optional arrays, the variant's rules, the packed layout);
+            ``o``/``do`` not ``o``'s shape, ``stats`` not the forward's shape, ``dbias`` without ``attn_mask``,
+            ``dsink`` without ``sink``.
+        cudnnkit.graph.UnsupportedGraphError: no cuDNN engine runs the graph on this GPU (for example a head
+            dim over 128 on Ampere or Ada).
+
+    Example:
+        >>> bias = torch.zeros(1, 16, 2048, 2048, device="cuda", dtype=torch.bfloat16)  # a learned bias, per head
+        >>> kw = dict(attn_mask=bias, is_causal=True, enable_gqa=True)          # the same keywords both ways
+        >>> o, stats = ops.attention_forward(q, k, v, **kw)
+        >>> do = torch.randn_like(o)
+        >>> dq, dk, dv, dbias = ops.attention_backward(q, k, v, o, do, stats, **kw, dbias=True)  # dbias: bias's shape
     """
     arrays = {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats,
               **_attention_arrays(attn_mask, seq_len_q, seq_len_kv, alibi_slopes, seed, offset, sink)}  # fmt: skip
@@ -836,10 +1059,6 @@ def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, a
               left_bound=left_bound, right_bound=right_bound, softcap=softcap, dbias=dbias, want_dsink=dsink,
               **extra)  # fmt: skip
     return res[:3] + tuple(g for g, on in zip(res[3:], (dbias, dsink)) if on)
-
-
-attention_forward.__doc__ += _VARIANT_DOC
-attention_backward.__doc__ += _VARIANT_DOC
 
 
 # ----------------------------------------------------------------- the L3 declaration

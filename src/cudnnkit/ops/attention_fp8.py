@@ -305,18 +305,79 @@ def attention_fp8_forward(q: Any, k: Any, v: Any, *, descale_q: Any, descale_k: 
                           right_bound: int | None = None, seq_len_q: Any = None, seq_len_kv: Any = None,
                           dropout_p: float = 0.0, seed: Any = None, offset: Any = None, o_dtype: str | None = None,
                           out: Any = None, stream: Any = None) -> tuple[Any, Any, Any, Any]:  # fmt: skip
-    """fp8 attention forward: ``(o, stats, amax_s, amax_o)``.
+    """fp8 attention forward with per-tensor scaling: ``(o, stats, amax_s, amax_o)``.
 
-    In real values ``o_real = softmax(scale * q_real @ k_real^T (+ masks)) @ v_real``; the graph computes it from
-    the fp8 ``q``, ``k``, ``v`` and their ``descale_q/k/v``, quantizes the probabilities with ``scale_s``
-    (undone by ``descale_s``, normally ``1 / scale_s``: ``scale_s`` is commonly the fp8 type's largest value, the
-    probabilities being at most 1) and writes ``o = fp8(scale_o * o_real)`` (``o_dtype``, default q's).
-    ``stats`` is the float32 log-sum-exp ``(B, H, S_q, 1)``, ``amax_s`` the largest probability and ``amax_o``
-    the largest ``|o_real|``, each float32 ``(1,)``. Keywords as :func:`cudnnkit.ops.attention_forward`'s
-    (``is_causal``, ``scale`` default ``1 / sqrt(D)``, ``enable_gqa``, ``left_bound``/``right_bound`` top-left
-    aligned, ``seq_len_q``/``seq_len_kv``, ``dropout_p`` with ``seed``/``offset``). ``out=``: ``(o, stats,
-    amax_s, amax_o)``, each an array or None. Shapes, dtypes and what cuDNN 9.19 refuses on Hopper: the module
-    docstring.
+    In real values ``o_real = softmax(scale * q_real @ k_real^T (+ masks)) @ v_real``, where ``x_real =
+    descale_x * x``. The graph reads the fp8 ``q``, ``k``, ``v`` ``(B, H, S_q, D)``, ``(B, H_kv, S_kv, D)``,
+    ``(B, H_kv, S_kv, D_v)`` (one of ``float8_e4m3fn`` and ``float8_e5m2``, head dim contiguous; ``D``, ``D_v``
+    multiples of 16 up to 256), dequantizes them with ``descale_q/k/v``, quantizes the probabilities with
+    ``scale_s`` before the second matmul (undone by ``descale_s``) and writes ``o = fp8(scale_o * o_real)``. Each
+    factor is a one-element float32 device array read at run time: the plan does not depend on the values, so a
+    training loop updates them in place without planning again. The masks are top-left aligned; cuDNN 9.19 on
+    Hopper runs no ``attn_mask``, ALiBi, softcap, sinks, paged caches or packed batches in fp8 (none is a keyword
+    here). Shapes, dtypes and what is refused: the module docstring.
+
+    The cuDNN call: ``cudnnBackendExecute`` of the graph's fused-attention nodes
+    (:meth:`cudnnkit.graph.Graph.sdpa_fp8_forward`, cudnn-frontend's fp8 pattern: the node list is in
+    :mod:`cudnnkit.graph.nodes.sdpa_fp8`), one graph per call signature, planned once with the settings'
+    heuristics and cached (declaration :data:`FP8_FORWARD`, not in the op registry).
+
+    Args:
+        q: the fp8 queries ``(B, H, S_q, D)``, a CUDA array.
+        k: the fp8 keys ``(B, H_kv, S_kv, D)``, ``q``'s dtype.
+        v: the fp8 values ``(B, H_kv, S_kv, D_v)``, ``q``'s dtype.
+        descale_q: ``q``'s dequantization factor (``q_real = descale_q * q``), a one-element float32 device
+            array (shape ``(1,)`` or ``(1, 1, 1, 1)``), as are all the factors.
+        descale_k: ``k``'s dequantization factor.
+        descale_v: ``v``'s dequantization factor.
+        descale_s: undoes ``scale_s`` after the second matmul, normally ``1 / scale_s``.
+        scale_s: the probabilities' quantization factor, commonly the fp8 type's largest value (the
+            probabilities are at most 1).
+        scale_o: ``o``'s quantization factor (``o = fp8(scale_o * o_real)``).
+        is_causal: mask the scores above the diagonal (keep ``col <= row``, top-left aligned).
+        scale: the factor on the real scores, a finite number; None: ``1 / sqrt(D)``.
+        enable_gqa: let ``k`` and ``v`` have ``H_kv`` heads, a divisor of ``H`` (grouped-query attention).
+        left_bound: a sliding window: keep ``col > row - left_bound`` (an int >= 1), or None.
+        right_bound: keep ``col <= row + right_bound`` (an int >= 0; ``is_causal`` is 0), or None.
+        seq_len_q: per-sample query lengths, an int32 device array ``(B,)`` or ``(B, 1, 1, 1)`` (a padding mask,
+            with ``seq_len_kv``).
+        seq_len_kv: per-sample key/value lengths, as ``seq_len_q``.
+        dropout_p: the probability of dropping an attention weight, in ``[0, 1)``; above 0 it needs ``seed``
+            and ``offset``.
+        seed: dropout's seed, a one-element int64 device array.
+        offset: dropout's offset, a one-element int64 device array (the same pair replays the mask in
+            :func:`attention_fp8_backward`).
+        o_dtype: ``o``'s fp8 type, ``"float8_e4m3fn"`` or ``"float8_e5m2"``; None: ``q``'s (cuDNN 9.19 on
+            Hopper writes fp8 only).
+        out: a tuple ``(o, stats, amax_s, amax_o)``, each an array of its shape and dtype to write or None to
+            allocate.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(o, stats, amax_s, amax_o)``: ``o`` ``(B, H, S_q, D_v)`` in ``o_dtype`` and ``q``'s dim order,
+        ``stats`` the float32 log-sum-exp ``(B, H, S_q, 1)`` that :func:`attention_fp8_backward` reads,
+        ``amax_s`` the largest probability and ``amax_o`` the largest ``|o_real|`` (before ``scale_o``), each
+        float32 ``(1,)``: what a scaling recipe turns into the next ``scale_s``/``scale_o``.
+
+    Raises:
+        TypeError: a host array, ``q`` not fp8, ``k``/``v`` of another dtype than ``q``, a factor that is not
+            float32, a flag that is not a bool, or an ``out`` that is not a tuple of four.
+        ValueError: inputs that are not 4-d or are empty, shapes that do not match, ``H_kv`` other than ``H``
+            without ``enable_gqa``, head dims that are not multiples of 16 up to 256, a factor of more than one
+            element, one of ``seq_len_q``/``seq_len_kv`` or lengths of the wrong shape, ``dropout_p`` outside
+            ``[0, 1)`` or without ``seed``/``offset``, a bad bound (a ``left_bound`` with ``S_q > S_kv`` and no
+            lengths), or an ``o_dtype`` that is not fp8.
+        cudnnkit.graph.UnsupportedGraphError: no cuDNN engine runs the graph on this GPU (the limits above are
+            cuDNN 9.19's on Hopper).
+
+    Example:
+        >>> import torch
+        >>> from cudnnkit.ops import attention_fp8
+        >>> one = lambda x=1.0: torch.tensor([x], device="cuda")                 # a float32 (1,) factor
+        >>> q, k, v = (torch.randn(2, 16, 1024, 128, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
+        >>> f = {n: one() for n in ("descale_q", "descale_k", "descale_v", "scale_o")}
+        >>> f.update(scale_s=one(448.0), descale_s=one(1 / 448))               # 448: float8_e4m3fn's largest
+        >>> o, stats, amax_s, amax_o = attention_fp8.attention_fp8_forward(q, k, v, **f, is_causal=True)
     """
     o, st, a_s, a_o = split_out("attention_fp8_forward", out, {"out": None, "stats": None, "amax_s": None,
                                                                "amax_o": None})  # fmt: skip
@@ -336,15 +397,70 @@ def attention_fp8_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, 
                            seq_len_kv: Any = None, dropout_p: float = 0.0, seed: Any = None, offset: Any = None,
                            grad_dtype: str | None = None,
                            stream: Any = None) -> tuple[Any, Any, Any, Any, Any, Any, Any]:  # fmt: skip
-    """fp8 attention backward: ``(dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp)``.
+    """fp8 attention backward with per-tensor scaling: ``(dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp)``.
 
-    From the forward's fp8 ``q``, ``k``, ``v``, ``o`` and float32 ``stats``, and ``do`` (o's gradient, fp8),
-    with each input's ``descale_*``; ``scale_s``/``descale_s`` as the forward used them; ``scale_dp``/
-    ``descale_dp`` quantize ``dP`` (the scaled scores' gradient, do's dtype) between the matmuls; the gradients
-    are ``fp8(scale_dq * dq_real)`` etc. (``grad_dtype``, default do's dtype), each in its input's dim order,
-    ``dk``/``dv`` of grouped heads summed over each group. The amax values (float32 ``(1,)``) are taken before
-    each scale. cuDNN 9.19 on Hopper needs ``D = D_v = 128`` here. The forward's keywords must be passed again
-    (the same ``seed``/``offset`` replay its dropout mask).
+    From the forward's fp8 ``q``, ``k``, ``v``, ``o`` and float32 ``stats``, and ``do`` (``o``'s gradient, fp8
+    of either type: recipes keep gradients in ``float8_e5m2``), each fp8 input with its ``descale_*``. The graph
+    recomputes the probabilities from ``stats``, quantizes them with ``scale_s`` (undone by ``descale_s``, as in
+    the forward), quantizes ``dP`` (the probabilities' gradient, in ``do``'s dtype) with ``scale_dp`` between the
+    matmuls (undone by ``descale_dp``) and writes ``dq = fp8(scale_dq * dq_real)``, likewise ``dk`` and ``dv``.
+    ``dk``/``dv`` of grouped heads are summed over each group. cuDNN 9.19 on Hopper runs the fp8 backward for
+    ``D = D_v = 128`` only. The forward's mask and dropout keywords must be passed again (the same
+    ``seed``/``offset`` replay its dropout mask). Shapes and dtypes: the module docstring.
+
+    The cuDNN call: ``cudnnBackendExecute`` of the graph's fused-attention backward nodes
+    (:meth:`cudnnkit.graph.Graph.sdpa_fp8_backward`, cudnn-frontend's fp8 backward pattern), one graph per call
+    signature, planned once with the settings' heuristics and cached (declaration :data:`FP8_BACKWARD`).
+
+    Args:
+        q: the forward's fp8 queries ``(B, H, S_q, 128)``.
+        k: the forward's fp8 keys ``(B, H_kv, S_kv, 128)``, ``q``'s dtype.
+        v: the forward's fp8 values ``(B, H_kv, S_kv, 128)``, ``q``'s dtype.
+        o: the forward's fp8 output ``(B, H, S_q, 128)``.
+        do: the gradient of ``o``, ``o``'s shape, either fp8 type.
+        stats: the forward's float32 statistics ``(B, H, S_q, 1)``.
+        descale_q: ``q``'s dequantization factor, a one-element float32 device array, as are all the factors.
+        descale_k: ``k``'s dequantization factor.
+        descale_v: ``v``'s dequantization factor.
+        descale_o: ``o``'s dequantization factor (normally ``1 / scale_o`` of the forward).
+        descale_do: ``do``'s dequantization factor.
+        descale_s: the forward's ``descale_s``.
+        descale_dp: undoes ``scale_dp``, normally ``1 / scale_dp``.
+        scale_s: the forward's ``scale_s``.
+        scale_dq: ``dq``'s quantization factor.
+        scale_dk: ``dk``'s quantization factor.
+        scale_dv: ``dv``'s quantization factor.
+        scale_dp: ``dP``'s quantization factor (between the matmuls).
+        is_causal: the forward's ``is_causal``.
+        scale: the forward's scale; None: ``1 / sqrt(D)``.
+        enable_gqa: the forward's ``enable_gqa``.
+        left_bound: the forward's left bound, or None.
+        right_bound: the forward's right bound, or None.
+        seq_len_q: the forward's per-sample query lengths (int32), with ``seq_len_kv``.
+        seq_len_kv: the forward's per-sample key/value lengths.
+        dropout_p: the forward's dropout probability, with its ``seed`` and ``offset``.
+        seed: the forward's dropout seed (one-element int64 device array).
+        offset: the forward's dropout offset (one-element int64 device array).
+        grad_dtype: the gradients' fp8 type, ``"float8_e4m3fn"`` or ``"float8_e5m2"``; None: ``do``'s.
+        stream: the stream to run on; None: the library's current stream.
+
+    Returns:
+        ``(dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp)``: new fp8 gradients (``grad_dtype``) of ``q``'s,
+        ``k``'s and ``v``'s shapes, each in its input's dim order, then the float32 ``(1,)`` amax of each (and
+        of ``dP``), taken before its scale.
+
+    Raises:
+        TypeError: the forward's type errors; ``o``/``do`` not fp8 or ``stats`` not float32.
+        ValueError: the forward's checks, a head dim other than 128, ``o``/``do`` not ``(B, H, S_q, D_v)``,
+            ``stats`` not ``(B, H, S_q, 1)``, or a ``grad_dtype`` that is not fp8.
+        cudnnkit.graph.UnsupportedGraphError: no cuDNN engine runs the graph on this GPU.
+
+    Example:
+        >>> do = torch.randn(2, 16, 1024, 128, device="cuda").to(torch.float8_e5m2)
+        >>> b = {n: one() for n in ("descale_q", "descale_k", "descale_v", "descale_o", "descale_do", "scale_dq")}
+        >>> b.update({n: one() for n in ("scale_dk", "scale_dv", "scale_dp", "descale_dp")})
+        >>> b.update(scale_s=one(448.0), descale_s=one(1 / 448))
+        >>> dq, dk, dv, *amax = attention_fp8.attention_fp8_backward(q, k, v, o, do, stats, **b, is_causal=True)
     """
     arrays = {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats, "descale_q": descale_q,
               "descale_k": descale_k, "descale_v": descale_v, "descale_o": descale_o, "descale_do": descale_do,

@@ -1020,3 +1020,54 @@ def test_order_after_without_a_driver(monkeypatch):
     assert driver.order_after(0x5000, 0x5000, 0) is False  # nothing to do needs no driver
     with pytest.raises(driver.DriverUnavailable):
         driver.order_after(0x5000, 0x6000, 0)
+
+
+class FakePoolCuda(FakeCuda):
+    """FakeCuda with a default memory pool (release threshold ``threshold``) and cuMemAllocAsync/cuMemFreeAsync."""
+
+    def __init__(self, threshold=0):
+        super().__init__()
+        self.threshold = threshold
+
+    def cuDeviceGetDefaultMemPool(self, ppool, device):
+        self.calls.append(("cuDeviceGetDefaultMemPool", device))
+        ppool._obj.value = 0xB000 + device
+        return 0
+
+    def cuMemPoolGetAttribute(self, pool, attr, pvalue):
+        self.calls.append(("cuMemPoolGetAttribute", self._h(pool), attr))
+        pvalue._obj.value = self.threshold
+        return 0
+
+    def cuMemPoolSetAttribute(self, pool, attr, pvalue):
+        self.calls.append(("cuMemPoolSetAttribute", self._h(pool), attr, pvalue._obj.value))
+        self.threshold = pvalue._obj.value
+        return 0
+
+    def cuMemAllocAsync(self, pptr, nbytes, stream):
+        self.calls.append(("cuMemAllocAsync", nbytes))
+        pptr._obj.value = 0xD0000
+        return 0
+
+    def cuMemFreeAsync(self, ptr, stream):
+        self.calls.append(("cuMemFreeAsync", ptr))
+        return 0
+
+
+@pytest.mark.parametrize("before, after", [(0, driver.POOL_KEEP_BYTES), (123, 123)])
+def test_the_default_pool_keeps_memory_once_cudnnkit_allocates(monkeypatch, before, after):
+    """The first DeviceMemory on a device raises the default pool's release threshold from the driver's 0 (memory
+    given back at each synchronization, mapped anew by the next allocation) to POOL_KEEP_BYTES; a threshold set by
+    someone else stays; later allocations ask no more."""
+    cuda = FakePoolCuda(before)
+    monkeypatch.setattr(driver, "_load", lambda: cuda)
+    monkeypatch.setattr(driver, "_contexts", {})
+    monkeypatch.setattr(driver, "_pools_kept", set())
+    m = driver.DeviceMemory(64, 0, 0x5000)
+    m.free(0x5000)
+    driver.DeviceMemory(64, 0, 0x5000).free(0x5000)
+    assert cuda.threshold == after
+    names = [c[0] for c in cuda.calls]
+    assert names.count("cuDeviceGetDefaultMemPool") == 1 and names.count("cuMemAllocAsync") == 2
+    assert names.count("cuMemPoolSetAttribute") == (1 if before == 0 else 0)
+    assert names.index("cuMemPoolGetAttribute") < names.index("cuMemAllocAsync")

@@ -80,6 +80,7 @@ import jax.numpy as jnp
 from ..autograd._kw import decode, encode
 from ..ops._diff import Differentiable, Spec
 from ..runtime.arrays import contiguous_strides
+from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import canonical
 from ..runtime.settings import Settings, current_settings, in_force
 from . import _ffi
@@ -483,7 +484,7 @@ class JaxOp:
         changed = [m for m in d.mutated if m in arr_names]
         n_in, n = len(in_idx), len(d.outputs)
         rets = call.rets
-        with r.scope(call), in_force(Settings(**dict(kwd.pop("__settings__", ())))):
+        with r.scope(call), in_force(_settings(kwd.pop("__settings__", ()))):
             inputs: list[Any] = [None] * len(d.inputs)
             for i, b in zip(in_idx, call.args[:n_in]):
                 inputs[i] = r.array(call, b)
@@ -498,7 +499,7 @@ class JaxOp:
             for j, (o, dst) in enumerate(zip(outs, rets[:n])):
                 r.write(call, dst, o, d.outputs[j])
             names = set(d.inputs) | set(d.arrays) | set(d.outputs)
-            lays = ast.literal_eval(call.attrs["fresh"])  # (name, physical shape, shape, strides), meta's order
+            lays = _literal(call.attrs["fresh"])  # (name, physical shape, shape, strides), meta's order
             made = {k for k in res if k not in names}
             if made != {k for k, *_ in lays}:
                 raise RuntimeError(f"{d.name}: the forward made residuals {sorted(made)} where its meta said "
@@ -514,7 +515,7 @@ class JaxOp:
         views = {k: (shape, strides) for k, shape, strides in kwd.pop("__views__")}
         kwd.pop("__in__"), kwd.pop("__arr__")
         names = [k for k in order if k not in absent]  # the residuals with a buffer, in the arguments' order
-        with r.scope(call), in_force(Settings(**dict(kwd.pop("__settings__", ())))):
+        with r.scope(call), in_force(_settings(kwd.pop("__settings__", ()))):
             got = {k: r.array(call, b, *views.get(k, ())) for k, b in zip(names, call.args[: len(names)])}
             res: dict[str, Any] = {k: got.get(k) for k in order}  # the forward's names and order, None kept
             given = iter(call.args[len(names) :])
@@ -532,3 +533,29 @@ class JaxOp:
                     r.zero(call, dst)
                 else:
                     r.write(call, dst, g, "gradient")
+
+
+#: per-call parsing the handlers repeat with the same strings: the lowering's literal attributes and the settings
+#: each call site was traced under (a jitted function's every call hands the handler the same ones)
+_LITERALS: LRU[str, Any] = LRU("jax.literals", 1024)
+_SETTINGS: LRU[tuple, Settings] = LRU("jax.settings", 256)
+
+
+def _literal(s: str) -> Any:
+    """``ast.literal_eval(s)``, cached per string (a handler's attribute: the same on every call of a call site)."""
+    got = _LITERALS.lookup(s)
+    if got is MISSING:
+        got = _LITERALS.put(s, ast.literal_eval(s))
+    return got
+
+
+def _settings(items: Any) -> Settings:
+    """The :class:`Settings` of a call site's ``__settings__`` items (a frozen dataclass, so one object per items
+    serves every call), made once."""
+    try:
+        got = _SETTINGS.lookup(items)
+    except TypeError:  # an unhashable value: made each time
+        return Settings(**dict(items))
+    if got is MISSING:
+        got = _SETTINGS.put(items, Settings(**dict(items)))
+    return got

@@ -14,6 +14,11 @@ cudnnkit through the graph layer (pre-bound plans: ``Graph.sdpa_forward``/``sdpa
   tables, H32 H_kv8 D128 (Llama-3-8B's heads); ``bytes`` is the K and V read (the floor), so %copy-bw is the
   share of the copy bandwidth the decode reaches; torch runs SDPA on the contiguous caches (its default backend,
   ``enable_gqa``).
+* ``fp8``: fp8 e4m3 forward (inference, no stats; ``Graph.sdpa_fp8_forward`` with per-tensor descale/scale
+  factors as float32 ``(1, 1, 1, 1)`` device arrays, the amax outputs written too) at B4 H16 S4096 D128, causal
+  and not, and at B1 H16 S16384 D128 non-causal; FLOPs counted as the bf16 rows count them. NVIDIA publishes
+  1,055 TFLOP/s fp8 forward on the H200 with cuDNN 9.19. torch has no fp8 SDPA: it runs its cuDNN backend in
+  *bf16* on the same shape (the name says so, ``vs torch-cudnn bf16``). ``--filter attention/fp8`` selects these.
 
 A plan that fails fails only its rows (``_or_error``). Nothing here needs a GPU until a factory is called.
 """
@@ -36,6 +41,15 @@ def _or_error(make, *args, **kwargs):
             raise err
 
         return fail
+
+
+def _fwd_flops(b, h, s, d, *, causal, left_bound=None) -> float:
+    """The forward's FLOPs (two matmuls over the kept query/key pairs)."""
+    if left_bound is not None:  # the band: row i keeps min(i + 1, left_bound) keys
+        pairs = sum(min(i + 1, left_bound) for i in range(s))
+    else:
+        pairs = s * (s + 1) // 2 if causal else s * s
+    return 4.0 * b * h * d * pairs
 
 
 def _dense_rows(b, h, s, d, *, causal, left_bound=None, tag, torch_note=""):
@@ -93,11 +107,7 @@ def _dense_rows(b, h, s, d, *, causal, left_bound=None, tag, torch_note=""):
             out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
             return torch.autograd.grad(out, (qg, kg, vg), do)
 
-    if left_bound is not None:  # the band: row i keeps min(i + 1, left_bound) keys
-        pairs = sum(min(i + 1, left_bound) for i in range(s))
-    else:
-        pairs = s * (s + 1) // 2 if causal else s * s
-    fwd_flops = 4.0 * b * h * d * pairs
+    fwd_flops = _fwd_flops(b, h, s, d, causal=causal, left_bound=left_bound)
     shape = f"B{b} H{h} S{s} D{d}"
     vs = f"vs torch-cudnn{torch_note}"
     return [
@@ -122,6 +132,71 @@ def window_rows() -> list[Row]:
     """A causal sliding window of 1024 at S4096; torch runs full causal."""
     return _dense_rows(4, 16, 4096, 128, causal=True, left_bound=1024, tag="window1024 causal",
                        torch_note=" full causal (no window)")  # fmt: skip
+
+
+#: e4m3's largest finite value
+E4M3_MAX = 448.0
+
+
+def _fp8_rows(b, h, s, d, *, causal, tag) -> list[Row]:
+    """fp8 e4m3 forward (inference: no stats) of one BHSD shape through a pre-bound ``sdpa_fp8_forward`` plan,
+    against torch's cuDNN backend in bf16 on the same shape (torch has no fp8 SDPA)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from cudnnkit.graph import Graph
+    from cudnnkit.graph.nodes.sdpa_fp8 import FORWARD_FACTORS
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+
+    def quantize(x):  # per-tensor: the largest magnitude at half e4m3's range; (x8, descale)
+        scale = E4M3_MAX / 2 / float(x.abs().max())
+        return (x.float() * scale).to(torch.float8_e4m3fn), 1.0 / scale
+
+    (q8, dq), (k8, dk), (v8, dv) = (quantize(x) for x in (q, k, v))
+    # |o| <= max |v| (o is a convex combination of v's rows): scale_o maps that onto half the range
+    values = {"descale_q": dq, "descale_k": dk, "descale_v": dv, "descale_s": 1 / E4M3_MAX, "scale_s": E4M3_MAX,
+              "scale_o": 1 / dv}  # fmt: skip
+    factors = {n: torch.full((1, 1, 1, 1), float(values[n]), device="cuda", dtype=torch.float32)
+               for n in FORWARD_FACTORS}  # fmt: skip
+    o8 = torch.empty_like(q8)
+    amax_s, amax_o = (torch.empty(1, 1, 1, 1, device="cuda", dtype=torch.float32) for _ in range(2))
+
+    def plan():
+        g = Graph(name=f"attention fp8 fwd {tag}")
+        tq, tk, tv = g.tensor_like(q8), g.tensor_like(k8), g.tensor_like(v8)
+        tf = {n: g.tensor_like(f) for n, f in factors.items()}
+        r = g.sdpa_fp8_forward(tq, tk, tv, *(tf[n] for n in FORWARD_FACTORS), causal=causal, stats=False)
+        bind = {tq: q8, tk: k8, tv: v8, g.mark_output(r.o): o8, g.mark_output(r.amax_s): amax_s,
+                g.mark_output(r.amax_o): amax_o}  # fmt: skip
+        bind.update({tf[n]: f for n, f in factors.items()})
+        return g.build().bind(bind)
+
+    def torch_fwd():
+        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return [
+        Row(FAMILY, f"fp8 {tag} fwd vs torch-cudnn bf16", f"B{b} H{h} S{s} D{d}", "float8_e4m3fn",
+            ours=_or_error(plan), torch=torch_fwd, flops=_fwd_flops(b, h, s, d, causal=causal),
+            notes="torch has no fp8 SDPA: its side runs bf16; NVIDIA publishes 1,055 TFLOP/s fp8 forward (H200, "
+            "cuDNN 9.19)"),
+    ]  # fmt: skip
+
+
+@register
+def fp8_rows() -> list[Row]:
+    """fp8 e4m3 forward at B4 H16 S4096 D128, causal and not."""
+    return [*_fp8_rows(4, 16, 4096, 128, causal=False, tag="e4m3"),
+            *_fp8_rows(4, 16, 4096, 128, causal=True, tag="e4m3 causal")]  # fmt: skip
+
+
+@register
+def fp8_long_rows() -> list[Row]:
+    """fp8 e4m3 forward at B1 H16 S16384 D128, non-causal."""
+    return _fp8_rows(1, 16, 16384, 128, causal=False, tag="e4m3 long")
 
 
 #: the ragged batch's lengths (B8, summing to 16384, the longest 4096)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from cudnnkit import autograd
-from cudnnkit.ops import _primitive
+from cudnnkit.ops import _express, _primitive
 from cudnnkit.ops._diff import DIFFERENTIABLE, from_host, host_values, window
 from cudnnkit.runtime.adapters import _raw
 from cudnnkit.runtime.arrays import as_view, contiguous_strides
@@ -215,6 +215,9 @@ def host_device(monkeypatch):
             k(call)
 
     monkeypatch.setattr(_primitive, "_launch_form", launch)
+    # the express path (DeviceArrays are keyed: a repeated call in an XLA handler takes it) calls the legacy
+    # function itself, past _launch_form: off here, where the cuDNN calls are these kernels
+    monkeypatch.setattr(_express, "_on", [False])
     return calls
 
 
@@ -423,3 +426,22 @@ def test_the_raw_adapters_copy_between_layouts_is_one_transform(monkeypatch):
     _raw.ADAPTER.copy(dst, src, 7)
     (call,) = calls
     assert call[0] == ("handle", 0, 7) and call[3] == 0x1000 and call[6] == 0x9000
+
+
+def test_device_arrays_are_keyed_for_the_express_path():
+    """A repeated L2 call on DeviceArrays (inside an XLA handler) is recognised by the express path: the raw
+    adapter's ``key`` holds what ``view`` reads but the pointer, and the signature of two calls on arrays of one
+    metadata at other addresses is the same."""
+    from cudnnkit.ops import softmax as sm
+    from cudnnkit.runtime import adapters
+
+    a, b = empty((2, 3), "float32"), empty((2, 3), "float32")
+    assert adapters.KEYED[_raw.DeviceArray] == _raw.ADAPTER.key
+    k, ptr, ad = _raw.ADAPTER.key(a)
+    assert k == (_raw.ADAPTER, "float32", (2, 3), (3, 1), 0) and ptr == a.ptr and ad is _raw.ADAPTER
+    assert _raw.ADAPTER.key(values(a)) is None  # not a DeviceArray
+    sa = _express.signature(sm.SOFTMAX_FORWARD, {"x": a}, {"axis": -1})
+    sb = _express.signature(sm.SOFTMAX_FORWARD, {"x": b}, {"axis": -1})
+    assert sa is not None and sa[0] == sb[0] and sa[1] == [a.ptr] and sb[1] == [b.ptr]
+    c = empty((3, 2), "float32", (1, 3))  # another layout: another signature
+    assert _express.signature(sm.SOFTMAX_FORWARD, {"x": c}, {"axis": -1})[0] != sa[0]

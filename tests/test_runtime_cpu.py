@@ -426,3 +426,20 @@ def test_tensor_span_beyond_int_is_refused_by_name():
     assert not fits((2, 2**30), (2**30, 1))
     with pytest.raises(ValueError, match=r"^x \(shape \(2, 1073741824\)\) is too large.*number of elements they span"):
         check_fits("x", (2, 2**30), (2**30, 1))
+
+
+def test_settings_items_round_trip_one_object_per_items():
+    """as_items/from_items: the literal form integrations pass across a custom op or an XLA attribute, one Settings
+    per items (put in force on every backward without building a new one), checked as Settings(...) checks."""
+    import pytest
+
+    from cudnnkit.runtime.settings import Settings, as_items, from_items
+
+    s = Settings(deterministic=True, workspace_limit=1 << 20, prefer="graph")
+    items = as_items(s)
+    assert dict(items) == {"deterministic": True, "allow_tf32": True, "workspace_limit": 1 << 20,
+                           "autotune": "heuristics", "heuristic_mode": "a", "prefer": "graph"}  # fmt: skip
+    assert as_items(s) is items and from_items(items) == s
+    assert from_items(items) is from_items(tuple(items)) and from_items(()) == Settings()
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        from_items((("deterministic", 1),))

@@ -174,3 +174,28 @@ def test_the_eager_backward_gets_cotangents_in_its_outputs_layout(path):
     assert torch.equal(x.grad, dy * w)
     if path == "eager":  # the dispatcher path's backward op is laid out by torch (register_fake's strides)
         assert seen == [y.stride()] and y.stride() != dy.stride()
+
+
+def test_the_backward_runs_under_its_forwards_settings_each_time(path):
+    """The backward (autograd's thread) runs under the settings its forward ran with, call after call: the
+    dispatcher path's backward keyword string is cached per call site, the settings part of that key, so two
+    forwards of one call site under different settings each get their own."""
+    import cudnnkit
+    from cudnnkit.runtime.settings import current_settings
+
+    seen = []
+
+    def bwd(res, douts, needs, **kw):
+        seen.append(current_settings().deterministic)
+        return (douts[0] * res["w"] if needs[0] else None, douts[0] * res["x"] if needs[1] else None)
+
+    op = Differentiable("mul_settings", "softmax_forward", ("x", "w"), ("out",),
+                        lambda x, w: ((x * w,), {"x": x, "w": w}), bwd,
+                        lambda x, w: ((new_like(x),), {"x": x, "w": w}))  # fmt: skip
+    t = L.define(op, namespace="cudnnkit_test_settings")
+    x, w = _args()
+    for det in (True, False, True, False):
+        with cudnnkit.settings(deterministic=det):
+            y = t(x, w)
+        y.sum().backward()
+    assert seen == [True, False, True, False]

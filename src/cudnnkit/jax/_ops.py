@@ -82,7 +82,7 @@ from ..ops._diff import Differentiable, Spec
 from ..runtime.arrays import contiguous_strides
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import canonical
-from ..runtime.settings import Settings, current_settings, in_force
+from ..runtime.settings import as_items, current_settings, from_items, in_force
 from . import _ffi
 
 __all__ = ["JaxOp", "Runner", "spec"]
@@ -288,7 +288,7 @@ class JaxOp:
         kw["__in__"] = tuple(i for i, t in enumerate(inputs) if t is not None)
         kw["__arr__"] = tuple(n for n, t in arrays.items() if t is not None)
         cur = current_settings()  # the handlers run on XLA's threads: the caller's settings travel with the call
-        kw["__settings__"] = tuple((f, getattr(cur, f)) for f in cur.__dataclass_fields__)
+        kw["__settings__"] = as_items(cur)
         key = encode(kw)
         self._register()
         f = self._fns.get(key)
@@ -484,7 +484,7 @@ class JaxOp:
         changed = [m for m in d.mutated if m in arr_names]
         n_in, n = len(in_idx), len(d.outputs)
         rets = call.rets
-        with r.scope(call), in_force(_settings(kwd.pop("__settings__", ()))):
+        with r.scope(call), in_force(from_items(kwd.pop("__settings__", ()))):
             inputs: list[Any] = [None] * len(d.inputs)
             for i, b in zip(in_idx, call.args[:n_in]):
                 inputs[i] = r.array(call, b)
@@ -515,7 +515,7 @@ class JaxOp:
         views = {k: (shape, strides) for k, shape, strides in kwd.pop("__views__")}
         kwd.pop("__in__"), kwd.pop("__arr__")
         names = [k for k in order if k not in absent]  # the residuals with a buffer, in the arguments' order
-        with r.scope(call), in_force(_settings(kwd.pop("__settings__", ()))):
+        with r.scope(call), in_force(from_items(kwd.pop("__settings__", ()))):
             got = {k: r.array(call, b, *views.get(k, ())) for k, b in zip(names, call.args[: len(names)])}
             res: dict[str, Any] = {k: got.get(k) for k in order}  # the forward's names and order, None kept
             given = iter(call.args[len(names) :])
@@ -535,10 +535,9 @@ class JaxOp:
                     r.write(call, dst, g, "gradient")
 
 
-#: per-call parsing the handlers repeat with the same strings: the lowering's literal attributes and the settings
-#: each call site was traced under (a jitted function's every call hands the handler the same ones)
+#: per-call parsing the handlers repeat with the same strings: the lowering's literal attributes (a jitted
+#: function's every call hands the handler the same ones)
 _LITERALS: LRU[str, Any] = LRU("jax.literals", 1024)
-_SETTINGS: LRU[tuple, Settings] = LRU("jax.settings", 256)
 
 
 def _literal(s: str) -> Any:
@@ -546,16 +545,4 @@ def _literal(s: str) -> Any:
     got = _LITERALS.lookup(s)
     if got is MISSING:
         got = _LITERALS.put(s, ast.literal_eval(s))
-    return got
-
-
-def _settings(items: Any) -> Settings:
-    """The :class:`Settings` of a call site's ``__settings__`` items (a frozen dataclass, so one object per items
-    serves every call), made once."""
-    try:
-        got = _SETTINGS.lookup(items)
-    except TypeError:  # an unhashable value: made each time
-        return Settings(**dict(items))
-    if got is MISSING:
-        got = _SETTINGS.put(items, Settings(**dict(items)))
     return got

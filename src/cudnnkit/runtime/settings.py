@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, fields, replace
 
+from .cache import LRU, MISSING
+
 __all__ = ["Settings", "settings", "current_settings"]
 
 _AUTOTUNE = ("off", "heuristics", "exhaustive")
@@ -133,3 +135,32 @@ def _scope(changes: dict) -> Iterator[Settings]:
         yield new
     finally:
         _stack.current = old
+
+
+#: items -> the Settings made of them (see :func:`as_items`)
+_BY_ITEMS: LRU[tuple, Settings] = LRU("runtime.settings_items", 256)
+#: Settings -> its items
+_ITEMS: LRU[Settings, tuple] = LRU("runtime.settings_as_items", 256)
+
+
+def as_items(s: Settings) -> tuple[tuple[str, object], ...]:
+    """``s`` as ``((field, value), ...)``, a literal an integration can pass across a boundary where only plain
+    values travel (a custom op's keyword string, an XLA attribute); :func:`from_items` makes it a Settings again.
+    Cached per Settings (frozen, hashable): integrations call it on every op call."""
+    got = _ITEMS.lookup(s)
+    if got is MISSING:
+        got = _ITEMS.put(s, tuple((f.name, getattr(s, f.name)) for f in fields(s)))
+    return got
+
+
+def from_items(items: tuple) -> Settings:
+    """The :class:`Settings` of ``items`` (:func:`as_items`' form; fields left out take their defaults), checked as
+    ``Settings(...)`` checks them, one object per items: an integration's backward puts it in force
+    (:func:`in_force`) on every call without building and validating a new one."""
+    try:
+        got = _BY_ITEMS.lookup(items)
+    except TypeError:  # an unhashable value: made (and checked) each time
+        return Settings(**dict(items))
+    if got is MISSING:
+        got = _BY_ITEMS.put(items, Settings(**dict(items)))
+    return got

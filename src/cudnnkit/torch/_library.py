@@ -43,7 +43,7 @@ from ..autograd._kw import _OBJECTS, decode, encode  # noqa: F401  (encode/decod
 from ..ops._diff import Differentiable, Spec, new_like
 from ..runtime.adapters._torch import _FROM_TORCH, _TO_TORCH
 from ..runtime.cache import LRU, MISSING
-from ..runtime.settings import current_settings, in_force, settings
+from ..runtime.settings import as_items, current_settings, from_items, in_force
 
 __all__ = ["TorchOp", "define", "encode", "decode", "spec", "EAGER"]
 
@@ -54,6 +54,9 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _EAGER_CPU = False  # the CPU tests' switch: CPU tensors take the eager path too (their stand-in declarations run)
 
 _META: LRU[tuple, Any] = LRU("torch.meta", 4096)
+#: (op, the forward's keyword string, residual names, needs, input specs, settings) -> the backward op's keyword
+#: string: every backward of a call site encodes the same one (encoding walks every value: measured on the CPU)
+_BWD_KW: LRU[tuple, str] = LRU("torch.backward_kw", 4096)
 _kw.SEQUENCES.add(torch.Size)
 
 
@@ -244,7 +247,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         kwd = decode(kw)
         names, needs, specs = kwd.pop("__res__"), kwd.pop("__needs__"), kwd.pop("__specs__")
         # the forward's cudnnkit.settings: autograd runs the backward on a thread of its own
-        with settings(**dict(kwd.pop("__settings__"))):
+        with in_force(from_items(kwd.pop("__settings__"))):
             grads = d.backward(dict(zip(names, residuals)), tuple(douts), tuple(needs), **kwd)
         dev = _device(residuals, douts)
         out = []
@@ -279,17 +282,26 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         by_name = dict(zip(d.inputs, ins)) | arr | updated | dict(zip(d.outputs, output[:n]))
         ctx.save_for_backward(*(by_name[k] if k in by_name else next(new) for k in res_specs))
         ctx.names = tuple(res_specs)
-        ctx.kw = kwd
-        cur = current_settings()
-        ctx.settings = tuple((f, getattr(cur, f)) for f in cur.__dataclass_fields__)
+        ctx.kw, ctx.kwstr = kwd, kw
+        ctx.settings = as_items(current_settings())
         ctx.specs = tuple(None if t is None else tuple(spec(t)) for t in ins)
         ctx.needs = tuple(t is not None and t.requires_grad for t in ins)
         ctx.n_given, ctx.n_arrays = len(given), len(arrays)
 
     def backward(ctx: Any, grads: list) -> tuple:
         douts = [g if d.carries_gradient(i) else None for i, g in enumerate(list(grads)[: len(d.outputs)])]
-        kw = dict(ctx.kw, __res__=ctx.names, __needs__=ctx.needs, __specs__=ctx.specs, __settings__=ctx.settings)
-        got = bwd(list(ctx.saved_tensors), douts, encode(kw))
+        key = (d.name, ctx.kwstr, ctx.names, ctx.needs, ctx.specs, ctx.settings)
+        try:
+            kw = _BWD_KW.lookup(key)
+        except TypeError:  # symbolic sizes in the specs (a dynamic-shape trace): encoded each time
+            kw = MISSING
+            key = None
+        if kw is MISSING:
+            kw = encode(dict(ctx.kw, __res__=ctx.names, __needs__=ctx.needs, __specs__=ctx.specs,
+                             __settings__=ctx.settings))  # fmt: skip
+            if key is not None:
+                _BWD_KW.put(key, kw)
+        got = bwd(list(ctx.saved_tensors), douts, kw)
         grads = [g for g, t in zip(got, ctx.specs) if t is not None]  # the given inputs' (a plain list)
         needs = [n for n, t in zip(ctx.needs, ctx.specs) if t is not None]
         return [g if need else None for g, need in zip(grads, needs)], [None] * ctx.n_arrays, None

@@ -302,13 +302,7 @@ def _variant(views: Any, kw: Any, r: _Sdpa) -> _Sdpa:
         names=_TORCH_NAMES,
     )  # fmt: skip
     if p:
-        for name in ("seed", "offset"):
-            x = views.get(name)
-            if x is None:
-                raise ValueError("dropout_p > 0 needs seed= and offset= (one-element int64 device arrays; the same "
-                                 "pair replays the mask in attention_backward)")  # fmt: skip
-            if x.dtype != "int64" or x.size != 1:
-                raise ValueError(f"{name} must be a one-element int64 device array, got {x.dtype} {tuple(x.shape)}")
+        _check_dropout_seed(views, "attention_backward")
     dbias, dsink = kw.get("dbias", False), kw.get("want_dsink", False)  # (the output is named dsink)
     for name, flag in (("dbias", dbias), ("dsink", dsink)):
         if not isinstance(flag, bool):
@@ -818,6 +812,18 @@ def _flag(v: Any, name: str) -> bool:
             raise TypeError(f"{name} must be a bool, got {v!r}")
         v = bool(v)
     return v
+
+
+def _check_dropout_seed(views: dict, backward: str) -> None:
+    """A dropout call's ``seed`` and ``offset`` views: present, each a one-element int64 device array (the same pair
+    replays the mask in ``backward``); ``ValueError`` naming the argument otherwise."""
+    for name in ("seed", "offset"):
+        x = views.get(name)
+        if x is None:
+            raise ValueError(f"dropout_p > 0 needs seed= and offset= (one-element int64 device arrays; the same "
+                             f"pair replays the mask in {backward})")  # fmt: skip
+        if x.dtype != "int64" or x.size != 1:
+            raise ValueError(f"{name} must be a one-element int64 device array, got {x.dtype} {tuple(x.shape)}")
 
 
 def attention_forward(q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_p: float = 0.0,

@@ -135,13 +135,9 @@ def _resolve(views: Any, kw: Any, backward: bool) -> _Fp8:
     except ValueError as e:
         raise ValueError(str(e)) from None
     if p:
-        for name in ("seed", "offset"):
-            x = views.get(name)
-            if x is None:
-                raise ValueError("dropout_p > 0 needs seed= and offset= (one-element int64 device arrays; the same "
-                                 "pair replays the mask in attention_fp8_backward)")  # fmt: skip
-            if x.dtype != "int64" or x.size != 1:
-                raise ValueError(f"{name} must be a one-element int64 device array, got {x.dtype} {tuple(x.shape)}")
+        from .attention import _check_dropout_seed
+
+        _check_dropout_seed(views, "attention_fp8_backward")
     scale = kw.get("scale")
     scale = 1.0 / math.sqrt(vq.shape[3]) if scale is None else float(check_scalar(scale, "scale"))
     o_shape = tuple(vq.shape[:3]) + (vv.shape[3],)

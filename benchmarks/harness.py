@@ -41,6 +41,7 @@ __all__ = [
     "Row",
     "ROWS",
     "register",
+    "or_error",
     "discover",
     "environment",
     "time_gpu",
@@ -102,6 +103,20 @@ def register(factory: RowFactory) -> RowFactory:
     if factory not in ROWS:
         ROWS.append(factory)
     return factory
+
+
+def or_error(make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``make(*args, **kwargs)`` (a plan's pre-bound call, say), or a callable that raises its error: a row factory
+    builds every plan first, so one that cuDNN refuses fails only the rows that call it."""
+    try:
+        return make(*args, **kwargs)
+    except Exception as exc:
+        err = exc
+
+        def fail() -> None:
+            raise err
+
+        return fail
 
 
 def discover() -> list[RowFactory]:

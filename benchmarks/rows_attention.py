@@ -20,27 +20,14 @@ cudnnkit through the graph layer (pre-bound plans: ``Graph.sdpa_forward``/``sdpa
   1,055 TFLOP/s fp8 forward on the H200 with cuDNN 9.19. torch has no fp8 SDPA: it runs its cuDNN backend in
   *bf16* on the same shape (the name says so, ``vs torch-cudnn bf16``). ``--filter attention/fp8`` selects these.
 
-A plan that fails fails only its rows (``_or_error``). Nothing here needs a GPU until a factory is called.
+A plan that fails fails only its rows (``or_error``). Nothing here needs a GPU until a factory is called.
 """
 
 from __future__ import annotations
 
-from .harness import Row, register
+from .harness import Row, or_error, register
 
 FAMILY = "attention"
-
-
-def _or_error(make, *args, **kwargs):
-    """``make(*args)``, or a callable that raises its error, so one unsupported plan fails only its rows."""
-    try:
-        return make(*args, **kwargs)
-    except Exception as exc:
-        err = exc
-
-        def fail():
-            raise err
-
-        return fail
 
 
 def _fwd_flops(b, h, s, d, *, causal, left_bound=None) -> float:
@@ -86,7 +73,7 @@ def _dense_rows(b, h, s, d, *, causal, left_bound=None, tag, torch_note=""):
                 g.mark_output(r.dv): dv}  # fmt: skip
         return g.build().bind(bind)
 
-    infer, train, bwd = _or_error(forward_plan, False), _or_error(forward_plan, True), _or_error(backward_plan)
+    infer, train, bwd = or_error(forward_plan, False), or_error(forward_plan, True), or_error(backward_plan)
     try:
         train()  # o and stats for the backward
     except Exception:  # recorded on the row that uses it
@@ -180,7 +167,7 @@ def _fp8_rows(b, h, s, d, *, causal, tag) -> list[Row]:
 
     return [
         Row(FAMILY, f"fp8 {tag} fwd vs torch-cudnn bf16", f"B{b} H{h} S{s} D{d}", "float8_e4m3fn",
-            ours=_or_error(plan), torch=torch_fwd, flops=_fwd_flops(b, h, s, d, causal=causal),
+            ours=or_error(plan), torch=torch_fwd, flops=_fwd_flops(b, h, s, d, causal=causal),
             notes="torch has no fp8 SDPA: its side runs bf16; NVIDIA publishes 1,055 TFLOP/s fp8 forward (H200, "
             "cuDNN 9.19)"),
     ]  # fmt: skip
@@ -258,7 +245,7 @@ def ragged_rows() -> list[Row]:
             bind[off] = offsets
         return g.build().bind(bind)
 
-    infer, train, bwd = _or_error(forward_plan, False), _or_error(forward_plan, True), _or_error(backward_plan)
+    infer, train, bwd = or_error(forward_plan, False), or_error(forward_plan, True), or_error(backward_plan)
     try:
         train()
     except Exception:
@@ -346,7 +333,7 @@ def paged_decode_rows() -> list[Row]:
             "paged decode (shuffled pages of 64) vs torch-sdpa contiguous kv",
             f"B{b} H{h} H_kv{hk} S_kv{s} D{d}",
             "bfloat16",
-            ours=_or_error(plan),
+            ours=or_error(plan),
             torch=torch_decode,
             bytes=kv_bytes,
             notes=f"bytes: the K and V read, {kv_bytes / 1e9:.2f} GB; 1.3x the floor is the issue's goal",

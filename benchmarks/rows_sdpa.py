@@ -11,7 +11,7 @@ Ours is the fused-attention composite; one more row times the single ``SDPA_FWD`
 
 from __future__ import annotations
 
-from .harness import Row, register
+from .harness import Row, or_error, register
 
 FAMILY = "sdpa"
 B, H, S, D = 4, 16, 4096, 128
@@ -63,7 +63,7 @@ def _rows(causal: bool) -> list[Row]:
         }  # outputs marked before the build
         return gb.build().bind(bind)
 
-    infer, train, bwd = _or_error(forward_plan, False), _or_error(forward_plan, True), _or_error(backward_plan)
+    infer, train, bwd = or_error(forward_plan, False), or_error(forward_plan, True), or_error(backward_plan)
     try:
         train()  # o and stats for the backward
     except Exception:  # recorded on the row that uses it
@@ -111,7 +111,7 @@ def _rows(causal: bool) -> list[Row]:
             )
         )
     if not causal:  # cuDNN 9.19's single SDPA_FWD operation takes no mask
-        unified = _or_error(forward_plan, False, "unified")
+        unified = or_error(forward_plan, False, "unified")
         rows.append(
             Row(
                 FAMILY,
@@ -124,16 +124,3 @@ def _rows(causal: bool) -> list[Row]:
             )
         )
     return rows
-
-
-def _or_error(make, *args):
-    """``make(*args)``, or a callable that raises its error, so one unsupported plan fails only its rows."""
-    try:
-        return make(*args)
-    except Exception as exc:
-        err = exc
-
-        def fail():
-            raise err
-
-        return fail

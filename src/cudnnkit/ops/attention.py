@@ -329,16 +329,10 @@ def _bwd_resolve(views: Any, kw: Any) -> _Sdpa:
         raise ValueError("page_table_k/page_table_v are for attention_forward: cuDNN's paged attention has no "
                          "backward (inference: decode and chunked prefill)")  # fmt: skip
     r = _fwd_resolve(views, kw)
+    _check_saved(views, r.o_shape, r.stats_shape)
     for name in ("o", "do"):
-        x = views[name]
-        if tuple(x.shape) != r.o_shape:
-            raise ValueError(f"{name} must have shape {r.o_shape} (B, H, S_q, D_v), got {tuple(x.shape)}")
-        if x.dtype != r.dtype:
-            raise TypeError(f"{name} must have q's dtype {r.dtype}, got {x.dtype}")
-    st = views["stats"]
-    if tuple(st.shape) != r.stats_shape:
-        raise ValueError(f"stats must have shape {r.stats_shape} (B, H, S_q, 1): the forward's, got "
-                         f"{tuple(st.shape)}")  # fmt: skip
+        if views[name].dtype != r.dtype:
+            raise TypeError(f"{name} must have q's dtype {r.dtype}, got {views[name].dtype}")
     grads = tuple(_strides_like(views[n].shape, views[n]) for n in ("q", "k", "v"))
     if r.packed is not None:
         for n in ("o", "do", "dq", "dk", "dv"):
@@ -812,6 +806,18 @@ def _flag(v: Any, name: str) -> bool:
             raise TypeError(f"{name} must be a bool, got {v!r}")
         v = bool(v)
     return v
+
+
+def _check_saved(views: dict, o_shape: tuple, stats_shape: tuple) -> None:
+    """A backward's ``o`` and ``do`` of the forward's output shape and its ``stats`` of the forward's; ``ValueError``
+    naming the array otherwise (the half-precision and fp8 backwards)."""
+    for name in ("o", "do"):
+        got = tuple(views[name].shape)
+        if got != o_shape:
+            raise ValueError(f"{name} must have shape {o_shape} (B, H, S_q, D_v), got {got}")
+    got = tuple(views["stats"].shape)
+    if got != stats_shape:
+        raise ValueError(f"stats must have shape {stats_shape} (B, H, S_q, 1): the forward's, got {got}")
 
 
 def _check_dropout_seed(views: dict, backward: str) -> None:

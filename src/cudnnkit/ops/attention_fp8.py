@@ -150,16 +150,10 @@ def _fwd_resolve(views: Any, kw: Any) -> _Fp8:
 
 
 def _bwd_resolve(views: Any, kw: Any) -> _Fp8:
+    from .attention import _check_saved, _strides_like
+
     r = _resolve(views, kw, backward=True)
-    for name in ("o", "do"):
-        x = views[name]
-        if tuple(x.shape) != r.o_shape:
-            raise ValueError(f"{name} must have shape {r.o_shape} (B, H, S_q, D_v), got {tuple(x.shape)}")
-    st = views["stats"]
-    if tuple(st.shape) != r.stats_shape:
-        raise ValueError(f"stats must have shape {r.stats_shape} (B, H, S_q, 1): the forward's, got "
-                         f"{tuple(st.shape)}")  # fmt: skip
-    from .attention import _strides_like
+    _check_saved(views, r.o_shape, r.stats_shape)
 
     grads = tuple(_strides_like(views[n].shape, views[n]) for n in ("q", "k", "v"))
     gdt = _dtype_kw(kw.get("grad_dtype"), "grad_dtype", views["do"].dtype)

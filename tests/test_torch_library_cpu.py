@@ -149,33 +149,6 @@ def test_the_gradient_of_an_expanded_input_comes_back_dense():
     assert torch.allclose(gx, 2.0 * w.detach())
 
 
-def test_the_eager_backward_gets_cotangents_in_its_outputs_layout(path):
-    """A torch op upstream can hand back a gradient in another memory format than the output had (adaptive
-    average pooling's backward gives a channels-last activation a C-order gradient): the eager backward receives
-    it laid out as its output (equal values), so the cuDNN backward call sees one layout (its express path)."""
-    seen = []
-
-    def bwd(res, douts, needs, **kw):
-        seen.append(douts[0].stride())
-        dy = douts[0]
-        return (dy * res["w"] if needs[0] else None, dy * res["x"] if needs[1] else None)
-
-    op = Differentiable("mul_layout", "softmax_forward", ("x", "w"), ("out",),
-                        lambda x, w: ((x * w,), {"x": x, "w": w}), bwd,
-                        lambda x, w: ((new_like(x),), {"x": x, "w": w}))  # fmt: skip
-    t = L.define(op, namespace="cudnnkit_test_layout")
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=g).contiguous(memory_format=torch.channels_last)
-    w = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=g).contiguous(memory_format=torch.channels_last)
-    x.requires_grad_()
-    y = t(x, w)
-    dy = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=g)  # C order
-    y.backward(dy)
-    assert torch.equal(x.grad, dy * w)
-    if path == "eager":  # the dispatcher path's backward op is laid out by torch (register_fake's strides)
-        assert seen == [y.stride()] and y.stride() != dy.stride()
-
-
 def test_the_backward_runs_under_its_forwards_settings_each_time(path):
     """The backward (autograd's thread) runs under the settings its forward ran with, call after call: the
     dispatcher path's backward keyword string is cached per call site, the settings part of that key, so two

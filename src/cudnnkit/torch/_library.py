@@ -148,7 +148,6 @@ class _Eager(torch.autograd.Function):
     def forward(ctx: Any, d: Differentiable, kw: dict, arrays: dict, *inputs: Any) -> tuple:  # type: ignore[override]
         outs, res = d.forward(*inputs, **arrays, **kw)
         ctx.d, ctx.kw, ctx.names, ctx.settings = d, kw, tuple(res), current_settings()
-        ctx.layouts = tuple(None if o is None else (tuple(o.shape), o.stride()) for o in outs)
         ctx.save_for_backward(*res.values())
         dead = [
             o for j, o in enumerate(outs) if o is not None and not (d.carries_gradient(j) and o.is_floating_point())
@@ -160,26 +159,11 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
         d = ctx.d
-        douts = tuple(_like_output(g, ctx.layouts[j]) if d.carries_gradient(j) else None for j, g in enumerate(grads))
+        douts = tuple(g if d.carries_gradient(j) else None for j, g in enumerate(grads))
         needs = tuple(ctx.needs_input_grad[3:])
         with in_force(ctx.settings):
             got = d.backward(dict(zip(ctx.names, ctx.saved_tensors)), douts, needs, **ctx.kw)
         return (None, None, None, *(g if n else None for g, n in zip(got, needs)))
-
-
-def _like_output(g: Any, layout: Any) -> Any:
-    """The cotangent ``g`` laid out as its output was (``layout``: shape and strides), a copy only where its strides
-    differ on an axis longer than 1. A torch op upstream can hand back another memory format (adaptive average
-    pooling's backward gives a channels-last input a C-order gradient); cuDNN's backward calls want one layout for
-    ``dy`` and the forward's arrays, and a mixed call takes the full checked sequence and a layout copy per call
-    instead of the express path: one torch copy here is cheaper."""
-    if g is None or layout is None:
-        return g
-    shape, strides = layout
-    got = g.stride()
-    if tuple(g.shape) != shape or all(a == b or n == 1 for a, b, n in zip(got, strides, shape)):
-        return g
-    return torch.empty_strided(shape, strides, dtype=g.dtype, device=g.device).copy_(g)
 
 
 def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict, kwkey: str) -> tuple[tuple, dict]:

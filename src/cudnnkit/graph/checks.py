@@ -28,6 +28,13 @@ def is_bool(v: Any) -> bool:
     return isinstance(v, bool) or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"))
 
 
+def as_bool(value: Any, name: str) -> bool:
+    """``value`` as a bool: a Python or NumPy bool; anything else (an int too) a ``TypeError`` naming ``name``."""
+    if not is_bool(value):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
 def as_int(value: Any, name: str, *, minimum: int | None = None, maximum: int = INT64_MAX) -> int:
     """``value`` as an int: a Python or NumPy integer. A bool, a float (even an integral one: torch refuses
     floats for sizes too), a string... is a ``TypeError`` naming ``name``; outside ``[minimum, maximum]`` a

@@ -48,7 +48,7 @@ import math
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-from ..graph.checks import dense_like
+from ..graph.checks import as_bool, dense_like
 from ..graph.nodes.sdpa import ALIGNMENTS, MAX_HEAD_DIM, paged_kv_length, resolve_variant
 from ..runtime import adapters, validate_stream
 from ..runtime.arrays import as_view, contiguous_strides, is_dense
@@ -800,14 +800,6 @@ def _ragged_arrays(arrays: dict, cu_q: Any, cu_kv: Any, max_q: Any, max_kv: Any,
     return b, sq, skv
 
 
-def _flag(v: Any, name: str) -> bool:
-    if not isinstance(v, bool):
-        if type(v).__name__ != "bool_":
-            raise TypeError(f"{name} must be a bool, got {v!r}")
-        v = bool(v)
-    return v
-
-
 def _check_saved(views: dict, o_shape: tuple, stats_shape: tuple) -> None:
     """A backward's ``o`` and ``do`` of the forward's output shape and its ``stats`` of the forward's; ``ValueError``
     naming the array otherwise (the half-precision and fp8 backwards)."""
@@ -968,7 +960,7 @@ def attention_forward(q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_
     elif max_seqlen_q is not None or max_seqlen_kv is not None:
         raise ValueError("max_seqlen_q/max_seqlen_kv are for packed batches (cu_seqlens_q=, cu_seqlens_kv=)")
     return run(SDPA_FORWARD, arrays, stream=stream, out=o, stats=st, scale=scale,
-               causal=_flag(is_causal, "is_causal"), enable_gqa=_flag(enable_gqa, "enable_gqa"),
+               causal=as_bool(is_causal, "is_causal"), enable_gqa=as_bool(enable_gqa, "enable_gqa"),
                dropout=dropout_p, diagonal_alignment=diagonal_alignment, left_bound=left_bound,
                right_bound=right_bound, softcap=softcap, max_seq_len_kv=max_seq_len_kv, **extra)  # fmt: skip
 
@@ -1066,8 +1058,8 @@ def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, a
                                          grads)  # fmt: skip
     elif max_seqlen_q is not None or max_seqlen_kv is not None:
         raise ValueError("max_seqlen_q/max_seqlen_kv are for packed batches (cu_seqlens_q=, cu_seqlens_kv=)")
-    res = run(SDPA_BACKWARD, arrays, stream=stream, scale=scale, causal=_flag(is_causal, "is_causal"),
-              enable_gqa=_flag(enable_gqa, "enable_gqa"), dropout=dropout_p, diagonal_alignment=diagonal_alignment,
+    res = run(SDPA_BACKWARD, arrays, stream=stream, scale=scale, causal=as_bool(is_causal, "is_causal"),
+              enable_gqa=as_bool(enable_gqa, "enable_gqa"), dropout=dropout_p, diagonal_alignment=diagonal_alignment,
               left_bound=left_bound, right_bound=right_bound, softcap=softcap, dbias=dbias, want_dsink=dsink,
               **extra)  # fmt: skip
     return res[:3] + tuple(g for g, on in zip(res[3:], (dbias, dsink)) if on)

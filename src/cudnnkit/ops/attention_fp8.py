@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+from ..graph.checks import as_bool
 from ..graph.nodes.sdpa_fp8 import BACKWARD_FACTORS, FORWARD_FACTORS, FP8, check_fp8_shapes, check_fp8_variant
 from ..runtime.dtypes import check_scalar
 from ._graphform import Binder, graph_form
@@ -75,14 +76,6 @@ class _Fp8(NamedTuple):
         return self.q[:3] + (1,)
 
 
-def _flag(v: Any, name: str) -> bool:
-    if not isinstance(v, bool):
-        if type(v).__name__ != "bool_":
-            raise TypeError(f"{name} must be a bool, got {v!r}")
-        v = bool(v)
-    return v
-
-
 def _dtype_kw(v: Any, name: str, default: str) -> str:
     if v is None:
         return default
@@ -103,7 +96,7 @@ def _resolve(views: Any, kw: Any, backward: bool) -> _Fp8:
             raise ValueError(f"{n} must be 4-d (B, H, S, D), got shape {tuple(x.shape)}")
         if min(x.shape) < 1:
             raise ValueError(f"{n} must not be empty, got shape {tuple(x.shape)}")
-    gqa = _flag(kw.get("enable_gqa", False), "enable_gqa")
+    gqa = as_bool(kw.get("enable_gqa", False), "enable_gqa")
     if vk.shape[1] != vq.shape[1] and not gqa:
         raise ValueError(f"k and v have {vk.shape[1]} heads for q's {vq.shape[1]}: pass enable_gqa=True for "
                          "grouped-query attention")  # fmt: skip
@@ -125,7 +118,7 @@ def _resolve(views: Any, kw: Any, backward: bool) -> _Fp8:
         if x is not None and (x.dtype != "int32" or x.shape not in ((b,), (b, 1, 1, 1))):
             raise ValueError(f"{name} must be an int32 device array of shape ({b},) or ({b}, 1, 1, 1), got "
                              f"{x.dtype} {tuple(x.shape)}")  # fmt: skip
-    causal = _flag(kw.get("causal", False), "is_causal")
+    causal = as_bool(kw.get("causal", False), "is_causal")
     try:
         lb, rb, p = check_fp8_variant(
             vq.shape[2], vk.shape[2], causal=causal, left_bound=kw.get("left_bound"),

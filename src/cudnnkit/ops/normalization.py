@@ -65,6 +65,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .. import lib
+from ..graph.checks import as_bool
 from ..runtime import (
     WRITTEN,
     DescriptorKind,
@@ -119,14 +120,6 @@ def param_dtype(dtype: str) -> str:
 
 
 # ----------------------------------------------------------------- shared checks and layouts
-
-
-def _bool(v: Any, name: str) -> bool:
-    if isinstance(v, bool):
-        return v
-    if type(v).__name__ == "bool_":  # a NumPy bool
-        return bool(v)
-    raise TypeError(f"{name} must be a bool, got {v!r}")
 
 
 def _epsilon(v: Any, legacy: bool, dtype: str = "float32") -> float:
@@ -268,7 +261,7 @@ def _bn_common(vx: Any, kw: Any, name: str = "x") -> tuple[str, str, tuple[int, 
 def _bn_fwd_resolve(views: Any, kw: Any) -> _BN:
     vx = views["x"]
     mode, pdt, p_shape, eps = _bn_common(vx, kw)
-    training = _bool(kw.get("training", True), "training")
+    training = as_bool(kw.get("training", True), "training")
     momentum = check_scalar(kw.get("momentum", 0.1), "momentum", dtype="float64")
     if not 0.0 <= momentum <= 1.0:
         raise ValueError(f"momentum must be in [0, 1] (the weight of the batch's statistics), got {momentum}")
@@ -324,7 +317,7 @@ def _bn_bwd_resolve(views: Any, kw: Any) -> _BN:
     act = kw.get("activation")
     if act not in (None, "relu"):
         raise ValueError(f"activation must be None or 'relu' (the forward's), got {act!r}")
-    z_grad = _bool(kw.get("z_grad", False), "z_grad")
+    z_grad = as_bool(kw.get("z_grad", False), "z_grad")
     if z_grad and act is None:
         raise ValueError("z_grad=True is the fused residual's gradient: pass activation='relu' (the forward's)")
     vy, vr, vb = views.get("y"), views.get("reserve"), views.get("bias")
@@ -823,7 +816,7 @@ def batch_norm_forward(
         >>> y, mean, inv_std = ops.batch_norm_forward(x, g, b, running_mean=rm, running_var=rv)
         >>> y_eval = ops.batch_norm_forward(x, g, b, running_mean=rm, running_var=rv, training=False)
     """
-    training = _bool(training, "training")
+    training = as_bool(training, "training")
     if training:
         y, sm, si = _outs("batch_norm_forward", out, ("y", "saved_mean", "saved_inv_std"))
     else:
@@ -967,7 +960,7 @@ def _gn_common(mode: str, fn: str, views: Any, kw: Any, x: str, backward: bool) 
     _param(vs, "scale", p_shape, "float32", x, graph=True)
     if views.get("bias") is not None:
         _param(views["bias"], "bias", p_shape, "float32", x, graph=True)
-    training = True if backward else _bool(kw.get("training", True), "training")
+    training = True if backward else as_bool(kw.get("training", True), "training")
     eps = 1e-5 if backward else _epsilon(kw.get("epsilon", 1e-5), legacy=False)
     stats = ("mean", "inv_std") if not backward else ("dscale", "dbias")
     for n in stats:
@@ -1138,7 +1131,7 @@ INSTANCE_NORM_FORWARD, INSTANCE_NORM_BACKWARD = _gn_primitives("instance", "inst
 
 def _gn_forward(p: Primitive, fn: str, stats: tuple[str, ...], arrays: dict[str, Any], training: Any, out: Any,
                 stream: Any, **kw: Any) -> Any:  # fmt: skip
-    training = _bool(training, "training")
+    training = as_bool(training, "training")
     if training:
         y, *given = _outs(fn, out, ("y", *stats))
     else:
@@ -1508,7 +1501,7 @@ def _bn_l3_resolve(specs: dict[str, Spec | None], kw: dict) -> tuple[_BN, Spec]:
 def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean: Any = None,
                    running_var: Any = None, training: bool = True, momentum: float = 0.1, epsilon: float = 1e-5,
                    mode: str = "spatial", activation: str | None = None) -> tuple[tuple, dict]:  # fmt: skip
-    training = _bool(training, "training")
+    training = as_bool(training, "training")
     got = batch_norm_forward(x, scale, bias, running_mean=running_mean, running_var=running_var, training=training,
                              momentum=momentum, epsilon=epsilon, mode=mode, z=z, activation=activation)  # fmt: skip
     act = activation is not None
@@ -1557,7 +1550,7 @@ def _bn_l3_backward(res: dict, douts: tuple, needs: tuple, *, training: bool = T
     if dy is None or not any(needs):
         return (None,) * 4
     z = "z" in res
-    if _bool(training, "training"):
+    if as_bool(training, "training"):
         got = batch_norm_backward(dy, res["x"], res["scale"], res["saved_mean"], res["saved_inv_std"],
                                   epsilon=epsilon, mode=mode, activation=activation, y=res.get("y"),
                                   bias=res.get("bias"), reserve=res.get("reserve"), z_grad=z)  # fmt: skip
@@ -1617,7 +1610,7 @@ def _gn_l3_meta(mode: str, fn: str, x: Spec, scale: Spec, bias: Spec | None, kw:
 
 
 def _gn_l3_result(got: Any, x: Any, scale: Any, training: Any, stats: tuple[str, ...]) -> tuple[tuple, dict]:
-    if not _bool(training, "training"):  # no statistics: the backward computes them again
+    if not as_bool(training, "training"):  # no statistics: the backward computes them again
         return (got,), {"x": x, "scale": scale}
     return (got[0],), {"x": x, "scale": scale, **dict(zip(stats, got[1:]))}
 

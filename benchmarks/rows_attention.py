@@ -26,6 +26,7 @@ A plan that fails fails only its rows (``or_error``). Nothing here needs a GPU u
 from __future__ import annotations
 
 from .harness import Row, or_error, register
+from .rows_sdpa import bf16_case
 
 FAMILY = "attention"
 
@@ -42,57 +43,16 @@ def _fwd_flops(b, h, s, d, *, causal, left_bound=None) -> float:
 def _dense_rows(b, h, s, d, *, causal, left_bound=None, tag, torch_note=""):
     """Forward (inference) and forward+backward rows of one dense BHSD shape against torch's cuDNN backend
     (``torch_note`` goes into the row's name: what torch runs instead, when it differs)."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
-    from cudnnkit.graph import Graph
-
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
-    o = torch.empty_like(q)
-    stats = torch.empty(b, h, s, 1, device="cuda", dtype=torch.float32)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    mask = {"causal": causal, "left_bound": left_bound}
-
-    def forward_plan(with_stats):
-        g = Graph(name=f"attention fwd {tag}")
-        tq, tk, tv = g.tensor_like(q), g.tensor_like(k), g.tensor_like(v)
-        r = g.sdpa_forward(tq, tk, tv, stats=with_stats, **mask)
-        bind = {tq: q, tk: k, tv: v, g.mark_output(r.o): o}
-        if with_stats:
-            bind[g.mark_output(r.stats)] = stats
-        return g.build().bind(bind)
-
-    def backward_plan():
-        g = Graph(name=f"attention bwd {tag}")
-        tq, tk, tv, to, tdo = (g.tensor_like(t) for t in (q, k, v, o, do))
-        tst = g.tensor_like(stats)
-        r = g.sdpa_backward(tq, tk, tv, to, tdo, tst, **mask)
-        bind = {tq: q, tk: k, tv: v, to: o, tdo: do, tst: stats, g.mark_output(r.dq): dq, g.mark_output(r.dk): dk,
-                g.mark_output(r.dv): dv}  # fmt: skip
-        return g.build().bind(bind)
-
-    infer, train, bwd = or_error(forward_plan, False), or_error(forward_plan, True), or_error(backward_plan)
-    try:
-        train()  # o and stats for the backward
-    except Exception:  # recorded on the row that uses it
-        pass
-
-    def ours_train():
-        train()
-        bwd()
-
-    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    c = bf16_case(b, h, s, d, name=f"attention {tag}", causal=causal, left_bound=left_bound)
+    infer, ours_train = c.infer, c.ours_train
 
     def torch_fwd():
-        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return c.torch_fwd(SDPBackend.CUDNN_ATTENTION)
 
     def torch_train():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-            return torch.autograd.grad(out, (qg, kg, vg), do)
+        return c.torch_train(SDPBackend.CUDNN_ATTENTION)
 
     fwd_flops = _fwd_flops(b, h, s, d, causal=causal, left_bound=left_bound)
     shape = f"B{b} H{h} S{s} D{d}"

@@ -11,6 +11,9 @@ Ours is the fused-attention composite; one more row times the single ``SDPA_FWD`
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 from .harness import Row, or_error, register
 
 FAMILY = "sdpa"
@@ -22,48 +25,43 @@ def sdpa_rows() -> list[Row]:
     return _rows(False) + _rows(True)
 
 
-def _rows(causal: bool) -> list[Row]:
+def bf16_case(b: int, h: int, s: int, d: int, *, name: str, causal: bool, **mask: Any) -> SimpleNamespace:
+    """One bf16 BHSD attention shape (random q, k, v, do from seed 0) and its timed calls, shared by the attention
+    row modules: ``plan(with_stats, implementation)`` (a pre-bound forward graph), ``infer`` (the forward without
+    statistics), ``ours_train`` (forward with statistics, then the pre-bound backward graph), and torch's
+    ``torch_fwd(backend)`` / ``torch_train(backend)`` (``F.scaled_dot_product_attention`` under ``sdpa_kernel``,
+    ``is_causal=causal``: torch runs no other mask). ``mask`` goes to ``sdpa_forward``/``sdpa_backward``
+    (``left_bound=``, ...). A plan cuDNN refuses fails only the calls that use it (:func:`or_error`)."""
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
     from cudnnkit.graph import Graph
 
-    shape = f"B{B} H{H} S{S} D{D}"
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
     o = torch.empty_like(q)
-    stats = torch.empty(B, H, S, 1, device="cuda", dtype=torch.float32)
+    stats = torch.empty(b, h, s, 1, device="cuda", dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
-    def forward_plan(with_stats: bool, implementation: str = "composite"):
-        g = Graph(name=f"sdpa fwd causal={causal}")
+    def plan(with_stats: bool, implementation: str = "composite"):
+        g = Graph(name=f"{name} fwd")
         tq, tk, tv = g.tensor_like(q), g.tensor_like(k), g.tensor_like(v)
-        r = g.sdpa_forward(tq, tk, tv, causal=causal, stats=with_stats, implementation=implementation)
+        r = g.sdpa_forward(tq, tk, tv, causal=causal, stats=with_stats, implementation=implementation, **mask)
         bind = {tq: q, tk: k, tv: v, g.mark_output(r.o): o}
         if with_stats:
             bind[g.mark_output(r.stats)] = stats
         return g.build().bind(bind)
 
     def backward_plan():
-        gb = Graph(name=f"sdpa bwd causal={causal}")
-        tq, tk, tv, to, tdo = (gb.tensor_like(t) for t in (q, k, v, o, do))
-        tst = gb.tensor_like(stats)
-        r = gb.sdpa_backward(tq, tk, tv, to, tdo, tst, causal=causal)
-        bind = {
-            tq: q,
-            tk: k,
-            tv: v,
-            to: o,
-            tdo: do,
-            tst: stats,
-            gb.mark_output(r.dq): dq,
-            gb.mark_output(r.dk): dk,
-            gb.mark_output(r.dv): dv,
-        }  # outputs marked before the build
-        return gb.build().bind(bind)
+        g = Graph(name=f"{name} bwd")
+        tq, tk, tv, to, tdo = (g.tensor_like(t) for t in (q, k, v, o, do))
+        tst = g.tensor_like(stats)
+        r = g.sdpa_backward(tq, tk, tv, to, tdo, tst, causal=causal, **mask)
+        outs = {g.mark_output(r.dq): dq, g.mark_output(r.dk): dk, g.mark_output(r.dv): dv}  # before the build
+        return g.build().bind({tq: q, tk: k, tv: v, to: o, tdo: do, tst: stats, **outs})
 
-    infer, train, bwd = or_error(forward_plan, False), or_error(forward_plan, True), or_error(backward_plan)
+    infer, train, bwd = or_error(plan, False), or_error(plan, True), or_error(backward_plan)
     try:
         train()  # o and stats for the backward
     except Exception:  # recorded on the row that uses it
@@ -75,15 +73,25 @@ def _rows(causal: bool) -> list[Row]:
 
     qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
 
-    def torch_fwd(be):
-        with torch.no_grad(), sdpa_kernel(be):
+    def torch_fwd(backend):
+        with torch.no_grad(), sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-    def torch_train(be):
-        with sdpa_kernel(be):
+    def torch_train(backend):
+        with sdpa_kernel(backend):
             out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
             return torch.autograd.grad(out, (qg, kg, vg), do)
 
+    return SimpleNamespace(plan=plan, infer=infer, ours_train=ours_train, torch_fwd=torch_fwd,
+                           torch_train=torch_train)  # fmt: skip
+
+
+def _rows(causal: bool) -> list[Row]:
+    from torch.nn.attention import SDPBackend
+
+    shape = f"B{B} H{H} S{S} D{D}"
+    c = bf16_case(B, H, S, D, name=f"sdpa causal={causal}", causal=causal)
+    infer, ours_train, torch_fwd, torch_train = c.infer, c.ours_train, c.torch_fwd, c.torch_train
     fwd_flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
     tag = " causal" if causal else ""
     rows: list[Row] = []
@@ -111,7 +119,7 @@ def _rows(causal: bool) -> list[Row]:
             )
         )
     if not causal:  # cuDNN 9.19's single SDPA_FWD operation takes no mask
-        unified = or_error(forward_plan, False, "unified")
+        unified = or_error(c.plan, False, "unified")
         rows.append(
             Row(
                 FAMILY,

@@ -17,13 +17,19 @@ cudnnkit through the graph layer (pre-bound plans: ``Graph.sdpa_forward``/``sdpa
 * ``fp8``: fp8 e4m3 forward (inference, no stats; ``Graph.sdpa_fp8_forward`` with per-tensor descale/scale
   factors as float32 ``(1, 1, 1, 1)`` device arrays, the amax outputs written too) at B4 H16 S4096 D128, causal
   and not, and at B1 H16 S16384 D128 non-causal; FLOPs counted as the bf16 rows count them. NVIDIA publishes
-  1,055 TFLOP/s fp8 forward on the H200 with cuDNN 9.19. torch has no fp8 SDPA: it runs its cuDNN backend in
-  *bf16* on the same shape (the name says so, ``vs torch-cudnn bf16``). ``--filter attention/fp8`` selects these.
+  1,055 TFLOP/s fp8 forward on the H200 with cuDNN 9.19. And fp8 e4m3 forward+backward at B4 H16 S4096 D128,
+  causal and not: the training forward (stats written), then ``Graph.sdpa_fp8_backward`` with ``do`` in e4m3 too
+  (so ``dP`` and the gradients), the scales of ``dP`` and the gradients set once, before timing, from the
+  backward's amax outputs; FLOPs 3.5x the forward's, as the bf16 fwd+bwd rows. torch has no fp8 SDPA: it runs its
+  cuDNN backend in *bf16* forward (or forward+backward) on the same shape (the name says so,
+  ``vs torch-cudnn bf16``). ``--filter attention/fp8`` selects these.
 
 A plan that fails fails only its rows (``or_error``). Nothing here needs a GPU until a factory is called.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 from .harness import Row, or_error, register
 from .rows_sdpa import bf16_case
@@ -85,6 +91,58 @@ def window_rows() -> list[Row]:
 E4M3_MAX = 448.0
 
 
+def _quantize(x):
+    """``(x8, descale)``: ``x`` in e4m3 with one scale for the tensor, its largest magnitude at half e4m3's range."""
+    import torch
+
+    scale = E4M3_MAX / 2 / float(x.abs().max())
+    return (x.float() * scale).to(torch.float8_e4m3fn), 1.0 / scale
+
+
+def _factors(values: dict) -> dict:
+    """The fp8 nodes' scale/descale factors as float32 ``(1, 1, 1, 1)`` device arrays, by name (a pre-bound plan
+    reads them at each call)."""
+    import torch
+
+    return {n: torch.full((1, 1, 1, 1), float(x), device="cuda", dtype=torch.float32) for n, x in values.items()}
+
+
+def _fp8_case(b, h, s, d, *, causal, tag) -> SimpleNamespace:
+    """One fp8 e4m3 BHSD shape: ``q``, ``k``, ``v``, ``do`` in bf16 (seed 0: ``bf16_case``'s values), quantized per
+    tensor (``q8`` ... ``do8``, ``descale_do``), the forward's ``factors`` by name (a backward adds its own), the
+    forward's outputs (``o8``, ``stats``) and ``forward(with_stats)``: a pre-bound ``sdpa_fp8_forward`` plan
+    writing o, amax_s, amax_o and, for training, the log-sum-exp stats."""
+    import torch
+
+    from cudnnkit.graph import Graph
+    from cudnnkit.graph.nodes.sdpa_fp8 import FORWARD_FACTORS
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    (q8, dq), (k8, dk), (v8, dv), (do8, ddo) = (_quantize(x) for x in (q, k, v, do))
+    # |o| <= max |v| (o is a convex combination of v's rows): scale_o maps that onto half the range
+    factors = _factors({"descale_q": dq, "descale_k": dk, "descale_v": dv, "descale_s": 1 / E4M3_MAX,
+                        "scale_s": E4M3_MAX, "scale_o": 1 / dv})  # fmt: skip
+    o8 = torch.empty_like(q8)
+    stats = torch.empty(b, h, s, 1, device="cuda", dtype=torch.float32)
+    amax_s, amax_o = (torch.empty(1, 1, 1, 1, device="cuda", dtype=torch.float32) for _ in range(2))
+
+    def forward(with_stats):
+        g = Graph(name=f"attention fp8 fwd {tag}")
+        tq, tk, tv = g.tensor_like(q8), g.tensor_like(k8), g.tensor_like(v8)
+        tf = {n: g.tensor_like(factors[n]) for n in FORWARD_FACTORS}
+        r = g.sdpa_fp8_forward(tq, tk, tv, *(tf[n] for n in FORWARD_FACTORS), causal=causal, stats=with_stats)
+        bind = {tq: q8, tk: k8, tv: v8, g.mark_output(r.o): o8, g.mark_output(r.amax_s): amax_s,
+                g.mark_output(r.amax_o): amax_o}  # fmt: skip
+        if with_stats:
+            bind[g.mark_output(r.stats)] = stats
+        bind.update({tf[n]: factors[n] for n in FORWARD_FACTORS})
+        return g.build().bind(bind)
+
+    return SimpleNamespace(q=q, k=k, v=v, q8=q8, k8=k8, v8=v8, do8=do8, descale_do=ddo, factors=factors, o8=o8,
+                           stats=stats, forward=forward)  # fmt: skip
+
+
 def _fp8_rows(b, h, s, d, *, causal, tag) -> list[Row]:
     """fp8 e4m3 forward (inference: no stats) of one BHSD shape through a pre-bound ``sdpa_fp8_forward`` plan,
     against torch's cuDNN backend in bf16 on the same shape (torch has no fp8 SDPA)."""
@@ -92,44 +150,68 @@ def _fp8_rows(b, h, s, d, *, causal, tag) -> list[Row]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from cudnnkit.graph import Graph
-    from cudnnkit.graph.nodes.sdpa_fp8 import FORWARD_FACTORS
-
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-
-    def quantize(x):  # per-tensor: the largest magnitude at half e4m3's range; (x8, descale)
-        scale = E4M3_MAX / 2 / float(x.abs().max())
-        return (x.float() * scale).to(torch.float8_e4m3fn), 1.0 / scale
-
-    (q8, dq), (k8, dk), (v8, dv) = (quantize(x) for x in (q, k, v))
-    # |o| <= max |v| (o is a convex combination of v's rows): scale_o maps that onto half the range
-    values = {"descale_q": dq, "descale_k": dk, "descale_v": dv, "descale_s": 1 / E4M3_MAX, "scale_s": E4M3_MAX,
-              "scale_o": 1 / dv}  # fmt: skip
-    factors = {n: torch.full((1, 1, 1, 1), float(values[n]), device="cuda", dtype=torch.float32)
-               for n in FORWARD_FACTORS}  # fmt: skip
-    o8 = torch.empty_like(q8)
-    amax_s, amax_o = (torch.empty(1, 1, 1, 1, device="cuda", dtype=torch.float32) for _ in range(2))
-
-    def plan():
-        g = Graph(name=f"attention fp8 fwd {tag}")
-        tq, tk, tv = g.tensor_like(q8), g.tensor_like(k8), g.tensor_like(v8)
-        tf = {n: g.tensor_like(f) for n, f in factors.items()}
-        r = g.sdpa_fp8_forward(tq, tk, tv, *(tf[n] for n in FORWARD_FACTORS), causal=causal, stats=False)
-        bind = {tq: q8, tk: k8, tv: v8, g.mark_output(r.o): o8, g.mark_output(r.amax_s): amax_s,
-                g.mark_output(r.amax_o): amax_o}  # fmt: skip
-        bind.update({tf[n]: f for n, f in factors.items()})
-        return g.build().bind(bind)
+    c = _fp8_case(b, h, s, d, causal=causal, tag=tag)
 
     def torch_fwd():
         with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(c.q, c.k, c.v, is_causal=causal)
 
     return [
         Row(FAMILY, f"fp8 {tag} fwd vs torch-cudnn bf16", f"B{b} H{h} S{s} D{d}", "float8_e4m3fn",
-            ours=or_error(plan), torch=torch_fwd, flops=_fwd_flops(b, h, s, d, causal=causal),
+            ours=or_error(c.forward, False), torch=torch_fwd, flops=_fwd_flops(b, h, s, d, causal=causal),
             notes="torch has no fp8 SDPA: its side runs bf16; NVIDIA publishes 1,055 TFLOP/s fp8 forward (H200, "
             "cuDNN 9.19)"),
+    ]  # fmt: skip
+
+
+def _fp8_train_rows(b, h, s, d, *, causal, tag) -> list[Row]:
+    """fp8 e4m3 forward+backward of one BHSD shape: the training forward (stats written) through a pre-bound
+    ``sdpa_fp8_forward`` plan, then a pre-bound ``sdpa_fp8_backward`` plan (do e4m3, so dP and the gradients too),
+    against torch's cuDNN backend in bf16 forward+backward on the same shape (``bf16_case``'s ``torch_train``)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    from cudnnkit.graph import Graph
+    from cudnnkit.graph.nodes.sdpa_fp8 import BACKWARD_FACTORS
+
+    c = _fp8_case(b, h, s, d, causal=causal, tag=tag)
+    # o as the forward quantized it; dP's and the gradients' scales from the backward's amax outputs (below)
+    c.factors.update(_factors({"descale_do": c.descale_do, "descale_dp": 1.0, "scale_dq": 1.0, "scale_dk": 1.0,
+                               "scale_dv": 1.0, "scale_dp": 1.0}), descale_o=1 / c.factors["scale_o"])  # fmt: skip
+    grads = [torch.empty_like(x) for x in (c.q8, c.k8, c.v8)]  # do's dtype, e4m3
+    amax = {n: torch.empty(1, 1, 1, 1, device="cuda", dtype=torch.float32) for n in ("dq", "dk", "dv", "dp")}
+
+    def backward():
+        g = Graph(name=f"attention fp8 bwd {tag}")
+        arrays = (c.q8, c.k8, c.v8, c.o8, c.do8, c.stats)
+        ts = [g.tensor_like(x) for x in arrays]
+        tf = {n: g.tensor_like(c.factors[n]) for n in BACKWARD_FACTORS}
+        r = g.sdpa_fp8_backward(*ts, *(tf[n] for n in BACKWARD_FACTORS), causal=causal)
+        outs = {g.mark_output(t): x for t, x in zip(r, (*grads, *amax.values()))}  # dq dk dv, amax_dq dk dv dp
+        return g.build().bind({**dict(zip(ts, arrays)), **{tf[n]: c.factors[n] for n in BACKWARD_FACTORS}, **outs})
+
+    train, bwd = or_error(c.forward, True), or_error(backward)
+    try:  # o8 and stats, then delayed scaling: dP's scale from its amax, then the gradients' (they read dP8)
+        train()
+        for _ in range(2):
+            bwd()
+            for n, a in amax.items():
+                c.factors[f"scale_{n}"].copy_(E4M3_MAX / 2 / a.clamp_min(1e-30))
+            c.factors["descale_dp"].copy_(1 / c.factors["scale_dp"])
+    except Exception:  # recorded on the row that uses it
+        pass
+
+    def ours_train():
+        train()
+        bwd()
+
+    tc = bf16_case(b, h, s, d, name=f"attention fp8 {tag} torch side", causal=causal)
+    return [
+        Row(FAMILY, f"fp8 {tag} fwd+bwd vs torch-cudnn bf16", f"B{b} H{h} S{s} D{d}", "float8_e4m3fn",
+            ours=ours_train, torch=lambda: tc.torch_train(SDPBackend.CUDNN_ATTENTION),
+            flops=3.5 * _fwd_flops(b, h, s, d, causal=causal),
+            notes="torch has no fp8 SDPA: its side runs bf16 forward+backward; ours: q, k, v, o, do, dP and the "
+            "gradients e4m3 (per-tensor scales; dP's and the gradients' set once from the backward's amax)"),
     ]  # fmt: skip
 
 
@@ -138,6 +220,13 @@ def fp8_rows() -> list[Row]:
     """fp8 e4m3 forward at B4 H16 S4096 D128, causal and not."""
     return [*_fp8_rows(4, 16, 4096, 128, causal=False, tag="e4m3"),
             *_fp8_rows(4, 16, 4096, 128, causal=True, tag="e4m3 causal")]  # fmt: skip
+
+
+@register
+def fp8_train_rows() -> list[Row]:
+    """fp8 e4m3 forward+backward at B4 H16 S4096 D128, causal and not."""
+    return [*_fp8_train_rows(4, 16, 4096, 128, causal=False, tag="e4m3"),
+            *_fp8_train_rows(4, 16, 4096, 128, causal=True, tag="e4m3 causal")]  # fmt: skip
 
 
 @register

@@ -17,6 +17,11 @@ table holds the pure-JAX side here), in one process, jitted, each call waited fo
   added µs per call is the first row's ours host µs minus its reference's (XLA launching its own kernel); the
   empty handler's row is the floor of any Python handler. Goal: <= 10 µs added.
 
+With ``CUDNNKIT_JAX_COMMAND_BUFFERS=1`` in the environment (and ``XLA_FLAGS`` naming ``CUSTOM_CALL`` in
+``--xla_gpu_enable_command_buffer``), the capture-safe targets declare XLA's command-buffer trait and XLA replays
+their captured graphs without calling the Python handler (:mod:`cudnnkit.jax._cuda`); every row's name then ends in
+``[command buffers]``, and both sides run under the same XLA flags.
+
 TF32 as each library's default (cuDNN's float32 convolutions and RNN may use it; so may XLA's float32 dots and
 convolutions). JAX is imported inside the factories, with ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` set first when
 JAX is not imported yet (so that XLA does not take 75% of the GPU from the torch rows of the same run).
@@ -30,6 +35,8 @@ import sys
 from .harness import Row, register
 
 FAMILY = "jax"
+#: the rows' name suffix: which handler mode they measure
+MODE = " [command buffers]" if os.environ.get("CUDNNKIT_JAX_COMMAND_BUFFERS", "0") == "1" else ""
 
 
 def _jax():
@@ -55,7 +62,7 @@ def cnn_train_rows() -> list[Row]:
         labels = jax.random.randint(jax.random.PRNGKey(2), (64,), 0, m.CLASSES)
         ours = m.cnn_train_step(m.cnn_apply_cudnnkit)
         ref = m.cnn_train_step(m.cnn_apply_jax)
-        rows.append(Row(FAMILY, "CNN train step (jit)", "64x32x32x3 NHWC", jnp.dtype(dtype).name,
+        rows.append(Row(FAMILY, "CNN train step (jit)" + MODE, "64x32x32x3 NHWC", jnp.dtype(dtype).name,
                         ours=lambda s=ours, a=(params, state, x, labels): s(*a),
                         torch=lambda s=ref, a=(params, state, x, labels): s(*a), sync=jax.block_until_ready,
                         notes="fwd + cross-entropy + bwd + SGD under one jax.jit; torch column = the same model in "
@@ -93,7 +100,7 @@ def lstm_train_rows() -> list[Row]:
 
     flops = 3 * 2 * T * N * 4 * H * (IN + H)  # forward's two products per step, backward twice that
     return [
-        Row(FAMILY, "LSTM train step (jit)", f"T{T} N{N} I{IN} H{H}", "float32",
+        Row(FAMILY, "LSTM train step (jit)" + MODE, f"T{T} N{N} I{IN} H{H}", "float32",
             ours=lambda: ours(w, x, target), torch=lambda: ref(params, x, target), flops=flops, sync=jax.block_until_ready,
             notes="fwd + MSE + bwd + SGD under one jax.jit: ours one cudnnkit.jax.ops.rnn (cuDNN's flat weights, "
                   "algo auto); torch column = a lax.scan LSTM (input projection of all steps in one product)"),
@@ -121,7 +128,7 @@ def handler_rows() -> list[Row]:
     sync = jax.block_until_ready
     ref = "torch column = a jitted jax.nn.softmax (XLA's own kernel)"
     return [
-        Row(FAMILY, "jit softmax via the FFI handler (host)", "8x64", "float32", ours=lambda: ours_sm(x),
+        Row(FAMILY, "jit softmax via the FFI handler (host)" + MODE, "8x64", "float32", ours=lambda: ours_sm(x),
             torch=lambda: ref_sm(x), sync=sync,
             notes="a jitted cudnnkit.jax.ops.softmax: the handler's added host µs = ours host µs - torch host µs; "
                   + ref),

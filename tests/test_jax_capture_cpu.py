@@ -1,7 +1,9 @@
 """XLA's command-buffer (CUDA-graph) trait of the JAX targets, on JAX's CPU platform: a declaration's
 ``capture_safe`` and its runner's together decide the trait each FFI target answers XLA's metadata query with; the
 CUDA runner allocates outside XLA during every call, so no cudnnkit target declares it today; the declarations'
-own flags are pinned (which ones synchronize or keep host-side state is a decision, not an accident)."""
+own flags are pinned (which ones synchronize or keep host-side state is a decision, not an accident). The CUDA
+runner declares it only on request (``enable_command_buffers``): a captured call then allocates from an arena kept
+for the graph's replays, keyed by its attributes and buffers, with the capture mode relaxed (a fake driver here)."""
 
 from __future__ import annotations
 
@@ -88,16 +90,176 @@ def test_the_declarations_flags_are_the_decided_ones():
     assert NOT_CAPTURE_SAFE & set(flags) <= {n for n, v in flags.items() if not v}
 
 
-def test_no_cuda_target_declares_the_trait_while_the_runner_allocates_outside_xla():
-    """The CUDA runner gives the L2 calls memory of its own (``cuMemAllocAsync``) during each call: not capturable,
-    so even a capture-safe declaration's targets are registered without the trait (cudnnkit.jax._ops' docstring)."""
+def test_by_default_no_cuda_target_declares_the_trait(monkeypatch):
+    """Command buffers are opt-in: by default the CUDA runner is not capture-safe, so even a capture-safe
+    declaration's targets are registered without the trait; turned on, exactly the capture-safe ones declare it."""
     import cudnnkit.jax as cj
+    from cudnnkit.jax import _cuda
     from cudnnkit.jax._cuda import RUNNER
 
+    monkeypatch.setattr(_cuda, "_capture", [False])
     assert RUNNER.capture_safe is False
     for name in autograd.functions():
         assert cj.op(name).command_buffer is False, name
-    assert "no target declares the trait today" in " ".join(_ops.__doc__.split())
+    monkeypatch.setattr(_cuda, "_capture", [True])
+    for name in autograd.functions():
+        assert cj.op(name).command_buffer is (name in CAPTURE_SAFE), name
+
+
+def test_enable_command_buffers_refuses_once_a_target_is_registered_with_the_other_trait(monkeypatch):
+    from cudnnkit.jax import _cuda
+
+    monkeypatch.setattr(_cuda, "_capture", [False])
+    monkeypatch.setattr(_ops, "REGISTERED", [])
+    op = _ops.JaxOp(_double("capture_fixed", True), _cuda.RUNNER, namespace="cudnnkit_capturetest")
+    monkeypatch.setattr(op.runner.__class__, "platform", "cpu")  # registrable on JAX's CPU platform
+    op._register()
+    assert op.traits is False and _ops.REGISTERED == [op]
+    with pytest.raises(RuntimeError, match=r"enable_command_buffers\(True\).*capture_fixed.*before the first call"):
+        _cuda.enable_command_buffers(True)
+    assert _cuda.RUNNER.capture_safe is False
+    assert _cuda.enable_command_buffers(False) is False  # the same trait: nothing to refuse
+
+
+class _Held:
+    """driver.HeldMemory stand-in: addresses from a counter, frees recorded."""
+
+    made: list = []
+    freed: list = []
+
+    def __init__(self, nbytes, device):
+        self.nbytes, self.device = nbytes, device
+        self.ptr = 0x10000 * (len(_Held.made) + 1)
+        _Held.made.append(self)
+
+    def free(self):
+        _Held.freed.append(self.ptr)
+
+
+@pytest.fixture
+def held(monkeypatch):
+    from cudnnkit.runtime import driver
+
+    monkeypatch.setattr(driver, "HeldMemory", _Held)
+    monkeypatch.setattr(_Held, "made", [])
+    monkeypatch.setattr(_Held, "freed", [])
+    return _Held
+
+
+def test_an_arena_hands_the_same_blocks_to_every_call_and_keeps_a_replaced_one(held):
+    from cudnnkit.runtime.adapters import _raw
+
+    arena = _raw.Arena(0)
+    with _raw.from_arena(arena):
+        first = [_raw.ADAPTER.empty((4, 8), "float32", 0).ptr, _raw.ADAPTER.empty((100,), "uint8", 0).ptr]
+        other_device = _raw.ADAPTER.empty  # device 1 is not the arena's: the pool, not the arena (not called here)
+    assert len(held.made) == 2 and len(set(first)) == 2
+    with _raw.from_arena(arena):  # a later call: the same sizes get the same addresses, nothing new made
+        again = [_raw.ADAPTER.empty((4, 8), "float32", 0).ptr, _raw.ADAPTER.empty((100,), "uint8", 0).ptr]
+        a = _raw.ADAPTER.empty((2,), "float32", 0)
+    assert again == first and len(held.made) == 3 and a.base is arena
+    with _raw.from_arena(arena):  # the first block too small now: a new one, the old kept (a graph may address it)
+        grown = _raw.ADAPTER.empty((64, 8), "float32", 0).ptr
+    assert grown not in first and arena.retired and arena.retired[0].ptr == first[0] and not held.freed
+    assert arena.nbytes == 64 * 8 * 4 + 100 + 8 + 4 * 8 * 4
+    assert _raw._current.arena is None and other_device
+
+
+class _Capture:
+    def __init__(self):
+        self.entered = 0
+
+    def __call__(self):
+        outer = self
+
+        class _Ctx:
+            def __enter__(self):
+                outer.entered += 1
+
+            def __exit__(self, *exc):
+                return False
+
+        return _Ctx()
+
+
+def test_a_captured_call_runs_with_its_arena_and_the_capture_mode_relaxed(monkeypatch, held):
+    """The runner's scope: not capturing (or not enabled) -> the pool; capturing -> the arena of (kw, device,
+    buffers), the same one for the same buffers, another for other buffers; released on request."""
+    from cudnnkit.jax import _cuda
+    from cudnnkit.runtime import driver
+    from cudnnkit.runtime.adapters import _raw
+
+    relaxed = _Capture()
+    capturing = [False]
+    monkeypatch.setattr(driver, "relaxed_capture", relaxed)
+    monkeypatch.setattr(driver, "stream_capturing", lambda stream, device: capturing[0])
+    monkeypatch.setattr(_cuda, "_device", lambda call: 0)
+    monkeypatch.setattr(driver, "pushed", lambda device: _Capture()())
+    monkeypatch.setattr(_cuda, "_arenas", {})
+
+    def call(ptr):
+        b = _ffi.Buffer("float32", (4,), ptr, 0)
+        return _ffi.Call(0x5000, [b], [_ffi.Buffer("float32", (4,), ptr + 64, 0)], {"kw": "{'axis': -1}"})
+
+    def arena_in(c):
+        with _cuda.RUNNER.scope(c):
+            return _raw._current.arena
+
+    for enabled, capture in ((False, True), (True, False)):
+        monkeypatch.setattr(_cuda, "_capture", [enabled])
+        capturing[0] = capture
+        assert arena_in(call(0x9000)) is None
+    assert relaxed.entered == 0
+    monkeypatch.setattr(_cuda, "_capture", [True])
+    capturing[0] = True
+    a1, a2, b = arena_in(call(0x9000)), arena_in(call(0x9000)), arena_in(call(0xA000))
+    assert a1 is a2 and b is not a1 and relaxed.entered == 3
+    with _cuda.RUNNER.scope(call(0x9000)):
+        _raw.ADAPTER.empty((4,), "float32", 0)
+    assert _cuda.captured_memory() == {"arenas": 2, "bytes": 16}
+    _cuda.release_captured_memory()
+    assert _cuda.captured_memory() == {"arenas": 0, "bytes": 0} and held.freed == [held.made[0].ptr]
+
+
+def test_held_memory_and_the_relaxed_capture_mode_on_a_fake_driver(monkeypatch):
+    """HeldMemory: cuMemAlloc (no stream, no pool) with the thread's capture mode exchanged for relaxed (2) and
+    restored; freed once with cuMemFree."""
+    from cudnnkit.runtime import driver
+
+    calls = []
+
+    class Cuda:
+        def cuDevicePrimaryCtxRetain(self, pctx, device):
+            pctx._obj.value = 0xC000
+            return 0
+
+        def cuCtxPushCurrent_v2(self, ctx):
+            return 0
+
+        def cuCtxPopCurrent_v2(self, pctx):
+            return 0
+
+        def cuThreadExchangeStreamCaptureMode(self, pmode):
+            calls.append(("mode", pmode._obj.value))
+            pmode._obj.value = {2: 1, 1: 2}[pmode._obj.value]  # the thread was in thread-local mode (1)
+            return 0
+
+        def cuMemAlloc_v2(self, pptr, nbytes):
+            calls.append(("alloc", nbytes))
+            pptr._obj.value = 0xD000
+            return 0
+
+        def cuMemFree_v2(self, ptr):
+            calls.append(("free", ptr))
+            return 0
+
+    monkeypatch.setattr(driver, "_load", lambda: Cuda())
+    monkeypatch.setattr(driver, "_contexts", {})
+    m = driver.HeldMemory(256, 0)
+    assert m.ptr == 0xD000 and calls == [("mode", 2), ("alloc", 256), ("mode", 1)]
+    m.free()
+    m.free()
+    assert calls[3:] == [("free", 0xD000)]
 
 
 def test_the_flag_defaults_to_false():

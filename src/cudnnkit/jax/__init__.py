@@ -11,7 +11,9 @@
   pytree; ``pack_params``/``unpack_params`` for cuDNN's flat weight buffer; ``from_flax_lstm``/``to_flax_lstm``).
 * :mod:`cudnnkit.jax._ffi`: XLA's FFI from Python through ``ctypes`` (handlers, registration, the call frame's
   buffers, attributes and stream); :mod:`cudnnkit.jax._cuda`: the handlers' CUDA side (XLA's stream, memory no
-  library owns for the L2 calls' outputs and workspaces).
+  library owns for the L2 calls' outputs and workspaces) and XLA's command buffers, opt-in:
+  :func:`enable_command_buffers` (a captured call replays with no Python; :func:`captured_memory`,
+  :func:`release_captured_memory`).
 
 Importing this module imports jax; nothing below it does.
 """
@@ -22,10 +24,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from .. import autograd as _autograd
+from ._cuda import captured_memory, enable_command_buffers, release_captured_memory
 from ._ffi import Buffer, Call, FfiAbiError, Handler, register, registered
 from ._ops import JaxOp
 
-__all__ = ["ops", "op", "JaxOp", "Buffer", "Call", "FfiAbiError", "Handler", "register", "registered"]
+__all__ = ["ops", "op", "JaxOp", "Buffer", "Call", "FfiAbiError", "Handler", "register", "registered",
+           "enable_command_buffers", "captured_memory", "release_captured_memory"]  # fmt: skip
 
 _defined: dict[str, JaxOp] = {}
 

@@ -9,10 +9,28 @@ The L2 calls' memory comes from the CUDA driver's default pool, outside XLA's pr
 
 The device is the one the buffers' memory belongs to (``cuPointerGetAttributes`` of the first buffer), made
 current around the call with XLA's stream (:func:`~cudnnkit.runtime.adapters._raw.on_stream`).
+
+**XLA's command buffers (opt-in).** With :func:`enable_command_buffers` (or ``CUDNNKIT_JAX_COMMAND_BUFFERS=1`` in
+the environment at import), the runner is capture-safe: the targets of capture-safe declarations then declare the
+FFI's command-buffer trait, and XLA may capture a call into a CUDA graph (its traced custom-call command, when
+``--xla_gpu_enable_command_buffer`` names ``CUSTOM_CALL``) and replay it on later executions without calling the
+handler: no Python runs for that op then. While XLA's stream captures, a call runs with this thread's capture mode
+relaxed (a handle, a plan or a kernel module made on first use is allowed) and allocates from an
+:class:`~cudnnkit.runtime.adapters._raw.Arena` instead of the stream-ordered pool, so the graph holds no memory
+nodes. The arena is keyed by the call's attributes and its buffers (addresses and shapes), and kept for the
+process (:func:`captured_memory` says how much; :func:`release_captured_memory` frees it, safe only once no
+executable that captured a cudnnkit call can run again, e.g. after ``jax.clear_caches()`` and dropping the jitted
+functions). Two captures share an arena only when XLA gave them the same buffers, so their work is ordered (XLA
+reuses a buffer only after its last reader). The trait is answered when a target is registered (an op's first
+call): set it before.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ..runtime import driver
@@ -21,7 +39,42 @@ from ..runtime.arrays import as_view, contiguous_strides
 from ..runtime.dtypes import itemsize
 from . import _ffi
 
-__all__ = ["CudaRunner", "RUNNER"]
+__all__ = ["CudaRunner", "RUNNER", "enable_command_buffers", "captured_memory", "release_captured_memory"]
+
+_capture = [os.environ.get("CUDNNKIT_JAX_COMMAND_BUFFERS", "0") == "1"]
+#: (the call's kw attribute, device, its buffers' (address, shape)s) -> the arena its captures allocate from
+_arenas: dict[tuple, _raw.Arena] = {}
+_arenas_lock = threading.Lock()
+
+
+def enable_command_buffers(on: bool = True) -> bool:
+    """Whether the targets of capture-safe ops registered from now on declare XLA's command-buffer trait (see the
+    module docstring); returns the setting. Ops already called keep what they declared: a refusal names them."""
+    from ._ops import REGISTERED
+
+    fixed = sorted(o.d.name for o in REGISTERED if o.traits != (bool(on) and bool(o.d.capture_safe)))
+    if fixed:
+        raise RuntimeError(f"enable_command_buffers({on}): the FFI targets of {fixed} are registered already and "
+                           f"keep their trait; call it before the first call of an op")  # fmt: skip
+    _capture[0] = bool(on)
+    return _capture[0]
+
+
+def captured_memory() -> dict[str, int]:
+    """The arenas captured calls keep: how many, and their bytes."""
+    with _arenas_lock:
+        held = list(_arenas.values())
+    return {"arenas": len(held), "bytes": sum(a.nbytes for a in held)}
+
+
+def release_captured_memory() -> None:
+    """Free every arena (``cuMemFree``). Only when no executable that captured a cudnnkit call will run again."""
+    with _arenas_lock:
+        held = list(_arenas.values())
+        _arenas.clear()
+    for a in held:
+        for b in (*a.blocks, *a.retired):
+            b.free()
 
 
 def _device(call: _ffi.Call) -> int:
@@ -37,9 +90,11 @@ class CudaRunner:
     """See the module docstring."""
 
     platform = "CUDA"
-    #: not capturable into XLA's command buffers: every call allocates its outputs, temporaries and workspaces with
-    #: ``cuMemAllocAsync`` outside XLA (see :mod:`cudnnkit.jax._ops`' docstring)
-    capture_safe = False
+
+    @property
+    def capture_safe(self) -> bool:
+        """Whether calls may be captured into XLA's command buffers: opt-in (:func:`enable_command_buffers`)."""
+        return _capture[0]
 
     def array(self, call: _ffi.Call, b: _ffi.Buffer, shape: tuple | None = None,
               strides: tuple | None = None) -> _raw.DeviceArray:  # fmt: skip
@@ -71,7 +126,21 @@ class CudaRunner:
 
     def scope(self, call: _ffi.Call) -> Any:
         call.device = _device(call)
+        if _capture[0] and driver.stream_capturing(call.stream, call.device):
+            return _captured(call)
         return _raw.on_stream(call.device, call.stream)
+
+
+@contextlib.contextmanager
+def _captured(call: _ffi.Call) -> Iterator[None]:
+    """The scope of a call XLA captures: its stream current, the capture mode relaxed, its arena in force."""
+    key = (call.attrs.get("kw"), call.device, tuple((b.ptr, b.shape) for b in (*call.args, *call.rets)))
+    with _arenas_lock:
+        arena = _arenas.get(key)
+        if arena is None:
+            arena = _arenas[key] = _raw.Arena(call.device)
+    with _raw.on_stream(call.device, call.stream), driver.relaxed_capture(), _raw.from_arena(arena):
+        yield
 
 
 RUNNER = CudaRunner()

@@ -52,18 +52,12 @@ read of device data, no upload from host memory, no host-side state a replay wou
 backwards divide on the host: ``host_values``/``from_host`` synchronize), ``ctc_loss`` (device labels and lengths
 are read on the host, then uploaded), ``rnn`` (its sequence lengths are uploaded from host memory on first sight,
 its reserve ledger and its dropout states are host-side state) and ``dropout`` (its ``DropoutState``: RNG states
-made on first use, a position a replay would repeat). **The CUDA runner is not capture-safe, so no target declares
-the trait today**: every call allocates memory outside XLA while it runs (the L2 calls' outputs, temporaries and
-workspaces come from ``cuMemAllocAsync`` on XLA's stream and are copied into XLA's result buffers; they are freed
-with ``cuMemFreeAsync`` when Python drops them, which can be after the call). In a capture those become graph
-memory nodes XLA did not plan (a graph holding them cannot be nested as a child graph, as XLA nests a traced
-custom call) or a free of graph-owned memory outside the graph; and first-use work (a handle, a plan, an algorithm
-search, a lazily made dropout state) would run inside the capture. Measured (jax 0.11.2, H200, the trait forced on,
-``XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1``): a jitted
-convolution's forward and backward failed with XLA's "Failed to create a child graph node and add it to a CUDA
-graph: CUDA_ERROR_NOT_SUPPORTED". Declaring the trait needs the outputs written straight into XLA's result buffers
-(the L2 ops' ``out=``), workspaces from XLA (a scratch result of the ``ffi_call``, or the FFI's scratch allocator)
-and the first-use work moved to the FFI's prepare/initialize stages.
+made on first use, a position a replay would repeat). The CUDA runner is capture-safe only on request
+(:func:`cudnnkit.jax.enable_command_buffers`): a captured call allocates from memory kept for its replays instead of
+the stream-ordered pool (stream-ordered allocations would be graph memory nodes, which XLA cannot nest as it nests a
+traced custom call: measured before, "Failed to create a child graph node and add it to a CUDA graph:
+CUDA_ERROR_NOT_SUPPORTED"), and makes first-use work (a handle, a plan) with the capture mode relaxed; see
+:mod:`cudnnkit.jax._cuda`.
 """
 
 from __future__ import annotations
@@ -89,6 +83,9 @@ __all__ = ["JaxOp", "Runner", "spec"]
 
 #: JAX's tracer type (skipped by the platform check: a traced value's platform is not known yet)
 _TRACER: Any = getattr(getattr(jax, "core", None), "Tracer", ())
+#: the ops whose FFI targets are registered, in order (their trait is fixed: :func:`cudnnkit.jax._cuda
+#: .enable_command_buffers` checks them)
+REGISTERED: list[JaxOp] = []
 
 
 class Runner(Protocol):
@@ -276,6 +273,8 @@ class JaxOp:
         self._fns: dict[str, Callable] = {}
         self._lock = threading.Lock()
         self._registered = False
+        #: the command-buffer trait its targets were registered with (None until registered)
+        self.traits: bool | None = None
 
     # ------------------------------------------------------------- the JAX side
 
@@ -475,7 +474,8 @@ class JaxOp:
                 p, cb = self.runner.platform, self.command_buffer
                 _ffi.register(self.forward_name, _ffi.Handler(self._forward, platform=p, command_buffer=cb))
                 _ffi.register(self.backward_name, _ffi.Handler(self._backward, platform=p, command_buffer=cb))
-                self._registered = True
+                self.traits, self._registered = cb, True
+                REGISTERED.append(self)
 
     def _forward(self, call: _ffi.Call) -> None:
         d, r = self.d, self.runner

@@ -19,6 +19,9 @@ reach cuDNN or an array library, because a bad one crashes the process there. Th
   cached buffer; :func:`stream_capturing` (``cuStreamIsCapturing``) tells when such an upload cannot be made.
 * the default memory pool of a device cudnnkit allocates from keeps up to ``CUDNNKIT_POOL_KEEP_BYTES`` (1 GiB)
   for reuse instead of releasing everything at each synchronization (:func:`_keep_pool`).
+* :class:`HeldMemory` and :func:`relaxed_capture` -- ``cuMemAlloc`` outside any pool, made while a stream of this
+  thread may be capturing (``cuThreadExchangeStreamCaptureMode`` to relaxed around it): memory a captured CUDA graph
+  keeps addressing on every replay (:class:`cudnnkit.runtime.adapters._raw.Arena`).
 * :func:`order_after` -- ``cuEventRecord`` on one stream, ``cuStreamWaitEvent`` on another: work queued later on
   the consumer waits for what the producer had queued (a ``__cuda_array_interface__`` v3 producer ``stream``,
   :func:`cudnnkit.runtime.prepare`), without blocking the host.
@@ -47,7 +50,9 @@ __all__ = [
     "memset_async",
     "order_after",
     "stream_capturing",
+    "relaxed_capture",
     "DeviceMemory",
+    "HeldMemory",
     "DeviceValues",
     "copy_async",
     "upload_async",
@@ -140,6 +145,8 @@ def _declare(cuda: ctypes.CDLL) -> None:
     cuda.cuMemPoolSetAttribute.argtypes = [vp, ctypes.c_int, vp]
     cuda.cuMemFreeAsync.argtypes = [ctypes.c_uint64, vp]
     cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+    cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    cuda.cuThreadExchangeStreamCaptureMode.argtypes = [intp]
     cuda.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, vp, ctypes.c_size_t, vp]
     cuda.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, vp]
     cuda.cuMemcpyDtoH_v2.argtypes = [vp, ctypes.c_uint64, ctypes.c_size_t]
@@ -364,6 +371,29 @@ def stream_capturing(stream: int, device: int) -> bool:
     return status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE is 0; ACTIVE and INVALIDATED both mean "capturing"
 
 
+_CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+
+class relaxed_capture:
+    """This thread's stream-capture interaction mode set to relaxed around a block
+    (``cuThreadExchangeStreamCaptureMode``), then restored: calls the driver calls "potentially unsafe" during a
+    capture (``cuMemAlloc``, a module load, a handle made on first use) are then allowed while a stream of this thread
+    captures, instead of invalidating that capture. Work queued on the capturing stream is still captured."""
+
+    __slots__ = ("cuda", "mode")
+
+    def __init__(self) -> None:
+        self.cuda, self.mode = _load(), ctypes.c_int(_CU_STREAM_CAPTURE_MODE_RELAXED)
+
+    def __enter__(self) -> None:
+        rc = self.cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(self.mode))
+        if rc != _CUDA_SUCCESS:
+            raise RuntimeError(f"cuThreadExchangeStreamCaptureMode failed with CUresult {rc}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(self.mode))  # the previous mode back
+
+
 class _pushed:
     """``device``'s primary context made current around a block (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``)."""
 
@@ -460,6 +490,41 @@ class DeviceMemory:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.nbytes} bytes at {self.ptr:#x} on cuda:{self.device})"
+
+
+class HeldMemory:
+    """``nbytes`` of device memory of ``device`` from ``cuMemAlloc`` (no pool, no stream), allocated in relaxed
+    capture mode (:class:`relaxed_capture`) so that it can be made while this thread's stream captures a CUDA graph:
+    the graph then addresses it on every replay, so its owner keeps it as long as such a graph may run. ``free()``
+    (or collection) returns it with ``cuMemFree``, which waits for the device."""
+
+    __slots__ = ("ptr", "nbytes", "device", "__weakref__")
+
+    def __init__(self, nbytes: int, device: int):
+        self.ptr, self.nbytes, self.device = 0, int(nbytes), int(device)
+        cuda = _load()
+        got = ctypes.c_uint64()
+        with _pushed(cuda, self.device), relaxed_capture():
+            rc = cuda.cuMemAlloc_v2(ctypes.byref(got), max(self.nbytes, 1))
+        if rc != _CUDA_SUCCESS:
+            raise MemoryError(f"cuMemAlloc of {self.nbytes} bytes on cuda:{device} failed with CUresult {rc}")
+        self.ptr = got.value
+
+    def free(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        if ptr:
+            cuda = _load()
+            with _pushed(cuda, self.device):
+                cuda.cuMemFree_v2(ptr)
+
+    def __del__(self) -> None:
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown: the process's memory goes with it
+            pass
+
+    def __repr__(self) -> str:
+        return f"HeldMemory({self.nbytes} bytes at {self.ptr:#x} on cuda:{self.device})"
 
 
 class DeviceValues(DeviceMemory):

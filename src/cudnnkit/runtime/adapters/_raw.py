@@ -7,6 +7,10 @@ default CUDA memory pool (``cuMemAllocAsync``), allocated and freed stream-order
 :func:`on_stream` (XLA's), so that nothing waits on the host. Copies are ``cuMemcpyDtoDAsync`` (dense arrays of
 one layout) or ``cudnnTransformTensor`` (a layout change).
 
+While a handler's stream captures a CUDA graph (XLA's command buffers), stream-ordered allocations would become
+graph memory nodes that XLA cannot nest: the runner then puts an :class:`Arena` in force (:func:`from_arena`), and
+the same call's allocations come from memory the arena keeps for the graph's replays.
+
 It imports no array library. It is found for its own arrays through their type (``__cudnnkit_adapter__``), never
 by a module name, so it is never picked to build plans or select devices (:func:`~cudnnkit.runtime.adapters
 .first_available`).
@@ -27,12 +31,62 @@ from ..view import ArrayView
 from . import KEYED
 from ._protocol import ArrayAdapter
 
-__all__ = ["ADAPTER", "DeviceArray", "RawAdapter", "on_stream"]
+__all__ = ["ADAPTER", "Arena", "DeviceArray", "RawAdapter", "on_stream", "from_arena"]
 
 
 class _Current(threading.local):
     def __init__(self) -> None:
         self.device, self.stream = 0, 0
+        self.arena: Arena | None = None
+
+
+class Arena:
+    """The memory one captured call keeps: the ``k``-th allocation a call makes while the arena is in force
+    (:func:`from_arena`) is the ``k``-th block, made on first need (:class:`~cudnnkit.runtime.driver.HeldMemory`,
+    allowed during a capture) and the same block at every later call, so a CUDA graph captured from the call
+    addresses memory that stays valid for each replay. A block found too small is replaced and the old one kept
+    (a graph captured earlier may still address it). Blocks are never freed while the arena lives; the owner keeps
+    the arena as long as a graph captured with it may run.
+
+    Sharing an arena between two calls is safe only when their device work is ordered (one after the other on a
+    stream, or one graph's nodes after another's): the owner keys arenas so that it is (see
+    :class:`cudnnkit.jax._cuda.CudaRunner`)."""
+
+    __slots__ = ("device", "blocks", "retired", "taken")
+
+    def __init__(self, device: int):
+        self.device = int(device)
+        self.blocks: list[driver.HeldMemory] = []
+        self.retired: list[driver.HeldMemory] = []
+        self.taken = 0
+
+    def take(self, nbytes: int) -> int:
+        """The next block's address (at least ``nbytes``)."""
+        k, self.taken = self.taken, self.taken + 1
+        if k < len(self.blocks):
+            if self.blocks[k].nbytes >= nbytes:
+                return self.blocks[k].ptr
+            self.retired.append(self.blocks[k])
+            self.blocks[k] = driver.HeldMemory(nbytes, self.device)
+        else:
+            self.blocks.append(driver.HeldMemory(nbytes, self.device))
+        return self.blocks[k].ptr
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks) + sum(b.nbytes for b in self.retired)
+
+
+@contextlib.contextmanager
+def from_arena(arena: Arena) -> Iterator[None]:
+    """Within the block, :meth:`RawAdapter.empty` on ``arena``'s device takes its memory from ``arena`` (from its
+    first block on) instead of the stream-ordered pool."""
+    old, _current.arena = _current.arena, arena
+    arena.taken = 0
+    try:
+        yield
+    finally:
+        _current.arena = old
 
 
 _current = _Current()
@@ -107,6 +161,9 @@ class RawAdapter(ArrayAdapter):
               stream: int | None = None) -> DeviceArray:  # fmt: skip
         shape = tuple(int(d) for d in shape)
         strides = tuple(strides) if strides is not None else contiguous_strides(shape)
+        arena = _current.arena
+        if arena is not None and arena.device == device:
+            return DeviceArray(shape, strides, dtype, device, arena.take(_extent(shape, strides, dtype)), arena)
         s = self.current_stream(device) if stream is None else int(stream)
         mem = driver.DeviceMemory(_extent(shape, strides, dtype), device, s)
         return DeviceArray(shape, strides, dtype, device, mem.ptr, mem)

@@ -1,6 +1,6 @@
-"""Attention rows of issue 17 beyond rows_sdpa's B4 S4096 ones, each side by side with torch in one process:
-cudnnkit through the graph layer (pre-bound plans: ``Graph.sdpa_forward``/``sdpa_backward``), torch through
-``F.scaled_dot_product_attention``.
+"""Attention rows of issue 17 beyond rows_sdpa's B4 S4096 ones, each side by side in one process with torch or, for
+the ``vs cudnn-frontend`` rows, with NVIDIA's cudnn-frontend: cudnnkit through the graph layer (pre-bound plans:
+``Graph.sdpa_forward``/``sdpa_backward``), torch through ``F.scaled_dot_product_attention``.
 
 * ``long``: bf16 B1 H16 S16384 D128 (NVIDIA publishes 702 TFLOP/s forward, 612 backward on the H200 with
   cuDNN 9.19), forward (inference) and forward+backward, causal and not, against torch's cuDNN backend.
@@ -23,12 +23,32 @@ cudnnkit through the graph layer (pre-bound plans: ``Graph.sdpa_forward``/``sdpa
   backward's amax outputs; FLOPs 3.5x the forward's, as the bf16 fwd+bwd rows. torch has no fp8 SDPA: it runs its
   cuDNN backend in *bf16* forward (or forward+backward) on the same shape (the name says so,
   ``vs torch-cudnn bf16``). ``--filter attention/fp8`` selects these.
+* ``vs cudnn-frontend``: cudnnkit's SDPA against cudnn-frontend 1.32's (``import cudnn``) on the same shapes and
+  the same arrays: ``fwd`` (inference) and ``fwd+bwd`` (training forward writing the stats, then the backward) at
+  bf16 B4 H16 S4096 D128, causal and not (``causal fwd ...``), and ``long fwd`` / ``long causal fwd`` at B1 H16
+  S16384 D128. ``ours`` is ``bf16_case``'s pre-bound plans (the ones the torch rows time); the reference column,
+  which the harness and the table call ``torch``, is cudnn-frontend, *not* torch (the row notes say so, with
+  ``cudnn.__version__``, ``cudnn.backend_version()`` and the engine that served): one ``cudnn.pygraph`` per graph,
+  built once (bf16 io, float32 intermediates and compute, scale ``1/sqrt(D)`` as ours, causal as the diagonal
+  band ``diagonal_alignment=TOP_LEFT, diagonal_band_right_bound=0``, ``generate_stats`` for training; heuristics A,
+  then FALLBACK), run by ``graph.execute(variant_pack, workspace, handle=handle)`` with torch tensors as its
+  buffers (ours' ``q``, ``k``, ``v``, ``do`` read, ``o``, ``stats``, ``dq``, ``dk``, ``dv`` written), a uint8
+  workspace of ``graph.get_workspace_size()`` and one handle on torch's current stream. Before timing each row
+  runs both sides once on the same inputs and compares what they write (``|theirs - ours| <= 2e-2 + 2**-7 *
+  |ours|``, bf16's rounding on larger values); a disagreement is the row's error. cudnn-frontend is not a
+  dependency: without it (``import cudnn`` fails) the factory prints one line and gives no rows. Install the wheel
+  the repository carries and put it on the path, then select the rows::
+
+      pip install --no-deps --target /tmp/fe .whl/*.whl
+      PYTHONPATH=src:/tmp/fe python -m benchmarks --filter "vs cudnn-frontend"
 
 A plan that fails fails only its rows (``or_error``). Nothing here needs a GPU until a factory is called.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from types import SimpleNamespace
 
 from .harness import Row, or_error, register
@@ -46,29 +66,37 @@ def _fwd_flops(b, h, s, d, *, causal, left_bound=None) -> float:
     return 4.0 * b * h * d * pairs
 
 
-def _dense_rows(b, h, s, d, *, causal, left_bound=None, tag, torch_note=""):
-    """Forward (inference) and forward+backward rows of one dense BHSD shape against torch's cuDNN backend
-    (``torch_note`` goes into the row's name: what torch runs instead, when it differs)."""
-    from torch.nn.attention import SDPBackend
+def _words(*parts: str) -> str:
+    """The non-empty ``parts``, joined by spaces."""
+    return " ".join(p for p in parts if p)
 
-    c = bf16_case(b, h, s, d, name=f"attention {tag}", causal=causal, left_bound=left_bound)
-    infer, ours_train = c.infer, c.ours_train
 
-    def torch_fwd():
-        return c.torch_fwd(SDPBackend.CUDNN_ATTENTION)
+def _dense_rows(b, h, s, d, *, causal, tag, left_bound=None, vs="vs torch-cudnn", reference=None, train=True,
+                notes=""):  # fmt: skip
+    """Forward (inference) and, with ``train``, forward+backward rows of one dense BHSD shape: ours through
+    ``bf16_case``'s pre-bound plans, the reference column through torch's cuDNN backend or, given ``reference``,
+    through ``reference(c, causal=, training=)`` (the call for ``bf16_case`` ``c``; a ``note`` attribute on it goes
+    into the row's notes). ``vs`` ends the rows' names: what the reference column runs (say, when it differs)."""
+    c = bf16_case(b, h, s, d, name=_words("attention", tag, vs), causal=causal, left_bound=left_bound)
+    if reference is None:
+        from torch.nn.attention import SDPBackend
 
-    def torch_train():
-        return c.torch_train(SDPBackend.CUDNN_ATTENTION)
+        def reference(c, *, causal, training):
+            run = c.torch_train if training else c.torch_fwd
+            return lambda: run(SDPBackend.CUDNN_ATTENTION)
 
     fwd_flops = _fwd_flops(b, h, s, d, causal=causal, left_bound=left_bound)
-    shape = f"B{b} H{h} S{s} D{d}"
-    vs = f"vs torch-cudnn{torch_note}"
-    return [
-        Row(FAMILY, f"{tag} fwd {vs}", shape, "bfloat16", ours=infer, torch=torch_fwd, flops=fwd_flops),
-        Row(
-            FAMILY, f"{tag} fwd+bwd {vs}", shape, "bfloat16", ours=ours_train, torch=torch_train, flops=3.5 * fwd_flops
-        ),  # fmt: skip
-    ]
+
+    def row(what, ours, training, flops):
+        ref = reference(c, causal=causal, training=training)
+        note = "; ".join(filter(None, (notes, getattr(ref, "note", ""))))
+        return Row(FAMILY, _words(tag, what, vs), f"B{b} H{h} S{s} D{d}", "bfloat16", ours=ours,
+                   torch=ref, flops=flops, notes=note)  # fmt: skip
+
+    rows = [row("fwd", c.infer, False, fwd_flops)]
+    if train:
+        rows.append(row("fwd+bwd", c.ours_train, True, 3.5 * fwd_flops))
+    return rows
 
 
 @register
@@ -84,7 +112,146 @@ def long_rows() -> list[Row]:
 def window_rows() -> list[Row]:
     """A causal sliding window of 1024 at S4096; torch runs full causal."""
     return _dense_rows(4, 16, 4096, 128, causal=True, left_bound=1024, tag="window1024 causal",
-                       torch_note=" full causal (no window)")  # fmt: skip
+                       vs="vs torch-cudnn full causal (no window)")  # fmt: skip
+
+
+#: the check's tolerance, elementwise: ``|theirs - ours| <= ATOL + RTOL * |ours|`` (bf16 keeps 8 significant bits, so
+#: two correct results one rounding apart differ by up to 2**-8 of the value, 2**-7 between the two roundings; values
+#: above 2 are common in the causal dV, where the first keys collect many queries' probabilities)
+ATOL, RTOL = 2e-2, 2.0**-7
+
+#: cudnn-frontend's data types of the arrays its graphs describe, by ``str(torch dtype)``
+_FE_DTYPES = {"torch.bfloat16": "BFLOAT16", "torch.float32": "FLOAT"}
+
+
+def _frontend_graph(fe, arrays: dict, *, causal: bool, scale: float, training: bool, backward: bool = False, **graph):
+    """One validated cudnn-frontend SDPA graph (``fe`` is the ``cudnn`` module) over ``arrays`` (name -> an array
+    with ``shape``, ``stride()`` and a torch ``dtype``, BHSD): the forward ``q, k, v -> o`` (and ``stats``, float32
+    ``(b, h, s, 1)``, with ``training``), or with ``backward`` the backward ``q, k, v, o, do, stats -> dq, dk, dv``.
+    bf16 in and out, float32 intermediates and compute, ``attn_scale=scale``; causal as the diagonal band
+    (``diagonal_alignment=TOP_LEFT``, ``diagonal_band_right_bound=0``: column <= row, torch's ``is_causal``).
+    ``graph`` goes to ``cudnn.pygraph`` (``handle=``). Returns ``(graph, tensors)``: the graph's tensors by name, the
+    variant pack's keys. Needs no device until it is built."""
+    g = fe.pygraph(io_data_type=fe.data_type.BFLOAT16, intermediate_data_type=fe.data_type.FLOAT,
+                   compute_data_type=fe.data_type.FLOAT, **graph)  # fmt: skip
+
+    def dtype(name):
+        return getattr(fe.data_type, _FE_DTYPES[str(arrays[name].dtype)])
+
+    def layout(name):
+        return {"dim": list(arrays[name].shape), "stride": list(arrays[name].stride())}
+
+    band = {"diagonal_alignment": fe.diagonal_alignment.TOP_LEFT, "diagonal_band_right_bound": 0} if causal else {}
+    ins = ("q", "k", "v", "o", "do", "stats") if backward else ("q", "k", "v")
+    ts = {n: g.tensor(name=n, data_type=dtype(n), **layout(n)) for n in ins}
+    if backward:  # positional: q, k, v, o, dO, stats
+        outs = dict(zip(("dq", "dk", "dv"), g.sdpa_backward(*ts.values(), attn_scale=scale, **band)))
+    else:
+        o, stats = g.sdpa(*ts.values(), attn_scale=scale, generate_stats=training, **band)
+        outs = {"o": o, "stats": stats} if training else {"o": o}
+    for n, t in outs.items():
+        t.set_output(True).set_data_type(dtype(n)).set_dim(layout(n)["dim"]).set_stride(layout(n)["stride"])
+    g.validate()
+    return g, {**ts, **outs}
+
+
+def _frontend_plan(fe, handle, arrays: dict, **kw):
+    """:func:`_frontend_graph`'s graph built once (heuristics A, then FALLBACK; the first plan that builds), and its
+    call: ``graph.execute`` of the ``arrays`` with a workspace of its size, on ``handle``. The call's ``note`` says
+    which engine serves it (a cudnn-frontend python engine by name, or the cuDNN backend's)."""
+    import torch
+
+    g, ts = _frontend_graph(fe, arrays, handle=handle, **kw)
+    g.build([fe.heur_mode.A, fe.heur_mode.FALLBACK])
+    pack = {t: arrays[n] for n, t in ts.items()}
+    workspace = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+
+    def call():
+        g.execute(pack, workspace, handle=handle)
+
+    engine = g.selected_engine  # None: the cuDNN backend serves the plan
+    call.note = "cuDNN backend engine" if engine is None else f"frontend python engine {engine.name}"
+    return call
+
+
+def _agree(ours, theirs, outputs: dict) -> None:
+    """Run ``ours``, keep copies of ``outputs`` (name -> array both calls write), run ``theirs`` and raise a
+    RuntimeError naming each output where they differ by more than ``ATOL + RTOL * |ours|`` (or are NaN). When ``ours``
+    raises there is nothing to compare with: its own error is reported on its side of the row."""
+    try:
+        ours()
+    except Exception:
+        return
+    expected = {n: x.clone() for n, x in outputs.items()}
+    theirs()
+    bad = []
+    for n, x in outputs.items():
+        ref = expected[n].float()
+        diff = (x.float() - ref).abs()
+        if not bool((diff <= ATOL + RTOL * ref.abs()).all()):  # NaN compares false
+            bad.append(f"{n} max |diff| {diff.max().item():.3g}")
+    if bad:
+        raise RuntimeError(f"cudnn-frontend and cudnnkit disagree on the same inputs: {', '.join(bad)} (tolerance "
+                           f"{ATOL:g} + 2**-7 * |cudnnkit|)")  # fmt: skip
+
+
+def _frontend_reference(fe, handle):
+    """``reference`` for :func:`_dense_rows`: cudnn-frontend on ``bf16_case``'s arrays (its inputs; its outputs are
+    written where ours are), the forward graph (with stats when training) and, when training, the backward graph, each
+    built once, at cudnnkit's scale ``1/sqrt(D)``; checked once against ours before timing (:func:`_agree`). A graph
+    that fails to build or a disagreement fails the row's reference column with its error (:func:`or_error`)."""
+
+    def reference(c, *, causal, training):
+        return or_error(_frontend_side, fe, handle, c, causal=causal, training=training)
+
+    return reference
+
+
+def _frontend_side(fe, handle, c, *, causal, training):
+    """cudnn-frontend's call for one row of ``bf16_case`` ``c`` (see :func:`_frontend_reference`)."""
+    arrays = {n: getattr(c, n) for n in ("q", "k", "v", "do", "o", "stats", "dq", "dk", "dv")}
+    kw = {"causal": causal, "scale": 1.0 / math.sqrt(c.q.shape[-1])}
+    calls = [_frontend_plan(fe, handle, arrays, training=training, **kw)]
+    if training:
+        calls.append(_frontend_plan(fe, handle, arrays, training=True, backward=True, **kw))
+
+    def theirs():
+        for call in calls:
+            call()
+
+    outputs = ("o", "stats", "dq", "dk", "dv") if training else ("o",)
+    _agree(c.ours_train if training else c.infer, theirs, {n: arrays[n] for n in outputs})
+    theirs.note = "; ".join(dict.fromkeys(call.note for call in calls))
+    return theirs
+
+
+@register
+def frontend_rows() -> list[Row]:
+    """Side by side with cudnn-frontend (``import cudnn``): B4 H16 S4096 D128 forward and forward+backward, causal
+    and not, and B1 H16 S16384 D128 forward, causal and not. No rows (one line on stderr) without cudnn-frontend."""
+    try:
+        import cudnn as fe
+
+        if not hasattr(fe, "pygraph"):
+            raise ImportError(f"the module named cudnn at {getattr(fe, '__file__', '?')} is not cudnn-frontend")
+    except Exception as exc:  # not installed, or its extension or libcudnn failed to load
+        msg = (str(exc).strip().splitlines() or [""])[0]
+        print(f"note: cudnn-frontend is not importable ({type(exc).__name__}: {msg}); no 'vs cudnn-frontend' rows "
+              "(pip install --no-deps --target /tmp/fe .whl/*.whl; PYTHONPATH=/tmp/fe)", file=sys.stderr)  # fmt: skip
+        return []
+    import torch
+
+    handle = fe.create_handle()
+    fe.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    kw = {"vs": "vs cudnn-frontend", "reference": _frontend_reference(fe, handle),
+          "notes": f"reference column (torch=): cudnn-frontend {fe.__version__}, cuDNN backend {fe.backend_version()}, "
+          "not torch"}  # fmt: skip
+    return [
+        *_dense_rows(4, 16, 4096, 128, causal=False, tag="", **kw),
+        *_dense_rows(4, 16, 4096, 128, causal=True, tag="causal", **kw),
+        *_dense_rows(1, 16, 16384, 128, causal=False, tag="long", train=False, **kw),
+        *_dense_rows(1, 16, 16384, 128, causal=True, tag="long causal", train=False, **kw),
+    ]
 
 
 #: e4m3's largest finite value

@@ -30,8 +30,10 @@ def bf16_case(b: int, h: int, s: int, d: int, *, name: str, causal: bool, **mask
     row modules: ``plan(with_stats, implementation)`` (a pre-bound forward graph), ``infer`` (the forward without
     statistics), ``ours_train`` (forward with statistics, then the pre-bound backward graph), and torch's
     ``torch_fwd(backend)`` / ``torch_train(backend)`` (``F.scaled_dot_product_attention`` under ``sdpa_kernel``,
-    ``is_causal=causal``: torch runs no other mask). ``mask`` goes to ``sdpa_forward``/``sdpa_backward``
-    (``left_bound=``, ...). A plan cuDNN refuses fails only the calls that use it (:func:`or_error`)."""
+    ``is_causal=causal``: torch runs no other mask), and the arrays those plans read and write (``q``, ``k``, ``v``,
+    ``do``, ``o``, ``stats``, ``dq``, ``dk``, ``dv``; ``stats`` float32 ``(b, h, s, 1)``), for another library's calls
+    on the same buffers. ``mask`` goes to ``sdpa_forward``/``sdpa_backward`` (``left_bound=``, ...). A plan cuDNN
+    refuses fails only the calls that use it (:func:`or_error`)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
@@ -82,8 +84,8 @@ def bf16_case(b: int, h: int, s: int, d: int, *, name: str, causal: bool, **mask
             out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
             return torch.autograd.grad(out, (qg, kg, vg), do)
 
-    return SimpleNamespace(plan=plan, infer=infer, ours_train=ours_train, torch_fwd=torch_fwd,
-                           torch_train=torch_train)  # fmt: skip
+    return SimpleNamespace(plan=plan, infer=infer, ours_train=ours_train, torch_fwd=torch_fwd, torch_train=torch_train,
+                           q=q, k=k, v=v, do=do, o=o, stats=stats, dq=dq, dk=dk, dv=dv)  # fmt: skip
 
 
 def _rows(causal: bool) -> list[Row]:

@@ -155,3 +155,28 @@ def test_backward_with_dy_in_another_layout_than_y(xp, mode):
     dy = np.round(rng.standard_normal(y.shape) * 8) / 8
     dx = ops.pooling_backward(dev(xp, dy, "float32", "nchw"), y, xd, **kw)
     assert rel(host(xp, dx), ref.pool_backward(x, dy, mode, (3, 3), (2, 2), (1, 1))) < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["avg_include_padding", "avg_exclude_padding"])
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_global_average_pooling_backward_broadcasts(xp, mode, nsp, dtype, layout):
+    """A window covering each whole unpadded extent (global average pooling): the backward is a broadcast of
+    alpha * dy / cells (cudnnAddTensor) blended into a poisoned or given out, against the float64 reference."""
+    rng = np.random.default_rng(7 + nsp)
+    spatial = (6, 5, 4)[:nsp]
+    x = rng.standard_normal((3, 4, *spatial))
+    xd = dev(xp, x, dtype, layout)
+    kw = dict(mode=mode, window=spatial, stride=1, padding=0)
+    y = ops.pooling_forward(xd, **kw)
+    assert rel(host(xp, y), ref.pool_forward(x, mode, spatial, (1,) * nsp, (0,) * nsp)) < TOL[dtype]
+    dy = np.round(rng.standard_normal(y.shape) * 8) / 8
+    want = ref.pool_backward(x, dy, mode, spatial, (1,) * nsp, (0,) * nsp)
+    dx = ops.pooling_backward(dev(xp, dy, dtype, layout), y, xd, out=dev(xp, np.full(x.shape, np.nan), dtype, layout),
+                              **kw)  # fmt: skip
+    assert rel(host(xp, dx), want) < TOL[dtype] * 4
+    base = rng.standard_normal(x.shape)
+    out = dev(xp, base, dtype, layout)
+    got = ops.pooling_backward(dev(xp, dy, dtype, layout), y, xd, out=out, alpha=2.0, beta=0.5, **kw)
+    assert got is out and rel(host(xp, out), 2.0 * want + 0.5 * base) < TOL[dtype] * 4

@@ -16,7 +16,8 @@ from cudnnkit.graph import Graph, GraphError
 from cudnnkit.graph.nodes.sdpa_fp8 import BACKWARD_FACTORS, FORWARD_FACTORS
 from cudnnkit.ops import attention_fp8 as F
 
-from .test_attention_variants_cpu import fake_fixture, plans_fixture  # noqa: F401  (fixtures)
+from .test_attention_variants_cpu import _heads, fake_fixture, interpret, plans_fixture  # noqa: F401  (fixtures)
+from .test_attention_variants_cpu import _reduce as _sum_to
 from .test_l3_attention_cpu import _arr
 
 E4, E5 = "float8_e4m3fn", "float8_e5m2"
@@ -225,67 +226,6 @@ def test_other_refusals():
 
 
 # ----------------------------------------------------------------- the patterns compute the definition
-
-_BIN = {"MUL": np.multiply, "SUB": np.subtract, "ADD": np.add, "DIV": np.divide, "LOGICAL_AND": np.logical_and,
-        "CMP_GE": np.greater_equal, "CMP_GT": np.greater, "CMP_LT": np.less}  # fmt: skip
-
-
-def _heads(x, h):
-    return x if x.shape[1] in (1, h) else np.repeat(x, h // x.shape[1], axis=1)
-
-
-def _sum_to(x, dims):
-    for ax, (n, m) in enumerate(zip(x.shape, dims)):
-        if m == 1 and n != 1:
-            x = x.sum(axis=ax, keepdims=True)
-        elif m != n:
-            x = x.reshape(x.shape[:ax] + (m, n // m) + x.shape[ax + 1 :]).sum(axis=ax + 1)
-    return x
-
-
-def interpret(g, values):
-    """Every tensor's value after ``g``'s nodes run in order on ``values`` ({uid: array}), in float64 (fp8 and
-    every other dtype kept exact)."""
-    val = dict(values)
-    for uid, (c, _) in g.constants().items():
-        val[uid] = np.float64(c)
-
-    def read(uid):
-        return np.swapaxes(val[uid], 2, 3) if uid in g._described else val[uid]
-
-    for n in g.nodes():
-        ins = {r: read(u) for r, u in n.inputs}
-        (_, out), *_ = n.outputs
-        dims = g._tensors[out].dims
-        a = dict(n.attrs)
-        if n.kind == "matmul":
-            h = max(ins["a"].shape[1], ins["b"].shape[1])
-            r = _heads(ins["a"], h) @ _heads(ins["b"], h)
-        elif n.kind == "reduction":
-            x = ins["x"]
-            if a["mode"] == "add":
-                r = _sum_to(x, dims)
-            elif a["mode"] == "max":
-                r = x.max(axis=-1, keepdims=True)
-            else:
-                assert a["mode"] == "amax" and dims == (1, 1, 1, 1)
-                r = np.abs(x).max().reshape(dims)
-        elif n.kind == "reshape":
-            r = np.transpose(ins["x"], a["perm"])
-        else:
-            m, x = a["mode"], ins["x"]
-            if m == "GEN_INDEX":
-                shape = [1] * x.ndim
-                shape[a["axis"]] = x.shape[a["axis"]]
-                r = np.broadcast_to(np.arange(x.shape[a["axis"]]).reshape(shape), x.shape)
-            elif m == "BINARY_SELECT":
-                r = np.where(ins["t"], x, ins["b"])
-            elif m in _BIN:
-                r = _BIN[m](x, ins["b"])
-            else:
-                r = {"EXP": np.exp, "LOG": np.log}[m](x)
-        val[out] = np.broadcast_to(r, dims) if np.ndim(r) else np.full(dims, r)
-    return val
 
 
 def reference(q, k, v, scale, causal=False, left=None, lens=None):

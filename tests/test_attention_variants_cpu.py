@@ -497,7 +497,14 @@ def interpret(g, values, rng_mask=None):
             h = max(x.shape[1], y.shape[1])
             r = _heads(x, h) @ _heads(y, h)
         elif n.kind == "reduction":
-            r = _reduce(ins["x"], dims) if a["mode"] == "add" else ins["x"].max(axis=-1, keepdims=True)
+            x = ins["x"]
+            if a["mode"] == "add":
+                r = _reduce(x, dims)
+            elif a["mode"] == "max":
+                r = x.max(axis=-1, keepdims=True)
+            else:  # fp8's amax: the largest magnitude of the whole tensor
+                assert a["mode"] == "amax" and dims == (1, 1, 1, 1), (a["mode"], dims)
+                r = np.abs(x).max().reshape(dims)
         elif n.kind == "reshape":
             r = np.transpose(ins["x"], a["perm"])
         elif n.kind == "rng":

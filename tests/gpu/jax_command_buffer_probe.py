@@ -26,7 +26,7 @@ def main() -> None:
     from cudnnkit import ops
     from cudnnkit.jax import _ffi
 
-    out: dict = {"xla_flags_trait": cj.enable_command_buffers(True)}
+    out: dict = {"enabled": cj.enable_command_buffers(True)}
     params, state = m.cnn_init(jax.random.PRNGKey(0), jnp.float32)
     x = jax.random.normal(jax.random.PRNGKey(1), (16, 16, 16, 3), jnp.float32)
     labels = jax.random.randint(jax.random.PRNGKey(2), (16,), 0, m.CLASSES)

@@ -73,8 +73,7 @@ def release_captured_memory() -> None:
         held = list(_arenas.values())
         _arenas.clear()
     for a in held:
-        for b in (*a.blocks, *a.retired):
-            b.free()
+        a.free()
 
 
 def _device(call: _ffi.Call) -> int:

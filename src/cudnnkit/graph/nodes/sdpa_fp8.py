@@ -210,7 +210,24 @@ class SdpaFp8Nodes:
         self._pw("MUL", c, scale_c, out=out)
         return self._amax(c, amax_role)
 
-    def _fp8_masks(self, s: Tensor, ov: _Variant) -> Tensor:
+    def _fp8_qkv(self, roles: Sequence[str], tensors: Sequence) -> list[Tensor]:
+        """:meth:`_fp8_inputs`, q, k and v (the first three) of one fp8 dtype."""
+        got = self._fp8_inputs(roles, tensors)
+        q, k, v = got[:3]
+        if k.dtype != q.dtype or v.dtype != q.dtype:
+            raise GraphError(f"q, k, v must share one fp8 dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+        return got
+
+    def _fp8_scores(self, q: Tensor, k: Tensor, ov: _Variant, f: dict) -> Tensor:
+        """The masked scores both passes compute: ``band(pad(q @ k^T * scale * descale_q * descale_k))`` (k read
+        as its transpose), ``(B, H, Sq, Skv)`` float32."""
+        b, h, sq, d, hk, skv = ov.b, ov.h, ov.sq, ov.d, ov.hk, ov.skv
+        self._describe_as(k, (b, hk, d, skv), (k.strides[0], k.strides[1], k.strides[3], k.strides[2]), "k")
+        s = self._mm(q, k, (b, h, sq, skv), name="qk", m=ov.seq_len_q, n=ov.seq_len_kv)
+        self._view_nodes.add(len(self._nodes) - 1)
+        s = self._pw("MUL", s, ov.scale, name="scaled")
+        s = self._pw("MUL", s, f["descale_q"], name="descale_q")
+        s = self._pw("MUL", s, f["descale_k"], name="descale_k")
         return self._band(self._modify(s, ov, {}), ov)
 
     # ------------------------------------------------------------- forward
@@ -264,9 +281,7 @@ class SdpaFp8Nodes:
             o_strides = as_ints(o_strides, "o_strides")
         if not is_bool(stats):
             raise TypeError(f"stats must be a bool, got {stats!r}")
-        q, k, v = self._fp8_inputs(("q", "k", "v"), (q, k, v))
-        if k.dtype != q.dtype or v.dtype != q.dtype:
-            raise GraphError(f"q, k, v must share one fp8 dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+        q, k, v = self._fp8_qkv(("q", "k", "v"), (q, k, v))
         o_dtype = q.dtype if o_dtype is None else _fp8_dtype(o_dtype, "o_dtype")
         shape = check_fp8_shapes(q.dims, k.dims, v.dims)
         f = {r: self._fp8_factor(x, r) for r, x in zip(FORWARD_FACTORS, (descale_q, descale_k, descale_v,
@@ -286,14 +301,7 @@ class SdpaFp8Nodes:
             st = Tensor(st.uid, st.dims, st.strides, st.dtype, False, False, st.name, self._id)
             self._tensors[st.uid] = st
             self._add_scratch(st, None)
-        # S = q @ k^T * scale * descale_q * descale_k
-        self._describe_as(k, (b, hk, d, skv), (k.strides[0], k.strides[1], k.strides[3], k.strides[2]), "k")
-        s = self._mm(q, k, (b, h, sq, skv), name="qk", m=ov.seq_len_q, n=ov.seq_len_kv)
-        self._view_nodes.add(len(self._nodes) - 1)
-        s = self._pw("MUL", s, ov.scale, name="scaled")
-        s = self._pw("MUL", s, f["descale_q"], name="descale_q")
-        s = self._pw("MUL", s, f["descale_k"], name="descale_k")
-        s = self._fp8_masks(s, ov)
+        s = self._fp8_scores(q, k, ov, f)
         # softmax (cudnn-frontend's CompositeSoftmaxNode with stats)
         row = (b, h, sq, 1)
         mx = self._red(s, row, mode="max", name="row_max")
@@ -370,9 +378,7 @@ class SdpaFp8Nodes:
         for role, st in strides_of.items():
             if st is not None:
                 strides_of[role] = as_ints(st, f"{role}_strides")
-        q, k, v, o, do = self._fp8_inputs(("q", "k", "v", "o", "do"), (q, k, v, o, do))
-        if k.dtype != q.dtype or v.dtype != q.dtype:
-            raise GraphError(f"q, k, v must share one fp8 dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+        q, k, v, o, do = self._fp8_qkv(("q", "k", "v", "o", "do"), (q, k, v, o, do))
         gdt = do.dtype if grad_dtype is None else _fp8_dtype(grad_dtype, "grad_dtype")
         shape = check_fp8_shapes(q.dims, k.dims, v.dims, backward=True)
         b, h, sq, d, hk, hv, skv, dv = shape
@@ -397,9 +403,7 @@ class SdpaFp8Nodes:
             return self.tensor(t.dims, t.strides if st is None else st, gdt, virtual=True, name=f"{base}_{role}")
 
         dq, dk, dvt = grad(q, "dq"), grad(k, "dk"), grad(v, "dv")
-        k_strides, v_strides = k.strides, v.strides
-        self._describe_as(k, (b, hk, d, skv), (k_strides[0], k_strides[1], k_strides[3], k_strides[2]), "k")
-        self._describe_as(v, (b, hv, dv, skv), (v_strides[0], v_strides[1], v_strides[3], v_strides[2]), "v")
+        self._describe_as(v, (b, hv, dv, skv), (v.strides[0], v.strides[1], v.strides[3], v.strides[2]), "v")
         # D = rowsum(do * o) * descale_do * descale_o (* keep probability)
         dsum = self._red(self._pw("MUL", do, o, name="do_o"), (b, h, sq, 1), name="rowsum_do_o")
         dsum = self._pw("MUL", dsum, f["descale_do"], name="rowsum_descale_do")
@@ -407,12 +411,7 @@ class SdpaFp8Nodes:
         if p:
             dsum = self._pw("MUL", dsum, self.scalar(1.0 - p, "float32", 4, name="dropout_keep"), name="softmax_sum")
         # the probabilities again: exp(band(pad(scale * q @ k^T * descales)) - stats)
-        s = self._mm(q, k, (b, h, sq, skv), name="qk", m=sl_q, n=sl_kv)
-        self._view_nodes.add(len(self._nodes) - 1)
-        s = self._pw("MUL", s, ov.scale, name="scaled")
-        s = self._pw("MUL", s, f["descale_q"], name="descale_q")
-        s = self._pw("MUL", s, f["descale_k"], name="descale_k")
-        s = self._fp8_masks(s, ov)
+        s = self._fp8_scores(q, k, ov, f)
         e = self._pw("EXP", self._pw("SUB", s, stats, name="minus_stats"), name="probs")
         pr = e
         dscale = None
@@ -437,7 +436,7 @@ class SdpaFp8Nodes:
         amax_dp = self._amax(dp, f"{base}_amax_dp")
         dp8 = self._pw("MUL", dp, f["scale_dp"], dtype=do.dtype, name="dp_fp8")
         # dq = dP8 @ k (k read back through a reshape of its transposed description)
-        kv = self.tensor((b, hk, skv, d), k_strides, k.dtype, virtual=True, name="k_view")
+        kv = self.tensor((b, hk, skv, d), k.strides, k.dtype, virtual=True, name="k_view")
         self._add("reshape", {"perm": (0, 1, 3, 2)}, {"x": k}, {"y": kv})
         self._view_nodes.add(len(self._nodes) - 1)
         amax_dq = self._fp8_matmul(dp8, kv, (b, h, sq, d), dq, f["descale_dp"], f["descale_k"], f["scale_dq"],

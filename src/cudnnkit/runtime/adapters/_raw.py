@@ -76,6 +76,12 @@ class Arena:
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.blocks) + sum(b.nbytes for b in self.retired)
 
+    def free(self) -> None:
+        """Return every block (``cuMemFree``): only once no graph captured with this arena can run again."""
+        for b in (*self.blocks, *self.retired):
+            b.free()
+        self.blocks, self.retired = [], []
+
 
 @contextlib.contextmanager
 def from_arena(arena: Arena) -> Iterator[None]:

@@ -13,8 +13,11 @@ jnp = pytest.importorskip("jax.numpy")
 
 import cudnnkit.jax as cj  # noqa: E402
 from cudnnkit.jax import nn  # noqa: E402
+from cudnnkit.jax._ops import Permuted  # noqa: E402
 
 CALLED: list[tuple[str, dict]] = []
+#: per call: the op and, per positional operand, the perm it was passed with (None: a plain array)
+PERMUTED: list[tuple[str, tuple]] = []
 
 
 def _conv_nchw(x, w, bias, *, stride, padding, dilation, groups):
@@ -84,12 +87,16 @@ def standins(monkeypatch):
     def op(name):
         def call(*a, **kw):
             CALLED.append((name, kw))
+            PERMUTED.append((name, tuple(x.perm if isinstance(x, Permuted) else None for x in a)))
+            # a Permuted operand is the op's view transpose(value, perm): the stand-ins take it materialized
+            a = tuple(jnp.transpose(x.value, x.perm) if isinstance(x, Permuted) else x for x in a)
             return STANDINS[name](*a, **kw)
 
         return call
 
     monkeypatch.setattr(cj, "op", op)
     CALLED.clear()
+    PERMUTED.clear()
     with jax.default_device(jax.devices("cpu")[0]):
         yield
 
@@ -212,3 +219,17 @@ def test_dot_product_attention_refusals_name_the_argument():
         nn.dot_product_attention(q.astype(jnp.float32), q, q)
     with pytest.raises(NotImplementedError, match="is_causal with T=4 != S=3"):
         nn.dot_product_attention(q, q[:, :3], q[:, :3], is_causal=True)
+
+
+def test_channels_last_operands_reach_the_ops_as_permuted_views():
+    """The NHWC (and BTNH) arrays of the functional API are passed as Permuted views, not transposed in XLA:
+    convolution's x, pooling's x, batch norm's x and attention's q/k/v (the weights are transposed)."""
+    x = _r((2, 6, 6, 3))
+    nn.conv(x, _r((3, 3, 3, 4), 1), padding="SAME")
+    nn.max_pool(x, (2, 2), (2, 2))
+    nn.batch_norm(x, jnp.ones(3), jnp.zeros(3), jnp.zeros(3), jnp.ones(3), training=True)
+    q = _r((1, 8, 2, 16)).astype(jnp.bfloat16)
+    nn.dot_product_attention(q, q, q)
+    assert PERMUTED == [("convolution", ((0, 3, 1, 2), None, None)), ("pooling", ((0, 3, 1, 2),)),
+                        ("batch_norm", ((0, 3, 1, 2), None, None, None)),
+                        ("sdpa", ((0, 2, 1, 3), (0, 2, 1, 3), (0, 2, 1, 3)))]  # fmt: skip

@@ -70,6 +70,7 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..autograd._kw import decode, encode
 from ..ops._diff import Differentiable, Spec
@@ -118,11 +119,64 @@ class Runner(Protocol):
         ...
 
 
+class Permuted:
+    """A JAX array ``value`` that an op is to see as ``jnp.transpose(value, perm)`` without the transpose: the FFI
+    operand is ``value`` itself (its dims in memory order), the op's view of it has the permuted shape and the
+    matching strides (a channels-last ``(N, H, W, C)`` array with ``perm=(0, 3, 1, 2)`` is seen as ``(N, C, H, W)``
+    with channels-last strides, which cuDNN takes as it is). Pass it where the op takes an array; the results come
+    back as the op's logical arrays (see :meth:`JaxOp.__call__`)."""
+
+    __slots__ = ("value", "perm")
+
+    def __init__(self, value: Any, perm: Any):
+        perm = tuple(int(i) for i in perm)
+        if sorted(perm) != list(range(value.ndim)):
+            raise ValueError(f"perm {perm} is not a permutation of the {value.ndim} dims of a {value.shape} array")
+        self.value, self.perm = value, perm
+
+
 def spec(x: Any) -> Spec:
     """The :class:`Spec` of a JAX array or abstract value: its shape, C-order strides (XLA hands custom calls
-    dense row-major buffers) and cudnnkit dtype name."""
+    dense row-major buffers) and cudnnkit dtype name; of a :class:`Permuted`, its permuted shape and strides."""
+    if isinstance(x, Permuted):
+        inner = spec(x.value)
+        return Spec(tuple(inner.shape[i] for i in x.perm), tuple(inner.strides[i] for i in x.perm), inner.dtype)
     shape = tuple(int(d) for d in x.shape)
     return Spec(shape, contiguous_strides(shape), canonical(jnp.dtype(x.dtype).name, "array"))
+
+
+def _order(s: Spec) -> tuple[int, ...] | None:
+    """The dims of ``s`` in memory order (outermost first) when ``s`` is a dense permutation of C order other than
+    C order itself, else None: the physical buffer of such a spec is ``transpose(logical, order)``."""
+    order = tuple(sorted(range(len(s.shape)), key=lambda i: (-s.strides[i], i)))
+    if order == tuple(range(len(s.shape))):
+        return None
+    phys = tuple(s.shape[i] for i in order)
+    return order if tuple(s.strides[i] for i in order) == contiguous_strides(phys) else None
+
+
+def _view(s: Spec) -> tuple | None:
+    """``(shape, strides)`` of an operand's view when it is not its buffer's C order (see :func:`_order`)."""
+    return (s.shape, s.strides) if _order(s) is not None else None
+
+
+def _to_physical(x: Any, s: Spec) -> Any:
+    """A logical array (``s``'s shape) as the buffer a spec of ``s``'s layout is (its dims in memory order)."""
+    order = _order(s)
+    return x if order is None else jnp.transpose(x, order)
+
+
+def _to_logical(x: Any, s: Spec) -> Any:
+    """The inverse of :func:`_to_physical`: XLA cancels the pair where a caller transposes back."""
+    order = _order(s)
+    return x if order is None else jnp.transpose(x, tuple(int(i) for i in np.argsort(order)))
+
+
+def _buffer_sds(s: Spec) -> jax.ShapeDtypeStruct:
+    """The result buffer of a spec: its dims in memory order where :func:`_order` finds a layout, else C order."""
+    order = _order(s)
+    shape = s.shape if order is None else tuple(s.shape[i] for i in order)
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(s.dtype))
 
 
 def _physical(s: Spec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -213,7 +267,11 @@ class _Fold:
         for n, s in zip(self.names, specs):
             if n in self.d.batch:
                 shape = (size * s.shape[0], *s.shape[1:])
-                s = Spec(shape, contiguous_strides(shape), s.dtype)
+                order = _order(s)
+                if order is not None and order[0] != 0:
+                    raise self._refuse(f"maps over {n}, whose leading (sample) axis is not outermost in memory")
+                # the sample axis outermost: folding it keeps every stride (a channels-last array stays so)
+                s = Spec(shape, contiguous_strides(shape) if order is None else s.strides, s.dtype)
             got.append(s)
         return tuple(got)
 
@@ -297,6 +355,8 @@ class JaxOp:
         ins = tuple(t for t in inputs if t is not None)
         arrs = tuple(t for t in arrays.values() if t is not None)
         statics = tuple(spec(t) for t in ins) + tuple(spec(t) for t in arrs)
+        ins = tuple(t.value if isinstance(t, Permuted) else t for t in ins)  # the buffers: their memory order
+        arrs = tuple(t.value if isinstance(t, Permuted) else t for t in arrs)
         try:
             outs, mutated = f(statics, ins, arrs)
         except NotImplementedError as e:
@@ -316,6 +376,7 @@ class JaxOp:
         naming its argument (XLA would otherwise say that no handler is registered there)."""
         want = "gpu" if self.runner.platform.lower() in ("cuda", "gpu") else self.runner.platform.lower()
         for name, t in (p for group in named for p in group):
+            t = t.value if isinstance(t, Permuted) else t
             if t is None or isinstance(t, _TRACER) or not hasattr(t, "devices"):
                 continue
             try:
@@ -363,17 +424,22 @@ class JaxOp:
 
         def run_ffi(specs: tuple, ins: tuple, arrs: tuple) -> tuple[tuple, tuple, dict]:
             out_specs, res_specs, new = layout(specs)
-            shapes = [_sds(s) for s in out_specs]
-            shapes += [_sds(specs[len(in_idx) + arr_names.index(m)]) for m in changed]
+            mut_specs = [specs[len(in_idx) + arr_names.index(m)] for m in changed]
+            shapes = [_buffer_sds(s) for s in (*out_specs, *mut_specs)]
             lays = tuple((k, *_physical(res_specs[k])) for k in new)
             shapes += [jax.ShapeDtypeStruct(phys, jnp.dtype(res_specs[k].dtype)) for k, phys, _, _ in lays]
-            got = jax.ffi.ffi_call(self.forward_name, shapes)(*ins, *arrs, kw=key, fresh=repr(lays))
+            # operands and results whose layout is not their buffer's C order (Permuted operands, outputs in their
+            # layout): the handler views them with these (shape, strides)
+            views = repr((tuple(_view(s) for s in specs), tuple(_view(s) for s in (*out_specs, *mut_specs))))
+            got = jax.ffi.ffi_call(self.forward_name, shapes)(*ins, *arrs, kw=key, fresh=repr(lays), views=views)
             got = list(got) if isinstance(got, (list, tuple)) else [got]
             n, c = len(out_specs), len(changed)
             outs, mutated, fresh = tuple(got[:n]), tuple(got[n : n + c]), got[n + c :]
             by_name = dict(zip((d.inputs[i] for i in in_idx), ins)) | dict(zip(arr_names, arrs))
             by_name |= dict(zip(changed, mutated)) | dict(zip(d.outputs, outs)) | dict(zip(new, fresh))
-            res = {k: by_name.get(k) for k in res_specs}
+            res = {k: by_name.get(k) for k in res_specs}  # the buffers, as the backward reads them
+            outs = tuple(_to_logical(o, s) for o, s in zip(outs, out_specs))
+            mutated = tuple(_to_logical(m, s) for m, s in zip(mutated, mut_specs))
             return outs, mutated, res
 
         def f(specs: tuple, ins: tuple, arrs: tuple) -> tuple:
@@ -391,14 +457,15 @@ class JaxOp:
             res, perturbed = packed[0], packed[1].value
             out_cts, _ = cts  # the mutated arrays' new values are state: no cotangent flows into them
             douts, present = [], []
+            out_specs = layout(specs)[0]
             for j, g in enumerate(out_cts):
                 # an integer output's cotangent is float0 (no dtype cuDNN names): it carries nothing; an output
                 # nothing downstream depends on comes as a symbolic zero: it carries nothing either
                 use = (d.carries_gradient(j) and g is not None and not isinstance(g, _SymbolicZero)
                        and g.dtype != jax.dtypes.float0 and jnp.issubdtype(g.dtype, jnp.inexact))  # fmt: skip
                 present.append(use)
-                if use:
-                    douts.append(g)
+                if use:  # as the output's buffer is laid out (XLA cancels a caller's transpose into this one)
+                    douts.append(_to_physical(g, out_specs[j]))
             in_specs = specs[: len(in_idx)]
             needs_full = [False] * len(d.inputs)
             for i, s, p in zip(in_idx, in_specs, perturbed):
@@ -418,12 +485,16 @@ class JaxOp:
             def bwd_ffi(specs_: tuple, vals: tuple, douts_: tuple) -> list:
                 """The backward target for arrays of ``specs_``: the fresh residuals' layouts (as the forward kept
                 them) and the gradients' shapes follow from them (a folded call's are the folded ones)."""
-                _, res_specs_, new_ = layout(specs_)
-                views_ = tuple((k, *_physical(res_specs_[k])[1:]) for k in new_ if k in names)
+                out_specs_, res_specs_, _ = layout(specs_)
+                # every residual buffer's view (a fresh one in its own layout, an input or output as its buffer is)
+                views_ = tuple((k, *_physical(res_specs_[k])[1:]) for k in names)
+                dviews_ = tuple(_view(out_specs_[j]) for j, p in enumerate(present) if p)
                 wanted_ = [s for i, s in zip(in_idx, specs_[: len(in_idx)]) if needs_full[i]]
-                got = jax.ffi.ffi_call(self.backward_name, [_sds(s) for s in wanted_])(
-                    *vals, *douts_, kw=encode(dict(bkw, __views__=views_))
-                )
+                got = jax.ffi.ffi_call(self.backward_name, [_buffer_sds(s) for s in wanted_])(
+                    *vals, *douts_,
+                    kw=encode(dict(bkw, __views__=views_, __dviews__=dviews_,
+                                   __gviews__=tuple(_view(s) for s in wanted_))),
+                )  # fmt: skip
                 return list(got) if isinstance(got, (list, tuple)) else [got]
 
             out_names = tuple(d.outputs[j] for j, p in enumerate(present) if p)
@@ -484,20 +555,23 @@ class JaxOp:
         changed = [m for m in d.mutated if m in arr_names]
         n_in, n = len(in_idx), len(d.outputs)
         rets = call.rets
+        in_views, out_views = _literal(call.attrs.get("views", "((), ())"))
+        in_views = in_views or (None,) * len(call.args)
+        out_views = out_views or (None,) * (n + len(changed))
         with r.scope(call), in_force(from_items(kwd.pop("__settings__", ()))):
             inputs: list[Any] = [None] * len(d.inputs)
-            for i, b in zip(in_idx, call.args[:n_in]):
-                inputs[i] = r.array(call, b)
+            for i, b, v in zip(in_idx, call.args[:n_in], in_views):
+                inputs[i] = r.array(call, b, *(v or ()))
             arrays: dict[str, Any] = dict.fromkeys(d.arrays)
-            for name, b in zip(arr_names, call.args[n_in:]):
-                arrays[name] = r.array(call, b)
+            for name, b, v in zip(arr_names, call.args[n_in:], in_views[n_in:]):
+                arrays[name] = r.array(call, b, *(v or ()))
             for k, m in enumerate(changed):  # updated in its result buffer: XLA's operands are never written
-                dst = rets[n + k]
-                r.write(call, dst, arrays[m], m)
-                arrays[m] = r.array(call, dst)
+                dst, v = rets[n + k], out_views[n + k] or ()
+                r.write(call, dst, arrays[m], m, *v)
+                arrays[m] = r.array(call, dst, *v)
             outs, res = d.forward(*inputs, **arrays, **kwd)
             for j, (o, dst) in enumerate(zip(outs, rets[:n])):
-                r.write(call, dst, o, d.outputs[j])
+                r.write(call, dst, o, d.outputs[j], *(out_views[j] or ()))
             names = set(d.inputs) | set(d.arrays) | set(d.outputs)
             lays = _literal(call.attrs["fresh"])  # (name, physical shape, shape, strides), meta's order
             made = {k for k in res if k not in names}
@@ -513,13 +587,14 @@ class JaxOp:
         order, absent = kwd.pop("__res__"), set(kwd.pop("__absent__", ()))
         present, needs = kwd.pop("__douts__"), kwd.pop("__needs__")
         views = {k: (shape, strides) for k, shape, strides in kwd.pop("__views__")}
+        dviews, gviews = iter(kwd.pop("__dviews__", ())), iter(kwd.pop("__gviews__", ()))
         kwd.pop("__in__"), kwd.pop("__arr__")
         names = [k for k in order if k not in absent]  # the residuals with a buffer, in the arguments' order
         with r.scope(call), in_force(from_items(kwd.pop("__settings__", ()))):
             got = {k: r.array(call, b, *views.get(k, ())) for k, b in zip(names, call.args[: len(names)])}
             res: dict[str, Any] = {k: got.get(k) for k in order}  # the forward's names and order, None kept
             given = iter(call.args[len(names) :])
-            douts = tuple(r.array(call, next(given)) if p else None for p in present)
+            douts = tuple(r.array(call, next(given), *(next(dviews, None) or ())) if p else None for p in present)
             # XLA keeps residuals in buffers of its own (a copy, at an address the forward never saw): an op whose
             # backward recognises a residual by identity is told so explicitly
             copied = {"residuals_copied": True} if d.tracked_residuals else {}
@@ -528,11 +603,11 @@ class JaxOp:
             for g, need in zip(grads, needs):
                 if not need:
                     continue
-                dst = next(dsts)
+                dst, v = next(dsts), next(gviews, None) or ()
                 if g is None:
                     r.zero(call, dst)
                 else:
-                    r.write(call, dst, g, "gradient")
+                    r.write(call, dst, g, "gradient", *v)
 
 
 #: per-call parsing the handlers repeat with the same strings: the lowering's literal attributes (a jitted

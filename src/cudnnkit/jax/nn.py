@@ -2,8 +2,10 @@
 
 Every function here translates its arguments (dimension numbers, ``"SAME"``/``"VALID"`` padding, channel-last
 layouts, flax's momentum) and calls one :mod:`cudnnkit.jax` op, so it works under ``jit`` and ``grad`` like the
-ops do. cuDNN's ops take channels-first arrays (``(N, C, *spatial)``): a channels-last JAX array is transposed
-in and the result transposed back (XLA's transposes; a layout-preserving path is later work).
+ops do. cuDNN's ops see channels-first arrays (``(N, C, *spatial)``): a channels-last JAX array reaches them as
+it is, seen through a permuted view (:class:`~cudnnkit.jax._ops.Permuted`: channels-last strides, which cuDNN
+takes, no transpose in XLA), and the result, written in that layout, comes back through a transpose that XLA
+cancels with the one that restores the caller's layout. Weights are transposed to ``(O, I, *k)`` (small).
 
 * :func:`conv_general_dilated` -- ``jax.lax.conv_general_dilated``'s signature (any ``dimension_numbers``,
   ``feature_group_count``, ``rhs_dilation``); :func:`conv` -- flax's layout (``x`` ``(N, *spatial, C)``, ``w``
@@ -39,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._ops import Permuted
 from .rnn import from_flax_lstm, gru, init_params, lstm, pack_params, rnn, to_flax_lstm, unpack_params
 
 __all__ = [
@@ -66,6 +69,10 @@ __all__ = [
 
 #: JAX's tracer type (a traced ``rate``, or lengths under jit)
 _TRACER: Any = getattr(getattr(jax, "core", None), "Tracer", ())
+
+
+def _logical_shape(p: Permuted) -> tuple[int, ...]:
+    return tuple(int(p.value.shape[i]) for i in p.perm)
 
 
 def _op(name: str) -> Any:
@@ -103,8 +110,9 @@ def conv_general_dilated(lhs: Any, rhs: Any, window_strides: Sequence[int], padd
                          dimension_numbers: Any = None, feature_group_count: int = 1, batch_group_count: int = 1,
                          precision: Any = None, preferred_element_type: Any = None) -> Any:  # fmt: skip
     """``jax.lax.conv_general_dilated`` by cuDNN's convolution (``cudnnkit.jax.ops.convolution``: the graph's
-    ``conv_fprop`` or ``cudnnConvolutionForward``). ``lhs`` and ``rhs`` are transposed to ``(N, C, *spatial)`` and
-    ``(O, I, *k)`` per ``dimension_numbers``, the result back to its ``out_spec``. ``precision`` is cuDNN's: TF32
+    ``conv_fprop`` or ``cudnnConvolutionForward``). ``lhs`` is seen as ``(N, C, *spatial)`` in its own layout (no
+    transpose), ``rhs`` transposed to ``(O, I, *k)`` per ``dimension_numbers``, the result laid out per its
+    ``out_spec``. ``precision`` is cuDNN's: TF32
     for float32 per ``cudnnkit.settings(allow_tf32=...)``."""
     nsp = lhs.ndim - 2
     if lhs_dilation is not None and any(int(v) != 1 for v in lhs_dilation):
@@ -116,11 +124,11 @@ def conv_general_dilated(lhs: Any, rhs: Any, window_strides: Sequence[int], padd
         raise NotImplementedError(f"preferred_element_type={jnp.dtype(preferred_element_type).name} with "
                                   f"{jnp.dtype(lhs.dtype).name} inputs: cuDNN writes the inputs' dtype")  # fmt: skip
     dn = jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
-    x = jnp.transpose(lhs, dn.lhs_spec)
+    x = Permuted(lhs, dn.lhs_spec)
     w = jnp.transpose(rhs, dn.rhs_spec)
     strides = _tuple(window_strides, nsp, "window_strides")
     dil = _tuple(rhs_dilation, nsp, "rhs_dilation")
-    pads = _pads(x.shape[2:], w.shape[2:], strides, dil, padding)
+    pads = _pads(_logical_shape(x)[2:], w.shape[2:], strides, dil, padding)
     y = _op("convolution")(x, w, None, stride=strides, padding=pads, dilation=dil, groups=int(feature_group_count))
     return jnp.transpose(y, tuple(int(i) for i in np.argsort(dn.out_spec)))
 
@@ -144,9 +152,9 @@ def conv(x: Any, w: Any, bias: Any = None, *, strides: int | Sequence[int] = 1, 
                                     rhs_dilation=_tuple(dilation, nsp, "dilation"), dimension_numbers=(lhs, rhs, out),
                                     feature_group_count=groups)  # fmt: skip
     dn = jax.lax.conv_dimension_numbers(x.shape, w.shape, (lhs, rhs, out))
-    xc, wc = jnp.transpose(x, dn.lhs_spec), jnp.transpose(w, dn.rhs_spec)
+    xc, wc = Permuted(x, dn.lhs_spec), jnp.transpose(w, dn.rhs_spec)
     st, dil = _tuple(strides, nsp, "strides"), _tuple(dilation, nsp, "dilation")
-    pads = _pads(xc.shape[2:], wc.shape[2:], st, dil, padding)
+    pads = _pads(_logical_shape(xc)[2:], wc.shape[2:], st, dil, padding)
     y = _op("convolution")(xc, wc, bias, stride=st, padding=pads, dilation=dil, groups=int(groups))
     return jnp.transpose(y, tuple(int(i) for i in np.argsort(dn.out_spec)))
 
@@ -161,7 +169,7 @@ def _pool(x: Any, mode: str, window_shape: Sequence[int], strides: Any, padding:
     st = (1,) * nsp if strides is None else _tuple(strides, nsp, "strides")  # flax's default: stride 1
     pads = _pads(xb.shape[1:-1], window, st, (1,) * nsp, padding)
     perm = (0, nsp + 1, *range(1, nsp + 1))
-    y = _op("pooling")(jnp.transpose(xb, perm), mode=mode, window=window, stride=st, padding=pads)
+    y = _op("pooling")(Permuted(xb, perm), mode=mode, window=window, stride=st, padding=pads)
     y = jnp.transpose(y, tuple(int(i) for i in np.argsort(perm)))
     return y if batched else y[0]
 
@@ -233,7 +241,7 @@ def batch_norm(x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, training: 
     perm = (0, ax, *(i for i in range(1, x.ndim) if i != ax)) if ax != 0 else None
     if ax == 0:
         raise NotImplementedError("axis=0: the feature axis cannot be the batch axis")
-    xc = jnp.transpose(x, perm)
+    xc = Permuted(x, perm)
     got = _op("batch_norm")(xc, scale, bias, None, running_mean=mean, running_var=var, training=bool(training),
                             momentum=1.0 - float(momentum), epsilon=epsilon)  # fmt: skip
     y, new_mean, new_var = got if isinstance(got, tuple) and len(got) == 3 else (got, mean, var)
@@ -279,7 +287,7 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     if 1 < kh < n:
         k, v = jnp.repeat(k, n // kh, axis=2), jnp.repeat(v, n // kh, axis=2)
     perm = (0, 2, 1, 3)
-    o = _op("sdpa")(*(jnp.transpose(x, perm) for x in (q, k, v)), scale=scale, causal=bool(is_causal))
+    o = _op("sdpa")(*(Permuted(x, perm) for x in (q, k, v)), scale=scale, causal=bool(is_causal))
     o = jnp.transpose(o, perm)
     return o[0] if unbatched else o
 

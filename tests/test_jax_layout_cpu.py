@@ -117,3 +117,52 @@ def test_vmap_refuses_a_layout_whose_sample_axis_is_not_outermost():
 def test_a_bad_permutation_is_refused():
     with pytest.raises(ValueError, match="not a permutation"):
         _ops.Permuted(jnp.ones((2, 3)), (0, 0))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 1), (2, 1, 1, 4), (1, 3, 5, 4), (2, 3, 1, 4), (1, 1, 1, 1)])
+def test_size_one_dims_keep_the_buffers_layout(shape):
+    """Size-1 dims share a stride with the dim inside them: a channels-last C = 1 array (a grayscale image, one
+    attention head) is still its own buffer's layout, forward and gradient."""
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal(shape))  # (N, H, W, C)
+    w = jnp.asarray(np.arange(1.0, shape[3] + 1))
+    SEEN.clear()
+    y = jax.jit(lambda a, b: J(_ops.Permuted(a, NHWC), b))(x, w)
+    logical = (shape[0], shape[3], shape[1], shape[2])
+    assert SEEN[0][1] == logical
+    np.testing.assert_allclose(np.asarray(y), np.transpose(np.asarray(x), NHWC) * np.asarray(w)[None, :, None, None])
+    gx, gw = jax.jit(jax.grad(lambda a, b: (J(_ops.Permuted(a, NHWC), b) ** 2).sum(), argnums=(0, 1)))(x, w)
+    wx = np.asarray(x) * np.asarray(w)
+    np.testing.assert_allclose(np.asarray(gx), 2 * wx * np.asarray(w), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(gw), (2 * wx * np.asarray(x)).sum(axis=(0, 1, 2)), rtol=1e-12)
+
+
+def _meta_c_outer(x: Spec, w: Spec):
+    """An output laid out with C outermost whatever x's layout: its sample axis is not outermost."""
+    n, c, h, wd = x.shape
+    y = Spec(x.shape, (h * wd, n * h * wd, wd, 1), x.dtype)
+    return (y,), {"x": x, "w": w, "out": y}
+
+
+OP_C = Differentiable("chan_scale_c_outer", "softmax_forward", ("x", "w"), ("out",), _fwd, _bwd, _meta_c_outer,
+                      batch=("x", "out"))  # fmt: skip
+J_C = _ops.JaxOp(OP_C, NumpyRunner(), namespace="cudnnkit_layouttest")
+
+
+@pytest.mark.parametrize("b", [2, 3])
+def test_vmap_grad_with_an_output_whose_sample_axis_is_not_outermost(b):
+    """The folded call's output and cotangent are laid out from the folded specs (not folded in a per-sample
+    layout): vmap(grad) equals the per-sample gradients, for a batch that does and one that does not divide C."""
+    rng = np.random.default_rng(6)
+    xs = jnp.asarray(rng.standard_normal((b, 2, 4, 3, 5)))  # per sample (N, C, H, W), C order
+    w = jnp.asarray(rng.standard_normal(4))
+    t = jnp.asarray(rng.standard_normal((2, 4, 3, 5)))
+
+    def loss(a):
+        return (J_C(a, w) * t).sum()
+
+    got = jax.jit(jax.vmap(jax.grad(loss)))(xs)
+    want = np.broadcast_to(np.asarray(t) * np.asarray(w)[None, :, None, None], xs.shape)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
+    ys = jax.jit(jax.vmap(lambda a: J_C(a, w)))(xs)
+    np.testing.assert_allclose(np.asarray(ys), np.asarray(xs) * np.asarray(w)[None, None, :, None, None])

@@ -145,10 +145,16 @@ def spec(x: Any) -> Spec:
     return Spec(shape, contiguous_strides(shape), canonical(jnp.dtype(x.dtype).name, "array"))
 
 
+def _memory_order(s: Spec) -> tuple[int, ...]:
+    """The dims by decreasing stride; among equal strides a size-1 dim after the others (it has the stride of the
+    dim inside it: a channels-last array's C = 1 comes after W, as in its buffer), then by index."""
+    return tuple(sorted(range(len(s.shape)), key=lambda i: (-s.strides[i], s.shape[i] == 1, i)))
+
+
 def _order(s: Spec) -> tuple[int, ...] | None:
     """The dims of ``s`` in memory order (outermost first) when ``s`` is a dense permutation of C order other than
     C order itself, else None: the physical buffer of such a spec is ``transpose(logical, order)``."""
-    order = tuple(sorted(range(len(s.shape)), key=lambda i: (-s.strides[i], i)))
+    order = _memory_order(s)
     if order == tuple(range(len(s.shape))):
         return None
     phys = tuple(s.shape[i] for i in order)
@@ -183,7 +189,7 @@ def _physical(s: Spec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...
     """``(physical shape, shape, strides)`` of a residual: a dense spec keeps its layout (the buffer XLA allocates
     is its dims in memory order, so the forward writes it with one plain copy and the backward reads it with the
     same strides: pooling's channels-last index); anything else is kept in C order."""
-    order = sorted(range(len(s.shape)), key=lambda i: (-s.strides[i], i))
+    order = _memory_order(s)
     phys = tuple(s.shape[i] for i in order)
     if tuple(s.strides[i] for i in order) == contiguous_strides(phys):
         return phys, s.shape, s.strides
@@ -406,6 +412,7 @@ class JaxOp:
             return out_specs, res_specs, [k for k in res_specs if k not in names]
 
         in_names = tuple(d.inputs[i] for i in in_idx)
+        operand_names = in_names + tuple(arr_names)
         fold = _Fold(d, kwd, in_names, arr_names)
 
         def run(specs: tuple, ins: tuple, arrs: tuple) -> tuple[tuple, tuple, dict]:
@@ -435,10 +442,12 @@ class JaxOp:
             got = list(got) if isinstance(got, (list, tuple)) else [got]
             n, c = len(out_specs), len(changed)
             outs, mutated, fresh = tuple(got[:n]), tuple(got[n : n + c]), got[n + c :]
+            outs = tuple(_to_logical(o, s) for o, s in zip(outs, out_specs))
+            # residuals: operands and mutated arrays as their buffers, outputs logical (the backward lays them out
+            # from its own, possibly folded, specs), fresh ones as the handler wrote them
             by_name = dict(zip((d.inputs[i] for i in in_idx), ins)) | dict(zip(arr_names, arrs))
             by_name |= dict(zip(changed, mutated)) | dict(zip(d.outputs, outs)) | dict(zip(new, fresh))
-            res = {k: by_name.get(k) for k in res_specs}  # the buffers, as the backward reads them
-            outs = tuple(_to_logical(o, s) for o, s in zip(outs, out_specs))
+            res = {k: by_name.get(k) for k in res_specs}
             mutated = tuple(_to_logical(m, s) for m, s in zip(mutated, mut_specs))
             return outs, mutated, res
 
@@ -457,15 +466,14 @@ class JaxOp:
             res, perturbed = packed[0], packed[1].value
             out_cts, _ = cts  # the mutated arrays' new values are state: no cotangent flows into them
             douts, present = [], []
-            out_specs = layout(specs)[0]
             for j, g in enumerate(out_cts):
                 # an integer output's cotangent is float0 (no dtype cuDNN names): it carries nothing; an output
                 # nothing downstream depends on comes as a symbolic zero: it carries nothing either
                 use = (d.carries_gradient(j) and g is not None and not isinstance(g, _SymbolicZero)
                        and g.dtype != jax.dtypes.float0 and jnp.issubdtype(g.dtype, jnp.inexact))  # fmt: skip
                 present.append(use)
-                if use:  # as the output's buffer is laid out (XLA cancels a caller's transpose into this one)
-                    douts.append(_to_physical(g, out_specs[j]))
+                if use:  # logical here: bwd_ffi lays it out as the (possibly folded) output's buffer is
+                    douts.append(g)
             in_specs = specs[: len(in_idx)]
             needs_full = [False] * len(d.inputs)
             for i, s, p in zip(in_idx, in_specs, perturbed):
@@ -485,10 +493,16 @@ class JaxOp:
             def bwd_ffi(specs_: tuple, vals: tuple, douts_: tuple) -> list:
                 """The backward target for arrays of ``specs_``: the fresh residuals' layouts (as the forward kept
                 them) and the gradients' shapes follow from them (a folded call's are the folded ones)."""
-                out_specs_, res_specs_, _ = layout(specs_)
-                # every residual buffer's view (a fresh one in its own layout, an input or output as its buffer is)
-                views_ = tuple((k, *_physical(res_specs_[k])[1:]) for k in names)
-                dviews_ = tuple(_view(out_specs_[j]) for j, p in enumerate(present) if p)
+                out_specs_, res_specs_, new_ = layout(specs_)
+                # each residual's layout is the buffer it is: an operand's spec, an output's (laid out here, from
+                # its logical value: XLA cancels the transposes), a fresh one's as the forward wrote it
+                lay = dict(zip(operand_names, specs_)) | dict(zip(d.outputs, out_specs_))
+                lay |= {k: res_specs_[k] for k in new_}
+                vals = tuple(_to_physical(v, lay[k]) if k in d.outputs else v for k, v in zip(names, vals))
+                views_ = tuple((k, *_physical(lay[k])[1:]) for k in names)
+                outj = [j for j, p in enumerate(present) if p]
+                douts_ = tuple(_to_physical(g, out_specs_[j]) for g, j in zip(douts_, outj))
+                dviews_ = tuple(_view(out_specs_[j]) for j in outj)
                 wanted_ = [s for i, s in zip(in_idx, specs_[: len(in_idx)]) if needs_full[i]]
                 got = jax.ffi.ffi_call(self.backward_name, [_buffer_sds(s) for s in wanted_])(
                     *vals, *douts_,

@@ -264,3 +264,30 @@ def test_express_hits_bind_what_the_first_call_bound_and_keep_the_output_layout(
             strides.append(y.__cuda_array_interface__.get("strides"))
         assert strides[0] == strides[1] == strides[2]
         _express.entries.clear()
+
+
+@pytest.mark.parametrize(
+    "mode, x_shape, window, padding, cells",
+    [
+        ("avg_include_padding", (2, 3, 6, 5), (6, 5), 0, 30),  # global: one output per whole extent
+        ("avg_exclude_padding", (2, 3, 7), (7,), 0, 7),  # 1-d (cuDNN's trailing size-1 window)
+        ("avg_include_padding", (2, 3, 4, 4, 4), (4, 4, 4), 0, 64),
+        ("max", (2, 3, 6, 5), (6, 5), 0, 0),  # max pooling finds the maximum: not a broadcast
+        ("avg_include_padding", (2, 3, 6, 6), (3, 3), 0, 0),  # not the whole extent
+        ("avg_include_padding", (2, 3, 4, 4), (5, 5), 1, 0),  # padded: cells outside the extent count
+    ],
+)
+def test_global_average_pooling_is_recognised_for_its_broadcast_backward(mode, x_shape, window, padding, cells):
+    """The legacy backward of an average over each whole unpadded extent is ``cudnnAddTensor`` of dy / cells
+    (tests/gpu/test_pooling_gpu.py checks the values); anything else keeps ``cudnnPoolingBackward``."""
+    from cudnnkit.runtime.arrays import contiguous_strides
+    from cudnnkit.runtime.view import ArrayView
+
+    def view(shape):
+        return ArrayView(shape, contiguous_strides(shape), "float32", 0, 0, None)
+
+    kw = dict(mode=mode, window=window, stride=1, padding=padding)
+    vx = view(x_shape)
+    vy = view(pl._fwd_resolve({"x": vx}, kw).y_shape)
+    r = pl._bwd_resolve({"dy": vy, "y": vy, "x": vx, "index": None}, kw)  # what the backward's call resolves
+    assert pl._whole_extent_cells(r, vx, vy) == cells

@@ -161,9 +161,16 @@ def test_backward_with_dy_in_another_layout_than_y(xp, mode):
 @pytest.mark.parametrize("nsp", [1, 2, 3])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_global_average_pooling_backward_broadcasts(xp, mode, nsp, dtype, layout):
-    """A window covering each whole unpadded extent (global average pooling), forward and backward, blended into a
-    poisoned or given out, against the float64 reference."""
+def test_global_average_pooling_backward_broadcasts(xp, mode, nsp, dtype, layout, monkeypatch):
+    """A window covering each whole unpadded extent (global average pooling): the backward is a broadcast of
+    alpha * dy / cells (cudnnAddTensor), never cudnnPoolingBackward, blended into a poisoned or given out, against
+    the float64 reference."""
+    from cudnnkit.ops import pooling as pl
+
+    def not_this(*a):
+        raise AssertionError("cudnnPoolingBackward ran for a global average pool")
+
+    monkeypatch.setattr(pl.lib, "cudnnPoolingBackward", not_this)
     rng = np.random.default_rng(7 + nsp)
     spatial = (6, 5, 4)[:nsp]
     x = rng.standard_normal((3, 4, *spatial))

@@ -1,7 +1,9 @@
 """The CUDA :class:`~cudnnkit.jax._ops.Runner`: XLA's buffers as device views whose adapter is cudnnkit's own
 (:mod:`cudnnkit.runtime.adapters._raw`), so the declarations' L2 calls allocate their outputs, temporaries and
 workspaces from the device's CUDA memory pool, stream-ordered on XLA's stream, and run there; each output is then
-copied into its XLA result buffer (``cuMemcpyDtoDAsync``, or ``cudnnTransformTensor`` from another layout).
+copied into its XLA result buffer (``cuMemcpyDtoDAsync``, or ``cudnnTransformTensor`` from another layout),
+unless it was made there: while the declaration runs, a new array of an output's (or a gradient's, a residual's)
+shape, layout and dtype is allocated in that output's result buffer (:meth:`CudaRunner.into`).
 
 The L2 calls' memory comes from the CUDA driver's default pool, outside XLA's preallocated arena (by default
 75% of the GPU): a large workspace can fail with ``MemoryError`` there; lower ``XLA_PYTHON_CLIENT_MEM_FRACTION``
@@ -106,15 +108,41 @@ class CudaRunner:
 
     def write(self, call: _ffi.Call, dst: _ffi.Buffer, value: Any, name: str, shape: tuple | None = None,
               strides: tuple | None = None) -> None:  # fmt: skip
-        d = self.array(call, dst, shape, strides)
-        src = as_view(value, name)
-        if tuple(src.shape) != d.shape or src.dtype != d.dtype:
-            raise RuntimeError(f"{name}: the declaration returned a {src.dtype} {tuple(src.shape)} array where its "
-                               f"meta said {d.dtype} {d.shape} (a cudnnkit bug: meta and forward disagree)")  # fmt: skip
-        if src.ptr == d.ptr and tuple(src.strides) == d.strides:
-            return  # already written in place
-        s = _raw.DeviceArray(src.shape, src.strides, src.dtype, d.device, src.ptr, src)
-        _raw.ADAPTER.copy(d, s, call.stream)
+        self.write_all(call, [(dst, value, name, shape, strides)], [])
+
+    @contextlib.contextmanager
+    def into(self, call: _ffi.Call, targets: list[tuple[_ffi.Buffer, tuple | None, tuple | None]]
+             ) -> Iterator[list[_raw.DeviceArray]]:  # fmt: skip
+        """Within the block, an L2 call's new array of a target's shape, layout and dtype is made in that target
+        (an XLA result buffer, seen as :meth:`array` sees it with ``shape``/``strides``), so :meth:`write_all`
+        has nothing to copy for it (:func:`~cudnnkit.runtime.adapters._raw.into`). Yields the targets handed out."""
+        with _raw.into([self.array(call, b, *(v or ())) for b, v in targets]) as claimed:
+            yield claimed
+
+    def write_all(self, call: _ffi.Call, items: list[tuple], claimed: list[_raw.DeviceArray]) -> None:
+        """Each ``(dst, value, name, shape, strides)`` of ``items``: ``value`` (an array the declaration returned)
+        into ``dst`` seen with ``shape``/``strides``; nothing for a value already there. A value that lies in a
+        target :meth:`into` handed out (and is not already in its own buffer) is first copied out, so that no
+        write overwrites a value still to be written (two outputs of one shape made in each other's buffers)."""
+        spans = [(t.ptr, t.ptr + _raw._extent(t.shape, t.strides, t.dtype)) for t in claimed]
+        moves = []
+        for dst, value, name, shape, strides in items:
+            d = self.array(call, dst, shape, strides)
+            src = as_view(value, name)
+            if tuple(src.shape) != d.shape or src.dtype != d.dtype:
+                raise RuntimeError(f"{name}: the declaration returned a {src.dtype} {tuple(src.shape)} array where "
+                                   f"its meta said {d.dtype} {d.shape} (a cudnnkit bug: meta and forward disagree)")  # fmt: skip
+            if src.ptr == d.ptr and tuple(src.strides) == d.strides:
+                continue  # already written in place
+            s = _raw.DeviceArray(src.shape, src.strides, src.dtype, d.device, src.ptr, src)
+            end = src.ptr + _raw._extent(s.shape, s.strides, s.dtype)
+            if any(lo < end and src.ptr < hi for lo, hi in spans):
+                held = _raw.ADAPTER.empty(s.shape, s.dtype, d.device, None, call.stream)
+                _raw.ADAPTER.copy(held, s, call.stream)
+                s = held
+            moves.append((d, s))
+        for d, s in moves:
+            _raw.ADAPTER.copy(d, s, call.stream)
 
     def zero(self, call: _ffi.Call, dst: _ffi.Buffer) -> None:
         n = itemsize(dst.dtype)

@@ -63,6 +63,7 @@ CUDA_ERROR_NOT_SUPPORTED"), and makes first-use work (a handle, a plan) with the
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import threading
 from collections.abc import Callable
@@ -117,6 +118,10 @@ class Runner(Protocol):
     def scope(self, call: _ffi.Call) -> Any:
         """A context the declaration's calls run in (the call's stream and device)."""
         ...
+
+    # Optional: ``into(call, targets)`` (a context in which the declaration's new arrays may be made in the result
+    # buffers ``targets``, yielding what it placed) and ``write_all(call, items, placed)`` (the writes, knowing
+    # that): the CUDA runner's, which saves the copies; a runner without them writes each result with ``write``.
 
 
 class Permuted:
@@ -583,17 +588,21 @@ class JaxOp:
                 dst, v = rets[n + k], out_views[n + k] or ()
                 r.write(call, dst, arrays[m], m, *v)
                 arrays[m] = r.array(call, dst, *v)
-            outs, res = d.forward(*inputs, **arrays, **kwd)
-            for j, (o, dst) in enumerate(zip(outs, rets[:n])):
-                r.write(call, dst, o, d.outputs[j], *(out_views[j] or ()))
-            names = set(d.inputs) | set(d.arrays) | set(d.outputs)
             lays = _literal(call.attrs["fresh"])  # (name, physical shape, shape, strides), meta's order
+            fresh = rets[n + len(changed) :]
+            targets = [(dst, out_views[j]) for j, dst in enumerate(rets[:n])]
+            targets += [(dst, (shape, strides)) for (_, _, shape, strides), dst in zip(lays, fresh)]
+            with _into(r, call, targets) as placed:
+                outs, res = d.forward(*inputs, **arrays, **kwd)
+            names = set(d.inputs) | set(d.arrays) | set(d.outputs)
             made = {k for k in res if k not in names}
             if made != {k for k, *_ in lays}:
                 raise RuntimeError(f"{d.name}: the forward made residuals {sorted(made)} where its meta said "
                                    f"{sorted(k for k, *_ in lays)} (a cudnnkit bug: meta and forward disagree)")  # fmt: skip
-            for (k, _, shape, strides), dst in zip(lays, rets[n + len(changed) :]):
-                r.write(call, dst, res[k], k, shape, strides)
+            items = [(dst, o, d.outputs[j], *(out_views[j] or (None, None))) for j, (o, dst) in
+                     enumerate(zip(outs, rets[:n]))]  # fmt: skip
+            items += [(dst, res[k], k, shape, strides) for (k, _, shape, strides), dst in zip(lays, fresh)]
+            _write_all(r, call, items, placed)
 
     def _backward(self, call: _ffi.Call) -> None:
         d, r = self.d, self.runner
@@ -612,16 +621,37 @@ class JaxOp:
             # XLA keeps residuals in buffers of its own (a copy, at an address the forward never saw): an op whose
             # backward recognises a residual by identity is told so explicitly
             copied = {"residuals_copied": True} if d.tracked_residuals else {}
-            grads = d.backward(res, douts, tuple(needs), **kwd, **copied)
-            dsts = iter(call.rets)
+            gv = [next(gviews, None) for _ in call.rets]
+            with _into(r, call, list(zip(call.rets, gv))) as placed:
+                grads = d.backward(res, douts, tuple(needs), **kwd, **copied)
+            dsts, items = iter(zip(call.rets, gv)), []
             for g, need in zip(grads, needs):
                 if not need:
                     continue
-                dst, v = next(dsts), next(gviews, None) or ()
+                dst, v = next(dsts)
                 if g is None:
                     r.zero(call, dst)
                 else:
-                    r.write(call, dst, g, "gradient", *v)
+                    items.append((dst, g, "gradient", *(v or (None, None))))
+            _write_all(r, call, items, placed)
+
+
+def _into(r: Runner, call: _ffi.Call, targets: list) -> Any:
+    """The runner's :meth:`~cudnnkit.jax._cuda.CudaRunner.into` (the declaration's new arrays made in the result
+    buffers ``targets``: ``(buffer, (shape, strides) or None)``), or nothing for a runner without it."""
+    into = getattr(r, "into", None)
+    return into(call, targets) if into is not None else contextlib.nullcontext(None)
+
+
+def _write_all(r: Runner, call: _ffi.Call, items: list, placed: Any) -> None:
+    """Each ``(dst, value, name, shape, strides)`` written: at once (:meth:`~cudnnkit.jax._cuda.CudaRunner
+    .write_all`, which knows what :func:`_into` placed), or one by one for a runner without it."""
+    write_all = getattr(r, "write_all", None)
+    if write_all is not None:
+        write_all(call, items, placed)
+        return
+    for dst, value, name, shape, strides in items:
+        r.write(call, dst, value, name, shape, strides)
 
 
 #: per-call parsing the handlers repeat with the same strings: the lowering's literal attributes (a jitted

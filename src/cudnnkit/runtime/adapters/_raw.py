@@ -11,6 +11,10 @@ While a handler's stream captures a CUDA graph (XLA's command buffers), stream-o
 graph memory nodes that XLA cannot nest: the runner then puts an :class:`Arena` in force (:func:`from_arena`), and
 the same call's allocations come from memory the arena keeps for the graph's replays.
 
+An allocation may also land straight in memory the caller already has for it (:func:`into`): the handler offers
+XLA's result buffers, and an output the L2 call allocates with a result's shape, layout and dtype is made in that
+buffer, so nothing is copied afterwards.
+
 It imports no array library. It is found for its own arrays through their type (``__cudnnkit_adapter__``), never
 by a module name, so it is never picked to build plans or select devices (:func:`~cudnnkit.runtime.adapters
 .first_available`).
@@ -31,13 +35,16 @@ from ..view import ArrayView
 from . import KEYED
 from ._protocol import ArrayAdapter
 
-__all__ = ["ADAPTER", "Arena", "DeviceArray", "RawAdapter", "on_stream", "from_arena"]
+__all__ = ["ADAPTER", "Arena", "DeviceArray", "RawAdapter", "on_stream", "from_arena", "into"]
 
 
 class _Current(threading.local):
     def __init__(self) -> None:
         self.device, self.stream = 0, 0
         self.arena: Arena | None = None
+        #: the arrays :func:`into` offers, not yet handed out (None outside its block)
+        self.targets: list[DeviceArray] | None = None
+        self.claimed: list[DeviceArray] = []
 
 
 class Arena:
@@ -96,6 +103,40 @@ def from_arena(arena: Arena) -> Iterator[None]:
 
 
 _current = _Current()
+
+
+def _same_layout(shape: tuple, a: tuple, b: tuple) -> bool:
+    """Whether strides ``a`` and ``b`` of ``shape`` address the same elements (they differ only on size-1 dims)."""
+    return all(x == y for d, x, y in zip(shape, a, b) if d != 1)
+
+
+@contextlib.contextmanager
+def into(targets: list[DeviceArray]) -> Iterator[list[DeviceArray]]:
+    """Within the block, :meth:`RawAdapter.empty` hands out each of ``targets`` (dense arrays over memory the
+    caller owns: XLA's result buffers) once, to the first allocation of its shape, dtype, device and layout
+    (strides equal but on size-1 dims); other allocations are made as usual. Yields the list of the targets handed
+    out so far, which the caller reads afterwards: a value in one of them that is not where it belongs must be
+    moved out of it before another value is written there (:meth:`cudnnkit.jax._cuda.CudaRunner.write_all`).
+
+    Handing out a target is safe whatever the allocation is for: an output lands where it is to be written, and
+    a temporary's work is queued before the writes that follow the call."""
+    old = (_current.targets, _current.claimed)
+    claimed: list[DeviceArray] = []
+    _current.targets, _current.claimed = [t for t in targets if 0 not in t.shape], claimed
+    try:
+        yield claimed
+    finally:
+        _current.targets, _current.claimed = old
+
+
+def _claim(shape: tuple, strides: tuple, dtype: str, device: int) -> DeviceArray | None:
+    targets = _current.targets
+    for i, t in enumerate(targets or ()):
+        if t.shape == shape and t.dtype == dtype and t.device == device and _same_layout(shape, t.strides, strides):
+            del targets[i]  # type: ignore[union-attr]
+            _current.claimed.append(t)
+            return DeviceArray(shape, strides, dtype, device, t.ptr, t)
+    return None
 
 
 @contextlib.contextmanager
@@ -167,6 +208,10 @@ class RawAdapter(ArrayAdapter):
               stream: int | None = None) -> DeviceArray:  # fmt: skip
         shape = tuple(int(d) for d in shape)
         strides = tuple(strides) if strides is not None else contiguous_strides(shape)
+        if _current.targets:
+            got = _claim(shape, strides, dtype, int(device))
+            if got is not None:
+                return got
         arena = _current.arena
         if arena is not None and arena.device == device:
             return DeviceArray(shape, strides, dtype, device, arena.take(_extent(shape, strides, dtype)), arena)

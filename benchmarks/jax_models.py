@@ -4,8 +4,9 @@ versions train to the same loss from the same seed (so the benchmark compares th
 
 * CNN (NHWC, flax's layouts): conv3x3 3->32, batch norm, ReLU, max pool 2x2, conv3x3 32->64, batch norm, ReLU,
   global average pool, dense 10; cross-entropy. ``cnn_apply_cudnnkit``: ``cudnnkit.jax.nn.conv``,
-  ``nn.batch_norm`` (explicit state), ``ops.activation`` (ReLU), ``nn.max_pool``, ``nn.avg_pool`` and
-  ``nn.log_softmax``; ``cnn_apply_jax``: ``lax.conv_general_dilated``, the batch statistics in float32,
+  ``nn.batch_norm`` (explicit state) with the ReLU fused in its cuDNN call (``activation="relu"``:
+  ``CUDNN_BATCHNORM_OPS_BN_ACTIVATION``, as XLA fuses its own ReLU into the normalization), ``nn.max_pool``,
+  ``nn.avg_pool`` and ``nn.log_softmax``; ``cnn_apply_jax``: ``lax.conv_general_dilated``, the batch statistics in float32,
   ``jax.nn.relu``, ``lax.reduce_window``, ``jnp.mean`` and ``jax.nn.log_softmax``. The dense layer is ``jnp.dot`` in
   both. Batch-norm parameters and statistics are float32 for bfloat16 data (cuDNN's rule); the running variance is
   updated with the unbiased batch variance in both (cuDNN's convention).
@@ -73,17 +74,15 @@ def cnn_init(key: Any, dtype: Any = jnp.float32, in_channels: int = 3) -> tuple[
 
 def cnn_apply_cudnnkit(params: dict, state: dict, x: Any) -> tuple[Any, Any, dict]:
     """``(log-probabilities, logits, new state)`` of a training step's forward, by cuDNN (see the module docstring)."""
-    from cudnnkit.jax import nn, op
+    from cudnnkit.jax import nn
 
-    relu = op("activation")
     new_state = {}
     h = x
     for conv, bn in (("conv1", "bn1"), ("conv2", "bn2")):
         h = nn.conv(h, params[conv])  # SAME, stride 1, no bias (the batch norm's bias follows)
         h, m, v = nn.batch_norm(h, params[bn]["scale"], params[bn]["bias"], state[bn]["mean"], state[bn]["var"],
-                                training=True, momentum=BN_MOMENTUM, epsilon=BN_EPSILON)  # fmt: skip
+                                training=True, momentum=BN_MOMENTUM, epsilon=BN_EPSILON, activation="relu")  # fmt: skip
         new_state[bn] = {"mean": m, "var": v}
-        h = relu(h, mode="relu")
         if conv == "conv1":
             h = nn.max_pool(h, (2, 2), (2, 2))
     h = nn.avg_pool(h, h.shape[1:3]).reshape(h.shape[0], -1)  # global average pool

@@ -4,8 +4,8 @@ table holds the pure-JAX side here), in one process, jitted, each call waited fo
 
 * CNN train step: the small CNN of :mod:`benchmarks.jax_models` (conv3x3 3->32, BN, ReLU, max pool, conv3x3 32->64,
   BN, ReLU, global average pool, dense 10) on a batch of 64 3x32x32 NHWC images, forward, cross-entropy, backward
-  and an SGD step under one ``jax.jit``: ours with ``cudnnkit.jax.nn`` (conv, batch_norm, max_pool, avg_pool,
-  log_softmax) and the activation op, against ``lax.conv_general_dilated``, ``lax.reduce_window`` and XLA's
+  and an SGD step under one ``jax.jit``: ours with ``cudnnkit.jax.nn`` (conv, batch_norm with its ReLU fused,
+  max_pool, avg_pool, log_softmax), against ``lax.conv_general_dilated``, ``lax.reduce_window`` and XLA's
   reductions; float32 and bfloat16. Goal: no slower than XLA's (ratio <= 1).
 * LSTM train step: one LSTM layer, T100 N64 I512 H512, float32, forward, MSE, backward and SGD: ours one
   ``cudnnkit.jax.ops.rnn`` on cuDNN's flat weights, against a ``lax.scan`` LSTM (the input projection of all steps

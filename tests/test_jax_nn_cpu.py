@@ -46,7 +46,7 @@ def _norm(x, scale, bias=None, *, normalized_shape_ndim, epsilon, rms=False):
     return (x - m) / jnp.sqrt(v + epsilon) * scale + bias
 
 
-def _bn_nc(x, scale, bias, z, *, running_mean, running_var, training, momentum, epsilon):
+def _bn_nc(x, scale, bias, z, *, running_mean, running_var, training, momentum, epsilon, activation=None):
     ax = (0, *range(2, x.ndim))
     sh = (1, -1) + (1,) * (x.ndim - 2)
     if training:
@@ -56,7 +56,10 @@ def _bn_nc(x, scale, bias, z, *, running_mean, running_var, training, momentum, 
         nv = (1 - momentum) * running_var + momentum * v * n / (n - 1)
     else:
         m, v, nm, nv = running_mean, running_var, running_mean, running_var
-    return (x - m.reshape(sh)) / jnp.sqrt(v.reshape(sh) + epsilon) * scale.reshape(sh) + bias.reshape(sh), nm, nv
+    y = (x - m.reshape(sh)) / jnp.sqrt(v.reshape(sh) + epsilon) * scale.reshape(sh) + bias.reshape(sh)
+    if activation == "relu":
+        y = jnp.maximum(y if z is None else y + z, 0)
+    return y, nm, nv
 
 
 STANDINS = {
@@ -197,6 +200,31 @@ def test_batch_norm_explicit_state_with_flax_momentum():
     np.testing.assert_array_equal(np.asarray(nv2), np.asarray(nv))
     with pytest.raises(NotImplementedError, match="axis=0"):
         nn.batch_norm(x, s, b, m, v, training=True, axis=0)
+
+
+def test_batch_norm_fused_relu_and_residual():
+    """activation='relu' (and z, added before it) reach the op, z as a channels-last view like x; z without the
+    ReLU, a z of another shape and another activation are refused by name before any op runs."""
+    x, z = _r((4, 5, 5, 3)), _r((4, 5, 5, 3), 1)
+    s, b, m, v = jnp.full(3, 1.5), jnp.full(3, 0.2), jnp.zeros(3), jnp.ones(3)
+    bn = (x - x.mean((0, 1, 2))) / jnp.sqrt(x.var((0, 1, 2)) + 1e-5) * 1.5 + 0.2
+    PERMUTED.clear()
+    y, _, _ = nn.batch_norm(x, s, b, m, v, training=True, activation="relu")
+    np.testing.assert_allclose(np.asarray(y), np.asarray(jnp.maximum(bn, 0)), rtol=1e-4, atol=1e-5)
+    assert CALLED[-1][1]["activation"] == "relu"
+    y, _, _ = nn.batch_norm(x, s, b, m, v, training=True, activation="relu", z=z)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(jnp.maximum(bn + z, 0)), rtol=1e-4, atol=1e-5)
+    assert PERMUTED[-1] == ("batch_norm", ((0, 3, 1, 2), None, None, (0, 3, 1, 2)))
+    y, _, _ = nn.batch_norm(x, s, b, m, v, training=True)
+    assert "activation" not in CALLED[-1][1] and float(y.min()) < 0
+    n = len(CALLED)
+    with pytest.raises(ValueError, match="z is added before the fused ReLU: pass activation='relu'"):
+        nn.batch_norm(x, s, b, m, v, training=True, z=z)
+    with pytest.raises(ValueError, match=r"z must have x's shape and dtype \(4, 5, 5, 3\) float32, got \(4, 5, 5, 1\)"):
+        nn.batch_norm(x, s, b, m, v, training=True, activation="relu", z=z[..., :1])
+    with pytest.raises(ValueError, match="activation must be None or 'relu'"):
+        nn.batch_norm(x, s, b, m, v, training=True, activation="gelu")
+    assert len(CALLED) == n
 
 
 @pytest.mark.parametrize("kv_heads, causal", [(4, False), (2, True), (1, False)])

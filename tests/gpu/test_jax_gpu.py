@@ -230,6 +230,44 @@ def test_the_functional_api_against_jax_and_flax_semantics():
     assert _rel(o, ref) < 2e-2
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("with_z", [False, True])
+def test_batch_norm_fused_relu_forward_and_grads_against_jax(dtype, with_z):
+    """nn.batch_norm(activation='relu', z=) (cuDNN's BN_ACTIVATION / BN_ADD_ACTIVATION on channels-last data)
+    under jit: y, the new state and the gradients of x, scale, bias (and z) against JAX's own batch norm + ReLU in
+    float32."""
+    from cudnnkit.jax import nn
+
+    rng = np.random.default_rng(11)
+    dt = jnp.dtype(dtype)
+    x = jnp.asarray(rng.standard_normal((8, 6, 6, 16)), dt)
+    z = jnp.asarray(rng.standard_normal((8, 6, 6, 16)), dt) if with_z else None
+    s, b = jnp.asarray(rng.uniform(0.5, 1.5, 16), jnp.float32), jnp.asarray(rng.standard_normal(16), jnp.float32)
+    m, v = jnp.zeros(16, jnp.float32), jnp.ones(16, jnp.float32)
+    ct = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+
+    def ours(x, s, b, z):
+        y, nm, nv = nn.batch_norm(x, s, b, m, v, training=True, momentum=0.9, activation="relu", z=z)
+        return (y.astype(jnp.float32) * ct).sum(), (y, nm, nv)
+
+    def ref(x, s, b, z):
+        xf = x.astype(jnp.float32)
+        mu, var = xf.mean((0, 1, 2)), xf.var((0, 1, 2))
+        y = (xf - mu) / jnp.sqrt(var + 1e-5) * s + b + (0 if z is None else z.astype(jnp.float32))
+        y = jnp.maximum(y, 0)
+        n = x.size // x.shape[-1]
+        return (y * ct).sum(), (y, 0.1 * mu, 0.9 + 0.1 * var * n / (n - 1))
+
+    argnums = (0, 1, 2, 3) if with_z else (0, 1, 2)
+    (_, got), g_got = jax.jit(jax.value_and_grad(ours, argnums=argnums, has_aux=True))(x, s, b, z)
+    (_, want), g_want = jax.value_and_grad(ref, argnums=argnums, has_aux=True)(x, s, b, z)
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    for a, w_ in zip(got, want):
+        assert _rel(a, w_) < tol
+    for a, w_ in zip(g_got, g_want):
+        assert _rel(a, w_) < (1e-4 if dtype == "float32" else 3e-2)
+
+
 def test_eager_l2_calls_on_jax_arrays_return_jax_arrays():
     """The JAX adapter: L2 ops on JAX GPU arrays outside jit (DLPack in on JAX's stream, outputs handed to JAX
     once queued); a JAX array as out= is refused (immutable)."""

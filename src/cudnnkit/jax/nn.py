@@ -231,19 +231,37 @@ def rms_norm(x: Any, scale: Any = None, *, epsilon: float = 1e-6, axes: Any = -1
 
 
 def batch_norm(x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, training: bool, momentum: float = 0.99,
-               epsilon: float = 1e-5, axis: int = -1) -> tuple[Any, Any, Any]:  # fmt: skip
+               epsilon: float = 1e-5, axis: int = -1, activation: str | None = None,
+               z: Any = None) -> tuple[Any, Any, Any]:  # fmt: skip
     """Batch norm with explicit state: ``(y, new_mean, new_var)``. ``axis`` is the feature axis (flax's default:
     the last); ``momentum`` flax's (``new = momentum * old + (1 - momentum) * batch``). Training normalizes by the
     batch statistics and updates the state (cuDNN's running variance is the *unbiased* batch variance, torch's
     convention, where flax's uses the biased one); inference normalizes by ``mean``/``var`` and returns them
-    unchanged. ``cudnnBatchNormalizationForwardTraining``/``...Inference`` (``cudnnkit.jax.ops.batch_norm``)."""
+    unchanged. ``cudnnBatchNormalizationForwardTraining``/``...Inference`` (``cudnnkit.jax.ops.batch_norm``).
+
+    ``activation="relu"`` applies a ReLU to the result inside the batch norm's cuDNN call where cuDNN fuses it
+    (training on channels-last float16/bfloat16/float32 data: the batch-norm graph with a ReLU node; under
+    ``settings(prefer="legacy")`` ``CUDNN_BATCHNORM_OPS_BN_ACTIVATION`` of ``cudnnBatchNormalizationForwardTrainingEx``
+    for float16), else as a second call; the backward takes the ReLU's gradient from ``y``. ``z``, an array of
+    ``x``'s shape and dtype (a residual branch), is added before that ReLU (``relu(bn(x) + z)``,
+    ``CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION``) and gets its gradient too; it needs ``activation="relu"``."""
     ax = axis % x.ndim
     perm = (0, ax, *(i for i in range(1, x.ndim) if i != ax)) if ax != 0 else None
     if ax == 0:
         raise NotImplementedError("axis=0: the feature axis cannot be the batch axis")
+    if activation not in (None, "relu"):
+        raise ValueError(f"batch_norm: activation must be None or 'relu' (cuDNN fuses ReLU only), got {activation!r}")
+    if z is not None:
+        if activation is None:
+            raise ValueError("batch_norm: z is added before the fused ReLU: pass activation='relu' with it")
+        if tuple(z.shape) != tuple(x.shape) or z.dtype != x.dtype:
+            raise ValueError(f"batch_norm: z must have x's shape and dtype {tuple(x.shape)} {x.dtype}, got "
+                             f"{tuple(z.shape)} {z.dtype}")  # fmt: skip
     xc = Permuted(x, perm)
-    got = _op("batch_norm")(xc, scale, bias, None, running_mean=mean, running_var=var, training=bool(training),
-                            momentum=1.0 - float(momentum), epsilon=epsilon)  # fmt: skip
+    zc = None if z is None else Permuted(z, perm)
+    kw = {} if activation is None else {"activation": activation}
+    got = _op("batch_norm")(xc, scale, bias, zc, running_mean=mean, running_var=var, training=bool(training),
+                            momentum=1.0 - float(momentum), epsilon=epsilon, **kw)  # fmt: skip
     y, new_mean, new_var = got if isinstance(got, tuple) and len(got) == 3 else (got, mean, var)
     return jnp.transpose(y, tuple(int(i) for i in np.argsort(perm))), new_mean, new_var
 

@@ -234,11 +234,11 @@ def test_instance_norm_matches_the_reference(xp, dtype, layout, shape):
 @pytest.mark.parametrize("with_z", [False, True])
 @pytest.mark.parametrize("prefer", ["auto", "graph", "legacy"])
 def test_fused_batch_norm_add_relu(xp, dtype, layout, with_z, prefer):
-    """``relu(bn(x) + z)``, forward and backward, against the reference: by default (and under ``prefer="legacy"``)
-    the fused Ex calls where cuDNN fuses them (channels-last float16, C a multiple of 4: a reserve comes back), the
-    unfused steps elsewhere; under ``prefer="graph"`` one graph for channels-last arrays (NORM_FORWARD, ADD,
-    RELU_FWD; the backward the ReLU's gradient from y, then NORM_BACKWARD), and a clear refusal for the calls the
-    graph form does not take."""
+    """``relu(bn(x) + z)``, forward and backward, against the reference: under ``prefer="legacy"`` the fused Ex
+    calls where cuDNN fuses them (channels-last float16, C a multiple of 4: a reserve comes back), the unfused steps
+    elsewhere; by default and under ``prefer="graph"`` one graph for channels-last arrays (NORM_FORWARD, ADD,
+    RELU_FWD; the backward the ReLU's gradient from y, then NORM_BACKWARD); by default the legacy steps for
+    channels-first ones, which ``prefer="graph"`` refuses clearly."""
     from cudnnkit import settings
 
     with settings(prefer=prefer):
@@ -264,7 +264,8 @@ def _fused_batch_norm_add_relu(xp, dtype, layout, with_z, prefer):
     tol = TOL[dtype] * 4
     assert rel(host(xp, y), want) < tol
     assert rel(host(xp, sm), mean) < 1e-4 and rel(host(xp, si), inv) < 1e-3
-    graph = prefer == "graph"
+    # the graph form takes channels-last training calls, and is the default for them (d71d1b9)
+    graph = prefer == "graph" or (prefer == "auto" and layout == "nhwc")
     assert ops.last_path() == ("batch_norm_forward", "graph" if graph else "legacy")
     if graph:
         assert reserve is None  # the graph keeps none: the backward reads y
@@ -288,8 +289,8 @@ def _fused_batch_norm_add_relu(xp, dtype, layout, with_z, prefer):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("shape", [(4, 8, 5, 6), (16, 64, 9, 7), (64, 32, 8, 8)])
 def test_batch_norm_graph_and_legacy_paths_agree(xp, dtype, shape):
-    """Channels-last training batch norm runs its graph form under ``prefer="graph"``; the legacy calls (the
-    default) give the same outputs, saved statistics, in-place running statistics and gradients, and both match the
+    """Channels-last training batch norm runs its graph form by default (and under ``prefer="graph"``); the legacy
+    calls (``prefer="legacy"``) give the same outputs, saved statistics, in-place running statistics and gradients, and both match the
     float64 reference. Outputs poisoned first. The call repeated (an express hit: the pointer-only graph path, which
     allocates the saved statistics anew) gives new statistics arrays with the same values."""
     from cudnnkit import settings
@@ -304,7 +305,7 @@ def test_batch_norm_graph_and_legacy_paths_agree(xp, dtype, shape):
     m = x.size // c
     var = x.transpose(1, 0, 2, 3).reshape(c, -1).var(axis=1)
     got = {}
-    for prefer in ("graph", "auto"):
+    for prefer in ("graph", "legacy"):
         with settings(prefer=prefer):
             rm, rv = dev(xp, rm0, "float32"), dev(xp, rv0, "float32")
             xd, sd, bd = dev(xp, x, dtype, "nhwc"), dev(xp, s, "float32"), dev(xp, b, "float32")
@@ -312,7 +313,7 @@ def test_batch_norm_graph_and_legacy_paths_agree(xp, dtype, shape):
             y, sm, si = ops.batch_norm_forward(xd, sd, bd, running_mean=rm, running_var=rv, momentum=0.2,
                                                out=(out, None, None))  # fmt: skip
             assert y is out
-            path = "graph" if prefer == "graph" else "legacy"
+            path = prefer
             assert ops.last_path() == ("batch_norm_forward", path)
             dyd = dev(xp, dy, dtype, "nhwc")
             dx, ds, db = ops.batch_norm_backward(dyd, xd, sd, sm, si)
@@ -335,6 +336,9 @@ def test_batch_norm_graph_and_legacy_paths_agree(xp, dtype, shape):
     dx_w, ds_w, db_w = ref.bn_backward(dy, x, s, mean, inv)
     want = [y_ref, mean, inv, 0.8 * rm0 + 0.2 * mean, 0.8 * rv0 + 0.2 * var * m / (m - 1), dx_w, ds_w, db_w]
     tol = TOL[dtype] * 4
-    for i, (a, g, w) in enumerate(zip(got["graph"], got["auto"], want)):
+    with settings(prefer="auto"):  # the default: the graph
+        ops.batch_norm_forward(dev(xp, x, dtype, "nhwc"), dev(xp, s, "float32"), dev(xp, b, "float32"))
+        assert ops.last_path() == ("batch_norm_forward", "graph")
+    for i, (a, g, w) in enumerate(zip(got["graph"], got["legacy"], want)):
         assert rel(a, w) < tol * 4, i
         assert rel(a, g) < tol * 4, i

@@ -75,7 +75,7 @@ def test_the_trait_reaches_the_registration_metadata(name, declared, runner, exp
 
 #: the declarations whose warm calls queue device work only (each carries its one-line reason where it is declared)
 CAPTURE_SAFE = {
-    "activation", "affine_grid", "batch_norm", "convolution", "convolution_transpose", "divisive_normalization",
+    "activation", "affine_grid", "attention", "batch_norm", "convolution", "convolution_transpose", "divisive_normalization",
     "grid_sample", "instance_norm", "layer_norm", "lrn", "pooling", "rms_norm", "sdpa", "softmax", "transform_tensor",
 }  # fmt: skip
 #: and those that are not: host divisions (op_tensor, reduce_tensor), host reads and uploads (ctc_loss), host

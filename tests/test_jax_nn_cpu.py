@@ -70,7 +70,31 @@ STANDINS = {
     "rms_norm": lambda x, s, **kw: _norm(x, s, rms=True, **kw),
     "batch_norm": _bn_nc,
     "sdpa": lambda q, k, v, *, scale, causal: _sdpa_bhsd(q, k, v, scale, causal),
+    "attention": lambda q, k, v, mask, sink, **kw: _attention_bhsd(q, k, v, mask, sink, **kw),
 }
+
+
+def _attention_bhsd(q, k, v, mask, sink, *, scale, is_causal, enable_gqa, left_bound=None, right_bound=None):
+    """cuDNN's attention variants in (B, H, S, D): grouped key/value heads (query head i reads head i // (H / K)),
+    the additive mask, the band ``row - left_bound < col <= row + right_bound`` (causal: right 0), float32."""
+    assert sink is None  # the functional API passes none
+    h, kh = q.shape[1], k.shape[1]
+    assert enable_gqa == (kh != h)
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    k32, v32 = jnp.repeat(k32, h // kh, axis=1), jnp.repeat(v32, h // kh, axis=1)
+    s = jnp.einsum("bhtd,bhsd->bhts", q32, k32) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    if mask is not None:
+        s = s + mask.astype(jnp.float32)
+    t, n = s.shape[-2:]
+    row, col = np.arange(t)[:, None], np.arange(n)[None, :]
+    keep = np.ones((t, n), bool)
+    right = 0 if is_causal else right_bound
+    if right is not None:
+        keep &= col <= row + right
+    if left_bound is not None:
+        keep &= col > row - left_bound
+    s = jnp.where(keep, s, -jnp.inf)
+    return jnp.einsum("bhts,bhsd->bhtd", jax.nn.softmax(s, axis=-1), v32).astype(q.dtype)
 
 
 def _sdpa_bhsd(q, k, v, scale, causal):
@@ -239,10 +263,45 @@ def test_dot_product_attention_matches_jax(kv_heads, causal):
     assert nn.dot_product_attention(q[0], k[0], v[0]).shape == (6, 4, 8)
 
 
+@pytest.mark.parametrize("case", ["bias", "mask", "bias+mask", "window", "causal-window", "gqa"])
+def test_dot_product_attention_variants_match_jax(case):
+    """bias (4-d, broadcast), a boolean mask, local_window_size (symmetric and with is_causal) and grouped heads
+    reach the op "attention" as cuDNN takes them, and give jax.nn.dot_product_attention's result."""
+    q = _r((2, 6, 4, 8)).astype(jnp.bfloat16)
+    kvh = 2 if case == "gqa" else 4
+    k, v = _r((2, 6, kvh, 8), 1).astype(jnp.bfloat16), _r((2, 6, kvh, 8), 2).astype(jnp.bfloat16)
+    bias = _r((1, 4, 6, 6), 3) if "bias" in case else None
+    mask = (
+        jnp.asarray(np.random.default_rng(4).random((2, 1, 1, 6)) > 0.3).at[..., 0].set(True)
+        if "mask" in case
+        else None
+    )
+    kw = {"window": dict(local_window_size=(2, 1)), "causal-window": dict(local_window_size=2, is_causal=True)}.get(
+        case, {}
+    )
+    got = nn.dot_product_attention(q, k, v, bias, mask, scale=0.3, **kw)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    want = jax.nn.dot_product_attention(*f32, bias, mask, scale=0.3, **kw)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
+    name, called = CALLED[-1]
+    assert name == "attention" and called["enable_gqa"] == (case == "gqa")
+    want_bounds = {"window": {"left_bound": 3, "right_bound": 1}, "causal-window": {"left_bound": 3}}.get(case, {})
+    assert {k_: called[k_] for k_ in ("left_bound", "right_bound") if k_ in called} == want_bounds
+    # plain or causal calls with one head group stay on "sdpa"
+    nn.dot_product_attention(q, q, q, is_causal=True)
+    assert CALLED[-1][0] == "sdpa"
+
+
 def test_dot_product_attention_refusals_name_the_argument():
     q = _r((1, 4, 2, 8)).astype(jnp.bfloat16)
-    with pytest.raises(NotImplementedError, match="mask= is not supported"):
-        nn.dot_product_attention(q, q, q, mask=jnp.ones((1, 2, 4, 4), bool))
+    with pytest.raises(NotImplementedError, match="query_seq_lengths= is not supported"):
+        nn.dot_product_attention(q, q, q, query_seq_lengths=jnp.ones((1,), jnp.int32))
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        nn.dot_product_attention(q, q, q, mask=jnp.ones((1, 2, 4, 4), jnp.float32))
+    with pytest.raises(ValueError, match=r"bias of shape \(1, 3, 4, 4\) does not broadcast"):
+        nn.dot_product_attention(q, q, q, bias=jnp.ones((1, 3, 4, 4)))
+    with pytest.raises(ValueError, match="local_window_size must be an int or"):
+        nn.dot_product_attention(q, q, q, local_window_size=(1, -1))
     with pytest.raises(NotImplementedError, match="query has dtype float32"):
         nn.dot_product_attention(q.astype(jnp.float32), q, q)
     with pytest.raises(NotImplementedError, match="is_causal with T=4 != S=3"):

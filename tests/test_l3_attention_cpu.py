@@ -63,14 +63,20 @@ def test_the_primitives_and_the_declaration_are_registered():
     assert [op.name for op in bwd.inputs] == ["q", "k", "v", "o", "do", "stats", *variants]
     assert all(op.optional for op in (*fwd.inputs[3:], *bwd.inputs[6:]))
     assert [o.name for o in bwd.outputs] == ["dq", "dk", "dv", "dattn_mask", "dsink"]  # empty unless asked
-    assert fwd.differentiable == ("q", "k", "v") and fwd.backward == "sdpa_backward"
+    # attn_mask and sink carry gradients through the L3 op "attention"
+    assert fwd.differentiable == ("q", "k", "v", "attn_mask", "sink") and fwd.backward == "sdpa_backward"
     assert fwd.residuals == ("q", "k", "v", "out", "stats")
     d = autograd.get("sdpa")
     assert d is DIFFERENTIABLE["sdpa"] is A.SDPA
     assert (d.primitive, d.inputs, d.outputs, d.arrays, d.mutated) == ("sdpa_forward", ("q", "k", "v"), ("out",), (),
                                                                        ())  # fmt: skip
     assert d.differentiable_outputs is None and d.doc
-    assert set(samples.SAMPLES) == set(samples.TORCH_REFERENCE) == set(samples.ONLY_DTYPE) == {"sdpa"}
+    assert set(samples.SAMPLES) == set(samples.TORCH_REFERENCE) == set(samples.ONLY_DTYPE) == {"sdpa", "attention"}
+    a = autograd.get("attention")
+    assert a is DIFFERENTIABLE["attention"] is A.ATTENTION and a.capture_safe and a.doc
+    assert (a.primitive, a.inputs, a.outputs, a.arrays, a.mutated) == (
+        "sdpa_forward", ("q", "k", "v", "attn_mask", "sink"), ("out",),
+        ("seq_len_q", "seq_len_kv", "alibi_slopes", "seed", "offset"), ())  # fmt: skip
     assert ops.sdpa_forward is A.sdpa_forward and ops.sdpa_backward is A.sdpa_backward
     assert {"sdpa_forward", "sdpa_backward"} <= set(ops.__all__)
 
@@ -357,6 +363,103 @@ def test_forward_and_backward_wiring_match_torch(stand_ins, inputs, kw):
     assert len(stand_ins) == 3  # one backward call each time gradients are needed
 
 
+# ----------------------------------------------------------------- the L3 op "attention" (every variant)
+
+
+def _att_cases():
+    for i, (inputs, kw) in enumerate(samples.SAMPLES["attention"](np.random.default_rng(0), "float64")):
+        yield pytest.param(inputs, kw, id=f"sample{i}")
+
+
+@pytest.mark.parametrize("inputs, kw", list(_att_cases()))
+def test_attention_meta_on_the_samples_gives_the_references_shapes(inputs, kw):
+    q, k, v, mask, sink = inputs
+    specs = [_spec(q), _spec(k), _spec(v), None if mask is None else _spec(mask),
+             None if sink is None else _spec(sink, "float32")]  # fmt: skip
+    mkw = {n: (_spec(a, "float32") if n == "alibi_slopes" else a) for n, a in kw.items()}
+    (o,), res = A.ATTENTION.meta(*specs, **mkw)
+    (want,) = samples.TORCH_REFERENCE["attention"](inputs, kw)
+    assert o.shape == tuple(want.shape) and o.dtype == "bfloat16" and o.strides[-1] == 1
+    assert list(res) == ["q", "k", "v", "attn_mask", "sink", "seq_len_q", "seq_len_kv", "alibi_slopes", "seed",
+                         "offset", "out", "stats"]  # fmt: skip
+    assert res["q"] is specs[0] and res["attn_mask"] is specs[3] and res["sink"] is specs[4] and res["out"] is o
+    assert res["stats"] == S(q.shape[:3] + (1,), "float32")
+    assert res["alibi_slopes"] is mkw.get("alibi_slopes")
+
+
+ATT_REFUSED = [
+    (dict(cu_seqlens_q=[0, 16], cu_seqlens_kv=[0, 16]), NotImplementedError, "cu_seqlens_q: a packed .* batch is"),
+    (dict(page_table_k=None), NotImplementedError, "page_table_k: cuDNN's paged attention has no backward"),
+    (dict(dropout=0.1), TypeError, "unexpected keyword 'dropout'"),
+    (dict(is_causal=True, diagonal_alignment="middle"), ValueError, "diagonal_alignment"),
+    (dict(softcap=2.0, is_causal=True), ValueError, "softcap"),
+    (dict(dropout_p=0.2), ValueError, "seed"),
+]
+
+
+@pytest.mark.parametrize("kw, exc, msg", ATT_REFUSED)
+def test_attention_meta_refuses_by_name(kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        A.ATTENTION.meta(S(BHSD), S(BHSD), S(BHSD), **kw)
+
+
+@pytest.fixture
+def att_calls(monkeypatch):
+    """attention_forward/attention_backward replaced by recorders returning marked arrays."""
+    calls = []
+
+    def fwd(q, k, v, **kw):
+        calls.append(("fwd", kw))
+        return np.full(q.shape[:3] + v.shape[3:], 2.0), np.full(q.shape[:3] + (1,), 3.0)
+
+    def bwd(q, k, v, o, do, stats, *, dbias=False, dsink=False, **kw):
+        calls.append(("bwd", dict(kw, dbias=dbias, dsink=dsink, o=float(o.flat[0]), stats=float(stats.flat[0]))))
+        got = (np.full(q.shape, 4.0), np.full(k.shape, 5.0), np.full(v.shape, 6.0))
+        if dbias:
+            got += (np.full(kw["attn_mask"].shape, 7.0),)
+        if dsink:
+            got += (np.full(kw["sink"].shape, 8.0),)
+        return got
+
+    monkeypatch.setattr(A, "attention_forward", fwd)
+    monkeypatch.setattr(A, "attention_backward", bwd)
+    return calls
+
+
+def test_attention_wiring_passes_every_option_and_asks_only_the_needed_gradients(att_calls):
+    q, kv = np.zeros((1, 4, 8, 16)), np.zeros((1, 2, 8, 16))
+    mask, sink, lens, seed = np.zeros((4, 8, 8)), np.zeros(4, np.float32), np.ones(1, np.int32), np.ones(1, np.int64)
+    kw = dict(is_causal=True, left_bound=4, enable_gqa=True, scale=0.5, dropout_p=0.1)
+    (o,), res = A.ATTENTION.forward(q, kv, kv, mask, sink, seq_len_q=lens, seq_len_kv=lens, seed=seed, offset=seed,
+                                    **kw)  # fmt: skip
+    name, got = att_calls[-1]
+    assert name == "fwd" and got["attn_mask"] is mask and got["sink"] is sink and got["seq_len_q"] is lens
+    assert got["seed"] is seed and got["alibi_slopes"] is None and got["softcap"] is None
+    assert {k: got[k] for k in kw} == kw and got["diagonal_alignment"] == "top_left" and got["right_bound"] is None
+    assert (
+        res["attn_mask"] is mask
+        and res["seq_len_kv"] is lens
+        and res["out"] is o
+        and float(res["stats"][0, 0, 0, 0]) == 3
+    )
+    do = np.ones(o.shape)
+    g = A.ATTENTION.backward(res, (do,), (True, False, True, True, False), **kw)
+    name, got = att_calls[-1]
+    assert name == "bwd" and got["dbias"] and not got["dsink"] and got["o"] == 2.0 and got["stats"] == 3.0
+    assert got["seq_len_q"] is lens and got["offset"] is seed and got["left_bound"] == 4
+    assert [None if x is None else float(x.flat[0]) for x in g] == [4.0, None, 6.0, 7.0, None]
+    g = A.ATTENTION.backward(res, (do,), (False, False, False, False, True), **kw)
+    assert (
+        att_calls[-1][1]["dsink"] and not att_calls[-1][1]["dbias"] and float(g[4][0]) == 8.0 and g[:4] == (None,) * 4
+    )
+    n = len(att_calls)
+    assert A.ATTENTION.backward(res, (None,), (True,) * 5, **kw) == (None,) * 5 and len(att_calls) == n
+    # no mask, no sink: their gradients are not asked for even when needed
+    (o,), res = A.ATTENTION.forward(q, kv, kv, enable_gqa=True)
+    A.ATTENTION.backward(res, (do,), (True,) * 5, enable_gqa=True)
+    assert not att_calls[-1][1]["dbias"] and not att_calls[-1][1]["dsink"]
+
+
 # ----------------------------------------------------------------- the torch op under tracing
 
 
@@ -392,8 +495,8 @@ def recorded(monkeypatch):
 
     def op(name):
         def call(*inputs, **kw):
-            calls.append((name, [tuple(t.shape) for t in inputs], kw))
-            q, _, v = inputs
+            calls.append((name, [None if t is None else tuple(t.shape) for t in inputs], kw))
+            q, _, v = inputs[:3]
             return torch.zeros(q.shape[:3] + v.shape[3:], dtype=q.dtype)
 
         return call
@@ -414,7 +517,25 @@ def test_nn_scaled_dot_product_attention_calls_the_l3_op(recorded):
     assert o.shape == (2, 8, 16) and recorded[-1] == ("sdpa", [(2, 1, 8, 16)] * 3, {"scale": None, "causal": False})
     kv = z(1, 1, 8, 16, dtype=torch.bfloat16)
     nn.scaled_dot_product_attention(z(1, 4, 8, 16, dtype=torch.bfloat16), kv, kv, enable_gqa=True)
-    assert recorded[-1][1] == [(1, 4, 8, 16), (1, 1, 8, 16), (1, 1, 8, 16)]
+    assert recorded[-1][:2] == ("sdpa", [(1, 4, 8, 16), (1, 1, 8, 16), (1, 1, 8, 16)])
+    # any grouping, and an additive mask: the L3 op "attention"
+    kv2 = z(1, 2, 8, 16, dtype=torch.bfloat16)
+    nn.scaled_dot_product_attention(z(1, 4, 8, 16, dtype=torch.bfloat16), kv2, kv2, enable_gqa=True, scale=0.1)
+    assert recorded[-1] == ("attention", [(1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), None, None],
+                            {"scale": 0.1, "is_causal": False, "enable_gqa": True})  # fmt: skip
+    mask = z(8, 8, dtype=torch.bfloat16)
+    nn.scaled_dot_product_attention(h16, h16, h16, attn_mask=mask.half())
+    assert recorded[-1] == ("attention", [(2, 4, 8, 16)] * 3 + [(8, 8), None],
+                            {"scale": None, "is_causal": False, "enable_gqa": False})  # fmt: skip
+    o = nn.scaled_dot_product_attention(*(z(2, 8, 16, dtype=torch.bfloat16),) * 3, attn_mask=z(2, 8, 8))
+    assert o.shape == (2, 8, 16) and recorded[-1][1][3] == (2, 1, 8, 8)  # (B, S, S) of a one-head call
+    with pytest.raises(NotImplementedError, match="a boolean attn_mask"):
+        nn.scaled_dot_product_attention(h16, h16, h16, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask and is_causal=True together"):
+        nn.scaled_dot_product_attention(h16, h16, h16, attn_mask=mask.half(), is_causal=True)
+    with pytest.raises(ValueError, match="one head count dividing the query's 4"):
+        nn.scaled_dot_product_attention(z(1, 4, 8, 16, dtype=torch.bfloat16), *(z(1, 3, 8, 16, dtype=torch.bfloat16),) * 2,
+                                        enable_gqa=True)  # fmt: skip
 
 
 def test_the_attention_module(monkeypatch):

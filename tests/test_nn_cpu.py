@@ -377,7 +377,6 @@ REFUSED = [
     ("attn_mask", lambda: _sdpa(attn_mask=t(8, 8, dtype=torch.bool))),
     ("dropout_p", lambda: _sdpa(dropout_p=0.1)),
     ("query has dtype float32", lambda: _sdpa(dtype=torch.float32)),
-    ("enable_gqa", lambda: _sdpa(hk=2, enable_gqa=True)),
     ("shape", lambda: nn.scaled_dot_product_attention(*(t(2, 2, 2, 4, 8, dtype=torch.float16),) * 3)),
     ("min_val=-1", lambda: nn.hardtanh(t(3))),
     ("max_val=0", lambda: nn.hardtanh(t(3), 0.0, 0.0)),

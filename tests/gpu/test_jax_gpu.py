@@ -268,6 +268,43 @@ def test_batch_norm_fused_relu_forward_and_grads_against_jax(dtype, with_z):
         assert _rel(a, w_) < (1e-4 if dtype == "float32" else 3e-2)
 
 
+@pytest.mark.parametrize("case", ["bias", "mask", "window", "causal-window", "gqa"])
+def test_dot_product_attention_variants_against_jax(case):
+    """cudnnkit.jax.nn.dot_product_attention's variants (the L3 op "attention" under jit): a learned bias (its
+    gradient cuDNN's dbias), a boolean key-padding mask, local windows, grouped heads; output and gradients against
+    jax.nn.dot_product_attention in float32 on the same bfloat16 values."""
+    from cudnnkit.jax import nn
+
+    rng = np.random.default_rng(12)
+    b, t, n, h = 2, 128, 4, 64
+    kvh = 2 if case == "gqa" else n
+    q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((b, t, kvh, h)), jnp.bfloat16) for _ in range(2))
+    bias = jnp.asarray(rng.standard_normal((1, n, t, t)), jnp.bfloat16) if case == "bias" else None
+    mask = None
+    if case == "mask":
+        mask = jnp.asarray(rng.random((b, 1, 1, t)) > 0.2).at[..., 0].set(True)
+    kw = {"window": dict(local_window_size=(16, 8)), "causal-window": dict(local_window_size=32, is_causal=True)}
+    kw = kw.get(case, {})
+    ct = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
+
+    def loss(fn, cast):
+        def f(q, k, v, bias):
+            o = fn(*(cast(x) for x in (q, k, v)), None if bias is None else cast(bias), mask, scale=0.125, **kw)
+            return (o.astype(jnp.float32) * ct).sum(), o
+
+        return f
+
+    argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+    (_, got), g_got = jax.jit(jax.value_and_grad(loss(nn.dot_product_attention, lambda x: x), argnums=argnums,
+                                                 has_aux=True))(q, k, v, bias)  # fmt: skip
+    (_, want), g_want = jax.value_and_grad(loss(jax.nn.dot_product_attention, lambda x: x.astype(jnp.float32)),
+                                           argnums=argnums, has_aux=True)(q, k, v, bias)  # fmt: skip
+    assert got.dtype == jnp.bfloat16 and _rel(got, want) < 2e-2
+    for j, (a, w_) in enumerate(zip(g_got, g_want)):
+        assert _rel(a, w_) < 3e-2, (case, j)
+
+
 def test_eager_l2_calls_on_jax_arrays_return_jax_arrays():
     """The JAX adapter: L2 ops on JAX GPU arrays outside jit (DLPack in on JAX's stream, outputs handed to JAX
     once queued); a JAX array as out= is refused (immutable)."""

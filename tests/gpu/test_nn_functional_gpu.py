@@ -339,6 +339,7 @@ def test_dropout_statistics_and_gradient(p):
         ((2, 4, 64, 64), (2, 4, 128, 64), dict(scale=0.2)),  # cross attention, explicit scale
         ((2, 128, 64), (2, 128, 64), {}),  # 3-d (B, S, D)
         ((1, 4, 128, 64), (1, 1, 128, 64), dict(enable_gqa=True)),  # one shared key/value head
+        ((1, 8, 128, 64), (1, 2, 128, 64), dict(enable_gqa=True)),  # grouped heads: the L3 op "attention"
     ],
 )
 def test_scaled_dot_product_attention_bf16(causal, q_shape, kv_shape, kw):
@@ -351,6 +352,25 @@ def test_scaled_dot_product_attention_bf16(causal, q_shape, kv_shape, kw):
         return lambda q, k, v: fn(q, k, v, is_causal=causal, **kw)
 
     check(call(nn.scaled_dot_product_attention), call(F.scaled_dot_product_attention), q, k, v, tol=BF16_TOL,
+          gtol=BF16_TOL)  # fmt: skip
+
+
+@pytest.mark.parametrize("mask_shape", [(128, 128), (4, 64, 128), (2, 1, 64, 128)])
+def test_scaled_dot_product_attention_additive_mask_and_its_gradient(mask_shape):
+    """An additive float attn_mask (broadcast over batch and heads) through the L3 op "attention": the output and
+    the gradients of q, k, v and the mask (cuDNN's dbias) against torch's own SDPA."""
+    torch.manual_seed(5)
+    sq = 128 if mask_shape == (128, 128) else 64
+    q = r(2, 4, sq, 64).to(torch.bfloat16)
+    k, v = (r(2, 4, 128, 64).to(torch.bfloat16) for _ in range(2))
+    mask = (r(*mask_shape) * 2).to(torch.bfloat16)
+    if len(mask_shape) > 2:
+        mask[..., :8] = float("-inf")  # masked columns too
+
+    def call(fn):
+        return lambda q, k, v, m: fn(q, k, v, attn_mask=m, scale=0.2)
+
+    check(call(nn.scaled_dot_product_attention), call(F.scaled_dot_product_attention), q, k, v, mask, tol=BF16_TOL,
           gtol=BF16_TOL)  # fmt: skip
 
 

@@ -32,7 +32,7 @@ except ImportError:  # float32 samples holding bfloat16 values
     ml_dtypes = None
 
 #: ops whose samples have one dtype only, whatever the ``dtype`` asked for
-ONLY_DTYPE = {"sdpa": "bfloat16"}
+ONLY_DTYPE = {"sdpa": "bfloat16", "attention": "bfloat16"}
 #: whether the bfloat16 samples are float32 arrays (no ml_dtypes here) the GPU test must cast
 AS_FLOAT32 = ml_dtypes is None
 
@@ -81,7 +81,39 @@ def _sdpa_samples(rng, dtype):
     ]
 
 
-SAMPLES = {"sdpa": _sdpa_samples}
+def _attention_samples(rng, dtype):
+    """The L3 ``attention`` op's variants: inputs ``(q, k, v, attn_mask, sink)`` (the mask bfloat16, the sink
+    float32, both differentiable), ``alibi_slopes`` a float32 array keyword. Padding lengths (undefined rows) and
+    dropout (a random mask) are checked by the L2 GPU tests, not here."""
+
+    def x(b, h, s, d=64, layout=None):
+        a = _bf16(rng.standard_normal((b, h, s, d)))
+        return _bshd(a) if layout == "bshd" else a
+
+    slopes = np.array([2.0 ** (-8.0 * (i + 1) / 4) for i in range(4)], np.float32)
+    return [
+        (
+            (x(1, 4, 32), x(1, 2, 32), x(1, 2, 32), None, None),
+            {"is_causal": True, "left_bound": 8, "enable_gqa": True},
+        ),  # a sliding window, grouped heads
+        ((x(1, 2, 16), x(1, 2, 32), x(1, 2, 32), _bf16(rng.standard_normal((2, 16, 32))), None), {}),  # a bias
+        (
+            (x(1, 4, 32), x(1, 4, 32), x(1, 4, 32), None, rng.standard_normal(4).astype(np.float32) + 1.0),
+            {"is_causal": True},
+        ),  # sink logits
+        ((x(2, 2, 16, 64), x(2, 2, 24, 64), x(2, 2, 24, 32), None, None), {"softcap": 5.0, "scale": 0.3}),  # MLA
+        (
+            (x(1, 4, 16), x(1, 4, 48), x(1, 4, 48), None, None),
+            {"is_causal": True, "diagonal_alignment": "bottom_right"},
+        ),
+        (
+            (x(1, 4, 32, layout="bshd"), x(1, 4, 32, layout="bshd"), x(1, 4, 32, layout="bshd"), None, None),
+            {"is_causal": True, "alibi_slopes": slopes},
+        ),  # ALiBi
+    ]
+
+
+SAMPLES = {"sdpa": _sdpa_samples, "attention": _attention_samples}
 
 
 def _f32(a):
@@ -107,4 +139,40 @@ def _sdpa_reference(inputs, kw):
     return (o,)
 
 
-TORCH_REFERENCE = {"sdpa": _sdpa_reference}
+def _attention_reference(inputs, kw):
+    """The variants from their definition in float32 on the CPU (torch autograd through the upcast leaves):
+    ``s = scale q k^T``, ``c tanh(s / c)``, ``+ attn_mask``, ``+ slope_h (j - i)``, the diagonal band (row ``i``
+    keeps ``i - left < j - shift <= i + right``, ``shift = S_kv - S_q`` bottom-right), the softmax with the sink's
+    extra logit, ``@ v``; grouped key/value heads repeated over the query heads."""
+    import torch
+
+    q, k, v, mask, sink = (None if a is None else _f32(a) for a in inputs)
+    b, h, sq, d = q.shape
+    skv = k.shape[2]
+    if k.shape[1] != h:
+        k, v = k.repeat_interleave(h // k.shape[1], dim=1), v.repeat_interleave(h // v.shape[1], dim=1)
+    scale = kw.get("scale")
+    s = q @ k.transpose(-1, -2) * (1 / np.sqrt(d) if scale is None else scale)
+    if kw.get("softcap") is not None:
+        s = kw["softcap"] * torch.tanh(s / kw["softcap"])
+    if mask is not None:
+        s = s + mask
+    row = torch.arange(sq)[:, None] + (skv - sq if kw.get("diagonal_alignment") == "bottom_right" else 0)
+    col = torch.arange(skv)[None, :]
+    slopes = kw.get("alibi_slopes")
+    if slopes is not None:
+        s = s + _f32(slopes).reshape(1, h, 1, 1) * (col - torch.arange(sq)[:, None]).float()
+    keep = torch.ones(sq, skv, dtype=torch.bool)
+    right = 0 if kw.get("is_causal") else kw.get("right_bound")
+    if right is not None:
+        keep &= col <= row + right
+    if kw.get("left_bound") is not None:
+        keep &= col > row - kw["left_bound"]
+    s = s.masked_fill(~keep, -float("inf"))
+    if sink is not None:
+        s = torch.cat([s, sink.reshape(1, h, 1, 1).expand(b, h, sq, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)[..., :skv]
+    return (p @ v,)
+
+
+TORCH_REFERENCE = {"sdpa": _sdpa_reference, "attention": _attention_reference}

@@ -270,21 +270,26 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
                           scale: float | None = None, is_causal: bool = False, query_seq_lengths: Any = None,
                           key_value_seq_lengths: Any = None, local_window_size: Any = None,
                           implementation: str | None = None) -> Any:  # fmt: skip
-    """``jax.nn.dot_product_attention`` by cuDNN's fused attention (``cudnnkit.jax.ops.sdpa``): ``query``
-    ``(B, T, N, H)`` (or ``(T, N, H)``), ``key``/``value`` ``(B, S, K, H)`` with ``N % K == 0``, float16 or
-    bfloat16 -> ``(B, T, N, H)``. Grouped key/value heads (``1 < K < N``) are repeated to ``N`` heads (cuDNN's op
-    here takes ``K`` equal to ``N`` or 1). ``is_causal`` keeps ``s <= t`` (equal lengths only). What cuDNN's op
-    does not take yet raises ``NotImplementedError`` naming it: ``bias``, ``mask``, the sequence lengths,
-    ``local_window_size`` (issue 17)."""
-    for name, v in (
-        ("bias", bias),
-        ("mask", mask),
-        ("query_seq_lengths", query_seq_lengths),
-        ("key_value_seq_lengths", key_value_seq_lengths),
-        ("local_window_size", local_window_size),
-    ):
+    """``jax.nn.dot_product_attention`` by cuDNN's fused attention: ``query`` ``(B, T, N, H)`` (or ``(T, N, H)``),
+    ``key``/``value`` ``(B, S, K, H)`` with ``N % K == 0``, float16 or bfloat16 -> ``(B, T, N, H)``.
+
+    * ``bias``: added to the scores, broadcastable to ``(B, N, T, S)`` (4-d, as JAX's), differentiable (cuDNN's
+      dbias; its gradient summed back over the broadcast dims by JAX);
+    * ``mask``: boolean, broadcastable to ``(B, N, T, S)``, True where kept: made an additive ``0``/``-inf`` bias
+      (added to ``bias`` when both are given);
+    * ``local_window_size``: ``w`` or ``(left, right)``: query ``t`` attends to keys ``t - left .. t + right``
+      (cuDNN's ``left_bound = left + 1``, ``right_bound = right``; with ``is_causal`` the right side is 0);
+    * ``is_causal`` keeps ``s <= t`` (equal lengths only);
+    * grouped key/value heads (``K`` dividing ``N``) are read as they are (cuDNN's grouped-query attention).
+
+    ``cudnnkit.jax.ops.sdpa`` runs the plain and causal calls with ``K`` equal to ``N`` or 1, ``cudnnkit.jax.ops
+    .attention`` (``attention_forward``/``attention_backward``) the others. ``query_seq_lengths`` and
+    ``key_value_seq_lengths`` raise ``NotImplementedError`` (cuDNN leaves the padded rows undefined, where JAX
+    defines them)."""
+    for name, v in (("query_seq_lengths", query_seq_lengths), ("key_value_seq_lengths", key_value_seq_lengths)):
         if v is not None:
-            raise NotImplementedError(f"dot_product_attention: {name}= is not supported by cudnnkit's attention yet")
+            raise NotImplementedError(f"dot_product_attention: {name}= is not supported: cuDNN's padding mask leaves "
+                                      "the rows past a length undefined, which JAX defines")  # fmt: skip
     if implementation not in (None, "cudnn"):
         raise ValueError(f"dot_product_attention: implementation={implementation!r}; cudnnkit's is cuDNN's")
     unbatched = query.ndim == 3
@@ -296,18 +301,59 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     if dt not in ("float16", "bfloat16"):
         raise NotImplementedError(f"dot_product_attention: query has dtype {dt}; cuDNN's fused attention takes "
                                   "float16 or bfloat16")  # fmt: skip
-    n, kh = q.shape[2], k.shape[2]
+    b, t, n, _ = q.shape
+    s_len, kh = k.shape[1], k.shape[2]
     if n % kh:
         raise ValueError(f"dot_product_attention: {n} query heads are not a multiple of {kh} key/value heads")
-    if is_causal and q.shape[1] != k.shape[1]:
-        raise NotImplementedError(f"dot_product_attention: is_causal with T={q.shape[1]} != S={k.shape[1]} (the "
+    if is_causal and t != s_len:
+        raise NotImplementedError(f"dot_product_attention: is_causal with T={t} != S={s_len} (the "
                                   "diagonal's alignment differs between JAX and cuDNN there)")  # fmt: skip
-    if 1 < kh < n:
-        k, v = jnp.repeat(k, n // kh, axis=2), jnp.repeat(v, n // kh, axis=2)
+    add = _attention_bias(bias, mask, (b, n, t, s_len), q.dtype, unbatched)
+    window = {} if local_window_size is None else _window(local_window_size, bool(is_causal))
     perm = (0, 2, 1, 3)
-    o = _op("sdpa")(*(Permuted(x, perm) for x in (q, k, v)), scale=scale, causal=bool(is_causal))
+    qkv = tuple(Permuted(x, perm) for x in (q, k, v))
+    if add is None and not window and kh in (1, n):
+        o = _op("sdpa")(*qkv, scale=scale, causal=bool(is_causal))
+    else:
+        o = _op("attention")(*qkv, add, None, scale=scale, is_causal=bool(is_causal), enable_gqa=kh != n, **window)
     o = jnp.transpose(o, perm)
     return o[0] if unbatched else o
+
+
+def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any, unbatched: bool) -> Any:
+    """``bias`` plus ``mask`` made additive (``0`` kept, ``-inf`` masked), in ``dtype``, with its last two dims
+    broadcast to ``(T, S)`` (cuDNN's mask broadcasts over batch and heads only); None for neither."""
+    parts = []
+    for name, x in (("bias", bias), ("mask", mask)):
+        if x is None:
+            continue
+        x = jnp.asarray(x)
+        if unbatched and x.ndim == 3:
+            x = x[None]
+        if x.ndim != 4:
+            raise ValueError(f"dot_product_attention: {name} must be 4-d, broadcastable to (B, N, T, S) = {full}, "
+                             f"got shape {x.shape}")  # fmt: skip
+        if any(d not in (1, f) for d, f in zip(x.shape, full)):
+            raise ValueError(f"dot_product_attention: {name} of shape {x.shape} does not broadcast to (B, N, T, S) "
+                             f"= {full}")  # fmt: skip
+        if name == "mask":
+            if x.dtype != jnp.bool_:
+                raise TypeError(f"dot_product_attention: mask must be boolean (True where kept), got {x.dtype}")
+            x = jnp.where(x, jnp.zeros((), dtype), jnp.full((), -jnp.inf, dtype))
+        parts.append(jnp.broadcast_to(x.astype(dtype), x.shape[:2] + full[2:]))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
+def _window(size: Any, causal: bool) -> dict:
+    """``local_window_size`` (``w`` or ``(left, right)``, ints >= 0) as cuDNN's bounds."""
+    pair = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    if len(pair) != 2 or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w >= 0 for w in pair):
+        raise ValueError(f"dot_product_attention: local_window_size must be an int or (left, right) ints >= 0, got "
+                         f"{size!r}")  # fmt: skip
+    left, right = (int(w) for w in pair)
+    return {"left_bound": left + 1} if causal else {"left_bound": left + 1, "right_bound": right}
 
 
 def dropout(key: Any, rate: float, x: Any, *, deterministic: bool = False) -> Any:

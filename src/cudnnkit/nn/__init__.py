@@ -8,11 +8,12 @@ torch nor CuPy. The L3 ops are looked up at call time.
 Every argument combination not computed here as torch defines it raises ``NotImplementedError`` naming
 the argument, before any GPU work (``return_indices``, ``dilation`` and ``divisor_override`` of pooling; an even
 ``size`` of ``local_response_norm``; ``grid_sample`` other than bilinear, zeros, ``align_corners=True``, 4-d; a
-``blank`` other than 0 in ``ctc_loss``; in ``scaled_dot_product_attention`` any ``attn_mask`` (only
-``is_causal=True`` masks), a nonzero ``dropout_p``, ``enable_gqa`` with key/value heads other than ``H`` or 1,
-inputs of other than 3 or 4 dims; ``hardtanh`` with ``min_val != 0``; float64 in the graph norms; the graph-only
-activations ``gelu``, ``leaky_relu``, ``softplus``). The attention limits are this API's, not cuDNN's: the L2
-function :func:`cudnnkit.ops.attention_forward` takes additive masks, dropout and any grouping of heads.
+``blank`` other than 0 in ``ctc_loss``; in ``scaled_dot_product_attention`` a boolean ``attn_mask`` (additive
+float masks are taken), a nonzero ``dropout_p``, inputs of other than 3 or 4 dims; ``hardtanh`` with
+``min_val != 0``; float64 in the graph norms; the graph-only activations ``gelu``, ``leaky_relu``, ``softplus``).
+The attention limits are this API's, not cuDNN's: the L3 op ``attention`` takes dropout with seed/offset arrays,
+sliding windows, padding lengths, ALiBi, softcapping and sinks, and the L2 function
+:func:`cudnnkit.ops.attention_forward` packed and paged batches too.
 
 ========================  ==================================================  ====================================
 family                    functions                                           L3 op (cuDNN)
@@ -26,7 +27,7 @@ activations               softmax, log_softmax, relu, relu6, sigmoid,         so
 dropout                   dropout                                             dropout
 spatial transformer       affine_grid, grid_sample                            affine_grid, grid_sample
 loss                      ctc_loss                                            ctc_loss
-attention                 scaled_dot_product_attention                        (graph API: sdpa_forward/backward)
+attention                 scaled_dot_product_attention                        sdpa, attention (graph API)
 recurrent                 lstm, gru, rnn_tanh, rnn_relu (torch's _VF)         rnn
 ========================  ==================================================  ====================================
 """

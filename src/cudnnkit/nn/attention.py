@@ -1,6 +1,7 @@
-"""``scaled_dot_product_attention`` with torch.nn.functional's name and semantics: the L3 op ``sdpa``
+"""``scaled_dot_product_attention`` with torch.nn.functional's name and semantics: the L3 ops ``sdpa`` (plain or
+causal, one query head group) and ``attention`` (an additive ``attn_mask``, any grouping of key/value heads)
 (:mod:`cudnnkit.ops.attention`: cuDNN's graph API, the fused-attention pattern), through
-``cudnnkit.torch.op("sdpa")`` for torch tensors (a custom op: autograd, ``torch.compile(fullgraph=True)``) and the
+``cudnnkit.torch.op(...)`` for torch tensors (a custom op: autograd, ``torch.compile(fullgraph=True)``) and the
 declaration's forward for CuPy arrays."""
 
 from __future__ import annotations
@@ -14,13 +15,19 @@ __all__ = ["scaled_dot_product_attention"]
 
 def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any, is_causal: Any,
                enable_gqa: Any) -> None:  # fmt: skip
-    """What cuDNN's graph attention cannot do, each a ``NotImplementedError`` naming the argument."""
+    """What this API does not pass to cuDNN's graph attention, each a ``NotImplementedError`` naming the argument;
+    torch's own argument errors as ``ValueError``."""
     if attn_mask is not None:
-        raise NotImplementedError("scaled_dot_product_attention: attn_mask: cuDNN's graph attention here takes the "
-                                  "causal mask (is_causal=True) only")  # fmt: skip
+        if str(getattr(attn_mask, "dtype", "")).endswith("bool"):
+            raise NotImplementedError("scaled_dot_product_attention: a boolean attn_mask: cuDNN's attention adds a "
+                                      "bias; pass an additive float mask (0 where kept, -inf where masked)")  # fmt: skip
+        check_dtype(attn_mask, ("float16", "bfloat16", "float32"), "attn_mask", "cuDNN's fused attention")
+        if is_causal:
+            raise ValueError("scaled_dot_product_attention: attn_mask and is_causal=True together (torch refuses "
+                             "them; cudnnkit.ops.attention_forward takes both)")  # fmt: skip
     if real(dropout_p, "dropout_p") != 0.0:
-        raise NotImplementedError(f"scaled_dot_product_attention: dropout_p={dropout_p}: the graph's attention "
-                                  "dropout needs seed/offset device tensors, not wired to torch's RNG")  # fmt: skip
+        raise NotImplementedError(f"scaled_dot_product_attention: dropout_p={dropout_p}: not wired to torch's RNG "
+                                  "here; the L3 op 'attention' takes dropout_p with seed/offset device arrays")  # fmt: skip
     for name, a in (("query", query), ("key", key), ("value", value)):
         check_dtype(a, ("float16", "bfloat16"), name, "cuDNN's fused attention")
         if a.ndim not in (3, 4):
@@ -33,20 +40,29 @@ def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any,
         if (hk != h or hv != h) and not enable_gqa:
             raise ValueError(f"scaled_dot_product_attention: query has {h} heads, key {hk}, value {hv}: pass "
                              "enable_gqa=True for grouped-query attention")  # fmt: skip
-        if (hk, hv) not in ((h, h), (1, 1)):
-            raise NotImplementedError(f"scaled_dot_product_attention: enable_gqa with {hk}/{hv} key/value heads for "
-                                      f"{h} query heads: cuDNN's head grouping is pinned here for one shared head "
-                                      "only")  # fmt: skip
+        if hk != hv or h % hk:
+            raise ValueError(f"scaled_dot_product_attention: enable_gqa needs key and value with one head count "
+                             f"dividing the query's {h}, got {hk} and {hv}")  # fmt: skip
 
 
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:  # fmt: skip
-    """torch's SDPA (float16/bfloat16, causal or no mask, ``(B, H, S, D)`` or ``(B, S, D)``; ``enable_gqa`` with one
-    shared key/value head): L3 ``sdpa`` (the graph's ``sdpa_forward``/``sdpa_backward``); a 3-d call runs as one
-    head."""
+    """torch's SDPA on cuDNN (float16/bfloat16, ``(B, H, S, D)`` or ``(B, S, D)``): L3 ``sdpa`` (the graph's
+    ``sdpa_forward``/``sdpa_backward``) for no mask or the causal one with ``H_kv`` equal to ``H`` or 1, L3
+    ``attention`` (``attention_forward``/``attention_backward``) for an additive float ``attn_mask``
+    (broadcastable: ``(S_q, S_kv)``, ``(1|H, S_q, S_kv)`` or ``(1|B, 1|H, S_q, S_kv)``; differentiable: cuDNN's
+    dbias) and for ``enable_gqa`` with any key/value head count dividing ``H``. A 3-d call runs as one head.
+    Refused by name: a boolean mask, ``dropout_p`` above 0."""
     check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     scale = None if scale is None else real(scale, "scale")
     three = query.ndim == 3
     q, k, v = ((a[:, None] if three else a) for a in (query, key, value))
-    o = call1("sdpa", q, k, v, scale=scale, causal=bool(is_causal))
+    if attn_mask is None and k.shape[1] in (1, q.shape[1]):
+        o = call1("sdpa", q, k, v, scale=scale, causal=bool(is_causal))
+    else:
+        mask = attn_mask
+        if mask is not None and three and mask.ndim == 3:  # (B, S_q, S_kv) of a one-head call
+            mask = mask[:, None]
+        o = call1("attention", q, k, v, mask, scale=scale, is_causal=bool(is_causal),
+                  enable_gqa=k.shape[1] != q.shape[1])  # fmt: skip
     return o[:, 0] if three else o

@@ -535,7 +535,8 @@ SDPA_FORWARD = register(
         graph=graph_form(_fwd_build, lambda c: _head_rows(c, ("q", "k", "v"), ("out",))),
         empty=lambda r: r.q[0] == 0,
         family=_FAMILY,
-        differentiable=("q", "k", "v"),
+        # attn_mask and sink: the L3 op ``attention`` (their gradients are the backward's dattn_mask and dsink)
+        differentiable=("q", "k", "v", "attn_mask", "sink"),
         residuals=("q", "k", "v", "out", "stats"),
         backward="sdpa_backward",
     )
@@ -1109,4 +1110,96 @@ SDPA = differentiable(
                    capture_safe=True,  # one sdpa graph execute each way (no dropout: no seed/offset on the host)
                    doc="scaled dot-product attention (scale=, causal=), float16/bfloat16; the backward reads q, k, "
                        "v, o and the softmax statistics: one sdpa_backward graph")
+)  # fmt: skip
+
+
+#: the L3 ``attention`` op's array keywords without a gradient (device arrays the backward reads again)
+_ATT_ARRAYS = ("seq_len_q", "seq_len_kv", "alibi_slopes", "seed", "offset")
+#: its other keywords, with attention_forward's defaults
+_ATT_OPTIONS = {"dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False,
+                "diagonal_alignment": "top_left", "left_bound": None, "right_bound": None, "softcap": None}  # fmt: skip
+
+
+def _att_options(kw: dict) -> dict:
+    """The L3 ``attention`` op's keywords as attention_forward takes them; the packed and paged forms, which this
+    op does not have, refused by name."""
+    for name in ("cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv"):
+        if name in kw:
+            raise NotImplementedError(f"attention: {name}: a packed (ragged) batch is cudnnkit.ops.attention_forward/"
+                                      "attention_backward's (its offsets are host values), not the differentiable "
+                                      "op's")  # fmt: skip
+    for name in ("page_table_k", "page_table_v", "max_seq_len_kv"):
+        if name in kw:
+            raise NotImplementedError(f"attention: {name}: cuDNN's paged attention has no backward; call "
+                                      "cudnnkit.ops.attention_forward for decode and chunked prefill")  # fmt: skip
+    unknown = sorted(set(kw) - set(_ATT_OPTIONS))
+    if unknown:
+        raise TypeError(f"attention: unexpected keyword {unknown[0]!r}; it takes {sorted(_ATT_OPTIONS)} and the "
+                        f"arrays {list(_ATT_ARRAYS)}")  # fmt: skip
+    return {**_ATT_OPTIONS, **kw}
+
+
+def _att_l3_forward(q: Any, k: Any, v: Any, attn_mask: Any = None, sink: Any = None, *, seq_len_q: Any = None,
+                    seq_len_kv: Any = None, alibi_slopes: Any = None, seed: Any = None, offset: Any = None,
+                    **kw: Any) -> Any:  # fmt: skip
+    """``o`` by one :func:`attention_forward` with the variant's keywords; residuals ``q``, ``k``, ``v``,
+    ``attn_mask``, ``sink``, the arrays (what the backward passes again), ``out`` (o) and ``stats``."""
+    arrays = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "alibi_slopes": alibi_slopes, "seed": seed,
+              "offset": offset}  # fmt: skip
+    o, stats = attention_forward(q, k, v, attn_mask=attn_mask, sink=sink, **arrays, **_att_options(kw))
+    return (o,), {"q": q, "k": k, "v": v, "attn_mask": attn_mask, "sink": sink, **arrays, "out": o, "stats": stats}
+
+
+def _att_l3_backward(res: Any, douts: Any, needs: Any, **kw: Any) -> tuple:
+    """``(dq, dk, dv, dattn_mask, dsink)`` by one :func:`attention_backward` (the mask's and the sink's gradients
+    asked for only where needed), None where not needed; all None for a zero cotangent."""
+    (do,) = douts
+    if do is None or not any(needs):
+        return (None,) * 5
+    want_mask, want_sink = bool(needs[3]) and res["attn_mask"] is not None, bool(needs[4]) and res["sink"] is not None
+    got = attention_backward(res["q"], res["k"], res["v"], res["out"], do, res["stats"], attn_mask=res["attn_mask"],
+                             sink=res["sink"], **{n: res[n] for n in _ATT_ARRAYS}, dbias=want_mask, dsink=want_sink,
+                             **_att_options(kw))  # fmt: skip
+    rest = iter(got[3:])
+    dmask = next(rest) if want_mask else None
+    dsink = next(rest) if want_sink else None
+    return tuple(g if n else None for g, n in zip((*got[:3], dmask, dsink), needs))
+
+
+def _meta_view(s: Spec | None) -> ArrayView | None:
+    """A pointer-less view of an optional array's spec (its dtype and shape checked by the variant's rules)."""
+    return None if s is None else ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, 0, 0, None)
+
+
+def _att_l3_meta(q: Spec, k: Spec, v: Spec, attn_mask: Spec | None = None, sink: Spec | None = None, *,
+                 seq_len_q: Spec | None = None, seq_len_kv: Spec | None = None, alibi_slopes: Spec | None = None,
+                 seed: Spec | None = None, offset: Spec | None = None, **kw: Any) -> Any:  # fmt: skip
+    """o as :func:`attention_forward` allocates it, stats float32 C order; the same checks as the call."""
+    o_ = _att_options(kw)
+    arrays = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "alibi_slopes": alibi_slopes, "seed": seed,
+              "offset": offset}  # fmt: skip
+    views = {"q": _spec_view(q, "q"), "k": _spec_view(k, "k"), "v": _spec_view(v, "v"),
+             "attn_mask": _meta_view(attn_mask), "sink": _meta_view(sink),
+             **{n: _meta_view(a) for n, a in arrays.items()}}  # fmt: skip
+    r = _fwd_resolve(views, {"scale": o_["scale"], "causal": as_bool(o_["is_causal"], "is_causal"),
+                             "enable_gqa": as_bool(o_["enable_gqa"], "enable_gqa"), "dropout": o_["dropout_p"],
+                             "diagonal_alignment": o_["diagonal_alignment"], "left_bound": o_["left_bound"],
+                             "right_bound": o_["right_bound"], "softcap": o_["softcap"]})  # fmt: skip
+    o = Spec(r.o_shape, r.o_strides, r.dtype)
+    stats = Spec(r.stats_shape, contiguous_strides(r.stats_shape), "float32")
+    return (o,), {"q": q, "k": k, "v": v, "attn_mask": attn_mask, "sink": sink, **arrays, "out": o, "stats": stats}
+
+
+ATTENTION = differentiable(
+    Differentiable("attention", "sdpa_forward", ("q", "k", "v", "attn_mask", "sink"), ("out",), _att_l3_forward,
+                   _att_l3_backward, _att_l3_meta, arrays=_ATT_ARRAYS,
+                   capture_safe=True,  # one attention graph execute each way: every array it takes is a device
+                   # array (dropout's seed/offset too); the packed and paged forms, which read or upload host
+                   # values, are not this op's
+                   doc="""attention with attention_forward's variants (torch's keyword names): an additive attn_mask
+(or bias, differentiable: its gradient by cuDNN's dbias), sink logits (differentiable), dropout_p with seed/offset
+int64 device arrays, is_causal, scale, enable_gqa (H_kv a divisor of H), diagonal_alignment, left_bound/right_bound
+(a sliding window), seq_len_q/seq_len_kv (int32 padding lengths), alibi_slopes, softcap; q (B, H, S_q, D), k
+(B, H_kv, S_kv, D), v (B, H_kv, S_kv, D_v), float16/bfloat16. One attention_forward graph, one attention_backward
+graph. Packed (cu_seqlens) and paged batches are the L2 functions'.""")
 )  # fmt: skip

@@ -263,6 +263,21 @@ def test_dot_product_attention_matches_jax(kv_heads, causal):
     assert nn.dot_product_attention(q[0], k[0], v[0]).shape == (6, 4, 8)
 
 
+def test_dot_product_attention_takes_2d_and_3d_bias_and_mask_as_jax():
+    """A (T, S) bias and an (N, T, S) mask get leading dims of 1, as jax.nn.dot_product_attention's; unbatched
+    inputs too."""
+    q = _r((2, 6, 4, 8)).astype(jnp.bfloat16)
+    bias, mask = _r((6, 6), 5), jnp.asarray(np.random.default_rng(6).random((4, 6, 6)) > 0.3).at[..., 0].set(True)
+    f32 = q.astype(jnp.float32)
+    for args in ((bias, None), (None, mask), (bias, mask)):
+        got = nn.dot_product_attention(q, q, q, *args)
+        want = jax.nn.dot_product_attention(f32, f32, f32, *args)
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
+        got = nn.dot_product_attention(q[0], q[0], q[0], *args)
+        want = jax.nn.dot_product_attention(f32[0], f32[0], f32[0], *args)
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("case", ["bias", "mask", "bias+mask", "window", "causal-window", "gqa"])
 def test_dot_product_attention_variants_match_jax(case):
     """bias (4-d, broadcast), a boolean mask, local_window_size (symmetric and with is_causal) and grouped heads
@@ -298,6 +313,8 @@ def test_dot_product_attention_refusals_name_the_argument():
         nn.dot_product_attention(q, q, q, query_seq_lengths=jnp.ones((1,), jnp.int32))
     with pytest.raises(TypeError, match="mask must be boolean"):
         nn.dot_product_attention(q, q, q, mask=jnp.ones((1, 2, 4, 4), jnp.float32))
+    with pytest.raises(ValueError, match="bias must have 2 to 4 dims"):
+        nn.dot_product_attention(q, q, q, bias=jnp.ones((4,)))
     with pytest.raises(ValueError, match=r"bias of shape \(1, 3, 4, 4\) does not broadcast"):
         nn.dot_product_attention(q, q, q, bias=jnp.ones((1, 3, 4, 4)))
     with pytest.raises(ValueError, match="local_window_size must be an int or"):

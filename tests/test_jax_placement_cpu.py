@@ -168,3 +168,77 @@ def test_write_refuses_a_value_its_meta_did_not_announce(mem):
     call = _call((0x1000, (4,), "float32"))
     with pytest.raises(RuntimeError, match=r"y: the declaration returned a float32 \(5,\) array where its meta said"):
         RUNNER.write(call, call.rets[0], _target(0x9000, (5,)), "y")
+
+
+def test_lasting_allocations_never_take_a_result_buffer(mem):
+    """Memory kept past the call (a cached DropoutState's RNG states, made inside a handler on its first call) is
+    never placed in an XLA result buffer, which XLA reuses once the call is over."""
+    from cudnnkit.runtime import adapters
+
+    t = _target(0x1000, (64,), "uint8")
+    with _raw.into([t]) as claimed:
+        with adapters.lasting():
+            kept = _raw.ADAPTER.empty((64,), "uint8", 0)
+        assert kept.ptr != t.ptr and not claimed and not adapters.is_lasting()
+        assert _raw.ADAPTER.empty((64,), "uint8", 0).ptr == t.ptr  # an ordinary allocation still takes it
+
+
+def test_a_dropout_states_allocation_is_lasting(monkeypatch):
+    """DropoutState allocates its RNG states (and snapshots) under adapters.lasting() (its cuDNN calls faked)."""
+    from types import SimpleNamespace
+
+    from cudnnkit.ops import dropout as D
+    from cudnnkit.runtime import adapters
+
+    seen = []
+
+    class Launch:
+        device, adapter, handle, stream = 0, object(), 1, 0
+
+        def empty(self, shape, dtype, name=""):
+            seen.append((name, adapters.is_lasting()))
+            return object(), SimpleNamespace(ptr=0x4000)
+
+        def on_device(self):
+            return contextlib.nullcontext()
+
+    monkeypatch.setattr(D, "prepare", lambda *a, **k: (Launch(), None))
+    monkeypatch.setattr(D, "owned_descriptor", lambda *a: object())
+    monkeypatch.setattr(D.lib, "cudnnDropoutGetStatesSize", lambda h, ref: None)
+    monkeypatch.setattr(D.lib, "cudnnSetDropoutDescriptor", lambda *a: None)
+    monkeypatch.setattr(D.lib, "cudnnRestoreDropoutDescriptor", lambda *a: None, raising=False)
+    st = D.DropoutState(object(), 3)
+    assert seen == [("states", True)]
+    try:
+        st.snapshot()
+    except Exception:  # the copy after the allocation needs a device; the allocation is what is checked
+        pass
+    assert seen[1:2] == [("snapshot", True)]
+
+
+def test_a_zero_gradient_is_written_after_the_gradient_made_in_its_buffer(mem, monkeypatch):
+    """A backward returning (None, db) with both needed: db, the first new array of that shape, is made in the
+    first gradient's buffer; the handler writes db to its own buffer before zeroing the first."""
+    from cudnnkit.autograd._kw import encode
+    from cudnnkit.jax import _cuda
+    from cudnnkit.ops._diff import Differentiable, new_like
+
+    def bwd(res, douts, needs):
+        db = _raw.ADAPTER.empty((4,), "float32", 0)
+        mem.at[db.ptr] = "DB"
+        return (None, db)
+
+    d = Differentiable("zero_then_db", "softmax_forward", ("a", "b"), ("out",), lambda a, b: ((a,), {}), bwd,
+                       lambda a, b: ((new_like(a),), {}))  # fmt: skip
+    op = _ops.JaxOp(d, _cuda.RUNNER, namespace="cudnnkit_jaxtest_zero")
+    zeroed = []
+    monkeypatch.setattr(_cuda.CudaRunner, "zero", lambda self, call, dst: zeroed.append(dst.ptr) or
+                        mem.at.__setitem__(dst.ptr, "0"))  # fmt: skip
+    monkeypatch.setattr(_cuda.CudaRunner, "scope", lambda self, call: contextlib.nullcontext())
+    dout = _ffi.Buffer("float32", (4,), 0x9000, 0)
+    call = _ffi.Call(0, [dout], [_ffi.Buffer("float32", (4,), 0x1000, 0), _ffi.Buffer("float32", (4,), 0x2000, 0)],
+                     {"kw": encode(dict(__res__=(), __absent__=(), __douts__=(True,), __needs__=(True, True),
+                                        __in__=(0, 1), __arr__=(), __views__=()))}, device=0)  # fmt: skip
+    op._backward(call)
+    assert zeroed == [0x1000]
+    assert (mem.at.get(0x1000), mem.at.get(0x2000)) == ("0", "DB")

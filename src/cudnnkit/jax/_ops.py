@@ -624,16 +624,18 @@ class JaxOp:
             gv = [next(gviews, None) for _ in call.rets]
             with _into(r, call, list(zip(call.rets, gv))) as placed:
                 grads = d.backward(res, douts, tuple(needs), **kwd, **copied)
-            dsts, items = iter(zip(call.rets, gv)), []
+            dsts, items, zeros = iter(zip(call.rets, gv)), [], []
             for g, need in zip(grads, needs):
                 if not need:
                     continue
                 dst, v = next(dsts)
                 if g is None:
-                    r.zero(call, dst)
+                    zeros.append(dst)
                 else:
                     items.append((dst, g, "gradient", *(v or (None, None))))
             _write_all(r, call, items, placed)
+            for dst in zeros:  # after the writes: a zero gradient's buffer may hold another gradient made there
+                r.zero(call, dst)
 
 
 def _into(r: Runner, call: _ffi.Call, targets: list) -> Any:

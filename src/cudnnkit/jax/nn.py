@@ -273,8 +273,8 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     """``jax.nn.dot_product_attention`` by cuDNN's fused attention: ``query`` ``(B, T, N, H)`` (or ``(T, N, H)``),
     ``key``/``value`` ``(B, S, K, H)`` with ``N % K == 0``, float16 or bfloat16 -> ``(B, T, N, H)``.
 
-    * ``bias``: added to the scores, broadcastable to ``(B, N, T, S)`` (4-d, as JAX's), differentiable (cuDNN's
-      dbias; its gradient summed back over the broadcast dims by JAX);
+    * ``bias``: added to the scores, broadcastable to ``(B, N, T, S)`` (fewer dims get leading ones, as JAX's),
+      differentiable (cuDNN's dbias; its gradient summed back over the broadcast dims by JAX);
     * ``mask``: boolean, broadcastable to ``(B, N, T, S)``, True where kept: made an additive ``0``/``-inf`` bias
       (added to ``bias`` when both are given);
     * ``local_window_size``: ``w`` or ``(left, right)``: query ``t`` attends to keys ``t - left .. t + right``
@@ -308,7 +308,7 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     if is_causal and t != s_len:
         raise NotImplementedError(f"dot_product_attention: is_causal with T={t} != S={s_len} (the "
                                   "diagonal's alignment differs between JAX and cuDNN there)")  # fmt: skip
-    add = _attention_bias(bias, mask, (b, n, t, s_len), q.dtype, unbatched)
+    add = _attention_bias(bias, mask, (b, n, t, s_len), q.dtype)
     window = {} if local_window_size is None else _window(local_window_size, bool(is_causal))
     perm = (0, 2, 1, 3)
     qkv = tuple(Permuted(x, perm) for x in (q, k, v))
@@ -320,7 +320,7 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     return o[0] if unbatched else o
 
 
-def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any, unbatched: bool) -> Any:
+def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any) -> Any:
     """``bias`` plus ``mask`` made additive (``0`` kept, ``-inf`` masked), in ``dtype``, with its last two dims
     broadcast to ``(T, S)`` (cuDNN's mask broadcasts over batch and heads only); None for neither."""
     parts = []
@@ -328,11 +328,10 @@ def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any, unbatched: bo
         if x is None:
             continue
         x = jnp.asarray(x)
-        if unbatched and x.ndim == 3:
-            x = x[None]
-        if x.ndim != 4:
-            raise ValueError(f"dot_product_attention: {name} must be 4-d, broadcastable to (B, N, T, S) = {full}, "
-                             f"got shape {x.shape}")  # fmt: skip
+        if x.ndim > 4 or x.ndim < 2:
+            raise ValueError(f"dot_product_attention: {name} must have 2 to 4 dims, broadcastable to (B, N, T, S) = "
+                             f"{full}, got shape {x.shape}")  # fmt: skip
+        x = x.reshape((1,) * (4 - x.ndim) + x.shape)  # leading dims of 1, as JAX's own (_ensure_4d)
         if any(d not in (1, f) for d, f in zip(x.shape, full)):
             raise ValueError(f"dot_product_attention: {name} of shape {x.shape} does not broadcast to (B, N, T, S) "
                              f"= {full}")  # fmt: skip

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import lib
-from ..runtime import check_dtype, owned_descriptor, prepare, tensor_descriptor
+from ..runtime import adapters, check_dtype, owned_descriptor, prepare, tensor_descriptor
 from ..runtime.arrays import ArrayView
 from ..runtime.cache import LRU, MISSING, lru
 from ._diff import Differentiable, Spec, differentiable, new_like
@@ -86,7 +86,8 @@ class DropoutState:
         self.device = launch.device
         self.adapter = launch.adapter
         self.nbytes = size.value
-        self.states, vs = launch.empty((self.nbytes,), "uint8", name="states")
+        with adapters.lasting():  # kept for the state's life, never memory lent to one call
+            self.states, vs = launch.empty((self.nbytes,), "uint8", name="states")
         self._ptr = vs.ptr
         self.desc = owned_descriptor("cudnnCreateDropoutDescriptor", "cudnnDestroyDropoutDescriptor")
         self.p = 0.0
@@ -105,7 +106,8 @@ class DropoutState:
     def snapshot(self, *, stream: Any = None) -> Any:
         """A device copy of the RNG states (the current position in the random sequence), made on ``stream``."""
         launch, _ = prepare(("states", self.states), stream=stream)
-        copy, _ = launch.empty((self.nbytes,), "uint8", name="snapshot")
+        with adapters.lasting():
+            copy, _ = launch.empty((self.nbytes,), "uint8", name="snapshot")
         self.adapter.copy(copy, self.states, launch.stream)
         return copy
 

@@ -29,9 +29,12 @@ for explicitly), so importing cudnnkit never imports CuPy or torch.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ._protocol import MEMBERS, ArrayAdapter, missing_members
@@ -63,7 +66,34 @@ __all__ = [
     "KEYED",
     "FINISH",
     "is_device_array",
+    "lasting",
+    "is_lasting",
 ]
+
+
+class _Lasting(threading.local):
+    depth = 0
+
+
+_lasting = _Lasting()
+
+
+@contextlib.contextmanager
+def lasting() -> Iterator[None]:
+    """Within the block (this thread), what an adapter allocates outlives the call that makes it: state cached for
+    the process, such as a :class:`~cudnnkit.ops.DropoutState`'s RNG states. An adapter that may lend a call memory
+    scoped to it (cudnnkit's raw adapter inside an XLA handler, which places an op's new arrays in XLA's result
+    buffers) gives such allocations memory of their own."""
+    _lasting.depth += 1
+    try:
+        yield
+    finally:
+        _lasting.depth -= 1
+
+
+def is_lasting() -> bool:
+    """Whether this thread is inside :func:`lasting`."""
+    return _lasting.depth > 0
 
 
 def names() -> tuple[str, ...]:

@@ -32,7 +32,7 @@ from .. import driver
 from ..arrays import contiguous_strides, is_dense
 from ..dtypes import itemsize
 from ..view import ArrayView
-from . import KEYED
+from . import KEYED, is_lasting
 from ._protocol import ArrayAdapter
 
 __all__ = ["ADAPTER", "Arena", "DeviceArray", "RawAdapter", "on_stream", "from_arena", "into"]
@@ -118,8 +118,9 @@ def into(targets: list[DeviceArray]) -> Iterator[list[DeviceArray]]:
     out so far, which the caller reads afterwards: a value in one of them that is not where it belongs must be
     moved out of it before another value is written there (:meth:`cudnnkit.jax._cuda.CudaRunner.write_all`).
 
-    Handing out a target is safe whatever the allocation is for: an output lands where it is to be written, and
-    a temporary's work is queued before the writes that follow the call."""
+    Handing out a target is safe for what the call returns and for its temporaries (their work is queued before the
+    writes that follow the call), not for memory kept past the call (a cached DropoutState's RNG states: XLA
+    reuses its buffers): allocations made under :func:`~cudnnkit.runtime.adapters.lasting` are never handed one."""
     old = (_current.targets, _current.claimed)
     claimed: list[DeviceArray] = []
     _current.targets, _current.claimed = [t for t in targets if 0 not in t.shape], claimed
@@ -208,7 +209,7 @@ class RawAdapter(ArrayAdapter):
               stream: int | None = None) -> DeviceArray:  # fmt: skip
         shape = tuple(int(d) for d in shape)
         strides = tuple(strides) if strides is not None else contiguous_strides(shape)
-        if _current.targets:
+        if _current.targets and not is_lasting():  # memory kept past the call never lands in a result buffer
             got = _claim(shape, strides, dtype, int(device))
             if got is not None:
                 return got

@@ -216,6 +216,32 @@ def test_a_dropout_states_allocation_is_lasting(monkeypatch):
     assert seen[1:2] == [("snapshot", True)]
 
 
+def test_a_dropout_reserve_is_lasting(monkeypatch):
+    """The dropout forward's reserve, whose address keys the layout ledger past the call, is allocated under
+    adapters.lasting() (its cuDNN call faked)."""
+    from types import SimpleNamespace
+
+    from cudnnkit.ops import dropout as D
+    from cudnnkit.runtime import adapters
+
+    seen = []
+
+    class Launch:
+        device, handle = 0, 1
+
+        def empty(self, shape, dtype, name=""):
+            seen.append((name, adapters.is_lasting()))
+            return object(), SimpleNamespace(ptr=0x5000)
+
+    state = SimpleNamespace(desc=2, _use=lambda p, h: None)
+    c = SimpleNamespace(resolved=(0.5, None), extra={"state": state, "nres": 64}, desc=3, launch=Launch(),
+                        views={"x": SimpleNamespace(ptr=1), "out": SimpleNamespace(ptr=2)}, description=((4,), (1,)))  # fmt: skip
+    monkeypatch.setattr(D.lib, "cudnnDropoutForward", lambda *a: None)
+    monkeypatch.setattr(D, "_reserve_layouts", SimpleNamespace(add=lambda *a: None))
+    D._forward_call(c)
+    assert seen == [("reserve", True)]
+
+
 def test_a_zero_gradient_is_written_after_the_gradient_made_in_its_buffer(mem, monkeypatch):
     """A backward returning (None, db) with both needed: db, the first new array of that shape, is made in the
     first gradient's buffer; the handler writes db to its own buffer before zeroing the first."""

@@ -292,7 +292,10 @@ def _forward_call(c: Call) -> None:
     p, _ = c.resolved
     state, nres = c.extra["state"], c.extra["nres"]
     vx, vy, desc, launch = c.views["x"], c.views["out"], c.desc, c.launch
-    reserve, vr = launch.empty((nres,), "uint8", name="reserve")
+    # its address keys the layout ledger past this call: never memory lent to the call alone (an XLA result
+    # buffer, which XLA reuses where the ledger cannot see it)
+    with adapters.lasting():
+        reserve, vr = launch.empty((nres,), "uint8", name="reserve")
     state._use(p, launch.handle)
     lib.cudnnDropoutForward(launch.handle, state.desc, desc, vx.ptr, desc, vy.ptr, vr.ptr, nres)
     _reserve_layouts.add(launch.device, vr.ptr, nres, c.description)

@@ -162,6 +162,19 @@ def test_write_all_skips_values_made_in_place_and_moves_swapped_ones_out_first(m
     assert mem.copies == []  # every result made where it belongs: nothing copied
 
 
+def test_a_value_in_place_up_to_size_1_strides_is_not_copied(mem):
+    """A result made in its buffer with other strides on a size-1 dim (a C = 1 channels-last array) addresses the
+    same elements: nothing is copied, nothing moved out."""
+    from cudnnkit.jax._cuda import RUNNER
+
+    call = _call((0x1000, (2, 1, 3), "float32"))
+    with RUNNER.into(call, [(call.rets[0], None)]) as claimed:
+        v = _raw.ADAPTER.empty((2, 1, 3), "float32", 0, (3, 1, 1))  # channels-last strides, C = 1
+    assert v.ptr == 0x1000 and claimed
+    RUNNER.write_all(call, [(call.rets[0], v, "y", None, None)], claimed)
+    assert mem.copies == []
+
+
 def test_write_refuses_a_value_its_meta_did_not_announce(mem):
     from cudnnkit.jax._cuda import RUNNER
 

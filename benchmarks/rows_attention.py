@@ -23,6 +23,9 @@ the ``vs cudnn-frontend`` rows, with NVIDIA's cudnn-frontend: cudnnkit through t
   backward's amax outputs; FLOPs 3.5x the forward's, as the bf16 fwd+bwd rows. torch has no fp8 SDPA: it runs its
   cuDNN backend in *bf16* forward (or forward+backward) on the same shape (the name says so,
   ``vs torch-cudnn bf16``). ``--filter attention/fp8`` selects these.
+* ``nn.sdpa bias+GQA``: the functional ``cudnnkit.nn.scaled_dot_product_attention`` with an additive per-head
+  bias and grouped heads (the L3 op ``attention``, host time included) against torch's ``F.scaled_dot_product_attention``
+  with the same mask and ``enable_gqa``, bf16 B2 H16 H_kv4 S2048 D128, forward and forward+backward (dbias too).
 * ``vs cudnn-frontend``: cudnnkit's SDPA against cudnn-frontend 1.32's (``import cudnn``) on the same shapes and
   the same arrays: ``fwd`` (inference) and ``fwd+bwd`` (training forward writing the stats, then the backward) at
   bf16 B4 H16 S4096 D128, causal and not (``causal fwd ...``), and ``long fwd`` / ``long causal fwd`` at B1 H16
@@ -553,5 +556,66 @@ def paged_decode_rows() -> list[Row]:
             torch=torch_decode,
             bytes=kv_bytes,
             notes=f"bytes: the K and V read, {kv_bytes / 1e9:.2f} GB; 1.3x the floor is the issue's goal",
+        ),  # fmt: skip
+    ]
+
+
+@register
+def functional_rows() -> list[Row]:
+    """``cudnnkit.nn.scaled_dot_product_attention`` through the L3 op ``attention`` (an additive per-head bias
+    ``(1, H, S, S)``, grouped heads H16 H_kv4) against torch's ``F.scaled_dot_product_attention`` with the same
+    mask and ``enable_gqa`` (its default backend choice), bf16 B2 S2048 D128, forward (inference) and forward +
+    backward (q, k, v and the bias take gradients, cuDNN's dbias); each call through the functional API and the
+    custom op's eager path, so its host time counts."""
+    import torch
+    import torch.nn.functional as F
+
+    from cudnnkit import nn
+
+    b, h, hk, s, d = 2, 16, 4, 2048, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    q, k, v, do = r(b, h, s, d), r(b, hk, s, d), r(b, hk, s, d), r(b, h, s, d)
+    bias = r(1, h, s, s)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
+
+    def fwd(fn):
+        def call():
+            with torch.no_grad():
+                return fn(q, k, v, attn_mask=bias, enable_gqa=True)
+
+        return call
+
+    def train(fn):
+        def call():
+            o = fn(*leaves[:3], attn_mask=leaves[3], enable_gqa=True)
+            return torch.autograd.grad(o, leaves, do)
+
+        return call
+
+    flops = 4.0 * b * h * s * s * d
+    shape = f"B{b} H{h} H_kv{hk} S{s} D{d}"
+    return [
+        Row(
+            FAMILY,
+            "nn.sdpa bias+GQA fwd",
+            shape,
+            "bfloat16",
+            ours=fwd(nn.scaled_dot_product_attention),
+            torch=fwd(F.scaled_dot_product_attention),
+            flops=flops,
+        ),  # fmt: skip
+        Row(
+            FAMILY,
+            "nn.sdpa bias+GQA fwd+bwd",
+            shape,
+            "bfloat16",
+            ours=train(nn.scaled_dot_product_attention),
+            torch=train(F.scaled_dot_product_attention),
+            flops=3.5 * flops,
+            notes="gradients of q, k, v and the bias (cuDNN's dbias)",
         ),  # fmt: skip
     ]

@@ -227,8 +227,8 @@ def test_batch_norm_explicit_state_with_flax_momentum():
 
 
 def test_batch_norm_fused_relu_and_residual():
-    """activation='relu' (and z, added before it) reach the op, z as a channels-last view like x; z without the
-    ReLU, a z of another shape and another activation are refused by name before any op runs."""
+    """activation='relu' (and z, added before it) reach the op, z as a channels-last view like x; a z of another
+    shape is refused by name, in the caller's layout, before any op runs."""
     x, z = _r((4, 5, 5, 3)), _r((4, 5, 5, 3), 1)
     s, b, m, v = jnp.full(3, 1.5), jnp.full(3, 0.2), jnp.zeros(3), jnp.ones(3)
     bn = (x - x.mean((0, 1, 2))) / jnp.sqrt(x.var((0, 1, 2)) + 1e-5) * 1.5 + 0.2
@@ -242,13 +242,9 @@ def test_batch_norm_fused_relu_and_residual():
     y, _, _ = nn.batch_norm(x, s, b, m, v, training=True)
     assert "activation" not in CALLED[-1][1] and float(y.min()) < 0
     n = len(CALLED)
-    with pytest.raises(ValueError, match="z is added before the fused ReLU: pass activation='relu'"):
-        nn.batch_norm(x, s, b, m, v, training=True, z=z)
-    with pytest.raises(ValueError, match=r"z must have x's shape and dtype \(4, 5, 5, 3\) float32, got \(4, 5, 5, 1\)"):
+    with pytest.raises(ValueError, match=r"z must have x's shape \(4, 5, 5, 3\), got \(4, 5, 5, 1\)"):
         nn.batch_norm(x, s, b, m, v, training=True, activation="relu", z=z[..., :1])
-    with pytest.raises(ValueError, match="activation must be None or 'relu'"):
-        nn.batch_norm(x, s, b, m, v, training=True, activation="gelu")
-    assert len(CALLED) == n
+    assert len(CALLED) == n  # activation, z without it and z's dtype: the op's meta (tests/test_l3_norm_cpu.py)
 
 
 @pytest.mark.parametrize("kv_heads, causal", [(4, False), (2, True), (1, False)])

@@ -11,7 +11,7 @@ from cudnnkit import autograd
 from cudnnkit.ops import Convolution, Pooling
 from cudnnkit.ops import convolution as cv
 from cudnnkit.ops import pooling as pl
-from cudnnkit.ops._diff import Spec
+from cudnnkit.ops._diff import Spec, spec_view
 from cudnnkit.ops._layout import channels_last_strides
 from cudnnkit.ops._primitive import REGISTRY
 from cudnnkit.runtime.arrays import contiguous_strides
@@ -57,7 +57,7 @@ def test_meta_gives_torchs_shapes(name, i):
     (want,) = TORCH_REFERENCE[name](inputs, kw)
     assert y.shape == tuple(want.shape) and y.dtype == "float32" and y.strides == contiguous_strides(y.shape)
     if name == "pooling":
-        r = pl._fwd_resolve({"x": cv._spec_view(_spec(inputs[0].shape))}, kw)
+        r = pl._fwd_resolve({"x": spec_view(_spec(inputs[0].shape))}, kw)
         keeps = r.mode.startswith("max") and r.pad != r.post
         assert list(res) == (["x", "out", "index"] if keeps else ["x", "out"]) and res["out"] == y
         if keeps:
@@ -72,7 +72,7 @@ def test_the_float64_samples_pad_both_sides_alike():
     for name in SAMPLES:
         for inputs, kw in SAMPLES[name](np.random.default_rng(0), "float64"):
             assert all(a is None or a.dtype == np.float64 for a in inputs)
-            v = {n: None if a is None else cv._spec_view(_spec(a.shape, "float64"))
+            v = {n: None if a is None else spec_view(_spec(a.shape, "float64"))
                  for n, a in zip(autograd.get(name).inputs, inputs)}  # fmt: skip
             r = {"convolution": cv._fwd_resolve, "convolution_transpose": cv._bwd_data_resolve,
                  "pooling": pl._fwd_resolve}[name](v, kw)  # fmt: skip
@@ -362,7 +362,7 @@ def test_the_transpose_and_pooling_refusals():
 
 
 def _views(**arrays):
-    return {n: None if a is None else cv._spec_view(_spec(a.shape, "float64")) for n, a in arrays.items()}
+    return {n: None if a is None else spec_view(_spec(a.shape, "float64")) for n, a in arrays.items()}
 
 
 def _conv_args(r):
@@ -406,7 +406,7 @@ def _numpy_pooling(monkeypatch):
     from . import pool_reference as ref
 
     def args(x, kw):
-        r = pl._resolve_for(cv._spec_view(_spec(x.shape, "float64")), "x", kw)
+        r = pl._resolve_for(spec_view(_spec(x.shape, "float64")), "x", kw)
         n = r.nsp
         return dict(mode=r.mode, window=r.window[:n], stride=r.stride[:n], pad=tuple(zip(r.pad[:n], r.post[:n])))
 
@@ -462,7 +462,7 @@ def test_the_torch_references_of_per_side_padding_match_numpy(name):
             got = cref.conv_forward(xp, w, **dict(_conv_args(r), pad=(0,) * n))
             got = got if b is None else got + b.reshape(1, -1, *(1,) * n)
         else:
-            r = pl._resolve_for(cv._spec_view(_spec(inputs[0].shape, "float64")), "x", kw)
+            r = pl._resolve_for(spec_view(_spec(inputs[0].shape, "float64")), "x", kw)
             n = r.nsp
             got = pref.pool_forward(inputs[0], r.mode, r.window[:n], r.stride[:n], tuple(zip(r.pad[:n], r.post[:n])))
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12, err_msg=f"{name} {kw}")

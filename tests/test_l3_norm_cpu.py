@@ -155,6 +155,11 @@ def test_samples_meta_matches_their_torch_references(name):
         (lambda: N._bn_l3_meta(S((2, 3, 4)), S((3,)), S((3,)), training=False), ValueError, "running_mean"),
         (lambda: N._bn_l3_meta(S((2, 3, 4)), S((3,)), S((3,)), activation="tanh"), ValueError, "activation"),
         (lambda: N._bn_l3_meta(S((2, 3, 4)), S((3,)), S((3,)), S((2, 3, 4))), ValueError, "z"),
+        (
+            lambda: N._bn_l3_meta(S((2, 3, 4)), S((3,)), S((3,)), S((2, 3, 4), "float16"), activation="relu"),
+            TypeError,
+            "z has dtype float16 but x has dtype float32",
+        ),
         (lambda: N._bn_l3_meta(S((2, 3, 4)), S((3,)), S((3,)), mode="bogus"), ValueError, "mode"),
         (lambda: N._bn_l3_meta(S((2, 3, 4)), S((3,)), None), ValueError, "bias"),
         (lambda: N._bn_l3_meta(S((2, 3, 4)), S((4,)), S((4,))), ValueError, "scale"),

@@ -39,6 +39,7 @@ from ..runtime import driver
 from ..runtime.adapters import _raw
 from ..runtime.arrays import as_view, contiguous_strides
 from ..runtime.dtypes import itemsize
+from ..runtime.view import same_layout
 from . import _ffi
 
 __all__ = ["CudaRunner", "RUNNER", "enable_command_buffers", "captured_memory", "release_captured_memory"]
@@ -132,7 +133,7 @@ class CudaRunner:
             if tuple(src.shape) != d.shape or src.dtype != d.dtype:
                 raise RuntimeError(f"{name}: the declaration returned a {src.dtype} {tuple(src.shape)} array where "
                                    f"its meta said {d.dtype} {d.shape} (a cudnnkit bug: meta and forward disagree)")  # fmt: skip
-            if src.ptr == d.ptr and _raw._same_layout(d.shape, tuple(src.strides), d.strides):
+            if src.ptr == d.ptr and same_layout(d.shape, tuple(src.strides), d.strides):
                 continue  # already written in place (strides that differ on size-1 dims address the same elements)
             s = _raw.DeviceArray(src.shape, src.strides, src.dtype, d.device, src.ptr, src)
             end = src.ptr + _raw._extent(s.shape, s.strides, s.dtype)

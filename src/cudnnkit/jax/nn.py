@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._ops import Permuted
+from ._ops import Permuted, spec
 from .rnn import from_flax_lstm, gru, init_params, lstm, pack_params, rnn, to_flax_lstm, unpack_params
 
 __all__ = [
@@ -69,10 +69,6 @@ __all__ = [
 
 #: JAX's tracer type (a traced ``rate``, or lengths under jit)
 _TRACER: Any = getattr(getattr(jax, "core", None), "Tracer", ())
-
-
-def _logical_shape(p: Permuted) -> tuple[int, ...]:
-    return tuple(int(p.value.shape[i]) for i in p.perm)
 
 
 def _op(name: str) -> Any:
@@ -128,7 +124,7 @@ def conv_general_dilated(lhs: Any, rhs: Any, window_strides: Sequence[int], padd
     w = jnp.transpose(rhs, dn.rhs_spec)
     strides = _tuple(window_strides, nsp, "window_strides")
     dil = _tuple(rhs_dilation, nsp, "rhs_dilation")
-    pads = _pads(_logical_shape(x)[2:], w.shape[2:], strides, dil, padding)
+    pads = _pads(spec(x).shape[2:], w.shape[2:], strides, dil, padding)
     y = _op("convolution")(x, w, None, stride=strides, padding=pads, dilation=dil, groups=int(feature_group_count))
     return jnp.transpose(y, tuple(int(i) for i in np.argsort(dn.out_spec)))
 
@@ -154,7 +150,7 @@ def conv(x: Any, w: Any, bias: Any = None, *, strides: int | Sequence[int] = 1, 
     dn = jax.lax.conv_dimension_numbers(x.shape, w.shape, (lhs, rhs, out))
     xc, wc = Permuted(x, dn.lhs_spec), jnp.transpose(w, dn.rhs_spec)
     st, dil = _tuple(strides, nsp, "strides"), _tuple(dilation, nsp, "dilation")
-    pads = _pads(_logical_shape(xc)[2:], wc.shape[2:], st, dil, padding)
+    pads = _pads(spec(xc).shape[2:], wc.shape[2:], st, dil, padding)
     y = _op("convolution")(xc, wc, bias, stride=st, padding=pads, dilation=dil, groups=int(groups))
     return jnp.transpose(y, tuple(int(i) for i in np.argsort(dn.out_spec)))
 
@@ -249,14 +245,10 @@ def batch_norm(x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, training: 
     perm = (0, ax, *(i for i in range(1, x.ndim) if i != ax)) if ax != 0 else None
     if ax == 0:
         raise NotImplementedError("axis=0: the feature axis cannot be the batch axis")
-    if activation not in (None, "relu"):
-        raise ValueError(f"batch_norm: activation must be None or 'relu' (cuDNN fuses ReLU only), got {activation!r}")
-    if z is not None:
-        if activation is None:
-            raise ValueError("batch_norm: z is added before the fused ReLU: pass activation='relu' with it")
-        if tuple(z.shape) != tuple(x.shape) or z.dtype != x.dtype:
-            raise ValueError(f"batch_norm: z must have x's shape and dtype {tuple(x.shape)} {x.dtype}, got "
-                             f"{tuple(z.shape)} {z.dtype}")  # fmt: skip
+    # activation, z without it and z's dtype are checked by the op's meta at trace time, naming them; z's shape here,
+    # in the caller's layout (meta would see it permuted)
+    if z is not None and tuple(z.shape) != tuple(x.shape):
+        raise ValueError(f"batch_norm: z must have x's shape {tuple(x.shape)}, got {tuple(z.shape)}")
     xc = Permuted(x, perm)
     zc = None if z is None else Permuted(z, perm)
     kw = {} if activation is None else {"activation": activation}

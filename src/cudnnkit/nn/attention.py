@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import call1, check_dtype, real
+from ._common import call1, check_dtype, dtype_of, real
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -18,7 +18,7 @@ def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any,
     """What this API does not pass to cuDNN's graph attention, each a ``NotImplementedError`` naming the argument;
     torch's own argument errors as ``ValueError``."""
     if attn_mask is not None:
-        if str(getattr(attn_mask, "dtype", "")).endswith("bool"):
+        if dtype_of(attn_mask) == "bool":
             raise NotImplementedError("scaled_dot_product_attention: a boolean attn_mask: cuDNN's attention adds a "
                                       "bias; pass an additive float mask (0 where kept, -inf where masked)")  # fmt: skip
         check_dtype(attn_mask, ("float16", "bfloat16", "float32"), "attn_mask", "cuDNN's fused attention")

@@ -43,8 +43,8 @@ from typing import Any, NamedTuple
 from ..runtime.arrays import as_view, contiguous_strides, is_dense
 from ..runtime.view import ArrayView
 
-__all__ = ["Spec", "Differentiable", "DIFFERENTIABLE", "differentiable", "spec_of", "new_like", "window",
-           "host_values", "from_host"]  # fmt: skip
+__all__ = ["Spec", "Differentiable", "DIFFERENTIABLE", "differentiable", "spec_of", "spec_view", "new_like",
+           "window", "host_values", "from_host"]  # fmt: skip
 
 
 class Spec(NamedTuple):
@@ -58,6 +58,12 @@ class Spec(NamedTuple):
 def spec_of(v: Any) -> Spec:
     """The :class:`Spec` of an :class:`~cudnnkit.runtime.ArrayView` (or anything with shape, strides, dtype)."""
     return Spec(tuple(v.shape), tuple(v.strides), str(v.dtype))
+
+
+def spec_view(s: Spec | None) -> ArrayView | None:
+    """A spec as the resolve functions read a view, without data (device 0, pointer 0): what each ``meta`` hands
+    the checks the call makes (None stays None)."""
+    return None if s is None else ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, 0, 0, None)
 
 
 def new_like(s: Spec, shape: tuple[int, ...] | None = None, dtype: str | None = None) -> Spec:

@@ -39,8 +39,7 @@ from ..runtime import DescriptorKind, check_choice, cudnn_dtype, get_cached, ten
 from ..runtime.arrays import contiguous_strides
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import FLOATS, check_dtype, check_scalar, itemsize, nan_propagation, scaling_ref
-from ..runtime.view import ArrayView
-from ._diff import Differentiable, Spec, differentiable, from_host, host_values
+from ._diff import Differentiable, Spec, differentiable, from_host, host_values, spec_view
 from ._primitive import Call, Operand, Output, Primitive, register, run
 from .activation import activation_backward
 from .tensor import add_tensor, set_tensor, transform_tensor
@@ -482,11 +481,6 @@ def reduce_tensor(
 # float64 (_diff.host_values / from_host: the adapter protocol's to_numpy and from_numpy, which synchronize).
 
 
-def _view(s: Any) -> Any:
-    """A spec as the resolve functions read a view (None stays None)."""
-    return None if s is None else ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, 0, 0, None)
-
-
 def _scaled(x: Any, s: float, fresh: bool = False) -> Any:
     """``s * x`` as a new array (``transform_tensor`` with ``alpha=s``; ``x`` itself when ``s == 1`` and ``x`` is
     ``fresh``, a temporary of the backward: a gradient must never be the caller's cotangent)."""
@@ -586,7 +580,7 @@ def _op_l3_meta(a: Spec, b: Spec | None = None, *, op: str = "add", alpha1: floa
         if s is not None:
             check_dtype(s, name, _DTYPES, "op_tensor")
     check_scalar(alpha1, "alpha1", dtype=a.dtype)
-    r = _op_resolve({"a": _view(a), "b": _view(b)}, dict(op=op, alpha2=alpha2, propagate_nan=propagate_nan))
+    r = _op_resolve({"a": spec_view(a), "b": spec_view(b)}, dict(op=op, alpha2=alpha2, propagate_nan=propagate_nan))
     c = Spec(r.shape, contiguous_strides(r.shape), a.dtype)
     return (c,), _op_residuals(r.op, a, b, c)
 
@@ -699,7 +693,7 @@ def _reduce_l3_meta(a: Spec, *, op: str = "add", axes: int | Sequence[int] | Non
     """c as :func:`reduce_tensor` allocates it (a's rank with 1 on the reduced dims, a's dtype, C order), after
     reduce_tensor's own checks."""
     check_dtype(a, "a", _DTYPES, "reduce_tensor")
-    r = _reduce_resolve({"a": _view(a)}, dict(op=op, axes=axes, propagate_nan=propagate_nan))
+    r = _reduce_resolve({"a": spec_view(a)}, dict(op=op, axes=axes, propagate_nan=propagate_nan))
     c = Spec(r.shape, contiguous_strides(r.shape), a.dtype)
     return (c,), _reduce_residuals(r.op, a, c)
 

@@ -56,7 +56,7 @@ from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import check_dtype, check_scalar
 from ..runtime.settings import current_settings
 from ..runtime.view import ArrayView
-from ._diff import Differentiable, Spec, differentiable
+from ._diff import Differentiable, Spec, differentiable, spec_view
 from ._graphform import Binder, graph_form, write_through
 from ._layout import copy_in
 from ._primitive import Operand, Output, Primitive, register, run, split_out
@@ -1071,7 +1071,7 @@ def attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, stats: Any, *, a
 
 def _spec_view(s: Spec, name: str) -> ArrayView:
     """A pointer-less view of a spec (what the resolve functions read), its dtype checked as :func:`run` does."""
-    v = ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, 0, 0, None)
+    v = spec_view(s)
     check_dtype(v, name, _HALF, _FAMILY)
     return v
 
@@ -1166,11 +1166,6 @@ def _att_l3_backward(res: Any, douts: Any, needs: Any, **kw: Any) -> tuple:
     return tuple(g if n else None for g, n in zip((*got[:3], dmask, dsink), needs))
 
 
-def _meta_view(s: Spec | None) -> ArrayView | None:
-    """A pointer-less view of an optional array's spec (its dtype and shape checked by the variant's rules)."""
-    return None if s is None else ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, 0, 0, None)
-
-
 def _att_l3_meta(q: Spec, k: Spec, v: Spec, attn_mask: Spec | None = None, sink: Spec | None = None, *,
                  seq_len_q: Spec | None = None, seq_len_kv: Spec | None = None, alibi_slopes: Spec | None = None,
                  seed: Spec | None = None, offset: Spec | None = None, **kw: Any) -> Any:  # fmt: skip
@@ -1179,8 +1174,8 @@ def _att_l3_meta(q: Spec, k: Spec, v: Spec, attn_mask: Spec | None = None, sink:
     arrays = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "alibi_slopes": alibi_slopes, "seed": seed,
               "offset": offset}  # fmt: skip
     views = {"q": _spec_view(q, "q"), "k": _spec_view(k, "k"), "v": _spec_view(v, "v"),
-             "attn_mask": _meta_view(attn_mask), "sink": _meta_view(sink),
-             **{n: _meta_view(a) for n, a in arrays.items()}}  # fmt: skip
+             "attn_mask": spec_view(attn_mask), "sink": spec_view(sink),
+             **{n: spec_view(a) for n, a in arrays.items()}}  # fmt: skip
     r = _fwd_resolve(views, {"scale": o_["scale"], "causal": as_bool(o_["is_causal"], "is_causal"),
                              "enable_gqa": as_bool(o_["enable_gqa"], "enable_gqa"), "dropout": o_["dropout_p"],
                              "diagonal_alignment": o_["diagonal_alignment"], "left_bound": o_["left_bound"],

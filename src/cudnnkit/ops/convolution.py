@@ -63,7 +63,6 @@ from ..runtime import check_choice, current_settings, get_cached, tensor_descrip
 from ..runtime.arrays import contiguous_strides
 from ..runtime.dtypes import FLOATS, canonical, check_scalar, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
-from ..runtime.view import ArrayView
 from ._conv_algos import (  # noqa: F401  (public here, as before)
     _BWD_DATA,
     _BWD_FILTER,
@@ -76,7 +75,7 @@ from ._conv_algos import (  # noqa: F401  (public here, as before)
     algorithm_cache_info,
     conv_descriptor,
 )
-from ._diff import Differentiable, Spec, differentiable
+from ._diff import Differentiable, Spec, differentiable, spec_view
 from ._graphform import Binder, channels_last_input, channels_last_output, graph_form, write_through
 from ._layout import c_order_view, channels_last_strides, copy_in
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
@@ -998,11 +997,6 @@ def convolution_backward_bias(dy: Any, *, out: Any = None, alpha: float = 1.0, b
 # ----------------------------------------------------------------- the L3 declarations
 
 
-def _spec_view(s: Spec) -> ArrayView:
-    """A pointer-less view of a spec: what the resolve functions read (shape, strides, dtype)."""
-    return ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, 0, 0, None)
-
-
 def _new(shape: tuple[int, ...], strides: tuple[int, ...] | None, dtype: str) -> Spec:
     return Spec(tuple(shape), tuple(strides) if strides is not None else contiguous_strides(tuple(shape)), dtype)
 
@@ -1081,7 +1075,7 @@ def _conv_l3_meta(x: Spec, w: Spec, bias: Spec | None = None, *, z: Any = None, 
     """y as :func:`convolution_forward` allocates it: the shape ``_fwd_resolve`` gives (``conv_output_shape``),
     channels-last when x is, x's dtype."""
     _l3_refuse(x.dtype, z, activation, activation_coef)
-    views = {"x": _spec_view(x), "w": _spec_view(w), "bias": None if bias is None else _spec_view(bias)}
+    views = {"x": spec_view(x), "w": spec_view(w), "bias": None if bias is None else spec_view(bias)}
     r = _fwd_resolve(views, kw)
     y = _new(r.y_shape, r.y_strides, r.out_dtype or r.dtype)
     return (y,), _conv_l3_res(x, w, bias, y if activation is not None else None)
@@ -1127,7 +1121,7 @@ def _convt_l3_backward(res: Any, douts: Any, needs: Any, *, stride: Any = 1, pad
 
 def _convt_l3_meta(dy: Spec, w: Spec, **kw: Any) -> Any:
     """y as :func:`convolution_backward_data` allocates it (``_bwd_data_resolve``: channels-last when dy is)."""
-    r = _bwd_data_resolve({"dy": _spec_view(dy), "w": _spec_view(w)}, kw)
+    r = _bwd_data_resolve({"dy": spec_view(dy), "w": spec_view(w)}, kw)
     return (_new(r.y_shape, r.y_strides, r.dtype),), {"dy": dy, "w": w}
 
 

@@ -80,7 +80,7 @@ from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import FLOATS, scaling_ref
 from ..runtime.shapes import INT32_MAX
 from ..runtime.view import ArrayView
-from ._diff import Differentiable, Spec, differentiable
+from ._diff import Differentiable, Spec, differentiable, spec_view
 from ._graphform import Binder, channels_last_output, graph_form
 from ._layout import channels_last_strides, copy_in
 from ._nd import layout_of
@@ -1426,12 +1426,6 @@ def instance_norm_backward(
 # ----------------------------------------------------------------- the L3 declarations
 
 
-def _meta_view(s: Spec | None) -> ArrayView | None:
-    """A view of spec ``s`` without data (device -1, pointer 0), for the resolvers: meta checks what the call
-    would, host-side."""
-    return None if s is None else ArrayView(tuple(s.shape), tuple(s.strides), s.dtype, -1, 0, None)
-
-
 def _packed_spec(shape: tuple[int, ...], dtype: str) -> Spec:
     return Spec(tuple(shape), contiguous_strides(tuple(shape)), dtype)
 
@@ -1494,7 +1488,7 @@ def _bn_l3_resolve(specs: dict[str, Spec | None], kw: dict) -> tuple[_BN, Spec]:
     _meta_x(specs["x"], specs["scale"], "batch_norm")
     if specs["bias"] is None:
         raise ValueError("batch_norm: bias is required (cuDNN's batch norm adds one; pass zeros for none)")
-    r = _bn_fwd_resolve({k: _meta_view(s) for k, s in specs.items()}, kw)
+    r = _bn_fwd_resolve({k: spec_view(s) for k, s in specs.items()}, kw)
     return r, Spec(r.x_shape, _new_strides(r.x_shape, r.lay) or contiguous_strides(r.x_shape), r.dtype)
 
 
@@ -1538,7 +1532,7 @@ def _bn_l3_meta(x: Spec, scale: Spec, bias: Spec, z: Spec | None = None, *, runn
     kw = dict(training=training, momentum=momentum, epsilon=epsilon, mode=mode, activation=activation)
     r, y = _bn_l3_resolve(specs, kw)
     stat = _packed_spec(r.p_shape, r.pdtype)
-    reserve = _bn_reserve(r, layout_of(_meta_view(y)) or "nchw")
+    reserve = _bn_reserve(r, layout_of(spec_view(y)) or "nchw")
     vals = {"x": x, "scale": scale, "saved_mean": stat, "saved_inv_std": stat, "mean": stat, "var": stat, "y": y,
             "bias": bias, "reserve": reserve, "z": z}  # fmt: skip
     return (y,), {k: vals[k] for k in _bn_res_names(r.training, r.act, reserve is not None, r.z)}
@@ -1599,7 +1593,7 @@ BATCH_NORM = differentiable(
 
 def _gn_l3_meta(mode: str, fn: str, x: Spec, scale: Spec, bias: Spec | None, kw: dict) -> tuple[tuple, dict]:
     _meta_x(x, scale, fn)
-    r = _gn_common(mode, f"{fn}_forward", {"x": _meta_view(x), "scale": _meta_view(scale), "bias": _meta_view(bias)},
+    r = _gn_common(mode, f"{fn}_forward", {"x": spec_view(x), "scale": spec_view(scale), "bias": spec_view(bias)},
                    kw, "x", False)  # fmt: skip
     y = Spec(r.x_shape, _gn_out_strides(r) or contiguous_strides(r.x_shape), r.dtype)
     res = {"x": x, "scale": scale}

@@ -12,7 +12,7 @@ from typing import Any
 
 from .dtypes import itemsize
 
-__all__ = ["ArrayView", "contiguous_strides", "is_contiguous"]
+__all__ = ["ArrayView", "contiguous_strides", "is_contiguous", "same_layout"]
 
 
 @dataclass(slots=True)
@@ -97,5 +97,11 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether element strides ``a`` and ``b`` of ``shape`` address the same elements: equal but on size-1 dims
+    (whose stride addresses nothing, and which libraries set to anything)."""
+    return all(x == y for d, x, y in zip(shape, a, b) if d != 1)
+
+
 def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    return all(s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)) if d != 1)
+    return same_layout(shape, strides, contiguous_strides(shape))

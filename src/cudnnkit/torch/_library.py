@@ -44,6 +44,7 @@ from ..ops._diff import Differentiable, Spec, new_like
 from ..runtime.adapters._torch import _FROM_TORCH, _TO_TORCH
 from ..runtime.cache import LRU, MISSING
 from ..runtime.settings import as_items, current_settings, from_items, in_force
+from ..runtime.view import same_layout
 
 __all__ = ["TorchOp", "define", "encode", "decode", "spec", "EAGER"]
 
@@ -74,7 +75,7 @@ def _empty(s: Spec, device: Any) -> torch.Tensor:
 
 def _as(t: torch.Tensor, s: Spec) -> torch.Tensor:
     """``t`` with ``s``'s strides (a copy where they differ in a dim of size > 1)."""
-    if tuple(t.stride()) == s.strides or all(d == 1 or a == b for d, a, b in zip(s.shape, t.stride(), s.strides)):
+    if same_layout(s.shape, tuple(t.stride()), s.strides):
         if tuple(t.stride()) == s.strides:
             return t
         return t.as_strided(s.shape, s.strides)

@@ -31,7 +31,7 @@ from typing import Any
 from .. import driver
 from ..arrays import contiguous_strides, is_dense
 from ..dtypes import itemsize
-from ..view import ArrayView
+from ..view import ArrayView, same_layout
 from . import KEYED, is_lasting
 from ._protocol import ArrayAdapter
 
@@ -105,11 +105,6 @@ def from_arena(arena: Arena) -> Iterator[None]:
 _current = _Current()
 
 
-def _same_layout(shape: tuple, a: tuple, b: tuple) -> bool:
-    """Whether strides ``a`` and ``b`` of ``shape`` address the same elements (they differ only on size-1 dims)."""
-    return all(x == y for d, x, y in zip(shape, a, b) if d != 1)
-
-
 @contextlib.contextmanager
 def into(targets: list[DeviceArray]) -> Iterator[list[DeviceArray]]:
     """Within the block, :meth:`RawAdapter.empty` hands out each of ``targets`` (dense arrays over memory the
@@ -133,7 +128,7 @@ def into(targets: list[DeviceArray]) -> Iterator[list[DeviceArray]]:
 def _claim(shape: tuple, strides: tuple, dtype: str, device: int) -> DeviceArray | None:
     targets = _current.targets
     for i, t in enumerate(targets or ()):
-        if t.shape == shape and t.dtype == dtype and t.device == device and _same_layout(shape, t.strides, strides):
+        if t.shape == shape and t.dtype == dtype and t.device == device and same_layout(shape, t.strides, strides):
             del targets[i]  # type: ignore[union-attr]
             _current.claimed.append(t)
             return DeviceArray(shape, strides, dtype, device, t.ptr, t)

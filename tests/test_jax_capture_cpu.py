@@ -19,13 +19,7 @@ from cudnnkit import autograd  # noqa: E402
 from cudnnkit.jax import _ffi, _ops  # noqa: E402
 from cudnnkit.ops._diff import Differentiable, Spec, new_like  # noqa: E402
 
-from .test_jax_ops_cpu import NumpyRunner  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def on_the_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+from .test_jax_ops_cpu import NumpyRunner, on_the_cpu  # noqa: E402,F401  (the autouse fixture: arrays on JAX's CPU)
 
 
 def _traits(h: _ffi.Handler) -> int:

@@ -16,15 +16,9 @@ jnp = pytest.importorskip("jax.numpy")
 from cudnnkit.jax import _ops  # noqa: E402
 from cudnnkit.ops._diff import Differentiable, Spec, new_like  # noqa: E402
 
-from .test_jax_ops_cpu import NumpyRunner  # noqa: E402
+from .test_jax_ops_cpu import NumpyRunner, on_the_cpu  # noqa: E402,F401  (the autouse fixture: arrays on JAX's CPU)
 
 SEEN: list[tuple] = []  # (where, shape, element strides) of the arrays the stand-in got
-
-
-@pytest.fixture(autouse=True)
-def on_the_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
 
 
 def _strides(a):

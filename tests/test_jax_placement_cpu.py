@@ -19,13 +19,7 @@ jnp = pytest.importorskip("jax.numpy")
 from cudnnkit.jax import _ffi, _ops  # noqa: E402
 from cudnnkit.runtime.adapters import _raw  # noqa: E402
 
-from .test_jax_ops_cpu import OP, NumpyRunner  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def on_the_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+from .test_jax_ops_cpu import OP, NumpyRunner, on_the_cpu  # noqa: E402,F401  (the autouse fixture: arrays on JAX's CPU)
 
 
 class Recording(NumpyRunner):

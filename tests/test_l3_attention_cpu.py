@@ -556,6 +556,15 @@ def test_the_attention_module(monkeypatch):
     assert recorded[-1] == ("sdpa", [(1, 2, 8, 16)] * 3, {"scale": 0.25, "causal": True})
     with pytest.raises(NotImplementedError, match="dtype float32"):
         m(*(torch.zeros(1, 2, 8, 16),) * 3)
+    g = tnn.ScaledDotProductAttention(enable_gqa=True)
+    kv = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
+    assert g(torch.zeros(1, 4, 8, 16, dtype=torch.float16), kv, kv, attn_mask=torch.zeros(8, 8)).shape == (1, 4, 8, 16)
+    assert recorded[-1] == ("attention", [(1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), (8, 8)],
+                            {"scale": None, "is_causal": False, "enable_gqa": True})  # fmt: skip
+    with pytest.raises(NotImplementedError, match="a boolean attn_mask"):
+        g(x, x, x, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask with is_causal=True"):
+        m(x, x, x, attn_mask=torch.zeros(8, 8))
     with pytest.raises(TypeError, match="scale"):
         tnn.ScaledDotProductAttention(scale="big")
 

@@ -374,6 +374,21 @@ def test_scaled_dot_product_attention_additive_mask_and_its_gradient(mask_shape)
           gtol=BF16_TOL)  # fmt: skip
 
 
+def test_the_attention_module_with_a_mask_and_grouped_heads():
+    """cudnnkit.torch.nn.ScaledDotProductAttention(enable_gqa=True) with an additive mask (the op "attention")
+    against torch's SDPA: output and gradients, the mask's included."""
+    from cudnnkit.torch import nn as tnn
+
+    torch.manual_seed(6)
+    q = r(2, 8, 64, 64).to(torch.bfloat16)
+    k, v = (r(2, 2, 128, 64).to(torch.bfloat16) for _ in range(2))
+    mask = r(8, 64, 128).to(torch.bfloat16)
+    m = tnn.ScaledDotProductAttention(scale=0.2, enable_gqa=True)
+    check(lambda q, k, v, a: m(q, k, v, attn_mask=a),
+          lambda q, k, v, a: F.scaled_dot_product_attention(q, k, v, attn_mask=a, scale=0.2, enable_gqa=True),
+          q, k, v, mask, tol=BF16_TOL, gtol=BF16_TOL)  # fmt: skip
+
+
 # ----------------------------------------------------------------- the CuPy path (forward)
 
 

@@ -942,10 +942,13 @@ class RNN(_RNNBase, torch.nn.RNN):
 
 
 class ScaledDotProductAttention(torch.nn.Module):
-    """``forward(query, key, value)``: the op ``sdpa`` (as :func:`cudnnkit.nn.scaled_dot_product_attention`: cuDNN's
-    fused attention on the graph API, float16/bfloat16, ``(B, H, S, D)`` or ``(B, S, D)``) with ``is_causal``,
-    ``scale`` (None: ``1 / sqrt(D)``) and ``enable_gqa`` (one shared key/value head) fixed at construction; no
-    parameters, no buffers. What cuDNN cannot run raises ``NotImplementedError`` naming it, at the call.
+    """``forward(query, key, value, attn_mask=None)``: cuDNN's fused attention on the graph API (as
+    :func:`cudnnkit.nn.scaled_dot_product_attention`: float16/bfloat16, ``(B, H, S, D)`` or ``(B, S, D)``) with
+    ``is_causal``, ``scale`` (None: ``1 / sqrt(D)``) and ``enable_gqa`` (key/value heads dividing the query's) fixed
+    at construction; no parameters, no buffers. The op ``sdpa`` runs calls without a mask whose key/value heads are
+    the query's or 1, the op ``attention`` the others: an additive float ``attn_mask`` (broadcast over batch and
+    heads, differentiable) or grouped heads. What cuDNN cannot run raises ``NotImplementedError`` naming it, at the
+    call (a boolean mask: pass an additive one).
 
     Not a twin: torch has no SDPA module (its models call ``F.scaled_dot_product_attention``), so
     :func:`~cudnnkit.torch.convert` makes none, and it leaves ``torch.nn.MultiheadAttention`` as it is: its forward
@@ -959,16 +962,27 @@ class ScaledDotProductAttention(torch.nn.Module):
             raise TypeError(f"scale must be a real number or None, got {scale!r}")
         self.is_causal, self.scale, self.enable_gqa = bool(is_causal), scale, bool(enable_gqa)
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         if query.dtype not in (torch.float16, torch.bfloat16):
             dt = _torch_dtype_name(query.dtype)
             raise NotImplementedError(f"cudnnkit.torch.nn.ScaledDotProductAttention: dtype {dt} (cuDNN's fused "
                                       "attention takes float16 and bfloat16)")  # fmt: skip
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            raise NotImplementedError("cudnnkit.torch.nn.ScaledDotProductAttention: a boolean attn_mask (cuDNN's "
+                                      "attention adds a bias): pass an additive float mask, 0 kept, -inf masked")  # fmt: skip
+        if attn_mask is not None and self.is_causal:
+            raise ValueError("attn_mask with is_causal=True (torch refuses them together)")
         three = query.dim() == 3  # (B, S, D): one head
         q, k, v = ((a.unsqueeze(1) if three else a) for a in (query, key, value))
         if k.shape[1] != q.shape[1] and not self.enable_gqa:
             raise ValueError(f"key has {k.shape[1]} heads and query {q.shape[1]}: pass enable_gqa=True (as torch asks)")
-        o = _first(_call("sdpa", {"q": q, "k": k, "v": v}, scale=self.scale, causal=self.is_causal))
+        if attn_mask is None and k.shape[1] in (1, q.shape[1]):
+            o = _first(_call("sdpa", {"q": q, "k": k, "v": v}, scale=self.scale, causal=self.is_causal))
+        else:
+            mask = attn_mask.unsqueeze(1) if attn_mask is not None and three and attn_mask.dim() == 3 else attn_mask
+            o = _first(_call("attention", {"q": q, "k": k, "v": v, "attn_mask": mask}, scale=self.scale,
+                             is_causal=self.is_causal, enable_gqa=k.shape[1] != q.shape[1]))  # fmt: skip
         return o.squeeze(1) if three else o
 
     def extra_repr(self) -> str:

@@ -259,6 +259,16 @@ def test_dot_product_attention_matches_jax(kv_heads, causal):
     assert nn.dot_product_attention(q[0], k[0], v[0]).shape == (6, 4, 8)
 
 
+def test_a_fully_masked_row_is_the_mean_of_v_as_in_jax():
+    q = _r((1, 6, 2, 8)).astype(jnp.bfloat16)
+    mask = jnp.ones((1, 1, 6, 6), bool).at[:, :, 2, :].set(False)  # query row 2 sees no key
+    got = nn.dot_product_attention(q, q, q, mask=mask)
+    f32 = q.astype(jnp.float32)
+    want = jax.nn.dot_product_attention(f32, f32, f32, mask=mask)
+    assert np.isfinite(np.asarray(got, np.float32)).all()
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
+
+
 def test_dot_product_attention_takes_2d_and_3d_bias_and_mask_as_jax():
     """A (T, S) bias and an (N, T, S) mask get leading dims of 1, as jax.nn.dot_product_attention's; unbatched
     inputs too."""

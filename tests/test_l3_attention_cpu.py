@@ -529,6 +529,10 @@ def test_nn_scaled_dot_product_attention_calls_the_l3_op(recorded):
                             {"scale": None, "is_causal": False, "enable_gqa": False})  # fmt: skip
     o = nn.scaled_dot_product_attention(*(z(2, 8, 16, dtype=torch.bfloat16),) * 3, attn_mask=z(2, 8, 8))
     assert o.shape == (2, 8, 16) and recorded[-1][1][3] == (2, 1, 8, 8)  # (B, S, S) of a one-head call
+    nn.scaled_dot_product_attention(h16, h16, h16, attn_mask=z(2, 1, 1, 8, dtype=torch.float16))  # key padding
+    assert recorded[-1][1][3] == (2, 1, 8, 8)  # expanded to (.., S_q, S_kv): cuDNN broadcasts batch and heads only
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(2, 1, 3, 8\) does not broadcast"):
+        nn.scaled_dot_product_attention(h16, h16, h16, attn_mask=z(2, 1, 3, 8, dtype=torch.float16))
     with pytest.raises(NotImplementedError, match="a boolean attn_mask"):
         nn.scaled_dot_product_attention(h16, h16, h16, attn_mask=torch.ones(8, 8, dtype=torch.bool))
     with pytest.raises(ValueError, match="attn_mask and is_causal=True together"):

@@ -267,8 +267,9 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
 
     * ``bias``: added to the scores, broadcastable to ``(B, N, T, S)`` (fewer dims get leading ones, as JAX's),
       differentiable (cuDNN's dbias; its gradient summed back over the broadcast dims by JAX);
-    * ``mask``: boolean, broadcastable to ``(B, N, T, S)``, True where kept: made an additive ``0``/``-inf`` bias
-      (added to ``bias`` when both are given);
+    * ``mask``: boolean, broadcastable to ``(B, N, T, S)``, True where kept: made an additive bias of ``0`` and
+      JAX's masked logit ``-0.7 * finfo(dtype).max`` (a fully masked row gives the mean of ``v``, as JAX's), added
+      to ``bias`` when both are given;
     * ``local_window_size``: ``w`` or ``(left, right)``: query ``t`` attends to keys ``t - left .. t + right``
       (cuDNN's ``left_bound = left + 1``, ``right_bound = right``; with ``is_causal`` the right side is 0);
     * ``is_causal`` keeps ``s <= t`` (equal lengths only);
@@ -330,7 +331,8 @@ def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any) -> Any:
         if name == "mask":
             if x.dtype != jnp.bool_:
                 raise TypeError(f"dot_product_attention: mask must be boolean (True where kept), got {x.dtype}")
-            x = jnp.where(x, jnp.zeros((), dtype), jnp.full((), -jnp.inf, dtype))
+            # JAX's masked logit: a large finite negative, so a fully masked row averages v as JAX's does
+            x = jnp.where(x, jnp.zeros((), dtype), jnp.full((), -0.7 * float(jnp.finfo(dtype).max), dtype))
         parts.append(jnp.broadcast_to(x.astype(dtype), x.shape[:2] + full[2:]))
     if not parts:
         return None

@@ -45,12 +45,26 @@ def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any,
                              f"dividing the query's {h}, got {hk} and {hv}")  # fmt: skip
 
 
+def _expand_rows(mask: Any, sq_skv: tuple[int, int]) -> Any:
+    """A torch mask broadcast in its last two dims (a key-padding ``(B, 1, 1, S_kv)``) as a view of ``(..., S_q,
+    S_kv)`` (cuDNN's mask broadcasts over batch and heads only; the op copies the view to the packed layout it
+    reads). Torch tensors only (``expand``); another library's is refused by name."""
+    if any(d not in (1, want) for d, want in zip(mask.shape[-2:], sq_skv)):
+        raise ValueError(f"scaled_dot_product_attention: attn_mask of shape {tuple(mask.shape)} does not broadcast "
+                         f"to (..., S_q, S_kv) = (..., {sq_skv[0]}, {sq_skv[1]})")  # fmt: skip
+    if not hasattr(mask, "expand"):
+        raise NotImplementedError(f"scaled_dot_product_attention: attn_mask of shape {tuple(mask.shape)} broadcast "
+                                  "in its last two dims: pass it as (..., S_q, S_kv) for this array library")  # fmt: skip
+    return mask.expand(*mask.shape[:-2], *sq_skv)
+
+
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:  # fmt: skip
     """torch's SDPA on cuDNN (float16/bfloat16, ``(B, H, S, D)`` or ``(B, S, D)``): L3 ``sdpa`` (the graph's
     ``sdpa_forward``/``sdpa_backward``) for no mask or the causal one with ``H_kv`` equal to ``H`` or 1, L3
     ``attention`` (``attention_forward``/``attention_backward``) for an additive float ``attn_mask``
-    (broadcastable: ``(S_q, S_kv)``, ``(1|H, S_q, S_kv)`` or ``(1|B, 1|H, S_q, S_kv)``; differentiable: cuDNN's
+    (broadcastable as torch's: ``(S_q, S_kv)``, ``(1|H, S_q, S_kv)``, ``(1|B, 1|H, S_q, S_kv)``, and a torch mask
+    of size 1 in ``S_q`` or ``S_kv``, such as a key-padding ``(B, 1, 1, S_kv)``, expanded; differentiable: cuDNN's
     dbias) and for ``enable_gqa`` with any key/value head count dividing ``H``. A 3-d call runs as one head.
     Refused by name: a boolean mask, ``dropout_p`` above 0."""
     check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
@@ -63,6 +77,8 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
         mask = attn_mask
         if mask is not None and three and mask.ndim == 3:  # (B, S_q, S_kv) of a one-head call
             mask = mask[:, None]
+        if mask is not None and tuple(mask.shape[-2:]) != (q.shape[2], k.shape[2]):
+            mask = _expand_rows(mask, (q.shape[2], k.shape[2]))
         o = call1("attention", q, k, v, mask, scale=scale, is_causal=bool(is_causal),
                   enable_gqa=k.shape[1] != q.shape[1])  # fmt: skip
     return o[:, 0] if three else o

@@ -981,6 +981,10 @@ class ScaledDotProductAttention(torch.nn.Module):
             o = _first(_call("sdpa", {"q": q, "k": k, "v": v}, scale=self.scale, causal=self.is_causal))
         else:
             mask = attn_mask.unsqueeze(1) if attn_mask is not None and three and attn_mask.dim() == 3 else attn_mask
+            if mask is not None and tuple(mask.shape[-2:]) != (q.shape[2], k.shape[2]):  # a key-padding mask
+                from ..nn.attention import _expand_rows
+
+                mask = _expand_rows(mask, (q.shape[2], k.shape[2]))
             o = _first(_call("attention", {"q": q, "k": k, "v": v, "attn_mask": mask}, scale=self.scale,
                              is_causal=self.is_causal, enable_gqa=k.shape[1] != q.shape[1]))  # fmt: skip
         return o.squeeze(1) if three else o

@@ -387,6 +387,16 @@ def test_attention_meta_on_the_samples_gives_the_references_shapes(inputs, kw):
     assert res["alibi_slopes"] is mkw.get("alibi_slopes")
 
 
+def test_attention_folds_a_vmap_unless_an_array_is_per_sample():
+    refuses = A.ATTENTION.batch_refuses
+    assert A.ATTENTION.batch == ("q", "k", "v", "out", "stats")
+    assert refuses({}, {"q": S(BHSD), "attn_mask": S((1, 2, 16, 16))}) is None  # shared by the batch: folds
+    assert refuses({}, {"q": S(BHSD), "attn_mask": S((2, 16, 16))}) is None
+    assert refuses({}, {"q": S(BHSD), "sink": S((2,), "float32")}) is None
+    assert "attn_mask has a batch dim of 3" in refuses({}, {"attn_mask": S((3, 2, 16, 16))})
+    assert "per sample" in refuses({}, {"seq_len_q": S((1,), "int32"), "seq_len_kv": S((1,), "int32")})
+
+
 ATT_REFUSED = [
     (dict(cu_seqlens_q=[0, 16], cu_seqlens_kv=[0, 16]), NotImplementedError, "cu_seqlens_q: a packed .* batch is"),
     (dict(page_table_k=None), NotImplementedError, "page_table_k: cuDNN's paged attention has no backward"),

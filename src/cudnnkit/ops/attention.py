@@ -1185,9 +1185,21 @@ def _att_l3_meta(q: Spec, k: Spec, v: Spec, attn_mask: Spec | None = None, sink:
     return (o,), {"q": q, "k": k, "v": v, "attn_mask": attn_mask, "sink": sink, **arrays, "out": o, "stats": stats}
 
 
+def _att_batch_refuses(kw: Any, specs: Any) -> str | None:
+    """A batch folds into q/k/v's B unless an array of the call is per sample: a mask with a batch dim, padding
+    lengths (a head's sink or ALiBi slope, and a mask shared by the batch, fold)."""
+    m = specs.get("attn_mask")
+    if m is not None and len(m.shape) == 4 and m.shape[0] != 1:
+        return f"attn_mask has a batch dim of {m.shape[0]} (one mask per sample)"
+    if specs.get("seq_len_q") is not None or specs.get("seq_len_kv") is not None:
+        return "seq_len_q/seq_len_kv are per sample"
+    return None
+
+
 ATTENTION = differentiable(
     Differentiable("attention", "sdpa_forward", ("q", "k", "v", "attn_mask", "sink"), ("out",), _att_l3_forward,
-                   _att_l3_backward, _att_l3_meta, arrays=_ATT_ARRAYS,
+                   _att_l3_backward, _att_l3_meta, arrays=_ATT_ARRAYS, batch=("q", "k", "v", "out", "stats"),
+                   batch_refuses=_att_batch_refuses,
                    capture_safe=True,  # one attention graph execute each way: every array it takes is a device
                    # array (dropout's seed/offset too); the packed and paged forms, which read or upload host
                    # values, are not this op's

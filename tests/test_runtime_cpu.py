@@ -443,3 +443,22 @@ def test_settings_items_round_trip_one_object_per_items():
     assert from_items(items) is from_items(tuple(items)) and from_items(()) == Settings()
     with pytest.raises(TypeError, match="deterministic must be a bool"):
         from_items((("deterministic", 1),))
+
+
+def test_prepare_copies_an_expanded_input_into_a_sibling_layout():
+    """An input cuDNN cannot take as it is (a mean's expanded gradient) is copied into the layout of the first other
+    array of its shape that is dense and not C order (a channels-last ``y``), so that a one-layout op needs no second
+    copy; with no such sibling (C-order or gapped siblings, other shapes), into C order (None)."""
+    from cudnnkit.runtime.launch import _sibling_layout
+
+    shape = (2, 8, 3, 3)
+    expanded = ArrayView(shape, (8, 1, 0, 0), "float32", 0, 0x1000, None)
+    nhwc = ArrayView(shape, (72, 1, 24, 8), "float32", 0, 0x2000, None)
+    nchw = ArrayView(shape, (72, 9, 3, 1), "float32", 0, 0x3000, None)
+    gapped = ArrayView(shape, (144, 1, 48, 16), "float32", 0, 0x4000, None)
+    other = ArrayView((2, 8, 3, 4), (96, 1, 32, 8), "float32", 0, 0x5000, None)
+    assert _sibling_layout([expanded, nhwc], expanded) == (72, 1, 24, 8)
+    assert _sibling_layout([None, nchw, expanded, nhwc], expanded) == (72, 1, 24, 8)
+    assert _sibling_layout([expanded, nchw], expanded) is None
+    assert _sibling_layout([expanded, gapped, other], expanded) is None
+    assert _sibling_layout([expanded], expanded) is None

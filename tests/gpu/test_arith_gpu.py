@@ -110,3 +110,28 @@ def test_bfloat16_sum_as_a_graph_reduction_blended(xp, channels_last):
     view = big[1:].reshape(a.shape)
     got = ops.reduce_tensor(view, "add", axes=(0, 2, 3))
     assert rel(host(xp, got), want) < TOL["bfloat16"] * 8
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_per_channel_sum_of_channels_last_as_a_graph_reduction(xp, dtype, layout):
+    """The convolution's bias gradient of a float32/float16 channels-last ``dy`` runs as the one-node graph
+    reduction (float32 compute): straight into a float32 ``db`` for a plain sum, through a float32 temporary and
+    cudnnTransformTensor for a blend or a float16 ``db``. A C-order ``dy`` keeps cudnnReduceTensor (no graph is
+    tried). Every route matches float64, with a poisoned output each time."""
+    from cudnnkit.ops import arith
+
+    rng = np.random.default_rng(12)
+    a = seen(rng.standard_normal((4, 8, 6, 5)), dtype)
+    want = a.sum(axis=(0, 2, 3))
+    da = dev(xp, a, dtype, layout)
+    arith._graph_sums.clear()
+    db = ops.convolution_backward_bias(da, out=poisoned(xp, (8,), dtype))
+    assert rel(host(xp, db), want) < TOL[dtype] * 8
+    c0 = seen(rng.standard_normal(8), dtype)
+    out = dev(xp, c0, dtype)
+    db = ops.convolution_backward_bias(da, out=out, alpha=-2.0, beta=0.5)
+    assert db is out and rel(host(xp, db), -2.0 * want + 0.5 * c0) < TOL[dtype] * 8
+    plans = [v for v in arith._graph_sums._d.values() if v is not None]
+    assert len(plans) == (1 if layout == "nhwc" else 0), "the graph route: channels-last only"
+    assert len(arith._graph_sums._d) == (1 if layout == "nhwc" else 0), "a C-order sum never tries the graph"

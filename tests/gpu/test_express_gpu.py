@@ -60,6 +60,23 @@ CASES = {
         a[3], a[0], a[8], *ops.layer_norm_forward(a[0], a[8], a[9])[1:]
     ),  # fmt: skip
 }
+
+
+def _mean_grad(xp, g):
+    """What a mean over space hands back as the gradient: ``g`` (C,) expanded to (2, C, 9, 9), stride 0."""
+    return xp.module.broadcast_to(g.reshape(1, g.shape[0], 1, 1), (2, g.shape[0], 9, 9))
+
+
+# inputs cuDNN cannot take as they are (expanded): prepare's copy, which a hit makes again (Entry.copies)
+CASES |= {
+    "relu backward expanded dy": lambda xp, a, dt, lay: ops.activation_backward(
+        _mean_grad(xp, a[2]), ops.activation_forward(a[0], "relu"), a[0], "relu"
+    ),  # fmt: skip
+    "conv dgrad expanded dy": lambda xp, a, dt, lay: ops.convolution_backward_data(
+        _mean_grad(xp, a[2]), a[1], x_shape=(2, 8, 9, 9), padding=1
+    ),  # fmt: skip
+    "conv bias grad expanded dy": lambda xp, a, dt, lay: ops.convolution_backward_bias(_mean_grad(xp, a[2])),
+}
 _GRAPH_ONLY = ("conv fwd asymmetric", "avg pool ceil (graph)", "layer norm", "layer norm backward")
 
 
@@ -94,3 +111,24 @@ def test_repeated_calls_match_the_full_sequence(xp, case, dtype, layout, prefer)
     if case.startswith("layer norm") and layout == "nhwc":
         return  # x is copied C-order (its normalized dims must be dense): a call with a copy is never express
     assert _express.info()["hits"] >= 2, "the repeated calls never took the express path"
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_expanded_gradient_takes_the_express_path(xp, layout, dtype):
+    """The eager CNN step's second ReLU backward: the gradient a global mean hands back is expanded (stride 0 over
+    space). It is copied once, into the activation's own layout (not into C order and then again into y's), the
+    repeated call takes the express path and makes that copy again, and every call matches float64 with the
+    activation's layout kept."""
+    rng = np.random.default_rng(1)
+    _express.entries.clear()
+    for _ in range(4):
+        xh, gh = rng.standard_normal((2, 8, 9, 9)), rng.standard_normal(8)
+        x = dev(xp, xh, dtype, layout)
+        y = ops.activation_forward(x, "relu")
+        dx = ops.activation_backward(_mean_grad(xp, dev(xp, gh, dtype)), y, x, "relu")
+        want = (xh > 0) * gh.reshape(1, 8, 1, 1)  # float64
+        assert rel(host(xp, dx), want) < (1e-3 if dtype == "float16" else 1e-6)
+        assert xp.view(dx, "dx").strides == xp.view(x, "x").strides
+    hits = sum(e.hits for sig, e in list(_express.entries._d.items()) if sig[0] == "activation_backward")
+    assert hits >= 2, "the backward with an expanded gradient never took the express path"

@@ -17,9 +17,11 @@ a small layer norm 113 -> 63 us).
 
 Not express (always the full sequence): a ``stream=`` argument, arrays of a library without a ``key`` (bare
 ``__cuda_array_interface__``/DLPack objects), primitives declared ``express=False`` (their checks read a
-pointer or the settings), ``host_ok`` operands, and calls that needed a copy or a producer
-stream. :func:`enabled` turns the path off (tests compare both); so does the environment variable
-``CUDNNKIT_EXPRESS=0`` at import.
+pointer or the settings), ``host_ok`` operands, and calls that needed a copy (into one layout, into a packed
+array, an ``out=`` written through a temporary) or a producer stream. The one copy a hit repeats is
+:func:`~cudnnkit.runtime.prepare`'s, of an input cuDNN cannot take as it is (an expanded gradient, as a mean's
+backward hands on): :attr:`Entry.copies`. :func:`enabled` turns the path off (tests compare both); so does the
+environment variable ``CUDNNKIT_EXPRESS=0`` at import.
 """
 
 from __future__ import annotations
@@ -146,6 +148,9 @@ class Entry:
     index: dict = None  # type: ignore[assignment]
     #: a hit may take the pointer-only graph path (``_primitive._fire_graph``): a shaped call on the graph path
     fast: bool = False
+    #: ``(name, shape, dtype, strides, adapter)`` of the inputs the first call copied (an expanded or overlapping
+    #: array cuDNN cannot take as it is: :func:`~cudnnkit.runtime.prepare`): a hit copies them again, the same way
+    copies: tuple = ()
     #: what ``last_path()`` reads after a legacy hit: ``(primitive name, "legacy")``
     last: tuple = ()
     #: ``(name, shape, dtype, strides)`` of the extras the graph path writes new on each call (batch norm's saved
@@ -158,7 +163,7 @@ class Entry:
 
 
 def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Any,
-               shaped: bool, objs: list[Any], outs: Any = None) -> Entry:  # fmt: skip
+               shaped: bool, objs: list[Any], outs: Any = None, copies: tuple = ()) -> Entry:  # fmt: skip
     """The :class:`Entry` of a call that went straight to cuDNN: ``views`` its operands' (present ones, in the
     primitive's order), ``given`` the names of the outputs passed as ``out=`` (keyword order; their views are in
     ``outs``, default ``call.views``), ``new`` ``(name, view)`` of the outputs it allocated."""
@@ -186,4 +191,5 @@ def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[t
         call.extra.get("graph_key"),
         call.extra.get("graph_form"),
         fresh=tuple(call.extra.get("graph_fresh", ())) if call.extra.get("graph_form") is not None else (),
+        copies=copies,
     )

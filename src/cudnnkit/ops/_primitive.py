@@ -46,6 +46,7 @@ from typing import Any
 from ..graph.plan.plans import _multi_device
 from ..runtime import OPTIONAL, WRITTEN, adapters, check_dtype, current_settings, prepare, tensor_descriptor
 from ..runtime.adapters import FINISH
+from ..runtime.arrays import layout_problem
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import scaling_ref
 from ..runtime.handle import get_handle
@@ -468,7 +469,7 @@ def _run(p: Primitive, arrays: Mapping[str, Any], stream: Any, kwargs: dict) -> 
         dt = views[(p.layout_order or (first.name,))[0]].dtype
         a_ref, b_ref = scaling_ref(dt, alpha, an), scaling_ref(dt, beta, bn)
     if not p.outputs:
-        call = Call(launch, views, resolved, alpha=a_ref, beta=b_ref)
+        call = Call(launch, views, resolved, alpha=a_ref, beta=b_ref, arrays=arrays)
         path = route(p, v0.dtype)
         if views[p.returns or first.name].size:  # add_tensor: an empty c, whatever a's size
             _launch_form(p, call, path, None)
@@ -642,16 +643,39 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
 
 
 def _as_given(views: Mapping[str, Any], arrays: Mapping[str, Any]) -> bool:
-    """Whether every operand's view reads the caller's own array (no copy) with no producer stream to wait for."""
+    """Whether every operand's view reads the caller's own array, or the copy :func:`~cudnnkit.runtime.prepare`
+    made of an input cuDNN cannot take as it is (expanded, overlapping: a hit makes that copy again, see
+    :attr:`~cudnnkit.ops._express.Entry.copies`), with no producer stream to wait for."""
     for n, v in views.items():
-        if v is not None and (v.owner is not arrays.get(n) or v.stream is not None):
+        if v is not None and (
+            v.stream is not None or (v.owner is not arrays.get(n) and not _prepared(v, arrays.get(n)))
+        ):
             return False
     return True
 
 
+def _prepared(v: Any, a: Any) -> bool:
+    """Whether view ``v`` is :func:`~cudnnkit.runtime.prepare`'s copy of the caller's array ``a``: ``a`` is of a
+    library with a key, in a layout cuDNN cannot take, and the copy was made by that library."""
+    key = adapters.KEYED.get(type(a))
+    got = key(a) if key is not None else None
+    if got is None or v.adapter is not got[2] or tuple(got[0][2]) != tuple(v.shape):
+        return False
+    return layout_problem(tuple(got[0][2]), tuple(got[0][3])) is not None
+
+
+def _copies(views: Mapping[str, Any], arrays: Mapping[str, Any]) -> tuple:
+    """``(name, shape, dtype, strides, adapter)`` of each input :func:`_as_given` accepted as a copy."""
+    return tuple(
+        (n, v.shape, v.dtype, v.strides, v.adapter)
+        for n, v in views.items()
+        if v is not None and n in arrays and v.owner is not arrays[n]
+    )
+
+
 def _remember(sig: Any, launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Call,
               shaped: bool, outs: Mapping[str, Any] | None = None) -> None:  # fmt: skip
-    e = _express.entry_from(launch, views, given, new, call, shaped, sig[2], outs)
+    e = _express.entry_from(launch, views, given, new, call, shaped, sig[2], outs, _copies(views, call.arrays))
     e.last = (sig[0][0], "legacy")  # the signature starts with the primitive's name
     _express.entries.put(sig[0], e)
 
@@ -714,10 +738,27 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
     return res[0] if len(res) == 1 else tuple(res)
 
 
+def _copy_inputs(e: Any, ptrs: list[int], arrays: Mapping[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    """The copies entry ``e`` records (:func:`~cudnnkit.runtime.prepare`'s, of inputs cuDNN cannot take as they
+    are: an expanded gradient), made again on the current stream in the strides the first call chose: this call's
+    pointers with the copies' in place, and the copies by name (alive until the call is queued; the allocator's
+    stream-ordered free follows the queued work)."""
+    ptrs = list(ptrs)
+    made = {}
+    for name, shape, dtype, strides, ad in e.copies:
+        arr = made[name] = ad.empty(shape, dtype, e.device, strides)
+        ad.copy(arr, arrays[name])
+        ptrs[e.index[name]] = ad.key(arr)[1]
+    return ptrs, made
+
+
 def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Any:
     """A call on the express path (:mod:`cudnnkit.ops._express`): entry ``e``'s templates with this call's
     pointers, its new outputs allocated, then ``check_plan`` and the form the first call took, as :func:`run`
     makes them (the legacy call directly: its router decision is the entry's)."""
+    made = None
+    if e.copies:
+        ptrs, made = _copy_inputs(e, ptrs, arrays)
     if e.fast:
         got = _fire_graph(p, e, ptrs, kwargs)
         if got is not MISSING:
@@ -731,7 +772,8 @@ def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwar
     for i, (name, shape, strides, dtype, vad) in enumerate(e.views):
         if i == n_in:
             views = dict(operands)  # the given outputs join the call's views, not the operands check_plan sees
-        views[name] = ArrayView(shape, strides, dtype, dev, ptrs[i], arrays[name] if i < n_in else kwargs[name], vad)
+        owner = (made[name] if made and name in made else arrays[name]) if i < n_in else kwargs[name]
+        views[name] = ArrayView(shape, strides, dtype, dev, ptrs[i], owner, vad)
     call = Call(launch, operands, e.resolved, e.desc, e.description, e.alpha, e.beta, e.blends, {}, arrays)
     if p.check_plan is not None and not e.shaped:
         p.check_plan(call)

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, cudnn_dtype, get_cached, tensor_descriptor
-from ..runtime.arrays import contiguous_strides
+from ..runtime.arrays import contiguous_strides, is_dense
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import FLOATS, check_dtype, check_scalar, itemsize, nan_propagation, scaling_ref
 from ._diff import Differentiable, Spec, differentiable, from_host, host_values, spec_view
@@ -288,7 +288,7 @@ def reduce_views(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: Any
     h = launch.handle
     one, zero = scaling_ref("float32", 1.0), scaling_ref("float32", 0.0)
     keep = []
-    if va.dtype == "bfloat16" and op == "add" and not indices and _graph_sum(launch, va, vc, alpha, beta):
+    if op == "add" and not indices and _graph_sum(launch, va, vc, alpha, beta):
         return None
     if va.dtype == "bfloat16":
         s32 = contiguous_strides(va.shape)
@@ -322,45 +322,78 @@ def reduce_views(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: Any
     return buf
 
 
-#: (device, a's shape and strides, the output shape) -> (plan, a's uid, the sum's uid), or None: no engine
+#: (device, a's dtype, shape and strides, the output shape) -> (plan, a's uid, the sum's uid), or None: no engine
 _graph_sums: LRU[tuple, Any] = LRU("ops.reduce_graph_sums", 256)
 
 
+def _per_channel_nhwc(va: Any, vc: Any) -> bool:
+    """Whether this is a sum over every dim but dim 1 of a channels-last array (a convolution's bias gradient)."""
+    return (
+        len(va.shape) > 2
+        and va.strides[1] == 1
+        and tuple(vc.shape) == (1, va.shape[1]) + (1,) * (len(va.shape) - 2)
+        and is_dense(tuple(va.shape), tuple(va.strides))
+    )
+
+
 def _graph_sum(launch: Any, va: Any, vc: Any, alpha: Any, beta: Any) -> bool:
-    """:func:`reduce_views`'s bfloat16 sum as a one-node graph (``reduction`` ADD, float32 compute, into a float32
-    temporary), then ``cudnnTransformTensor`` blends it into ``vc``; False (nothing run) where no engine takes
-    it (remembered per shape), or ``va`` is not 16-byte aligned (the graph engines' requirement). Measured on
-    the H200 (cuDNN 9.19), dy ``(64, 64, 56, 56)`` channels-last: 36 us against 306 us for the float32-copy
-    route (cudnnReduceTensor refuses bfloat16), and torch's ``sum`` 53 us. cuDNN 9.19 takes the channels-last
-    sum over N and space and refuses the C-order one (0 engine configs, every shape probed)."""
+    """:func:`reduce_views`'s sum as a one-node graph (``reduction`` ADD, float32 compute), run through the plan's
+    pointer-only :meth:`~cudnnkit.graph.ExecutionPlan.execute_raw`: straight into ``vc`` when it is a packed
+    float32 array and the call is a plain sum (alpha 1, beta 0), else into a float32 temporary that
+    ``cudnnTransformTensor`` blends into ``vc``. False (nothing run) where no engine takes it (remembered per
+    shape), a pointer is not 16-byte aligned (the graph engines' requirement), or the call is neither bfloat16
+    (which ``cudnnReduceTensor`` refuses) nor a float16/float32 per-channel sum of a channels-last array.
+
+    Measured on the H200 (cuDNN 9.19): bfloat16 dy ``(64, 64, 56, 56)`` channels-last: 36 us against 306 us for
+    the float32-copy route, and torch's ``sum`` 53 us; a float32 dy ``(64, 32, 32, 32)`` channels-last (the small
+    CNN's bias gradient): ``cudnnReduceTensor`` ran three kernels (38 us) and two size queries and two workspace
+    allocations on the host. cuDNN 9.19 takes the channels-last sum over N and space and refuses the C-order one
+    (0 engine configs, every shape probed)."""
     if va.ptr % 16 or tuple(vc.shape) == tuple(va.shape):
+        return False
+    if va.dtype != "bfloat16" and not (va.dtype in ("float16", "float32") and _per_channel_nhwc(va, vc)):
         return False
     from ..graph import Graph
     from ..graph.errors import GraphError
 
-    key = (launch.device, tuple(va.shape), tuple(va.strides), tuple(vc.shape))
+    key = (launch.device, va.dtype, tuple(va.shape), tuple(va.strides), tuple(vc.shape))
     got = _graph_sums.lookup(key)
     if got is MISSING:
-        g = Graph(name="reduce_add_bf16")
-        a = g.tensor(va.shape, va.strides, "bfloat16", name="a")
+        g = Graph(name=f"reduce_add_{va.dtype}")
+        a = g.tensor(va.shape, va.strides, va.dtype, name="a")
         y = g.reduction(a, vc.shape, mode="add", compute_dtype="float32", dtype="float32")
         g.mark_output(y)
         try:
-            got = (g.build(device=launch.device), a.uid, y.uid)
-        except (GraphError, lib.CudnnError) as e:  # no engine here: the float32-copy route, from now on
-            _log.debug("reduce_tensor: no graph engine sums bfloat16 %s -> %s (%s)", va.shape, vc.shape,
+            plan = g.build(device=launch.device)
+            got = (plan, tuple(u == a.uid for u in plan.bindable_uids))
+        except (GraphError, lib.CudnnError) as e:  # no engine here: cudnnReduceTensor, from now on
+            _log.debug("reduce_tensor: no graph engine sums %s %s -> %s (%s)", va.dtype, va.shape, vc.shape,
                        str(e).splitlines()[0])  # fmt: skip
             got = None
         got = _graph_sums.put(key, got, count_miss=True)
     if got is None:
         return False
-    plan, a_uid, y_uid = got
-    h = launch.handle  # this thread's handle for the device, set to the launch stream
+    plan, order = got
     s32 = contiguous_strides(tuple(vc.shape))
-    tmp, v32 = launch.empty(tuple(vc.shape), "float32", s32, name="out")
+    direct = (
+        vc.dtype == "float32"
+        and tuple(vc.strides) == s32
+        and vc.ptr % 16 == 0
+        and alpha is scaling_ref("float32", 1.0)
+        and beta is scaling_ref("float32", 0.0)
+    )
+    tmp = None
+    if direct:
+        out_ptr = vc.ptr
+    else:
+        tmp, v32 = launch.empty(tuple(vc.shape), "float32", s32, name="out")
+        out_ptr = v32.ptr
     ws, ws_ptr = launch.workspace(plan.workspace_size)
-    plan.execute({a_uid: va.ptr, y_uid: v32.ptr}, stream=launch.stream, workspace=ws_ptr or None, unchecked=True)
-    lib.cudnnTransformTensor(h, alpha, tensor_descriptor("float32", v32.shape, s32), v32.ptr, beta, _desc(vc), vc.ptr)
+    with launch.on_device():
+        plan.execute_raw(launch.handle.ptr, [va.ptr if is_a else out_ptr for is_a in order], ws_ptr)
+    if not direct:
+        lib.cudnnTransformTensor(launch.handle, alpha, tensor_descriptor("float32", tuple(vc.shape), s32), out_ptr,
+                                 beta, _desc(vc), vc.ptr)  # fmt: skip
     del tmp, ws
     return True
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import adapters, driver
-from .arrays import ArrayView, _is_int, as_view, contiguous_strides, layout_problem, same_device
+from .arrays import ArrayView, _is_int, as_view, contiguous_strides, is_dense, layout_problem, same_device
 from .arrays import _layout_cache as _layouts
 from .dtypes import check_scalar, itemsize
 from .handle import Handle, get_handle, validate_stream
@@ -310,8 +310,10 @@ def prepare(*named: tuple, stream: Any = None) -> tuple[Launch, list[ArrayView |
       stream and waited on by the launch stream, as ``cuda.core``'s ``StridedMemoryView`` does; none when the
       default-stream rules already order them). Arrays without one cost nothing;
     * layouts cuDNN cannot take (:func:`~cudnnkit.runtime.arrays.layout_problem`: an expanded stride-0 view, an
-      overlapping or a reversed one): an input is copied to C order on the launch stream (debug-logged, logger
-      ``cudnnkit``; its view is the copy's) once every array has been read and checked; a ``WRITTEN`` array is
+      overlapping or a reversed one): an input is copied on the launch stream (debug-logged, logger
+      ``cudnnkit``; its view is the copy's) once every array has been read and checked, into the layout of the
+      first other array of its shape that is dense and not C order (the call then sees one layout: the express
+      path repeats the copy), else into C order; a ``WRITTEN`` array is
       refused with a ``ValueError`` naming it (or, ``ELEMENTWISE``, its expanded dims collapsed to size 1).
       Outputs passed as ``out=`` are checked the same way by :meth:`Launch.output`.
     """
@@ -369,8 +371,31 @@ def prepare(*named: tuple, stream: Any = None) -> tuple[Launch, list[ArrayView |
         arr = named[i][1]
         if isinstance(arr, ArrayView):
             arr = arr.owner
-        _, views[i] = launch.contiguous(arr, views[i], named[i][0], problem)
+        v = views[i]
+        like = _sibling_layout(views, v) if v.adapter is not None else None
+        if like is None:
+            _, views[i] = launch.contiguous(arr, v, named[i][0], problem)
+            continue
+        _log.debug("%s %s (shape %s, strides %s): copying into strides %s", named[i][0], problem, v.shape,
+                   v.strides, like)  # fmt: skip
+        new = v.adapter.empty(v.shape, v.dtype, device, like, s)
+        v.adapter.copy(new, arr, s)
+        views[i] = v.adapter.view(new, named[i][0])
     return launch, views
+
+
+def _sibling_layout(views: list[ArrayView | None], v: ArrayView) -> tuple[int, ...] | None:
+    """The strides an input cuDNN cannot take as it is (``v``: expanded, overlapping) is copied into: those of the
+    first other array of the call with its shape whose layout is dense and not C order (a ReLU's ``y`` in
+    channels-last, for the expanded gradient a mean hands back), so that the call sees one layout and needs no
+    second copy; None (C order) otherwise."""
+    c_order = contiguous_strides(v.shape)
+    for w in views:
+        if w is None or w is v or w.shape != v.shape or w.strides == c_order:
+            continue
+        if layout_problem(w.shape, w.strides) is None and is_dense(w.shape, w.strides):
+            return tuple(w.strides)
+    return None
 
 
 def _collapse_expanded(v: ArrayView) -> ArrayView:

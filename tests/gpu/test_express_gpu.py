@@ -76,6 +76,10 @@ CASES |= {
         _mean_grad(xp, a[2]), a[1], x_shape=(2, 8, 9, 9), padding=1
     ),  # fmt: skip
     "conv bias grad expanded dy": lambda xp, a, dt, lay: ops.convolution_backward_bias(_mean_grad(xp, a[2])),
+    # a C-order dy for a channels-last y (the "nhwc" cases): copied into y's layout, which a hit repeats
+    "relu backward C-order dy": lambda xp, a, dt, lay: ops.activation_backward(
+        xp.contiguous(a[3], None), ops.activation_forward(a[0], "relu"), a[0], "relu"
+    ),  # fmt: skip
 }
 _GRAPH_ONLY = ("conv fwd asymmetric", "avg pool ceil (graph)", "layer norm", "layer norm backward")
 
@@ -115,18 +119,23 @@ def test_repeated_calls_match_the_full_sequence(xp, case, dtype, layout, prefer)
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_expanded_gradient_takes_the_express_path(xp, layout, dtype):
+@pytest.mark.parametrize("kind", ["expanded", "C order"])
+def test_gradient_in_another_layout_takes_the_express_path(xp, layout, dtype, kind):
     """The eager CNN step's second ReLU backward: the gradient a global mean hands back is expanded (stride 0 over
-    space). It is copied once, into the activation's own layout (not into C order and then again into y's), the
-    repeated call takes the express path and makes that copy again, and every call matches float64 with the
-    activation's layout kept."""
+    space), or dense in C order (torch's adaptive average pooling's backward) while the activation is channels-last.
+    It is copied once, into the activation's own layout (an expanded one not into C order and then again into
+    y's), the repeated call takes the express path and makes that copy again, and every call matches float64 with
+    the activation's layout kept."""
     rng = np.random.default_rng(1)
     _express.entries.clear()
     for _ in range(4):
         xh, gh = rng.standard_normal((2, 8, 9, 9)), rng.standard_normal(8)
         x = dev(xp, xh, dtype, layout)
         y = ops.activation_forward(x, "relu")
-        dx = ops.activation_backward(_mean_grad(xp, dev(xp, gh, dtype)), y, x, "relu")
+        dy = _mean_grad(xp, dev(xp, gh, dtype))
+        if kind == "C order":
+            dy = xp.contiguous(dy, None)
+        dx = ops.activation_backward(dy, y, x, "relu")
         want = (xh > 0) * gh.reshape(1, 8, 1, 1)  # float64
         assert rel(host(xp, dx), want) < (1e-3 if dtype == "float16" else 1e-6)
         assert xp.view(dx, "dx").strides == xp.view(x, "x").strides

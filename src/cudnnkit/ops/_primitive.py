@@ -555,7 +555,14 @@ def _run(p: Primitive, arrays: Mapping[str, Any], stream: Any, kwargs: dict) -> 
         _plans.put(key, plan, count_miss=True)
     call.views = call_views
     _launch_form(p, call, path, graph_key)
+    copied_in = not direct and not lay._writeback and p.check_plan is None
     lay.finish()
+    if copied_in and sig is not None and _as_given(views, arrays):
+        # only inputs were copied into the call's layout (a C-order gradient for a channels-last activation): a hit
+        # makes the same copies from the caller's arrays (Entry.copies), then runs as a direct call
+        inputs = {n: call_views[n] for n in views}
+        if all(v is None or v.owner is arrays.get(n) or _copy_of(v, arrays.get(n)) for n, v in inputs.items()):
+            _remember_outputs(p, sig, launch, inputs, kwargs, call)
     return _returned(p, dict(zip((o.name for o in outs), lay.results)), call.extra)
 
 
@@ -655,13 +662,20 @@ def _as_given(views: Mapping[str, Any], arrays: Mapping[str, Any]) -> bool:
 
 
 def _prepared(v: Any, a: Any) -> bool:
-    """Whether view ``v`` is :func:`~cudnnkit.runtime.prepare`'s copy of the caller's array ``a``: ``a`` is of a
-    library with a key, in a layout cuDNN cannot take, and the copy was made by that library."""
+    """Whether view ``v`` is :func:`~cudnnkit.runtime.prepare`'s copy of the caller's array ``a``: :func:`_copy_of`
+    it, and ``a`` in a layout cuDNN cannot take."""
+    got = _copy_of(v, a)
+    return got is not None and layout_problem(tuple(got[0][2]), tuple(got[0][3])) is not None
+
+
+def _copy_of(v: Any, a: Any) -> Any:
+    """The express key of the caller's array ``a`` when view ``v`` can be a copy of it that a hit makes again (``a``
+    of a library with a key, the copy made by that library, the same shape), else None."""
     key = adapters.KEYED.get(type(a))
     got = key(a) if key is not None else None
     if got is None or v.adapter is not got[2] or tuple(got[0][2]) != tuple(v.shape):
-        return False
-    return layout_problem(tuple(got[0][2]), tuple(got[0][3])) is not None
+        return None
+    return got
 
 
 def _copies(views: Mapping[str, Any], arrays: Mapping[str, Any]) -> tuple:

@@ -82,9 +82,10 @@ def _empty(s: Spec, device: Any) -> torch.Tensor:
 
 def _as(t: torch.Tensor, s: Spec) -> torch.Tensor:
     """``t`` with ``s``'s strides (a copy where they differ in a dim of size > 1)."""
-    if same_layout(s.shape, tuple(t.stride()), s.strides):
-        if tuple(t.stride()) == s.strides:
-            return t
+    st = t.stride()
+    if st == s.strides:  # the usual case: the declaration allocated it so
+        return t
+    if same_layout(s.shape, st, s.strides):
         return t.as_strided(s.shape, s.strides)
     out = _empty(s, t.device)
     out.copy_(t)
@@ -190,6 +191,19 @@ def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict, kwkey: str)
     return got
 
 
+#: the backward op's keyword string -> each gradient's spec (None where none is needed): the same per call site
+_WANTS: LRU[str, tuple] = LRU("torch.backward_wants", 4096)
+
+
+def _wants(kw: str, needs: Any, specs: Any) -> tuple:
+    """The spec of each gradient the backward op returns (laid out like its input: :func:`new_like`), None where
+    none is needed; cached by ``kw``, which holds ``needs`` and ``specs``."""
+    got = _WANTS.lookup(kw)
+    if got is MISSING:
+        got = _WANTS.put(kw, tuple(new_like(Spec(*s)) if n and s is not None else None for n, s in zip(needs, specs)))
+    return got
+
+
 def _device(*lists: list) -> Any:
     return next(t.device for ts in lists for t in ts if t is not None)
 
@@ -248,11 +262,10 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
             grads = d.backward(dict(zip(names, residuals)), tuple(douts), tuple(needs), **kwd)
         dev = _device(residuals, douts)
         out = []
-        for g, n, s in zip(grads, needs, specs):
-            if not n or s is None:
+        for g, want in zip(grads, _wants(kw, needs, specs)):
+            if want is None:
                 out.append(torch.empty(0, device=dev))
             else:  # laid out like its input (C order for an expanded one); a zero gradient where none came
-                want = new_like(Spec(*s))
                 out.append(_empty(want, dev).zero_() if g is None else _as(g, want))
         return out
 

@@ -172,3 +172,45 @@ def test_the_backward_runs_under_its_forwards_settings_each_time(path):
             y = t(x, w)
         y.sum().backward()
     assert seen == [True, False, True, False]
+
+
+def _mul_op(name):
+    def fwd(x, w):
+        return (x * w,), {"x": x, "w": w}
+
+    def bwd(res, douts, needs):
+        (dy,) = douts
+        return (dy * res["w"] if needs[0] else None, dy * res["x"] if needs[1] else None)
+
+    return Differentiable(name, "softmax_forward", ("x", "w"), ("out",), fwd, bwd,
+                          lambda x, w: ((new_like(x),), {"x": x, "w": w}))  # fmt: skip
+
+
+def test_an_op_outlives_its_torchop_and_a_name_may_be_defined_again(path):
+    """As torch.library.custom_op's ops: a graph recorded through an op runs its backward after the TorchOp is
+    dropped (its library fragment is kept for the process; it was torn down, and the backward crashed the
+    interpreter), and defining the name again replaces the earlier pair (it raised)."""
+    import gc
+
+    t = L.define(_mul_op("mul_kept"), namespace="cudnnkit_test_kept")
+    x, w = _args()
+    y = t(x, w)
+    del t
+    gc.collect()
+    y.sum().backward()
+    assert torch.allclose(x.grad, w)
+    a = L.define(_mul_op("mul_again"), namespace="cudnnkit_test_kept")
+    b = L.define(_mul_op("mul_again"), namespace="cudnnkit_test_kept")
+    x, w = _args()
+    assert a is not b and torch.allclose(b(x, w), x * w)
+
+
+def test_ops_are_pt2_compliant():
+    """Tagged ``pt2_compliant_tag`` as custom_op tags its ops: torch.compile with only_allow_pt2_compliant_ops
+    takes them (it refused them untagged)."""
+    x, w = _args()
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(only_allow_pt2_compliant_ops=True):
+        got, _ = torch.compile(lambda a, b: T(a, b), backend="eager", fullgraph=True)(x, w)
+    assert torch.allclose(got, x * w * 1.0)
+    assert torch.Tag.pt2_compliant_tag in T.forward_op.tags and torch.Tag.pt2_compliant_tag in T.backward_op.tags

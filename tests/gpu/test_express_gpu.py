@@ -141,3 +141,31 @@ def test_gradient_in_another_layout_takes_the_express_path(xp, layout, dtype, ki
         assert xp.view(dx, "dx").strides == xp.view(x, "x").strides
     hits = sum(e.hits for sig, e in list(_express.entries._d.items()) if sig[0] == "activation_backward")
     assert hits >= 2, "the backward with an expanded gradient never took the express path"
+
+
+def test_copies_by_another_library_are_not_repeated_on_its_stream():
+    """A torch tensor first (the launch's library) and an expanded CuPy array (copied by prepare, by CuPy, on the
+    launch stream): such a call is not remembered with its copy, since a hit would make it on CuPy's current stream.
+    That stream is held back here by a spin kernel while torch's runs at once: every call, repeated, matches."""
+    cupy = pytest.importorskip("cupy")
+    torch = pytest.importorskip("torch")
+    spin = cupy.RawKernel(
+        'extern "C" __global__ void spin(long long n) { long long t = clock64(); while (clock64() - t < n) {} }',
+        "spin",
+    )
+    n, c, h, w = 4, 8, 16, 16
+    ts, cs = torch.cuda.Stream(), cupy.cuda.Stream(non_blocking=True)
+    a = torch.randn(n, c, h, w, device="cuda")
+    torch.cuda.synchronize()
+    _express.entries.clear()
+    with torch.cuda.stream(ts), cs:
+        for i in range(5):
+            g = cupy.asarray(np.random.default_rng(i).standard_normal(c).astype(np.float32))
+            b = cupy.broadcast_to(g.reshape(1, c, 1, 1), (n, c, h, w))
+            cs.synchronize()
+            spin((1,), (1,), (np.int64(50_000_000),))  # work queued on CuPy's current stream
+            got = ops.op_tensor(a, b, op="add")
+            torch.cuda.synchronize()
+            cupy.cuda.runtime.deviceSynchronize()
+            want = a.cpu().numpy().astype(np.float64) + cupy.asnumpy(b)
+            assert np.abs(got.cpu().numpy() - want).max() < 1e-5, i

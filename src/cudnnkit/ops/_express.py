@@ -17,10 +17,11 @@ a small layer norm 113 -> 63 us).
 
 Not express (always the full sequence): a ``stream=`` argument, arrays of a library without a ``key`` (bare
 ``__cuda_array_interface__``/DLPack objects), primitives declared ``express=False`` (their checks read a
-pointer or the settings), ``host_ok`` operands, and calls that needed a copy (into one layout, into a packed
-array, an ``out=`` written through a temporary) or a producer stream. The one copy a hit repeats is
-:func:`~cudnnkit.runtime.prepare`'s, of an input cuDNN cannot take as it is (an expanded gradient, as a mean's
-backward hands on): :attr:`Entry.copies`. :func:`enabled` turns the path off (tests compare both); so does the
+pointer or the settings), ``host_ok`` operands, and calls that needed a copy of an output (an ``out=`` written
+through a temporary), a packed copy, a copy by another library than the launch's, or a producer stream. The input
+copies a hit repeats (:attr:`Entry.copies`) are :func:`~cudnnkit.runtime.prepare`'s, of an input cuDNN cannot take
+as it is (an expanded gradient, as a mean's backward hands on), and those into an op's one layout (a C-order
+gradient for a channels-last activation). :func:`enabled` turns the path off (tests compare both); so does the
 environment variable ``CUDNNKIT_EXPRESS=0`` at import.
 """
 

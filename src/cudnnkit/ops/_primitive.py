@@ -689,7 +689,10 @@ def _copies(views: Mapping[str, Any], arrays: Mapping[str, Any]) -> tuple:
 
 def _remember(sig: Any, launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Call,
               shaped: bool, outs: Mapping[str, Any] | None = None) -> None:  # fmt: skip
-    e = _express.entry_from(launch, views, given, new, call, shaped, sig[2], outs, _copies(views, call.arrays))
+    copies = _copies(views, call.arrays)
+    if any(c[4] is not launch.adapter for c in copies):
+        return  # a copy by another library than the launch's: a hit would make it on that library's stream
+    e = _express.entry_from(launch, views, given, new, call, shaped, sig[2], outs, copies)
     e.last = (sig[0][0], "legacy")  # the signature starts with the primitive's name
     _express.entries.put(sig[0], e)
 
@@ -754,7 +757,8 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
 
 def _copy_inputs(e: Any, ptrs: list[int], arrays: Mapping[str, Any]) -> tuple[list[int], dict[str, Any]]:
     """The copies entry ``e`` records (:func:`~cudnnkit.runtime.prepare`'s, of inputs cuDNN cannot take as they
-    are: an expanded gradient), made again on the current stream in the strides the first call chose: this call's
+    are: an expanded gradient; into the call's one layout), made again by the launch's library (the only copies
+    recorded) on its current stream, the call's, in the strides the first call chose: this call's
     pointers with the copies' in place, and the copies by name (alive until the call is queued; the allocator's
     stream-ordered free follows the queued work)."""
     ptrs = list(ptrs)

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .. import lib
-from ..runtime import DescriptorKind, check_choice, cudnn_dtype, get_cached, tensor_descriptor
+from ..runtime import DescriptorKind, check_choice, cudnn_dtype, current_settings, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides, is_dense
 from ..runtime.cache import LRU, MISSING
 from ..runtime.dtypes import FLOATS, check_dtype, check_scalar, itemsize, nan_propagation, scaling_ref
@@ -322,7 +322,7 @@ def reduce_views(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: Any
     return buf
 
 
-#: (device, a's dtype, shape and strides, the output shape) -> (plan, a's uid, the sum's uid), or None: no engine
+#: (device, a's dtype, shape and strides, the output shape, settings) -> (plan, a's uid, the sum's uid), or None: no engine
 _graph_sums: LRU[tuple, Any] = LRU("ops.reduce_graph_sums", 256)
 
 
@@ -356,13 +356,14 @@ def _graph_sum(launch: Any, va: Any, vc: Any, alpha: Any, beta: Any) -> bool:
     from ..graph import Graph
     from ..graph.errors import GraphError
 
-    key = (launch.device, va.dtype, tuple(va.shape), tuple(va.strides), tuple(vc.shape))
+    # the settings filter the engines a build takes (deterministic=True refuses nondeterministic ones)
+    key = (launch.device, va.dtype, tuple(va.shape), tuple(va.strides), tuple(vc.shape), current_settings())
     got = _graph_sums.lookup(key)
     if got is MISSING:
         g = Graph(name=f"reduce_add_{va.dtype}")
         a = g.tensor(va.shape, va.strides, va.dtype, name="a")
         y = g.reduction(a, vc.shape, mode="add", compute_dtype="float32", dtype="float32")
-        g.mark_output(y)
+        g.mark_output(y, strides=contiguous_strides(tuple(vc.shape)))  # packed, as the temporary is described
         try:
             plan = g.build(device=launch.device)
             got = (plan, tuple(u == a.uid for u in plan.bindable_uids))

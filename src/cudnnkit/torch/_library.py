@@ -24,8 +24,9 @@ Both ops are defined with ``torch.library.Library`` (``define``, ``impl`` under 
 ``register_fake``, ``register_autograd``), not ``torch.library.custom_op``, whose wrappers add a Python frame, an
 output-aliasing check and a ``torch._dynamo`` disable context to every call a compiled graph makes (measured on
 the CPU with a stand-in declaration: 8 ops forward and backward under ``torch.compile(backend="aot_eager")``,
-922 -> 769 µs per step; through the dispatcher in eager mode 1875 -> 1554). Each :class:`TorchOp` keeps its own
-library fragment: dropping it deregisters its ops, as a ``custom_op`` object does.
+922 -> 769 µs per step; through the dispatcher in eager mode 1875 -> 1554). As ``custom_op`` does, each op pair
+has a library fragment of its own kept for the process (a graph recorded through an op may outlive its
+:class:`TorchOp`), its ops are tagged ``pt2_compliant_tag``, and defining a name again replaces the earlier pair.
 
 **The eager fast path.** Going through torch's dispatcher and its Python custom-op layers costs ~100 µs of host
 time per call (~300 µs with autograd: measured on the H200 host), several times the cuDNN call itself. So
@@ -101,7 +102,7 @@ class TorchOp:
     qualname: str
     forward_op: Any
     backward_op: Any
-    #: the ``torch.library.Library`` fragment both ops are defined in (alive as long as this object)
+    #: the ``torch.library.Library`` fragment both ops are defined in (kept for the process, in ``_FRAGMENTS``)
     lib: Any = None
 
     def __call__(self, *inputs: Any, **kw: Any) -> Any:
@@ -204,6 +205,22 @@ def _wants(kw: str, needs: Any, specs: Any) -> tuple:
     return got
 
 
+#: qualified name -> the ``torch.library.Library`` fragment its op pair is defined in, for the process (an autograd
+#: or compiled graph recorded through an op may outlive every Python reference to its TorchOp)
+_FRAGMENTS: dict[str, torch.library.Library] = {}
+#: what ``torch.library.custom_op`` tags its ops with: ``torch.compile`` with ``only_allow_pt2_compliant_ops`` takes them
+_TAGS = (torch.Tag.pt2_compliant_tag,)
+
+
+def _fragment(qual: str) -> torch.library.Library:
+    """A new fragment for op pair ``qual``; defining a name again replaces the earlier pair, as ``custom_op`` does."""
+    old = _FRAGMENTS.pop(qual, None)
+    if old is not None:
+        old._destroy()
+    lib = _FRAGMENTS[qual] = torch.library.Library(qual.split("::")[0], "FRAGMENT")
+    return lib
+
+
 def _device(*lists: list) -> Any:
     return next(t.device for ts in lists for t in ts if t is not None)
 
@@ -247,10 +264,8 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         got = [_empty(s, dev) for s in out_specs] + [torch.empty_like(arr[m]) for m in mutated(arr)]
         return got + [_empty(res_specs[k], dev) for k in _new_residuals(d, res_specs)]
 
-    # a fragment of its own, kept by the TorchOp: dropping the TorchOp deregisters both ops (a test may define one
-    # name again), as torch.library.custom_op's objects do
-    lib = torch.library.Library(namespace, "FRAGMENT")
-    lib.define(f"{d.name}(Tensor[] inputs, Tensor[] arrays, str kw) -> Tensor[]")
+    lib = _fragment(qual)
+    lib.define(f"{d.name}(Tensor[] inputs, Tensor[] arrays, str kw) -> Tensor[]", tags=_TAGS)
     lib.impl(d.name, forward, "CompositeExplicitAutograd")
     torch.library.register_fake(qual, fake, lib=lib)
 
@@ -276,7 +291,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         return [_empty(new_like(Spec(*s)), dev) if n and s is not None else torch.empty(0, device=dev)
                 for n, s in zip(needs, specs)]  # fmt: skip
 
-    lib.define(f"{d.name}_backward(Tensor?[] residuals, Tensor?[] douts, str kw) -> Tensor[]")
+    lib.define(f"{d.name}_backward(Tensor?[] residuals, Tensor?[] douts, str kw) -> Tensor[]", tags=_TAGS)
     lib.impl(f"{d.name}_backward", backward_impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{qual}_backward", backward_fake, lib=lib)
     bwd = getattr(getattr(torch.ops, namespace), f"{d.name}_backward").default

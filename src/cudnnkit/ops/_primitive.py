@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..graph.plan.plans import _multi_device
-from ..runtime import OPTIONAL, WRITTEN, adapters, check_dtype, current_settings, prepare, tensor_descriptor
+from ..runtime import OPTIONAL, PACKED, WRITTEN, adapters, check_dtype, current_settings, prepare, tensor_descriptor
 from ..runtime.adapters import FINISH
 from ..runtime.arrays import layout_problem
 from ..runtime.cache import LRU, MISSING
@@ -431,7 +431,7 @@ def _run(p: Primitive, arrays: Mapping[str, Any], stream: Any, kwargs: dict) -> 
         a = arrays.get(op.name)
         if op.host_ok and a is not None and not adapters.is_device_array(a):
             a = None  # host data: resolve reads it from ``arrays``
-        flags = op.flags | (OPTIONAL if op.optional or op.host_ok else 0)
+        flags = op.flags | (OPTIONAL if op.optional or op.host_ok else 0) | (PACKED if op.packed else 0)
         named.append((op.name, a, flags) if flags else (op.name, a))
     launch, vs = prepare(*named, stream=stream)
     views = {op.name: v for op, v in zip(p.inputs, vs)}

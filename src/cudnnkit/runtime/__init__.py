@@ -38,7 +38,7 @@ from .dtypes import (
     scaling_ref,
 )
 from .handle import Handle, check_device, clear_stream_cache, get_handle, resolve_stream, validate_stream
-from .launch import ELEMENTWISE, OPTIONAL, WRITTEN, Launch, prepare
+from .launch import ELEMENTWISE, OPTIONAL, PACKED, WRITTEN, Launch, prepare
 from .settings import Settings, current_settings, settings
 
 __all__ = [
@@ -84,6 +84,7 @@ __all__ = [
     "OPTIONAL",
     "WRITTEN",
     "ELEMENTWISE",
+    "PACKED",
     "Settings",
     "current_settings",
     "settings",

@@ -36,6 +36,9 @@ WRITTEN = 2
 #: (``set_tensor``, ``scale_tensor``), so the expanded dims of a broadcast view are collapsed to size 1 (each
 #: memory location is written once, and every element of the view reads the same result)
 ELEMENTWISE = 4
+#: :func:`prepare` flag: the op reads the array packed (C-contiguous), so a layout cuDNN cannot take is copied to C
+#: order, not into a sibling's layout (which the op would copy again)
+PACKED = 8
 
 _INT64_MAX = 2**63 - 1
 _CAI_STREAM = "__cuda_array_interface__ stream"
@@ -313,7 +316,7 @@ def prepare(*named: tuple, stream: Any = None) -> tuple[Launch, list[ArrayView |
       overlapping or a reversed one): an input is copied on the launch stream (debug-logged, logger
       ``cudnnkit``; its view is the copy's) once every array has been read and checked, into the layout of the
       first other array of its shape that is dense and not C order (the call then sees one layout: the express
-      path repeats the copy), else into C order; a ``WRITTEN`` array is
+      path repeats the copy), else (and for a ``PACKED`` array) into C order; a ``WRITTEN`` array is
       refused with a ``ValueError`` naming it (or, ``ELEMENTWISE``, its expanded dims collapsed to size 1).
       Outputs passed as ``out=`` are checked the same way by :meth:`Launch.output`.
     """
@@ -372,7 +375,8 @@ def prepare(*named: tuple, stream: Any = None) -> tuple[Launch, list[ArrayView |
         if isinstance(arr, ArrayView):
             arr = arr.owner
         v = views[i]
-        like = _sibling_layout(views, v) if v.adapter is not None else None
+        packed = len(named[i]) > 2 and named[i][2] & PACKED
+        like = _sibling_layout(views, v) if v.adapter is not None and not packed else None
         if like is None:
             _, views[i] = launch.contiguous(arr, v, named[i][0], problem)
             continue

@@ -683,7 +683,7 @@ def _copies(views: Mapping[str, Any], arrays: Mapping[str, Any]) -> tuple:
     return tuple(
         (n, v.shape, v.dtype, v.strides, v.adapter)
         for n, v in views.items()
-        if v is not None and n in arrays and v.owner is not arrays[n]
+        if v is not None and v.owner is not arrays.get(n)
     )
 
 

@@ -102,8 +102,6 @@ class TorchOp:
     qualname: str
     forward_op: Any
     backward_op: Any
-    #: the ``torch.library.Library`` fragment both ops are defined in (kept for the process, in ``_FRAGMENTS``)
-    lib: Any = None
 
     def __call__(self, *inputs: Any, **kw: Any) -> Any:
         d = self.d
@@ -196,12 +194,18 @@ def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict, kwkey: str)
 _WANTS: LRU[str, tuple] = LRU("torch.backward_wants", 4096)
 
 
-def _wants(kw: str, needs: Any, specs: Any) -> tuple:
+def _grad_specs(needs: Any, specs: Any) -> tuple:
     """The spec of each gradient the backward op returns (laid out like its input: :func:`new_like`), None where
-    none is needed; cached by ``kw``, which holds ``needs`` and ``specs``."""
+    none is needed."""
+    return tuple(new_like(Spec(*s)) if n and s is not None else None for n, s in zip(needs, specs))
+
+
+def _wants(kw: str, needs: Any, specs: Any) -> tuple:
+    """:func:`_grad_specs`, cached by ``kw`` (the backward op's keyword string, which holds ``needs`` and ``specs``;
+    a real call's, never a trace's)."""
     got = _WANTS.lookup(kw)
     if got is MISSING:
-        got = _WANTS.put(kw, tuple(new_like(Spec(*s)) if n and s is not None else None for n, s in zip(needs, specs)))
+        got = _WANTS.put(kw, _grad_specs(needs, specs))
     return got
 
 
@@ -288,8 +292,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         kwd = decode(kw)
         needs, specs = kwd["__needs__"], kwd["__specs__"]
         dev = _device(residuals, douts)
-        return [_empty(new_like(Spec(*s)), dev) if n and s is not None else torch.empty(0, device=dev)
-                for n, s in zip(needs, specs)]  # fmt: skip
+        return [torch.empty(0, device=dev) if w is None else _empty(w, dev) for w in _grad_specs(needs, specs)]
 
     lib.define(f"{d.name}_backward(Tensor?[] residuals, Tensor?[] douts, str kw) -> Tensor[]", tags=_TAGS)
     lib.impl(f"{d.name}_backward", backward_impl, "CompositeExplicitAutograd")
@@ -333,4 +336,4 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         return [g if need else None for g, need in zip(grads, needs)], [None] * ctx.n_arrays, None
 
     torch.library.register_autograd(qual, backward, setup_context=setup_context, lib=lib)
-    return TorchOp(d, qual, getattr(getattr(torch.ops, namespace), d.name).default, bwd, lib)
+    return TorchOp(d, qual, getattr(getattr(torch.ops, namespace), d.name).default, bwd)

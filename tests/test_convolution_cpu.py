@@ -163,8 +163,7 @@ def test_the_ops_are_declared():
     for name in ("convolution_forward", "convolution_backward_data", "convolution_backward_filter",
                  "convolution_backward_bias"):  # fmt: skip
         p = ops.REGISTRY[name]
-        want = ("legacy",) if name.endswith("bias") else ("graph", "legacy")
-        assert p.forms == want and p.family == "convolution"
+        assert p.forms == ("graph", "legacy") and p.family == "convolution"
     assert ops.REGISTRY["convolution_forward"].differentiable == ("x", "w", "bias")
 
 
@@ -210,6 +209,42 @@ def test_the_fused_forward_graph(nhwc):
     out = next(t for t, n in names.items() if n == "out")
     assert out.strides == c.views["out"].strides and out.dtype == "float16"
     g.lower()  # every descriptor made and finalized up to the operation graph (no handle needed here)
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<f2"])
+def test_the_bias_gradient_graph(dtype):
+    """db = dy summed over all but the channels: one reduction node from dy as given (channels-last) into the
+    packed (K,) output, described (1, K, 1, 1), in the output's dtype; it lowers host-side. An empty dy (a sum
+    over nothing) and a blend are the legacy call's."""
+    from cudnnkit.ops._layout import channels_last_strides
+
+    ys = (4, 6, 5, 7)
+    size = 4 if dtype == "<f4" else 2
+    dy = x(ys, dtype, strides=tuple(size * s for s in channels_last_strides(ys)))
+    r = cv._bias_resolve({"dy": dy_view(dy)}, {})
+    assert r[0] == (6,) and (cv._bias_graph_refuses(r, {}) is None) == (size == 4)
+    assert "empty" in cv._bias_graph_refuses((r[0], True) + r[2:], {})
+    if size == 4:
+        assert "blend" in cv._bias_graph_refuses(r, {"alpha": 2.0}) and "blend" in cv._bias_graph_refuses(
+            r, {"beta": 1}
+        )
+    else:
+        assert "float16 db" in cv._bias_graph_refuses(r, {})
+    g, names = cv._bias_graph_build(_call(r, dy=dy, out=x((6,), dtype)))
+    (node,) = g.nodes()
+    assert node.kind == "reduction" and dict(node.attrs) == {"mode": "add", "compute_dtype": "float32"}
+    out = next(t for t, n in names.items() if n == "out")
+    src = next(t for t, n in names.items() if n == "dy")
+    assert out.dims == (1, 6, 1, 1) and out.strides == (6, 1, 1, 1)
+    assert out.dtype == ("float32" if size == 4 else "float16")
+    assert src.dims == ys and src.strides == channels_last_strides(ys)
+    g.lower()
+
+
+def dy_view(a):
+    from cudnnkit.runtime import as_view
+
+    return as_view(a, "dy")
 
 
 def test_backward_graphs_take_asymmetric_padding():

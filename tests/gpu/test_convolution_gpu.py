@@ -78,6 +78,35 @@ def test_forward_and_backwards_match_the_reference(xp, case, dtype, tf32, layout
         assert db.shape == (w.shape[0],) and rel(host(xp, db), ref.conv_backward_bias(dy)) < tol * 4
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("shape", [(64, 32, 32, 32), (3, 24, 5, 7), (2, 16, 3, 4, 5)])
+def test_bias_gradient_graph(xp, dtype, shape):
+    """A float32 channels-last dy's bias gradient runs the one-node reduction graph (the path is asserted), into a
+    poisoned out=, and again from the express path on fresh arrays; the half types (no engine writes them), an
+    alpha/beta blend and a C-order dy take the legacy call. Each against the float64 sum."""
+    if dtype == "bfloat16" and xp.name == "cupy":
+        pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(len(shape) * 7 + shape[1])
+    tol = TOL[dtype] * 4
+    for _ in range(3):  # the first call builds the plan, the later ones are express hits
+        dy = seen(rng.standard_normal(shape), dtype)
+        want = ref.conv_backward_bias(dy)
+        dyd = dev(xp, dy, dtype, "nhwc")
+        db = ops.convolution_backward_bias(dyd)
+        assert ops.last_path() == ("convolution_backward_bias", "graph" if dtype == "float32" else "legacy")
+        assert db.shape == (shape[1],) and rel(host(xp, db), want) < tol
+        out = poisoned(xp, (shape[1],), dtype)
+        assert ops.convolution_backward_bias(dyd, out=out) is out and rel(host(xp, out), want) < tol
+    prev = rng.standard_normal(shape[1])
+    out = dev(xp, seen(prev, dtype), dtype)
+    ops.convolution_backward_bias(dyd, out=out, alpha=0.5, beta=-2.0)
+    assert ops.last_path() == ("convolution_backward_bias", "legacy")
+    assert rel(host(xp, out), 0.5 * want - 2.0 * seen(prev, dtype)) < tol
+    db = ops.convolution_backward_bias(dev(xp, dy, dtype, "nchw"))
+    assert ops.last_path() == ("convolution_backward_bias", "legacy")  # cuDNN 9.19 has no engine for C order
+    assert rel(host(xp, db), want) < tol
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_blends_into_poisoned_and_given_outputs(xp, dtype):
     """``out=`` with beta 0 overwrites NaN; beta != 0 blends; the output's own layout (channels-last) is kept."""

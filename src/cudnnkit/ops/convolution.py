@@ -650,6 +650,30 @@ def _bias_call(c: Call) -> None:
     reduce_views(c.launch, "add", lib.CUDNN_NOT_PROPAGATE_NAN, False, vdy, db, c.alpha, c.beta)
 
 
+def _bias_graph_refuses(r: Any, kw: Any) -> str | None:
+    if r[1]:
+        return "an empty dy (a sum over nothing: cudnnSetTensor or cudnnScaleTensor)"
+    if r[3] != "float32":  # probed on the H100 (9.19): float16/bfloat16 outputs, or a reduction then IDENTITY
+        return f"a {r[3]} db (cuDNN 9.19 has no reduction engine that writes it; the legacy call sums in float32)"
+    if kw.get("alpha", 1.0) != 1.0 or kw.get("beta", 0.0) != 0.0:
+        return "alpha/beta blending (the legacy call blends through a float32 temporary)"
+    return None
+
+
+def _bias_graph_build(c: Call) -> tuple[Any, dict]:
+    """``db`` as a one-node graph: ``reduction`` ADD of a float32 ``dy`` (as given) to ``(1, K, 1, ...)``, float32
+    compute, written straight into the packed ``(K,)`` output. cuDNN 9.19 takes a channels-last ``dy`` and
+    refuses the C-order sum (no engine: the router then keeps that signature on the legacy call), and has no
+    engine writing a float16/bfloat16 sum (:func:`_bias_graph_refuses` sends those to the legacy call)."""
+    vdy, vdb = c.views["dy"], c.views["out"]
+    b = Binder(c)
+    dy = b.tensor("dy", vdy.shape, vdy.strides, vdy.dtype)
+    shape = (1, vdy.shape[1]) + (1,) * (vdy.ndim - 2)
+    db = b.g.reduction(dy, shape, mode="add", compute_dtype="float32", dtype=vdb.dtype)
+    b.output(db, "out", vdb.dtype, contiguous_strides(shape))
+    return b.done()
+
+
 def _out_strides(r: _Conv) -> tuple[int, ...] | None:
     return r.y_strides
 
@@ -727,6 +751,8 @@ CONVOLUTION_BACKWARD_BIAS = register(
         outputs=(Output("out", shape=lambda r: r[0], packed=True, blend=("alpha", "beta")),),
         resolve=_bias_resolve,
         legacy=_bias_call,
+        graph=graph_form(_bias_graph_build),
+        graph_refuses=_bias_graph_refuses,
         empty=lambda r: False,
         family=_FAMILY,
     )
@@ -968,10 +994,13 @@ def convolution_backward_bias(dy: Any, *, out: Any = None, alpha: float = 1.0, b
                               stream: Any = None) -> Any:  # fmt: skip
     """``db`` ``(K,)``: ``dy`` ``(N, K, *out)`` summed over every dim but the channels.
 
-    ``db`` has ``dy``'s dtype (float32 accumulation, float64 for float64; bfloat16 through float32 copies). Any
-    layout of ``dy``. An empty batch gives zeros (or ``beta * out``). Calls ``cudnnReduceTensor`` with
-    ``CUDNN_REDUCE_TENSOR_ADD`` (``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last ``dy`` on
-    cuDNN 9.19; primitive :data:`CONVOLUTION_BACKWARD_BIAS`).
+    ``db`` has ``dy``'s dtype (float32 accumulation, float64 for float64). Any layout of ``dy``. An empty batch
+    gives zeros (or ``beta * out``). The graph form (the default where cuDNN has an engine: a float32
+    channels-last ``dy`` with no blend, on 9.19) is one ``reduction`` ADD node run with ``cudnnBackendExecute``;
+    the legacy call (every other call, and ``settings(prefer="legacy")``) is ``cudnnReduceTensor`` with
+    ``CUDNN_REDUCE_TENSOR_ADD``, or the reduction graph into a float32 temporary for a half-precision channels-last
+    ``dy`` (bfloat16 through float32 copies; ``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last
+    ``dy`` on cuDNN 9.19). Primitive :data:`CONVOLUTION_BACKWARD_BIAS`.
 
     Args:
         dy: the output's gradient ``(N, K, *out)``, 1 to 3 spatial dims, a CUDA array; float16, bfloat16,

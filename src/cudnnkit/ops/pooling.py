@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, get_cached
 from ..runtime.arrays import contiguous_strides
+from ..runtime.cache import LRU, MISSING
 from ..runtime.descriptors import int_array
 from ..runtime.dtypes import FLOATS, nan_propagation, scaling_ref
 from ..runtime.shapes import INT32_MAX, expand, pool_output_shape, pool_padding
@@ -534,6 +535,32 @@ def _keeps_index(r: _Pool) -> bool:
     return r.mode.startswith("max") and r.pad != r.post and 0 not in r.y_shape
 
 
+#: (x's shape, the keywords' values and types) -> :func:`_keeps_index` of the call: the differentiable forward asks
+#: on every call, and resolving the window and padding is the slow part of its host time
+_KEEPS: LRU[tuple, bool] = LRU("ops.pooling_keeps_index", 1024)
+
+
+def _index_kept(shape: tuple, kw: dict) -> bool:
+    """:func:`_keeps_index` of a forward call on an ``x`` of ``shape`` with these keywords (cached; a bad keyword
+    raises here, as the call would). The types are in the key: ``1``, ``1.0`` and ``True`` hash alike."""
+    vals = tuple(kw.values())
+    try:
+        key = (
+            shape,
+            vals,
+            tuple(map(type, vals)),
+            tuple(tuple(map(type, v)) if type(v) is tuple else () for v in vals),
+        )
+        got = _KEEPS.lookup(key)
+    except TypeError:  # an unhashable value (a list): resolved each time
+        key, got = None, MISSING
+    if got is MISSING:
+        got = _keeps_index(_resolve_for(ArrayView(shape, contiguous_strides(shape), "float32", 0, 0, None), "x", kw))
+        if key is not None:
+            _KEEPS.put(key, got)
+    return got
+
+
 def _pool_l3_forward(x: Any, *, mode: str = "max", window: int | Sequence[int] = 2,
                      stride: int | Sequence[int] | None = None, padding: int | Sequence[int] | str = 0,
                      ceil_mode: bool = False, propagate_nan: bool = False, pool: Pooling | None = None) -> Any:  # fmt: skip
@@ -543,8 +570,7 @@ def _pool_l3_forward(x: Any, *, mode: str = "max", window: int | Sequence[int] =
     (``return_index=True``: the graph's argmax)."""
     kw = dict(mode=mode, window=window, stride=stride, padding=padding, ceil_mode=ceil_mode,
               propagate_nan=propagate_nan, pool=pool)  # fmt: skip
-    shape = tuple(x.shape)
-    if _keeps_index(_resolve_for(ArrayView(shape, contiguous_strides(shape), "float32", 0, 0, None), "x", kw)):
+    if _index_kept(tuple(x.shape), kw):
         y, index = pooling_forward(x, return_index=True, **kw)
         return (y,), {"x": x, "out": y, "index": index}
     y = pooling_forward(x, **kw)

@@ -11,7 +11,10 @@ import ctypes
 import math
 import numbers
 
-from ..lib import cudnnDataType_t
+from ..lib import cudnnDataType_t, cudnnNanPropagation_t
+
+_PROPAGATE = cudnnNanPropagation_t.CUDNN_PROPAGATE_NAN
+_NOT_PROPAGATE = cudnnNanPropagation_t.CUDNN_NOT_PROPAGATE_NAN
 
 __all__ = [
     "DTYPES",
@@ -115,11 +118,9 @@ _FLOAT32_MAX = 3.4028234663852886e38
 
 def nan_propagation(value: object, name: str = "propagate_nan") -> int:
     """``CUDNN_PROPAGATE_NAN`` or ``CUDNN_NOT_PROPAGATE_NAN`` for a bool option (``TypeError`` naming it else)."""
-    from .. import lib
-
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
-    return lib.CUDNN_PROPAGATE_NAN if value else lib.CUDNN_NOT_PROPAGATE_NAN
+    return _PROPAGATE if value else _NOT_PROPAGATE
 
 
 def check_scalar(value: object, name: str, *, finite: bool = True, dtype: str | None = None) -> float:

@@ -116,11 +116,19 @@ def available(name: str) -> bool:
     return name in autograd.functions()
 
 
+#: name -> its TorchOp, as :func:`cudnnkit.torch.op` gives it
+_OPS: dict[str, Any] = {}
+
+
 def _op(name: str) -> Any:
+    got = _OPS.get(name)  # every module call asks: one dict read
+    if got is not None:
+        return got
     from . import op
 
     try:
-        return op(name)
+        got = _OPS[name] = op(name)
+        return got
     except KeyError:
         raise NotImplementedError(
             f"cudnnkit has no differentiable op {name!r} (no L3 declaration is registered under that name)"

@@ -49,3 +49,49 @@ def test_plot_of_no_rows_still_writes_a_picture(tmp_path):
     from benchmarks.harness import plot
 
     assert plot([{"family": "x", "name": "y", "shape": "", "dtype": "", "ratio": None}], tmp_path / "e.png").exists()
+
+
+def test_the_two_sides_are_timed_interleaved(monkeypatch):
+    """``time_gpu_pair``: each side warms up, then rounds of a block of a's calls and a block of b's (7 calls in 3
+    blocks: 3, 2, 2), each side's times summarized apart; ``run`` times a row's sides that way, and a side that
+    fails is then timed alone, which records its error."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import harness as H
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+
+    def event_times(fn, n, rotate=None, first=0):
+        out = []
+        for _ in range(n):
+            out.append(fn())
+        return out
+
+    monkeypatch.setattr(H, "_event_times", event_times)
+
+    def a():
+        calls.append("a")
+        return 1.0
+
+    def b():
+        calls.append("b")
+        return 3.0
+
+    ta, tb = H.time_gpu_pair(a, b, warmup=2, iters=7, blocks=3)
+    assert (
+        calls
+        == ["a"] * 2 + ["b"] * 2 + ["sync"] + ["a"] * 3 + ["b"] * 3 + ["a"] * 2 + ["b"] * 2 + ["a"] * 2 + ["b"] * 2
+    )
+    assert ta["median_ms"] == 1.0 and tb["median_ms"] == 3.0
+
+    monkeypatch.setattr(H, "host_overhead_us", lambda *a, **k: 0.0)
+    monkeypatch.setattr(H, "time_gpu", lambda fn, **k: fn() and {"median_ms": 9.0, "p10_ms": 9.0, "p90_ms": 9.0})
+    row = H.Row("f", "n", "s", "float32", ours=a, torch=b)
+    (res,) = H.run([row], warmup=1, iters=4, progress=False)
+    assert res["ours_ms"] == 1.0 and res["torch_ms"] == 3.0 and res["ratio"] == 1.0 / 3.0
+
+    def broken():
+        raise RuntimeError("no engine")
+
+    (res,) = H.run([H.Row("f", "n", "s", "float32", ours=broken, torch=b)], warmup=1, iters=4, progress=False)
+    assert res["ours_ms"] is None and "no engine" in res["error"] and res["torch_ms"] == 9.0

@@ -1545,6 +1545,16 @@ def _bn_l3_backward(res: dict, douts: tuple, needs: tuple, *, training: bool = T
         return (None,) * 4
     z = "z" in res
     if as_bool(training, "training"):
+        if activation is not None and res.get("reserve") is None:
+            # the forward kept no reserve (its graph fused the ReLU): the ReLU's gradient from y, then the plain
+            # backward, as two L2 calls, the cuDNN calls batch_norm_backward(activation=) makes for this case
+            # (cudnnActivationBackward, then the graph or legacy backward). Each repeats on the express path; the
+            # fused L2 call runs its whole form every time (its dy is a temporary): 196-229 against 150-180 us
+            # of host time per call on the H100
+            g = activation_backward(dy, res["y"], res["y"], "relu")
+            got = batch_norm_backward(g, res["x"], res["scale"], res["saved_mean"], res["saved_inv_std"],
+                                      epsilon=epsilon, mode=mode)  # fmt: skip
+            return _needed((*got[:3], g if z else None), needs)
         got = batch_norm_backward(dy, res["x"], res["scale"], res["saved_mean"], res["saved_inv_std"],
                                   epsilon=epsilon, mode=mode, activation=activation, y=res.get("y"),
                                   bias=res.get("bias"), reserve=res.get("reserve"), z_grad=z)  # fmt: skip
@@ -1584,7 +1594,8 @@ BATCH_NORM = differentiable(
         doc="""y = relu?(batch_norm(x) (+ z)) (batch_norm_forward's keywords; z, the fused residual, with
         activation='relu'). Training: the running statistics updated in place; residuals x, scale, saved_mean,
         saved_inv_std (scale's shape, the parameters' dtype), y (with the ReLU), bias and reserve (uint8, where the
-        fused forward keeps one: _fusable), z (the input, when given); one batch_norm_backward (dscale, dbias; dz).
+        fused forward keeps one: _fusable), z (the input, when given); one batch_norm_backward (dscale, dbias; dz)
+        with the reserve, else activation_backward from y then a plain batch_norm_backward (dz is the former).
         Inference (training=False): residuals x, scale, and copies of the running statistics (mean, var); the
         backward from L2 calls (_bn_inference_backward), as torch's eval-mode batch norm is differentiated.""",
     )

@@ -95,3 +95,20 @@ def test_the_two_sides_are_timed_interleaved(monkeypatch):
 
     (res,) = H.run([H.Row("f", "n", "s", "float32", ours=broken, torch=b)], warmup=1, iters=4, progress=False)
     assert res["ours_ms"] is None and "no engine" in res["error"] and res["torch_ms"] == 9.0
+
+
+def test_the_cpu_host_cost_rows_run():
+    """``python -m benchmarks.host_cpu``: every row runs the real express and torch-glue code with its CPU
+    stand-ins (no GPU) and gives a positive time; it leaves the adapters' key table as it found it."""
+    pytest.importorskip("torch")
+    from benchmarks import host_cpu
+    from cudnnkit.runtime import adapters
+
+    before = dict(adapters.KEYED)
+    got = host_cpu.rows(iters=50, repeat=1)
+    names = [n for n, _ in got]
+    assert names[0] == "express signature, convolution_forward" and any(n.startswith("_fire_graph") for n in names)
+    assert sum(n.startswith("torch glue") for n in names) == 3
+    assert all(us > 0 for _, us in got)
+    assert adapters.KEYED == before
+    assert host_cpu.main(["--iters", "20", "--repeat", "1"]) == 0

@@ -45,6 +45,7 @@ __all__ = [
     "discover",
     "environment",
     "time_gpu",
+    "time_gpu_pair",
     "host_overhead_us",
     "measure_copy_bandwidth",
     "run",
@@ -444,7 +445,10 @@ def run(
             try:
                 timed["ours"], timed["torch"] = time_gpu_pair(row.ours, row.torch, warmup=warmup, iters=iters)
             except Exception:  # a failing side: each is timed alone below, which records its error
+                if tracebacks:
+                    traceback.print_exc()
                 timed = {}
+                result["notes"] = (result["notes"] + "; " if result["notes"] else "") + "timed one side after the other"
         err = _measure_side(result, "ours", row.ours, row, timed=timed.get("ours"), **kw)
         if err:
             errors.append(err)

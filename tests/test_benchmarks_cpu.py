@@ -95,6 +95,7 @@ def test_the_two_sides_are_timed_interleaved(monkeypatch):
 
     (res,) = H.run([H.Row("f", "n", "s", "float32", ours=broken, torch=b)], warmup=1, iters=4, progress=False)
     assert res["ours_ms"] is None and "no engine" in res["error"] and res["torch_ms"] == 9.0
+    assert "one side after the other" in res["notes"]
 
 
 def test_the_cpu_host_cost_rows_run():

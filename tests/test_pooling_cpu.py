@@ -291,3 +291,32 @@ def test_global_average_pooling_is_recognised_for_its_broadcast_backward(mode, x
     vy = view(pl._fwd_resolve({"x": vx}, kw).y_shape)
     r = pl._bwd_resolve({"dy": vy, "y": vy, "x": vx, "index": None}, kw)  # what the backward's call resolves
     assert pl._whole_extent_cells(r, vx, vy) == cells
+
+
+def test_the_differentiable_forward_caches_whether_it_keeps_the_index(monkeypatch):
+    """``_index_kept`` resolves a shape and keywords once (the L3 forward asks on every call): ``1``, ``1.0`` and
+    ``True`` are different keys, as are tuples of differently typed elements; a list (unhashable) is resolved each
+    time; a ``Pooling`` object is a key by value; the answer is ``_keeps_index``'s (ceil_mode that changes the
+    padding after, for max pooling only)."""
+    calls = []
+    real = pl._resolve_for
+    monkeypatch.setattr(pl, "_resolve_for", lambda *a: calls.append(1) or real(*a))
+    pl._KEEPS.clear()
+    shape = (2, 3, 7, 7)
+    kw = dict(mode="max", window=2, stride=None, padding=0, ceil_mode=True, propagate_nan=False, pool=None)
+    assert pl._index_kept(shape, kw) is True and pl._index_kept(shape, dict(kw)) is True and len(calls) == 1
+    assert pl._index_kept(shape, dict(kw, ceil_mode=False)) is False and len(calls) == 2
+    assert pl._index_kept(shape, dict(kw, mode="avg_exclude_padding")) is False and len(calls) == 3
+    with pytest.raises(TypeError):
+        pl._index_kept(shape, dict(kw, window=2.0))  # a float window: resolved (a new key), and refused
+    assert len(calls) == 4
+    pl._index_kept(shape, dict(kw, window=(2, 2)))
+    pl._index_kept(shape, dict(kw, window=(2, 2)))
+    assert len(calls) == 5
+    pl._index_kept(shape, dict(kw, window=[2, 2]))
+    pl._index_kept(shape, dict(kw, window=[2, 2]))
+    assert len(calls) == 7  # a list is not a key
+    plain = dict(kw, ceil_mode=False)  # pool= with every other keyword at its default
+    assert pl._index_kept(shape, dict(plain, pool=ops.Pooling(window=2, ceil_mode=True))) is True
+    assert pl._index_kept(shape, dict(plain, pool=ops.Pooling(window=2, ceil_mode=True))) is True
+    assert len(calls) == 8

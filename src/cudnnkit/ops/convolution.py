@@ -42,11 +42,12 @@ is float64 (the graph API has none), the call blends (``alpha``/``beta`` other t
 its kernel; a graph-only call blends through a temporary and ``cudnnAddTensor``), the batch is empty, the fused
 forward is float32 (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured) or has ``alpha != 1``, or
 cuDNN refused that graph before (remembered; the legacy call runs). ``settings(prefer="legacy")`` forces the
-legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias is legacy only.
+legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias's graph is one
+reduction node, for a dense channels-last float32 ``dy`` with no blend (cuDNN 9.19 has no engine for the rest).
 
 Legacy calls: ``cudnnConvolutionForward``, ``cudnnConvolutionBackwardData``, ``cudnnConvolutionBackwardFilter``,
-and, for the bias, ``cudnnReduceTensor`` (``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last
-``dy`` on cuDNN 9.19), each with ``alpha``/``beta`` blending (``out = alpha * result + beta * out``). Where cuDNN
+and, for the bias, ``cudnnReduceTensor`` or the reduction graph into a float32 temporary for a channels-last
+``dy`` (``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last ``dy`` on cuDNN 9.19), each with ``alpha``/``beta`` blending (``out = alpha * result + beta * out``). Where cuDNN
 has no legacy algorithm for channels-last arrays (float64, grouped; measured on 9.19), the call runs on
 channels-first copies. Their algorithm choice follows.
 """
@@ -60,7 +61,7 @@ from typing import Any, NamedTuple
 
 from .. import lib
 from ..runtime import check_choice, current_settings, get_cached, tensor_descriptor
-from ..runtime.arrays import contiguous_strides
+from ..runtime.arrays import contiguous_strides, is_dense
 from ..runtime.dtypes import FLOATS, canonical, check_scalar, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
 from ._conv_algos import (  # noqa: F401  (public here, as before)
@@ -615,11 +616,12 @@ def graph_builder(which: str) -> Any:
     return build
 
 
-def _bias_resolve(views: Any, kw: Any) -> tuple[tuple[int, ...], bool, bool, str]:
-    """((K,), whether dy is empty, whether beta keeps out, dy's dtype)."""
+def _bias_resolve(views: Any, kw: Any) -> tuple[tuple[int, ...], bool, bool, str, bool]:
+    """((K,), whether dy is empty, whether beta keeps out, dy's dtype, whether dy is dense channels-last)."""
     vdy = views["dy"]
     check_dims(vdy, "dy")
-    return (vdy.shape[1],), vdy.size == 0, kw.get("beta", 0.0) != 0, vdy.dtype
+    nhwc = vdy.strides[1] == 1 and is_dense(tuple(vdy.shape), tuple(vdy.strides))
+    return (vdy.shape[1],), vdy.size == 0, kw.get("beta", 0.0) != 0, vdy.dtype, nhwc
 
 
 def _empty_sum(c: Call, v: Any, desc: Any, keep: bool) -> None:
@@ -632,10 +634,11 @@ def _empty_sum(c: Call, v: Any, desc: Any, keep: bool) -> None:
 
 
 def _bias_call(c: Call) -> None:
-    """``db = alpha * sum(dy over N and space) + beta * db`` by ``cudnnReduceTensor`` (ADD, float32 or float64
-    compute): ``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last ``dy`` on cuDNN 9.19/H200
-    (measured: CUDNN_STATUS_NOT_SUPPORTED). The reduction takes every layout and dtype but bfloat16, which goes
-    through float32 copies (``cudnnTransformTensor``)."""
+    """``db = alpha * sum(dy over N and space) + beta * db`` by :func:`~cudnnkit.ops.arith.reduce_views`:
+    ``cudnnReduceTensor`` (ADD, float32 or float64 compute), or for a float16/float32 channels-last ``dy`` the
+    reduction graph into float32 (see there): ``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last
+    ``dy`` on cuDNN 9.19/H200 (measured: CUDNN_STATUS_NOT_SUPPORTED). ``cudnnReduceTensor`` takes every layout and
+    dtype but bfloat16, which goes through float32 copies (``cudnnTransformTensor``)."""
     from .arith import Raw, reduce_views
 
     vdb = c.views["out"]
@@ -651,20 +654,23 @@ def _bias_call(c: Call) -> None:
 
 
 def _bias_graph_refuses(r: Any, kw: Any) -> str | None:
+    """What the reduction graph does not take (probed on the H100, cuDNN 9.19: no engine for a float16/bfloat16
+    output, for a reduction then an IDENTITY cast, or for a C-order dy), which then goes to the legacy call."""
     if r[1]:
         return "an empty dy (a sum over nothing: cudnnSetTensor or cudnnScaleTensor)"
-    if r[3] != "float32":  # probed on the H100 (9.19): float16/bfloat16 outputs, or a reduction then IDENTITY
+    if r[3] != "float32":
         return f"a {r[3]} db (cuDNN 9.19 has no reduction engine that writes it; the legacy call sums in float32)"
+    if not r[4]:
+        return "a dy that is not dense channels-last (cuDNN 9.19 has no reduction engine for it)"
     if kw.get("alpha", 1.0) != 1.0 or kw.get("beta", 0.0) != 0.0:
-        return "alpha/beta blending (the legacy call blends through a float32 temporary)"
+        return "alpha/beta blending (the legacy call blends)"
     return None
 
 
 def _bias_graph_build(c: Call) -> tuple[Any, dict]:
-    """``db`` as a one-node graph: ``reduction`` ADD of a float32 ``dy`` (as given) to ``(1, K, 1, ...)``, float32
-    compute, written straight into the packed ``(K,)`` output. cuDNN 9.19 takes a channels-last ``dy`` and
-    refuses the C-order sum (no engine: the router then keeps that signature on the legacy call), and has no
-    engine writing a float16/bfloat16 sum (:func:`_bias_graph_refuses` sends those to the legacy call)."""
+    """``db`` as a one-node graph: ``reduction`` ADD of a dense channels-last float32 ``dy`` (as given) to
+    ``(1, K, 1, ...)``, float32 compute, written straight into the packed ``(K,)`` output (what else cuDNN 9.19
+    has no engine for, :func:`_bias_graph_refuses` sends to the legacy call)."""
     vdy, vdb = c.views["dy"], c.views["out"]
     b = Binder(c)
     dy = b.tensor("dy", vdy.shape, vdy.strides, vdy.dtype)
@@ -995,12 +1001,14 @@ def convolution_backward_bias(dy: Any, *, out: Any = None, alpha: float = 1.0, b
     """``db`` ``(K,)``: ``dy`` ``(N, K, *out)`` summed over every dim but the channels.
 
     ``db`` has ``dy``'s dtype (float32 accumulation, float64 for float64). Any layout of ``dy``. An empty batch
-    gives zeros (or ``beta * out``). The graph form (the default where cuDNN has an engine: a float32
-    channels-last ``dy`` with no blend, on 9.19) is one ``reduction`` ADD node run with ``cudnnBackendExecute``;
-    the legacy call (every other call, and ``settings(prefer="legacy")``) is ``cudnnReduceTensor`` with
-    ``CUDNN_REDUCE_TENSOR_ADD``, or the reduction graph into a float32 temporary for a half-precision channels-last
-    ``dy`` (bfloat16 through float32 copies; ``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last
-    ``dy`` on cuDNN 9.19). Primitive :data:`CONVOLUTION_BACKWARD_BIAS`.
+    gives zeros (or ``beta * out``). The graph form (the default where cuDNN 9.19 has an engine: a dense
+    channels-last float32 ``dy`` with no blend) is one ``reduction`` ADD node run with ``cudnnBackendExecute``;
+    every other call (and ``settings(prefer="legacy")``) takes the legacy call: a float16/float32 channels-last
+    ``dy``'s sum as that reduction graph into a float32 temporary (or straight into a float32 ``db``), blended or
+    cast by ``cudnnTransformTensor``; a C-order one by ``cudnnReduceTensor`` with ``CUDNN_REDUCE_TENSOR_ADD``;
+    bfloat16 through float32 copies (``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last ``dy``
+    on cuDNN 9.19). ``settings(prefer="graph")`` raises ``ValueError`` for a call the graph form refuses.
+    Primitive :data:`CONVOLUTION_BACKWARD_BIAS`.
 
     Args:
         dy: the output's gradient ``(N, K, *out)``, 1 to 3 spatial dims, a CUDA array; float16, bfloat16,
@@ -1084,7 +1092,8 @@ def _conv_l3_backward(res: Any, douts: Any, needs: Any, *, stride: Any = 1, padd
     """From dy ``(N, K, *out)`` (with the fused ReLU first ``g = dy where y > 0``: ``cudnnActivationBackward`` from
     the saved ``y``; else ``g = dy``): dx (:func:`convolution_backward_data` with ``x_shape``: ``conv_dgrad`` or
     ``cudnnConvolutionBackwardData``), dw (:func:`convolution_backward_filter` with ``w_shape``: ``conv_wgrad`` or
-    ``cudnnConvolutionBackwardFilter``), db ``(K,)`` (:func:`convolution_backward_bias`: ``cudnnReduceTensor``),
+    ``cudnnConvolutionBackwardFilter``), db ``(K,)`` (:func:`convolution_backward_bias`: a reduction graph or
+    ``cudnnReduceTensor``),
     each only where needed (db only with a bias); all None for a zero cotangent."""
     (dy,) = douts
     if dy is None:

@@ -1547,10 +1547,11 @@ def _bn_l3_backward(res: dict, douts: tuple, needs: tuple, *, training: bool = T
     if as_bool(training, "training"):
         if activation is not None and res.get("reserve") is None:
             # the forward kept no reserve (its graph fused the ReLU): the ReLU's gradient from y, then the plain
-            # backward, as two L2 calls, the cuDNN calls batch_norm_backward(activation=) makes for this case
-            # (cudnnActivationBackward, then the graph or legacy backward). Each repeats on the express path; the
-            # fused L2 call runs its whole form every time (its dy is a temporary): 196-229 against 150-180 us
-            # of host time per call on the H100
+            # backward, as two L2 calls (cudnnActivationBackward, then the graph's or the legacy backward: on the
+            # legacy path the plain call's choice, the persistent Ex call where _persistent says, as the unfused
+            # modules get, where batch_norm_backward(activation=) would call cudnnBatchNormalizationBackward).
+            # Each repeats on the express path; the fused L2 call runs its whole form every time (its dy is a
+            # temporary): 196-229 against 150-180 us of host time per call on the H100
             g = activation_backward(dy, res["y"], res["y"], "relu")
             got = batch_norm_backward(g, res["x"], res["scale"], res["saved_mean"], res["saved_inv_std"],
                                       epsilon=epsilon, mode=mode)  # fmt: skip

@@ -541,8 +541,9 @@ _KEEPS: LRU[tuple, bool] = LRU("ops.pooling_keeps_index", 1024)
 
 
 def _index_kept(shape: tuple, kw: dict) -> bool:
-    """:func:`_keeps_index` of a forward call on an ``x`` of ``shape`` with these keywords (cached; a bad keyword
-    raises here, as the call would). The types are in the key: ``1``, ``1.0`` and ``True`` hash alike."""
+    """:func:`_keeps_index` of a forward call on an ``x`` of ``shape`` with these keywords, cached by the shape and
+    the keywords' values and types (``1``, ``1.0`` and ``True`` hash alike; a tuple's element types are in the key
+    too); a miss resolves them, raising what a bad one raises, and the call itself checks every keyword again."""
     vals = tuple(kw.values())
     try:
         key = (

@@ -107,8 +107,8 @@ class TorchOp:
         d = self.d
         if len(inputs) != len(d.inputs):
             raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
-        if EAGER and _plain(inputs) and _plain([kw.get(n) for n in d.arrays]) and not _tracing():
-            arrays = {n: kw.pop(n, None) for n in d.arrays}
+        if EAGER and _plain(inputs) and (not d.arrays or _plain([kw.get(n) for n in d.arrays])) and not _tracing():
+            arrays = {n: kw.pop(n, None) for n in d.arrays} if d.arrays else {}
             if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
                 outs = _Eager.apply(d, kw, arrays, *inputs)
             else:
@@ -159,8 +159,11 @@ class _Eager(torch.autograd.Function):
         outs, res = d.forward(*inputs, **arrays, **kw)
         ctx.d, ctx.kw, ctx.names, ctx.settings = d, kw, tuple(res), current_settings()
         ctx.save_for_backward(*res.values())
+        flags = d.differentiable_outputs  # None: every output carries a gradient
         dead = [
-            o for j, o in enumerate(outs) if o is not None and not (d.carries_gradient(j) and o.is_floating_point())
+            o
+            for j, o in enumerate(outs)
+            if o is not None and not ((flags is None or flags[j]) and o.is_floating_point())
         ]
         if dead:
             ctx.mark_non_differentiable(*dead)
@@ -169,11 +172,12 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
         d = ctx.d
-        douts = tuple(g if d.carries_gradient(j) else None for j, g in enumerate(grads))
-        needs = tuple(ctx.needs_input_grad[3:])
+        flags = d.differentiable_outputs
+        douts = grads if flags is None else tuple(g if f else None for g, f in zip(grads, flags))
+        needs = ctx.needs_input_grad[3:]
         with in_force(ctx.settings):
             got = d.backward(dict(zip(ctx.names, ctx.saved_tensors)), douts, needs, **ctx.kw)
-        return (None, None, None, *(g if n else None for g, n in zip(got, needs)))
+        return (None, None, None, *[g if n else None for g, n in zip(got, needs)])
 
 
 def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict, kwkey: str) -> tuple[tuple, dict]:

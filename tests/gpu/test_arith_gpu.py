@@ -115,10 +115,12 @@ def test_bfloat16_sum_as_a_graph_reduction_blended(xp, channels_last):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 def test_per_channel_sum_of_channels_last_as_a_graph_reduction(xp, dtype, layout):
-    """The convolution's bias gradient of a float32/float16 channels-last ``dy`` runs as the one-node graph
-    reduction (float32 compute): straight into a float32 ``db`` for a plain sum, through a float32 temporary and
+    """The legacy form's sum (``settings(prefer="legacy")``: by default a float32 channels-last plain sum takes the
+    primitive's own graph form) of a float32/float16 channels-last ``dy`` runs as the one-node graph reduction
+    (float32 compute): straight into a float32 ``db`` for a plain sum, through a float32 temporary and
     cudnnTransformTensor for a blend or a float16 ``db``. A C-order ``dy`` keeps cudnnReduceTensor (no graph is
     tried). Every route matches float64, with a poisoned output each time."""
+    from cudnnkit import settings
     from cudnnkit.ops import arith
 
     rng = np.random.default_rng(12)
@@ -126,12 +128,16 @@ def test_per_channel_sum_of_channels_last_as_a_graph_reduction(xp, dtype, layout
     want = a.sum(axis=(0, 2, 3))
     da = dev(xp, a, dtype, layout)
     arith._graph_sums.clear()
-    db = ops.convolution_backward_bias(da, out=poisoned(xp, (8,), dtype))
+    with settings(prefer="legacy"):
+        db = ops.convolution_backward_bias(da, out=poisoned(xp, (8,), dtype))
+    assert ops.last_path() == ("convolution_backward_bias", "legacy")
     assert rel(host(xp, db), want) < TOL[dtype] * 8
     c0 = seen(rng.standard_normal(8), dtype)
     out = dev(xp, c0, dtype)
     db = ops.convolution_backward_bias(da, out=out, alpha=-2.0, beta=0.5)
     assert db is out and rel(host(xp, db), -2.0 * want + 0.5 * c0) < TOL[dtype] * 8
     plans = [v for v in arith._graph_sums._d.values() if v is not None]
-    assert len(plans) == (1 if layout == "nhwc" else 0), "the graph route: channels-last only"
-    assert len(arith._graph_sums._d) == (1 if layout == "nhwc" else 0), "a C-order sum never tries the graph"
+    # two keys for a channels-last dy: the plain sum under prefer="legacy" and the blend under "auto" differ in
+    # their settings, which the graph-sum cache is keyed by
+    assert len(plans) == (2 if layout == "nhwc" else 0), "the graph route: channels-last only"
+    assert len(arith._graph_sums._d) == (2 if layout == "nhwc" else 0), "a C-order sum never tries the graph"

@@ -294,10 +294,10 @@ def test_global_average_pooling_is_recognised_for_its_broadcast_backward(mode, x
 
 
 def test_the_differentiable_forward_caches_whether_it_keeps_the_index(monkeypatch):
-    """``_index_kept`` resolves a shape and keywords once (the L3 forward asks on every call): ``1``, ``1.0`` and
-    ``True`` are different keys, as are tuples of differently typed elements; a list (unhashable) is resolved each
-    time; a ``Pooling`` object is a key by value; the answer is ``_keeps_index``'s (ceil_mode that changes the
-    padding after, for max pooling only)."""
+    """``_index_kept`` resolves a shape and keywords once (the L3 forward asks on every call); a list (unhashable)
+    is resolved each time; a ``Pooling`` object is a key by value; the answer is ``_keeps_index``'s (ceil_mode that
+    changes the padding after, for max pooling only); a bad keyword on a miss raises, and the L3 forward raises it on
+    a hit too (``pooling_forward`` checks every keyword)."""
     calls = []
     real = pl._resolve_for
     monkeypatch.setattr(pl, "_resolve_for", lambda *a: calls.append(1) or real(*a))
@@ -308,15 +308,18 @@ def test_the_differentiable_forward_caches_whether_it_keeps_the_index(monkeypatc
     assert pl._index_kept(shape, dict(kw, ceil_mode=False)) is False and len(calls) == 2
     assert pl._index_kept(shape, dict(kw, mode="avg_exclude_padding")) is False and len(calls) == 3
     with pytest.raises(TypeError):
-        pl._index_kept(shape, dict(kw, window=2.0))  # a float window: resolved (a new key), and refused
-    assert len(calls) == 4
+        pl._index_kept(shape, dict(kw, window=2.5))  # a miss: resolved, and refused
+    assert pl._index_kept(shape, dict(kw, window=2.0)) is True  # a hit (2.0 hashes as 2) decides nothing else:
+    with pytest.raises(TypeError, match="window"):  # the forward's next call, pooling_forward, refuses it
+        ops.pooling_forward(FakeCAI(shape, "<f4"), **dict(kw, window=2.0))
+    assert len(calls) == 5  # the miss, and pooling_forward's own resolve
     pl._index_kept(shape, dict(kw, window=(2, 2)))
     pl._index_kept(shape, dict(kw, window=(2, 2)))
-    assert len(calls) == 5
+    assert len(calls) == 6
     pl._index_kept(shape, dict(kw, window=[2, 2]))
     pl._index_kept(shape, dict(kw, window=[2, 2]))
-    assert len(calls) == 7  # a list is not a key
+    assert len(calls) == 8  # a list is not a key
     plain = dict(kw, ceil_mode=False)  # pool= with every other keyword at its default
     assert pl._index_kept(shape, dict(plain, pool=ops.Pooling(window=2, ceil_mode=True))) is True
     assert pl._index_kept(shape, dict(plain, pool=ops.Pooling(window=2, ceil_mode=True))) is True
-    assert len(calls) == 8
+    assert len(calls) == 9

@@ -143,7 +143,6 @@ def test_a_missing_op_is_not_implemented_naming_it(monkeypatch):
     import cudnnkit.torch as ct
 
     monkeypatch.setattr(ct, "_defined", {})
-    monkeypatch.setattr(nn, "_OPS", {})  # the twins' own cache of cudnnkit.torch.op
     with pytest.raises(NotImplementedError, match="'pooling'"):
         nn._op("pooling")
 

@@ -47,7 +47,8 @@ reduction node, for a dense channels-last float32 ``dy`` with no blend (cuDNN 9.
 
 Legacy calls: ``cudnnConvolutionForward``, ``cudnnConvolutionBackwardData``, ``cudnnConvolutionBackwardFilter``,
 and, for the bias, ``cudnnReduceTensor`` or the reduction graph into a float32 temporary for a channels-last
-``dy`` (``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last ``dy`` on cuDNN 9.19), each with ``alpha``/``beta`` blending (``out = alpha * result + beta * out``). Where cuDNN
+``dy`` (``cudnnConvolutionBackwardBias`` refuses bfloat16 and channels-last ``dy`` on cuDNN 9.19), each with
+``alpha``/``beta`` blending (``out = alpha * result + beta * out``). Where cuDNN
 has no legacy algorithm for channels-last arrays (float64, grouped; measured on 9.19), the call runs on
 channels-first copies. Their algorithm choice follows.
 """
@@ -61,7 +62,7 @@ from typing import Any, NamedTuple
 
 from .. import lib
 from ..runtime import check_choice, current_settings, get_cached, tensor_descriptor
-from ..runtime.arrays import contiguous_strides, is_dense
+from ..runtime.arrays import contiguous_strides
 from ..runtime.dtypes import FLOATS, canonical, check_scalar, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
 from ._conv_algos import (  # noqa: F401  (public here, as before)
@@ -620,8 +621,7 @@ def _bias_resolve(views: Any, kw: Any) -> tuple[tuple[int, ...], bool, bool, str
     """((K,), whether dy is empty, whether beta keeps out, dy's dtype, whether dy is dense channels-last)."""
     vdy = views["dy"]
     check_dims(vdy, "dy")
-    nhwc = vdy.strides[1] == 1 and is_dense(tuple(vdy.shape), tuple(vdy.strides))
-    return (vdy.shape[1],), vdy.size == 0, kw.get("beta", 0.0) != 0, vdy.dtype, nhwc
+    return (vdy.shape[1],), vdy.size == 0, kw.get("beta", 0.0) != 0, vdy.dtype, layout_of(vdy) == "nhwc"
 
 
 def _empty_sum(c: Call, v: Any, desc: Any, keep: bool) -> None:
@@ -1093,8 +1093,7 @@ def _conv_l3_backward(res: Any, douts: Any, needs: Any, *, stride: Any = 1, padd
     the saved ``y``; else ``g = dy``): dx (:func:`convolution_backward_data` with ``x_shape``: ``conv_dgrad`` or
     ``cudnnConvolutionBackwardData``), dw (:func:`convolution_backward_filter` with ``w_shape``: ``conv_wgrad`` or
     ``cudnnConvolutionBackwardFilter``), db ``(K,)`` (:func:`convolution_backward_bias`: a reduction graph or
-    ``cudnnReduceTensor``),
-    each only where needed (db only with a bias); all None for a zero cotangent."""
+    ``cudnnReduceTensor``), each only where needed (db only with a bias); all None for a zero cotangent."""
     (dy,) = douts
     if dy is None:
         return (None, None, None)

@@ -535,23 +535,18 @@ def _keeps_index(r: _Pool) -> bool:
     return r.mode.startswith("max") and r.pad != r.post and 0 not in r.y_shape
 
 
-#: (x's shape, the keywords' values and types) -> :func:`_keeps_index` of the call: the differentiable forward asks
-#: on every call, and resolving the window and padding is the slow part of its host time
+#: (x's shape, the keywords' values) -> :func:`_keeps_index` of the call: the differentiable forward asks on every
+#: call, and resolving the window and padding is the slow part of its host time
 _KEEPS: LRU[tuple, bool] = LRU("ops.pooling_keeps_index", 1024)
 
 
 def _index_kept(shape: tuple, kw: dict) -> bool:
     """:func:`_keeps_index` of a forward call on an ``x`` of ``shape`` with these keywords, cached by the shape and
-    the keywords' values and types (``1``, ``1.0`` and ``True`` hash alike; a tuple's element types are in the key
-    too); a miss resolves them, raising what a bad one raises, and the call itself checks every keyword again."""
-    vals = tuple(kw.values())
+    the keywords' values. Values that hash alike (``2`` and ``2.0``) resolve alike where they are valid at all, and
+    :func:`pooling_forward`, which the forward calls next, checks every keyword itself: a cache hit decides only
+    whether to ask for the index."""
     try:
-        key = (
-            shape,
-            vals,
-            tuple(map(type, vals)),
-            tuple(tuple(map(type, v)) if type(v) is tuple else () for v in vals),
-        )
+        key = (shape, tuple(kw.values()))
         got = _KEEPS.lookup(key)
     except TypeError:  # an unhashable value (a list): resolved each time
         key, got = None, MISSING

@@ -61,6 +61,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from ..ops import rnn as _rnn
 from ..ops.dropout import DropoutState, default_state
+from . import op  # the package is initialised first: this module is imported on first use
 
 __all__ = [
     "TWINS",
@@ -116,19 +117,9 @@ def available(name: str) -> bool:
     return name in autograd.functions()
 
 
-#: name -> its TorchOp, as :func:`cudnnkit.torch.op` gives it
-_OPS: dict[str, Any] = {}
-
-
 def _op(name: str) -> Any:
-    got = _OPS.get(name)  # every module call asks: one dict read
-    if got is not None:
-        return got
-    from . import op
-
     try:
-        got = _OPS[name] = op(name)
-        return got
+        return op(name)  # its own cache: one dict read per module call
     except KeyError:
         raise NotImplementedError(
             f"cudnnkit has no differentiable op {name!r} (no L3 declaration is registered under that name)"

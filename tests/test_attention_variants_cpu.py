@@ -267,7 +267,10 @@ def test_head_dims_up_to_256(d, dv):
     r = g.sdpa_forward(*qkv(g, d=d, dv=dv))
     g.mark_output(r.o)
     g.mark_output(r.stats)
-    g.lower()
+    assert r.o.dims == (B, H, SQ, dv) and r.stats.dims == (B, H, SQ, 1)
+    (sc,) = [c for c, t in g.constants().values() if t == "float32" and c not in (-math.inf,)]
+    assert sc == pytest.approx(1 / math.sqrt(d))  # the scale follows d_qk
+    assert g.lower().op_graph.finalized
 
 
 @pytest.mark.parametrize("d, dv, msg", [(264, 64, "q's head dim"), (64, 12, "v's head dim"), (60, 64, "q's head")])

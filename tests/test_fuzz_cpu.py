@@ -227,7 +227,9 @@ def test_derived_arrays_are_derived_from_the_arrays_they_name(name):
             scale = max(np.abs(want[ok]).max(initial=0.0), 1e-30)  # the array was rounded to its dtype
             assert np.abs(got[ok] - want[ok]).max(initial=0.0) <= 2e-2 * scale, f"{case.repro()}: {k} is not derived"
             seen += 1
-    assert seen or not derived, "no derived array could be checked"
+    if not derived:  # e.g. lrn_forward: its spec names a derive, but its draws make no derived: array
+        pytest.skip(f"{name}: 20 draws made no derived: array, so nothing is checked")
+    assert seen, "no derived array could be checked"
 
 
 # ----------------------------------------------------------------- the outcome rules
@@ -255,13 +257,13 @@ def test_outcome_rules():
     assert kind(bad, None) == outcome.UNCLEAR  # accepted although invalid
     assert kind(valid, None) == outcome.CORRECT
     assert kind(bad, raise_from_here(TypeError("alpha must be real"))) == outcome.UNCLEAR  # raised in the tests
-    try:
+    with pytest.raises(TypeError) as ei:  # no refusal at all must fail here, not skip the checks below
         cudnnkit.ops.softmax_forward(object())
-    except TypeError as e:
-        assert outcome.classify(bad, e, gpu=True, call_names=()).reason == "message does not name the argument"
-        named = Case("softmax_forward", {}, (), mutations=(Mutation("nonarray", "x", "x is an object", "refuse"),))
-        assert kind(named, e) == outcome.CLEAR
-        assert kind(valid, e) == outcome.UNCLEAR  # a valid call refused
+    e = ei.value
+    assert outcome.classify(bad, e, gpu=True, call_names=()).reason == "message does not name the argument"
+    named = Case("softmax_forward", {}, (), mutations=(Mutation("nonarray", "x", "x is an object", "refuse"),))
+    assert kind(named, e) == outcome.CLEAR
+    assert kind(valid, e) == outcome.UNCLEAR  # a valid call refused
     # no cuDNN engine for a valid call's graph, and no legacy form that takes it: the router's ValueError, whose
     # cause is the UnsupportedGraphError, is clear (cuDNN lacks it), as the UnsupportedGraphError itself is
     from cudnnkit.graph import UnsupportedGraphError

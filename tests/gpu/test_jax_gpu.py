@@ -144,10 +144,13 @@ def test_every_op_matches_torch_through_jax(name, i):
         return
     grads = pullback(tuple(cts))
     refs = torch.autograd.grad(loss_ref, [ref_in[j] for j in diff], allow_unused=True)
+    checked = 0
     for j, g, r in zip(diff, grads, refs):
         if r is None:
             continue
         assert _rel(np.asarray(g, np.float64), r.double().numpy()) < gtol, f"{name} d input {j}"
+        checked += 1
+    assert checked, f"{name}: the reference has no gradient for any input: nothing was compared"
 
 
 _BATCHED = [(n, i) for n, i in _CASES if cudnnkit.autograd.get(n).batch]
@@ -322,5 +325,5 @@ def test_eager_l2_calls_on_jax_arrays_return_jax_arrays():
         yc = ops.convolution_forward(xi, w, padding=1)
     ref = jax.lax.conv_general_dilated(xi, w, (1, 1), ((1, 1), (1, 1)), precision=jax.lax.Precision.HIGHEST)
     assert isinstance(yc, jax.Array) and _rel(yc, ref) < 1e-5
-    with pytest.raises((TypeError, ValueError)):
+    with pytest.raises((TypeError, ValueError), match="out is read-only|JAX arrays are immutable"):
         ops.softmax_forward(x, out=jnp.zeros_like(x))

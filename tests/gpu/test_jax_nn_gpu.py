@@ -53,7 +53,9 @@ def test_dropout_same_key_same_mask_under_jit():
     assert not np.array_equal(np.asarray(y1) != 0, np.asarray(y2) != 0)
     assert np.array_equal(np.asarray(nn.dropout(k1, 0.3, x)), np.asarray(y1))  # outside jit: the same mask
     old = jax.random.PRNGKey(11)  # a raw uint32[2] key: its own bits, its own mask, repeatable
-    assert np.array_equal(np.asarray(f(old, x)), np.asarray(f(old, x)))
+    y_old = np.asarray(f(old, x))
+    assert np.array_equal(y_old, np.asarray(f(old, x)))
+    assert not np.array_equal(y_old != 0, np.asarray(f(jax.random.PRNGKey(12), x)) != 0)  # another raw key's mask
     kept = np.asarray(y1) != 0
     np.testing.assert_allclose(np.asarray(y1)[kept], np.asarray(x)[kept] / 0.7, rtol=1e-6)
 

@@ -625,3 +625,57 @@ def test_build_with_a_cpu_build_of_torch_says_so_after_checking_the_graph():
         _relu_graph().build()
     with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
         _relu_graph().build(0)
+
+
+def test_a_boolean_tensor_binds_its_bits(monkeypatch):
+    """A non-virtual boolean tensor is bit-packed (cuDNN reads element offset o at bit o % 8 of byte o // 8,
+    measured on the H100 with cuDNN 9.19): the batch-norm forward's ReLU mask of cudnn-frontend's BN_RELU pattern,
+    marked channels-last, addresses N*C*H*W / 8 bytes; it binds a dense uint8 array of at least that many bytes
+    (any shape), and a one-byte-per-element bool array (read as bits, it would be wrong), a short one or a
+    strided one is refused naming the tensor, before any GPU work; a raw pointer is checked for the packed bytes."""
+    from cudnnkit.graph import Graph
+    from cudnnkit.graph.plan.spec import PlanSpec
+
+    from .fuzz.materialize import FakeBackend
+    from .fuzz.model import A
+
+    n, c, h, w = 4, 16, 3, 5
+    cl = (c * h * w, 1, w * c, c)
+    g = Graph(compute_dtype="float32", intermediate_dtype="float32")
+    x = g.tensor((n, c, h, w), cl, "float32", name="x")
+    s, b = (g.tensor((1, c, 1, 1), None, "float32", name=k) for k in ("scale", "bias"))
+    bn = g.norm_forward("batch", x, s, b, phase="training", epsilon=1e-5)
+    r = g.pointwise("RELU_FWD", bn.y)
+    y = g.mark_output(r)
+    m = g.mark_output(g.pointwise("CMP_GT", r, g.scalar(0.0), dtype="bool", name="mask"), "bool", strides=cl)
+    mean, inv = g.mark_output(bn.mean), g.mark_output(bn.inv_variance)
+    spec = PlanSpec.of(g, 0)
+    assert spec.tensors[m.uid].dtype == "bool"
+    assert spec.nbytes[m.uid] == n * c * h * w // 8 == 120
+    assert spec.nbytes[y.uid] == n * c * h * w * 4
+    back = FakeBackend()
+    with back.installed():
+
+        def arr(shape, dtype="float32", layout=("c",)):
+            return back.array(A(tuple(shape), dtype, layout=layout), None, "fakeA", None)
+
+        bind = {x: arr((n, c, h, w), layout=("perm", (0, 2, 3, 1))), s: arr((1, c, 1, 1)), b: arr((1, c, 1, 1)),
+                y: arr((n, c, h, w), layout=("perm", (0, 2, 3, 1))), mean: arr((1, c, 1, 1)),
+                inv: arr((1, c, 1, 1))}  # fmt: skip
+        for ok in ((n, h, w, c // 8), (120,), (200,)):  # any dense shape of enough bytes
+            spec.resolve({**bind, m: arr(ok, "uint8")})
+        for bad, msg in [
+            (arr((n, c, h, w), "bool"), r"tensor mask \(uid \d+\) is a bit-packed boolean tensor .* bind a uint8 "
+                                        r"array of at least 120 byte\(s\), got bool \(4, 16, 3, 5\)"),
+            (arr((119,), "uint8"), r"tensor mask .*: 119 byte\(s\), the bit-packed boolean tensor needs 120"),
+            (arr((n, h, w, c // 4), "uint8", ("gap", 3, 2)), r"tensor mask .*must be dense in C order"),
+        ]:  # fmt: skip
+            with pytest.raises(BindingError, match=msg):
+                spec.resolve({**bind, m: bad})
+    checked = []
+    import cudnnkit.graph.plan.spec as S
+
+    monkeypatch.setattr(S, "check_pointer", lambda p, nb, dev, label: checked.append((label, nb)))
+    with back.installed():
+        spec.resolve({**bind, m: 1 << 20})
+    assert [nb for label, nb in checked if "mask" in label] == [120]

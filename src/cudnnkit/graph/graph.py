@@ -169,6 +169,10 @@ class Graph(
         ``dims`` and ``strides`` are sequences of ints (Python or NumPy integers; floats, even integral ones,
         bools and strings are a ``TypeError`` naming the argument), 1 to ``CUDNN_DIM_MAX`` dims, each >= 1,
         and the elements they address must fit in int64 bytes (:class:`GraphError` otherwise).
+        A non-virtual ``"bool"`` tensor is bit-packed, as cuDNN reads and writes it: element offset ``o`` (in
+        elements, from ``strides``) at bit ``o % 8`` of byte ``o // 8``; it binds a dense uint8 array of at least
+        ``ceil(extent / 8)`` bytes (:meth:`~cudnnkit.graph.plan.PlanSpec.resolve`), e.g. ``(N, H, W, C // 8)``
+        for a channels-last mask.
         """
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")

@@ -17,6 +17,7 @@ from typing import Any
 from ... import runtime
 from ...runtime.arrays import as_view
 from ...runtime.dtypes import itemsize as _itemsize
+from ...runtime.view import is_contiguous
 from ..errors import BindingError
 from ..tensor import PlanGraph, Tensor
 
@@ -85,7 +86,29 @@ def _bfloat16_bytes(value: float) -> bytes:
 
 
 def _extent_bytes(t: Tensor) -> int:
-    return (1 + sum((d - 1) * s for d, s in zip(t.dims, t.strides))) * _itemsize(t.dtype)
+    """The bytes a non-virtual tensor's dims and strides address from its pointer. A boolean tensor is bit-packed:
+    cuDNN reads element offset ``o`` (``sum(index * stride)``) at bit ``o % 8`` of byte ``o // 8`` (measured on an
+    H100 with cuDNN 9.19: a batch-norm forward's ReLU mask, written as a channels-last BOOLEAN output, put channel
+    ``c`` in bit ``c % 8`` of byte ``c // 8`` of its pixel, and a MUL reading it back in a batch-norm backward
+    graph gave the float64 reference's gradients)."""
+    n = 1 + sum((d - 1) * s for d, s in zip(t.dims, t.strides))
+    return (n + 7) // 8 if t.dtype == "bool" else n * _itemsize(t.dtype)
+
+
+def _check_bits(view: Any, nbytes: int, label: str) -> None:
+    """A binding of a bit-packed boolean tensor: a dense C-order byte array (uint8 or int8, any shape, e.g.
+    ``(N, H, W, C // 8)`` for a channels-last mask) of at least ``nbytes`` bytes. A one-byte-per-element array
+    (a NumPy, CuPy or torch ``bool`` array of the tensor's shape) would be read as bits: refused by name."""
+    if view.dtype not in ("uint8", "int8"):
+        raise BindingError(
+            f"{label} is a bit-packed boolean tensor (cuDNN reads one bit per element: offset o at bit o % 8 of "
+            f"byte o // 8): bind a uint8 array of at least {nbytes} byte(s), got {view.dtype} {view.shape}"
+        )
+    if not is_contiguous(view.shape, view.strides):
+        raise BindingError(f"{label}: a bit-packed boolean tensor's array must be dense in C order, got strides "
+                           f"{view.strides} for shape {view.shape}")  # fmt: skip
+    if view.nbytes < nbytes:
+        raise BindingError(f"{label}: {view.nbytes} byte(s), the bit-packed boolean tensor needs {nbytes}")
 
 
 @dataclass
@@ -272,9 +295,12 @@ class PlanSpec:
                     to_check.append((p, self.nbytes[uid], label))
             else:
                 view = as_view(v, label)
-                if view.dtype != spec.dtype:
+                bits = spec.dtype == "bool"  # bit-packed: a byte array holding the bits (_check_bits)
+                if bits:
+                    _check_bits(view, self.nbytes[uid], label)
+                elif view.dtype != spec.dtype:
                     raise BindingError(f"{label}: dtype {view.dtype}, the plan expects {spec.dtype}")
-                ragged = uid in self.ragged  # packed: any shape; the offsets (on the device) place each sample
+                ragged = bits or uid in self.ragged  # packed: any shape; the offsets (on the device) place each sample
                 if not ragged and view.shape != spec.dims:
                     raise BindingError(f"{label}: shape {view.shape}, the plan expects {spec.dims}")
                 if (

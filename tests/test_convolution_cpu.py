@@ -222,8 +222,9 @@ def test_the_bias_gradient_graph(dtype):
     size = 4 if dtype == "<f4" else 2
     dy = x(ys, dtype, strides=tuple(size * s for s in channels_last_strides(ys)))
     r = cv._bias_resolve({"dy": dy_view(dy)}, {})
-    assert r[0] == (6,) and (cv._bias_graph_refuses(r, {}) is None) == (size == 4)
-    assert "empty" in cv._bias_graph_refuses((r[0], True) + r[2:], {})
+    assert r.db_shape == (6,) and r.nhwc and (cv._bias_graph_refuses(r, {}) is None) == (size == 4)
+    assert "empty" in cv._bias_graph_refuses(r._replace(empty=True), {})
+    assert "channels-last" in cv._bias_graph_refuses(r._replace(nhwc=False, dtype="float32"), {})
     if size == 4:
         assert "blend" in cv._bias_graph_refuses(r, {"alpha": 2.0}) and "blend" in cv._bias_graph_refuses(
             r, {"beta": 1}

@@ -617,11 +617,20 @@ def graph_builder(which: str) -> Any:
     return build
 
 
-def _bias_resolve(views: Any, kw: Any) -> tuple[tuple[int, ...], bool, bool, str, bool]:
-    """((K,), whether dy is empty, whether beta keeps out, dy's dtype, whether dy is dense channels-last)."""
+class _Bias(NamedTuple):
+    """A bias-gradient call, resolved (hashable)."""
+
+    db_shape: tuple[int, ...]  #: (K,)
+    empty: bool  #: dy is empty (a sum over nothing)
+    keep: bool  #: beta keeps out's contents
+    dtype: str  #: dy's
+    nhwc: bool  #: dy is dense channels-last
+
+
+def _bias_resolve(views: Any, kw: Any) -> _Bias:
     vdy = views["dy"]
     check_dims(vdy, "dy")
-    return (vdy.shape[1],), vdy.size == 0, kw.get("beta", 0.0) != 0, vdy.dtype, layout_of(vdy) == "nhwc"
+    return _Bias((vdy.shape[1],), vdy.size == 0, kw.get("beta", 0.0) != 0, vdy.dtype, layout_of(vdy) == "nhwc")
 
 
 def _empty_sum(c: Call, v: Any, desc: Any, keep: bool) -> None:
@@ -642,9 +651,9 @@ def _bias_call(c: Call) -> None:
     from .arith import Raw, reduce_views
 
     vdb = c.views["out"]
-    if c.resolved[1]:
+    if c.resolved.empty:
         k = vdb.shape[0]
-        _empty_sum(c, vdb, tensor_descriptor(vdb.dtype, (1, k, 1, 1), (k, 1, 1, 1)), c.resolved[2])
+        _empty_sum(c, vdb, tensor_descriptor(vdb.dtype, (1, k, 1, 1), (k, 1, 1, 1)), c.resolved.keep)
         return
     vdy, _ = dense(c, "dy")
     k = vdy.shape[1]
@@ -653,14 +662,14 @@ def _bias_call(c: Call) -> None:
     reduce_views(c.launch, "add", lib.CUDNN_NOT_PROPAGATE_NAN, False, vdy, db, c.alpha, c.beta)
 
 
-def _bias_graph_refuses(r: Any, kw: Any) -> str | None:
+def _bias_graph_refuses(r: _Bias, kw: Any) -> str | None:
     """What the reduction graph does not take (probed on the H100, cuDNN 9.19: no engine for a float16/bfloat16
     output, for a reduction then an IDENTITY cast, or for a C-order dy), which then goes to the legacy call."""
-    if r[1]:
+    if r.empty:
         return "an empty dy (a sum over nothing: cudnnSetTensor or cudnnScaleTensor)"
-    if r[3] != "float32":
-        return f"a {r[3]} db (cuDNN 9.19 has no reduction engine that writes it; the legacy call sums in float32)"
-    if not r[4]:
+    if r.dtype != "float32":
+        return f"a {r.dtype} db (cuDNN 9.19 has no reduction engine that writes it; the legacy call sums in float32)"
+    if not r.nhwc:
         return "a dy that is not dense channels-last (cuDNN 9.19 has no reduction engine for it)"
     if kw.get("alpha", 1.0) != 1.0 or kw.get("beta", 0.0) != 0.0:
         return "alpha/beta blending (the legacy call blends)"
@@ -754,7 +763,7 @@ CONVOLUTION_BACKWARD_BIAS = register(
     Primitive(
         "convolution_backward_bias",
         inputs=(Operand("dy", _DTYPES),),
-        outputs=(Output("out", shape=lambda r: r[0], packed=True, blend=("alpha", "beta")),),
+        outputs=(Output("out", shape=lambda r: r.db_shape, packed=True, blend=("alpha", "beta")),),
         resolve=_bias_resolve,
         legacy=_bias_call,
         graph=graph_form(_bias_graph_build),

@@ -300,7 +300,8 @@ class PlanSpec:
                     _check_bits(view, self.nbytes[uid], label)
                 elif view.dtype != spec.dtype:
                     raise BindingError(f"{label}: dtype {view.dtype}, the plan expects {spec.dtype}")
-                ragged = bits or uid in self.ragged  # packed: any shape; the offsets (on the device) place each sample
+                # any shape: a ragged tensor's offsets (on the device) place each sample; a bit-packed one is bytes
+                ragged = bits or uid in self.ragged
                 if not ragged and view.shape != spec.dims:
                     raise BindingError(f"{label}: shape {view.shape}, the plan expects {spec.dims}")
                 if (

@@ -513,3 +513,77 @@ def test_the_l3_batch_norm_predicts_no_fused_reserve_where_the_graph_runs():
         assert nm._bn_reserve(r, "nhwc") is None  # no cuDNN size query (no handle needed)
     with cudnnkit.settings(prefer="legacy"):
         assert nm._fusable(*args)
+
+
+@pytest.mark.parametrize("typestr", ["<f2", "<f4"])
+def test_batch_norm_relu_mask_graphs(typestr):
+    """``return_mask=True``: the forward graph adds cudnn-frontend's BN_RELU mask (CMP_GT of the ReLU's output, a
+    channels-last BOOLEAN output bound to the call's uint8 ``(N, H, W, C // 8)`` array); a backward given
+    ``relu_mask=`` builds DRELU_DBN (MUL(dy, mask) feeding NORM_BACKWARD) and makes no ReLU gradient of its own
+    first. The legacy forward refuses the mask by name (only the graph writes it); the graphs lower host-side."""
+    import cudnnkit
+    from cudnnkit.ops._primitive import Call
+    from cudnnkit.runtime import as_view
+
+    from .conftest import FakeCAI
+
+    xs = (2, 16, 4, 4)
+    views = _bn_views(xs, typestr, scale="p", bias="p", y="data", saved_mean="p", saved_inv_std="p")
+    kw = {"activation": "relu", "return_mask": True}
+    r = nm.BATCH_NORM_FORWARD.resolve({k: v for k, v in views.items() if k != "y"}, kw)
+    assert r.mask and nm._bn_graph_refuses(r, kw) is None
+    assert "return_mask=True" in nm._bn_fwd_legacy_refuses(r)
+    assert P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw) == "graph"
+    with cudnnkit.settings(prefer="legacy"), pytest.raises(ValueError, match="legacy call cannot take this"):
+        P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw)
+    mask = as_view(FakeCAI((2, 4, 4, 2), "|u1"), "relu_mask")
+    c = Call(None, {**views, "relu_mask": mask}, r, extra={"graph_alignment": 16})
+    g, names = nm._bn_graph_fwd_build(c)
+    assert [n.kind for n in g.nodes()] == ["norm_fwd", "pointwise", "pointwise"]
+    (m,) = [t for t, n in names.items() if n == "relu_mask"]
+    assert m.dtype == "bool" and m.dims == xs and m.strides == (256, 1, 64, 16)
+    g.lower()
+
+    bviews = _bn_views(xs, typestr, dy="data", dx="data", y="data", scale="p", saved_mean="p", saved_inv_std="p",
+                       dscale="p", dbias="p")  # fmt: skip
+    bviews["relu_mask"] = mask
+    bkw = {"activation": "relu"}
+    rb = nm.BATCH_NORM_BACKWARD.resolve({k: v for k, v in bviews.items() if k != "dx"}, bkw)
+    assert rb.mask and nm._bn_graph_refuses(rb, bkw) is None
+    cb = Call(None, bviews, rb, extra={"graph_alignment": 16})
+    g, names = nm._bn_graph_bwd_build(cb)
+    assert [n.kind for n in g.nodes()] == ["pointwise", "norm_bwd"]
+    (m,) = [t for t, n in names.items() if n == "relu_mask"]
+    assert m.dtype == "bool" and m.dims == xs
+    assert "y" not in names.values()
+    g.lower()
+
+
+@pytest.mark.parametrize(
+    "fwd_kw, xs, msg",
+    [
+        ({"activation": "relu", "return_mask": True}, (2, 12, 4, 4), "C is a multiple of 8"),
+        ({"return_mask": True}, (2, 16, 4, 4), "pass activation='relu'"),
+        ({"activation": "relu", "return_mask": "yes"}, (2, 16, 4, 4), "return_mask must be a bool"),
+    ],
+)
+def test_batch_norm_relu_mask_refusals(fwd_kw, xs, msg):
+    views = _bn_views(xs, "<f2", scale="p", bias="p")
+    with pytest.raises((ValueError, TypeError), match=msg):
+        nm.BATCH_NORM_FORWARD.resolve(views, fwd_kw)
+
+
+def test_batch_norm_backward_relu_mask_refusals():
+    from cudnnkit.runtime import as_view
+
+    from .conftest import FakeCAI
+
+    xs = (2, 16, 4, 4)
+    base = _bn_views(xs, "<f2", dy="data", y="data", scale="p", saved_mean="p", saved_inv_std="p")
+    good = as_view(FakeCAI((2, 4, 4, 2), "|u1"), "relu_mask")
+    no_y = {k: v for k, v in base.items() if k != "y"}
+    with pytest.raises(ValueError, match="relu_mask= .* pass activation='relu'"):
+        nm.BATCH_NORM_BACKWARD.resolve({**no_y, "relu_mask": good}, {})
+    wrong = as_view(FakeCAI((2, 16, 4, 4), "|u1"), "relu_mask")
+    with pytest.raises(ValueError, match=r"relu_mask must be the forward's uint8 mask of shape \(2, 4, 4, 2\)"):
+        nm.BATCH_NORM_BACKWARD.resolve({**base, "relu_mask": wrong}, {"activation": "relu"})

@@ -3085,6 +3085,7 @@ _BN_BWD_ROLES = {
     "bias": _pin(required=False),
     "reserve": Role("in", ("uint8",), None, fixed_dtype=True, required=False),
     "dz": Role("inout", F, required=False),
+    "relu_mask": Role("in", ("uint8",), None, fixed_dtype=True, required=False),  # the forward's return_mask=True
     "dx": _out(),
 }
 _GF = ("float16", "bfloat16", "float32")

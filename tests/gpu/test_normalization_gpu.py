@@ -342,3 +342,37 @@ def test_batch_norm_graph_and_legacy_paths_agree(xp, dtype, shape):
     for i, (a, g, w) in enumerate(zip(got["graph"], got["legacy"], want)):
         assert rel(a, w) < tol * 4, i
         assert rel(a, g) < tol * 4, i
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_relu_mask_forward_and_backward(xp, dtype):
+    """``batch_norm_forward(activation="relu", return_mask=True)`` on channels-last arrays: the graph path, the
+    mask bit-packed (channel c of a pixel in bit c % 8 of byte c // 8; set exactly where y > 0); the backward given
+    ``relu_mask=`` runs one graph (MUL(dy, mask) -> NORM_BACKWARD) and matches the float64 reference of
+    ``dy * (y > 0)`` through batch norm, also when repeated (an express hit); under ``prefer="legacy"`` the forward
+    refuses the mask by name."""
+    from cudnnkit import settings
+
+    rng = np.random.default_rng(31)
+    shape, c = (8, 16, 5, 6), 16
+    x = seen(rng.standard_normal(shape) * 2 + 0.5, dtype)
+    dy = seen(rng.standard_normal(shape), dtype)
+    s, b = rng.standard_normal(c), rng.standard_normal(c)
+    xd, dyd = dev(xp, x, dtype, "nhwc"), dev(xp, dy, dtype, "nhwc")
+    sd, bd = dev(xp, s, "float32"), dev(xp, b, "float32")
+    y, sm, si, reserve, mask = ops.batch_norm_forward(xd, sd, bd, activation="relu", return_mask=True)
+    assert ops.last_path() == ("batch_norm_forward", "graph") and reserve is None
+    y_bn, mean, inv = ref.bn_forward(x, s, b)[:3]
+    tol = TOL[dtype] * 4
+    assert rel(host(xp, y), np.maximum(y_bn, 0)) < tol
+    bits = np.unpackbits(host(xp, mask).astype(np.uint8), axis=-1, bitorder="little").transpose(0, 3, 1, 2)
+    active = host(xp, y) > 0
+    assert tuple(mask.shape) == (8, 5, 6, 2) and np.array_equal(bits.astype(bool), active)
+    dx_w, ds_w, db_w = ref.bn_backward(dy * active, x, s, mean, inv)
+    for _ in range(2):
+        got = ops.batch_norm_backward(dyd, xd, sd, sm, si, activation="relu", y=y, relu_mask=mask)
+        assert ops.last_path() == ("batch_norm_backward", "graph")
+        assert rel(host(xp, got[0]), dx_w) < tol * 4
+        assert rel(host(xp, got[1]), ds_w) < tol * 4 and rel(host(xp, got[2]), db_w) < tol * 4
+    with settings(prefer="legacy"), pytest.raises(ValueError, match="return_mask=True"):
+        ops.batch_norm_forward(xd, sd, bd, activation="relu", return_mask=True)

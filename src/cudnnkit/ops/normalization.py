@@ -227,6 +227,7 @@ class _BN(NamedTuple):
     act: bool = False  #: fused ReLU (CUDNN_BATCHNORM_OPS_BN_ACTIVATION)
     z: bool = False  #: fused residual add before it (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
     reserve: bool = False  #: the backward has the fused forward's reserve (the Ex call), else the unfused steps
+    mask: bool = False  #: the forward returns the ReLU's bit-packed mask / the backward reads it (the graph)
 
 
 def _set_bn_param(ptr: int, dtype: str, shape: tuple[int, ...], mode: str) -> None:
@@ -284,8 +285,24 @@ def _bn_fwd_resolve(views: Any, kw: Any) -> _BN:
                          f"({'per element of (C, *spatial)' if mode == 'per_activation' else 'over N and spatial'})")  # fmt: skip
     lay = layout_of(vx) or "nchw"
     act, z = _fused(views, kw, vx)
+    mask = as_bool(kw.get("return_mask", False), "return_mask")
+    if mask:
+        _mask_shape(vx.shape, "return_mask=True")
+        if not act or z or not training:
+            raise ValueError("return_mask=True is the fused ReLU's mask in training: pass activation='relu', "
+                             "training=True and no z")  # fmt: skip
     return _BN(vx.dtype, pdt, mode, training, rm is not None, float(momentum), eps, vx.shape, p_shape, lay,
-               vx.size == 0, act, z)  # fmt: skip
+               vx.size == 0, act, z, mask=mask)  # fmt: skip
+
+
+def _mask_shape(x_shape: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """The uint8 array ``(N, H, W, C // 8)`` holding the ReLU's bit-packed mask of a 4-d ``x`` (a channels-last
+    BOOLEAN tensor: channel c of a pixel in bit c % 8 of byte c // 8), checked: C a multiple of 8."""
+    if len(x_shape) != 4 or x_shape[1] % 8:
+        raise ValueError(f"{what}: the ReLU's bit-packed mask is for a 4-d x whose C is a multiple of 8 (a byte "
+                         f"holds 8 channels of a pixel), got x of shape {x_shape}")  # fmt: skip
+    n, c, h, w = x_shape
+    return (n, h, w, c // 8)
 
 
 def _fused(views: Any, kw: Any, vx: Any) -> tuple[bool, bool]:
@@ -343,8 +360,17 @@ def _bn_bwd_resolve(views: Any, kw: Any) -> _BN:
             raise ValueError(f"dz must have x's shape {vx.shape} and dtype {vx.dtype}, got {vdz.shape} {vdz.dtype}")
         if layout_of(vdz) is None:
             raise ValueError(f"dz must be dense channels-first or channels-last, got strides {vdz.strides}")
+    vm = views.get("relu_mask")
+    if vm is not None:
+        want = _mask_shape(vx.shape, "relu_mask")
+        if act is None or vr is not None or z_grad:
+            raise ValueError("relu_mask= (the graph forward's return_mask=True) is for the fused ReLU's backward "
+                             "without a reserve or z_grad: pass activation='relu' and y=")  # fmt: skip
+        if vm.dtype != "uint8" or vm.shape != want:
+            raise ValueError(f"relu_mask must be the forward's uint8 mask of shape {want}, got {vm.dtype} "
+                             f"{vm.shape}")  # fmt: skip
     return _BN(vx.dtype, pdt, mode, True, False, 0.0, eps, vx.shape, p_shape, layout_of(vx) or "nchw", False,
-               act is not None, z_grad, vr is not None)  # fmt: skip
+               act is not None, z_grad, vr is not None, mask=vm is not None)  # fmt: skip
 
 
 def _bn_desc(v: Any, lay: str) -> Any:
@@ -596,6 +622,12 @@ def _bn_graph_refuses(r: _BN, kw: Any) -> str | None:
     return None
 
 
+def _bn_fwd_legacy_refuses(r: _BN) -> str | None:
+    """Why the legacy forward does not take a resolved call: the ReLU's bit-packed mask, which only the graph
+    writes. (The legacy backward takes a call given one: it runs the ReLU's gradient from y, the mask unread.)"""
+    return "return_mask=True (the ReLU's bit-packed mask: the graph writes it)" if r.mask else None
+
+
 def _bn_auto(r: _BN, kw: Any) -> tuple[str, str]:
     """The path under ``prefer="auto"`` when both forms take a call: the graph (see the section comment)."""
     return "graph", "the batch-norm graph: measured faster than the Ex calls (host and GPU)"
@@ -613,6 +645,9 @@ def _bn_graph_fwd_prepare(c: Call) -> None:
     _stat(c, "saved_mean", r.p_shape, r.pdtype)
     _stat(c, "saved_inv_std", r.p_shape, r.pdtype)
     c.extra["reserve"] = None  # no reserve: the backward of a fused forward takes the ReLU's gradient from y
+    if r.mask:  # a new array each call, returned (an express hit allocates it anew: _graphform._fresh_extras)
+        c.extra["relu_mask"], c.views["relu_mask"] = c.launch.empty(_mask_shape(r.x_shape, "x"), "uint8",
+                                                                    name="relu_mask")  # fmt: skip
 
 
 def _bn_graph_fwd_build(c: Call) -> tuple[Any, dict]:
@@ -632,6 +667,9 @@ def _bn_graph_fwd_build(c: Call) -> tuple[Any, dict]:
     if r.act:
         y = b.g.pointwise("RELU_FWD", y)
     b.output(y, "y", r.dtype, v["y"].strides)
+    if r.mask:  # cudnn-frontend's BN_RELU: CMP_GT(relu_out, 0), a bit-packed channels-last BOOLEAN output
+        m = b.g.pointwise("CMP_GT", y, b.g.scalar(0.0), dtype="bool", name="relu_mask")
+        b.output(m, "relu_mask", "bool", channels_last_strides(r.x_shape))
     stat = (c_, 1, 1, 1)
     b.output(res.mean, "saved_mean", "float32", stat)
     b.output(res.inv_variance, "saved_inv_std", "float32", stat)
@@ -647,7 +685,7 @@ def _bn_graph_bwd_prepare(c: Call) -> None:
     vdb = _stat(c, "dbias", r.p_shape, r.pdtype)
     channels_last_output(c, "dx")
     c.views["x"], c.views["dy"] = _in_layout(c, "x", "nhwc"), _in_layout(c, "dy", "nhwc")
-    if r.act:  # the ReLU's (and residual's) gradient from y first: the graph's dy
+    if r.act and not r.mask:  # the ReLU's (and residual's) gradient from y first: the graph's dy
         pd = bn_param_descriptor(r.dtype, _bn_rank(r.x_shape), r.mode)
         c.views["dy"] = _fused_backward(c, "nhwc", c.views["x"], c.views["dy"], c.views["dx"], pd, vds, vdb)
 
@@ -660,6 +698,9 @@ def _bn_graph_bwd_build(c: Call) -> tuple[Any, dict]:
     c_ = r.x_shape[1]
     s = _bn_param_tensor(b, "scale", c_)
     m, iv = _bn_param_tensor(b, "saved_mean", c_), _bn_param_tensor(b, "saved_inv_std", c_)
+    if r.mask:  # cudnn-frontend's DRELU_DBN: MUL(dy, mask) feeds NORM_BACKWARD (RELU_BWD from y has no engine)
+        mask = b.tensor("relu_mask", r.x_shape, channels_last_strides(r.x_shape), "bool")
+        dy = b.g.pointwise("MUL", dy, mask)
     res = b.g.norm_backward("batch", x, dy, s, mean=m, inv_variance=iv)
     stat = (c_, 1, 1, 1)
     b.output(res.dx, "dx", r.dtype, v["dx"].strides)
@@ -695,13 +736,14 @@ BATCH_NORM_FORWARD = register(
         legacy=_bn_fwd_call,
         graph=graph_form(_bn_graph_fwd_build, _bn_graph_fwd_prepare),
         graph_refuses=_bn_graph_refuses,
+        legacy_refuses=_bn_fwd_legacy_refuses,
         auto=_bn_auto,
-        extras=("saved_mean", "saved_inv_std", "reserve"),
+        extras=("saved_mean", "saved_inv_std", "reserve", "relu_mask"),
         empty=lambda r: False,
         family="batch_norm",
         differentiable=("x", "scale", "bias", "z"),
-        # the fused ReLU's backward also reads y, bias and the reserve
-        residuals=("x", "scale", "saved_mean", "saved_inv_std", "reserve", "bias", "y"),
+        # the fused ReLU's backward also reads y, bias and the reserve (or the graph's bit-packed ReLU mask)
+        residuals=("x", "scale", "saved_mean", "saved_inv_std", "reserve", "bias", "y", "relu_mask"),
         backward="batch_norm_backward",
     )
 )
@@ -720,6 +762,7 @@ BATCH_NORM_BACKWARD = register(
             _p("bias", optional=True),
             Operand("reserve", ("uint8",), optional=True),
             Operand("dz", _DTYPES, optional=True, flags=WRITTEN),
+            Operand("relu_mask", ("uint8",), optional=True, packed=True),
         ),  # fmt: skip
         outputs=(Output("dx", shape=lambda r: r.x_shape, strides=lambda r: _new_strides(r.x_shape, r.lay)),),
         resolve=_bn_bwd_resolve,
@@ -747,6 +790,7 @@ def batch_norm_forward(
     mode: str = "spatial",
     z: Any = None,
     activation: str | None = None,
+    return_mask: bool = False,
     out: Any = None,
     stream: Any = None,
 ) -> Any:
@@ -791,13 +835,19 @@ def batch_norm_forward(
             inputs) or ``"per_activation"``.
         z: a residual of ``x``'s shape and dtype added before the ReLU (needs ``activation="relu"``).
         activation: None or ``"relu"`` (fused after the norm).
+        return_mask: also return the ReLU's mask, bit-packed (cudnn-frontend's BN_RELU pattern: the graph's
+            ``CMP_GT`` of the ReLU's output as a channels-last BOOLEAN output): a new uint8 array ``(N, H, W, C //
+            8)``, channel ``c`` of pixel ``(n, h, w)`` in bit ``c % 8`` of byte ``c // 8``, which
+            :func:`batch_norm_backward` takes as ``relu_mask=``. Training, ``activation="relu"``, no ``z``, a 4-d
+            ``x`` with C a multiple of 8, on the graph path (channels-last; the legacy calls refuse it by name).
         out: training: ``(y, saved_mean, saved_inv_std)``, each an array to write or None; inference: ``y`` or
             None. A ``y`` dense channels-first or channels-last; statistics C-contiguous.
         stream: the stream to run on; None: the library's current stream.
 
     Returns:
         Training: ``(y, saved_mean, saved_inv_std)``, with ``activation`` ``(y, saved_mean, saved_inv_std,
-        reserve)`` (``reserve`` a uint8 array or None); inference: ``y``. ``y`` has ``x``'s shape, dtype and layout,
+        reserve)`` (``reserve`` a uint8 array or None), and ``relu_mask`` after them with ``return_mask=True``;
+        inference: ``y``. ``y`` has ``x``'s shape, dtype and layout,
         the statistics ``scale``'s shape and dtype.
 
     Raises:
@@ -823,11 +873,14 @@ def batch_norm_forward(
         y, sm, si = out, None, None
     arrays = {"x": x, "scale": scale, "bias": bias, "running_mean": running_mean, "running_var": running_var,
               "saved_mean": sm, "saved_inv_std": si, "z": z}  # fmt: skip
+    kw = dict(return_mask=True) if return_mask is not False else {}  # the keyword only when given: express keys
     res = run(BATCH_NORM_FORWARD, arrays, stream=stream, y=y, training=training, momentum=momentum,
-              epsilon=epsilon, mode=mode, activation=activation)  # fmt: skip
+              epsilon=epsilon, mode=mode, activation=activation, **kw)  # fmt: skip
     if not training:
         return res[0]
-    return res if activation is not None else res[:3]
+    if kw:
+        return res
+    return res[:4] if activation is not None else res[:3]
 
 
 def batch_norm_backward(
@@ -844,6 +897,7 @@ def batch_norm_backward(
     bias: Any = None,
     reserve: Any = None,
     z_grad: bool = False,
+    relu_mask: Any = None,
     out: Any = None,
     stream: Any = None,
 ) -> tuple[Any, ...]:
@@ -873,6 +927,9 @@ def batch_norm_backward(
         bias: the forward's ``bias``, needed with ``reserve`` (cuDNN reads it).
         reserve: the fused forward's ``reserve`` (1-d uint8) when it returned one; None otherwise.
         z_grad: also return the residual's gradient ``dz`` (a fused forward with ``z``).
+        relu_mask: the forward's bit-packed ReLU mask (``return_mask=True``), with ``activation="relu"`` and
+            ``y``: the graph then computes the ReLU's gradient as ``MUL(dy, mask)`` feeding ``NORM_BACKWARD``
+            (cudnn-frontend's DRELU_DBN) in one graph; the legacy calls take the ReLU's gradient from ``y``.
         out: ``(dx, dscale, dbias)`` (and ``dz`` with ``z_grad``), each an array to write or None.
         stream: the stream to run on; None: the library's current stream.
 
@@ -894,7 +951,7 @@ def batch_norm_backward(
     dx, ds, db = got[:3]
     arrays = {"dy": dy, "x": x, "scale": scale, "saved_mean": saved_mean, "saved_inv_std": saved_inv_std,
               "dscale": ds, "dbias": db, "y": y, "bias": bias, "reserve": reserve,
-              "dz": got[3] if len(got) == 4 else None}  # fmt: skip
+              "dz": got[3] if len(got) == 4 else None, "relu_mask": relu_mask}  # fmt: skip
     res = run(BATCH_NORM_BACKWARD, arrays, stream=stream, dx=dx, epsilon=epsilon, mode=mode, activation=activation,
               z_grad=z_grad)  # fmt: skip
     return res if z_grad is True else res[:3]

@@ -306,6 +306,42 @@ def test_a_predicted_reserve_that_did_not_come_back_is_an_error(fakes, monkeypat
     with cudnnkit.settings(prefer="legacy"), pytest.raises(RuntimeError, match="reserve"):  # the Ex call's reserve
         N._bn_l3_forward(x, s, b, activation="relu")
     y32 = x.astype(np.float32)  # float32: no reserve kept, whatever the call made
-    monkeypatch.setattr(N, "batch_norm_forward", lambda *a, **k: (y32, s, s, np.zeros(64, np.uint8)))
+    mask = np.zeros((2, 3, 3, 1), np.uint8)  # channels-last float32 with C = 8: the graph's ReLU mask is kept
+    monkeypatch.setattr(N, "batch_norm_forward", lambda *a, **k: (y32, s, s, np.zeros(64, np.uint8))
+                        + ((mask,) if k.get("return_mask") else ()))  # fmt: skip
     _, res = N._bn_l3_forward(y32, s, b, activation="relu")
+    assert list(res) == ["x", "scale", "saved_mean", "saved_inv_std", "y", "relu_mask"] and res["relu_mask"] is mask
+    with cudnnkit.settings(prefer="legacy"):  # the legacy forward: no mask asked for
+        _, res = N._bn_l3_forward(y32, s, b, activation="relu")
     assert list(res) == ["x", "scale", "saved_mean", "saved_inv_std", "y"]
+
+
+def test_meta_predicts_the_graph_relu_mask():
+    """With its ReLU fused, the training batch norm keeps the graph's bit-packed ReLU mask (uint8 ``(N, H, W, C //
+    8)``) for a one-graph backward exactly where the graph form runs the forward and C is a multiple of 8: meta's
+    residuals say so, and not for channels-first arrays, another C, a residual z, inference or
+    ``settings(prefer="legacy")``."""
+    import cudnnkit
+
+    def nhwc(shape, dtype="float16"):
+        n, c, h, w = shape
+        return Spec(shape, (c * h * w, 1, w * c, c), dtype)
+
+    p = Spec((16,), (1,), "float32")
+    _, res = N._bn_l3_meta(nhwc((2, 16, 3, 5)), p, p, activation="relu")
+    assert list(res)[-1] == "relu_mask" and res["relu_mask"] == Spec((2, 3, 5, 2), (30, 10, 2, 1), "uint8")
+    _, res = N._bn_l3_meta(nhwc((2, 16, 3, 5), "float32"), p, p, activation="relu")
+    assert "relu_mask" in res
+    for args, kw in [
+        ((S((2, 16, 3, 5), "float16"),), {}),  # channels-first
+        ((nhwc((2, 12, 3, 5)),), {}),  # C % 8 != 0
+        ((nhwc((2, 16, 3, 5)),), {"z": nhwc((2, 16, 3, 5))}),  # the residual: DRELU_DADD_DBN is not built
+        ((nhwc((2, 16, 3, 5)),), {"activation": None}),
+    ]:
+        c = args[0].shape[1]
+        pc = Spec((c,), (1,), "float32")
+        _, res = N._bn_l3_meta(*args, pc, pc, **({"activation": "relu"} | kw))
+        assert "relu_mask" not in res, (args, kw)
+    with cudnnkit.settings(prefer="legacy"):  # float32: no fused reserve either (float16 would ask cuDNN its size)
+        _, res = N._bn_l3_meta(nhwc((2, 16, 3, 5), "float32"), p, p, activation="relu")
+    assert "relu_mask" not in res

@@ -376,3 +376,37 @@ def test_relu_mask_forward_and_backward(xp, dtype):
         assert rel(host(xp, got[1]), ds_w) < tol * 4 and rel(host(xp, got[2]), db_w) < tol * 4
     with settings(prefer="legacy"), pytest.raises(ValueError, match="return_mask=True"):
         ops.batch_norm_forward(xd, sd, bd, activation="relu", return_mask=True)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_differentiable_fused_relu_backward_reads_the_mask(xp, dtype, monkeypatch):
+    """The differentiable batch norm with its ReLU fused, channels-last, C a multiple of 8: the forward keeps the
+    graph's bit-packed ReLU mask, and the backward is one DRELU_DBN graph (no ``activation_backward`` call: made to
+    fail here), matching the float64 reference of ``dy * (y > 0)`` through batch norm."""
+    from cudnnkit import autograd
+    from cudnnkit.ops import normalization as N
+
+    rng = np.random.default_rng(37)
+    shape, c = (16, 32, 6, 5), 32
+    x = seen(rng.standard_normal(shape) * 2 + 0.5, dtype)
+    dy = seen(rng.standard_normal(shape), dtype)
+    s, b = rng.standard_normal(c), rng.standard_normal(c)
+    xd, dyd = dev(xp, x, dtype, "nhwc"), dev(xp, dy, dtype, "nhwc")
+    sd, bd = dev(xp, s, "float32"), dev(xp, b, "float32")
+    bn = autograd.get("batch_norm")
+    (y,), res = bn.forward(xd, sd, bd, activation="relu")
+    assert res.get("reserve") is None and tuple(res["relu_mask"].shape) == (16, 6, 5, 4)
+    y_bn, mean, inv = ref.bn_forward(x, s, b)[:3]
+    assert rel(host(xp, y), np.maximum(y_bn, 0)) < TOL[dtype] * 4
+    active = host(xp, y) > 0
+    dx_w, ds_w, db_w = ref.bn_backward(dy * active, x, s, mean, inv)
+
+    def no_relu_backward(*a, **k):
+        raise AssertionError("the backward made a separate activation_backward call")
+
+    monkeypatch.setattr(N, "activation_backward", no_relu_backward)
+    got = bn.backward(res, (dyd,), (True, True, True, False), activation="relu")
+    assert ops.last_path() == ("batch_norm_backward", "graph") and got[3] is None
+    tol = TOL[dtype] * 8
+    assert rel(host(xp, got[0]), dx_w) < tol
+    assert rel(host(xp, got[1]), ds_w) < tol and rel(host(xp, got[2]), db_w) < tol

@@ -607,18 +607,23 @@ _BN_GRAPH_DTYPES = ("float16", "bfloat16", "float32")
 
 def _bn_graph_refuses(r: _BN, kw: Any) -> str | None:
     """Why the batch-norm graph form does not take a resolved call (None: it does)."""
-    if r.dtype not in _BN_GRAPH_DTYPES:
-        return f"{r.dtype} (the graph form is for float16, bfloat16 and float32)"
     if not r.training:
         return "inference (cuDNN 9.19 has no engine for a lone batch-norm inference graph)"
-    if r.mode == "per_activation":
-        return "mode='per_activation'"
     if r.empty:
         return "an empty batch"
-    if len(r.x_shape) != 4 or r.lay != "nhwc":
-        return "not a 4-d channels-last x (the graph form is measured for NHWC)"
     if r.reserve:
         return "the fused forward's reserve (the Ex backward reads it)"
+    return _bn_graph_shape_refuses(r.dtype, r.x_shape, r.lay, r.mode)
+
+
+def _bn_graph_shape_refuses(dtype: str, x_shape: tuple[int, ...], lay: str | None, mode: str) -> str | None:
+    """The part of :func:`_bn_graph_refuses` that x's dtype, shape and layout and the mode decide."""
+    if dtype not in _BN_GRAPH_DTYPES:
+        return f"{dtype} (the graph form is for float16, bfloat16 and float32)"
+    if mode == "per_activation":
+        return "mode='per_activation'"
+    if len(x_shape) != 4 or lay != "nhwc":
+        return "not a 4-d channels-last x (the graph form is measured for NHWC)"
     return None
 
 
@@ -1533,11 +1538,20 @@ def _bn_reserve(r: _BN, lay: str) -> Spec | None:
     return None if sizes is None else Spec((max(sizes[1].value, 1),), (1,), "uint8")
 
 
-def _bn_res_names(training: bool, act: bool, reserve: bool, z: bool) -> tuple[str, ...]:
+def _bn_res_names(training: bool, act: bool, reserve: bool, z: bool, mask: bool = False) -> tuple[str, ...]:
     """The L3 batch norm's residuals, in order (``"z"``, the input itself, says that a residual was added)."""
     stats = ("saved_mean", "saved_inv_std") if training else ("mean", "var")
     names = ("x", "scale", *stats) + (("y",) if act else ()) + (("bias", "reserve") if reserve else ())
-    return names + (("z",) if z else ())
+    return names + (("relu_mask",) if mask else ()) + (("z",) if z else ())
+
+
+def _mask_fusable(dtype: str, lay: str | None, x_shape: tuple[int, ...], mode: str) -> bool:
+    """Where the L3 batch norm with its ReLU fused (training, no residual z) keeps the graph's bit-packed ReLU mask
+    (``return_mask=True``) for a one-graph backward (DRELU_DBN): where the graph form runs the forward (4-d
+    channels-last float16/bfloat16/float32, not per-activation, not under ``settings(prefer="legacy")``) and C is
+    a multiple of 8 (a byte holds 8 channels). Meta predicts it with the same test."""
+    return (current_settings().prefer != "legacy" and _bn_graph_shape_refuses(dtype, x_shape, lay, mode) is None
+            and x_shape[1] % 8 == 0)  # fmt: skip
 
 
 def _bn_l3_resolve(specs: dict[str, Spec | None], kw: dict) -> tuple[_BN, Spec]:
@@ -1553,8 +1567,15 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
                    running_var: Any = None, training: bool = True, momentum: float = 0.1, epsilon: float = 1e-5,
                    mode: str = "spatial", activation: str | None = None) -> tuple[tuple, dict]:  # fmt: skip
     training = as_bool(training, "training")
+    want_mask = False
+    if activation is not None and training and z is None:  # the graph's ReLU mask, for a one-graph backward
+        from ..runtime.arrays import as_view
+
+        vx = as_view(x, "x")
+        want_mask = _mask_fusable(vx.dtype, layout_of(vx), tuple(vx.shape), mode)
     got = batch_norm_forward(x, scale, bias, running_mean=running_mean, running_var=running_var, training=training,
-                             momentum=momentum, epsilon=epsilon, mode=mode, z=z, activation=activation)  # fmt: skip
+                             momentum=momentum, epsilon=epsilon, mode=mode, z=z, activation=activation,
+                             **({"return_mask": True} if want_mask else {}))  # fmt: skip
     act = activation is not None
     if not training:  # copies: the running statistics are the caller's, and may change before the backward
         vals = {"x": x, "scale": scale, "mean": transform_tensor(running_mean), "var": transform_tensor(running_var),
@@ -1562,6 +1583,7 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
         return (got,), {k: vals[k] for k in _bn_res_names(False, act, False, z is not None)}
     y, sm, si, *rest = got
     reserve = rest[0] if rest else None
+    mask = rest[1] if want_mask else None
     if act:
         from ..runtime.arrays import as_view
 
@@ -1577,8 +1599,8 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
                                    "refused it, so there is no reserve where meta said there is one; pass "
                                    "activation=None and apply the ReLU separately")  # fmt: skip
     vals = {"x": x, "scale": scale, "saved_mean": sm, "saved_inv_std": si, "y": y, "bias": bias, "reserve": reserve,
-            "z": z}  # fmt: skip
-    return (y,), {k: vals[k] for k in _bn_res_names(True, act, reserve is not None, z is not None)}
+            "z": z, "relu_mask": mask}  # fmt: skip
+    return (y,), {k: vals[k] for k in _bn_res_names(True, act, reserve is not None, z is not None, want_mask)}
 
 
 def _bn_l3_meta(x: Spec, scale: Spec, bias: Spec, z: Spec | None = None, *, running_mean: Spec | None = None,
@@ -1589,10 +1611,13 @@ def _bn_l3_meta(x: Spec, scale: Spec, bias: Spec, z: Spec | None = None, *, runn
     kw = dict(training=training, momentum=momentum, epsilon=epsilon, mode=mode, activation=activation)
     r, y = _bn_l3_resolve(specs, kw)
     stat = _packed_spec(r.p_shape, r.pdtype)
-    reserve = _bn_reserve(r, layout_of(spec_view(y)) or "nchw")
+    lay = layout_of(spec_view(y)) or "nchw"
+    reserve = _bn_reserve(r, lay)
+    mask = r.act and r.training and not r.z and _mask_fusable(r.dtype, layout_of(spec_view(x)), r.x_shape, r.mode)
+    mspec = _packed_spec(_mask_shape(r.x_shape, "x"), "uint8") if mask else None
     vals = {"x": x, "scale": scale, "saved_mean": stat, "saved_inv_std": stat, "mean": stat, "var": stat, "y": y,
-            "bias": bias, "reserve": reserve, "z": z}  # fmt: skip
-    return (y,), {k: vals[k] for k in _bn_res_names(r.training, r.act, reserve is not None, r.z)}
+            "bias": bias, "reserve": reserve, "z": z, "relu_mask": mspec}  # fmt: skip
+    return (y,), {k: vals[k] for k in _bn_res_names(r.training, r.act, reserve is not None, r.z, mask)}
 
 
 def _bn_l3_backward(res: dict, douts: tuple, needs: tuple, *, training: bool = True, epsilon: float = 1e-5,
@@ -1602,6 +1627,11 @@ def _bn_l3_backward(res: dict, douts: tuple, needs: tuple, *, training: bool = T
         return (None,) * 4
     z = "z" in res
     if as_bool(training, "training"):
+        if res.get("relu_mask") is not None:  # the graph forward's bit-packed ReLU mask: one DRELU_DBN graph
+            got = batch_norm_backward(dy, res["x"], res["scale"], res["saved_mean"], res["saved_inv_std"],
+                                      epsilon=epsilon, mode=mode, activation=activation, y=res["y"],
+                                      relu_mask=res["relu_mask"])  # fmt: skip
+            return _needed((*got[:3], None), needs)
         if activation is not None and res.get("reserve") is None:
             # the forward kept no reserve (its graph fused the ReLU): the ReLU's gradient from y, then the plain
             # backward, as two L2 calls (cudnnActivationBackward, then the graph's or the legacy backward: on the

@@ -246,7 +246,9 @@ def test_batch_norm_relu_mask_is_bit_packed_and_feeds_the_backward(xp, dtype):
     mask ``CMP_GT(relu_out, 0)`` as a channels-last boolean output, bit-packed (channel c of a pixel in bit c % 8 of
     byte c // 8: bound as a uint8 ``(N, H, W, C // 8)`` array, poisoned first); the backward graph ``MUL(dy, mask)
     -> NORM_BACKWARD`` gives the ReLU's and the norm's gradients in one graph, against the float64 reference of
-    ``dy * (y > 0)`` through batch norm. float32 measured on the H100 with cuDNN 9.19 (y 6.7e-8, dx 6.1e-8)."""
+    ``dy * (y > 0)`` through batch norm. y and the product are in x's dtype, as cudnn-frontend's patterns have them
+    (float32 ones beside a bfloat16 x have no engine in cuDNN 9.19). float32 measured on the H100 with cuDNN 9.19
+    (y 6.7e-8, dx 6.1e-8)."""
     rng = np.random.default_rng(16)
     n, c, h, w, eps = 8, 32, 6, 5, 1e-5
     tol = 1e-5 if dtype == "float32" else HALF_TOL
@@ -258,7 +260,7 @@ def test_batch_norm_relu_mask_is_bit_packed_and_feeds_the_backward(xp, dtype):
     s, b = (g.tensor((1, c, 1, 1), name=nm) for nm in ("scale", "bias"))
     r = g.norm_forward("batch", x, s, b, epsilon=eps)
     relu = g.pointwise("RELU_FWD", r.y)
-    y = g.mark_output(relu)
+    y = g.mark_output(relu, dtype)  # in x's dtype: a float32 y beside a bfloat16 x has no engine
     mask = g.mark_output(g.pointwise("CMP_GT", relu, g.scalar(0.0), dtype="bool", name="mask"), "bool",
                          strides=NHWC(n, c, h, w))  # fmt: skip
     mean, inv = g.mark_output(r.mean), g.mark_output(r.inv_variance)
@@ -278,7 +280,7 @@ def test_batch_norm_relu_mask_is_bit_packed_and_feeds_the_backward(xp, dtype):
     x2, dy = (g2.tensor((n, c, h, w), NHWC(n, c, h, w), dtype, name=nm) for nm in ("x", "dy"))
     m2 = g2.tensor((n, c, h, w), NHWC(n, c, h, w), "bool", name="mask")
     s2, mu, iv = (g2.tensor((1, c, 1, 1), name=nm) for nm in ("scale", "mean", "inv"))
-    rb = g2.norm_backward("batch", x2, g2.pointwise("MUL", dy, m2), s2, mean=mu, inv_variance=iv)
+    rb = g2.norm_backward("batch", x2, g2.pointwise("MUL", dy, m2, dtype=dtype), s2, mean=mu, inv_variance=iv)
     dxt, dst, dbt = marked = [g2.mark_output(t) for t in rb]
     outs2 = {t: nan_like(xp, t) for t in marked}
     g2.execute({x2: put(xp, a, x2), dy: put(xp, dya, dy), m2: bits, s2: put(xp, sa, s2), mu: outs[mean],

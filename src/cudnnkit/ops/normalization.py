@@ -703,9 +703,11 @@ def _bn_graph_bwd_build(c: Call) -> tuple[Any, dict]:
     c_ = r.x_shape[1]
     s = _bn_param_tensor(b, "scale", c_)
     m, iv = _bn_param_tensor(b, "saved_mean", c_), _bn_param_tensor(b, "saved_inv_std", c_)
-    if r.mask:  # cudnn-frontend's DRELU_DBN: MUL(dy, mask) feeds NORM_BACKWARD (RELU_BWD from y has no engine)
+    if r.mask:  # cudnn-frontend's DRELU_DBN: MUL(dy, mask) feeds NORM_BACKWARD (RELU_BWD from y has no engine);
+        # the product in x's dtype, as cudnn-frontend's pattern has it: a float32 product has no float16/bfloat16
+        # engine (cuDNN 9.19, H100)
         mask = b.tensor("relu_mask", r.x_shape, channels_last_strides(r.x_shape), "bool")
-        dy = b.g.pointwise("MUL", dy, mask)
+        dy = b.g.pointwise("MUL", dy, mask, dtype=r.dtype)
     res = b.g.norm_backward("batch", x, dy, s, mean=m, inv_variance=iv)
     stat = (c_, 1, 1, 1)
     b.output(res.dx, "dx", r.dtype, v["dx"].strides)

@@ -305,6 +305,7 @@ def test_a_predicted_reserve_that_did_not_come_back_is_an_error(fakes, monkeypat
 
     with cudnnkit.settings(prefer="legacy"), pytest.raises(RuntimeError, match="reserve"):  # the Ex call's reserve
         N._bn_l3_forward(x, s, b, activation="relu")
+    monkeypatch.setattr(N, "_MASK_MIN_ELEMENTS", 1)  # the mask at any size (it asks for 4M elements)
     y32 = x.astype(np.float32)  # float32: no reserve kept, whatever the call made
     mask = np.zeros((2, 3, 3, 1), np.uint8)  # channels-last float32 with C = 8: the graph's ReLU mask is kept
     monkeypatch.setattr(N, "batch_norm_forward", lambda *a, **k: (y32, s, s, np.zeros(64, np.uint8))
@@ -316,12 +317,26 @@ def test_a_predicted_reserve_that_did_not_come_back_is_an_error(fakes, monkeypat
     assert list(res) == ["x", "scale", "saved_mean", "saved_inv_std", "y"]
 
 
-def test_meta_predicts_the_graph_relu_mask():
+def test_meta_keeps_the_relu_mask_from_its_size_on():
+    """The mask costs device time below about 4M elements (measured): meta (and so the forward) keeps it from
+    ``_MASK_MIN_ELEMENTS`` elements on, not one element fewer."""
+    assert N._MASK_MIN_ELEMENTS == 1 << 22
+    p = Spec((64,), (1,), "float32")
+    for hw, want in [((32, 32), True), ((31, 32), False), ((16, 16), False)]:  # 64 * 64 * 32 * 32 == 1 << 22
+        h, w = hw
+        x = Spec((64, 64, h, w), (64 * h * w, 1, w * 64, 64), "bfloat16")
+        _, res = N._bn_l3_meta(x, p, p, activation="relu")
+        assert ("relu_mask" in res) == want, hw
+
+
+def test_meta_predicts_the_graph_relu_mask(monkeypatch):
     """With its ReLU fused, the training batch norm keeps the graph's bit-packed ReLU mask (uint8 ``(N, H, W, C //
     8)``) for a one-graph backward exactly where the graph form runs the forward and C is a multiple of 8: meta's
     residuals say so, and not for channels-first arrays, another C, a residual z, inference or
-    ``settings(prefer="legacy")``."""
+    ``settings(prefer="legacy")`` (the size floor lowered to 1 here: the previous test checks it)."""
     import cudnnkit
+
+    monkeypatch.setattr(N, "_MASK_MIN_ELEMENTS", 1)
 
     def nhwc(shape, dtype="float16"):
         n, c, h, w = shape

@@ -382,9 +382,12 @@ def test_relu_mask_forward_and_backward(xp, dtype):
 def test_differentiable_fused_relu_backward_reads_the_mask(xp, dtype, monkeypatch):
     """The differentiable batch norm with its ReLU fused, channels-last, C a multiple of 8: the forward keeps the
     graph's bit-packed ReLU mask, and the backward is one DRELU_DBN graph (no ``activation_backward`` call: made to
-    fail here), matching the float64 reference of ``dy * (y > 0)`` through batch norm."""
+    fail here), matching the float64 reference of ``dy * (y > 0)`` through batch norm. The size floor (4M
+    elements, where the mask starts to pay) is lowered to this small shape's."""
     from cudnnkit import autograd
     from cudnnkit.ops import normalization as N
+
+    monkeypatch.setattr(N, "_MASK_MIN_ELEMENTS", 1)
 
     rng = np.random.default_rng(37)
     shape, c = (16, 32, 6, 5), 32

@@ -344,6 +344,17 @@ def test_batch_norm_graph_and_legacy_paths_agree(xp, dtype, shape):
         assert rel(a, g) < tol * 4, i
 
 
+def _relu_mask_case(xp, dtype, shape, seed):
+    """Host arrays ``(x, dy, scale, bias)`` (x and dy rounded through ``dtype``; x shifted so that the ReLU passes
+    about half) and their device copies, x and dy channels-last, the parameters float32."""
+    rng = np.random.default_rng(seed)
+    x = seen(rng.standard_normal(shape) * 2 + 0.5, dtype)
+    dy = seen(rng.standard_normal(shape), dtype)
+    s, b = rng.standard_normal(shape[1]), rng.standard_normal(shape[1])
+    return (x, dy, s, b), (dev(xp, x, dtype, "nhwc"), dev(xp, dy, dtype, "nhwc"), dev(xp, s, "float32"),
+                           dev(xp, b, "float32"))  # fmt: skip
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_relu_mask_forward_and_backward(xp, dtype):
     """``batch_norm_forward(activation="relu", return_mask=True)`` on channels-last arrays: the graph path, the
@@ -353,13 +364,7 @@ def test_relu_mask_forward_and_backward(xp, dtype):
     refuses the mask by name."""
     from cudnnkit import settings
 
-    rng = np.random.default_rng(31)
-    shape, c = (8, 16, 5, 6), 16
-    x = seen(rng.standard_normal(shape) * 2 + 0.5, dtype)
-    dy = seen(rng.standard_normal(shape), dtype)
-    s, b = rng.standard_normal(c), rng.standard_normal(c)
-    xd, dyd = dev(xp, x, dtype, "nhwc"), dev(xp, dy, dtype, "nhwc")
-    sd, bd = dev(xp, s, "float32"), dev(xp, b, "float32")
+    (x, dy, s, b), (xd, dyd, sd, bd) = _relu_mask_case(xp, dtype, (8, 16, 5, 6), 31)
     y, sm, si, reserve, mask = ops.batch_norm_forward(xd, sd, bd, activation="relu", return_mask=True)
     assert ops.last_path() == ("batch_norm_forward", "graph") and reserve is None
     y_bn, mean, inv = ref.bn_forward(x, s, b)[:3]
@@ -389,13 +394,7 @@ def test_differentiable_fused_relu_backward_reads_the_mask(xp, dtype, monkeypatc
 
     monkeypatch.setattr(N, "_MASK_MIN_ELEMENTS", 1)
 
-    rng = np.random.default_rng(37)
-    shape, c = (16, 32, 6, 5), 32
-    x = seen(rng.standard_normal(shape) * 2 + 0.5, dtype)
-    dy = seen(rng.standard_normal(shape), dtype)
-    s, b = rng.standard_normal(c), rng.standard_normal(c)
-    xd, dyd = dev(xp, x, dtype, "nhwc"), dev(xp, dy, dtype, "nhwc")
-    sd, bd = dev(xp, s, "float32"), dev(xp, b, "float32")
+    (x, dy, s, b), (xd, dyd, sd, bd) = _relu_mask_case(xp, dtype, (16, 32, 6, 5), 37)
     bn = autograd.get("batch_norm")
     (y,), res = bn.forward(xd, sd, bd, activation="relu")
     assert res.get("reserve") is None and tuple(res["relu_mask"].shape) == (16, 6, 5, 4)

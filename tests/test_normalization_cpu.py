@@ -10,6 +10,7 @@ import pytest
 
 from cudnnkit import lib, ops
 from cudnnkit.ops import _primitive as P
+from cudnnkit.ops import layer_norm as lnm
 from cudnnkit.ops import normalization as nm
 
 from . import norm_reference as ref
@@ -368,15 +369,15 @@ def test_declarations():
 def test_graph_tensors_of_a_call():
     """Layer norm runs as cuDNN's (samples, features, 1, 1); instance norm keeps (N, C, *sp) with (1, C, 1, 1)
     parameters and (N, C, 1, 1) statistics."""
-    r = nm._GN("layer", "float16", True, 1e-5, (2, 3, 8), (8,), (2, 3, 1), 6, 8, "nchw")
-    assert nm._gdims(r, "x") == ((6, 8, 1, 1), (8, 1, 8, 8))
-    assert nm._gdims(r, "param") == ((1, 8, 1, 1), (8, 1, 8, 8))
-    assert nm._gdims(r, "stat") == ((6, 1, 1, 1), (1, 1, 1, 1))
-    r = nm._GN("instance", "float32", True, 1e-5, (4, 3, 5, 6), (3,), (4, 3), 4, 3, "nhwc")
-    assert nm._gdims(r, "x", "nhwc") == ((4, 3, 5, 6), (90, 1, 18, 3))
-    assert nm._gdims(r, "x", "nchw") == ((4, 3, 5, 6), (90, 30, 6, 1))
-    assert nm._gdims(r, "param") == ((1, 3, 1, 1), (3, 1, 3, 3))
-    assert nm._gdims(r, "stat") == ((4, 3, 1, 1), (3, 1, 3, 3))
+    r = lnm._GN("layer", "float16", True, 1e-5, (2, 3, 8), (8,), (2, 3, 1), 6, 8, "nchw")
+    assert lnm._gdims(r, "x") == ((6, 8, 1, 1), (8, 1, 8, 8))
+    assert lnm._gdims(r, "param") == ((1, 8, 1, 1), (8, 1, 8, 8))
+    assert lnm._gdims(r, "stat") == ((6, 1, 1, 1), (1, 1, 1, 1))
+    r = lnm._GN("instance", "float32", True, 1e-5, (4, 3, 5, 6), (3,), (4, 3), 4, 3, "nhwc")
+    assert lnm._gdims(r, "x", "nhwc") == ((4, 3, 5, 6), (90, 1, 18, 3))
+    assert lnm._gdims(r, "x", "nchw") == ((4, 3, 5, 6), (90, 30, 6, 1))
+    assert lnm._gdims(r, "param") == ((1, 3, 1, 1), (3, 1, 3, 3))
+    assert lnm._gdims(r, "stat") == ((4, 3, 1, 1), (3, 1, 3, 3))
 
 
 @pytest.mark.parametrize("mode", ["layer", "rms", "instance"])
@@ -389,9 +390,9 @@ def test_graph_builders_bind_every_tensor(mode):
     from .conftest import FakeCAI
 
     xs = (2, 3, 4, 5)
-    fwd, bwd = {"layer": (nm.LAYER_NORM_FORWARD, nm.LAYER_NORM_BACKWARD),
-                "rms": (nm.RMS_NORM_FORWARD, nm.RMS_NORM_BACKWARD),
-                "instance": (nm.INSTANCE_NORM_FORWARD, nm.INSTANCE_NORM_BACKWARD)}[mode]  # fmt: skip
+    fwd, bwd = {"layer": (lnm.LAYER_NORM_FORWARD, lnm.LAYER_NORM_BACKWARD),
+                "rms": (lnm.RMS_NORM_FORWARD, lnm.RMS_NORM_BACKWARD),
+                "instance": (lnm.INSTANCE_NORM_FORWARD, lnm.INSTANCE_NORM_BACKWARD)}[mode]  # fmt: skip
     ps = (3,) if mode == "instance" else (5,)
     arr = {"x": FakeCAI(xs, "<f2"), "scale": FakeCAI(ps)}
     if mode != "rms":
@@ -403,7 +404,7 @@ def test_graph_builders_bind_every_tensor(mode):
     if mode != "rms":
         outs["mean"] = FakeCAI(stat)
     c = Call(None, {**views, **{n: as_view(a, n) for n, a in outs.items()}}, r, extra={"graph_alignment": 16})
-    g, names = nm._gn_fwd_build(c)
+    g, names = lnm._gn_fwd_build(c)
     assert [n.kind for n in g.nodes()] == ["norm_fwd"]
     assert set(names.values()) == set(c.views) and all(t.dims for t in names)
     g.lower()

@@ -2771,7 +2771,7 @@ REDUCE_PARAMS = {
 }
 
 
-# ----------------------------------------------------------------- normalization (cudnnkit.ops.normalization)
+# ----------------------------------------------------------------- normalization (cudnnkit.ops.normalization, .layer_norm)
 
 _P2 = ("float32", "float64")
 

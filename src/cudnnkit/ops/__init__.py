@@ -28,10 +28,7 @@ from .convolution import (
 )
 from .ctc import ctc_loss
 from .dropout import DropoutState, default_state, dropout_backward, dropout_forward
-from .lrn import divisive_normalization_backward, divisive_normalization_forward, lrn_backward, lrn_forward
-from .normalization import (
-    batch_norm_backward,
-    batch_norm_forward,
+from .layer_norm import (
     instance_norm_backward,
     instance_norm_forward,
     layer_norm_backward,
@@ -39,6 +36,8 @@ from .normalization import (
     rms_norm_backward,
     rms_norm_forward,
 )
+from .lrn import divisive_normalization_backward, divisive_normalization_forward, lrn_backward, lrn_forward
+from .normalization import batch_norm_backward, batch_norm_forward
 from .pooling import Pooling, pooling_backward, pooling_forward
 from .rnn import RNN, LinearParams, load_torch_params, rnn_backward, rnn_forward, to_torch_params, torch_param_names
 from .softmax import softmax_backward, softmax_forward

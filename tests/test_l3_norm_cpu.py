@@ -318,6 +318,38 @@ def test_a_predicted_reserve_that_did_not_come_back_is_an_error(fakes, monkeypat
     assert list(res) == ["x", "scale", "saved_mean", "saved_inv_std", "y"]
 
 
+def test_no_engine_for_the_masked_forward_asks_again_without_it(fakes, monkeypatch):
+    """Where cuDNN has no engine for the masked forward graph (the legacy call cannot write a mask:
+    ``GraphOnlyError``), the L3 batch norm asks again without the mask (nothing ran), keeps y for the backward,
+    and neither it nor meta asks for the mask at that dtype, shape and mode again in the process."""
+    from cudnnkit.ops._primitive import GraphOnlyError
+
+    x = np.ascontiguousarray(np.random.default_rng(1).standard_normal((2, 3, 3, 8)).astype(np.float32))
+    x = x.transpose(0, 3, 1, 2)  # channels-last (2, 8, 3, 3) float32: where the mask is asked for
+    s, b = np.ones(8, np.float32), np.zeros(8, np.float32)
+    monkeypatch.setattr(N, "_MASK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(N, "_MASK_REFUSED", set())
+    asked = []
+
+    def forward(*a, **k):
+        asked.append(k.get("return_mask", False))
+        if k.get("return_mask"):
+            raise GraphOnlyError("batch_norm_forward: cuDNN has no engine for this call's graph (toy)")
+        return x, s, s, None
+
+    monkeypatch.setattr(N, "batch_norm_forward", forward)
+    spec = Spec(x.shape, tuple(st // 4 for st in x.strides), "float32")
+    p = Spec((8,), (1,), "float32")
+    assert "relu_mask" in N._bn_l3_meta(spec, p, p, activation="relu")[1]
+    _, res = N._bn_l3_forward(x, s, b, activation="relu")
+    assert asked == [True, False] and list(res) == ["x", "scale", "saved_mean", "saved_inv_std", "y"]
+    assert N._MASK_REFUSED == {("float32", (2, 8, 3, 3), "spatial")}
+    assert "relu_mask" not in N._bn_l3_meta(spec, p, p, activation="relu")[1]
+    asked.clear()
+    N._bn_l3_forward(x, s, b, activation="relu")
+    assert asked == [False]
+
+
 def test_meta_keeps_the_relu_mask_from_its_size_on():
     """The mask costs device time below about 4M elements (measured): meta (and so the forward) keeps it from
     ``_MASK_MIN_ELEMENTS`` elements on, not one element fewer."""

@@ -574,6 +574,13 @@ def test_batch_norm_relu_mask_refusals(fwd_kw, xs, msg):
         nm.BATCH_NORM_FORWARD.resolve(views, fwd_kw)
 
 
+@pytest.mark.parametrize("bad", [0, 1, None, "yes", 1.0])
+def test_batch_norm_forward_return_mask_must_be_a_bool(bad):
+    """The public function checks ``return_mask`` itself (a truthy or falsy non-bool is not taken for one)."""
+    with pytest.raises(TypeError, match="return_mask must be a bool"):
+        nm.batch_norm_forward(None, None, None, activation="relu", return_mask=bad)
+
+
 def test_batch_norm_backward_relu_mask_refusals():
     from cudnnkit.runtime import as_view
 
@@ -585,6 +592,9 @@ def test_batch_norm_backward_relu_mask_refusals():
     no_y = {k: v for k, v in base.items() if k != "y"}
     with pytest.raises(ValueError, match="relu_mask= .* pass activation='relu'"):
         nm.BATCH_NORM_BACKWARD.resolve({**no_y, "relu_mask": good}, {})
+    with pytest.raises(ValueError, match="relu_mask= takes the place of the fused forward's reserve, and is not "
+                                         r"taken with z_grad=True"):  # fmt: skip
+        nm.BATCH_NORM_BACKWARD.resolve({**base, "relu_mask": good}, {"activation": "relu", "z_grad": True})
     wrong = as_view(FakeCAI((2, 16, 4, 4), "|u1"), "relu_mask")
     with pytest.raises(ValueError, match=r"relu_mask must be the forward's uint8 mask of shape \(2, 4, 4, 2\)"):
         nm.BATCH_NORM_BACKWARD.resolve({**base, "relu_mask": wrong}, {"activation": "relu"})

@@ -461,6 +461,47 @@ def test_a_graph_form_that_fails_hands_the_legacy_form_the_callers_arrays(monkey
         _express.entries.clear()
 
 
+@pytest.mark.parametrize("failure", ["unsupported", "workspace"])
+def test_a_graph_form_that_fails_where_the_legacy_form_refuses_runs_nothing(monkeypatch, failure):
+    """A call only the graph can do (batch norm's ReLU mask: the legacy call would not write it): when cuDNN
+    refuses the graph, or its workspace cannot be allocated, the call raises (ValueError, MemoryError) naming the
+    legacy form's refusal, and the legacy form never runs (it would return an output nobody wrote)."""
+    from cudnnkit.ops import _express, _graphform
+
+    from .fuzz.materialize import FakeBackend
+
+    class G:
+        def build(self, device=None):
+            if failure == "unsupported":
+                raise UnsupportedGraphError("toy", [])
+            return _FakePlan(1 << 20)
+
+    class T:
+        def __init__(self, uid):
+            self.uid = uid
+
+    ran = []
+    out = P.Output("out", shape=lambda r: (2, 3, 4))
+    p = P.Primitive(f"toy_graph_only_{failure}", inputs=(P.Operand("x", FLOATS),), outputs=(out,),
+                    empty=lambda r: False, legacy=lambda c: ran.append(c), legacy_refuses=lambda r: "the toy's mask",
+                    graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})))  # fmt: skip
+    b = FakeBackend()
+    with b.installed():
+        if failure == "workspace":
+            from cudnnkit.runtime.launch import Launch
+
+            def no_memory(self, n, zeroed=False):
+                raise MemoryError("no room")
+
+            monkeypatch.setattr(Launch, "workspace", no_memory)
+        _express.entries.clear()
+        err = MemoryError if failure == "workspace" else ValueError
+        with pytest.raises(err, match="legacy call cannot take (it|this call): the toy's mask"):
+            p({"x": _fake_array(b)})
+        assert ran == []
+        _express.entries.clear()
+
+
 def test_an_output_declares_its_own_dtype():
     """``Output(dtype=...)``: the output is allocated (and a given ``out=`` checked) in the dtype the resolved call
     names, not the first operand's (what a convolution of int8 data writing float32 needs)."""

@@ -360,8 +360,8 @@ def test_relu_mask_forward_and_backward(xp, dtype):
     """``batch_norm_forward(activation="relu", return_mask=True)`` on channels-last arrays: the graph path, the
     mask bit-packed (channel c of a pixel in bit c % 8 of byte c // 8; set exactly where y > 0); the backward given
     ``relu_mask=`` runs one graph (MUL(dy, mask) -> NORM_BACKWARD) and matches the float64 reference of
-    ``dy * (y > 0)`` through batch norm, also when repeated (an express hit); under ``prefer="legacy"`` the forward
-    refuses the mask by name."""
+    ``dy * (y > 0)`` through batch norm (y given as NaN: only the mask is read), also when repeated (express hits,
+    counted); under ``prefer="legacy"`` the forward refuses the mask by name."""
     from cudnnkit import settings
 
     (x, dy, s, b), (xd, dyd, sd, bd) = _relu_mask_case(xp, dtype, (8, 16, 5, 6), 31)
@@ -374,11 +374,17 @@ def test_relu_mask_forward_and_backward(xp, dtype):
     active = host(xp, y) > 0
     assert tuple(mask.shape) == (8, 5, 6, 2) and np.array_equal(bits.astype(bool), active)
     dx_w, ds_w, db_w = ref.bn_backward(dy * active, x, s, mean, inv)
-    for _ in range(2):
-        got = ops.batch_norm_backward(dyd, xd, sd, sm, si, activation="relu", y=y, relu_mask=mask)
+    from cudnnkit.ops import _express
+
+    _express.entries.clear()
+    y_nan = nan_out(xp, x.shape, dtype, "nhwc")  # the mask's graph never reads y: a path that did gives NaN
+    for _ in range(3):
+        got = ops.batch_norm_backward(dyd, xd, sd, sm, si, activation="relu", y=y_nan, relu_mask=mask)
         assert ops.last_path() == ("batch_norm_backward", "graph")
         assert rel(host(xp, got[0]), dx_w) < tol * 4
         assert rel(host(xp, got[1]), ds_w) < tol * 4 and rel(host(xp, got[2]), db_w) < tol * 4
+    hits = sum(e.hits for sig, e in list(_express.entries._d.items()) if sig[0] == "batch_norm_backward")
+    assert hits >= 2, "the repeated backward never took the express path"
     with settings(prefer="legacy"), pytest.raises(ValueError, match="return_mask=True"):
         ops.batch_norm_forward(xd, sd, bd, activation="relu", return_mask=True)
 
@@ -407,6 +413,7 @@ def test_differentiable_fused_relu_backward_reads_the_mask(xp, dtype, monkeypatc
         raise AssertionError("the backward made a separate activation_backward call")
 
     monkeypatch.setattr(N, "activation_backward", no_relu_backward)
+    res = {**res, "y": nan_out(xp, x.shape, dtype, "nhwc")}  # the mask's graph never reads y: a path that did gives NaN
     got = bn.backward(res, (dyd,), (True, True, True, False), activation="relu")
     assert ops.last_path() == ("batch_norm_backward", "graph") and got[3] is None
     tol = TOL[dtype] * 8

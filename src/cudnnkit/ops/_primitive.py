@@ -335,6 +335,12 @@ def refusals(p: Primitive, dtype: str, resolved: Any, kwargs: Mapping[str, Any],
     return no_graph, no_legacy
 
 
+class GraphOnlyError(ValueError):
+    """A call that only a primitive's graph form can make (its legacy form refuses it: batch norm's ReLU mask),
+    for which cuDNN has no engine. A ``ValueError`` naming both refusals; a caller that asked for the graph-only
+    feature as an optimization (the L3 batch norm's mask) catches it and asks again without."""
+
+
 def _restore(call: Call, views: dict) -> None:
     """The call's views as they were before the graph form ran (its copies and output temporaries dropped)."""
     call.views.clear()
@@ -355,6 +361,9 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
         except GraphFallback as e:
             if p.legacy is None:
                 raise MemoryError(f"{p.name}: {e}") from None
+            no_legacy = p.legacy_refuses(call.resolved) if p.legacy_refuses is not None else None
+            if no_legacy is not None:  # the legacy call would not write what the graph was to (a ReLU mask)
+                raise MemoryError(f"{p.name}: {e}; the legacy call cannot take this call: {no_legacy}") from None
             _restore(call, views)
             call.extra["_fell_back"] = True  # this one call: not remembered as a legacy call
             _log.debug("%s: legacy path for this call (%s)", p.name, e)
@@ -363,7 +372,7 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
                 raise
             no_legacy = p.legacy_refuses(call.resolved) if p.legacy_refuses is not None else None
             if no_legacy is not None:  # the legacy call cannot take it either: say both, naming the argument
-                raise ValueError(
+                raise GraphOnlyError(
                     f"{p.name}: cuDNN has no engine for this call's graph ({str(e).splitlines()[0]}), and the legacy "
                     f"call cannot take it: {no_legacy}"
                 ) from e

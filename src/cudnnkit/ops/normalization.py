@@ -86,7 +86,7 @@ from ._norm_common import (
     _stat,
     param_dtype,
 )
-from ._primitive import Call, Operand, Output, Primitive, register, run
+from ._primitive import Call, GraphOnlyError, Operand, Output, Primitive, register, run
 from .activation import activation_backward
 from .tensor import set_tensor, transform_tensor
 
@@ -262,9 +262,12 @@ def _bn_bwd_resolve(views: Any, kw: Any) -> _BN:
     vm = views.get("relu_mask")
     if vm is not None:
         want = _mask_shape(vx.shape, "relu_mask")
-        if act is None or vr is not None or z_grad:
-            raise ValueError("relu_mask= (the graph forward's return_mask=True) is for the fused ReLU's backward "
-                             "without a reserve or z_grad: pass activation='relu' and y=")  # fmt: skip
+        if act is None:
+            raise ValueError("relu_mask= (the graph forward's return_mask=True) is for the fused ReLU's backward: "
+                             "pass activation='relu' and y=")  # fmt: skip
+        if vr is not None or z_grad:
+            raise ValueError("relu_mask= takes the place of the fused forward's reserve, and is not taken with "
+                             f"{'reserve=' if vr is not None else 'z_grad=True (the residual z)'}")  # fmt: skip
         if vm.dtype != "uint8" or vm.shape != want:
             raise ValueError(f"relu_mask must be the forward's uint8 mask of shape {want}, got {vm.dtype} "
                              f"{vm.shape}")  # fmt: skip
@@ -757,7 +760,11 @@ def batch_norm_forward(
             :func:`param_dtype`'s, or ``training`` not a bool.
         ValueError: a rank outside 2 to 5; parameters of the wrong shape or not packed where cuDNN writes them;
             ``epsilon``/``momentum`` out of range; one running statistic; inference without them; a batch with
-            one value per channel in training; an ``activation`` other than ``"relu"``, or ``z`` without it.
+            one value per channel in training; an ``activation`` other than ``"relu"``, or ``z`` without it;
+            ``return_mask=True`` without ``activation="relu"`` in training, or for an ``x`` not 4-d with C a
+            multiple of 8, or under ``settings(prefer="legacy")``, or where cuDNN has no engine for the masked
+            graph (:class:`~cudnnkit.ops._primitive.GraphOnlyError`, a ``ValueError``); ``return_mask`` not a bool
+            is a ``TypeError``.
 
     Example:
         >>> import cupy as cp
@@ -769,13 +776,14 @@ def batch_norm_forward(
         >>> y_eval = ops.batch_norm_forward(x, g, b, running_mean=rm, running_var=rv, training=False)
     """
     training = as_bool(training, "training")
+    return_mask = as_bool(return_mask, "return_mask")
     if training:
         y, sm, si = _outs("batch_norm_forward", out, ("y", "saved_mean", "saved_inv_std"))
     else:
         y, sm, si = out, None, None
     arrays = {"x": x, "scale": scale, "bias": bias, "running_mean": running_mean, "running_var": running_var,
               "saved_mean": sm, "saved_inv_std": si, "z": z}  # fmt: skip
-    kw = dict(return_mask=True) if return_mask is not False else {}  # the keyword only when given: express keys
+    kw = {"return_mask": True} if return_mask else {}  # the keyword only when asked for: express keys
     res = run(BATCH_NORM_FORWARD, arrays, stream=stream, y=y, training=training, momentum=momentum,
               epsilon=epsilon, mode=mode, activation=activation, **kw)  # fmt: skip
     if not training:
@@ -841,8 +849,9 @@ def batch_norm_backward(
     Raises:
         TypeError: a host array, another dtype, or a ``reserve`` that is not uint8.
         ValueError: an empty ``x``, shapes that do not match, an ``activation`` other than ``"relu"``, ``y`` or
-            ``reserve`` without it, ``activation`` without ``y``, ``reserve`` without ``bias``, or ``z_grad``
-            without ``activation``.
+            ``reserve`` without it, ``activation`` without ``y``, ``reserve`` without ``bias``, ``z_grad``
+            without ``activation``, or a ``relu_mask`` without ``activation``, with ``reserve`` or ``z_grad``, or
+            not the uint8 ``(N, H, W, C // 8)`` of a 4-d ``x`` with C a multiple of 8.
 
     Example:
         >>> y, mean, inv_std = ops.batch_norm_forward(x, g, b)
@@ -909,6 +918,9 @@ def _bn_res_names(training: bool, act: bool, reserve: bool, z: bool, mask: bool 
 #: bfloat16, 32.4/29.9 float16 (the masked forward's engine is slower there); 1M about even; from 4M on the mask
 #: wins at every shape tried (4M 54.1/62.7 float32, 33.6/37.6 bfloat16; 24.5M 268/370 and 146/199).
 _MASK_MIN_ELEMENTS = 1 << 22
+#: (dtype, x's shape, mode) for which cuDNN had no engine for the masked forward graph in this process: the L3 batch
+#: norm asked again without the mask, and neither it nor meta asks for the mask there again
+_MASK_REFUSED: set[tuple[str, tuple[int, ...], str]] = set()
 
 
 def _mask_fusable(dtype: str, lay: str | None, x_shape: tuple[int, ...], mode: str) -> bool:
@@ -916,9 +928,13 @@ def _mask_fusable(dtype: str, lay: str | None, x_shape: tuple[int, ...], mode: s
     (``return_mask=True``) for a one-graph backward (DRELU_DBN): where the graph form runs the forward (4-d
     channels-last float16/bfloat16/float32, not per-activation, not under ``settings(prefer="legacy")``), C is
     a multiple of 8 (a byte holds 8 channels) and x has at least ``_MASK_MIN_ELEMENTS`` elements (below that the
-    masked forward costs more device time than the backward saves). Meta predicts it with the same test."""
+    masked forward costs more device time than the backward saves), unless cuDNN had no engine for the masked
+    forward at this dtype, shape and mode earlier in the process (``_MASK_REFUSED``: the forward then asks again
+    without the mask). Meta predicts it with the same test, so a trace made before such a refusal expects a mask
+    the forward cannot give (an error naming both); one made after it does not."""
     return (current_settings().prefer != "legacy" and _bn_graph_shape_refuses(dtype, x_shape, lay, mode) is None
-            and x_shape[1] % 8 == 0 and math.prod(x_shape) >= _MASK_MIN_ELEMENTS)  # fmt: skip
+            and x_shape[1] % 8 == 0 and math.prod(x_shape) >= _MASK_MIN_ELEMENTS
+            and (dtype, x_shape, mode) not in _MASK_REFUSED)  # fmt: skip
 
 
 def _bn_l3_resolve(specs: dict[str, Spec | None], kw: dict) -> tuple[_BN, Spec]:
@@ -940,9 +956,18 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
 
         vx = as_view(x, "x")
         want_mask = _mask_fusable(vx.dtype, layout_of(vx), tuple(vx.shape), mode)
-    got = batch_norm_forward(x, scale, bias, running_mean=running_mean, running_var=running_var, training=training,
-                             momentum=momentum, epsilon=epsilon, mode=mode, z=z, activation=activation,
-                             **({"return_mask": True} if want_mask else {}))  # fmt: skip
+    kw = dict(running_mean=running_mean, running_var=running_var, training=training, momentum=momentum,
+              epsilon=epsilon, mode=mode, z=z, activation=activation)  # fmt: skip
+    if want_mask:
+        try:
+            got = batch_norm_forward(x, scale, bias, return_mask=True, **kw)
+        except GraphOnlyError as e:  # no engine for the masked graph here: the forward without it (nothing ran)
+            _log.info("batch_norm: no engine for the forward with the ReLU mask (%s); without it from now on for "
+                      "%s %s", str(e).splitlines()[0], vx.dtype, tuple(vx.shape))  # fmt: skip
+            _MASK_REFUSED.add((vx.dtype, tuple(vx.shape), mode))
+            want_mask = False
+    if not want_mask:
+        got = batch_norm_forward(x, scale, bias, **kw)
     act = activation is not None
     if not training:  # copies: the running statistics are the caller's, and may change before the backward
         vals = {"x": x, "scale": scale, "mean": transform_tensor(running_mean), "var": transform_tensor(running_var),
@@ -1049,8 +1074,10 @@ BATCH_NORM = differentiable(
         doc="""y = relu?(batch_norm(x) (+ z)) (batch_norm_forward's keywords; z, the fused residual, with
         activation='relu'). Training: the running statistics updated in place; residuals x, scale, saved_mean,
         saved_inv_std (scale's shape, the parameters' dtype), y (with the ReLU), bias and reserve (uint8, where the
-        fused forward keeps one: _fusable), z (the input, when given); one batch_norm_backward (dscale, dbias; dz)
-        with the reserve, else activation_backward from y then a plain batch_norm_backward (dz is the former).
+        fused forward keeps one: _fusable), relu_mask (the graph's bit-packed ReLU mask, uint8 (N, H, W, C // 8),
+        where _mask_fusable says), z (the input, when given); one batch_norm_backward (dscale, dbias; dz) with the
+        reserve, one DRELU_DBN graph (batch_norm_backward(relu_mask=)) with the mask, else activation_backward
+        from y then a plain batch_norm_backward (dz is the former).
         Inference (training=False): residuals x, scale, and copies of the running statistics (mean, var); the
         backward from L2 calls (_bn_inference_backward), as torch's eval-mode batch norm is differentiated.""",
     )

@@ -318,10 +318,12 @@ def test_a_predicted_reserve_that_did_not_come_back_is_an_error(fakes, monkeypat
     assert list(res) == ["x", "scale", "saved_mean", "saved_inv_std", "y"]
 
 
-def test_no_engine_for_the_masked_forward_asks_again_without_it(fakes, monkeypatch):
+@pytest.mark.parametrize("refusal", ["graph only", "prefer graph"])
+def test_no_engine_for_the_masked_forward_asks_again_without_it(fakes, monkeypatch, refusal):
     """Where cuDNN has no engine for the masked forward graph (the legacy call cannot write a mask:
-    ``GraphOnlyError``), the L3 batch norm asks again without the mask (nothing ran), keeps y for the backward,
+    ``GraphOnlyError``; under ``settings(prefer="graph")`` the raw ``UnsupportedGraphError``), the L3 batch norm asks again without the mask (nothing ran), keeps y for the backward,
     and neither it nor meta asks for the mask at that dtype, shape and mode again in the process."""
+    from cudnnkit.graph import UnsupportedGraphError
     from cudnnkit.ops._primitive import GraphOnlyError
 
     x = np.ascontiguousarray(np.random.default_rng(1).standard_normal((2, 3, 3, 8)).astype(np.float32))
@@ -334,7 +336,9 @@ def test_no_engine_for_the_masked_forward_asks_again_without_it(fakes, monkeypat
     def forward(*a, **k):
         asked.append(k.get("return_mask", False))
         if k.get("return_mask"):
-            raise GraphOnlyError("batch_norm_forward: cuDNN has no engine for this call's graph (toy)")
+            if refusal == "graph only":
+                raise GraphOnlyError("batch_norm_forward: cuDNN has no engine for this call's graph (toy)")
+            raise UnsupportedGraphError("toy", [])
         return x, s, s, None
 
     monkeypatch.setattr(N, "batch_norm_forward", forward)

@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 
 from .. import lib
 from ..graph.checks import as_bool
+from ..graph.errors import UnsupportedGraphError
 from ..runtime import (
     WRITTEN,
     DescriptorKind,
@@ -961,7 +962,8 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
     if want_mask:
         try:
             got = batch_norm_forward(x, scale, bias, return_mask=True, **kw)
-        except GraphOnlyError as e:  # no engine for the masked graph here: the forward without it (nothing ran)
+        except (GraphOnlyError, UnsupportedGraphError) as e:  # no engine for the masked graph (prefer="graph": the
+            # raw refusal): the forward without it (nothing ran)
             _log.info("batch_norm: no engine for the forward with the ReLU mask (%s); without it from now on for "
                       "%s %s", str(e).splitlines()[0], vx.dtype, tuple(vx.shape))  # fmt: skip
             _MASK_REFUSED.add((vx.dtype, tuple(vx.shape), mode))

@@ -420,14 +420,11 @@ def test_graph_form_copies_misaligned_inputs_and_writes_misaligned_outputs_throu
         _express.entries.clear()
 
 
-@pytest.mark.parametrize("failure", ["unsupported", "workspace"])
-def test_a_graph_form_that_fails_hands_the_legacy_form_the_callers_arrays(monkeypatch, failure):
-    """The graph form swaps in temporaries (here: a misaligned output's aligned one) before it builds; when cuDNN
-    refuses the graph, or its workspace cannot be allocated, the legacy form writes the caller's own ``out``, not
-    a temporary no one copies back."""
-    from cudnnkit.ops import _express, _graphform
-
-    from .fuzz.materialize import FakeBackend
+def _failing_graph(monkeypatch, name, failure, legacy, **kw):
+    """A primitive ``x -> out`` (2, 3, 4) whose graph form fails: cuDNN refuses its graph (``"unsupported"``) or
+    its workspace cannot be allocated (``"workspace"``, set on ``Launch`` here); ``legacy`` its legacy form, ``kw``
+    more of the declaration (``legacy_refuses``)."""
+    from cudnnkit.ops import _graphform
 
     class G:
         def build(self, device=None):
@@ -439,20 +436,31 @@ def test_a_graph_form_that_fails_hands_the_legacy_form_the_callers_arrays(monkey
         def __init__(self, uid):
             self.uid = uid
 
-    seen = []
+    if failure == "workspace":
+        from cudnnkit.runtime.launch import Launch
+
+        def no_memory(self, n, zeroed=False):
+            raise MemoryError("no room")
+
+        monkeypatch.setattr(Launch, "workspace", no_memory)
     out = P.Output("out", shape=lambda r: (2, 3, 4))
-    p = P.Primitive(f"toy_graph_fails_{failure}", inputs=(P.Operand("x", FLOATS),), outputs=(out,),
-                    empty=lambda r: False, legacy=lambda c: seen.append(c.views["out"].ptr),
-                    graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})))  # fmt: skip
+    return P.Primitive(name, inputs=(P.Operand("x", FLOATS),), outputs=(out,), empty=lambda r: False, legacy=legacy,
+                       graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})), **kw)  # fmt: skip
+
+
+@pytest.mark.parametrize("failure", ["unsupported", "workspace"])
+def test_a_graph_form_that_fails_hands_the_legacy_form_the_callers_arrays(monkeypatch, failure):
+    """The graph form swaps in temporaries (here: a misaligned output's aligned one) before it builds; when cuDNN
+    refuses the graph, or its workspace cannot be allocated, the legacy form writes the caller's own ``out``, not
+    a temporary no one copies back."""
+    from cudnnkit.ops import _express
+
+    from .fuzz.materialize import FakeBackend
+
+    seen = []
+    p = _failing_graph(monkeypatch, f"toy_graph_fails_{failure}", failure, lambda c: seen.append(c.views["out"].ptr))
     b = FakeBackend()
     with b.installed():
-        if failure == "workspace":
-            from cudnnkit.runtime.launch import Launch
-
-            def no_memory(self, n, zeroed=False):
-                raise MemoryError("no room")
-
-            monkeypatch.setattr(Launch, "workspace", no_memory)
         _express.entries.clear()
         x, given = _fake_array(b), _fake_array(b, ("offset", 2))
         assert given.ptr % 16
@@ -464,38 +472,20 @@ def test_a_graph_form_that_fails_hands_the_legacy_form_the_callers_arrays(monkey
 @pytest.mark.parametrize("failure", ["unsupported", "workspace"])
 def test_a_graph_form_that_fails_where_the_legacy_form_refuses_runs_nothing(monkeypatch, failure):
     """A call only the graph can do (batch norm's ReLU mask: the legacy call would not write it): when cuDNN
-    refuses the graph, or its workspace cannot be allocated, the call raises (ValueError, MemoryError) naming the
-    legacy form's refusal, and the legacy form never runs (it would return an output nobody wrote)."""
-    from cudnnkit.ops import _express, _graphform
+    refuses the graph, or its workspace cannot be allocated, the call raises (``GraphOnlyError``, a ValueError;
+    MemoryError) naming the legacy form's refusal, and the legacy form never runs (it would return an output
+    nobody wrote)."""
+    from cudnnkit.ops import _express
 
     from .fuzz.materialize import FakeBackend
 
-    class G:
-        def build(self, device=None):
-            if failure == "unsupported":
-                raise UnsupportedGraphError("toy", [])
-            return _FakePlan(1 << 20)
-
-    class T:
-        def __init__(self, uid):
-            self.uid = uid
-
     ran = []
-    out = P.Output("out", shape=lambda r: (2, 3, 4))
-    p = P.Primitive(f"toy_graph_only_{failure}", inputs=(P.Operand("x", FLOATS),), outputs=(out,),
-                    empty=lambda r: False, legacy=lambda c: ran.append(c), legacy_refuses=lambda r: "the toy's mask",
-                    graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})))  # fmt: skip
+    p = _failing_graph(monkeypatch, f"toy_graph_only_{failure}", failure, ran.append,
+                       legacy_refuses=lambda r: "the toy's mask")  # fmt: skip
     b = FakeBackend()
     with b.installed():
-        if failure == "workspace":
-            from cudnnkit.runtime.launch import Launch
-
-            def no_memory(self, n, zeroed=False):
-                raise MemoryError("no room")
-
-            monkeypatch.setattr(Launch, "workspace", no_memory)
         _express.entries.clear()
-        err = MemoryError if failure == "workspace" else ValueError
+        err = MemoryError if failure == "workspace" else P.GraphOnlyError
         with pytest.raises(err, match="legacy call cannot take (it|this call): the toy's mask"):
             p({"x": _fake_array(b)})
         assert ran == []

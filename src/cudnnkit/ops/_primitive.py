@@ -324,7 +324,7 @@ def refusals(p: Primitive, dtype: str, resolved: Any, kwargs: Mapping[str, Any],
     no_graph = "float64 (the graph API has none)" if dtype == "float64" else None
     if no_graph is None and p.graph_refuses is not None:
         no_graph = p.graph_refuses(resolved, kwargs)
-    no_legacy = p.legacy_refuses(resolved) if p.legacy_refuses is not None else None
+    no_legacy = _legacy_refusal(p, resolved)
     if no_graph is not None and no_legacy is not None:
         raise ValueError(f"{p.name}: neither cuDNN path takes this call: the graph API ({no_graph}) nor the legacy "
                          f"call ({no_legacy})")  # fmt: skip
@@ -333,6 +333,11 @@ def refusals(p: Primitive, dtype: str, resolved: Any, kwargs: Mapping[str, Any],
     if no_graph is not None and prefer == "graph":
         raise ValueError(f"{p.name}: settings(prefer='graph'), but the graph API cannot take this: {no_graph}")
     return no_graph, no_legacy
+
+
+def _legacy_refusal(p: Primitive, resolved: Any) -> str | None:
+    """Why ``p``'s legacy form cannot take a resolved call (None: it can, or ``p`` declares no refusal)."""
+    return p.legacy_refuses(resolved) if p.legacy_refuses is not None else None
 
 
 class GraphOnlyError(ValueError):
@@ -361,7 +366,7 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
         except GraphFallback as e:
             if p.legacy is None:
                 raise MemoryError(f"{p.name}: {e}") from None
-            no_legacy = p.legacy_refuses(call.resolved) if p.legacy_refuses is not None else None
+            no_legacy = _legacy_refusal(p, call.resolved)
             if no_legacy is not None:  # the legacy call would not write what the graph was to (a ReLU mask)
                 raise MemoryError(f"{p.name}: {e}; the legacy call cannot take this call: {no_legacy}") from None
             _restore(call, views)
@@ -370,7 +375,7 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
         except UnsupportedGraphError as e:
             if current_settings().prefer == "graph" or p.legacy is None:
                 raise
-            no_legacy = p.legacy_refuses(call.resolved) if p.legacy_refuses is not None else None
+            no_legacy = _legacy_refusal(p, call.resolved)
             if no_legacy is not None:  # the legacy call cannot take it either: say both, naming the argument
                 raise GraphOnlyError(
                     f"{p.name}: cuDNN has no engine for this call's graph ({str(e).splitlines()[0]}), and the legacy "

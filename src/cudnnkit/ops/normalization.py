@@ -933,8 +933,9 @@ def _mask_fusable(dtype: str, lay: str | None, x_shape: tuple[int, ...], mode: s
     forward at this dtype, shape and mode earlier in the process (``_MASK_REFUSED``: the forward then asks again
     without the mask). Meta predicts it with the same test, so a trace made before such a refusal expects a mask
     the forward cannot give (an error naming both); one made after it does not."""
-    return (current_settings().prefer != "legacy" and _bn_graph_shape_refuses(dtype, x_shape, lay, mode) is None
-            and x_shape[1] % 8 == 0 and math.prod(x_shape) >= _MASK_MIN_ELEMENTS
+    # the size first: most calls below the floor stop there (this runs on every fused batch-norm call)
+    return (math.prod(x_shape) >= _MASK_MIN_ELEMENTS and x_shape[1] % 8 == 0
+            and _bn_graph_shape_refuses(dtype, x_shape, lay, mode) is None and current_settings().prefer != "legacy"
             and (dtype, x_shape, mode) not in _MASK_REFUSED)  # fmt: skip
 
 

@@ -347,7 +347,7 @@ def test_no_engine_for_the_masked_forward_asks_again_without_it(fakes, monkeypat
     assert "relu_mask" in N._bn_l3_meta(spec, p, p, activation="relu")[1]
     _, res = N._bn_l3_forward(x, s, b, activation="relu")
     assert asked == [True, False] and list(res) == ["x", "scale", "saved_mean", "saved_inv_std", "y"]
-    assert N._MASK_REFUSED == {("float32", (2, 8, 3, 3), "spatial")}
+    assert N._MASK_REFUSED == {("float32", (2, 8, 3, 3), "spatial", False)}  # no residual z
     assert "relu_mask" not in N._bn_l3_meta(spec, p, p, activation="relu")[1]
     asked.clear()
     N._bn_l3_forward(x, s, b, activation="relu")
@@ -369,7 +369,7 @@ def test_meta_keeps_the_relu_mask_from_its_size_on():
 def test_meta_predicts_the_graph_relu_mask(monkeypatch):
     """With its ReLU fused, the training batch norm keeps the graph's bit-packed ReLU mask (uint8 ``(N, H, W, C //
     8)``) for a one-graph backward exactly where the graph form runs the forward and C is a multiple of 8: meta's
-    residuals say so, and not for channels-first arrays, another C, a residual z, inference or
+    residuals say so (with the residual z too), and not for channels-first arrays, another C, inference or
     ``settings(prefer="legacy")`` (the size floor lowered to 1 here: the previous test checks it)."""
     import cudnnkit
 
@@ -384,10 +384,11 @@ def test_meta_predicts_the_graph_relu_mask(monkeypatch):
     assert list(res)[-1] == "relu_mask" and res["relu_mask"] == Spec((2, 3, 5, 2), (30, 10, 2, 1), "uint8")
     _, res = N._bn_l3_meta(nhwc((2, 16, 3, 5), "float32"), p, p, activation="relu")
     assert "relu_mask" in res
+    _, res = N._bn_l3_meta(nhwc((2, 16, 3, 5)), p, p, nhwc((2, 16, 3, 5)), activation="relu")  # DRELU_DADD_DBN
+    assert list(res)[-2:] == ["relu_mask", "z"]
     for args, kw in [
         ((S((2, 16, 3, 5), "float16"),), {}),  # channels-first
         ((nhwc((2, 12, 3, 5)),), {}),  # C % 8 != 0
-        ((nhwc((2, 16, 3, 5)),), {"z": nhwc((2, 16, 3, 5))}),  # the residual: DRELU_DADD_DBN is not built
         ((nhwc((2, 16, 3, 5)),), {"activation": None}),
     ]:
         c = args[0].shape[1]

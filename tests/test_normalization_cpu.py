@@ -560,6 +560,43 @@ def test_batch_norm_relu_mask_graphs(typestr):
     g.lower()
 
 
+@pytest.mark.parametrize("typestr", ["<f2", "<f4"])
+def test_batch_norm_add_relu_mask_graphs(typestr):
+    """With the residual z: the forward graph is cudnn-frontend's BN_ADD_RELU with the mask of ``relu(bn(x) + z)``
+    (NORM_FORWARD, ADD, RELU_FWD, CMP_GT); the backward with ``z_grad`` and ``relu_mask=`` is DRELU_DADD_DBN: the
+    product ``MUL(dy, mask)`` in x's dtype is written as ``dz`` (channels-last, the caller's array) and feeds
+    NORM_BACKWARD, in one graph. Both lower host-side."""
+    from cudnnkit.ops._primitive import Call
+    from cudnnkit.runtime import as_view
+
+    from .conftest import FakeCAI
+
+    xs = (2, 16, 4, 4)
+    dt = {"<f2": "float16", "<f4": "float32"}[typestr]
+    views = _bn_views(xs, typestr, scale="p", bias="p", z="data", y="data", saved_mean="p", saved_inv_std="p")
+    kw = {"activation": "relu", "return_mask": True}
+    r = nm.BATCH_NORM_FORWARD.resolve({k: v for k, v in views.items() if k != "y"}, kw)
+    assert r.mask and r.z and nm._bn_graph_refuses(r, kw) is None
+    mask = as_view(FakeCAI((2, 4, 4, 2), "|u1"), "relu_mask")
+    g, names = nm._bn_graph_fwd_build(Call(None, {**views, "relu_mask": mask}, r, extra={"graph_alignment": 16}))
+    assert [n.kind for n in g.nodes()] == ["norm_fwd", "pointwise", "pointwise", "pointwise"]
+    assert [dict(n.attrs).get("mode") for n in g.nodes()][1:] == ["ADD", "RELU_FWD", "CMP_GT"]
+    g.lower()
+
+    bviews = _bn_views(xs, typestr, dy="data", dx="data", y="data", dz="data", scale="p", saved_mean="p",
+                       saved_inv_std="p", dscale="p", dbias="p")  # fmt: skip
+    bviews["relu_mask"] = mask
+    bkw = {"activation": "relu", "z_grad": True}
+    rb = nm.BATCH_NORM_BACKWARD.resolve({k: v for k, v in bviews.items() if k != "dx"}, bkw)
+    assert rb.mask and rb.z and nm._bn_graph_refuses(rb, bkw) is None
+    g, names = nm._bn_graph_bwd_build(Call(None, bviews, rb, extra={"graph_alignment": 16}))
+    assert [n.kind for n in g.nodes()] == ["pointwise", "norm_bwd"]
+    (dz,) = [t for t, n in names.items() if n == "dz"]
+    assert not dz.virtual and dz.dtype == dt and dz.dims == xs and dz.strides == (256, 1, 64, 16)
+    assert dict(g.nodes()[1].inputs)["dy"] == dz.uid  # the written product is what the norm's backward reads
+    g.lower()
+
+
 @pytest.mark.parametrize(
     "fwd_kw, xs, msg",
     [
@@ -592,9 +629,13 @@ def test_batch_norm_backward_relu_mask_refusals():
     no_y = {k: v for k, v in base.items() if k != "y"}
     with pytest.raises(ValueError, match="relu_mask= .* pass activation='relu'"):
         nm.BATCH_NORM_BACKWARD.resolve({**no_y, "relu_mask": good}, {})
+    reserve, bias = as_view(FakeCAI((64,), "|u1"), "reserve"), as_view(FakeCAI((16,)), "bias")
     with pytest.raises(ValueError, match="relu_mask= takes the place of the fused forward's reserve, and is not "
-                                         r"taken with z_grad=True"):  # fmt: skip
-        nm.BATCH_NORM_BACKWARD.resolve({**base, "relu_mask": good}, {"activation": "relu", "z_grad": True})
+                                         "taken with reserve="):  # fmt: skip
+        nm.BATCH_NORM_BACKWARD.resolve({**base, "relu_mask": good, "reserve": reserve, "bias": bias},
+                                       {"activation": "relu"})  # fmt: skip
+    r = nm.BATCH_NORM_BACKWARD.resolve({**base, "relu_mask": good}, {"activation": "relu", "z_grad": True})
+    assert r.mask and r.z  # with the residual: DRELU_DADD_DBN
     wrong = as_view(FakeCAI((2, 16, 4, 4), "|u1"), "relu_mask")
     with pytest.raises(ValueError, match=r"relu_mask must be the forward's uint8 mask of shape \(2, 4, 4, 2\)"):
         nm.BATCH_NORM_BACKWARD.resolve({**base, "relu_mask": wrong}, {"activation": "relu"})

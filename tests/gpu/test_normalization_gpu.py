@@ -355,21 +355,26 @@ def _relu_mask_case(xp, dtype, shape, seed):
                            dev(xp, b, "float32"))  # fmt: skip
 
 
+@pytest.mark.parametrize("with_z", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_relu_mask_forward_and_backward(xp, dtype):
+def test_relu_mask_forward_and_backward(xp, dtype, with_z):
     """``batch_norm_forward(activation="relu", return_mask=True)`` on channels-last arrays: the graph path, the
     mask bit-packed (channel c of a pixel in bit c % 8 of byte c // 8; set exactly where y > 0); the backward given
     ``relu_mask=`` runs one graph (MUL(dy, mask) -> NORM_BACKWARD) and matches the float64 reference of
     ``dy * (y > 0)`` through batch norm (y given as NaN: only the mask is read), also when repeated (express hits,
-    counted); under ``prefer="legacy"`` the forward refuses the mask by name."""
+    counted); under ``prefer="legacy"`` the forward refuses the mask by name. With the residual z (BN_ADD_RELU /
+    DRELU_DADD_DBN): ``y = relu(bn(x) + z)``, and the backward's ``dz`` is the written product ``dy * (y > 0)``,
+    new, or given (poisoned) channels-last or channels-first (written through a temporary)."""
     from cudnnkit import settings
 
     (x, dy, s, b), (xd, dyd, sd, bd) = _relu_mask_case(xp, dtype, (8, 16, 5, 6), 31)
-    y, sm, si, reserve, mask = ops.batch_norm_forward(xd, sd, bd, activation="relu", return_mask=True)
+    zh = seen(np.random.default_rng(32).standard_normal(x.shape), dtype) if with_z else None
+    zkw = {"z": dev(xp, zh, dtype, "nhwc")} if with_z else {}
+    y, sm, si, reserve, mask = ops.batch_norm_forward(xd, sd, bd, activation="relu", return_mask=True, **zkw)
     assert ops.last_path() == ("batch_norm_forward", "graph") and reserve is None
     y_bn, mean, inv = ref.bn_forward(x, s, b)[:3]
     tol = TOL[dtype] * 4
-    assert rel(host(xp, y), np.maximum(y_bn, 0)) < tol
+    assert rel(host(xp, y), np.maximum(y_bn + (zh if with_z else 0), 0)) < tol
     bits = np.unpackbits(host(xp, mask).astype(np.uint8), axis=-1, bitorder="little").transpose(0, 3, 1, 2)
     active = host(xp, y) > 0
     assert tuple(mask.shape) == (8, 5, 6, 2) and np.array_equal(bits.astype(bool), active)
@@ -378,19 +383,27 @@ def test_relu_mask_forward_and_backward(xp, dtype):
 
     _express.entries.clear()
     y_nan = nan_out(xp, x.shape, dtype, "nhwc")  # the mask's graph never reads y: a path that did gives NaN
-    for _ in range(3):
-        got = ops.batch_norm_backward(dyd, xd, sd, sm, si, activation="relu", y=y_nan, relu_mask=mask)
-        assert ops.last_path() == ("batch_norm_backward", "graph")
+    for i in range(4):  # the second an express hit (with z: a new dz each call, the pointer-only plan's fresh extra)
+        out = None
+        if with_z and i >= 2:  # a given dz, poisoned, channels-last then channels-first: the graph writes it
+            out = (None, None, None, nan_out(xp, x.shape, dtype, "nhwc" if i == 2 else "nchw"))
+        got = ops.batch_norm_backward(dyd, xd, sd, sm, si, activation="relu", y=y_nan, relu_mask=mask,
+                                      z_grad=with_z, out=out)  # fmt: skip
+        assert ops.last_path() == ("batch_norm_backward", "graph") and len(got) == 3 + with_z
         assert rel(host(xp, got[0]), dx_w) < tol * 4
         assert rel(host(xp, got[1]), ds_w) < tol * 4 and rel(host(xp, got[2]), db_w) < tol * 4
+        if with_z:
+            assert out is None or got[3] is out[3]
+            assert rel(host(xp, got[3]), dy * active) < tol
     hits = sum(e.hits for sig, e in list(_express.entries._d.items()) if sig[0] == "batch_norm_backward")
-    assert hits >= 2, "the repeated backward never took the express path"
+    assert hits >= (1 if with_z else 3), "the repeated backward never took the express path"
     with settings(prefer="legacy"), pytest.raises(ValueError, match="return_mask=True"):
-        ops.batch_norm_forward(xd, sd, bd, activation="relu", return_mask=True)
+        ops.batch_norm_forward(xd, sd, bd, activation="relu", return_mask=True, **zkw)
 
 
+@pytest.mark.parametrize("with_z", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_differentiable_fused_relu_backward_reads_the_mask(xp, dtype, monkeypatch):
+def test_differentiable_fused_relu_backward_reads_the_mask(xp, dtype, with_z, monkeypatch):
     """The differentiable batch norm with its ReLU fused, channels-last, C a multiple of 8: the forward keeps the
     graph's bit-packed ReLU mask, and the backward is one DRELU_DBN graph (no ``activation_backward`` call: made to
     fail here), matching the float64 reference of ``dy * (y > 0)`` through batch norm. The size floor (4M
@@ -401,11 +414,12 @@ def test_differentiable_fused_relu_backward_reads_the_mask(xp, dtype, monkeypatc
     monkeypatch.setattr(N, "_MASK_MIN_ELEMENTS", 1)
 
     (x, dy, s, b), (xd, dyd, sd, bd) = _relu_mask_case(xp, dtype, (16, 32, 6, 5), 37)
+    zh = seen(np.random.default_rng(38).standard_normal(x.shape), dtype) if with_z else None
     bn = autograd.get("batch_norm")
-    (y,), res = bn.forward(xd, sd, bd, activation="relu")
+    (y,), res = bn.forward(xd, sd, bd, *((dev(xp, zh, dtype, "nhwc"),) if with_z else ()), activation="relu")
     assert res.get("reserve") is None and tuple(res["relu_mask"].shape) == (16, 6, 5, 4)
     y_bn, mean, inv = ref.bn_forward(x, s, b)[:3]
-    assert rel(host(xp, y), np.maximum(y_bn, 0)) < TOL[dtype] * 4
+    assert rel(host(xp, y), np.maximum(y_bn + (zh if with_z else 0), 0)) < TOL[dtype] * 4
     active = host(xp, y) > 0
     dx_w, ds_w, db_w = ref.bn_backward(dy * active, x, s, mean, inv)
 
@@ -414,8 +428,10 @@ def test_differentiable_fused_relu_backward_reads_the_mask(xp, dtype, monkeypatc
 
     monkeypatch.setattr(N, "activation_backward", no_relu_backward)
     res = {**res, "y": nan_out(xp, x.shape, dtype, "nhwc")}  # the mask's graph never reads y: a path that did gives NaN
-    got = bn.backward(res, (dyd,), (True, True, True, False), activation="relu")
-    assert ops.last_path() == ("batch_norm_backward", "graph") and got[3] is None
+    got = bn.backward(res, (dyd,), (True, True, True, with_z), activation="relu")
+    assert ops.last_path() == ("batch_norm_backward", "graph") and (got[3] is None) != with_z
     tol = TOL[dtype] * 8
     assert rel(host(xp, got[0]), dx_w) < tol
     assert rel(host(xp, got[1]), ds_w) < tol and rel(host(xp, got[2]), db_w) < tol
+    if with_z:  # the residual's gradient: the graph's written product
+        assert rel(host(xp, got[3]), dy * active) < tol

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import lib
+from ..runtime.arrays import is_dense
 from ..runtime.cache import LRU, MISSING
 from ..runtime.descriptors import tensor_descriptor_of
 from ._layout import channels_last_strides, channels_last_view, copy_in
@@ -154,7 +155,7 @@ def _fresh_extras(c: Any, given: Mapping[str, Any], names: tuple[str, ...]) -> t
         v = c.views[n]
         if v is given.get(n):
             continue
-        if n in extras and given.get(n) is None and v.owner is c.extra.get(n) and v.is_contiguous():
+        if n in extras and given.get(n) is None and v.owner is c.extra.get(n) and is_dense(v.shape, v.strides):
             fresh.append((n, v.shape, v.dtype, v.strides))
             continue
         return None
@@ -208,8 +209,9 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
         fresh = None if back or blends else _fresh_extras(c, given, form[1])
         if fresh is not None:
             # what an express entry keeps: a plan every pointer of which is the caller's own array or an extra
-            # the call returns new (batch norm's saved statistics: a hit allocates those anew), not prepare's
-            # copies, its zero bias or its index
+            # the call returns new, in any dense layout (batch norm's saved statistics and its channels-last dz,
+            # pooling's index: a hit allocates those anew with the same strides), not prepare's copies or its
+            # zero bias
             c.extra["graph_form"] = form
             c.extra["graph_fresh"] = fresh
         for name, _, _ in blends:  # the graph writes a temporary, blended into the output after it

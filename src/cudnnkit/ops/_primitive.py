@@ -651,9 +651,10 @@ def _run_shaped(p: Primitive, launch: Any, views: dict[str, Any], arrays: Mappin
     if sig is not None and uncopied and not call.extra.get("_fell_back") and _as_given(views, arrays):
         fresh = {f[0] for f in call.extra.get("graph_fresh", ())}
         if any(call.extra.get(n) is not None and n not in fresh for n in p.extras):
-            # the call made extras the pointer-only graph path cannot make (an index, a reserve, a legacy call's
-            # statistics): a hit runs the whole form again, which makes them anew; the graph form's own new
-            # extras (batch norm's saved statistics) a hit allocates like its outputs
+            # the call made extras the pointer-only graph path cannot make (a reserve, a legacy call's statistics,
+            # an extra written through a temporary): a hit runs the whole form again, which makes them anew; the
+            # graph form's own new extras (batch norm's saved statistics and dz, pooling's index) a hit allocates
+            # like its outputs
             call.extra.pop("graph_form", None)
         _remember_outputs(p, sig, launch, views, kwargs, call, shaped=True, outs=outs)
     results += [call.extra.get(n) for n in p.extras]  # what the legacy call left (reduce_tensor's indices)

@@ -188,9 +188,9 @@ def _bn_fwd_resolve(views: Any, kw: Any) -> _BN:
     mask = as_bool(kw.get("return_mask", False), "return_mask")
     if mask:
         _mask_shape(vx.shape, "return_mask=True")
-        if not act or z or not training:
-            raise ValueError("return_mask=True is the fused ReLU's mask in training: pass activation='relu', "
-                             "training=True and no z")  # fmt: skip
+        if not act or not training:
+            raise ValueError("return_mask=True is the fused ReLU's mask in training: pass activation='relu' and "
+                             "training=True")  # fmt: skip
     return _BN(vx.dtype, pdt, mode, training, rm is not None, float(momentum), eps, vx.shape, p_shape, lay,
                vx.size == 0, act, z, mask=mask)  # fmt: skip
 
@@ -266,9 +266,9 @@ def _bn_bwd_resolve(views: Any, kw: Any) -> _BN:
         if act is None:
             raise ValueError("relu_mask= (the graph forward's return_mask=True) is for the fused ReLU's backward: "
                              "pass activation='relu' and y=")  # fmt: skip
-        if vr is not None or z_grad:
+        if vr is not None:
             raise ValueError("relu_mask= takes the place of the fused forward's reserve, and is not taken with "
-                             f"{'reserve=' if vr is not None else 'z_grad=True (the residual z)'}")  # fmt: skip
+                             "reserve=")  # fmt: skip
         if vm.dtype != "uint8" or vm.shape != want:
             raise ValueError(f"relu_mask must be the forward's uint8 mask of shape {want}, got {vm.dtype} "
                              f"{vm.shape}")  # fmt: skip
@@ -596,6 +596,13 @@ def _bn_graph_bwd_prepare(c: Call) -> None:
     if r.act and not r.mask:  # the ReLU's (and residual's) gradient from y first: the graph's dy
         pd = bn_param_descriptor(r.dtype, _bn_rank(r.x_shape), r.mode)
         c.views["dy"] = _fused_backward(c, "nhwc", c.views["x"], c.views["dy"], c.views["dx"], pd, vds, vdb)
+    elif r.mask and r.z:  # DRELU_DADD_DBN: the graph writes the ReLU's gradient, the residual's, as dz
+        if c.views.get("dz") is None:
+            c.extra["dz"], c.views["dz"] = c.launch.empty(r.x_shape, r.dtype, channels_last_strides(r.x_shape),
+                                                          name="dz")  # fmt: skip
+        else:
+            channels_last_output(c, "dz")
+            c.extra["dz"] = c.arrays["dz"]
 
 
 def _bn_graph_bwd_build(c: Call) -> tuple[Any, dict]:
@@ -608,9 +615,11 @@ def _bn_graph_bwd_build(c: Call) -> tuple[Any, dict]:
     m, iv = _bn_param_tensor(b, "saved_mean", c_), _bn_param_tensor(b, "saved_inv_std", c_)
     if r.mask:  # cudnn-frontend's DRELU_DBN: MUL(dy, mask) feeds NORM_BACKWARD (RELU_BWD from y has no engine);
         # the product in x's dtype, as cudnn-frontend's pattern has it: a float32 product has no float16/bfloat16
-        # engine (cuDNN 9.19, H100)
+        # engine (cuDNN 9.19, H100). With the residual (DRELU_DADD_DBN) the product is also dz, an output
         mask = b.tensor("relu_mask", r.x_shape, channels_last_strides(r.x_shape), "bool")
         dy = b.g.pointwise("MUL", dy, mask, dtype=r.dtype)
+        if r.z:
+            dy = b.output(dy, "dz", r.dtype, v["dz"].strides)
     res = b.g.norm_backward("batch", x, dy, s, mean=m, inv_variance=iv)
     stat = (c_, 1, 1, 1)
     b.output(res.dx, "dx", r.dtype, v["dx"].strides)
@@ -744,8 +753,9 @@ def batch_norm_forward(
         return_mask: also return the ReLU's mask, bit-packed (cudnn-frontend's BN_RELU pattern: the graph's
             ``CMP_GT`` of the ReLU's output as a channels-last BOOLEAN output): a new uint8 array ``(N, H, W, C //
             8)``, channel ``c`` of pixel ``(n, h, w)`` in bit ``c % 8`` of byte ``c // 8``, which
-            :func:`batch_norm_backward` takes as ``relu_mask=``. Training, ``activation="relu"``, no ``z``, a 4-d
-            ``x`` with C a multiple of 8, on the graph path (channels-last; the legacy calls refuse it by name).
+            :func:`batch_norm_backward` takes as ``relu_mask=``. Training, ``activation="relu"`` (with or without
+            ``z``: the mask of ``relu(bn(x) + z)``, cudnn-frontend's BN_ADD_RELU), a 4-d ``x`` with C a multiple
+            of 8, on the graph path (channels-last; the legacy calls refuse it by name).
         out: training: ``(y, saved_mean, saved_inv_std)``, each an array to write or None; inference: ``y`` or
             None. A ``y`` dense channels-first or channels-last; statistics C-contiguous.
         stream: the stream to run on; None: the library's current stream.
@@ -840,7 +850,8 @@ def batch_norm_backward(
         z_grad: also return the residual's gradient ``dz`` (a fused forward with ``z``).
         relu_mask: the forward's bit-packed ReLU mask (``return_mask=True``), with ``activation="relu"`` and
             ``y``: the graph then computes the ReLU's gradient as ``MUL(dy, mask)`` feeding ``NORM_BACKWARD``
-            (cudnn-frontend's DRELU_DBN) in one graph; the legacy calls take the ReLU's gradient from ``y``.
+            (cudnn-frontend's DRELU_DBN) in one graph, and with ``z_grad`` also writes that product as ``dz``
+            (DRELU_DADD_DBN); the legacy calls take the ReLU's gradient from ``y``.
         out: ``(dx, dscale, dbias)`` (and ``dz`` with ``z_grad``), each an array to write or None.
         stream: the stream to run on; None: the library's current stream.
 
@@ -919,24 +930,25 @@ def _bn_res_names(training: bool, act: bool, reserve: bool, z: bool, mask: bool 
 #: bfloat16, 32.4/29.9 float16 (the masked forward's engine is slower there); 1M about even; from 4M on the mask
 #: wins at every shape tried (4M 54.1/62.7 float32, 33.6/37.6 bfloat16; 24.5M 268/370 and 146/199).
 _MASK_MIN_ELEMENTS = 1 << 22
-#: (dtype, x's shape, mode) for which cuDNN had no engine for the masked forward graph in this process: the L3 batch
+#: (dtype, x's shape, mode, with the residual z) for which cuDNN had no engine for the masked forward graph in this process: the L3 batch
 #: norm asked again without the mask, and neither it nor meta asks for the mask there again
-_MASK_REFUSED: set[tuple[str, tuple[int, ...], str]] = set()
+_MASK_REFUSED: set[tuple[str, tuple[int, ...], str, bool]] = set()
 
 
-def _mask_fusable(dtype: str, lay: str | None, x_shape: tuple[int, ...], mode: str) -> bool:
-    """Where the L3 batch norm with its ReLU fused (training, no residual z) keeps the graph's bit-packed ReLU mask
-    (``return_mask=True``) for a one-graph backward (DRELU_DBN): where the graph form runs the forward (4-d
-    channels-last float16/bfloat16/float32, not per-activation, not under ``settings(prefer="legacy")``), C is
-    a multiple of 8 (a byte holds 8 channels) and x has at least ``_MASK_MIN_ELEMENTS`` elements (below that the
-    masked forward costs more device time than the backward saves), unless cuDNN had no engine for the masked
-    forward at this dtype, shape and mode earlier in the process (``_MASK_REFUSED``: the forward then asks again
-    without the mask). Meta predicts it with the same test, so a trace made before such a refusal expects a mask
-    the forward cannot give (an error naming both); one made after it does not."""
+def _mask_fusable(dtype: str, lay: str | None, x_shape: tuple[int, ...], mode: str, z: bool = False) -> bool:
+    """Where the L3 batch norm with its ReLU fused (training, with or without the residual z) keeps the graph's
+    bit-packed ReLU mask (``return_mask=True``) for a one-graph backward (DRELU_DBN; DRELU_DADD_DBN with z): where
+    the graph form runs the forward (4-d channels-last float16/bfloat16/float32, not per-activation, not under
+    ``settings(prefer="legacy")``), C is a multiple of 8 (a byte holds 8 channels) and x has at least
+    ``_MASK_MIN_ELEMENTS`` elements (below that the masked forward costs more device time than the backward
+    saves), unless cuDNN had no engine for the masked forward at this dtype, shape, mode and residual earlier in the
+    process (``_MASK_REFUSED``: the forward then asks again without the mask). Meta predicts it with the same test,
+    so a trace made before such a refusal expects a mask the forward cannot give (an error naming both); one made
+    after it does not."""
     # the size first: most calls below the floor stop there (this runs on every fused batch-norm call)
     return (math.prod(x_shape) >= _MASK_MIN_ELEMENTS and x_shape[1] % 8 == 0
             and _bn_graph_shape_refuses(dtype, x_shape, lay, mode) is None and current_settings().prefer != "legacy"
-            and (dtype, x_shape, mode) not in _MASK_REFUSED)  # fmt: skip
+            and (dtype, x_shape, mode, z) not in _MASK_REFUSED)  # fmt: skip
 
 
 def _bn_l3_resolve(specs: dict[str, Spec | None], kw: dict) -> tuple[_BN, Spec]:
@@ -953,11 +965,11 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
                    mode: str = "spatial", activation: str | None = None) -> tuple[tuple, dict]:  # fmt: skip
     training = as_bool(training, "training")
     want_mask = False
-    if activation is not None and training and z is None:  # the graph's ReLU mask, for a one-graph backward
+    if activation is not None and training:  # the graph's ReLU mask, for a one-graph backward
         from ..runtime.arrays import as_view
 
         vx = as_view(x, "x")
-        want_mask = _mask_fusable(vx.dtype, layout_of(vx), tuple(vx.shape), mode)
+        want_mask = _mask_fusable(vx.dtype, layout_of(vx), tuple(vx.shape), mode, z is not None)
     kw = dict(running_mean=running_mean, running_var=running_var, training=training, momentum=momentum,
               epsilon=epsilon, mode=mode, z=z, activation=activation)  # fmt: skip
     if want_mask:
@@ -967,7 +979,7 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
             # raw refusal): the forward without it (nothing ran)
             _log.info("batch_norm: no engine for the forward with the ReLU mask (%s); without it from now on for "
                       "%s %s", str(e).splitlines()[0], vx.dtype, tuple(vx.shape))  # fmt: skip
-            _MASK_REFUSED.add((vx.dtype, tuple(vx.shape), mode))
+            _MASK_REFUSED.add((vx.dtype, tuple(vx.shape), mode, z is not None))
             want_mask = False
     if not want_mask:
         got = batch_norm_forward(x, scale, bias, **kw)
@@ -1008,7 +1020,7 @@ def _bn_l3_meta(x: Spec, scale: Spec, bias: Spec, z: Spec | None = None, *, runn
     stat = _packed_spec(r.p_shape, r.pdtype)
     lay = layout_of(spec_view(y)) or "nchw"
     reserve = _bn_reserve(r, lay)
-    mask = r.act and r.training and not r.z and _mask_fusable(r.dtype, layout_of(spec_view(x)), r.x_shape, r.mode)
+    mask = r.act and r.training and _mask_fusable(r.dtype, layout_of(spec_view(x)), r.x_shape, r.mode, r.z)
     mspec = _packed_spec(_mask_shape(r.x_shape, "x"), "uint8") if mask else None
     vals = {"x": x, "scale": scale, "saved_mean": stat, "saved_inv_std": stat, "mean": stat, "var": stat, "y": y,
             "bias": bias, "reserve": reserve, "z": z, "relu_mask": mspec}  # fmt: skip
@@ -1023,10 +1035,11 @@ def _bn_l3_backward(res: dict, douts: tuple, needs: tuple, *, training: bool = T
     z = "z" in res
     if as_bool(training, "training"):
         if res.get("relu_mask") is not None:  # the graph forward's bit-packed ReLU mask: one DRELU_DBN graph
+            # (DRELU_DADD_DBN with the residual: the ReLU's gradient is also dz)
             got = batch_norm_backward(dy, res["x"], res["scale"], res["saved_mean"], res["saved_inv_std"],
                                       epsilon=epsilon, mode=mode, activation=activation, y=res["y"],
-                                      relu_mask=res["relu_mask"])  # fmt: skip
-            return _needed((*got[:3], None), needs)
+                                      relu_mask=res["relu_mask"], z_grad=z)  # fmt: skip
+            return _needed((*got[:3], got[3] if z else None), needs)
         if activation is not None and res.get("reserve") is None:
             # the forward kept no reserve (its graph fused the ReLU): the ReLU's gradient from y, then the plain
             # backward, as two L2 calls (cudnnActivationBackward, then the graph's or the legacy backward: on the

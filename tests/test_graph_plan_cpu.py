@@ -679,3 +679,58 @@ def test_a_boolean_tensor_binds_its_bits(monkeypatch):
     with back.installed():
         spec.resolve({**bind, m: 1 << 20})
     assert [nb for label, nb in checked if "mask" in label] == [120]
+
+
+# ----------------------------------------------------------------- dynamic shapes and the kernel cache
+
+
+def test_dynamic_shape_graphs_share_one_kernel_cache_per_topology(monkeypatch):
+    """``Graph(dynamic_shape=True)`` sets IS_DYNAMIC_SHAPE_ENABLED on the operation graph and is part of the key;
+    graphs that differ only in their shapes share a topology key and one finalized KERNEL_CACHE descriptor, which
+    every candidate plan is finalized with; other dtypes, layouts or a static graph get none of it."""
+    from cudnnkit.graph.plan import kernel_cache as kc_mod
+
+    from .test_graph_cpu import conv_bias_relu
+
+    a = conv_bias_relu(dims=(8, 64, 16, 16), dynamic_shape=True)[0]
+    b = conv_bias_relu(dims=(2, 64, 40, 24), dynamic_shape=True)[0]
+    static = conv_bias_relu(dims=(8, 64, 16, 16))[0]
+    other_dtype = conv_bias_relu(dims=(8, 64, 16, 16), dtype="bfloat16", dynamic_shape=True)[0]
+    assert a.dynamic_shape and not static.dynamic_shape
+    assert a.topology_key() == b.topology_key() and a.key() != b.key()
+    assert a.key() != static.key() and a.topology_key() != static.topology_key()
+    assert other_dtype.topology_key() != a.topology_key()
+    nchw, nhwc = Graph(dynamic_shape=True), Graph(dynamic_shape=True)
+    for g, strides in ((nchw, (96, 48, 8, 1)), (nhwc, (96, 1, 16, 2))):
+        g.mark_output(g.pointwise("RELU_FWD", g.tensor((2, 2, 6, 8), strides)))
+    assert nchw.topology_key() != nhwc.topology_key()  # the stride order is part of the topology
+    assert a.lower().op_graph.get("CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED") is True
+    assert static.lower().op_graph.get("CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED") is False
+    with pytest.raises(TypeError, match="dynamic_shape"):
+        Graph(dynamic_shape="yes")
+
+    given = []
+
+    def finalize(cfg, handle, kc=None):
+        given.append(kc)
+        return cfg
+
+    class Handle:
+        ptr = None
+
+    monkeypatch.setattr(search_mod, "candidates", lambda low, flt, mode, att: iter([("cfg1", eng()), ("cfg2", eng())]))
+    monkeypatch.setattr(search_mod, "_finalize_plan", finalize)
+    monkeypatch.setattr(
+        search_mod, "_plan_from", lambda ctx, desc, info, keep, att: type("P", (), {"workspace_size": 0})()
+    )
+    kc_mod._CACHES.clear()
+    for g in (a, b, static):
+        ctx = search_mod.BuildContext(
+            g, 0, EngineFilter(), ("k", 0, ()), cudnnkit.Settings(), "g", None, None, Handle()
+        )
+        assert len(list(search_mod.iter_plans(ctx, []))) == 2
+    assert given[0] is not None and given[0].finalized and given[0].type.name == "CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR"
+    assert all(k is given[0] for k in given[:4]) and given[4:] == [None, None]
+    assert len(kc_mod._CACHES) == 1
+    cudnnkit.runtime.clear_caches()
+    assert len(kc_mod._CACHES) == 0

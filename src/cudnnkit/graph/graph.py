@@ -65,7 +65,7 @@ from ..lib.backend import BackendDescriptor
 from ..runtime import as_view, canonical, cudnn_dtype, current_settings
 from ..runtime.arrays import contiguous_strides
 from ..runtime.dtypes import itemsize as _itemsize
-from .checks import INT64_MAX, as_int, as_ints, as_real, constant_value, dense_like, is_bool
+from .checks import INT64_MAX, as_bool, as_int, as_ints, as_real, constant_value, dense_like, is_bool
 from .constants import POINTWISE_ARITY
 from .errors import Attempt, GraphError, UnsupportedGraphError, status_reason
 from .nodes import (
@@ -121,6 +121,16 @@ class Graph(
     default); ``alignment`` is the byte alignment promised for every
     non-virtual tensor's pointer (16 by default: the caching allocators of
     CuPy and torch give at least 256).
+
+    ``dynamic_shape=True`` sets ``CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED`` and gives each plan of
+    the graph the kernel cache (``CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR``, set as
+    ``CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE`` before the plan is finalized) shared by every dynamic-shape graph
+    of the same topology on the device (:meth:`topology_key`; :mod:`cudnnkit.graph.plan.kernel_cache`), so that
+    cuDNN may bind a runtime-compiled engine's kernel (behavior note ``RUNTIME_COMPILATION``) compiled for one
+    shape to the plan of another. It is part of the plan-cache key; cuDNN decides which kernels bind, and may
+    refuse the flag for a graph (``CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE``: an
+    :class:`UnsupportedGraphError` at build). Measure before using it: for cuDNN 9.19's batch-norm graphs on an
+    H100 it neither shortened a new shape's build nor kept the steady device time (benchmarks/NOTES.md).
     """
 
     def __init__(
@@ -130,6 +140,7 @@ class Graph(
         intermediate_dtype: str = "float32",
         alignment: int = 16,
         name: str = "",
+        dynamic_shape: bool = False,
     ):
         alignment = as_int(alignment, "alignment")
         if alignment < 1 or alignment & (alignment - 1):
@@ -140,6 +151,7 @@ class Graph(
         self.intermediate_dtype = canonical(intermediate_dtype, "intermediate_dtype")
         self.alignment = alignment
         self.name = name
+        self.dynamic_shape = as_bool(dynamic_shape, "dynamic_shape")
         self._id = next(_graph_ids)
         self._tensors: dict[int, Tensor] = {}
         self._nodes: list[Node] = []
@@ -416,7 +428,21 @@ class Graph(
             nodes,
             extra,
             current_settings().key(),
+            self.dynamic_shape,
         )
+
+    def topology_key(self) -> tuple:
+        """:meth:`key` with every tensor's dims and strides reduced to its rank and stride order: the same for
+        two graphs that differ only in their shapes (what a dynamic-shape graph's kernel cache is shared by,
+        :mod:`cudnnkit.graph.plan.kernel_cache`; cuDNN itself decides whether a compiled kernel binds)."""
+        k = self.key()
+
+        def order(strides: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(sorted(range(len(strides)), key=lambda i: -strides[i]))
+
+        tensors = tuple((u, len(d), order(s), *rest) for u, d, s, *rest in k[5])
+        described = tuple((u, len(d), order(s)) for u, (d, s) in k[7][1])
+        return (*k[:5], tensors, k[6], (k[7][0], described, *k[7][2:]), *k[8:])
 
     def lower(self, handle: Any = None) -> Lowered:
         """Finalized backend descriptors for every tensor and node, and the operation graph.
@@ -446,6 +472,8 @@ class Graph(
         g = BackendDescriptor("CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR")
         with self._lowering("the operation graph of {} operation(s)".format, len(ops)):
             g.set("CUDNN_ATTR_OPERATIONGRAPH_OPS", [op for op, _ in ops])
+            if self.dynamic_shape:
+                g.set("CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED", True)
             if handle is not None:
                 g.set("CUDNN_ATTR_OPERATIONGRAPH_HANDLE", handle)
             g.finalize()

@@ -93,11 +93,14 @@ class PlanGraph(Protocol):
     :class:`~cudnnkit.graph.Graph`, and nothing else."""
 
     alignment: int
+    dynamic_shape: bool
 
     @property
     def label(self) -> str: ...
 
     def key(self) -> tuple: ...
+
+    def topology_key(self) -> tuple: ...
 
     def validate(self) -> None: ...
 

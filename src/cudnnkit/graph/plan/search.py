@@ -22,6 +22,7 @@ from ..errors import Attempt, refusal, status_reason
 from ..tensor import PlanGraph, Tensor
 from .cache import PlanCache, check_device, check_device_count, default_device, plan_engine, plan_from_json
 from .engines import EngineFilter, EngineInfo, candidates, fp32_math
+from .kernel_cache import kernel_cache
 from .plans import ExecutionPlan
 from .spec import PlanSpec
 
@@ -96,10 +97,12 @@ def device_env(ctx: BuildContext):
     return ctx.adapter.device_guard(ctx.device)
 
 
-def _finalize_plan(cfg: BackendDescriptor, handle: Any) -> BackendDescriptor:
+def _finalize_plan(cfg: BackendDescriptor, handle: Any, kc: BackendDescriptor | None = None) -> BackendDescriptor:
     p = BackendDescriptor("CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR")
     p.set("CUDNN_ATTR_EXECUTION_PLAN_HANDLE", handle.ptr)
     p.set("CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG", cfg)
+    if kc is not None:  # a dynamic-shape graph's kernel cache: a kernel compiled for another shape may bind
+        p.set("CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE", kc)  # kept alive by the plan (set)
     return p.finalize()
 
 
@@ -117,9 +120,15 @@ def iter_plans(ctx: BuildContext, attempts: list[Attempt]):
     A descriptor cuDNN refuses while lowering raises :class:`UnsupportedGraphError` (:meth:`Graph.lower`);
     an engine config it refuses is an :class:`Attempt`."""
     low = ctx.graph.lower(ctx.handle.ptr)
+    try:
+        kc = kernel_cache(ctx.graph, ctx.device, low.op_graph)
+    except lib.CudnnError as e:
+        refusal(e)
+        attempts.append(Attempt("kernel cache", "build", status_reason(e), e.status_name))
+        return
     for cfg, info in candidates(low, ctx.flt, ctx.settings.heuristic_mode, attempts):
         try:
-            desc = _finalize_plan(cfg, ctx.handle)
+            desc = _finalize_plan(cfg, ctx.handle, kc)
             plan = _plan_from(ctx, desc, info, (low, cfg), attempts)
         except lib.CudnnError as e:
             refusal(e)

@@ -684,10 +684,57 @@ def test_a_boolean_tensor_binds_its_bits(monkeypatch):
 # ----------------------------------------------------------------- dynamic shapes and the kernel cache
 
 
-def test_dynamic_shape_graphs_share_one_kernel_cache_per_topology(monkeypatch):
-    """``Graph(dynamic_shape=True)`` sets IS_DYNAMIC_SHAPE_ENABLED on the operation graph and is part of the key;
-    graphs that differ only in their shapes share a topology key and one finalized KERNEL_CACHE descriptor, which
-    every candidate plan is finalized with; other dtypes, layouts or a static graph get none of it."""
+def _clip_graph(dims, strides, clip=6.0, dynamic=True):
+    g = Graph(dynamic_shape=dynamic)
+    g.mark_output(g.pointwise("RELU_FWD", g.tensor(dims, strides), relu_upper_clip=clip))
+    return g
+
+
+def _sdpa_graph(s):
+    g = Graph(dynamic_shape=True)
+    q, k, v = (g.tensor((2, 4, s, 64), (4 * s * 64, s * 64, 64, 1), "bfloat16", name=n) for n in "qkv")
+    g.sdpa_forward(q, k, v, causal=True)
+    return g
+
+
+def test_topology_key_keeps_everything_but_the_sizes():
+    """``topology_key()``: equal for graphs that differ only in non-unit sizes (SDPA's transposed K view too);
+    different for another dtype, operation attribute, layout, size-1 pattern or the static flag."""
+    from .test_graph_cpu import conv_bias_relu
+
+    a = conv_bias_relu(dims=(8, 64, 16, 16), dynamic_shape=True)[0]
+    b = conv_bias_relu(dims=(2, 64, 40, 24), dynamic_shape=True)[0]
+    assert a.dynamic_shape and a.topology_key() == b.topology_key() and a.key() != b.key()
+    static = conv_bias_relu(dims=(8, 64, 16, 16))[0]
+    assert not static.dynamic_shape and a.key() != static.key() and a.topology_key() != static.topology_key()
+    assert (
+        conv_bias_relu(dims=(8, 64, 16, 16), dtype="bfloat16", dynamic_shape=True)[0].topology_key() != a.topology_key()
+    )
+    assert _sdpa_graph(128).topology_key() == _sdpa_graph(512).topology_key()
+    nchw, nhwc = _clip_graph((2, 4, 6, 8), (192, 48, 8, 1)), _clip_graph((2, 4, 6, 8), (192, 1, 32, 4))
+    assert (
+        len({nchw.topology_key(), nhwc.topology_key(), _clip_graph((2, 4, 6, 8), (192, 48, 8, 1), 5.0).topology_key()})
+        == 3
+    )
+    # size-1 dims: their strides say nothing (channels-last and C order of one channel are the same memory)...
+    assert (
+        _clip_graph((2, 1, 6, 8), (48, 1, 8, 1)).topology_key()
+        == _clip_graph((4, 1, 3, 5), (15, 15, 5, 1)).topology_key()
+    )
+    # ...but which dims are 1 is kept (a per-channel and a scalar broadcast are not one topology)
+    assert (
+        _clip_graph((1, 4, 1, 1), (4, 1, 1, 1)).topology_key() != _clip_graph((1, 1, 1, 1), (1, 1, 1, 1)).topology_key()
+    )
+    assert a.lower().op_graph.get("CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED") is True
+    assert static.lower().op_graph.get("CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED") is False
+    with pytest.raises(TypeError, match="dynamic_shape"):
+        Graph(dynamic_shape="yes")
+
+
+def test_dynamic_shape_plans_are_finalized_with_one_kernel_cache_per_topology_and_device(monkeypatch):
+    """Each candidate plan of a dynamic-shape graph is finalized with the finalized KERNEL_CACHE descriptor of its
+    (topology, device), set as CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE under the cache's lock; the cache keeps the
+    lowering handle; a static graph's plans get none; ``clear_caches()`` drops them."""
     from cudnnkit.graph.plan import kernel_cache as kc_mod
 
     from .test_graph_cpu import conv_bias_relu
@@ -695,42 +742,55 @@ def test_dynamic_shape_graphs_share_one_kernel_cache_per_topology(monkeypatch):
     a = conv_bias_relu(dims=(8, 64, 16, 16), dynamic_shape=True)[0]
     b = conv_bias_relu(dims=(2, 64, 40, 24), dynamic_shape=True)[0]
     static = conv_bias_relu(dims=(8, 64, 16, 16))[0]
-    other_dtype = conv_bias_relu(dims=(8, 64, 16, 16), dtype="bfloat16", dynamic_shape=True)[0]
-    assert a.dynamic_shape and not static.dynamic_shape
-    assert a.topology_key() == b.topology_key() and a.key() != b.key()
-    assert a.key() != static.key() and a.topology_key() != static.topology_key()
-    assert other_dtype.topology_key() != a.topology_key()
-    nchw, nhwc = Graph(dynamic_shape=True), Graph(dynamic_shape=True)
-    for g, strides in ((nchw, (96, 48, 8, 1)), (nhwc, (96, 1, 16, 2))):
-        g.mark_output(g.pointwise("RELU_FWD", g.tensor((2, 2, 6, 8), strides)))
-    assert nchw.topology_key() != nhwc.topology_key()  # the stride order is part of the topology
-    assert a.lower().op_graph.get("CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED") is True
-    assert static.lower().op_graph.get("CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED") is False
-    with pytest.raises(TypeError, match="dynamic_shape"):
-        Graph(dynamic_shape="yes")
+    finalized = []  # (the plan's attributes, whether its cache's lock was held) per plan finalize
 
-    given = []
+    class Plan:
+        def __init__(self, kind):
+            assert kind == "CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR"
+            self.attrs = {}
 
-    def finalize(cfg, handle, kc=None):
-        given.append(kc)
-        return cfg
+        def set(self, name, value):
+            self.attrs[name] = value
+
+        def finalize(self):
+            kc = next((k for k in caches if k.desc is self.attrs.get("CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE")), None)
+            finalized.append((self.attrs, kc is not None and kc.lock.locked()))
+            return self
 
     class Handle:
         ptr = None
 
+    handle = Handle()
+    caches = []
+    real = kc_mod.kernel_cache
+
+    def recording(*args):
+        got = real(*args)
+        if got is not None and got not in caches:
+            caches.append(got)
+        return got
+
+    monkeypatch.setattr(search_mod, "BackendDescriptor", Plan)
+    monkeypatch.setattr(search_mod, "kernel_cache", recording)
     monkeypatch.setattr(search_mod, "candidates", lambda low, flt, mode, att: iter([("cfg1", eng()), ("cfg2", eng())]))
-    monkeypatch.setattr(search_mod, "_finalize_plan", finalize)
     monkeypatch.setattr(
         search_mod, "_plan_from", lambda ctx, desc, info, keep, att: type("P", (), {"workspace_size": 0})()
     )
     kc_mod._CACHES.clear()
-    for g in (a, b, static):
-        ctx = search_mod.BuildContext(
-            g, 0, EngineFilter(), ("k", 0, ()), cudnnkit.Settings(), "g", None, None, Handle()
-        )
-        assert len(list(search_mod.iter_plans(ctx, []))) == 2
-    assert given[0] is not None and given[0].finalized and given[0].type.name == "CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR"
-    assert all(k is given[0] for k in given[:4]) and given[4:] == [None, None]
-    assert len(kc_mod._CACHES) == 1
-    cudnnkit.runtime.clear_caches()
-    assert len(kc_mod._CACHES) == 0
+    try:
+        for g, device in ((a, 0), (b, 0), (static, 0), (a, 1)):
+            ctx = search_mod.BuildContext(g, device, EngineFilter(), ("k", device, ()), cudnnkit.Settings(), "g", None,
+                                          None, handle)  # fmt: skip
+            assert len(list(search_mod.iter_plans(ctx, []))) == 2
+        assert len(caches) == 2 and len(kc_mod._CACHES) == 2  # (topology, 0) and (topology, 1)
+        for kc in caches:
+            assert kc.desc.finalized and kc.desc.type.name == "CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR"
+            assert kc.handle is handle
+        given = [attrs.get("CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE") for attrs, _ in finalized]
+        assert given[:4] == [caches[0].desc] * 4 and given[4:6] == [None, None] and given[6:] == [caches[1].desc] * 2
+        assert [locked for _, locked in finalized] == [True] * 4 + [False] * 2 + [True] * 2
+        assert all(attrs["CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG"] in ("cfg1", "cfg2") for attrs, _ in finalized)
+        cudnnkit.runtime.clear_caches()
+        assert len(kc_mod._CACHES) == 0
+    finally:
+        kc_mod._CACHES.clear()

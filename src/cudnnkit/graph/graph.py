@@ -102,6 +102,13 @@ __all__ = [
 _graph_ids = itertools.count(1)
 
 
+def _layout_class(dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+    """A tensor's layout without its sizes: which dims are 1 (their strides say nothing), and the non-unit dims
+    from the largest stride to the smallest (ties in dim order)."""
+    unit = tuple(d == 1 for d in dims)
+    return unit, tuple(sorted((i for i in range(len(dims)) if not unit[i]), key=lambda i: -strides[i]))
+
+
 class Graph(
     PointwiseNodes,
     MatmulNodes,
@@ -122,8 +129,8 @@ class Graph(
     non-virtual tensor's pointer (16 by default: the caching allocators of
     CuPy and torch give at least 256).
 
-    ``dynamic_shape=True`` sets ``CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED`` and gives each plan of
-    the graph the kernel cache (``CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR``, set as
+    ``dynamic_shape=True`` sets ``CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED`` and gives each plan built
+    for the graph (not one loaded from serialized JSON) the kernel cache (``CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR``, set as
     ``CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE`` before the plan is finalized) shared by every dynamic-shape graph
     of the same topology on the device (:meth:`topology_key`; :mod:`cudnnkit.graph.plan.kernel_cache`), so that
     cuDNN may bind a runtime-compiled engine's kernel (behavior note ``RUNTIME_COMPILATION``) compiled for one
@@ -432,16 +439,13 @@ class Graph(
         )
 
     def topology_key(self) -> tuple:
-        """:meth:`key` with every tensor's dims and strides reduced to its rank and stride order: the same for
-        two graphs that differ only in their shapes (what a dynamic-shape graph's kernel cache is shared by,
-        :mod:`cudnnkit.graph.plan.kernel_cache`; cuDNN itself decides whether a compiled kernel binds)."""
+        """:meth:`key` with every tensor's dims and strides reduced to its layout: which dims are 1, and the order
+        of the others' strides. The same for two graphs that differ only in their (non-unit) sizes: what a
+        dynamic-shape graph's kernel cache is shared by (:mod:`cudnnkit.graph.plan.kernel_cache`; cuDNN itself
+        decides whether a compiled kernel binds)."""
         k = self.key()
-
-        def order(strides: tuple[int, ...]) -> tuple[int, ...]:
-            return tuple(sorted(range(len(strides)), key=lambda i: -strides[i]))
-
-        tensors = tuple((u, len(d), order(s), *rest) for u, d, s, *rest in k[5])
-        described = tuple((u, len(d), order(s)) for u, (d, s) in k[7][1])
+        tensors = tuple((u, _layout_class(d, s), *rest) for u, d, s, *rest in k[5])
+        described = tuple((u, _layout_class(d, s)) for u, (d, s) in k[7][1])
         return (*k[:5], tensors, k[6], (k[7][0], described, *k[7][2:]), *k[8:])
 
     def lower(self, handle: Any = None) -> Lowered:

@@ -140,8 +140,8 @@ class Binder:
 
 def new_graph(c: Any, *, dynamic_shape: bool = False) -> Any:
     """The :class:`~cudnnkit.graph.Graph` a ``build`` starts from: float32 compute and intermediates, the call's
-    pointer alignment; ``dynamic_shape=True`` for a form whose engines are runtime-compiled (their kernel then
-    compiles once per topology, not once per shape: ``Graph(dynamic_shape=)``)."""
+    pointer alignment; ``dynamic_shape=True`` builds a dynamic-shape graph (``Graph(dynamic_shape=)``: cuDNN may
+    bind a runtime-compiled kernel built for another shape of the same topology; measure it first)."""
     from ..graph import Graph
 
     return Graph(compute_dtype="float32", intermediate_dtype="float32", alignment=c.extra.get("graph_alignment", 16),
@@ -207,9 +207,9 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
             except UnsupportedGraphError:
                 if not g.dynamic_shape:
                     raise
-                # no engine for the dynamic-shape graph (CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE): the
-                # same graph with static shapes, compiled for this shape alone
-                _log.info("graph form: no engine for %s as a dynamic-shape graph; building it static", g.label)
+                # cuDNN refused the dynamic-shape graph (CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE, or no
+                # engine for it): the same graph with static shapes, which a refusal for any other cause refuses too
+                _log.info("graph form: %s refused as a dynamic-shape graph; building it static", g.label)
                 g.dynamic_shape = False
                 plan = g.build(device=c.launch.device)
             by_uid = {t.uid: n for t, n in names.items()}

@@ -22,7 +22,7 @@ from ..errors import Attempt, refusal, status_reason
 from ..tensor import PlanGraph, Tensor
 from .cache import PlanCache, check_device, check_device_count, default_device, plan_engine, plan_from_json
 from .engines import EngineFilter, EngineInfo, candidates, fp32_math
-from .kernel_cache import kernel_cache
+from .kernel_cache import KernelCache, kernel_cache
 from .plans import ExecutionPlan
 from .spec import PlanSpec
 
@@ -97,13 +97,16 @@ def device_env(ctx: BuildContext):
     return ctx.adapter.device_guard(ctx.device)
 
 
-def _finalize_plan(cfg: BackendDescriptor, handle: Any, kc: BackendDescriptor | None = None) -> BackendDescriptor:
+def _finalize_plan(cfg: BackendDescriptor, handle: Any, kc: KernelCache | None = None) -> BackendDescriptor:
     p = BackendDescriptor("CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR")
     p.set("CUDNN_ATTR_EXECUTION_PLAN_HANDLE", handle.ptr)
     p.set("CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG", cfg)
-    if kc is not None:  # a dynamic-shape graph's kernel cache: a kernel compiled for another shape may bind
-        p.set("CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE", kc)  # kept alive by the plan (set)
-    return p.finalize()
+    if kc is None:
+        return p.finalize()
+    # a dynamic-shape graph's kernel cache: a kernel compiled for another shape may bind (one finalize at a time)
+    p.set("CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE", kc.desc)
+    with kc.lock:
+        return p.finalize()
 
 
 def _plan_from(
@@ -121,7 +124,7 @@ def iter_plans(ctx: BuildContext, attempts: list[Attempt]):
     an engine config it refuses is an :class:`Attempt`."""
     low = ctx.graph.lower(ctx.handle.ptr)
     try:
-        kc = kernel_cache(ctx.graph, ctx.device, low.op_graph)
+        kc = kernel_cache(ctx.graph, ctx.device, low.op_graph, ctx.handle)
     except lib.CudnnError as e:
         refusal(e)
         attempts.append(Attempt("kernel cache", "build", status_reason(e), e.status_name))
@@ -129,7 +132,7 @@ def iter_plans(ctx: BuildContext, attempts: list[Attempt]):
     for cfg, info in candidates(low, ctx.flt, ctx.settings.heuristic_mode, attempts):
         try:
             desc = _finalize_plan(cfg, ctx.handle, kc)
-            plan = _plan_from(ctx, desc, info, (low, cfg), attempts)
+            plan = _plan_from(ctx, desc, info, (low, cfg, kc), attempts)
         except lib.CudnnError as e:
             refusal(e)
             attempts.append(Attempt(info.name, "build", status_reason(e), e.status_name))

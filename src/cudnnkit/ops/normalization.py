@@ -869,8 +869,8 @@ def batch_norm_backward(
         TypeError: a host array, another dtype, or a ``reserve`` that is not uint8.
         ValueError: an empty ``x``, shapes that do not match, an ``activation`` other than ``"relu"``, ``y`` or
             ``reserve`` without it, ``activation`` without ``y``, ``reserve`` without ``bias``, ``z_grad``
-            without ``activation``, or a ``relu_mask`` without ``activation``, with ``reserve`` or ``z_grad``, or
-            not the uint8 ``(N, H, W, C // 8)`` of a 4-d ``x`` with C a multiple of 8.
+            without ``activation``, or a ``relu_mask`` without ``activation``, with ``reserve``, or not the
+            uint8 ``(N, H, W, C // 8)`` of a 4-d ``x`` with C a multiple of 8.
 
     Example:
         >>> y, mean, inv_std = ops.batch_norm_forward(x, g, b)

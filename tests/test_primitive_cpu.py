@@ -289,8 +289,6 @@ def _fake_graph_primitive(name: str, workspace: int = 0, blend: bool = False, pr
             self.uid = uid
 
     class G:
-        dynamic_shape = False
-
         def build(self, device=None):
             plan.builds += 1
             return plan
@@ -424,21 +422,15 @@ def test_graph_form_copies_misaligned_inputs_and_writes_misaligned_outputs_throu
 
 def _failing_graph(monkeypatch, name, failure, legacy, **kw):
     """A primitive ``x -> out`` (2, 3, 4) whose graph form fails: cuDNN refuses its graph (``"unsupported"``) or
-    its workspace cannot be allocated (``"workspace"``, set on ``Launch`` here), or it refuses the graph as a
-    dynamic-shape graph only (``"dynamic"``: ``G.builds`` records each attempt's flag); ``legacy`` its legacy
-    form, ``kw`` more of the declaration (``legacy_refuses``)."""
+    its workspace cannot be allocated (``"workspace"``, set on ``Launch`` here); ``legacy`` its legacy form, ``kw``
+    more of the declaration (``legacy_refuses``)."""
     from cudnnkit.ops import _graphform
 
     class G:
-        dynamic_shape = failure == "dynamic"
-        label = "toy"
-        builds: list = []
-
         def build(self, device=None):
-            G.builds.append(self.dynamic_shape)
-            if failure == "unsupported" or self.dynamic_shape:
+            if failure == "unsupported":
                 raise UnsupportedGraphError("toy", [])
-            return _FakePlan(0 if failure == "dynamic" else 1 << 20)
+            return _FakePlan(1 << 20)
 
     class T:
         def __init__(self, uid):
@@ -453,24 +445,7 @@ def _failing_graph(monkeypatch, name, failure, legacy, **kw):
         monkeypatch.setattr(Launch, "workspace", no_memory)
     out = P.Output("out", shape=lambda r: (2, 3, 4))
     return P.Primitive(name, inputs=(P.Operand("x", FLOATS),), outputs=(out,), empty=lambda r: False, legacy=legacy,
-                       graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})), **kw), G  # fmt: skip
-
-
-def test_a_dynamic_shape_graph_cudnn_refuses_is_built_static(monkeypatch):
-    """A graph form's dynamic-shape graph (``Graph(dynamic_shape=True)``, batch norm's) that cuDNN refuses as one
-    is built again with static shapes, and the call runs on the graph (not the legacy form)."""
-    from cudnnkit.ops import _express
-
-    from .fuzz.materialize import FakeBackend
-
-    ran = []
-    p, graph = _failing_graph(monkeypatch, "toy_graph_dynamic_refused", "dynamic", ran.append)
-    b = FakeBackend()
-    with b.installed():
-        _express.entries.clear()
-        p({"x": _fake_array(b)})
-        assert graph.builds == [True, False] and ran == [] and P.last_path() == (p.name, "graph")
-        _express.entries.clear()
+                       graph=_graphform.graph_form(lambda c: (G(), {T(1): "x", T(2): "out"})), **kw)  # fmt: skip
 
 
 @pytest.mark.parametrize("failure", ["unsupported", "workspace"])
@@ -483,7 +458,7 @@ def test_a_graph_form_that_fails_hands_the_legacy_form_the_callers_arrays(monkey
     from .fuzz.materialize import FakeBackend
 
     seen = []
-    p, _ = _failing_graph(monkeypatch, f"toy_graph_fails_{failure}", failure, lambda c: seen.append(c.views["out"].ptr))
+    p = _failing_graph(monkeypatch, f"toy_graph_fails_{failure}", failure, lambda c: seen.append(c.views["out"].ptr))
     b = FakeBackend()
     with b.installed():
         _express.entries.clear()
@@ -505,7 +480,7 @@ def test_a_graph_form_that_fails_where_the_legacy_form_refuses_runs_nothing(monk
     from .fuzz.materialize import FakeBackend
 
     ran = []
-    p, _ = _failing_graph(monkeypatch, f"toy_graph_only_{failure}", failure, ran.append,
+    p = _failing_graph(monkeypatch, f"toy_graph_only_{failure}", failure, ran.append,
                        legacy_refuses=lambda r: "the toy's mask")  # fmt: skip
     b = FakeBackend()
     with b.installed():

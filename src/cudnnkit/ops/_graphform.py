@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import lib
-from ..graph.errors import UnsupportedGraphError
 from ..runtime.arrays import is_dense
 from ..runtime.cache import LRU, MISSING
 from ..runtime.descriptors import tensor_descriptor_of
@@ -118,8 +117,8 @@ class Binder:
     """What a ``build`` fills in: the graph (:func:`new_graph`) and the view name of each non-virtual tensor it
     makes (``names``, the map ``build`` returns)."""
 
-    def __init__(self, c: Any, *, dynamic_shape: bool = False):
-        self.g = new_graph(c, dynamic_shape=dynamic_shape)
+    def __init__(self, c: Any):
+        self.g = new_graph(c)
         self.names: dict[Any, str] = {}
 
     def tensor(self, name: str, dims: Any, strides: Any, dtype: str) -> Any:
@@ -138,14 +137,12 @@ class Binder:
         return self.g, self.names
 
 
-def new_graph(c: Any, *, dynamic_shape: bool = False) -> Any:
+def new_graph(c: Any) -> Any:
     """The :class:`~cudnnkit.graph.Graph` a ``build`` starts from: float32 compute and intermediates, the call's
-    pointer alignment; ``dynamic_shape=True`` builds a dynamic-shape graph (``Graph(dynamic_shape=)``: cuDNN may
-    bind a runtime-compiled kernel built for another shape of the same topology; measure it first)."""
+    pointer alignment."""
     from ..graph import Graph
 
-    return Graph(compute_dtype="float32", intermediate_dtype="float32", alignment=c.extra.get("graph_alignment", 16),
-                 dynamic_shape=dynamic_shape)  # fmt: skip
+    return Graph(compute_dtype="float32", intermediate_dtype="float32", alignment=c.extra.get("graph_alignment", 16))
 
 
 def _fresh_extras(c: Any, given: Mapping[str, Any], names: tuple[str, ...]) -> tuple | None:
@@ -202,16 +199,7 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
         form = _forms.lookup(key) if key is not None else MISSING
         if form is MISSING:
             g, names = build(c)
-            try:
-                plan = g.build(device=c.launch.device)
-            except UnsupportedGraphError:
-                if not g.dynamic_shape:
-                    raise
-                # cuDNN refused the dynamic-shape graph (CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE, or no
-                # engine for it): the same graph with static shapes, which a refusal for any other cause refuses too
-                _log.info("graph form: %s refused as a dynamic-shape graph; building it static", g.label)
-                g.dynamic_shape = False
-                plan = g.build(device=c.launch.device)
+            plan = g.build(device=c.launch.device)
             by_uid = {t.uid: n for t, n in names.items()}
             form = (plan, tuple(by_uid[u] for u in plan.bindable_uids))
             if key is not None:

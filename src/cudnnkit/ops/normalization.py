@@ -506,13 +506,6 @@ def _dz_back(c: Call) -> None:
 # channels-first, float64, other ranks, a backward with the fused forward's reserve), which the Ex calls take.
 
 _BN_GRAPH_DTYPES = ("float16", "bfloat16", "float32")
-#: whether the batch-norm graphs are built as dynamic-shape graphs (``Graph(dynamic_shape=True)``, sharing a kernel
-#: cache per topology). Off: measured on the H100 with cuDNN 9.19 (every engine of these graphs is runtime-compiled),
-#: a new shape's forward + backward plans took 1.1-1.3 s to finalize as dynamic-shape graphs, as long as static ones
-#: with the driver's JIT cache disabled (0.96-1.13 s) and far longer than static ones with it warm (0.28-0.35 s), and
-#: the steady step took more device time (BN+add+ReLU fwd+bwd 64x256x56x56: float16 622 against 541 us, float32 803
-#: against 659). A form built dynamic that cuDNN refuses as such is built static (``_graphform.graph_form``).
-BN_DYNAMIC_SHAPE = False
 
 
 def _bn_graph_refuses(r: _BN, kw: Any) -> str | None:
@@ -567,7 +560,7 @@ def _bn_graph_fwd_prepare(c: Call) -> None:
 
 def _bn_graph_fwd_build(c: Call) -> tuple[Any, dict]:
     r, v = c.resolved, c.views
-    b = Binder(c, dynamic_shape=BN_DYNAMIC_SHAPE)
+    b = Binder(c)
     vx = v["x"]
     x = b.tensor("x", vx.shape, vx.strides, r.dtype)
     c_ = r.x_shape[1]
@@ -614,7 +607,7 @@ def _bn_graph_bwd_prepare(c: Call) -> None:
 
 def _bn_graph_bwd_build(c: Call) -> tuple[Any, dict]:
     r, v = c.resolved, c.views
-    b = Binder(c, dynamic_shape=BN_DYNAMIC_SHAPE)
+    b = Binder(c)
     x = b.tensor("x", v["x"].shape, v["x"].strides, r.dtype)
     dy = b.tensor("dy", v["dy"].shape, v["dy"].strides, r.dtype)
     c_ = r.x_shape[1]

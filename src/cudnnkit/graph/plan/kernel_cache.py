@@ -20,12 +20,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import lib
 from ...lib.backend import BackendDescriptor
 from ...runtime.cache import LRU, MISSING
 from ..tensor import PlanGraph
 
-__all__ = ["CAPACITY", "KernelCache", "kernel_cache", "entry_count"]
+__all__ = ["CAPACITY", "KernelCache", "kernel_cache"]
 
 #: the most kernel caches kept (one per graph topology and device)
 CAPACITY = 256
@@ -59,11 +58,3 @@ def kernel_cache(graph: PlanGraph, device: int, op_graph: BackendDescriptor, han
         desc.set("CUDNN_ATTR_KERNEL_CACHE_OPERATION_GRAPH", op_graph)  # kept alive by the cache (set)
         got = _CACHES.put(key, KernelCache(desc.finalize(), handle))
     return got
-
-
-def entry_count(cache: KernelCache) -> int | None:
-    """``CUDNN_ATTR_KERNEL_CACHE_ENTRY_COUNT`` of a kernel cache (cuDNN 9.27 and newer; None before)."""
-    need = lib.since("CUDNN_ATTR_KERNEL_CACHE_ENTRY_COUNT")
-    if need is not None and lib.version_tuple() < need:
-        return None
-    return int(cache.desc.get("CUDNN_ATTR_KERNEL_CACHE_ENTRY_COUNT"))

@@ -552,18 +552,12 @@ def test_nn_scaled_dot_product_attention_calls_the_l3_op(recorded):
                                         enable_gqa=True)  # fmt: skip
 
 
-def test_the_attention_module(monkeypatch):
+def test_the_attention_module(recorded):
     from cudnnkit.torch import nn as tnn
 
-    recorded = []
-
-    def call(name, arrays, **kw):
-        recorded.append((name, [tuple(t.shape) for t in arrays.values()], kw))
-        return torch.zeros(arrays["q"].shape, dtype=arrays["q"].dtype)
-
-    monkeypatch.setattr(tnn, "_call", call)
     m = tnn.ScaledDotProductAttention(is_causal=True, scale=0.25)
-    assert not list(m.parameters()) and not list(m.buffers()) and "is_causal=True, scale=0.25" in repr(m)
+    assert not list(m.parameters()) and not list(m.buffers())
+    assert "dropout_p=0.0, is_causal=True, scale=0.25, enable_gqa=False" in repr(m)
     assert type(m) not in tnn.TWINS.values()  # not a twin: torch has no such module
     x = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
     assert m(x, x, x).shape == (1, 2, 8, 16)
@@ -573,14 +567,63 @@ def test_the_attention_module(monkeypatch):
     g = tnn.ScaledDotProductAttention(enable_gqa=True)
     kv = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
     assert g(torch.zeros(1, 4, 8, 16, dtype=torch.float16), kv, kv, attn_mask=torch.zeros(8, 8)).shape == (1, 4, 8, 16)
-    assert recorded[-1] == ("attention", [(1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), (8, 8)],
+    assert recorded[-1] == ("attention", [(1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), (8, 8), None],
                             {"scale": None, "is_causal": False, "enable_gqa": True})  # fmt: skip
     with pytest.raises(NotImplementedError, match="a boolean attn_mask"):
         g(x, x, x, attn_mask=torch.ones(8, 8, dtype=torch.bool))
-    with pytest.raises(ValueError, match="attn_mask with is_causal=True"):
+    with pytest.raises(ValueError, match="attn_mask and is_causal=True"):
         m(x, x, x, attn_mask=torch.zeros(8, 8))
     with pytest.raises(TypeError, match="scale"):
         tnn.ScaledDotProductAttention(scale="big")
+    with pytest.raises(TypeError, match="dropout_p must be a real number, got None"):
+        tnn.ScaledDotProductAttention(dropout_p=None)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        tnn.ScaledDotProductAttention(dropout_p=1.0)
+    # dropout: in training mode only (the op 'attention' with a drawn seed), as torch.nn.Dropout
+    d = tnn.ScaledDotProductAttention(dropout_p=0.25)
+    d(x, x, x)
+    name, shapes, kw = recorded[-1]
+    assert name == "attention" and kw["dropout_p"] == 0.25 and kw["seed"].shape == (1, 1, 1, 1)
+    d.eval()
+    d(x, x, x)
+    assert recorded[-1] == ("sdpa", [(1, 2, 8, 16)] * 3, {"scale": None, "causal": False})
+
+
+def test_sdpa_dropout_draws_its_seed_from_torchs_generator(recorded):
+    """dropout_p > 0 runs the op 'attention' with dropout_p and a (seed, offset) pair of (1, 1, 1, 1) int64 arrays on
+    the inputs' device: the seed from torch's generator (torch.manual_seed reproduces it, the next call draws
+    another), the offset 0; every route (plain, causal, grouped heads, a mask, 3-d) takes it."""
+    from cudnnkit import nn
+
+    h = torch.zeros(2, 4, 8, 16, dtype=torch.bfloat16)
+    torch.manual_seed(11)
+    nn.scaled_dot_product_attention(h, h, h, dropout_p=0.1, is_causal=True)
+    name, shapes, kw = recorded[-1]
+    assert name == "attention" and shapes == [(2, 4, 8, 16)] * 3 + [None, None]
+    assert {k: kw[k] for k in ("dropout_p", "is_causal", "enable_gqa", "scale")} == dict(
+        dropout_p=0.1, is_causal=True, enable_gqa=False, scale=None)  # fmt: skip
+    seed, offset = kw["seed"], kw["offset"]
+    for a in (seed, offset):
+        assert a.shape == (1, 1, 1, 1) and a.dtype == torch.int64 and a.device == h.device
+    assert offset.item() == 0 and 0 <= seed.item() < 2**62
+    torch.manual_seed(11)
+    assert torch.randint(0, 2**62, (1, 1, 1, 1), dtype=torch.int64).item() == seed.item()  # torch's draw
+    nn.scaled_dot_product_attention(h, h, h, dropout_p=0.1)
+    assert recorded[-1][2]["seed"].item() != seed.item()  # the next call, a new mask
+    kv = torch.zeros(2, 2, 8, 16, dtype=torch.bfloat16)
+    nn.scaled_dot_product_attention(h, kv, kv, attn_mask=torch.zeros(8, 8), dropout_p=0.5, enable_gqa=True)
+    assert recorded[-1][1][3] == (8, 8) and recorded[-1][2]["dropout_p"] == 0.5 and recorded[-1][2]["enable_gqa"]
+    o = nn.scaled_dot_product_attention(*(torch.zeros(2, 8, 16, dtype=torch.float16),) * 3, dropout_p=0.2)
+    assert o.shape == (2, 8, 16) and recorded[-1][1][:3] == [(2, 1, 8, 16)] * 3 and "seed" in recorded[-1][2]
+    nn.scaled_dot_product_attention(h, h, h, dropout_p=0.0)  # 0: no dropout, the plain op
+    assert recorded[-1][0] == "sdpa"
+    n = len(recorded)
+    for p, err, msg in ((1.0, NotImplementedError, "dropout_p=1.0"), (1.5, ValueError, r"dropout_p must be in \[0, 1\]"),
+                        (-0.1, ValueError, "got -0.1"), (float("nan"), ValueError, "got nan"),
+                        ("0.1", TypeError, "dropout_p must be a real number")):  # fmt: skip
+        with pytest.raises(err, match=msg):
+            nn.scaled_dot_product_attention(h, h, h, dropout_p=p)
+    assert len(recorded) == n  # refused before the op
 
 
 def test_convert_leaves_multihead_attention():

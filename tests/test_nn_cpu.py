@@ -375,7 +375,7 @@ REFUSED = [
         lambda: nn.ctc_loss(t(300, 1, 3), torch.ones(1, 256, dtype=torch.long), (300,), (256,)),
     ),  # fmt: skip
     ("attn_mask", lambda: _sdpa(attn_mask=t(8, 8, dtype=torch.bool))),
-    ("dropout_p", lambda: _sdpa(dropout_p=0.1)),
+    ("dropout_p=1.0", lambda: _sdpa(dropout_p=1.0)),
     ("query has dtype float32", lambda: _sdpa(dtype=torch.float32)),
     ("shape", lambda: nn.scaled_dot_product_attention(*(t(2, 2, 2, 4, 8, dtype=torch.float16),) * 3)),
     ("min_val=-1", lambda: nn.hardtanh(t(3))),

@@ -392,6 +392,85 @@ def test_the_attention_module_with_a_mask_and_grouped_heads():
           q, k, v, mask, tol=BF16_TOL, gtol=BF16_TOL)  # fmt: skip
 
 
+def _dropout_reference(q, k, v, do, p, seed, *, causal=False, bias=None):
+    """o and the gradients (q, k, v, bias) in float64 with the keep-mask cuDNN's attention RNG draws for ``seed``
+    (offset 0) at these shapes, read back through the pattern itself (test_attention_gpu.dropout_mask)."""
+    from cudnnkit.runtime import adapters
+
+    from . import test_attention_gpu as ta
+
+    def host(t):
+        return None if t is None else t.detach().double().cpu().numpy()
+
+    sq, skv = q.shape[2], k.shape[2]
+    assert (q.shape[0], q.shape[1]) == (ta.B, ta.H)  # the shapes dropout_mask reads the mask at
+    mask = ta.dropout_mask(adapters.get("torch"), p, seed, 0, sq, skv, "bfloat16")
+    keep = ta.keep_matrix(sq, skv, causal=True) if causal else None
+    o, _, grads = ta.reference(host(q), host(k), host(v), host(do), scale=1 / q.shape[-1] ** 0.5, keep=keep,
+                               bias=host(bias), drop=mask, p=p)  # fmt: skip
+    return torch.from_numpy(o), [None if g is None else torch.from_numpy(g) for g in grads[:4]]
+
+
+@pytest.mark.parametrize("causal, masked", [(False, False), (True, False), (False, True)])
+def test_scaled_dot_product_attention_dropout_replays_its_mask(causal, masked):
+    """dropout_p > 0 (the op "attention" with a seed drawn from torch's generator, offset 0): the output and the
+    gradients of q, k, v (and of an additive mask) against a float64 reference with the keep-mask cuDNN draws for
+    that seed (read back with the same torch.manual_seed); the same torch seed repeats the output bitwise,
+    another seed drops other weights; the module in training mode is the function, in eval mode no dropout."""
+    from cudnnkit.nn._common import dropout_seed
+    from cudnnkit.torch import nn as tnn
+
+    p, sq, skv, d = 0.2, 128, 64, 64
+    torch.manual_seed(8)
+    q = r(2, 4, sq, d).to(torch.bfloat16).requires_grad_()
+    k, v = (r(2, 4, skv, d).to(torch.bfloat16).requires_grad_() for _ in range(2))
+    bias = (r(sq, skv) * 2).to(torch.bfloat16).requires_grad_() if masked else None
+    do = r(2, 4, sq, d).to(torch.bfloat16)
+    leaves = [t for t in (q, k, v, bias) if t is not None]
+    torch.manual_seed(21)
+    o = nn.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=causal)
+    grads = torch.autograd.grad(o, leaves, do)
+    torch.manual_seed(21)
+    seed = int(dropout_seed(q)[0].item())
+    o_ref, g_ref = _dropout_reference(q, k, v, do, p, seed, causal=causal, bias=bias)
+    assert rel(o.cpu(), o_ref) < BF16_TOL
+    for name, g, ref in zip(("q", "k", "v", "attn_mask"), grads, g_ref):
+        assert g.shape == ref.shape and rel(g.cpu(), ref) < BF16_TOL, name
+    with torch.no_grad():
+        torch.manual_seed(21)
+        again = nn.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=causal)
+        assert torch.equal(again, o)  # the same torch seed: the same mask, bitwise
+        other = nn.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=causal)
+        assert not torch.equal(other, o)  # the next draw: another mask
+        m = tnn.ScaledDotProductAttention(dropout_p=p, is_causal=causal)
+        torch.manual_seed(21)
+        assert torch.equal(m(q, k, v, attn_mask=bias), o)
+        m.eval()
+        plain = nn.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+        assert torch.equal(m(q, k, v, attn_mask=bias), plain)
+        assert rel(plain.float(), F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal).float()) \
+            < BF16_TOL  # fmt: skip
+
+
+def test_scaled_dot_product_attention_dropout_on_cupy_arrays():
+    """CuPy arrays in and out: the seed drawn from cupy.random (cupy.random.seed reproduces the call), the output
+    against the float64 reference with the mask cuDNN draws for it."""
+    cp = pytest.importorskip("cupy")
+    from cudnnkit.nn._common import dropout_seed
+
+    p = 0.3
+    torch.manual_seed(9)
+    qt, kt, vt = (r(2, 4, 64, 64).to(torch.bfloat16) for _ in range(3))
+    q, k, v = (cp.asarray(t) for t in (qt, kt, vt))
+    cp.random.seed(5)
+    o = nn.scaled_dot_product_attention(q, k, v, dropout_p=p)
+    assert isinstance(o, cp.ndarray) and o.shape == (2, 4, 64, 64)
+    cp.random.seed(5)
+    seed = int(dropout_seed(q)[0].get().item())
+    o_ref, _ = _dropout_reference(qt, kt, vt, torch.zeros_like(qt), p, seed)
+    assert rel(torch.as_tensor(o, device="cuda").cpu(), o_ref) < BF16_TOL
+
+
 # ----------------------------------------------------------------- the CuPy path (forward)
 
 

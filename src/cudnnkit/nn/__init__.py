@@ -9,10 +9,11 @@ Every argument combination not computed here as torch defines it raises ``NotImp
 the argument, before any GPU work (``return_indices``, ``dilation`` and ``divisor_override`` of pooling; an even
 ``size`` of ``local_response_norm``; ``grid_sample`` other than bilinear, zeros, ``align_corners=True``, 4-d; a
 ``blank`` other than 0 in ``ctc_loss``; in ``scaled_dot_product_attention`` a boolean ``attn_mask`` (additive
-float masks are taken), a nonzero ``dropout_p``, inputs of other than 3 or 4 dims; ``hardtanh`` with
+float masks are taken), ``dropout_p = 1``, inputs of other than 3 or 4 dims; ``hardtanh`` with
 ``min_val != 0``; float64 in the graph norms; the graph-only activations ``gelu``, ``leaky_relu``, ``softplus``).
-The attention limits are this API's, not cuDNN's: the L3 op ``attention`` takes dropout with seed/offset arrays,
-sliding windows, padding lengths, ALiBi, softcapping and sinks, and the L2 function
+``scaled_dot_product_attention``'s dropout is cuDNN's (seeded from the array library's generator: other masks than
+torch's). The attention limits are this API's, not cuDNN's: the L3 op ``attention`` takes dropout with your own
+seed/offset arrays, sliding windows, padding lengths, ALiBi, softcapping and sinks, and the L2 function
 :func:`cudnnkit.ops.attention_forward` packed and paged batches too.
 
 ========================  ==================================================  ====================================

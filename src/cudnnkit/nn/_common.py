@@ -93,7 +93,8 @@ def ntuple(v: Any, n: int, name: str) -> tuple[int, ...]:
 
 
 def real(v: Any, name: str) -> float:
-    if isinstance(v, bool):
+    """``v`` as a float: a real number (a 0-d array too), not a bool or a string (``TypeError`` naming ``name``)."""
+    if isinstance(v, (bool, str, bytes)):
         raise TypeError(f"{name} must be a real number, got {v!r}")
     try:
         return float(v)
@@ -143,6 +144,27 @@ def full(like: Any, shape: tuple[int, ...], value: float, dtype: str) -> Any:
 
     with like.device:
         return cupy.full(tuple(shape), value, dtype=dtype)
+
+
+def dropout_seed(like: Any) -> tuple[Any, Any]:
+    """A fresh ``(seed, offset)`` for cuDNN's attention dropout (its Philox generator): two ``(1, 1, 1, 1)`` int64
+    arrays on ``like``'s device, the seed drawn on the device from the library's own generator (``torch.randint``:
+    ``torch.manual_seed`` reproduces it and a CUDA-graph replay draws a new one; ``cupy.random.randint``:
+    ``cupy.random.seed``), the offset 0. No host synchronization."""
+    shape = (1, 1, 1, 1)
+    if library(like) == "torch":
+        import torch
+
+        seed = torch.randint(0, _SEED_HIGH, shape, dtype=torch.int64, device=like.device)
+        return seed, torch.zeros(shape, dtype=torch.int64, device=like.device)
+    import cupy
+
+    with like.device:
+        return cupy.random.randint(0, _SEED_HIGH, size=shape, dtype=cupy.int64), cupy.zeros(shape, cupy.int64)
+
+
+#: dropout seeds are drawn from ``[0, 2**62)``
+_SEED_HIGH = 1 << 62
 
 
 def cast(a: Any, dtype: str) -> Any:

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import call1, check_dtype, dtype_of, real
+from ._common import call1, check_dtype, dropout_seed, dtype_of, real
 
 __all__ = ["scaled_dot_product_attention"]
 
 
 def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any, is_causal: Any,
-               enable_gqa: Any) -> None:  # fmt: skip
+               enable_gqa: Any) -> float:  # fmt: skip
     """What this API does not pass to cuDNN's graph attention, each a ``NotImplementedError`` naming the argument;
-    torch's own argument errors as ``ValueError``."""
+    torch's own argument errors as ``ValueError``. Returns ``dropout_p`` as a float."""
     if attn_mask is not None:
         if dtype_of(attn_mask) == "bool":
             raise NotImplementedError("scaled_dot_product_attention: a boolean attn_mask: cuDNN's attention adds a "
@@ -25,9 +25,12 @@ def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any,
         if is_causal:
             raise ValueError("scaled_dot_product_attention: attn_mask and is_causal=True together (torch refuses "
                              "them; cudnnkit.ops.attention_forward takes both)")  # fmt: skip
-    if real(dropout_p, "dropout_p") != 0.0:
-        raise NotImplementedError(f"scaled_dot_product_attention: dropout_p={dropout_p}: not wired to torch's RNG "
-                                  "here; the L3 op 'attention' takes dropout_p with seed/offset device arrays")  # fmt: skip
+    p = real(dropout_p, "dropout_p")
+    if not 0.0 <= p <= 1.0:  # also NaN
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
+    if p == 1.0:
+        raise NotImplementedError("scaled_dot_product_attention: dropout_p=1.0: cuDNN's attention dropout scales "
+                                  "what it keeps by 1 / (1 - p) (torch's returns zeros)")  # fmt: skip
     for name, a in (("query", query), ("key", key), ("value", value)):
         check_dtype(a, ("float16", "bfloat16"), name, "cuDNN's fused attention")
         if a.ndim not in (3, 4):
@@ -43,6 +46,7 @@ def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any,
         if hk != hv or h % hk:
             raise ValueError(f"scaled_dot_product_attention: enable_gqa needs key and value with one head count "
                              f"dividing the query's {h}, got {hk} and {hv}")  # fmt: skip
+    return p
 
 
 def _expand_rows(mask: Any, sq_skv: tuple[int, int]) -> Any:
@@ -65,13 +69,22 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     ``attention`` (``attention_forward``/``attention_backward``) for an additive float ``attn_mask``
     (broadcastable as torch's: ``(S_q, S_kv)``, ``(1|H, S_q, S_kv)``, ``(1|B, 1|H, S_q, S_kv)``, and a torch mask
     of size 1 in ``S_q`` or ``S_kv``, such as a key-padding ``(B, 1, 1, S_kv)``, expanded; differentiable: cuDNN's
-    dbias) and for ``enable_gqa`` with any key/value head count dividing ``H``. A 3-d call runs as one head.
-    Refused by name: a boolean mask, ``dropout_p`` above 0."""
-    check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    dbias), for ``enable_gqa`` with any key/value head count dividing ``H``, and for ``dropout_p`` in ``(0, 1)``.
+    A 3-d call runs as one head.
+
+    Dropout, as torch's function, applies whenever ``dropout_p > 0`` (pass 0 in eval): cuDNN's Philox generator
+    drops attention weights and scales the kept ones by ``1 / (1 - p)``; its seed is drawn on the device from the
+    array library's generator (:func:`~cudnnkit.nn._common.dropout_seed`: ``torch.manual_seed`` reproduces a call,
+    a CUDA-graph replay draws anew), offset 0, and the backward replays the same mask. The masks are cuDNN's, not
+    torch's (other bits for the same seed).
+
+    Refused by name: a boolean mask, ``dropout_p = 1`` (``NotImplementedError``); ``dropout_p`` outside ``[0, 1]``
+    (``ValueError``)."""
+    p = check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     scale = None if scale is None else real(scale, "scale")
     three = query.ndim == 3
     q, k, v = ((a[:, None] if three else a) for a in (query, key, value))
-    if attn_mask is None and k.shape[1] in (1, q.shape[1]):
+    if attn_mask is None and k.shape[1] in (1, q.shape[1]) and p == 0.0:
         o = call1("sdpa", q, k, v, scale=scale, causal=bool(is_causal))
     else:
         mask = attn_mask
@@ -79,6 +92,10 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
             mask = mask[:, None]
         if mask is not None and tuple(mask.shape[-2:]) != (q.shape[2], k.shape[2]):
             mask = _expand_rows(mask, (q.shape[2], k.shape[2]))
+        drop = {}
+        if p:
+            seed, offset = dropout_seed(q)
+            drop = {"dropout_p": p, "seed": seed, "offset": offset}
         o = call1("attention", q, k, v, mask, scale=scale, is_causal=bool(is_causal),
-                  enable_gqa=k.shape[1] != q.shape[1])  # fmt: skip
+                  enable_gqa=k.shape[1] != q.shape[1], **drop)  # fmt: skip
     return o[:, 0] if three else o

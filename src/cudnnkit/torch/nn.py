@@ -941,13 +941,15 @@ class RNN(_RNNBase, torch.nn.RNN):
 
 
 class ScaledDotProductAttention(torch.nn.Module):
-    """``forward(query, key, value, attn_mask=None)``: cuDNN's fused attention on the graph API (as
-    :func:`cudnnkit.nn.scaled_dot_product_attention`: float16/bfloat16, ``(B, H, S, D)`` or ``(B, S, D)``) with
-    ``is_causal``, ``scale`` (None: ``1 / sqrt(D)``) and ``enable_gqa`` (key/value heads dividing the query's) fixed
-    at construction; no parameters, no buffers. The op ``sdpa`` runs calls without a mask whose key/value heads are
-    the query's or 1, the op ``attention`` the others: an additive float ``attn_mask`` (broadcast over batch and
-    heads, differentiable) or grouped heads. What cuDNN cannot run raises ``NotImplementedError`` naming it, at the
-    call (a boolean mask: pass an additive one).
+    """``forward(query, key, value, attn_mask=None)``: cuDNN's fused attention on the graph API, as
+    :func:`cudnnkit.nn.scaled_dot_product_attention` computes it (float16/bfloat16, ``(B, H, S, D)`` or
+    ``(B, S, D)``), with ``dropout_p`` (applied in training mode only, as ``torch.nn.Dropout``), ``is_causal``,
+    ``scale`` (None: ``1 / sqrt(D)``) and ``enable_gqa`` (key/value heads dividing the query's) fixed at
+    construction; no parameters, no buffers. The op ``sdpa`` runs calls without a mask or dropout whose key/value
+    heads are the query's or 1, the op ``attention`` the others: an additive float ``attn_mask`` (broadcast over
+    batch and heads, differentiable), dropout (cuDNN's Philox mask, its seed drawn from torch's generator), grouped
+    heads. What cuDNN cannot run raises ``NotImplementedError`` naming it, at the call (a boolean mask: pass an
+    additive one).
 
     Not a twin: torch has no SDPA module (its models call ``F.scaled_dot_product_attention``), so
     :func:`~cudnnkit.torch.convert` makes none, and it leaves ``torch.nn.MultiheadAttention`` as it is: its forward
@@ -955,38 +957,26 @@ class ScaledDotProductAttention(torch.nn.Module):
     ``F.multi_head_attention_forward``), not a cuDNN op. A model written with ``Linear`` projections and this
     module runs its attention on cuDNN."""
 
-    def __init__(self, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> None:
+    def __init__(self, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                 enable_gqa: bool = False) -> None:  # fmt: skip
         super().__init__()
-        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
-            raise TypeError(f"scale must be a real number or None, got {scale!r}")
-        self.is_causal, self.scale, self.enable_gqa = bool(is_causal), scale, bool(enable_gqa)
+        for name, v in (("dropout_p", dropout_p), ("scale", scale)):
+            if (v is not None or name == "dropout_p") and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+                raise TypeError(f"{name} must be a real number{' or None' if name == 'scale' else ''}, got {v!r}")
+        if not 0.0 <= dropout_p < 1.0:
+            raise ValueError(
+                f"dropout_p must be in [0, 1) (cuDNN scales what it keeps by 1 / (1 - p)), got {dropout_p}"
+            )
+        self.dropout_p, self.is_causal, self.scale = float(dropout_p), bool(is_causal), scale
+        self.enable_gqa = bool(enable_gqa)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-        if query.dtype not in (torch.float16, torch.bfloat16):
-            dt = _torch_dtype_name(query.dtype)
-            raise NotImplementedError(f"cudnnkit.torch.nn.ScaledDotProductAttention: dtype {dt} (cuDNN's fused "
-                                      "attention takes float16 and bfloat16)")  # fmt: skip
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            raise NotImplementedError("cudnnkit.torch.nn.ScaledDotProductAttention: a boolean attn_mask (cuDNN's "
-                                      "attention adds a bias): pass an additive float mask, 0 kept, -inf masked")  # fmt: skip
-        if attn_mask is not None and self.is_causal:
-            raise ValueError("attn_mask with is_causal=True (torch refuses them together)")
-        three = query.dim() == 3  # (B, S, D): one head
-        q, k, v = ((a.unsqueeze(1) if three else a) for a in (query, key, value))
-        if k.shape[1] != q.shape[1] and not self.enable_gqa:
-            raise ValueError(f"key has {k.shape[1]} heads and query {q.shape[1]}: pass enable_gqa=True (as torch asks)")
-        if attn_mask is None and k.shape[1] in (1, q.shape[1]):
-            o = _first(_call("sdpa", {"q": q, "k": k, "v": v}, scale=self.scale, causal=self.is_causal))
-        else:
-            mask = attn_mask.unsqueeze(1) if attn_mask is not None and three and attn_mask.dim() == 3 else attn_mask
-            if mask is not None and tuple(mask.shape[-2:]) != (q.shape[2], k.shape[2]):  # a key-padding mask
-                from ..nn.attention import _expand_rows
+        from ..nn.attention import scaled_dot_product_attention
 
-                mask = _expand_rows(mask, (q.shape[2], k.shape[2]))
-            o = _first(_call("attention", {"q": q, "k": k, "v": v, "attn_mask": mask}, scale=self.scale,
-                             is_causal=self.is_causal, enable_gqa=k.shape[1] != q.shape[1]))  # fmt: skip
-        return o.squeeze(1) if three else o
+        return scaled_dot_product_attention(query, key, value, attn_mask, self.dropout_p if self.training else 0.0,
+                                            self.is_causal, self.scale, self.enable_gqa)  # fmt: skip
 
     def extra_repr(self) -> str:
-        return f"is_causal={self.is_causal}, scale={self.scale}, enable_gqa={self.enable_gqa}"
+        return (f"dropout_p={self.dropout_p}, is_causal={self.is_causal}, scale={self.scale}, "
+                f"enable_gqa={self.enable_gqa}")  # fmt: skip

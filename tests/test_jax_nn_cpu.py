@@ -74,9 +74,26 @@ STANDINS = {
 }
 
 
-def _attention_bhsd(q, k, v, mask, sink, *, scale, is_causal, enable_gqa, left_bound=None, right_bound=None):
+def _attention_bhsd(q, k, v, mask, sink, *, scale, is_causal, enable_gqa, left_bound=None, right_bound=None,
+                    seq_len_q=None, seq_len_kv=None):  # fmt: skip
     """cuDNN's attention variants in (B, H, S, D): grouped key/value heads (query head i reads head i // (H / K)),
-    the additive mask, the band ``row - left_bound < col <= row + right_bound`` (causal: right 0), float32."""
+    the additive mask, the band ``row - left_bound < col <= row + right_bound`` (causal: right 0), padding lengths
+    ((B, 1, 1, 1) int32: keys past ``seq_len_kv`` masked; what cuDNN leaves undefined made garbage: rows past
+    ``seq_len_q`` 12345, and the gradients of q's, k's and v's padded rows nonzero), float32."""
+    if seq_len_q is not None:
+        o = _attention_bhsd(q, k, v, mask, sink, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa,
+                            left_bound=left_bound, right_bound=right_bound, seq_len_kv=seq_len_kv)  # fmt: skip
+        rows_q = jnp.arange(q.shape[2])[None, None, :, None] < seq_len_q
+        rows_kv = jnp.arange(k.shape[2])[None, None, :, None] < seq_len_kv
+        pad = sum(
+            jnp.where(ok, 0.0, x.astype(jnp.float32)).sum() for x, ok in ((q, rows_q), (k, rows_kv), (v, rows_kv))
+        )
+        leak = pad - jax.lax.stop_gradient(pad)  # 0, with a gradient of 1 on every padded row's element
+        return (jnp.where(rows_q, o.astype(jnp.float32), 12345.0) + leak).astype(q.dtype)
+    if seq_len_kv is not None:
+        cols = jnp.arange(k.shape[2])[None, None, None, :] < seq_len_kv
+        pad_mask = jnp.where(cols, 0.0, -jnp.inf)
+        mask = pad_mask if mask is None else mask.astype(jnp.float32) + pad_mask
     assert sink is None  # the functional API passes none
     h, kh = q.shape[1], k.shape[1]
     assert enable_gqa == (kh != h)
@@ -313,10 +330,48 @@ def test_dot_product_attention_variants_match_jax(case):
     assert CALLED[-1][0] == "sdpa"
 
 
+@pytest.mark.parametrize("case", ["both", "query", "kv", "causal+bias", "gqa"])
+def test_dot_product_attention_sequence_lengths_as_jax(case):
+    """query_seq_lengths/key_value_seq_lengths reach the op "attention" as cuDNN's (B, 1, 1, 1) padding lengths
+    (a zero length as 1), and the result and the gradients of q, k, v equal jax.nn.dot_product_attention's where
+    cuDNN leaves them undefined (the stand-in makes those rows garbage): padded query rows 0 with no gradient,
+    padded keys no gradient, a zero key/value length the mean of v."""
+    b, t, s_, n = 4, 6, 5, 4
+    kvh = 2 if case == "gqa" else 4
+    q = _r((b, t, n, 8)).astype(jnp.bfloat16)
+    k, v = _r((b, s_, kvh, 8), 1).astype(jnp.bfloat16), _r((b, s_, kvh, 8), 2).astype(jnp.bfloat16)
+    ql = None if case == "kv" else jnp.array([6, 1, 3, 0], jnp.int32)
+    kvl = None if case == "query" else jnp.array([5, 2, 0, 4], jnp.int32)
+    kw = dict(query_seq_lengths=ql, key_value_seq_lengths=kvl, scale=0.3)
+    if case == "causal+bias":
+        k, v, kw["bias"], kw["is_causal"] = q, _r((b, t, n, 8), 2).astype(jnp.bfloat16), _r((1, n, t, t), 3), True
+        kvl = kw["key_value_seq_lengths"] = jnp.array([6, 2, 0, 4], jnp.int32)
+    c = _r(q.shape, 7)
+
+    def loss(fn, q, k, v):
+        return (fn(q, k, v, **kw).astype(jnp.float32) * c).sum()
+
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    got, want = nn.dot_product_attention(q, k, v, **kw), jax.nn.dot_product_attention(*f32, **kw)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
+    name, called = CALLED[-1]
+    assert name == "attention"
+    for key, lengths, full in (("seq_len_q", ql, t), ("seq_len_kv", kvl, k.shape[1])):
+        want_len = np.full(b, full) if lengths is None else np.maximum(np.asarray(lengths), 1)
+        assert called[key].shape == (b, 1, 1, 1) and called[key].dtype == jnp.int32
+        np.testing.assert_array_equal(np.asarray(called[key]).ravel(), want_len)
+    g_got = jax.grad(lambda *a: loss(nn.dot_product_attention, *a), argnums=(0, 1, 2))(q, k, v)
+    g_want = jax.grad(lambda *a: loss(jax.nn.dot_product_attention, *a), argnums=(0, 1, 2))(*f32)
+    for name, x, y in zip("qkv", g_got, g_want):
+        np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y), rtol=3e-2, atol=3e-2, err_msg=name)
+
+
 def test_dot_product_attention_refusals_name_the_argument():
     q = _r((1, 4, 2, 8)).astype(jnp.bfloat16)
-    with pytest.raises(NotImplementedError, match="query_seq_lengths= is not supported"):
-        nn.dot_product_attention(q, q, q, query_seq_lengths=jnp.ones((1,), jnp.int32))
+    with pytest.raises(ValueError, match=r"query_seq_lengths must be int32 of shape \(1,\)"):
+        nn.dot_product_attention(q, q, q, query_seq_lengths=jnp.ones((1,), jnp.float32))
+    with pytest.raises(ValueError, match=r"key_value_seq_lengths must be in \[0, 4\], got \[5\]"):
+        nn.dot_product_attention(q, q, q, key_value_seq_lengths=jnp.full((1,), 5, jnp.int32))
     with pytest.raises(TypeError, match="mask must be boolean"):
         nn.dot_product_attention(q, q, q, mask=jnp.ones((1, 2, 4, 4), jnp.float32))
     with pytest.raises(ValueError, match="bias must have 2 to 4 dims"):

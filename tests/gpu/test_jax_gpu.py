@@ -271,23 +271,28 @@ def test_batch_norm_fused_relu_forward_and_grads_against_jax(dtype, with_z):
         assert _rel(a, w_) < (1e-4 if dtype == "float32" else 3e-2)
 
 
-@pytest.mark.parametrize("case", ["bias", "mask", "window", "causal-window", "gqa"])
+@pytest.mark.parametrize("case", ["bias", "mask", "window", "causal-window", "gqa", "lengths", "lengths-causal-gqa"])
 def test_dot_product_attention_variants_against_jax(case):
     """cudnnkit.jax.nn.dot_product_attention's variants (the L3 op "attention" under jit): a learned bias (its
-    gradient cuDNN's dbias), a boolean key-padding mask, local windows, grouped heads; output and gradients against
-    jax.nn.dot_product_attention in float32 on the same bfloat16 values."""
+    gradient cuDNN's dbias), a boolean key-padding mask, local windows, grouped heads, query/key-value sequence
+    lengths (cuDNN's padding mask; padded rows, a zero key/value length and their gradients as JAX defines them);
+    output and gradients against jax.nn.dot_product_attention in float32 on the same bfloat16 values."""
     from cudnnkit.jax import nn
 
     rng = np.random.default_rng(12)
     b, t, n, h = 2, 128, 4, 64
-    kvh = 2 if case == "gqa" else n
+    kvh = 2 if "gqa" in case else n
     q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16)
     k, v = (jnp.asarray(rng.standard_normal((b, t, kvh, h)), jnp.bfloat16) for _ in range(2))
     bias = jnp.asarray(rng.standard_normal((1, n, t, t)), jnp.bfloat16) if case == "bias" else None
     mask = None
     if case == "mask":
         mask = jnp.asarray(rng.random((b, 1, 1, t)) > 0.2).at[..., 0].set(True)
-    kw = {"window": dict(local_window_size=(16, 8)), "causal-window": dict(local_window_size=32, is_causal=True)}
+    kw = {"window": dict(local_window_size=(16, 8)), "causal-window": dict(local_window_size=32, is_causal=True),
+          "lengths": dict(query_seq_lengths=jnp.array([97, 128], jnp.int32),
+                          key_value_seq_lengths=jnp.array([128, 0], jnp.int32)),
+          "lengths-causal-gqa": dict(query_seq_lengths=jnp.array([128, 50], jnp.int32),
+                                     key_value_seq_lengths=jnp.array([64, 128], jnp.int32), is_causal=True)}  # fmt: skip
     kw = kw.get(case, {})
     ct = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
 

@@ -275,14 +275,16 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     * ``is_causal`` keeps ``s <= t`` (equal lengths only);
     * grouped key/value heads (``K`` dividing ``N``) are read as they are (cuDNN's grouped-query attention).
 
+    * ``query_seq_lengths``/``key_value_seq_lengths``: int32 ``(B,)`` valid lengths (cuDNN's padding mask,
+      ``seq_len_q``/``seq_len_kv``), with JAX's definition of what cuDNN leaves undefined: rows past a query
+      length are 0 and get no gradient, keys past a key/value length get no gradient, and a sample whose key/value
+      length is 0 attends uniformly to all ``S`` keys (the mean of ``v``, as JAX's large negative logits give).
+
     ``cudnnkit.jax.ops.sdpa`` runs the plain and causal calls with ``K`` equal to ``N`` or 1, ``cudnnkit.jax.ops
-    .attention`` (``attention_forward``/``attention_backward``) the others. ``query_seq_lengths`` and
-    ``key_value_seq_lengths`` raise ``NotImplementedError`` (cuDNN leaves the padded rows undefined, where JAX
-    defines them)."""
-    for name, v in (("query_seq_lengths", query_seq_lengths), ("key_value_seq_lengths", key_value_seq_lengths)):
-        if v is not None:
-            raise NotImplementedError(f"dot_product_attention: {name}= is not supported: cuDNN's padding mask leaves "
-                                      "the rows past a length undefined, which JAX defines")  # fmt: skip
+    .attention`` (``attention_forward``/``attention_backward``) the others.
+
+    One case differs from JAX's: with lengths, a valid query row whose every valid key is also masked (by ``mask``
+    or the window) averages ``v`` over the valid keys, where JAX averages over all ``S``."""
     if implementation not in (None, "cudnn"):
         raise ValueError(f"dot_product_attention: implementation={implementation!r}; cudnnkit's is cuDNN's")
     unbatched = query.ndim == 3
@@ -303,6 +305,18 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
                                   "diagonal's alignment differs between JAX and cuDNN there)")  # fmt: skip
     add = _attention_bias(bias, mask, (b, n, t, s_len), q.dtype)
     window = {} if local_window_size is None else _window(local_window_size, bool(is_causal))
+    padded = query_seq_lengths is not None or key_value_seq_lengths is not None
+    if padded:
+        q_len = _seq_lengths(query_seq_lengths, "query_seq_lengths", b, t)
+        kv_len = _seq_lengths(key_value_seq_lengths, "key_value_seq_lengths", b, s_len)
+        q_ok = (jnp.arange(t)[None, :] < q_len[:, None])[:, :, None, None]  # (B, T, 1, 1)
+        kv_ok = (jnp.arange(s_len)[None, :] < kv_len[:, None])[:, :, None, None]
+        # gradients only through the valid rows (cuDNN's padded rows of dq, dk, dv are undefined; JAX's are 0)
+        v_all = v
+        q, k, v = _valid_rows(q, q_ok), _valid_rows(k, kv_ok), _valid_rows(v, kv_ok)
+        # cuDNN never sees a zero length: those rows' results are replaced below
+        window["seq_len_q"] = jnp.maximum(q_len, 1).reshape(b, 1, 1, 1)
+        window["seq_len_kv"] = jnp.maximum(kv_len, 1).reshape(b, 1, 1, 1)
     perm = (0, 2, 1, 3)
     qkv = tuple(Permuted(x, perm) for x in (q, k, v))
     if add is None and not window and kh in (1, n):
@@ -310,7 +324,34 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     else:
         o = _op("attention")(*qkv, add, None, scale=scale, is_causal=bool(is_causal), enable_gqa=kh != n, **window)
     o = jnp.transpose(o, perm)
+    if padded:
+        # no valid key: JAX's uniform weights over all S keys; past the query length: 0
+        mean_v = jnp.repeat(v_all.astype(jnp.float32).mean(axis=1), n // kh, axis=1).astype(o.dtype)  # (B, N, H)
+        o = jnp.where((kv_len == 0)[:, None, None, None], mean_v[:, None], o)
+        o = jnp.where(q_ok, o, jnp.zeros((), o.dtype))
     return o[0] if unbatched else o
+
+
+def _seq_lengths(lengths: Any, name: str, b: int, most: int) -> Any:
+    """``query_seq_lengths``/``key_value_seq_lengths`` as JAX takes them: int32 ``(B,)`` (None: every row valid,
+    ``most``); a concrete length outside ``[0, most]`` is refused by name (a traced one is clamped by cuDNN's mask)."""
+    if lengths is None:
+        return jnp.full((b,), most, jnp.int32)
+    lengths = jnp.asarray(lengths)
+    if lengths.shape != (b,) or lengths.dtype != jnp.int32:
+        raise ValueError(f"dot_product_attention: {name} must be int32 of shape ({b},), got {lengths.dtype} "
+                         f"{lengths.shape}")  # fmt: skip
+    if not isinstance(lengths, _TRACER):
+        host = np.asarray(lengths)
+        if host.min() < 0 or host.max() > most:
+            raise ValueError(f"dot_product_attention: {name} must be in [0, {most}], got {host.tolist()}")
+    return lengths
+
+
+def _valid_rows(x: Any, ok: Any) -> Any:
+    """``x`` itself, its gradient kept only where ``ok`` (the select of the cotangent; XLA folds the forward
+    ``where(ok, x, x)`` away)."""
+    return jnp.where(ok, x, jax.lax.stop_gradient(x))
 
 
 def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any) -> Any:

@@ -75,15 +75,17 @@ STANDINS = {
 
 
 def _attention_bhsd(q, k, v, mask, sink, *, scale, is_causal, enable_gqa, left_bound=None, right_bound=None,
-                    seq_len_q=None, seq_len_kv=None):  # fmt: skip
+                    seq_len_q=None, seq_len_kv=None, skip_rows=None):  # fmt: skip
     """cuDNN's attention variants in (B, H, S, D): grouped key/value heads (query head i reads head i // (H / K)),
     the additive mask, the band ``row - left_bound < col <= row + right_bound`` (causal: right 0), padding lengths
     ((B, 1, 1, 1) int32: keys past ``seq_len_kv`` masked; what cuDNN leaves undefined made garbage: rows past
-    ``seq_len_q`` 12345, and the gradients of q's, k's and v's padded rows nonzero), float32."""
+    ``seq_len_q`` 12345, and the gradients of q's, k's and v's padded rows nonzero), float32. A row within the
+    lengths with no key gives NaN (undefined in cuDNN: the caller must not ask for one)."""
     if seq_len_q is not None:
-        o = _attention_bhsd(q, k, v, mask, sink, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa,
-                            left_bound=left_bound, right_bound=right_bound, seq_len_kv=seq_len_kv)  # fmt: skip
         rows_q = jnp.arange(q.shape[2])[None, None, :, None] < seq_len_q
+        o = _attention_bhsd(q, k, v, mask, sink, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa,
+                            left_bound=left_bound, right_bound=right_bound, seq_len_kv=seq_len_kv,
+                            skip_rows=~rows_q)  # fmt: skip
         rows_kv = jnp.arange(k.shape[2])[None, None, :, None] < seq_len_kv
         pad = sum(
             jnp.where(ok, 0.0, x.astype(jnp.float32)).sum() for x, ok in ((q, rows_q), (k, rows_kv), (v, rows_kv))
@@ -111,6 +113,8 @@ def _attention_bhsd(q, k, v, mask, sink, *, scale, is_causal, enable_gqa, left_b
     if left_bound is not None:
         keep &= col > row - left_bound
     s = jnp.where(keep, s, -jnp.inf)
+    if skip_rows is not None:  # rows past seq_len_q: not computed (finite scores, so no NaN reaches a gradient)
+        s = jnp.where(skip_rows, 0.0, s)
     return jnp.einsum("bhts,bhsd->bhtd", jax.nn.softmax(s, axis=-1), v32).astype(q.dtype)
 
 
@@ -330,38 +334,63 @@ def test_dot_product_attention_variants_match_jax(case):
     assert CALLED[-1][0] == "sdpa"
 
 
-@pytest.mark.parametrize("case", ["both", "query", "kv", "causal+bias", "gqa"])
-def test_dot_product_attention_sequence_lengths_as_jax(case):
+LENGTH_CASES = ["both", "query", "kv", "causal+bias", "gqa", "window", "window-no-lengths", "mask", "clipped"]
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("case", LENGTH_CASES)
+def test_dot_product_attention_sequence_lengths_as_jax(case, jit):
     """query_seq_lengths/key_value_seq_lengths reach the op "attention" as cuDNN's (B, 1, 1, 1) padding lengths
-    (a zero length as 1), and the result and the gradients of q, k, v equal jax.nn.dot_product_attention's where
-    cuDNN leaves them undefined (the stand-in makes those rows garbage): padded query rows 0 with no gradient,
-    padded keys no gradient, a zero key/value length the mean of v."""
+    (a zero length as 1; the query length cut where a window passes the last key), and the result and the
+    gradients of q, k, v equal jax.nn.dot_product_attention's where cuDNN leaves them undefined (the stand-in makes
+    those rows garbage, and a row with no key NaN): padded query rows 0 with no gradient, padded keys no gradient,
+    a row with no key (a zero key/value length, a window past the keys, a mask over every valid key) the mean of
+    v; lengths outside [0, T|S] clipped as JAX reads them; under jit the lengths are traced arguments."""
     b, t, s_, n = 4, 6, 5, 4
     kvh = 2 if case == "gqa" else 4
     q = _r((b, t, n, 8)).astype(jnp.bfloat16)
     k, v = _r((b, s_, kvh, 8), 1).astype(jnp.bfloat16), _r((b, s_, kvh, 8), 2).astype(jnp.bfloat16)
-    ql = None if case == "kv" else jnp.array([6, 1, 3, 0], jnp.int32)
-    kvl = None if case == "query" else jnp.array([5, 2, 0, 4], jnp.int32)
-    kw = dict(query_seq_lengths=ql, key_value_seq_lengths=kvl, scale=0.3)
+    ql = None if case in ("kv", "window-no-lengths") else jnp.array([6, 1, 3, 0], jnp.int32)
+    kvl = None if case in ("query", "window-no-lengths") else jnp.array([5, 2, 0, 4], jnp.int32)
+    kw = dict(scale=0.3)
     if case == "causal+bias":
         k, v, kw["bias"], kw["is_causal"] = q, _r((b, t, n, 8), 2).astype(jnp.bfloat16), _r((1, n, t, t), 3), True
-        kvl = kw["key_value_seq_lengths"] = jnp.array([6, 2, 0, 4], jnp.int32)
+        kvl = jnp.array([6, 2, 0, 4], jnp.int32)
+    if case in ("window", "window-no-lengths"):
+        kw["local_window_size"] = (0, 1)  # rows past length + 0 see no key
+    if case == "mask":  # sample 0, row 2: its valid keys all masked; other rows keep some
+        kw["mask"] = jnp.ones((b, 1, t, s_), bool).at[0, :, 2, :].set(False).at[1, :, :, 1:].set(False)
+    if case == "clipped":
+        ql, kvl = jnp.array([9, -2, 3, 6], jnp.int32), jnp.array([7, 2, -1, 5], jnp.int32)
     c = _r(q.shape, 7)
 
-    def loss(fn, q, k, v):
-        return (fn(q, k, v, **kw).astype(jnp.float32) * c).sum()
+    def ours(q, k, v, ql, kvl):
+        return nn.dot_product_attention(q, k, v, query_seq_lengths=ql, key_value_seq_lengths=kvl, **kw)
 
+    def loss(fn, q, k, v, ql, kvl):
+        return (fn(q, k, v, ql, kvl).astype(jnp.float32) * c).sum()
+
+    def theirs(q, k, v, ql, kvl):
+        return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=ql, key_value_seq_lengths=kvl, **kw)
+
+    run = jax.jit if jit else (lambda f: f)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    got, want = nn.dot_product_attention(q, k, v, **kw), jax.nn.dot_product_attention(*f32, **kw)
+    got, want = run(ours)(q, k, v, ql, kvl), theirs(*f32, ql, kvl)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
     name, called = CALLED[-1]
-    assert name == "attention"
-    for key, lengths, full in (("seq_len_q", ql, t), ("seq_len_kv", kvl, k.shape[1])):
-        want_len = np.full(b, full) if lengths is None else np.maximum(np.asarray(lengths), 1)
-        assert called[key].shape == (b, 1, 1, 1) and called[key].dtype == jnp.int32
-        np.testing.assert_array_equal(np.asarray(called[key]).ravel(), want_len)
-    g_got = jax.grad(lambda *a: loss(nn.dot_product_attention, *a), argnums=(0, 1, 2))(q, k, v)
-    g_want = jax.grad(lambda *a: loss(jax.nn.dot_product_attention, *a), argnums=(0, 1, 2))(*f32)
+    assert name == "attention" and called["seq_len_q"].shape == (b, 1, 1, 1)
+    if not jit:
+        s_kv = k.shape[1]
+        kv_full = np.clip(np.full(b, s_kv) if kvl is None else np.asarray(kvl), 0, s_kv)
+        q_full = np.clip(np.full(b, t) if ql is None else np.asarray(ql), 0, t)
+        left = kw.get("local_window_size", (None,))[0]
+        reach = np.where(kv_full > 0, t if left is None else kv_full + left, 0)
+        for key, want_len in (("seq_len_q", np.clip(np.minimum(q_full, reach), 1, t)),
+                              ("seq_len_kv", np.maximum(kv_full, 1))):  # fmt: skip
+            assert called[key].dtype == jnp.int32
+            np.testing.assert_array_equal(np.asarray(called[key]).ravel(), want_len)
+    g_got = run(jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2)))(q, k, v, ql, kvl)
+    g_want = jax.grad(lambda *a: loss(theirs, *a), argnums=(0, 1, 2))(*f32, ql, kvl)
     for name, x, y in zip("qkv", g_got, g_want):
         np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y), rtol=3e-2, atol=3e-2, err_msg=name)
 
@@ -370,8 +399,8 @@ def test_dot_product_attention_refusals_name_the_argument():
     q = _r((1, 4, 2, 8)).astype(jnp.bfloat16)
     with pytest.raises(ValueError, match=r"query_seq_lengths must be int32 of shape \(1,\)"):
         nn.dot_product_attention(q, q, q, query_seq_lengths=jnp.ones((1,), jnp.float32))
-    with pytest.raises(ValueError, match=r"key_value_seq_lengths must be in \[0, 4\], got \[5\]"):
-        nn.dot_product_attention(q, q, q, key_value_seq_lengths=jnp.full((1,), 5, jnp.int32))
+    with pytest.raises(ValueError, match=r"key_value_seq_lengths must be int32 of shape \(1,\), got int32 \(2,\)"):
+        nn.dot_product_attention(q, q, q, key_value_seq_lengths=jnp.full((2,), 4, jnp.int32))
     with pytest.raises(TypeError, match="mask must be boolean"):
         nn.dot_product_attention(q, q, q, mask=jnp.ones((1, 2, 4, 4), jnp.float32))
     with pytest.raises(ValueError, match="bias must have 2 to 4 dims"):

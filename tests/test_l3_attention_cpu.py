@@ -557,7 +557,7 @@ def test_the_attention_module(recorded):
 
     m = tnn.ScaledDotProductAttention(is_causal=True, scale=0.25)
     assert not list(m.parameters()) and not list(m.buffers())
-    assert "dropout_p=0.0, is_causal=True, scale=0.25, enable_gqa=False" in repr(m)
+    assert "is_causal=True, scale=0.25, enable_gqa=False, dropout_p=0.0" in repr(m)
     assert type(m) not in tnn.TWINS.values()  # not a twin: torch has no such module
     x = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
     assert m(x, x, x).shape == (1, 2, 8, 16)

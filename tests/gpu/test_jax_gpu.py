@@ -271,7 +271,8 @@ def test_batch_norm_fused_relu_forward_and_grads_against_jax(dtype, with_z):
         assert _rel(a, w_) < (1e-4 if dtype == "float32" else 3e-2)
 
 
-@pytest.mark.parametrize("case", ["bias", "mask", "window", "causal-window", "gqa", "lengths", "lengths-causal-gqa"])
+@pytest.mark.parametrize("case", ["bias", "mask", "window", "causal-window", "gqa", "lengths", "lengths-causal-gqa",
+                                  "lengths-bias", "lengths-window", "lengths-mask"])  # fmt: skip
 def test_dot_product_attention_variants_against_jax(case):
     """cudnnkit.jax.nn.dot_product_attention's variants (the L3 op "attention" under jit): a learned bias (its
     gradient cuDNN's dbias), a boolean key-padding mask, local windows, grouped heads, query/key-value sequence
@@ -284,15 +285,23 @@ def test_dot_product_attention_variants_against_jax(case):
     kvh = 2 if "gqa" in case else n
     q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16)
     k, v = (jnp.asarray(rng.standard_normal((b, t, kvh, h)), jnp.bfloat16) for _ in range(2))
-    bias = jnp.asarray(rng.standard_normal((1, n, t, t)), jnp.bfloat16) if case == "bias" else None
+    bias = jnp.asarray(rng.standard_normal((1, n, t, t)), jnp.bfloat16) if "bias" in case else None
     mask = None
-    if case == "mask":
+    if "mask" in case:
         mask = jnp.asarray(rng.random((b, 1, 1, t)) > 0.2).at[..., 0].set(True)
+    if case == "lengths-mask":  # sample 1: every key its length leaves masked, so every row has none
+        mask = mask.at[1, :, :, :90].set(False)
     kw = {"window": dict(local_window_size=(16, 8)), "causal-window": dict(local_window_size=32, is_causal=True),
           "lengths": dict(query_seq_lengths=jnp.array([97, 128], jnp.int32),
                           key_value_seq_lengths=jnp.array([128, 0], jnp.int32)),
           "lengths-causal-gqa": dict(query_seq_lengths=jnp.array([128, 50], jnp.int32),
-                                     key_value_seq_lengths=jnp.array([64, 128], jnp.int32), is_causal=True)}  # fmt: skip
+                                     key_value_seq_lengths=jnp.array([64, 128], jnp.int32), is_causal=True),
+          "lengths-bias": dict(query_seq_lengths=jnp.array([100, 128], jnp.int32),
+                               key_value_seq_lengths=jnp.array([128, 77], jnp.int32)),
+          "lengths-window": dict(query_seq_lengths=jnp.array([128, 90], jnp.int32),
+                                 key_value_seq_lengths=jnp.array([40, 128], jnp.int32), local_window_size=(16, 8)),
+          "lengths-mask": dict(query_seq_lengths=jnp.array([128, 128], jnp.int32),
+                               key_value_seq_lengths=jnp.array([128, 90], jnp.int32))}  # fmt: skip
     kw = kw.get(case, {})
     ct = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
 

@@ -277,14 +277,18 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
 
     * ``query_seq_lengths``/``key_value_seq_lengths``: int32 ``(B,)`` valid lengths (cuDNN's padding mask,
       ``seq_len_q``/``seq_len_kv``), with JAX's definition of what cuDNN leaves undefined: rows past a query
-      length are 0 and get no gradient, keys past a key/value length get no gradient, and a sample whose key/value
-      length is 0 attends uniformly to all ``S`` keys (the mean of ``v``, as JAX's large negative logits give).
+      length are 0 and get no gradient, keys past a key/value length get no gradient, and a row with no key
+      (a zero key/value length, say) attends uniformly to all ``S`` keys (the mean of ``v``, as JAX's large
+      negative logits give).
 
     ``cudnnkit.jax.ops.sdpa`` runs the plain and causal calls with ``K`` equal to ``N`` or 1, ``cudnnkit.jax.ops
     .attention`` (``attention_forward``/``attention_backward``) the others.
 
-    One case differs from JAX's: with lengths, a valid query row whose every valid key is also masked (by ``mask``
-    or the window) averages ``v`` over the valid keys, where JAX averages over all ``S``."""
+    A valid query row with no key to attend (every key past its sample's length, outside the window or masked) is
+    JAX's uniform average of ``v`` over all ``S`` keys; cuDNN computes only the others. Lengths are clipped to
+    ``[0, T]`` and ``[0, S]`` as JAX's mask reads them.
+
+    ``jax.vmap`` over a call with lengths raises ``NotImplementedError`` (they are per sample)."""
     if implementation not in (None, "cudnn"):
         raise ValueError(f"dot_product_attention: implementation={implementation!r}; cudnnkit's is cuDNN's")
     unbatched = query.ndim == 3
@@ -305,17 +309,27 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
                                   "diagonal's alignment differs between JAX and cuDNN there)")  # fmt: skip
     add = _attention_bias(bias, mask, (b, n, t, s_len), q.dtype)
     window = {} if local_window_size is None else _window(local_window_size, bool(is_causal))
-    padded = query_seq_lengths is not None or key_value_seq_lengths is not None
-    if padded:
+    left = None if local_window_size is None else window["left_bound"] - 1
+    lengths = query_seq_lengths is not None or key_value_seq_lengths is not None
+    # rows with no key to attend (a window past the keys): JAX's uniform weights, cuDNN's undefined
+    empty_rows = left is not None and t > s_len + left
+    if lengths or empty_rows:
         q_len = _seq_lengths(query_seq_lengths, "query_seq_lengths", b, t)
         kv_len = _seq_lengths(key_value_seq_lengths, "key_value_seq_lengths", b, s_len)
-        q_ok = (jnp.arange(t)[None, :] < q_len[:, None])[:, :, None, None]  # (B, T, 1, 1)
-        kv_ok = (jnp.arange(s_len)[None, :] < kv_len[:, None])[:, :, None, None]
-        # gradients only through the valid rows (cuDNN's padded rows of dq, dk, dv are undefined; JAX's are 0)
+        # the rows with a key: t < reach (a window's band passes the last key at row kv_len + left)
+        reach = jnp.where(kv_len > 0, t if left is None else kv_len + left, 0)
+        rows = jnp.arange(t)[None, :]
+        q_ok, has_key = (rows < q_len[:, None]), (rows < reach[:, None])  # (B, T)
+        kv_ok = (jnp.arange(s_len)[None, :] < kv_len[:, None])[:, :, None, None]  # (B, S, 1, 1)
+        use = (q_ok & has_key)[:, :, None, None]  # (B, T, 1, 1): the rows cuDNN computes as JAX does
+        if mask is not None:  # rows whose allowed keys the mask covers whole: JAX's uniform weights over all S
+            use = use & jnp.transpose(_any_kept(mask, kv_len, left, window.get("right_bound"), bool(is_causal),
+                                                (b, n, t, s_len)), (0, 2, 1))[..., None]  # fmt: skip
+        # gradients only through those rows (cuDNN's padded rows of dq, dk, dv are undefined; JAX's are 0)
         v_all = v
-        q, k, v = _valid_rows(q, q_ok), _valid_rows(k, kv_ok), _valid_rows(v, kv_ok)
-        # cuDNN never sees a zero length: those rows' results are replaced below
-        window["seq_len_q"] = jnp.maximum(q_len, 1).reshape(b, 1, 1, 1)
+        q, k, v = _valid_rows(q, use), _valid_rows(k, kv_ok), _valid_rows(v, kv_ok)
+        # cuDNN sees no zero length and no row without a key: the rows past its lengths are replaced below
+        window["seq_len_q"] = jnp.clip(jnp.minimum(q_len, reach), 1, t).reshape(b, 1, 1, 1)
         window["seq_len_kv"] = jnp.maximum(kv_len, 1).reshape(b, 1, 1, 1)
     perm = (0, 2, 1, 3)
     qkv = tuple(Permuted(x, perm) for x in (q, k, v))
@@ -324,28 +338,43 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     else:
         o = _op("attention")(*qkv, add, None, scale=scale, is_causal=bool(is_causal), enable_gqa=kh != n, **window)
     o = jnp.transpose(o, perm)
-    if padded:
-        # no valid key: JAX's uniform weights over all S keys; past the query length: 0
+    if lengths or empty_rows:
+        # a valid row with no key: JAX's uniform weights over all S keys; past the query length: 0
         mean_v = jnp.repeat(v_all.astype(jnp.float32).mean(axis=1), n // kh, axis=1).astype(o.dtype)  # (B, N, H)
-        o = jnp.where((kv_len == 0)[:, None, None, None], mean_v[:, None], o)
-        o = jnp.where(q_ok, o, jnp.zeros((), o.dtype))
+        o = jnp.where(use, o, mean_v[:, None])
+        o = jnp.where(q_ok[:, :, None, None], o, jnp.zeros((), o.dtype))
     return o[0] if unbatched else o
 
 
 def _seq_lengths(lengths: Any, name: str, b: int, most: int) -> Any:
     """``query_seq_lengths``/``key_value_seq_lengths`` as JAX takes them: int32 ``(B,)`` (None: every row valid,
-    ``most``); a concrete length outside ``[0, most]`` is refused by name (a traced one is clamped by cuDNN's mask)."""
+    ``most``), clipped to ``[0, most]`` (what JAX's ``index < length`` mask makes of any other value)."""
     if lengths is None:
         return jnp.full((b,), most, jnp.int32)
     lengths = jnp.asarray(lengths)
     if lengths.shape != (b,) or lengths.dtype != jnp.int32:
         raise ValueError(f"dot_product_attention: {name} must be int32 of shape ({b},), got {lengths.dtype} "
                          f"{lengths.shape}")  # fmt: skip
-    if not isinstance(lengths, _TRACER):
-        host = np.asarray(lengths)
-        if host.min() < 0 or host.max() > most:
-            raise ValueError(f"dot_product_attention: {name} must be in [0, {most}], got {host.tolist()}")
-    return lengths
+    return jnp.clip(lengths, 0, most)
+
+
+def _any_kept(mask: Any, kv_len: Any, left: int | None, right: int | None, causal: bool, full: tuple) -> Any:
+    """``(B, N|1, T)``: whether JAX's combined mask keeps any key of the row: the boolean ``mask`` (broadcast to
+    ``(B|1, N|1, T, S)`` as :func:`_attention_bias` takes it), the keys before ``kv_len``, the window's band and
+    the causal triangle."""
+    b, _, t, s_len = full
+    m = jnp.asarray(mask)
+    m = m.reshape((1,) * (4 - m.ndim) + m.shape)
+    row, col = jnp.arange(t)[:, None], jnp.arange(s_len)[None, :]
+    band = jnp.ones((t, s_len), bool)
+    if left is not None:
+        band &= col >= row - left
+    if causal:
+        band &= col <= row
+    elif right is not None:
+        band &= col <= row + right
+    keys = (jnp.arange(s_len)[None, :] < kv_len[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    return jnp.any(m & band & keys, axis=-1)
 
 
 def _valid_rows(x: Any, ok: Any) -> Any:

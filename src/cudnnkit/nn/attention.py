@@ -75,8 +75,9 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     Dropout, as torch's function, applies whenever ``dropout_p > 0`` (pass 0 in eval): cuDNN's Philox generator
     drops attention weights and scales the kept ones by ``1 / (1 - p)``; its seed is drawn on the device from the
     array library's generator (:func:`~cudnnkit.nn._common.dropout_seed`: ``torch.manual_seed`` reproduces a call,
-    a CUDA-graph replay draws anew), offset 0, and the backward replays the same mask. The masks are cuDNN's, not
-    torch's (other bits for the same seed).
+    a CUDA-graph replay draws anew; under ``torch.compile`` with inductor, inductor's own generator draws it, so
+    compiled and eager calls draw different seeds after one ``manual_seed``), offset 0, and the backward replays
+    the same mask. The masks are cuDNN's, not torch's (other bits for the same seed).
 
     Refused by name: a boolean mask, ``dropout_p = 1`` (``NotImplementedError``); ``dropout_p`` outside ``[0, 1]``
     (``ValueError``)."""

@@ -957,8 +957,8 @@ class ScaledDotProductAttention(torch.nn.Module):
     ``F.multi_head_attention_forward``), not a cuDNN op. A model written with ``Linear`` projections and this
     module runs its attention on cuDNN."""
 
-    def __init__(self, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                 enable_gqa: bool = False) -> None:  # fmt: skip
+    def __init__(self, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+                 dropout_p: float = 0.0) -> None:  # fmt: skip
         super().__init__()
         for name, v in (("dropout_p", dropout_p), ("scale", scale)):
             if (v is not None or name == "dropout_p") and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
@@ -978,5 +978,5 @@ class ScaledDotProductAttention(torch.nn.Module):
                                             self.is_causal, self.scale, self.enable_gqa)  # fmt: skip
 
     def extra_repr(self) -> str:
-        return (f"dropout_p={self.dropout_p}, is_causal={self.is_causal}, scale={self.scale}, "
-                f"enable_gqa={self.enable_gqa}")  # fmt: skip
+        return (f"is_causal={self.is_causal}, scale={self.scale}, enable_gqa={self.enable_gqa}, "
+                f"dropout_p={self.dropout_p}")  # fmt: skip

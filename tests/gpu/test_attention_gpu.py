@@ -299,6 +299,13 @@ def test_deterministic_backward_repeats_bitwise(dev, hk):
 # ----------------------------------------------------------------- dropout, replayed from seed and offset
 
 
+def put_int(dev, value):
+    """A (1, 1, 1, 1) int64 device array holding ``value`` exactly (a seed up to 2**63)."""
+    arr = dev.empty((1, 1, 1, 1), "int64", 0)
+    dev.copy(arr, dev.from_numpy(np.full((1, 1, 1, 1), value, dtype=np.int64), 0))
+    return arr
+
+
 def dropout_mask(dev, p, seed, offset, sq, skv, dtype):
     """The keep-mask cuDNN's attention RNG draws for (seed, offset) at (B, H, Sq, Skv): read back through the
     pattern itself with q = 0 (every probability 1/Skv) and v = I (o = mask / ((1 - p) Skv))."""
@@ -310,10 +317,10 @@ def dropout_mask(dev, p, seed, offset, sq, skv, dtype):
     r = g.sdpa_forward(q, k, v, dropout=p, seed=sd, offset=of)
     o, st = g.mark_output(r.o), g.mark_output(r.stats)
     ka = draw(np.random.default_rng(5), (B, H, skv, skv), dtype)
-    vals = {q: np.zeros((B, H, sq, skv)), k: ka, v: np.broadcast_to(np.eye(skv), (B, H, skv, skv)),
-            sd: np.full((1, 1, 1, 1), seed), of: np.full((1, 1, 1, 1), offset)}  # fmt: skip
+    vals = {q: np.zeros((B, H, sq, skv)), k: ka, v: np.broadcast_to(np.eye(skv), (B, H, skv, skv))}
     outs = {o: nan_like(dev, o), st: nan_like(dev, st)}
-    g.execute({**{t: put(dev, a, t) for t, a in vals.items()}, **outs})
+    ints = {sd: put_int(dev, seed), of: put_int(dev, offset)}  # exact: put() goes through float64
+    g.execute({**{t: put(dev, a, t) for t, a in vals.items()}, **ints, **outs})
     m = got(dev, outs[o]) * (1 - p) * skv
     assert np.abs(m - np.round(m)).max() < 0.02 and set(np.unique(np.round(m))) <= {0.0, 1.0}
     return np.round(m)

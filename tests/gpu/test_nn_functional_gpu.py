@@ -452,6 +452,33 @@ def test_scaled_dot_product_attention_dropout_replays_its_mask(causal, masked):
             < BF16_TOL  # fmt: skip
 
 
+def test_scaled_dot_product_attention_dropout_under_torch_compile():
+    """Dropout under torch.compile(fullgraph=True): through AOTAutograd (backend aot_eager, torch's own generator
+    draws the seed) the output and gradients equal eager's bitwise after one torch.manual_seed; with inductor in
+    mode reduce-overhead (CUDA graphs; inductor's generator) each replay draws a new mask, and the mean of 96 calls
+    is the output without dropout (the kept weights scaled by 1 / (1 - p): unscaled, the mean would be half)."""
+    torch.manual_seed(12)
+    q, k, v = (r(2, 4, 128, 64).to(torch.bfloat16).requires_grad_() for _ in range(3))
+    do = r(2, 4, 128, 64).to(torch.bfloat16)
+
+    def f(q, k, v):
+        return nn.scaled_dot_product_attention(q, k, v, dropout_p=0.5, is_causal=True)
+
+    got = []
+    for fn in (f, torch.compile(f, backend="aot_eager", fullgraph=True)):
+        torch.manual_seed(3)
+        o = fn(q, k, v)
+        got.append((o, *torch.autograd.grad(o, (q, k, v), do)))
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        plain = nn.scaled_dot_product_attention(q, k, v, is_causal=True).float()
+        g = torch.compile(f, fullgraph=True, mode="reduce-overhead")
+        outs = [g(q, k, v).float().clone() for _ in range(96)]
+    assert all(torch.isfinite(o).all() for o in outs) and not torch.equal(outs[-1], outs[-2])
+    assert rel(torch.stack(outs).mean(0), plain) < 0.25
+
+
 def test_scaled_dot_product_attention_dropout_on_cupy_arrays():
     """CuPy arrays in and out: the seed drawn from cupy.random (cupy.random.seed reproduces the call), the output
     against the float64 reference with the mask cuDNN draws for it."""

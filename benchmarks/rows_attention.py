@@ -619,3 +619,44 @@ def functional_rows() -> list[Row]:
             notes="gradients of q, k, v and the bias (cuDNN's dbias)",
         ),  # fmt: skip
     ]
+
+
+@register
+def dropout_rows() -> list[Row]:
+    """``cudnnkit.nn.scaled_dot_product_attention(dropout_p=0.1)`` (the L3 op ``attention``: cuDNN's in-kernel
+    dropout, its seed drawn from torch's generator) against torch's ``F.scaled_dot_product_attention`` with the same
+    ``dropout_p`` on its cuDNN backend (``sdpa_kernel(SDPBackend.CUDNN_ATTENTION)``), bf16 B4 H16 S4096 D128,
+    forward + backward, causal and not; through the functional API and the custom op's eager path."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from cudnnkit import nn
+
+    b, h, s, d, p = 4, 16, 4096, 128, 0.1
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    leaves = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+              for _ in range(3)]  # fmt: skip
+    do = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def ours(causal):
+        def call():
+            o = nn.scaled_dot_product_attention(*leaves, dropout_p=p, is_causal=causal)
+            return torch.autograd.grad(o, leaves, do)
+
+        return call
+
+    def theirs(causal):
+        def call():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                o = F.scaled_dot_product_attention(*leaves, dropout_p=p, is_causal=causal)
+            return torch.autograd.grad(o, leaves, do)
+
+        return call
+
+    return [
+        Row(FAMILY, _words("dropout 0.1", "causal" if causal else "", "fwd+bwd vs torch-cudnn"),
+            f"B{b} H{h} S{s} D{d}", "bfloat16", ours=ours(causal), torch=theirs(causal),
+            flops=3.5 * _fwd_flops(b, h, s, d, causal=causal))
+        for causal in (False, True)
+    ]  # fmt: skip

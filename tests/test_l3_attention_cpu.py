@@ -577,8 +577,10 @@ def test_the_attention_module(recorded):
         tnn.ScaledDotProductAttention(scale="big")
     with pytest.raises(TypeError, match="dropout_p must be a real number, got None"):
         tnn.ScaledDotProductAttention(dropout_p=None)
-    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+    with pytest.raises(NotImplementedError, match=r"dropout_p=1.0"):
         tnn.ScaledDotProductAttention(dropout_p=1.0)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\], got 2"):
+        tnn.ScaledDotProductAttention(dropout_p=2)
     # dropout: in training mode only (the op 'attention' with a drawn seed), as torch.nn.Dropout
     d = tnn.ScaledDotProductAttention(dropout_p=0.25)
     d(x, x, x)

@@ -362,9 +362,8 @@ def _any_kept(mask: Any, kv_len: Any, left: int | None, right: int | None, causa
     """``(B, N|1, T)``: whether JAX's combined mask keeps any key of the row: the boolean ``mask`` (broadcast to
     ``(B|1, N|1, T, S)`` as :func:`_attention_bias` takes it), the keys before ``kv_len``, the window's band and
     the causal triangle."""
-    b, _, t, s_len = full
-    m = jnp.asarray(mask)
-    m = m.reshape((1,) * (4 - m.ndim) + m.shape)
+    _, _, t, s_len = full
+    m = _as_4d(mask, "mask", full)
     row, col = jnp.arange(t)[:, None], jnp.arange(s_len)[None, :]
     band = jnp.ones((t, s_len), bool)
     if left is not None:
@@ -390,14 +389,7 @@ def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any) -> Any:
     for name, x in (("bias", bias), ("mask", mask)):
         if x is None:
             continue
-        x = jnp.asarray(x)
-        if x.ndim > 4 or x.ndim < 2:
-            raise ValueError(f"dot_product_attention: {name} must have 2 to 4 dims, broadcastable to (B, N, T, S) = "
-                             f"{full}, got shape {x.shape}")  # fmt: skip
-        x = x.reshape((1,) * (4 - x.ndim) + x.shape)  # leading dims of 1, as JAX's own (_ensure_4d)
-        if any(d not in (1, f) for d, f in zip(x.shape, full)):
-            raise ValueError(f"dot_product_attention: {name} of shape {x.shape} does not broadcast to (B, N, T, S) "
-                             f"= {full}")  # fmt: skip
+        x = _as_4d(x, name, full)
         if name == "mask":
             if x.dtype != jnp.bool_:
                 raise TypeError(f"dot_product_attention: mask must be boolean (True where kept), got {x.dtype}")
@@ -407,6 +399,20 @@ def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any) -> Any:
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
+def _as_4d(x: Any, name: str, full: tuple) -> Any:
+    """A bias or mask with leading dims of 1 up to 4-d, as JAX's own (``_ensure_4d``), checked to broadcast to
+    ``full`` = ``(B, N, T, S)`` (``ValueError`` naming ``name``)."""
+    x = jnp.asarray(x)
+    if x.ndim > 4 or x.ndim < 2:
+        raise ValueError(f"dot_product_attention: {name} must have 2 to 4 dims, broadcastable to (B, N, T, S) = "
+                         f"{full}, got shape {x.shape}")  # fmt: skip
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    if any(d not in (1, f) for d, f in zip(x.shape, full)):
+        raise ValueError(f"dot_product_attention: {name} of shape {x.shape} does not broadcast to (B, N, T, S) "
+                         f"= {full}")  # fmt: skip
+    return x
 
 
 def _window(size: Any, causal: bool) -> dict:

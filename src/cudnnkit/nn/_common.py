@@ -146,6 +146,10 @@ def full(like: Any, shape: tuple[int, ...], value: float, dtype: str) -> Any:
         return cupy.full(tuple(shape), value, dtype=dtype)
 
 
+#: dropout seeds are drawn from ``[0, 2**62)``
+_SEED_HIGH = 1 << 62
+
+
 def dropout_seed(like: Any) -> tuple[Any, Any]:
     """A fresh ``(seed, offset)`` for cuDNN's attention dropout (its Philox generator): two ``(1, 1, 1, 1)`` int64
     arrays on ``like``'s device, the seed drawn on the device from the library's own generator (``torch.randint``:
@@ -161,10 +165,6 @@ def dropout_seed(like: Any) -> tuple[Any, Any]:
 
     with like.device:
         return cupy.random.randint(0, _SEED_HIGH, size=shape, dtype=cupy.int64), cupy.zeros(shape, cupy.int64)
-
-
-#: dropout seeds are drawn from ``[0, 2**62)``
-_SEED_HIGH = 1 << 62
 
 
 def cast(a: Any, dtype: str) -> Any:

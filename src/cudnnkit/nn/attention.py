@@ -13,6 +13,19 @@ from ._common import call1, check_dtype, dropout_seed, dtype_of, real
 __all__ = ["scaled_dot_product_attention"]
 
 
+def dropout_probability(dropout_p: Any) -> float:
+    """``dropout_p`` as a float in ``[0, 1)``: ``TypeError`` for a non-number, ``ValueError`` outside ``[0, 1]``
+    (NaN too), ``NotImplementedError`` for 1 (cuDNN's attention dropout scales what it keeps by ``1 / (1 - p)``;
+    torch's returns zeros)."""
+    p = real(dropout_p, "dropout_p")
+    if not 0.0 <= p <= 1.0:  # also NaN
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
+    if p == 1.0:
+        raise NotImplementedError("scaled_dot_product_attention: dropout_p=1.0: cuDNN's attention dropout scales "
+                                  "what it keeps by 1 / (1 - p) (torch's returns zeros)")  # fmt: skip
+    return p
+
+
 def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any, is_causal: Any,
                enable_gqa: Any) -> float:  # fmt: skip
     """What this API does not pass to cuDNN's graph attention, each a ``NotImplementedError`` naming the argument;
@@ -25,12 +38,7 @@ def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any,
         if is_causal:
             raise ValueError("scaled_dot_product_attention: attn_mask and is_causal=True together (torch refuses "
                              "them; cudnnkit.ops.attention_forward takes both)")  # fmt: skip
-    p = real(dropout_p, "dropout_p")
-    if not 0.0 <= p <= 1.0:  # also NaN
-        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
-    if p == 1.0:
-        raise NotImplementedError("scaled_dot_product_attention: dropout_p=1.0: cuDNN's attention dropout scales "
-                                  "what it keeps by 1 / (1 - p) (torch's returns zeros)")  # fmt: skip
+    p = dropout_probability(dropout_p)
     for name, a in (("query", query), ("key", key), ("value", value)):
         check_dtype(a, ("float16", "bfloat16"), name, "cuDNN's fused attention")
         if a.ndim not in (3, 4):

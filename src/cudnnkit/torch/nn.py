@@ -959,16 +959,13 @@ class ScaledDotProductAttention(torch.nn.Module):
 
     def __init__(self, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
                  dropout_p: float = 0.0) -> None:  # fmt: skip
+        from ..nn.attention import dropout_probability
+
         super().__init__()
-        for name, v in (("dropout_p", dropout_p), ("scale", scale)):
-            if (v is not None or name == "dropout_p") and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
-                raise TypeError(f"{name} must be a real number{' or None' if name == 'scale' else ''}, got {v!r}")
-        if not 0.0 <= dropout_p < 1.0:
-            raise ValueError(
-                f"dropout_p must be in [0, 1) (cuDNN scales what it keeps by 1 / (1 - p)), got {dropout_p}"
-            )
-        self.dropout_p, self.is_causal, self.scale = float(dropout_p), bool(is_causal), scale
-        self.enable_gqa = bool(enable_gqa)
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+            raise TypeError(f"scale must be a real number or None, got {scale!r}")
+        self.dropout_p = dropout_probability(dropout_p)  # the function's check, at construction
+        self.is_causal, self.scale, self.enable_gqa = bool(is_causal), scale, bool(enable_gqa)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip

@@ -211,6 +211,31 @@ def test_the_fused_forward_graph(nhwc):
     g.lower()  # every descriptor made and finalized up to the operation graph (no handle needed here)
 
 
+def test_the_fused_3d_forward_graph_scales_z_with_a_5d_constant():
+    """A 3-d convolution's fused forward (found by the fuzzer): ``z_alpha * z`` multiplies z by a constant of
+    z's rank, 5-d (a 4-d one made the graph layer refuse the valid call: "b has 4 dims but x has 5"); the graph
+    lowers host-side."""
+    from cudnnkit.ops._layout import channels_last_strides
+    from cudnnkit.ops.activation import resolve_activation
+
+    xs, ws, ys = (2, 4, 3, 6, 5), (6, 4, 2, 3, 3), (2, 6, 2, 4, 3)
+
+    def st(shape):
+        return tuple(2 * v for v in channels_last_strides(shape))
+
+    r = cv._resolve(ops.Convolution(), "float16", xs, ws, True, ys)._replace(
+        z=True, z_alpha=-1.0, act=resolve_activation("leaky_relu")
+    )
+    c = _call(r, x=x(xs, "<f2", strides=st(xs)), w=x(ws, "<f2", strides=st(ws)), z=x(ys, "<f2", strides=st(ys)),
+              out=x(ys, "<f2", strides=st(ys)))  # fmt: skip
+    g, _ = cv.graph_builder("forward")(c)
+    kinds = [(n.kind, dict(n.attrs).get("mode")) for n in g.nodes()]
+    assert kinds[:3] == [("conv_fprop", "cross_correlation"), ("pointwise", "MUL"), ("pointwise", "ADD")]
+    assert [v for v, _ in g.constants().values()][0] == -1.0
+    assert {len(t.dims) for t in g.tensors()} == {5}
+    g.lower()
+
+
 @pytest.mark.parametrize("dtype", ["<f4", "<f2"])
 def test_the_bias_gradient_graph(dtype):
     """db = dy summed over all but the channels: one reduction node from dy as given (channels-last) into the

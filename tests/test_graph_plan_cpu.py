@@ -196,7 +196,7 @@ def test_good_bindings_resolve_in_uid_order_with_scalars_by_value():
         ),
         (
             lambda b, t: b.__setitem__(t["x"], arr(t["x"], device=1)),
-            r"tensor x \(uid 1\): on cuda:1, the plan is for cuda:0",
+            r"tensor x \(uid 1\): on cuda:1, but the plan was built for device=0",
         ),
         (lambda b, t: b.__setitem__(t["y"], arr(t["y"], ptr=BASE + 2)), r"pointer 0x7f0000000002 is not aligned to 16"),
         (lambda b, t: b.__setitem__(t["y"], BASE + 8), r"is not aligned to 16 bytes"),

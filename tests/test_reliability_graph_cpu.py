@@ -737,7 +737,7 @@ def test_bindings_unknown_virtual_twice_and_missing_are_named():
         (FakeCAI((4, 64), "<f2"), r"tensor x \(uid 1\): dtype float16, the plan expects float32"),
         (FakeCAI((4, 32), "<f4"), r"tensor x \(uid 1\): shape \(4, 32\), the plan expects \(4, 64\)"),
         (FakeCAI((4, 64), "<f4", strides=(4, 16)), r"tensor x \(uid 1\): strides \(1, 4\), the plan expects \(64, 1\)"),
-        (FakeCAI((4, 64), "<f4", device=1), r"tensor x \(uid 1\): on cuda:1, the plan is for cuda:0"),
+        (FakeCAI((4, 64), "<f4", device=1), r"tensor x \(uid 1\): on cuda:1, but the plan was built for device=0"),
     ],
 )
 def test_bindings_wrong_dtype_shape_strides_device(array, msg):

@@ -1356,3 +1356,29 @@ def test_U11_dropout_default_state_names_the_ops_argument():
 def test_C1_default_state_checks_its_stream():
     with pytest.raises(TypeError, match="^stream must be None or a CUDA stream object"):
         ops.default_state(FakeCAI((8,)), stream=1.5)
+
+
+# ----------------------------------------------------------------- the legacy descriptors' int range (fuzzer)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: ops.pooling_forward(Arr((2, 3, 2**31 + 3, 1)), mode="avg_include_padding", window=(2, 1)), "x"),
+        (lambda: ops.reduce_tensor(Arr((4, 2**31 + 1)), "norm1"), "a"),
+        # channels-last float32: the sum's graph form first, whose int64 strides overflow, then the legacy call
+        (lambda: ops.convolution_backward_bias(Arr((2, 3, 2**62, 4), strides=(3 * 4 * 2**62, 1, 12, 3))), "dy"),
+        (lambda: ops.convolution_backward_bias(Arr((2, 3, 2**31), "<f8")), "dy"),
+    ],
+    ids=["pooling", "reduce", "conv-bias-nhwc", "conv-bias"],
+)
+def test_a_dim_past_cudnns_int_is_refused_naming_the_array(fake, call, name):
+    """A legacy call whose descriptor cannot take a dim or stride (past 2**31 - 1) raises the ValueError of
+    check_fits naming the caller's array, not the descriptor's bare "shape value ... does not fit" (found by the
+    fuzzer: pooling, reduce_tensor, the convolution's bias gradient), or, where the graph form sees the array
+    first, the graph layer's error naming its tensor (int64 strides overflowed); no cuDNN compute call ran."""
+    ad, recs = fake
+    want = rf"^({name} \(shape .*too large for cuDNN's tensor descriptors|tensor {name}: strides must hold int64)"
+    with pytest.raises(ValueError, match=want):
+        call()
+    assert not any(r.calls for r in recs.values() if r is not recs["cudnnDropoutGetStatesSize"])

@@ -369,7 +369,7 @@ class FakeAdapter:
         return "0"
 
     def device_count(self):
-        return 1
+        return 2  # the fakes' arrays live on cuda:0 or, under a device mutation, cuda:1
 
     def device_info(self, i):
         return ("fake", (9, 0))

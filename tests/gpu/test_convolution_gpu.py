@@ -272,6 +272,35 @@ def test_fused_forward_matches_the_reference(xp, dtype, layout, act):
         assert ops.last_path()[1] == "legacy" and rel(host(xp, got), want) < _tol(dtype, False) * 4
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("act", [None, "relu", "leaky_relu"])
+def test_fused_3d_forward_with_z_alpha_matches_the_reference(xp, dtype, act):
+    """``act(conv3d(x, w) + bias + z_alpha * z)``, channels-last, into a poisoned out (the fuzzer's find: the graph
+    form scaled z by a 4-d constant, and the graph layer refused the valid 5-d call with a GraphError). Whatever
+    path runs (cuDNN may have no fused 3-d engine: then the legacy calls, or a refusal by name for a graph-only
+    activation), a result must match the float64 reference."""
+    from cudnnkit.graph import UnsupportedGraphError
+
+    rng = np.random.default_rng(11)
+    x, w, kw, rkw = _case(rng, (3, 2, 8, 8, (6, 5, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1,
+                                "cross_correlation"), dtype)  # fmt: skip
+    conv = ref.conv_forward(x, w, **rkw)
+    b = seen(rng.standard_normal(conv.shape[1]), dtype)
+    z = seen(rng.standard_normal(conv.shape), dtype)
+    pre = conv + b.reshape(1, -1, 1, 1, 1) - 0.5 * z
+    want = pre if act is None else aref.act_forward(pre, act)
+    out = dev(xp, np.full(want.shape, np.nan), dtype, "nhwc")
+    args = (dev(xp, x, dtype, "nhwc"), dev(xp, w, dtype, "nhwc"), dev(xp, b, dtype))
+    with settings(allow_tf32=False):
+        try:
+            got = ops.convolution_forward(*args, z=dev(xp, z, dtype, "nhwc"), z_alpha=-0.5, activation=act,
+                                          out=out, **kw)  # fmt: skip
+        except (UnsupportedGraphError, ValueError) as e:
+            assert act == "leaky_relu" and "neither cuDNN path" in str(e), e  # graph-only activation, no engine
+            return
+    assert got is out and rel(host(xp, out), want) < _tol(dtype, False) * 4, ops.last_path()
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_asymmetric_padding_runs_on_the_graph(xp, dtype, layout):

@@ -196,12 +196,16 @@ class Graph(
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")
         label = f"tensor {name or '?'}"
-        dims = as_ints(dims, "dims")
+        try:
+            dims = as_ints(dims, "dims")
+            strides = None if strides is None else as_ints(strides, "strides")
+        except GraphError as e:  # a value past int64: say which tensor
+            raise GraphError(f"{label}: {e}") from None
         if not 1 <= len(dims) <= lib.CUDNN_DIM_MAX:
             raise GraphError(f"{label}: 1 to {lib.CUDNN_DIM_MAX} dims, got {dims}")
         if any(d < 1 for d in dims):
             raise GraphError(f"{label}: dims must be positive, got {dims}")
-        strides = contiguous_strides(dims) if strides is None else as_ints(strides, "strides")
+        strides = contiguous_strides(dims) if strides is None else strides
         if len(strides) != len(dims) or any(s < 1 for s in strides):
             raise GraphError(f"{label}: strides {strides} must be {len(dims)} positive ints")
         dtype = canonical(dtype, "dtype")

@@ -48,13 +48,14 @@ from ..runtime import OPTIONAL, PACKED, WRITTEN, adapters, check_dtype, current_
 from ..runtime.adapters import FINISH
 from ..runtime.arrays import layout_problem
 from ..runtime.cache import LRU, MISSING
+from ..runtime.descriptors import IntRangeError
 from ..runtime.dtypes import scaling_ref
 from ..runtime.handle import get_handle
 from ..runtime.launch import Launch
 from ..runtime.view import ArrayView
 from . import _express
 from ._graphform import GraphFallback
-from ._layout import plan_layout
+from ._layout import check_fits, fits, plan_layout
 
 __all__ = [
     "Operand",
@@ -390,10 +391,26 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
             _last.path = (p.name, "graph")
             call.extra["_path"] = "graph"
             return
-    with call.launch.on_device():  # every form runs with the arrays' device current
-        p.legacy(call)  # type: ignore[misc]
+    try:
+        with call.launch.on_device():  # every form runs with the arrays' device current
+            p.legacy(call)  # type: ignore[misc]
+    except IntRangeError:
+        _name_unfit(call)
+        raise
     _last.path = (p.name, "legacy")
     call.extra["_path"] = "legacy"
+
+
+def _name_unfit(call: Call) -> None:
+    """Re-raise a legacy call's :class:`~cudnnkit.runtime.descriptors.IntRangeError` (a descriptor's dim or
+    stride past cuDNN's int: the legacy API's limit, where the graph API takes int64) as
+    :func:`~cudnnkit.ops._layout.check_fits`'s ``ValueError`` naming the first of the call's arrays that does not
+    fit; nothing when every array fits (a temporary's descriptor: the error stands). The descriptors are made before
+    the cuDNN call that reads them, so nothing ran on the device for the array named. Caught, not checked per
+    call: the check costs nothing on the calls that fit."""
+    for name, v in call.views.items():
+        if v is not None and hasattr(v, "shape") and not fits(tuple(v.shape), tuple(v.strides)):
+            check_fits(name, v.shape, v.strides)  # raises
 
 
 # ----------------------------------------------------------------- the op-level plan cache

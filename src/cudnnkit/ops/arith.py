@@ -38,8 +38,10 @@ from .. import lib
 from ..runtime import DescriptorKind, check_choice, cudnn_dtype, current_settings, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides, is_dense
 from ..runtime.cache import LRU, MISSING
+from ..runtime.descriptors import INT_MAX, IntRangeError
 from ..runtime.dtypes import FLOATS, check_dtype, check_scalar, itemsize, nan_propagation, scaling_ref
 from ._diff import Differentiable, Spec, differentiable, from_host, host_values, spec_view
+from ._layout import fits
 from ._primitive import Call, Operand, Output, Primitive, register, run
 from .activation import activation_backward
 from .tensor import add_tensor, set_tensor, transform_tensor
@@ -292,6 +294,8 @@ def reduce_views(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: Any
         return None
     if va.dtype == "bfloat16":
         s32 = contiguous_strides(va.shape)
+        if not fits(tuple(va.shape), s32):  # the float32 copy's descriptor could not be set: before allocating it
+            raise IntRangeError(f"shape {tuple(va.shape)} does not fit cuDNN's int (0..{INT_MAX})")
         t32, a32 = launch.empty(va.shape, "float32", s32, name="a")
         lib.cudnnTransformTensor(h, one, _desc(va), va.ptr, zero, tensor_descriptor("float32", va.shape, s32), a32.ptr)
         o32, c32 = launch.empty(vc.shape, "float32", contiguous_strides(vc.shape), name="out")
@@ -360,11 +364,11 @@ def _graph_sum(launch: Any, va: Any, vc: Any, alpha: Any, beta: Any) -> bool:
     key = (launch.device, va.dtype, tuple(va.shape), tuple(va.strides), tuple(vc.shape), current_settings())
     got = _graph_sums.lookup(key)
     if got is MISSING:
-        g = Graph(name=f"reduce_add_{va.dtype}")
-        a = g.tensor(va.shape, va.strides, va.dtype, name="a")
-        y = g.reduction(a, vc.shape, mode="add", compute_dtype="float32", dtype="float32")
-        g.mark_output(y, strides=contiguous_strides(tuple(vc.shape)))  # packed, as the temporary is described
-        try:
+        try:  # (a dim whose strides pass int64 is refused here too: the legacy call then names the array)
+            g = Graph(name=f"reduce_add_{va.dtype}")
+            a = g.tensor(va.shape, va.strides, va.dtype, name="a")
+            y = g.reduction(a, vc.shape, mode="add", compute_dtype="float32", dtype="float32")
+            g.mark_output(y, strides=contiguous_strides(tuple(vc.shape)))  # packed, as the temporary is described
             plan = g.build(device=launch.device)
             got = (plan, tuple(u == a.uid for u in plan.bindable_uids))
         except (GraphError, lib.CudnnError) as e:  # no engine here: cudnnReduceTensor, from now on

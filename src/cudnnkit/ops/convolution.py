@@ -593,7 +593,8 @@ def graph_builder(which: str) -> Any:
         out_shape, out_strides = _as_4d(vo, r)
         if which == "forward" and r.out_dtype:  # quantized: conv_fprop -> MUL by the scale -> out_dtype
             conv["compute_dtype"] = "int32" if r.dtype == "int8" else "float32"
-            y = g.pointwise("MUL", g.conv_fprop(t("x"), t("w"), **conv), g.scalar(r.scale, "float32"))
+            y = g.conv_fprop(t("x"), t("w"), **conv)
+            y = g.pointwise("MUL", y, g.scalar(r.scale, "float32", ndim=len(out_shape)))
             bd.output(y, "out", r.out_dtype, out_strides)
             return bd.done()
         if which == "forward":
@@ -603,7 +604,12 @@ def graph_builder(which: str) -> Any:
                 shape = (1, vb.shape[0]) + (1,) * (len(out_shape) - 2)
                 y = g.pointwise("ADD", y, bd.tensor("bias", shape, contiguous_strides(shape), vb.dtype))
             if r.z:  # cuDNN 9.19 fuses no ADD with alpha2 != 1 (measured): z_alpha * z as a MUL by a constant
-                zt = t("z") if r.z_alpha == 1.0 else g.pointwise("MUL", t("z"), g.scalar(r.z_alpha, "float32"))
+                zt = t("z")  # a constant of z's rank (a 3-d convolution's are 5-d)
+                zt = (
+                    zt
+                    if r.z_alpha == 1.0
+                    else g.pointwise("MUL", zt, g.scalar(r.z_alpha, "float32", ndim=len(out_shape)))
+                )
                 y = g.pointwise("ADD", y, zt)
             if r.act is not None:
                 y = r.act.pointwise(g, y)

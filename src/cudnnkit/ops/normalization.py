@@ -576,7 +576,7 @@ def _bn_graph_fwd_build(c: Call) -> tuple[Any, dict]:
         y = b.g.pointwise("RELU_FWD", y)
     b.output(y, "y", r.dtype, v["y"].strides)
     if r.mask:  # cudnn-frontend's BN_RELU: CMP_GT(relu_out, 0), a bit-packed channels-last BOOLEAN output
-        m = b.g.pointwise("CMP_GT", y, b.g.scalar(0.0), dtype="bool", name="relu_mask")
+        m = b.g.pointwise("CMP_GT", y, b.g.scalar(0.0, ndim=y.ndim), dtype="bool", name="relu_mask")
         b.output(m, "relu_mask", "bool", channels_last_strides(r.x_shape))
     stat = (c_, 1, 1, 1)
     b.output(res.mean, "saved_mean", "float32", stat)

@@ -31,6 +31,7 @@ __all__ = [
     "owned_descriptor",
     "register_cache",
     "INT_MAX",
+    "IntRangeError",
     "int_array",
     "get_cached",
     "TENSOR",
@@ -39,6 +40,11 @@ __all__ = [
 ]
 
 INT_MAX = 2**31 - 1  #: the largest value cuDNN's int parameters take
+
+
+class IntRangeError(ValueError):
+    """A value given to one of cuDNN's int parameters (a descriptor's dim or stride) is outside ``0..INT_MAX``.
+    The ops layer catches it around a legacy call and names the array it belongs to."""
 
 
 class Descriptor:
@@ -161,10 +167,11 @@ def clear_caches() -> None:
 
 
 def int_array(values, what: str = "value") -> ctypes.Array:
-    """A C ``int[]`` of ``values``, each checked to fit cuDNN's int (``ValueError`` naming ``what``)."""
+    """A C ``int[]`` of ``values``, each checked to fit cuDNN's int (:class:`IntRangeError`, a ``ValueError``
+    naming ``what``)."""
     for v in values:
         if not 0 <= v <= INT_MAX:
-            raise ValueError(f"{what} value {v} does not fit cuDNN's int (0..{INT_MAX})")
+            raise IntRangeError(f"{what} value {v} does not fit cuDNN's int (0..{INT_MAX})")
     return (ctypes.c_int * len(values))(*values)
 
 

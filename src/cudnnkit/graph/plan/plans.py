@@ -195,7 +195,9 @@ class ExecutionPlan:
                 if v.nbytes < need:
                     raise BindingError(f"workspace has {v.nbytes} bytes, the plan needs {need}")
                 if v.device != self.device:
-                    raise BindingError(f"workspace is on cuda:{v.device}, the plan is for cuda:{self.device}")
+                    raise BindingError(
+                        f"workspace is on cuda:{v.device}, but the plan was built for device={self.device}"
+                    )
                 ws = v.ptr
             owners.append(workspace)
         elif need == 0:

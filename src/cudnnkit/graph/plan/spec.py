@@ -314,7 +314,10 @@ class PlanSpec:
                         "(make the array match, e.g. channels-last, or define the graph from it)"
                     )
                 if view.device != self.device:
-                    raise BindingError(f"{label}: on cuda:{view.device}, the plan is for cuda:{self.device}")
+                    raise BindingError(
+                        f"{label}: on cuda:{view.device}, but the plan was built for device={self.device}: bind "
+                        f"arrays of cuda:{self.device}, or build the graph with device={view.device}"
+                    )
                 if view.readonly and uid in self.outputs:
                     raise BindingError(f"{label}: read-only array bound to an output")
                 p = view.ptr

@@ -1382,3 +1382,14 @@ def test_a_dim_past_cudnns_int_is_refused_naming_the_array(fake, call, name):
     with pytest.raises(ValueError, match=want):
         call()
     assert not any(r.calls for r in recs.values() if r is not recs["cudnnDropoutGetStatesSize"])
+
+
+def test_bias_gradient_of_no_channels_is_empty(fake):
+    """dy with zero channels (found by the fuzzer: the legacy call described a (1, 0, 1, 1) db, which cuDNN's
+    descriptors refuse): nothing to write, an empty (0,) db, no cuDNN call; an empty batch still writes zeros."""
+    ad, recs = fake
+    db = ops.convolution_backward_bias(Arr((2, 0, 4, 5), "<f8"))
+    assert tuple(db.shape) == (0,)
+    assert not any(r.calls for r in recs.values() if r is not recs["cudnnDropoutGetStatesSize"])
+    ops.convolution_backward_bias(Arr((0, 3, 4, 5), "<f8"))
+    assert len(recs["cudnnSetTensor"].calls) == 1

@@ -86,7 +86,9 @@ def _driver_missing(exc: BaseException) -> bool:
     return False
 
 
-CLEAR_TYPES = (TypeError, ValueError, lib.FeatureVersionError, MemoryError)
+#: NotImplementedError: what cuDNN cannot do, refused by name (the design's rule for an argument combination the
+#: library does not run, e.g. sdpa_forward's grouped heads other than 1 or H)
+CLEAR_TYPES = (TypeError, ValueError, NotImplementedError, lib.FeatureVersionError, MemoryError)
 
 
 #: mutations that break a relation between arrays (a shape or dtype that no longer matches another array's)

@@ -127,6 +127,8 @@ class OpSpec:
     nonarray_rule: Callable | None = None
     param_rule: Callable | None = None
     streams: bool = True
+    #: argument pairs whose changes may agree again (affine_grid_backward's size and dgrid): never both mutated
+    coupled: tuple[frozenset[str], ...] = ()
     #: unknown keywords reach the public function (False for a program that builds the call itself)
     keywords: bool = True
     weight: float = 1.0
@@ -663,8 +665,24 @@ def _sample_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
 ST_SIZE = Param("ints", length=4, bad=lambda c: _bad_size(c))
 
 
+def _dgrid_matches(case: Case, size: tuple) -> bool:
+    """Whether the backward's ``dgrid`` is ``(N, H, W, 2)`` of ``size`` (so a changed size or dgrid, or both
+    changed alike, is a valid call)."""
+    g = case.kwargs.get("dgrid")
+    return isinstance(g, A) and tuple(g.shape) == (size[0], size[2], size[3], 2)
+
+
+def _affine_shape(case: Case, name: str, old, new) -> str | None:
+    """A ``dgrid`` reshaped to match the (maybe mutated) size is a valid call."""
+    size = case.kwargs.get("size")
+    if name == "dgrid" and isinstance(size, tuple) and len(size) == 4 and tuple(new) == (size[0], size[2], size[3], 2):
+        return "any"
+    return None
+
+
 def _bad_size(case: Case) -> list:
     n, c, h, w = case.kwargs["size"]
+    backward = "dgrid" in case.kwargs
     return [
         ((n, c, h), "3 values", "refuse"),
         ((n, c, h, w, 1), "5 values", "refuse"),
@@ -675,8 +693,8 @@ def _bad_size(case: Case) -> list:
         ((n, c, 1, w), "H = 1", "refuse"),
         ((-1, c, h, w), "N = -1", "refuse"),
         ((n, c, 2**31, w), "H = 2**31", "refuse"),
-        ((n + 1, c, h, w), "another N", "refuse"),
-        ((n, c, h + 1, w), "another H", "refuse" if "dgrid" in case.kwargs else "any"),
+        ((n + 1, c, h, w), "another N", "any" if _dgrid_matches(case, (n + 1, c, h, w)) else "refuse"),
+        ((n, c, h + 1, w), "another H", "refuse" if backward and not _dgrid_matches(case, (n, c, h + 1, w)) else "any"),
         (None, "None", "refuse"),
         ("abcd", "a str", "refuse"),
         ((n, c + 1, h, w), "another C (unused)", "any"),
@@ -3376,7 +3394,8 @@ _add(OpSpec("divisive_normalization_backward", _bw(_divnorm_draw, backward=True)
 _add(OpSpec("affine_grid_forward", _affine_draw, {"theta": _in(F3), "out": _out(F3)}, {"size": ST_SIZE},
             check=_affine_check, derive=_st_derive))  # fmt: skip
 _add(OpSpec("affine_grid_backward", _bw(_affine_draw, backward=True), {"dgrid": _in(F3), "out": _out(F3)},
-            {"size": ST_SIZE}, check=_bw(_affine_check, backward=True)))  # fmt: skip
+            {"size": ST_SIZE}, check=_bw(_affine_check, backward=True), shape_rule=_affine_shape,
+            coupled=(frozenset(("size", "dgrid")),)))  # fmt: skip
 _add(OpSpec("grid_sample_forward", _sample_draw, {"x": _in(F3), "grid": _in(F3), "out": _out(F3)},
             {"alpha": SCALE, "beta": BETA}, check=_sample_check, derive=_st_derive, shape_rule=_sample_shape))  # fmt: skip
 _add(OpSpec("grid_sample_backward", _bw(_sample_draw, backward=True),

@@ -707,6 +707,8 @@ def make_case(d: Draw, spec: Any, lib: str, gpu: bool, other: str | None = None,
             m.kind == got.mutations[-1].kind for m in case.mutations
         ):
             continue  # two dtype (or shape) changes may agree again, making a valid call
+        if any(frozenset((m.target, got.mutations[-1].target)) in spec.coupled for m in case.mutations):
+            continue  # a value and an array that must agree (a size and the gradient of its shape)
         case = got
         n -= 1
     return case

@@ -3131,12 +3131,15 @@ def _gn_roles(mode: str, backward: bool) -> dict[str, Role]:
 
 
 def _gn_shape_rule(case: Case, name: str, old, new) -> str | None:
-    """Layer/RMS norm: x's leading dims are free, its normalized (trailing) dims are scale's. A scale (or bias)
-    grown by leading dims that are x's and of size 1 normalizes over those size-1 dims too: the same call."""
+    """Layer/RMS norm: x's leading dims are free, its normalized (trailing) dims are scale's. A forward's scale
+    (or bias) of any trailing dims of x is a valid call; a backward's grown by leading dims that are x's and of size
+    1 normalizes over those size-1 dims too (its statistics' shape unchanged): the same call."""
     x = case.kwargs.get("x")
-    if name in ("scale", "bias") and isinstance(x, A) and len(old) < len(new) <= len(x.shape):
+    if name in ("scale", "bias") and isinstance(x, A) and 1 <= len(new) <= len(x.shape):
+        if tuple(new) == tuple(x.shape[-len(new) :]) and case.op.endswith("_forward"):
+            return "any"  # the forward normalizes over scale's dims, whichever trailing dims of x they are
         extra = x.shape[len(x.shape) - len(new) : len(x.shape) - len(old)]
-        if tuple(new) == tuple(x.shape[-len(new) :]) and all(d == 1 for d in extra):
+        if len(old) < len(new) and tuple(new) == tuple(x.shape[-len(new) :]) and all(d == 1 for d in extra):
             return "any"
     if name not in ("x", "dy") or len(new) != len(old):
         return None

@@ -703,10 +703,11 @@ def make_case(d: Draw, spec: Any, lib: str, gpu: bool, other: str | None = None,
         got = mutate(d, spec, case, gpu)
         if got is None or got.mutations[-1].target in {m.target for m in case.mutations}:
             continue
-        if got.mutations[-1].kind in ("dtype", "shape") and any(
-            m.kind == got.mutations[-1].kind for m in case.mutations
-        ):
-            continue  # two dtype (or shape) changes may agree again, making a valid call
+        kind = got.mutations[-1].kind
+        if kind in ("dtype", "shape", "device") and any(m.kind == kind for m in case.mutations):
+            continue  # two dtype (shape, device) changes may agree again, making a valid call
+        if {kind, *(m.kind for m in case.mutations)} >= {"dtype", "value"}:
+            continue  # a value's verdict is the dtype's (1e300 is out of range for bfloat16, not for float64)
         if any(frozenset((m.target, got.mutations[-1].target)) in spec.coupled for m in case.mutations):
             continue  # a value and an array that must agree (a size and the gradient of its shape)
         case = got

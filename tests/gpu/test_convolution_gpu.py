@@ -274,20 +274,24 @@ def test_fused_forward_matches_the_reference(xp, dtype, layout, act):
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("act", [None, "relu", "leaky_relu"])
-def test_fused_3d_forward_with_z_alpha_matches_the_reference(xp, dtype, act):
-    """``act(conv3d(x, w) + bias + z_alpha * z)``, channels-last, into a poisoned out (the fuzzer's find: the graph
-    form scaled z by a 4-d constant, and the graph layer refused the valid 5-d call with a GraphError). Whatever
-    path runs (cuDNN may have no fused 3-d engine: then the legacy calls, or a refusal by name for a graph-only
+@pytest.mark.parametrize("case", [
+    (3, 2, 8, 8, (6, 5, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1, "cross_correlation"),
+    (2, 2, 8, 8, (9, 8), (3, 3), (2, 2), (1, 1), (1, 1), 2, "cross_correlation"),
+], ids=["3d", "2d-grouped"])  # fmt: skip
+def test_fused_forward_with_z_alpha_matches_the_reference(xp, dtype, act, case):
+    """``act(conv(x, w) + bias + z_alpha * z)``, channels-last, into a poisoned out: two of the fuzzer's finds. A
+    3-d graph scaled z by a 4-d constant (the graph layer refused the valid 5-d call with a GraphError); a grouped
+    fused graph with ``z_alpha != 1`` wrote NaN on an H100 (cuDNN 9.19), so it runs the legacy calls. Whatever path
+    runs (cuDNN may have no fused engine: then the legacy calls, or a refusal by name for a graph-only
     activation), a result must match the float64 reference."""
     from cudnnkit.graph import UnsupportedGraphError
 
     rng = np.random.default_rng(11)
-    x, w, kw, rkw = _case(rng, (3, 2, 8, 8, (6, 5, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1,
-                                "cross_correlation"), dtype)  # fmt: skip
+    x, w, kw, rkw = _case(rng, case, dtype)
     conv = ref.conv_forward(x, w, **rkw)
     b = seen(rng.standard_normal(conv.shape[1]), dtype)
     z = seen(rng.standard_normal(conv.shape), dtype)
-    pre = conv + b.reshape(1, -1, 1, 1, 1) - 0.5 * z
+    pre = conv + b.reshape((1, -1) + (1,) * (conv.ndim - 2)) - 0.5 * z
     want = pre if act is None else aref.act_forward(pre, act)
     out = dev(xp, np.full(want.shape, np.nan), dtype, "nhwc")
     args = (dev(xp, x, dtype, "nhwc"), dev(xp, w, dtype, "nhwc"), dev(xp, b, dtype))

@@ -597,7 +597,7 @@ REFUSED = [
         lambda: (*_qkv(), z(8, 8, dtype=torch.bool)),
         lambda q, k, v, m: nn.scaled_dot_product_attention(q, k, v, attn_mask=m),
     ),
-    ("dropout_p", _qkv, lambda q, k, v: nn.scaled_dot_product_attention(q, k, v, dropout_p=0.1)),
+    ("dropout_p", _qkv, lambda q, k, v: nn.scaled_dot_product_attention(q, k, v, dropout_p=1.0)),
     ("query has dtype float32", lambda: _qkv(torch.float32), nn.scaled_dot_product_attention),
     ("min_val=-1", lambda: (z(3),), nn.hardtanh),
     ("gelu", lambda: (z(3),), nn.gelu),

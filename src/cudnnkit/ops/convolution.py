@@ -245,6 +245,10 @@ def _graph_refuses(r: _Conv, kw: Any) -> str | None:
         return "a fused float32 forward (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured)"
     if r.empty_sum:
         return "an empty batch"
+    if r.z and r.z_alpha != 1.0 and r.groups > 1:
+        # measured on an H100 (cuDNN 9.19, fuzzer case): a grouped conv_fprop -> MUL(z, z_alpha) -> ADD graph wrote
+        # NaN into some outputs (float16, channels-last; z_alpha 1, or groups 1, were right)
+        return "a grouped fused forward with z_alpha != 1 (cuDNN 9.19's engines wrote NaN into it, measured)"
     if (r.bias or r.z or r.act is not None) and kw.get("alpha", 1.0) != 1.0:
         # the graph blends after its last node: alpha would scale act(...), where the fused forward scales the conv
         return "alpha with a fused forward (alpha scales the convolution inside the activation)"

@@ -40,8 +40,9 @@ backward data and backward filter run as a graph (``conv_fprop``/``conv_dgrad``/
 planned once per signature with the settings' heuristics and engine filters, cached op-level) unless: the dtype
 is float64 (the graph API has none), the call blends (``alpha``/``beta`` other than 1/0: the legacy call blends in
 its kernel; a graph-only call blends through a temporary and ``cudnnAddTensor``), the batch is empty, the fused
-forward is float32 (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured) or has ``alpha != 1``, or
-cuDNN refused that graph before (remembered; the legacy call runs). ``settings(prefer="legacy")`` forces the
+forward is float32 (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured), has ``alpha != 1``, or is
+grouped with ``z_alpha != 1`` (NaN in a grouped float16 graph's output, measured on an H100), or cuDNN refused that
+graph before (remembered; the legacy call runs). ``settings(prefer="legacy")`` forces the
 legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias's graph is one
 reduction node, for a dense channels-last float32 ``dy`` with no blend (cuDNN 9.19 has no engine for the rest).
 

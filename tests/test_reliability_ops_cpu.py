@@ -1366,11 +1366,13 @@ def test_C1_default_state_checks_its_stream():
     [
         (lambda: ops.pooling_forward(Arr((2, 3, 2**31 + 3, 1)), mode="avg_include_padding", window=(2, 1)), "x"),
         (lambda: ops.reduce_tensor(Arr((4, 2**31 + 1)), "norm1"), "a"),
-        # channels-last float32: the sum's graph form first, whose int64 strides overflow, then the legacy call
+        # every dim fits, but the span (3 * 2**30 elements) does not: cuDNN would answer NOT_SUPPORTED
+        (lambda: ops.pooling_forward(Arr((3, 1, 32768, 32768)), mode="avg_include_padding", window=(2, 2)), "x"),
+        # channels-last float32: the bias gradient's graph form, whose int64 strides overflow (named by the graph)
         (lambda: ops.convolution_backward_bias(Arr((2, 3, 2**62, 4), strides=(3 * 4 * 2**62, 1, 12, 3))), "dy"),
         (lambda: ops.convolution_backward_bias(Arr((2, 3, 2**31), "<f8")), "dy"),
     ],
-    ids=["pooling", "reduce", "conv-bias-nhwc", "conv-bias"],
+    ids=["pooling", "reduce", "pooling-span", "conv-bias-nhwc", "conv-bias"],
 )
 def test_a_dim_past_cudnns_int_is_refused_naming_the_array(fake, call, name):
     """A legacy call whose descriptor cannot take a dim or stride (past 2**31 - 1) raises the ValueError of

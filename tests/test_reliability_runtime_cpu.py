@@ -1071,3 +1071,18 @@ def test_the_default_pool_keeps_memory_once_cudnnkit_allocates(monkeypatch, befo
     assert names.count("cuDeviceGetDefaultMemPool") == 1 and names.count("cuMemAllocAsync") == 2
     assert names.count("cuMemPoolSetAttribute") == (1 if before == 0 else 0)
     assert names.index("cuMemPoolGetAttribute") < names.index("cuMemAllocAsync")
+
+
+def test_tensor_descriptors_refuse_a_span_past_cudnns_int_and_take_one_row_slices():
+    """``cudnnSetTensorNdDescriptor`` answers NOT_SUPPORTED for more than 2**31 - 1 elements spanned, with every dim
+    and stride in range: refused before the call (``IntRangeError``, a ValueError the ops name the array by); a
+    size-1 dim's stride past cuDNN's int (a one-row slice of a large array: it never addresses memory) is given
+    the other dims' span, as C order would."""
+    from cudnnkit.runtime.descriptors import INT_MAX, IntRangeError, tensor_descriptor
+
+    with pytest.raises(IntRangeError, match="spans 3221225472 elements"):
+        tensor_descriptor("float32", (3, 1, 32768, 32768), (2**30, 2**30, 32768, 1))
+    d = tensor_descriptor("float32", (1, 4), (2**31, 1))
+    assert d.key[2][:2] == (1, 4) and d.key[3][:2] == (4, 1)
+    d = tensor_descriptor("float32", (1, 3, 1, 5), (0, 5, 2**40, 1))  # a broadcast N keeps 1, a huge H the span
+    assert d.key[3] == (1, 5, 15, 1) and max(d.key[3]) <= INT_MAX

@@ -704,13 +704,18 @@ def make_case(d: Draw, spec: Any, lib: str, gpu: bool, other: str | None = None,
         if got is None or got.mutations[-1].target in {m.target for m in case.mutations}:
             continue
         kind = got.mutations[-1].kind
-        if kind in ("dtype", "shape", "device") and any(m.kind == kind for m in case.mutations):
-            continue  # two dtype (shape, device) changes may agree again, making a valid call
+        if kind in ("dtype", "shape") and any(m.kind == kind for m in case.mutations):
+            continue  # two dtype (or shape) changes may agree again, making a valid call
         kinds = {kind, *(m.kind for m in case.mutations)}
-        if "value" in kinds and kinds & {"dtype", "shape"}:
-            # a value's verdict is the arrays' (1e300 is out of range for bfloat16, not for float64; three
-            # pad_after values fit a 3-d x, not a 2-d one)
-            continue
+        if (
+            kind == "device"
+            and "device" in {m.kind for m in case.mutations}
+            or ("value" in kinds and kinds & {"dtype", "shape"})
+        ):
+            # changes that may agree again: two arrays moved to one device; a value whose verdict is the arrays'
+            # (1e300 is out of range for bfloat16, not for float64; three pad_after values fit a 3-d x, not a 2-d
+            # one). Kept, as calls that may pass: a crash or an unclear error still counts
+            got = replace(got, mutations=tuple(replace(m, expect="any") for m in got.mutations))
         if any(frozenset((m.target, got.mutations[-1].target)) in spec.coupled for m in case.mutations):
             continue  # a value and an array that must agree (a size and the gradient of its shape)
         case = got

@@ -409,7 +409,7 @@ def _name_unfit(call: Call) -> None:
     the cuDNN call that reads them, so nothing ran on the device for the array named. Caught, not checked per
     call: the check costs nothing on the calls that fit."""
     for name, v in call.views.items():
-        if v is not None and hasattr(v, "shape") and not fits(tuple(v.shape), tuple(v.strides)):
+        if isinstance(v, ArrayView) and not fits(tuple(v.shape), tuple(v.strides)):
             check_fits(name, v.shape, v.strides)  # raises
 
 

@@ -452,6 +452,8 @@ def _legacy(which: str) -> Any:
         od = _filter(vo, r, layout_of(vo) or "nchw") if k.filter_out else _tensor(vo, r)
         (va, da), (vb, db) = ins[k.a], ins[k.b]
         cd = conv_descriptor(r)
+        if which == "forward" and r.z:
+            _tensor(c.views["z"], r)  # described (cached) before any work: an unfit z is refused by name first
 
         def find_args(ws_ptr: int, ws_bytes: int) -> tuple:
             scratch, vs = c.launch.empty(vo.shape, vo.dtype, vo.strides, name="out")  # Find writes its output
@@ -822,9 +824,10 @@ def convolution_forward(
     **Fused:** ``y = act(alpha * conv(x, w) + bias + z_alpha * z)`` with ``bias`` ``(K,)``, a residual ``z`` of
     ``y``'s shape and ``activation`` one of :mod:`cudnnkit.ops.activation`'s modes (``activation_coef`` its
     ``coef``), each optional, all in ``x``'s dtype. The graph path runs it as one graph (``conv_fprop`` -> ``ADD``
-    -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, float32, or a graph cuDNN refuses) as
-    ``cudnnConvolutionForward``, ``cudnnAddTensor`` and ``cudnnActivationForward`` in place (the graph-only
-    activations have no legacy form). ``beta`` must be 0 when fusing.
+    -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, float32, a grouped convolution with ``z_alpha != 1``,
+    whose graph wrote NaN on cuDNN 9.19, or a graph cuDNN refuses) as ``cudnnConvolutionForward``,
+    ``cudnnAddTensor`` and ``cudnnActivationForward`` in place (the graph-only activations and asymmetric padding
+    have no legacy form: refused by name there). ``beta`` must be 0 when fusing.
 
     **Quantized:** int8 or fp8 (``float8_e4m3fn``, ``float8_e5m2``) ``x`` and ``w`` (the same dtype) give
     ``y = scale * conv(x, w)`` in ``out_dtype``, ``scale`` being the product of the dequantization scales of x and

@@ -176,9 +176,11 @@ def int_array(values, what: str = "value") -> ctypes.Array:
 
 
 def _set_tensor(ptr: int, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
-    lib.cudnnSetTensorNdDescriptor(
-        ptr, cudnn_dtype(dtype), len(shape), int_array(shape, "shape"), int_array(strides, "stride")
-    )
+    dims, strs = int_array(shape, "shape"), int_array(strides, "stride")
+    span = 1 + sum((d - 1) * abs(s) for d, s in zip(shape, strides))
+    if span > INT_MAX:  # cuDNN answers NOT_SUPPORTED for more than 2**31 - 1 elements spanned (measured)
+        raise IntRangeError(f"shape {shape} with strides {strides} spans {span} elements, more than cuDNN's int")
+    lib.cudnnSetTensorNdDescriptor(ptr, cudnn_dtype(dtype), len(shape), dims, strs)
 
 
 TENSOR = DescriptorKind("tensor", "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor", _set_tensor)
@@ -209,8 +211,12 @@ def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ..
     raw = (dtype, shape, strides, min_dims)
     dtype = canonical(dtype)
     shape, strides = tuple(int(d) for d in shape), tuple(int(s) for s in strides)
-    # a size-1 dim's stride never addresses memory, but cuDNN refuses 0 (a broadcast view) there
-    strides = tuple(s if d != 1 or s > 0 else 1 for d, s in zip(shape, strides))
+    # a size-1 dim's stride never addresses memory, but cuDNN refuses 0 (a broadcast view) there, and a value past
+    # its int (a one-row slice of a large array): that one is given the span of the other dims, as C order would
+    if any(d == 1 and not 0 < s <= INT_MAX for d, s in zip(shape, strides)):
+        rest = max([d * abs(s) for d, s in zip(shape, strides) if d != 1], default=1)
+        strides = tuple(s if d != 1 or 0 < s <= INT_MAX else (1 if s <= 0 else min(rest, INT_MAX))
+                        for d, s in zip(shape, strides))  # fmt: skip
     if len(shape) != len(strides):
         raise ValueError(f"shape {shape} and strides {strides} differ in length")
     if len(shape) > lib.CUDNN_DIM_MAX:

@@ -275,3 +275,29 @@ def test_unknown_function_name_is_an_attribute_error():
         lib.function("cudnnNoSuchThing")
     with pytest.raises(AttributeError):
         lib.cudnnNoSuchThing  # noqa: B018
+
+
+def test_binding_is_reentrant_for_a_finalizer_on_the_same_thread():
+    """A first binding may run the garbage collector, and a finalizer then binds another function on the same
+    thread (a backend descriptor's ``__del__`` -> ``cudnnBackendDestroyDescriptor``): the fuzzer's worker hung
+    there for good with a plain Lock. Holding the binding lock, binding a not-yet-bound function returns."""
+    import threading
+
+    from cudnnkit import lib
+
+    name = "cudnnBackendDestroyDescriptor"
+    saved = lib.__dict__.pop(name, None)
+    got = []
+
+    def first_binding_in_progress():
+        with lib._bind_lock:
+            got.append(lib._bind(name))
+
+    try:
+        t = threading.Thread(target=first_binding_in_progress, daemon=True)
+        t.start()
+        t.join(10)
+        assert got and got[0].__name__ == name, "binding under the binding lock deadlocked"
+    finally:
+        if saved is not None:
+            lib.__dict__[name] = saved

@@ -106,7 +106,9 @@ for _enum in ENUMS:
         globals().setdefault(_name, _member)
 del _enum, _name, _member
 
-_bind_lock = threading.Lock()
+#: re-entrant: a first binding may run the garbage collector, whose finalizers (a backend descriptor's
+#: ``cudnnBackendDestroyDescriptor``) bind another function on the same thread (a plain Lock deadlocked: fuzzer)
+_bind_lock = threading.RLock()
 _log = logging.getLogger("cudnnkit")
 
 

@@ -762,6 +762,10 @@ def _ctc_check(ctx: Any, res: Any) -> list[str]:
     labels = _index_values(ctx.case.kwargs["labels"], ctx, "labels")
     ll = _index_values(ctx.case.kwargs["label_lengths"], ctx, "label_lengths")
     il = _index_values(ctx.case.kwargs["input_lengths"], ctx, "input_lengths")
+    lab = ctx.case.kwargs["labels"]
+    if isinstance(lab, A) and len(lab.shape) == 2:  # padded (N, S): row n's first label_lengths[n] values, packed
+        rows = labels.reshape(lab.shape)
+        labels = np.concatenate([rows[n, : ll[n]] for n in range(lab.shape[0])] or [labels[:0]])
     norm = ctx.param("normalization", "softmax")
     costs, grads = res
     problems = ctx.compare_shape(costs, (N,), "costs") + ctx.compare_shape(grads, (T, N, A_), "grads")
@@ -853,6 +857,16 @@ CTC_ROLES = {
 
 def _ctc_shape_rule(case: Case, name: str, old, new) -> str | None:
     if name == "labels":
+        x, ll = case.kwargs.get("x"), _raw(case.kwargs.get("label_lengths"))
+        if (
+            len(new) == 2
+            and isinstance(x, A)
+            and len(x.shape) == 3
+            and new[0] == x.shape[1]
+            and ll
+            and (new[1] >= max(ll))
+        ):
+            return "any"  # padded (N, S) labels, S at least every length: a valid call if the values are
         return "refuse"  # sum(label_lengths) no longer matches
     if name == "x" and len(new) == 3 and len(old) == 3 and "grads_out" not in case.kwargs:
         labels = _raw(case.kwargs.get("labels"))
@@ -2579,7 +2593,8 @@ def _pooling_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
     x = ctx.x("x")
     if x is None:
         return None
-    y = pool_forward(x, ctx.param("mode"), tuple(ctx.param("window")), tuple(ctx.param("stride")),
+    window, stride = tuple(ctx.param("window")), ctx.param("stride")  # stride None: the window
+    y = pool_forward(x, ctx.param("mode"), window, window if stride is None else tuple(stride),
                      tuple(ctx.param("padding")))  # fmt: skip
     return y if y.shape == a.shape else None
 
@@ -2587,7 +2602,9 @@ def _pooling_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
 def _pooling_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
     from ..pool_reference import pool_backward, pool_forward
 
-    args = (ctx.param("mode"), tuple(ctx.param("window")), tuple(ctx.param("stride")), tuple(ctx.param("padding")))
+    window = tuple(ctx.param("window"))
+    stride = ctx.param("stride")  # None: the window (pooling_forward's default)
+    args = (ctx.param("mode"), window, window if stride is None else tuple(stride), tuple(ctx.param("padding")))
     x = ctx.x("x")
     ref = pool_backward(x, ctx.x("dy"), *args) if backward else pool_forward(x, *args)
     ref = ctx.blend(ref, "out", "alpha", "beta")

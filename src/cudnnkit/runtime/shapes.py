@@ -238,7 +238,11 @@ def conv_transpose_output_shape(
             raise ValueError(f"output_padding {op[i]} must be smaller than stride or dilation in dim {i}")
         v = (dy_shape[2 + i] - 1) * s[i] - 2 * p[i] + d[i] * (w_shape[2 + i] - 1) + 1 + op[i]
         if v < 1:
-            raise ValueError(f"spatial dim {i}: recovered input size {v} is not positive")
+            raise ValueError(
+                f"spatial dim {i}: the input size recovered from dy's size {dy_shape[2 + i]}, w's {w_shape[2 + i]}, "
+                f"stride {s[i]}, padding {p[i]} and dilation {d[i]} is {v}, not positive (pass x_shape= for the "
+                "data gradient)"
+            )
         out.append(v)
     return tuple(out)
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..runtime.arrays import ArrayView, contiguous_strides, is_contiguous, is_dense, layout_problem
 from ..runtime.cache import lru
-from ..runtime.descriptors import INT_MAX
+from ..runtime.descriptors import INT_MAX, fits_int
 from ..runtime.view import shape_memo
 
 __all__ = [
@@ -208,15 +208,8 @@ def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 
 @lru("ops._layout.fits", 4096)
 def fits(dims: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Every dim and stride within cuDNN's int, and the elements spanned (``1 + sum((d - 1) * |s|)``) too:
-    ``cudnnSetTensorNdDescriptor`` refuses a larger span with NOT_SUPPORTED (measured with cuDNN 9.19 and 9.28:
-    ``(2, 2**30)`` at strides ``(2**30 - 1, 1)`` is taken, at ``(2**30, 1)`` it is not), as its documentation's
-    "2 Giga-elements including the padding between dimensions" says."""
-    if 0 in dims:
-        return max(dims, default=0) <= INT_MAX
-    if max([*dims, *(abs(s) for d, s in zip(dims, strides) if d != 1)], default=0) > INT_MAX:
-        return False
-    return 1 + sum((d - 1) * abs(s) for d, s in zip(dims, strides)) <= INT_MAX
+    """:func:`~cudnnkit.runtime.descriptors.fits_int` of hashable ``dims``/``strides``, cached."""
+    return fits_int(dims, strides)
 
 
 def copy_in(launch: Any, arr: Any, v: ArrayView, strides: tuple[int, ...] | None, name: str, why: str):

@@ -38,10 +38,8 @@ from .. import lib
 from ..runtime import DescriptorKind, check_choice, cudnn_dtype, current_settings, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides, is_dense
 from ..runtime.cache import LRU, MISSING
-from ..runtime.descriptors import INT_MAX, IntRangeError
 from ..runtime.dtypes import FLOATS, check_dtype, check_scalar, itemsize, nan_propagation, scaling_ref
 from ._diff import Differentiable, Spec, differentiable, from_host, host_values, spec_view
-from ._layout import fits
 from ._primitive import Call, Operand, Output, Primitive, register, run
 from .activation import activation_backward
 from .tensor import add_tensor, set_tensor, transform_tensor
@@ -294,10 +292,9 @@ def reduce_views(launch: Any, op: str, nan: int, indices: bool, va: Any, vc: Any
         return None
     if va.dtype == "bfloat16":
         s32 = contiguous_strides(va.shape)
-        if not fits(tuple(va.shape), s32):  # the float32 copy's descriptor could not be set: before allocating it
-            raise IntRangeError(f"shape {tuple(va.shape)} does not fit cuDNN's int (0..{INT_MAX})")
+        d32 = tensor_descriptor("float32", va.shape, s32)  # before allocating: one cuDNN cannot take is refused
         t32, a32 = launch.empty(va.shape, "float32", s32, name="a")
-        lib.cudnnTransformTensor(h, one, _desc(va), va.ptr, zero, tensor_descriptor("float32", va.shape, s32), a32.ptr)
+        lib.cudnnTransformTensor(h, one, _desc(va), va.ptr, zero, d32, a32.ptr)
         o32, c32 = launch.empty(vc.shape, "float32", contiguous_strides(vc.shape), name="out")
         idx = reduce_views(launch, op, nan, indices, a32, c32, alpha, zero)
         lib.cudnnTransformTensor(h, one, _desc(c32), c32.ptr, beta, _desc(vc), vc.ptr)

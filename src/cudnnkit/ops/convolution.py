@@ -452,8 +452,8 @@ def _legacy(which: str) -> Any:
         od = _filter(vo, r, layout_of(vo) or "nchw") if k.filter_out else _tensor(vo, r)
         (va, da), (vb, db) = ins[k.a], ins[k.b]
         cd = conv_descriptor(r)
-        if which == "forward" and r.z:
-            _tensor(c.views["z"], r)  # described (cached) before any work: an unfit z is refused by name first
+        # z described before any work: one cuDNN cannot take is refused (by name) before the convolution runs
+        zd = _tensor(c.views["z"], r) if which == "forward" and r.z else None
 
         def find_args(ws_ptr: int, ws_bytes: int) -> tuple:
             scratch, vs = c.launch.empty(vo.shape, vo.dtype, vo.strides, name="out")  # Find writes its output
@@ -484,7 +484,7 @@ def _legacy(which: str) -> Any:
         )
         c.extra.pop("_scratch", None)
         if which == "forward" and (r.bias or r.z or r.act is not None):
-            _epilogue(c, r, vo, od)
+            _epilogue(c, r, vo, od, zd)
         if temp is not None:
             c.launch.copy(given.owner, temp, "out")
 
@@ -500,9 +500,9 @@ def _dense(c: Call, name: str, nchw: bool) -> tuple[Any, str]:
     return v, lay
 
 
-def _epilogue(c: Call, r: _Conv, vo: Any, od: Any) -> None:
+def _epilogue(c: Call, r: _Conv, vo: Any, od: Any, zd: Any) -> None:
     """The fused forward's bias, residual and activation on the legacy path, in place on y: ``cudnnAddTensor``
-    (bias as ``(1, K, 1, ...)``, then ``z_alpha * z``) and ``cudnnActivationForward``."""
+    (bias as ``(1, K, 1, ...)``, then ``z_alpha * z``, ``zd`` z's descriptor) and ``cudnnActivationForward``."""
     h = c.launch.handle
     one = scaling_ref(r.dtype, 1.0)
     nd = len(vo.shape) + (1 if r.nsp == 1 else 0)
@@ -512,8 +512,7 @@ def _epilogue(c: Call, r: _Conv, vo: Any, od: Any) -> None:
         lib.cudnnAddTensor(h, one, tensor_descriptor(vb.dtype, shape, contiguous_strides(shape)), vb.ptr, one, od,
                            vo.ptr)  # fmt: skip
     if r.z:
-        vz = c.views["z"]
-        lib.cudnnAddTensor(h, scaling_ref(r.dtype, r.z_alpha, "z_alpha"), _tensor(vz, r), vz.ptr, one, od, vo.ptr)
+        lib.cudnnAddTensor(h, scaling_ref(r.dtype, r.z_alpha, "z_alpha"), zd, c.views["z"].ptr, one, od, vo.ptr)
     if r.act is not None:
         lib.cudnnActivationForward(h, r.act.descriptor, one, od, vo.ptr, scaling_ref(r.dtype, 0.0), od, vo.ptr)
 
@@ -611,12 +610,9 @@ def graph_builder(which: str) -> Any:
                 shape = (1, vb.shape[0]) + (1,) * (len(out_shape) - 2)
                 y = g.pointwise("ADD", y, bd.tensor("bias", shape, contiguous_strides(shape), vb.dtype))
             if r.z:  # cuDNN 9.19 fuses no ADD with alpha2 != 1 (measured): z_alpha * z as a MUL by a constant
-                zt = t("z")  # a constant of z's rank (a 3-d convolution's are 5-d)
-                zt = (
-                    zt
-                    if r.z_alpha == 1.0
-                    else g.pointwise("MUL", zt, g.scalar(r.z_alpha, "float32", ndim=len(out_shape)))
-                )
+                zt = t("z")
+                if r.z_alpha != 1.0:  # a constant of z's rank (a 3-d convolution's are 5-d)
+                    zt = g.pointwise("MUL", zt, g.scalar(r.z_alpha, "float32", ndim=len(out_shape)))
                 y = g.pointwise("ADD", y, zt)
             if r.act is not None:
                 y = r.act.pointwise(g, y)

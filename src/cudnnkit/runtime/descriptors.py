@@ -32,6 +32,7 @@ __all__ = [
     "register_cache",
     "INT_MAX",
     "IntRangeError",
+    "fits_int",
     "int_array",
     "get_cached",
     "TENSOR",
@@ -175,12 +176,32 @@ def int_array(values, what: str = "value") -> ctypes.Array:
     return (ctypes.c_int * len(values))(*values)
 
 
+def fits_int(dims: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Every dim and stride within cuDNN's int (a size-1 dim's stride aside: it addresses nothing), and the
+    elements spanned (``1 + sum((d - 1) * |s|)``) too: ``cudnnSetTensorNdDescriptor`` refuses a larger span with
+    NOT_SUPPORTED (measured with cuDNN 9.19 and 9.28: ``(2, 2**30)`` at strides ``(2**30 - 1, 1)`` is taken, at
+    ``(2**30, 1)`` it is not), as its documentation's "2 Giga-elements including the padding between dimensions"
+    says."""
+    if 0 in dims:
+        return max(dims, default=0) <= INT_MAX
+    if max([*dims, *(abs(s) for d, s in zip(dims, strides) if d != 1)], default=0) > INT_MAX:
+        return False
+    return 1 + sum((d - 1) * abs(s) for d, s in zip(dims, strides)) <= INT_MAX
+
+
 def _set_tensor(ptr: int, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
     dims, strs = int_array(shape, "shape"), int_array(strides, "stride")
-    span = 1 + sum((d - 1) * abs(s) for d, s in zip(shape, strides))
-    if span > INT_MAX:  # cuDNN answers NOT_SUPPORTED for more than 2**31 - 1 elements spanned (measured)
-        raise IntRangeError(f"shape {shape} with strides {strides} spans {span} elements, more than cuDNN's int")
+    if not fits_int(shape, strides):  # each value fits, their span does not: cuDNN would answer NOT_SUPPORTED
+        raise IntRangeError(f"shape {shape} with strides {strides} spans more than 2**31 - 1 elements")
     lib.cudnnSetTensorNdDescriptor(ptr, cudnn_dtype(dtype), len(shape), dims, strs)
+
+
+def _size1_stride(s: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """What a size-1 dim's stride ``s`` that cuDNN cannot take is described as: 1 for 0 or less (a broadcast
+    view), else the span of the other dims, as C order would give it (capped at cuDNN's int)."""
+    if s <= 0:
+        return 1
+    return min(max([d * abs(t) for d, t in zip(shape, strides) if d != 1], default=1), INT_MAX)
 
 
 TENSOR = DescriptorKind("tensor", "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor", _set_tensor)
@@ -212,11 +233,9 @@ def tensor_descriptor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ..
     dtype = canonical(dtype)
     shape, strides = tuple(int(d) for d in shape), tuple(int(s) for s in strides)
     # a size-1 dim's stride never addresses memory, but cuDNN refuses 0 (a broadcast view) there, and a value past
-    # its int (a one-row slice of a large array): that one is given the span of the other dims, as C order would
-    if any(d == 1 and not 0 < s <= INT_MAX for d, s in zip(shape, strides)):
-        rest = max([d * abs(s) for d, s in zip(shape, strides) if d != 1], default=1)
-        strides = tuple(s if d != 1 or 0 < s <= INT_MAX else (1 if s <= 0 else min(rest, INT_MAX))
-                        for d, s in zip(shape, strides))  # fmt: skip
+    # its int (a one-row slice of a large array)
+    strides = tuple(s if d != 1 or 0 < s <= INT_MAX else _size1_stride(s, shape, strides)
+                    for d, s in zip(shape, strides))  # fmt: skip
     if len(shape) != len(strides):
         raise ValueError(f"shape {shape} and strides {strides} differ in length")
     if len(shape) > lib.CUDNN_DIM_MAX:

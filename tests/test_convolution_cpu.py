@@ -236,6 +236,47 @@ def test_the_fused_3d_forward_graph_scales_z_with_a_5d_constant():
     g.lower()
 
 
+@pytest.mark.parametrize("dtype, groups, z_alpha", [("float32", 1, 1.0), ("float16", 2, 2.0), ("bfloat16", 2, -1.0)])
+def test_a_split_fused_forward_takes_asymmetric_padding(dtype, groups, z_alpha):
+    """A fused forward whose fused graph cuDNN 9.19 gets wrong (float32; grouped with ``z_alpha != 1``) runs the
+    legacy steps; with asymmetric padding, which those cannot take, the graph's ``conv_fprop`` alone (its epilogue
+    then runs as legacy calls). A graph-only activation there has no form at all: refused by name."""
+    from cudnnkit.ops._primitive import refusals
+    from cudnnkit.ops.activation import resolve_activation
+
+    p = ops.REGISTRY["convolution_forward"]
+    xs, ws, ys = (2, 4, 8, 8), (6, 4 // groups, 3, 4), (2, 6, 8, 8)
+    views = {"x": x(xs, "<f4"), "w": x(ws, "<f4")}
+    base = cv._resolve(ops.Convolution(padding="same", groups=groups), dtype, xs, ws, False, ys)
+    r = base._replace(bias=True, z=True, z_alpha=z_alpha, act=resolve_activation("relu"), split=True)
+    assert r.pad != r.post and "before" in cv._legacy_refuses(r)
+    assert refusals(p, dtype, r, {}, "auto")[0] is None  # the graph takes it (split)
+    sym = r._replace(post=r.pad)
+    assert "measured" in refusals(p, dtype, sym, {}, "auto")[0]  # the legacy steps run the symmetric call
+    assert refusals(p, dtype, r, {"alpha": 2.0}, "auto")[0] is None  # the convolution's graph blends alpha
+    gelu = r._replace(act=resolve_activation("gelu"))
+    with pytest.raises(ValueError, match="neither cuDNN path.*measured.*no such mode"):
+        refusals(p, dtype, gelu, {}, "auto")
+    unsplit = sym._replace(dtype="float16", z_alpha=1.0, split=False)
+    assert refusals(p, "float16", unsplit, {"alpha": 2.0}, "auto")[0].startswith("alpha with a fused forward")
+    c = _call(r, out=x(ys, "<f2"), **views, bias=x((6,), "<f2"), z=x(ys, "<f2"))
+    g, names = cv.graph_builder("forward")(c)
+    assert [n.kind for n in g.nodes()] == ["conv_fprop"] and sorted(names.values()) == ["out", "w", "x"]
+    # the resolve marks it: fused, and float32 or grouped with z_alpha != 1
+    kw = {"padding": "same", "groups": groups, "z_alpha": z_alpha}
+    fv = {"x": x(xs, "<f4"), "w": x(ws, "<f4"), "bias": x((6,), "<f4"), "z": x(ys, "<f4")}
+    from cudnnkit.runtime import as_view
+
+    got = cv._fwd_resolve({n: as_view(a, n) for n, a in fv.items()}, kw)
+    assert got.split and got.pad != got.post
+    got = cv._fwd_resolve({n: as_view(a, n) for n, a in fv.items() if n != "z"}, {**kw, "z_alpha": 1.0})
+    assert got.split  # float32 with a bias
+    shapes = {"x": xs, "w": ws, "bias": (6,), "z": ys}
+    views16 = {n: as_view(x(shapes[n], "<f2"), n) for n in fv}
+    assert not cv._fwd_resolve({n: v for n, v in views16.items() if n != "z"}, {**kw, "z_alpha": 1.0}).split
+    assert cv._fwd_resolve(views16, kw).split == (groups > 1 and z_alpha != 1.0)
+
+
 @pytest.mark.parametrize("dtype", ["<f4", "<f2"])
 def test_the_bias_gradient_graph(dtype):
     """db = dy summed over all but the channels: one reduction node from dy as given (channels-last) into the

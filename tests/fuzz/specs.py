@@ -2442,17 +2442,16 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
             kw["groups"] = groups
         if d.bool(0.2):
             kw["mode"] = "convolution"
-    # the fused forward: bias, a residual z, an activation; not float32 with asymmetric padding, which neither
-    # path takes (the graph's fused float32 forward is refused, measured; the legacy call pads both sides alike):
-    # refused by name (cudnnkit.ops.convolution's module docstring)
-    if which == "forward" and (dt != "float32" or post == pad) and d.bool(0.3):
+    # the fused forward: bias, a residual z, an activation (float32 with asymmetric padding: the graph's
+    # convolution alone, then the legacy epilogue; cudnnkit.ops.convolution's module docstring)
+    if which == "forward" and d.bool(0.3):
         if d.bool(0.7):
             kw["bias"] = A((k,), dt, seed=d.seed())
         if d.bool(0.4):
             kw["z"] = A(ys, dt, layout=lay, seed=d.seed())
-            # a grouped fused graph with z_alpha != 1 is refused (cuDNN 9.19 wrote NaN, measured): the legacy call
-            # takes it, with symmetric padding only
-            if d.bool(0.5) and (groups == 1 or post == pad):
+            # a grouped fused graph with z_alpha != 1 is refused (cuDNN 9.19 wrote NaN, measured): the legacy
+            # steps run it, or with asymmetric padding the graph's convolution alone and the legacy epilogue
+            if d.bool(0.5):
                 kw["z_alpha"] = d.choice([0.5, -1.0, 2.0])
         if d.bool(0.7):
             legacy = ["relu", "sigmoid", "tanh", "elu", "swish"]

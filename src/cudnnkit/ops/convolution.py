@@ -42,7 +42,9 @@ is float64 (the graph API has none), the call blends (``alpha``/``beta`` other t
 its kernel; a graph-only call blends through a temporary and ``cudnnAddTensor``), the batch is empty, the fused
 forward is float32 (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured), has ``alpha != 1``, or is
 grouped with ``z_alpha != 1`` (NaN in a grouped float16 graph's output, measured on an H100), or cuDNN refused that
-graph before (remembered; the legacy call runs). ``settings(prefer="legacy")`` forces the
+graph before (remembered; the legacy call runs). A float32 or grouped-``z_alpha`` fused forward with asymmetric
+padding, which the legacy convolution cannot take, runs the graph's ``conv_fprop`` alone and the legacy epilogue
+(``cudnnAddTensor``, ``cudnnActivationForward``) after it. ``settings(prefer="legacy")`` forces the
 legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias's graph is one
 reduction node, for a dense channels-last float32 ``dy`` with no blend (cuDNN 9.19 has no engine for the rest).
 
@@ -180,6 +182,10 @@ class _Conv(NamedTuple):
     #: product of x's and w's dequantization scales, times y's quantization scale)
     out_dtype: str = ""
     scale: float = 1.0
+    #: a fused forward whose fused graph cuDNN 9.19 gets wrong (float32; grouped with ``z_alpha != 1``): it runs
+    #: the legacy steps, or, where those cannot pad (asymmetric), the graph's ``conv_fprop`` alone and the legacy
+    #: epilogue after it (:func:`_split_forward`)
+    split: bool = False
 
 
 def _params(conv: Any, stride: Any, padding: Any, dilation: Any, groups: Any, mode: Any) -> Convolution:
@@ -240,18 +246,21 @@ def _auto(r: _Conv, kw: Any) -> tuple[str, str]:
 
 
 def _graph_refuses(r: _Conv, kw: Any) -> str | None:
-    if r.dtype == "float32" and (r.bias or r.z or r.act is not None):
-        # measured on the H200 (cuDNN 9.19): fused float32 channels-last graphs (conv + bias + z + activation)
-        # left NaN in the output; until that is understood they run the legacy steps
-        return "a fused float32 forward (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured)"
-    if r.empty_sum:
-        return "an empty batch"
-    if r.z and r.z_alpha != 1.0 and r.groups > 1:
+    if r.split and (_legacy_refuses(r) is None or (r.act is not None and r.act.descriptor is None)):
+        # the legacy steps take it (or nothing does: an activation the legacy API lacks); otherwise (asymmetric
+        # padding) the graph runs the convolution alone and the legacy epilogue after it
+        if r.dtype == "float32":
+            # measured on the H200 (cuDNN 9.19): fused float32 channels-last graphs (conv + bias + z + activation)
+            # left NaN in the output; until that is understood they run the legacy steps
+            return "a fused float32 forward (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured)"
         # measured on an H100 (cuDNN 9.19, fuzzer case): a grouped conv_fprop -> MUL(z, z_alpha) -> ADD graph wrote
         # NaN into some outputs (float16, channels-last; z_alpha 1, or groups 1, were right)
         return "a grouped fused forward with z_alpha != 1 (cuDNN 9.19's engines wrote NaN into it, measured)"
-    if (r.bias or r.z or r.act is not None) and kw.get("alpha", 1.0) != 1.0:
+    if r.empty_sum:
+        return "an empty batch"
+    if (r.bias or r.z or r.act is not None) and not r.split and kw.get("alpha", 1.0) != 1.0:
         # the graph blends after its last node: alpha would scale act(...), where the fused forward scales the conv
+        # (a split forward's graph is the convolution alone: its blend is the fused forward's alpha)
         return "alpha with a fused forward (alpha scales the convolution inside the activation)"
     return None
 
@@ -278,10 +287,12 @@ def _fused(r: _Conv, views: Any, kw: Any) -> _Conv:
     elif kw.get("activation_coef") is not None:
         raise TypeError("activation_coef is for activation=: pass one")
     z_alpha = check_scalar(kw.get("z_alpha", 1.0), "z_alpha")
-    if (vb is not None or vz is not None or act is not None) and kw.get("beta", 0.0) != 0.0:
+    fused = vb is not None or vz is not None or act is not None
+    if fused and kw.get("beta", 0.0) != 0.0:
         raise ValueError("beta blends into out, which the fused forward (bias=, z=, activation=) does not; add a "
                          "residual with z= and z_alpha=")  # fmt: skip
-    return r._replace(bias=vb is not None, z=vz is not None, z_alpha=float(z_alpha), act=act)
+    split = fused and (r.dtype == "float32" or (vz is not None and z_alpha != 1.0 and r.groups > 1))
+    return r._replace(bias=vb is not None, z=vz is not None, z_alpha=float(z_alpha), act=act, split=split)
 
 
 def _fwd_resolve(views: Any, kw: Any) -> _Conv:
@@ -534,7 +545,7 @@ def _graph_prepare(which: str) -> Any:
         v_act, act_lay = dense(c, act)
         r = c.resolved
         # the fused and the quantized forwards run channels-last (their engines take nothing else)
-        fused = which == "forward" and (r.bias or r.z or r.act is not None or bool(r.out_dtype))
+        fused = which == "forward" and not r.split and (r.bias or r.z or r.act is not None or bool(r.out_dtype))
         if fused and act_lay != "nhwc":
             # cuDNN 9.19's fused (runtime fusion) engines take channels-last only (measured on the H200: a 3-d
             # NCDHW conv + bias + GELU has no engine): x (then w and z, below) copied channels-last (or, C = 1 or
@@ -577,7 +588,28 @@ def _depthwise_runs_first(which: str, r: _Conv, vx: Any) -> bool:
 
 
 def _graph(which: str) -> Any:
-    return graph_form(graph_builder(which), _graph_prepare(which))
+    form = graph_form(graph_builder(which), _graph_prepare(which))
+    return _split_forward(form) if which == "forward" else form
+
+
+def _split_forward(form: Any) -> Any:
+    """The graph forward, and for a split fused forward (``_Conv.split``: float32, or grouped with ``z_alpha !=
+    1``, with asymmetric padding, which the legacy convolution cannot take) the graph of ``conv_fprop`` alone (it
+    blends ``alpha`` as any graph does), then :func:`_epilogue`'s legacy calls in place on the caller's ``out``. Such
+    a call has no pointer-only express form (the epilogue runs after the plan on every call)."""
+
+    def run(c: Call) -> None:
+        r = c.resolved
+        if not r.split:
+            form(c)
+            return
+        vo = out_view(c, "out")  # the caller's (or the new) out: the graph writes it, through a temporary if need be
+        form(c)
+        c.extra.pop("graph_form", None)
+        vz = c.views.get("z")
+        _epilogue(c, r, vo, _tensor(vo, r), _tensor(vz, r) if r.z else None)
+
+    return run
 
 
 def graph_builder(which: str) -> Any:
@@ -603,7 +635,9 @@ def graph_builder(which: str) -> Any:
             y = g.pointwise("MUL", y, g.scalar(r.scale, "float32", ndim=len(out_shape)))
             bd.output(y, "out", r.out_dtype, out_strides)
             return bd.done()
-        if which == "forward":
+        if which == "forward" and r.split:  # the convolution alone: its epilogue runs after (_split_forward)
+            y = g.conv_fprop(t("x"), t("w"), **conv)
+        elif which == "forward":
             y = g.conv_fprop(t("x"), t("w"), **conv)
             if r.bias:
                 vb = c.views["bias"]
@@ -823,7 +857,9 @@ def convolution_forward(
     -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, float32, a grouped convolution with ``z_alpha != 1``,
     whose graph wrote NaN on cuDNN 9.19, or a graph cuDNN refuses) as ``cudnnConvolutionForward``,
     ``cudnnAddTensor`` and ``cudnnActivationForward`` in place (the graph-only activations and asymmetric padding
-    have no legacy form: refused by name there). ``beta`` must be 0 when fusing.
+    have no legacy form: refused by name there). Float32 and grouped ``z_alpha != 1`` calls with asymmetric padding
+    run the graph's convolution alone, then the same ``cudnnAddTensor``/``cudnnActivationForward`` epilogue (a
+    graph-only activation there is refused by name). ``beta`` must be 0 when fusing.
 
     **Quantized:** int8 or fp8 (``float8_e4m3fn``, ``float8_e5m2``) ``x`` and ``w`` (the same dtype) give
     ``y = scale * conv(x, w)`` in ``out_dtype``, ``scale`` being the product of the dequantization scales of x and

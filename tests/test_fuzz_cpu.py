@@ -279,6 +279,19 @@ def test_outcome_rules():
         assert kind(valid, e) == outcome.CLEAR and kind(valid, ValueError("plain")) == outcome.UNCLEAR
 
 
+def test_combined_changes_that_may_agree_again_may_pass():
+    """Seed 916's case 3503 (ctc_loss): one label too many, with label_lengths [4, 3] given an expanded layout,
+    which reads [4, 4]: the labels fit again, so the combined case is a call that may pass (every mutation
+    "any"), not one that must be refused (the label mutation alone expects a refusal)."""
+    from tests.fuzz.strategies import _changes_values, regenerate
+
+    case = regenerate("ctc_loss", 5841389628353912304, "fakeA", False, "fakeB")
+    got = [(m.kind, m.target) for m in case.mutations]
+    assert got == [("layout", "input_lengths"), ("ctc", "labels"), ("layout", "label_lengths")]
+    assert [_changes_values(case, m) for m in case.mutations] == [False, False, True]  # input_lengths: a gap
+    assert all(m.expect == "any" for m in case.mutations)
+
+
 # ----------------------------------------------------------------- the worker machinery
 
 

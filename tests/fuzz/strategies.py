@@ -711,16 +711,26 @@ def make_case(d: Draw, spec: Any, lib: str, gpu: bool, other: str | None = None,
             kind == "device"
             and "device" in {m.kind for m in case.mutations}
             or ("value" in kinds and kinds & {"dtype", "shape"})
+            or any(_changes_values(got, m) for m in got.mutations)
         ):
             # changes that may agree again: two arrays moved to one device; a value whose verdict is the arrays'
             # (1e300 is out of range for bfloat16, not for float64; three pad_after values fit a 3-d x, not a 2-d
-            # one). Kept, as calls that may pass: a crash or an unclear error still counts
+            # one); an expanded or overlapping layout of an array of given values, which changes the values
+            # (label lengths [4, 3] expanded read [4, 4], which one label too many may fit). Kept, as calls that
+            # may pass: a crash or an unclear error still counts
             got = replace(got, mutations=tuple(replace(m, expect="any") for m in got.mutations))
         if any(frozenset((m.target, got.mutations[-1].target)) in spec.coupled for m in case.mutations):
             continue  # a value and an array that must agree (a size and the gradient of its shape)
         case = got
         n -= 1
     return case
+
+
+def _changes_values(case: Case, m: Mutation) -> bool:
+    """Whether layout mutation ``m`` changes the logical values of an array of given values (lengths, labels,
+    indices): an expanded layout repeats one element, an overlapping one shares memory between elements."""
+    a = case.kwargs.get(m.target)
+    return m.kind == "layout" and isinstance(a, A) and a.values is not None and a.layout[0] in ("expand", "overlap")
 
 
 def generate(count: int, seed: int, libs: Sequence[str], gpu: bool, ops: Sequence[str] | None = None) -> list[Case]:

@@ -579,6 +579,86 @@ def test_express_hits_bind_the_filter_copy_the_plan_was_built_for(monkeypatch):
         _express.entries.clear()
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+@pytest.mark.parametrize("layout", [("c",), ("perm", (0, 2, 3, 1))], ids=["nchw", "nhwc"])
+def test_split_fused_forward_runs_its_epilogue_on_every_call(monkeypatch, alpha, layout):
+    """A split fused forward (float32, asymmetric padding): every call, express hits included, runs the
+    convolution's graph (x, w and out bound, no bias or z), then on the caller's out ``cudnnAddTensor`` of the
+    bias, of ``z_alpha * z`` (z as given) and ``cudnnActivationForward``, after the graph's alpha blend (a
+    pointer-only express form would skip the epilogue: found in review to be untested)."""
+    import numpy as np
+
+    from cudnnkit import ops
+    from cudnnkit.ops import _express, _graphform
+    from cudnnkit.runtime import adapters
+
+    from .fuzz.materialize import FakeArray, FakeBackend
+    from .fuzz.model import A
+    from .graph_fakes import recording_plans
+
+    runs = recording_plans(monkeypatch)
+    calls = []
+
+    def add(h, a, ad, ap, bb, cd, cp):
+        calls.append(("add", ap, cp))
+
+    def act(h, d, a, xd, xp, bb, yd, yp):
+        calls.append(("act", xp, yp))
+
+    b = FakeBackend()
+    with b.installed():  # the fake backend gates every cuDNN call: the two legacy calls recorded instead
+        monkeypatch.setattr(lib, "cudnnAddTensor", add)
+        monkeypatch.setattr(lib, "cudnnActivationForward", act)
+        monkeypatch.setitem(adapters.KEYED, FakeArray, lambda a: b.adapters[a.lib].key(a))
+        _express.entries.clear()
+        _graphform._forms.clear()  # plans of earlier tests record into their own lists
+
+        def arr(shape):
+            return b.array(A(shape, "float32", layout=layout if len(shape) == 4 else ("c",)), np.zeros(shape),
+                           "fakeA", None)  # fmt: skip
+
+        xx, w, bias, z = arr((2, 4, 9, 8)), arr((6, 2, 3, 4)), arr((6,)), arr((2, 6, 9, 8))
+        try:
+            for _ in range(3):
+                out = arr((2, 6, 9, 8))
+                calls.clear()
+                n = len(runs)
+                got = ops.convolution_forward(xx, w, bias, z=z, z_alpha=-0.5, activation="relu", padding="same",
+                                              groups=2, alpha=alpha, out=out)  # fmt: skip
+                assert got is out and ops.last_path() == ("convolution_forward", "graph")
+                assert len(runs) == n + 1 and sorted(runs[-1]) == ["out", "w", "x"]
+                blend = [("add", runs[-1]["out"][1], out.ptr)] if alpha != 1.0 else []  # temporary -> out
+                assert calls == blend + [("add", bias.ptr, out.ptr), ("add", z.ptr, out.ptr), ("act", out.ptr, out.ptr)]
+        finally:
+            _express.entries.clear()
+            _graphform._forms.clear()
+
+
+def test_split_fused_forward_names_a_z_past_cudnns_int():
+    """The split forward's epilogue describes z for ``cudnnAddTensor`` (cuDNN's int dims and strides) before any
+    work: a z whose stride passes 2**31 - 1 is refused naming z, not with the descriptor's bare range error."""
+    import numpy as np
+
+    from cudnnkit.ops import _express
+    from cudnnkit.runtime import adapters
+
+    from .fuzz.materialize import FakeArray, FakeBackend
+    from .fuzz.model import A
+
+    b = FakeBackend()
+    with b.installed():
+        adapters.KEYED[FakeArray] = lambda a: b.adapters[a.lib].key(a)
+        try:
+            xx, w, bias = (b.array(A(s, "float32"), np.zeros(s), "fakeA", None) for s in ((2, 4, 9, 8), (6, 2, 3, 4),
+                                                                                          (6,)))  # fmt: skip
+            z = FakeArray((2, 6, 9, 8), "float32", (2**31, 72, 8, 1), b.alloc(4 * (2**31 + 432)), "fakeA")
+            with pytest.raises(ValueError, match=r"^z \(shape \(2, 6, 9, 8\)\) is too large for cuDNN's tensor"):
+                ops.convolution_forward(xx, w, bias, z=z, z_alpha=-0.5, activation="relu", padding="same", groups=2)
+        finally:
+            adapters.KEYED.pop(FakeArray, None)
+            _express.entries.clear()
+
+
 QUANT_CASES = [
     (dict(out_dtype="int32"), "int8", ValueError, r"out_dtype must be one of \('float32', .*'int8'\) for int8 x"),
     (dict(out_dtype="int8"), "float8_e5m2", ValueError, "out_dtype must be one of .* for float8_e5m2 x"),

@@ -387,6 +387,9 @@ def _launch_form(p: Primitive, call: Call, path: str, graph_key: Any) -> None:
             _log.debug("%s: graph refused (%s); legacy path", p.name, str(e).splitlines()[0])
             _restore(call, views)
             path = "legacy"
+        except IntRangeError:  # a legacy descriptor the graph form makes (the split convolution's epilogue)
+            _name_unfit(call)
+            raise
         else:
             _last.path = (p.name, "graph")
             call.extra["_path"] = "graph"

@@ -604,10 +604,12 @@ def _split_forward(form: Any) -> Any:
             form(c)
             return
         vo = out_view(c, "out")  # the caller's (or the new) out: the graph writes it, through a temporary if need be
+        vz = c.views.get("z")  # as given, read by cudnnAddTensor as the legacy path reads it
+        zd = _tensor(vz, r) if r.z else None  # described before any work: one cuDNN cannot take is refused first
         form(c)
         c.extra.pop("graph_form", None)
-        vz = c.views.get("z")
-        _epilogue(c, r, vo, _tensor(vo, r), _tensor(vz, r) if r.z else None)
+        c.views["z"] = vz  # prepare may have swapped in a dense copy
+        _epilogue(c, r, vo, _tensor(vo, r), zd)
 
     return run
 

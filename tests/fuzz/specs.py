@@ -2459,6 +2459,12 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
             # (and not for a grouped call with z_alpha, whose graph is refused: cuDNN 9.19 wrote NaN, measured)
             half = dt in ("float16", "bfloat16") and not (groups > 1 and "z_alpha" in kw)
             kw["activation"] = d.choice(legacy + ["gelu", "gelu_tanh", "leaky_relu"] if half else legacy)
+        # alpha scales the convolution inside the fusion: the legacy steps take it (symmetric padding, a legacy
+        # activation), and so does a split forward's graph (float32, or grouped with z_alpha; the convolution alone)
+        split = dt == "float32" or (groups > 1 and kw.get("z_alpha", 1.0) != 1.0)
+        legacy_act = kw.get("activation") in (None, "relu", "sigmoid", "tanh", "elu", "swish")
+        if legacy_act and (post == pad or split) and d.bool(0.2):
+            kw["alpha"] = d.choice([0.5, 2.0, -1.0])
         return Base(kw, names, {"dtype": dt, "groups": groups, "pre": pad, "post": post})
     draw_blend(d, kw, dt, res, layout=("c",))  # the graph path blends through a temporary (cudnnAddTensor)
     return Base(kw, names, {"dtype": dt, "groups": groups, "pre": pad, "post": post})
@@ -2479,6 +2485,9 @@ def _convolution_check(ctx: Any, res: Any, which: str = "forward") -> list[str]:
                   groups=int(g["groups"]), mode=ctx.param("mode", "cross_correlation"))  # fmt: skip
         if which == "forward":
             ref = conv_forward(np.pad(ctx.x("x"), widths), ctx.x("w"), **kw)
+            fused = ctx.x("bias") is not None or ctx.x("z") is not None or ctx.param("activation") is not None
+            if fused:  # act(alpha * conv + bias + z_alpha * z): alpha inside (beta must be 0)
+                ref = fnum(ctx.param("alpha", 1.0), 1.0) * ref
             if ctx.x("bias") is not None:
                 ref = ref + ctx.x("bias").reshape((1, -1) + (1,) * (ref.ndim - 2))
             if ctx.x("z") is not None:
@@ -2492,7 +2501,8 @@ def _convolution_check(ctx: Any, res: Any, which: str = "forward") -> list[str]:
             ref = ref[(slice(None), slice(None)) + tuple(slice(p, p + i) for p, i in zip(pre, xs[2:]))]
         else:
             ref = conv_backward_filter(np.pad(ctx.x("x"), widths), ctx.x("dy"), tuple(ctx.param("w_shape")), **kw)
-    ref = ctx.blend(ref, "out", "alpha", "beta")
+    if not (which == "forward" and fused):
+        ref = ctx.blend(ref, "out", "alpha", "beta")
     dt = ctx.dtype
     return ctx.compare(res, ref, dt, {"forward": "y", "data": "dx", "filter": "dw", "bias": "db"}[which],
                        _tol(dt, 4.0, f32=2e-3, half=2e-2))  # fmt: skip

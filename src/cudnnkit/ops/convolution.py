@@ -1121,9 +1121,10 @@ def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha
     only then), and ``out`` (``y``) with ``activation="relu"``: the ReLU's gradient is ``dy`` where ``y > 0``."""
     dtype = canonical(x.dtype, "x")
     _l3_refuse(dtype, z, activation, activation_coef)
-    # float32/float64: no fused graph (cuDNN 9.19's fused float32 graphs gave non-finite outputs), and the legacy
-    # call pads both sides alike, so an asymmetric padding ("same" with an even kernel) with a bias has no fused
-    # form at all: the convolution, then cudnnAddTensor of the bias (what the legacy fused call does anyway)
+    # float32/float64: no fused graph (cuDNN 9.19's fused float32 graphs gave non-finite outputs), so the fused L2
+    # call would run the legacy convolution (or, with asymmetric padding, the split forward, which has no
+    # pointer-only express form): the convolution alone (the graph's kernel choice, express), then cudnnAddTensor
+    # of the bias (what the legacy fused call does anyway); float64 has only the legacy calls
     split = dtype in ("float32", "float64")
     y = convolution_forward(x, w, None if split else bias, z_alpha=z_alpha, activation=None if split else activation,
                             stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,

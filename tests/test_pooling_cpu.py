@@ -93,11 +93,13 @@ CASES = [
         "legacy call cannot take this: the argmax index",
     ),
     (
-        lambda: ops.pooling_forward(
-            FakeBF16((2, 3, 8, 8)), mode="avg_exclude_padding", window=3, stride=2, ceil_mode=True
+        lambda: _legacy(
+            lambda: ops.pooling_forward(
+                FakeBF16((2, 3, 8, 8)), mode="avg_exclude_padding", window=3, stride=2, ceil_mode=True
+            )
         ),  # fmt: skip
         ValueError,
-        r"neither cuDNN path takes this call: the graph API \(bfloat16 average pooling.*legacy call \(padding",
+        r"settings\(prefer='legacy'\), but the legacy call cannot take this: padding",
     ),
     (lambda: ops.pooling_forward(x((2, 3))), ValueError, "x must have 3 to 5 dims"),
     (lambda: ops.pooling_forward(x(typestr="<i4")), TypeError, "x has dtype int32"),
@@ -189,6 +191,12 @@ def test_router_keeps_legacy_where_both_run_and_graph_otherwise():
 
     with settings(prefer="graph"), pytest.raises(ValueError, match="graph API cannot take this: bfloat16 average"):
         route(pl.POOLING_FORWARD, "bfloat16", None, bf, {})
+    # where only the graph can take it (ceil_mode's padding after), the graph runs it on float32 copies
+    vb = type(v)()
+    vb.dtype = "bfloat16"
+    bceil = pl._resolve_for(vb, "x", {"mode": "avg_exclude_padding", "window": 3, "stride": 2, "ceil_mode": True})
+    assert bceil.f32 and not bf.f32 and not ceil.f32
+    assert route(pl.POOLING_FORWARD, "bfloat16", None, bceil, {}) == "graph"
 
 
 def test_views_that_differ_only_in_size_one_strides_describe_alike():
@@ -232,6 +240,61 @@ def test_the_graph_path_runs_channels_last_copies_of_channels_first_arrays(monke
             else:
                 assert seen["x"][1] == x.ptr and seen["out"][1] == y.ptr and copies == []
         _express.entries.clear()
+
+
+@pytest.mark.parametrize("blend", [(1.0, 0.0), (0.5, 0.25)])
+def test_bfloat16_averaging_only_the_graph_takes_runs_on_float32_copies(monkeypatch, blend):
+    """bfloat16 average pooling with ceil_mode's padding after (cuDNN 9.19's bfloat16 resample engines average
+    wrong; the legacy call cannot pad after only): forward and backward, every call (express hits included), x (dy)
+    transformed to a float32 channels-last copy, the graph built on float32 and bound to the copies, its float32
+    result transformed into the caller's bfloat16 out with the call's alpha and beta."""
+    import numpy as np
+
+    from cudnnkit.graph import Graph
+    from cudnnkit.ops import _express, _graphform
+    from cudnnkit.runtime import adapters
+
+    from .fuzz.materialize import FakeArray, FakeBackend
+    from .fuzz.model import A
+    from .graph_fakes import recording_plans
+
+    runs = recording_plans(monkeypatch)
+    built = []
+    fake_build = Graph.build
+    monkeypatch.setattr(Graph, "build", lambda self, device=None, **kw: built.append(self) or fake_build(self, device))
+    calls = []
+
+    def transform(h, a, ad, ap, b, cd, cp):
+        calls.append((ap, cp, a._obj.value, b._obj.value))
+
+    alpha, beta = blend
+    b = FakeBackend()
+    with b.installed():
+        monkeypatch.setattr(lib, "cudnnTransformTensor", transform)
+        monkeypatch.setitem(adapters.KEYED, FakeArray, lambda a: b.adapters[a.lib].key(a))
+        _express.entries.clear()
+        _graphform._forms.clear()  # plans of earlier tests record into their own lists
+        try:
+            x = b.array(A((2, 3, 8, 8), "bfloat16", layout=("c",)), np.zeros((2, 3, 8, 8)), "fakeA", None)
+            kw = dict(mode="avg_exclude_padding", window=3, stride=2, ceil_mode=True, alpha=alpha, beta=beta)
+            for _ in range(3):
+                calls.clear()
+                out = b.array(A((2, 3, 4, 4), "bfloat16"), np.zeros((2, 3, 4, 4)), "fakeA", None)
+                y = ops.pooling_forward(x, out=out, **kw)
+                assert y is out and ops.last_path() == ("pooling_forward", "graph")
+                seen = runs[-1]
+                assert seen["x"][0] == (192, 1, 24, 3) and seen["out"][0] == (48, 1, 12, 3)  # channels-last
+                assert calls == [(x.ptr, seen["x"][1], 1.0, 0.0), (seen["out"][1], out.ptr, alpha, beta)]
+                calls.clear()
+                dx = b.array(A((2, 3, 8, 8), "bfloat16"), np.zeros((2, 3, 8, 8)), "fakeA", None)
+                got = ops.pooling_backward(y, y, x, out=dx, **kw)
+                assert got is dx and ops.last_path() == ("pooling_backward", "graph")
+                seen = runs[-1]
+                assert calls == [(y.ptr, seen["dy"][1], 1.0, 0.0), (seen["out"][1], dx.ptr, alpha, beta)]
+            assert len(built) == 2 and all(t.dtype == "float32" for g in built for t in g.tensors())
+        finally:
+            _express.entries.clear()
+            _graphform._forms.clear()
 
 
 def test_express_hits_bind_what_the_first_call_bound_and_keep_the_output_layout(monkeypatch):

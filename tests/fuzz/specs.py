@@ -2569,17 +2569,21 @@ CONV_FUSED_PARAMS = {
 
 
 def _pooling_draw(d: Draw, lib: str, backward: bool = False) -> Base:
-    """A valid pooling call: 1 to 3 spatial dims, every mode, symmetric padding below the window, NCHW or
+    """A valid pooling call: 1 to 3 spatial dims, every mode, padding below the window (symmetric, or per side on
+    the graph path: not float64, nor a max-pooling backward, which would need the forward's index), NCHW or
     channels-last, maybe ``out=`` with a blend; the backward's ``y`` is the forward's (derived)."""
     dt = d.choice(F)
     nsp = d.int(1, 3)
     win = tuple(d.int(1, 3) for _ in range(nsp))
     st = tuple(d.int(1, 2) for _ in range(nsp))
     pad = tuple(d.int(0, w - 1) for w in win)
+    mode = d.choice(["max", "max_deterministic", "avg_include_padding", "avg_exclude_padding"])
+    per_side = dt != "float64" and (not backward or mode.startswith("avg")) and d.bool(0.15)
+    post = tuple(d.int(0, w - 1) for w in win) if per_side else pad
     n = d.int(0, 2) if d.bool(0.05) else d.int(1, 2)
-    sp = tuple(max(w - 2 * p, 1) + d.int(0, 4) for w, p in zip(win, pad))
+    sp = tuple(max(w - p - q, 1) + d.int(0, 4) for w, p, q in zip(win, pad, post))
     xs = (n, d.int(1, 4), *sp)
-    ys = (*xs[:2], *((i + 2 * p - w) // s + 1 for i, p, w, s in zip(sp, pad, win, st)))
+    ys = (*xs[:2], *((i + p + q - w) // s + 1 for i, p, q, w, s in zip(sp, pad, post, win, st)))
     lay = nchw_or_nhwc(d, nsp + 2)
     kw: dict[str, Any] = {}
     # distinct values (a permutation): max pooling's gradient has one winner per window, as in the reference
@@ -2587,8 +2591,7 @@ def _pooling_draw(d: Draw, lib: str, backward: bool = False) -> Base:
         kw["dy"] = A(ys, dt, layout=lay, seed=d.seed())
         kw["y"] = A(ys, dt, fill="derived:y", layout=lay, seed=d.seed())
     kw["x"] = A(xs, dt, fill="derived:x", layout=lay, seed=d.seed())
-    mode = d.choice(["max", "max_deterministic", "avg_include_padding", "avg_exclude_padding"])
-    kw.update(mode=mode, window=win, stride=st, padding=pad)
+    kw.update(mode=mode, window=win, stride=st, padding=pad if post == pad else tuple(zip(pad, post)))
     draw_blend(d, kw, dt, xs if backward else ys, layout=("c",))
     return Base(kw, ("dy", "y", "x") if backward else ("x",), {"dtype": dt})
 

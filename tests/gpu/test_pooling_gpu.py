@@ -92,11 +92,7 @@ def test_graph_path_per_side_padding_ceil_mode_and_index(xp, mode, dtype, layout
                     (dict(window=3, stride=2, ceil_mode=True), tuple(zip(pre, post)))):  # fmt: skip
         if mode == "avg_include_padding" and "ceil_mode" in kw:
             continue  # cuDNN counts the padding ceil_mode adds; torch clips it (documented difference)
-        ismax = mode.startswith("max")
-        if dtype == "bfloat16" and not ismax:  # refused by name before any GPU work (cuDNN computes it wrong)
-            with pytest.raises(ValueError, match="neither cuDNN path.*bfloat16 average pooling"):
-                ops.pooling_forward(xd, mode=mode, **kw)
-            continue
+        ismax = mode.startswith("max")  # bfloat16 averaging runs on float32 copies (cuDNN's bf16 engines are wrong)
         got = ops.pooling_forward(xd, mode=mode, return_index=ismax, **kw)
         assert ops.last_path() == ("pooling_forward", "graph")
         y, index = got if ismax else (got, None)
@@ -107,6 +103,36 @@ def test_graph_path_per_side_padding_ceil_mode_and_index(xp, mode, dtype, layout
         assert ops.last_path() == ("pooling_backward", "graph")
         want_dx = ref.pool_backward(x, dy, mode, (3, 3), (2, 2), pad)
         assert rel(host(xp, dx), want_dx) < TOL[dtype] * 4
+
+
+@pytest.mark.parametrize("mode", ["avg_include_padding", "avg_exclude_padding"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_bfloat16_averaging_on_the_graph_blends_into_out(xp, mode, layout):
+    """bfloat16 averaging that only the graph takes (asymmetric padding) runs on float32 copies; the call's blend
+    ``out = alpha * result + beta * out`` lands in the caller's bfloat16 out, forward and backward, twice (the
+    second call an express hit)."""
+    if xp.name == "cupy":
+        pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(13)
+    x = _distinct(rng, (2, 3, 9, 8))
+    pad = ((0, 2), (1, 1))
+    kw = dict(mode=mode, window=3, stride=2, padding=pad)
+    want = ref.pool_forward(x, mode, (3, 3), (2, 2), pad)
+    prior = np.round(rng.standard_normal(want.shape) * 4) / 4
+    dy = np.round(rng.standard_normal(want.shape) * 8) / 8
+    want_dx = ref.pool_backward(x, dy, mode, (3, 3), (2, 2), pad)
+    prior_dx = np.round(rng.standard_normal(want_dx.shape) * 4) / 4
+    xd = dev(xp, x, "bfloat16", layout)
+    for _ in range(2):
+        out = dev(xp, prior, "bfloat16", layout)
+        y = ops.pooling_forward(xd, out=out, alpha=0.5, beta=0.25, **kw)
+        assert y is out and ops.last_path() == ("pooling_forward", "graph")
+        assert rel(host(xp, out), 0.5 * want + 0.25 * prior) < TOL["bfloat16"]
+        dx = dev(xp, prior_dx, "bfloat16", layout)
+        # (average pooling's backward reads no y: the blended out stands in for it)
+        got = ops.pooling_backward(dev(xp, dy, "bfloat16", layout), y, xd, out=dx, alpha=0.5, beta=0.25, **kw)
+        assert got is dx and ops.last_path() == ("pooling_backward", "graph")
+        assert rel(host(xp, dx), 0.5 * want_dx + 0.25 * prior_dx) < TOL["bfloat16"] * 4
 
 
 @pytest.mark.parametrize("mode", MODES)

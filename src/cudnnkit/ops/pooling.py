@@ -20,7 +20,8 @@ max-pooling backward, an average backward that fails at execution and an include
 post-padding out (measured on an H200), so such arrays are copied channels-last and y written through a
 channels-last temporary (the forward's index stays channels-last; the backward takes it in any layout).
 bfloat16 average pooling is refused on the graph (every engine computes it wrong there, measured), so it runs
-where the legacy call takes it and is refused by name where only the graph could.
+where the legacy call takes it; where only the graph can (asymmetric padding, ceil_mode's padding after), the graph
+runs on float32 copies (``cudnnTransformTensor`` in, and out into the bfloat16 result with the call's blend).
 ``settings(prefer=...)`` forces either; :func:`cudnnkit.ops.last_path` says which ran. Arrays: ``x`` (N, C,
 *spatial) dense channels-first or channels-last (another layout is copied); a new ``y`` takes ``x``'s layout; a
 given ``out`` must be dense. Dtypes: float16, bfloat16, float32, float64. The legacy backward needs the forward's
@@ -129,6 +130,9 @@ class _Pool(NamedTuple):
     x_shape: tuple[int, ...] = ()  #: the forward's input shape (the caller's rank)
     index_dtype: str = "int8"
     dtype: str = "float32"  #: x's dtype (the graph refuses bfloat16 averaging)
+    #: bfloat16 averaging with padding the legacy call cannot take (asymmetric, ceil_mode's): the graph runs it on
+    #: float32 copies (:func:`_via_float32`)
+    f32: bool = False
 
 
 def _index_dtype(window: tuple[int, ...]) -> str:
@@ -165,7 +169,9 @@ def _resolve_for(v: Any, name: str, kw: Any) -> _Pool:
         w, pre, post, s = w + (1,), pre + (0,), post + (0,), s + (1,)
     y = with_batch(y, v.shape[0])
     strides = channels_last_strides(y) if layout_of(v) == "nhwc" else None
-    return _Pool(nsp, p.mode, p.propagate_nan, w, pre, s, y, strides, post, False, v.shape, _index_dtype(w), v.dtype)
+    f32 = v.dtype == "bfloat16" and p.mode.startswith("avg") and pre != post
+    return _Pool(nsp, p.mode, p.propagate_nan, w, pre, s, y, strides, post, False, v.shape, _index_dtype(w), v.dtype,
+                 f32)  # fmt: skip
 
 
 def _fwd_resolve(views: Any, kw: Any) -> _Pool:
@@ -211,9 +217,10 @@ def _legacy_refuses(r: _Pool) -> str | None:
 
 
 def _graph_refuses(r: _Pool, kw: Any) -> str | None:
-    if r.dtype == "bfloat16" and r.mode.startswith("avg"):
+    if r.dtype == "bfloat16" and r.mode.startswith("avg") and not r.f32:
         # measured on the H200 (cuDNN 9.19): both resample engines that take bfloat16 averaging write wrong values
-        # or NaN (the graph layer's resample nodes refuse it too: graph/nodes/resample.py)
+        # or NaN (the graph layer's resample nodes refuse it too: graph/nodes/resample.py); the legacy call takes
+        # it, and what only the graph can take (r.f32) runs on float32 copies
         return "bfloat16 average pooling (cuDNN 9.19 computes it wrong on Hopper with every engine, measured)"
     return None
 
@@ -375,6 +382,47 @@ def _bwd_graph(c: Call) -> tuple[Any, dict]:
     return b.done()
 
 
+def _via_float32(form: Any, names: tuple[str, ...]) -> Any:
+    """The graph form, and for bfloat16 averaging that only the graph can take (``_Pool.f32``: asymmetric padding,
+    ceil_mode's padding after; cuDNN 9.19's bfloat16 resample engines average wrong, measured) the same graph on
+    float32: inputs ``names`` copied to float32 channels-last (``cudnnTransformTensor``), the result written to a
+    float32 channels-last temporary and transformed into ``out`` with the call's blend (``out = alpha * result +
+    beta * out``). Such a call has no pointer-only express form (the transforms run on every call)."""
+
+    def run(c: Call) -> None:
+        r = c.resolved
+        if not r.f32:
+            form(c)
+            return
+        h = c.launch.handle
+        one, zero = scaling_ref("float32", 1.0), scaling_ref("float32", 0.0)
+        vo = out_view(c, "out")
+        # described before any work: one cuDNN cannot take is refused (by name) first
+        given = [(n, c.views[n], nd_tensor(c.views[n], r.nsp)) for n in names if c.views.get(n) is not None]
+        od = nd_tensor(vo, r.nsp)
+        keep = []
+        for n, v, d in given:
+            arr, v32 = c.launch.empty(v.shape, "float32", channels_last_strides(v.shape), name=n)
+            lib.cudnnTransformTensor(h, one, d, v.ptr, zero, nd_tensor(v32, r.nsp), v32.ptr)
+            keep.append(arr)
+            c.views[n] = v32
+        t32, o32 = c.launch.empty(vo.shape, "float32", channels_last_strides(vo.shape), name="out")
+        c.views["out"] = o32
+        blends, c.blends = c.blends, {}  # the blend is the last transform's
+        try:
+            form(c)
+        finally:
+            c.blends = blends
+        c.extra.pop("graph_form", None)
+        lib.cudnnTransformTensor(h, c.alpha, nd_tensor(o32, r.nsp), o32.ptr, c.beta, od, vo.ptr)
+        c.views["out"] = vo
+        for n, v, _ in given:
+            c.views[n] = v
+        del keep, t32  # the allocator's stream-ordered free follows the queued work
+
+    return run
+
+
 POOLING_FORWARD = register(
     Primitive(
         "pooling_forward",
@@ -382,7 +430,7 @@ POOLING_FORWARD = register(
         outputs=(Output("out", shape=lambda r: r.y_shape, strides=_strides, blend=("alpha", "beta")),),
         resolve=_fwd_resolve,
         legacy=_fwd_call,
-        graph=graph_form(_fwd_graph, _prepare(("x",))),
+        graph=_via_float32(graph_form(_fwd_graph, _prepare(("x",))), ("x",)),
         graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
         auto=_auto,
@@ -406,7 +454,7 @@ POOLING_BACKWARD = register(
         outputs=(Output("out", shape=lambda r: r.y_shape, strides=_strides, blend=("alpha", "beta")),),
         resolve=_bwd_resolve,
         legacy=_bwd_call,
-        graph=graph_form(_bwd_graph, _prepare(("dy", "index"))),
+        graph=_via_float32(graph_form(_bwd_graph, _prepare(("dy", "index"))), ("dy",)),
         graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
         auto=_auto,

@@ -292,6 +292,19 @@ def test_combined_changes_that_may_agree_again_may_pass():
     assert all(m.expect == "any" for m in case.mutations)
 
 
+def test_padded_ctc_labels_of_an_empty_batch_are_a_valid_call():
+    """Seed 1088's case 2116: labels reshaped (0,) -> (0, 2) for a batch of 0 are padded (N, S) labels with no rows,
+    a valid call (the fuzzer expected a refusal); with rows, S must cover every label length."""
+    from tests.fuzz.model import A
+    from tests.fuzz.specs import _ctc_shape_rule
+
+    empty = Case("ctc_loss", {"x": A((4, 0, 3), "float32"), "label_lengths": A((0,), "int32", values=())}, ())
+    assert _ctc_shape_rule(empty, "labels", (0,), (0, 2)) == "any"
+    two = Case("ctc_loss", {"x": A((4, 2, 3), "float32"), "label_lengths": A((2,), "int32", values=(2, 3))}, ())
+    assert _ctc_shape_rule(two, "labels", (5,), (2, 3)) == "any"
+    assert _ctc_shape_rule(two, "labels", (5,), (2, 2)) == "refuse"  # row 1 holds 3 labels
+
+
 # ----------------------------------------------------------------- the worker machinery
 
 

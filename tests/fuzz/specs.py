@@ -863,10 +863,9 @@ def _ctc_shape_rule(case: Case, name: str, old, new) -> str | None:
             and isinstance(x, A)
             and len(x.shape) == 3
             and new[0] == x.shape[1]
-            and ll
-            and (new[1] >= max(ll))
+            and (not ll or new[1] >= max(ll))
         ):
-            return "any"  # padded (N, S) labels, S at least every length: a valid call if the values are
+            return "any"  # padded (N, S) labels, S at least every length (any S when N = 0): a valid call
         return "refuse"  # sum(label_lengths) no longer matches
     if name == "x" and len(new) == 3 and len(old) == 3 and "grads_out" not in case.kwargs:
         labels = _raw(case.kwargs.get("labels"))

@@ -12,7 +12,9 @@ variant pack cached per pointer tuple). cuDNN refusing the graph raises
 :class:`~cudnnkit.graph.UnsupportedGraphError`, which the router remembers and answers with the legacy call.
 A workspace that cannot be allocated sends that one call to the legacy form (:class:`GraphFallback`), logged.
 A blending call (``alpha``/``beta`` other than 1/0) runs the graph into a temporary and blends it into the output
-with ``cudnnAddTensor``.
+with ``cudnnAddTensor``. A ``prepare`` may register steps that run after the graph on that call (:func:`after`: a
+legacy epilogue, a dtype conversion into the output); such a call, like one written through a temporary, keeps no
+pointer-only express form.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "channels_last_output",
     "graph_cache_info",
     "graph_form",
+    "after",
     "new_graph",
     "write_through",
 ]
@@ -72,6 +75,13 @@ def write_through(c: Any, name: str, strides: Any = None) -> None:
     v = c.views[name]
     tmp, c.views[name] = c.launch.empty(v.shape, v.dtype, v.strides if strides is None else strides, name=name)
     c.extra.setdefault("_graph_back", []).append((v, tmp, name))
+
+
+def after(c: Any, step: Callable[[], None]) -> None:
+    """A ``prepare`` registers ``step`` to run after the graph, its blend and its write-through copies, on this call
+    (the split convolution's legacy epilogue, bfloat16 pooling's float32 result transformed into the output). A
+    call with such a step keeps no pointer-only express form, so every call runs its steps."""
+    c.extra.setdefault("_graph_after", []).append(step)
 
 
 def channels_last_input(c: Any, name: str, why: str) -> Any:
@@ -194,6 +204,7 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
             else:
                 write_through(c, name)
         back = c.extra.pop("_graph_back", [])
+        steps = c.extra.pop("_graph_after", ())
         c.extra["graph_alignment"] = 16
         key = c.extra.get("graph_key")  # prepare's copies and the aligned ones follow from it: no more to key on
         form = _forms.lookup(key) if key is not None else MISSING
@@ -206,7 +217,7 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
                 _forms.put(key, form, count_miss=True)
             _log.debug("graph form: plan %s (workspace %d bytes)", plan.name, plan.workspace_size)
         blends = _blends(c)
-        fresh = None if back or blends else _fresh_extras(c, given, form[1])
+        fresh = None if back or blends or steps else _fresh_extras(c, given, form[1])
         if fresh is not None:
             # what an express entry keeps: a plan every pointer of which is the caller's own array or an extra
             # the call returns new, in any dense layout (batch norm's saved statistics and its channels-last dz,
@@ -228,5 +239,7 @@ def graph_form(build: Callable[[Any], tuple[Any, Mapping[Any, str]]], prepare: C
         for v, tmp, name in back:
             if name not in {b[0] for b in blends}:
                 c.launch.copy(v.owner, tmp, name)
+        for step in steps:
+            step()
 
     return run

@@ -81,7 +81,7 @@ from ._conv_algos import (  # noqa: F401  (public here, as before)
     conv_descriptor,
 )
 from ._diff import Differentiable, Spec, differentiable, spec_view
-from ._graphform import Binder, channels_last_input, channels_last_output, graph_form, write_through
+from ._graphform import Binder, after, channels_last_input, channels_last_output, graph_form, write_through
 from ._layout import c_order_view, channels_last_strides, copy_in
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
@@ -184,7 +184,7 @@ class _Conv(NamedTuple):
     scale: float = 1.0
     #: a fused forward whose fused graph cuDNN 9.19 gets wrong (float32; grouped with ``z_alpha != 1``): it runs
     #: the legacy steps, or, where those cannot pad (asymmetric), the graph's ``conv_fprop`` alone and the legacy
-    #: epilogue after it (:func:`_split_forward`)
+    #: epilogue after it (:func:`_split_epilogue`)
     split: bool = False
 
 
@@ -495,7 +495,7 @@ def _legacy(which: str) -> Any:
         )
         c.extra.pop("_scratch", None)
         if which == "forward" and (r.bias or r.z or r.act is not None):
-            _epilogue(c, r, vo, od, zd)
+            _epilogue(c, r, vo, od, c.views["z"], zd)
         if temp is not None:
             c.launch.copy(given.owner, temp, "out")
 
@@ -511,9 +511,10 @@ def _dense(c: Call, name: str, nchw: bool) -> tuple[Any, str]:
     return v, lay
 
 
-def _epilogue(c: Call, r: _Conv, vo: Any, od: Any, zd: Any) -> None:
-    """The fused forward's bias, residual and activation on the legacy path, in place on y: ``cudnnAddTensor``
-    (bias as ``(1, K, 1, ...)``, then ``z_alpha * z``, ``zd`` z's descriptor) and ``cudnnActivationForward``."""
+def _epilogue(c: Call, r: _Conv, vo: Any, od: Any, vz: Any, zd: Any) -> None:
+    """The fused forward's bias, residual and activation in place on y (``vo``, descriptor ``od``), by legacy calls:
+    ``cudnnAddTensor`` (bias as ``(1, K, 1, ...)``, then ``z_alpha * z``: view ``vz``, descriptor ``zd``) and
+    ``cudnnActivationForward``."""
     h = c.launch.handle
     one = scaling_ref(r.dtype, 1.0)
     nd = len(vo.shape) + (1 if r.nsp == 1 else 0)
@@ -523,7 +524,7 @@ def _epilogue(c: Call, r: _Conv, vo: Any, od: Any, zd: Any) -> None:
         lib.cudnnAddTensor(h, one, tensor_descriptor(vb.dtype, shape, contiguous_strides(shape)), vb.ptr, one, od,
                            vo.ptr)  # fmt: skip
     if r.z:
-        lib.cudnnAddTensor(h, scaling_ref(r.dtype, r.z_alpha, "z_alpha"), zd, c.views["z"].ptr, one, od, vo.ptr)
+        lib.cudnnAddTensor(h, scaling_ref(r.dtype, r.z_alpha, "z_alpha"), zd, vz.ptr, one, od, vo.ptr)
     if r.act is not None:
         lib.cudnnActivationForward(h, r.act.descriptor, one, od, vo.ptr, scaling_ref(r.dtype, 0.0), od, vo.ptr)
 
@@ -541,9 +542,11 @@ def _graph_prepare(which: str) -> Any:
     k = _KINDS[which]
 
     def prepare(c: Call) -> None:
+        r = c.resolved
+        if which == "forward" and r.split:
+            _split_epilogue(c, r)
         act = k.b if k.a == k.filter_in else k.a
         v_act, act_lay = dense(c, act)
-        r = c.resolved
         # the fused and the quantized forwards run channels-last (their engines take nothing else)
         fused = which == "forward" and not r.split and (r.bias or r.z or r.act is not None or bool(r.out_dtype))
         if fused and act_lay != "nhwc":
@@ -566,7 +569,7 @@ def _graph_prepare(which: str) -> Any:
         if first and other == k.filter_in:  # described C order (a C/g = 1 filter of channels-last strides is so)
             v = c_order_view(v) or copy_in(c.launch, c.arrays[other], v, None, other, "in x's layout (C order)")[1]
         c.views[other] = v
-        if c.views.get("z") is not None:
+        if c.views.get("z") is not None and not r.split:  # a split forward's epilogue reads z as given
             c.views["z"], _ = dense(c, "z")
             if fused and act_lay == "nhwc":
                 channels_last_input(c, "z", "in x's layout (channels-last) for the fused graph")
@@ -579,6 +582,16 @@ def _graph_prepare(which: str) -> Any:
     return prepare
 
 
+def _split_epilogue(c: Call, r: _Conv) -> None:
+    """A split fused forward (``_Conv.split``: float32, or grouped with ``z_alpha != 1``, with asymmetric padding,
+    which the legacy convolution cannot take; the graph is ``conv_fprop`` alone and blends ``alpha`` as any graph
+    does): :func:`_epilogue`'s legacy calls on the caller's ``out`` after the graph, z read as given (as the legacy
+    path reads it), its descriptor made now, before any work (one cuDNN cannot take is refused by name first)."""
+    vo, vz = out_view(c, "out"), c.views.get("z")
+    od, zd = _tensor(vo, r), _tensor(vz, r) if r.z else None
+    after(c, lambda: _epilogue(c, r, vo, od, vz, zd))
+
+
 def _depthwise_runs_first(which: str, r: _Conv, vx: Any) -> bool:
     """A 2-d half-precision depthwise forward (groups = C > 1) runs channels-first even for channels-last arrays:
     cuDNN 9.19's channels-last depthwise engines are 13x slower than its NCHW ones (H200, 64x64x56x56 bf16 3x3:
@@ -588,30 +601,7 @@ def _depthwise_runs_first(which: str, r: _Conv, vx: Any) -> bool:
 
 
 def _graph(which: str) -> Any:
-    form = graph_form(graph_builder(which), _graph_prepare(which))
-    return _split_forward(form) if which == "forward" else form
-
-
-def _split_forward(form: Any) -> Any:
-    """The graph forward, and for a split fused forward (``_Conv.split``: float32, or grouped with ``z_alpha !=
-    1``, with asymmetric padding, which the legacy convolution cannot take) the graph of ``conv_fprop`` alone (it
-    blends ``alpha`` as any graph does), then :func:`_epilogue`'s legacy calls in place on the caller's ``out``. Such
-    a call has no pointer-only express form (the epilogue runs after the plan on every call)."""
-
-    def run(c: Call) -> None:
-        r = c.resolved
-        if not r.split:
-            form(c)
-            return
-        vo = out_view(c, "out")  # the caller's (or the new) out: the graph writes it, through a temporary if need be
-        vz = c.views.get("z")  # as given, read by cudnnAddTensor as the legacy path reads it
-        zd = _tensor(vz, r) if r.z else None  # described before any work: one cuDNN cannot take is refused first
-        form(c)
-        c.extra.pop("graph_form", None)
-        c.views["z"] = vz  # prepare may have swapped in a dense copy
-        _epilogue(c, r, vo, _tensor(vo, r), zd)
-
-    return run
+    return graph_form(graph_builder(which), _graph_prepare(which))
 
 
 def graph_builder(which: str) -> Any:
@@ -637,20 +627,19 @@ def graph_builder(which: str) -> Any:
             y = g.pointwise("MUL", y, g.scalar(r.scale, "float32", ndim=len(out_shape)))
             bd.output(y, "out", r.out_dtype, out_strides)
             return bd.done()
-        if which == "forward" and r.split:  # the convolution alone: its epilogue runs after (_split_forward)
+        if which == "forward":
             y = g.conv_fprop(t("x"), t("w"), **conv)
-        elif which == "forward":
-            y = g.conv_fprop(t("x"), t("w"), **conv)
-            if r.bias:
+            fuse = not r.split  # a split forward's convolution is alone: _split_epilogue runs after it
+            if r.bias and fuse:
                 vb = c.views["bias"]
                 shape = (1, vb.shape[0]) + (1,) * (len(out_shape) - 2)
                 y = g.pointwise("ADD", y, bd.tensor("bias", shape, contiguous_strides(shape), vb.dtype))
-            if r.z:  # cuDNN 9.19 fuses no ADD with alpha2 != 1 (measured): z_alpha * z as a MUL by a constant
+            if r.z and fuse:  # cuDNN 9.19 fuses no ADD with alpha2 != 1 (measured): z_alpha * z as a MUL
                 zt = t("z")
                 if r.z_alpha != 1.0:  # a constant of z's rank (a 3-d convolution's are 5-d)
                     zt = g.pointwise("MUL", zt, g.scalar(r.z_alpha, "float32", ndim=len(out_shape)))
                 y = g.pointwise("ADD", y, zt)
-            if r.act is not None:
+            if r.act is not None and fuse:
                 y = r.act.pointwise(g, y)
         elif which == "data":
             y = g.conv_dgrad(t("dy"), t("w"), out_shape, **conv)

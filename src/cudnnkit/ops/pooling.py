@@ -48,7 +48,7 @@ from ..runtime.dtypes import FLOATS, nan_propagation, scaling_ref
 from ..runtime.shapes import INT32_MAX, expand, pool_output_shape, pool_padding
 from ..runtime.view import ArrayView
 from ._diff import Differentiable, Spec, differentiable
-from ._graphform import Binder, channels_last_input, channels_last_output, graph_form
+from ._graphform import Binder, after, channels_last_input, channels_last_output, graph_form
 from ._layout import canonical_strides, channels_last_strides, copy_in
 from ._nd import (
     as_2d,
@@ -131,7 +131,7 @@ class _Pool(NamedTuple):
     index_dtype: str = "int8"
     dtype: str = "float32"  #: x's dtype (the graph refuses bfloat16 averaging)
     #: bfloat16 averaging with padding the legacy call cannot take (asymmetric, ceil_mode's): the graph runs it on
-    #: float32 copies (:func:`_via_float32`)
+    #: float32 copies (:func:`_in_float32`)
     f32: bool = False
 
 
@@ -332,17 +332,39 @@ def _prepare(names: tuple[str, ...]) -> Any:
     forward's index stays channels-last: the backward takes it in any layout)."""
 
     def prepare(c: Call) -> None:
+        r = c.resolved
+        if r.f32:
+            _in_float32(c, r, names[0])
         for n in names:
             if c.views.get(n) is not None:
                 channels_last_input(c, n, "for the graph (its resample engines run channels-last)")
         out_view(c, "out")
         channels_last_output(c, "out")
-        r = c.resolved
         if r.index and "dy" not in c.views:  # the forward's index output, in y's layout
             vo = c.views["out"]
             c.extra["index"], c.views["index"] = c.launch.empty(vo.shape, r.index_dtype, vo.strides, name="index")
 
     return prepare
+
+
+def _in_float32(c: Call, r: _Pool, name: str) -> None:
+    """bfloat16 averaging that only the graph takes (``_Pool.f32``: per-side padding, ceil_mode's padding after;
+    cuDNN 9.19's bfloat16 resample engines average wrong, measured) runs the graph on float32: input ``name`` (x,
+    or dy) copied to float32 channels-last (``cudnnTransformTensor``), the result written to a float32 channels-last
+    temporary and, after the graph, transformed into ``out`` with the call's blend (``out = alpha * result + beta *
+    out``; the graph itself then blends nothing). Descriptors are made before any work."""
+    h = c.launch.handle
+    v, vo = c.views[name], out_view(c, "out")
+    d, od = nd_tensor(v, r.nsp), nd_tensor(vo, r.nsp)
+    arr, v32 = c.launch.empty(v.shape, "float32", channels_last_strides(v.shape), name=name)
+    lib.cudnnTransformTensor(h, scaling_ref("float32", 1.0), d, v.ptr, scaling_ref("float32", 0.0),
+                             nd_tensor(v32, r.nsp), v32.ptr)  # fmt: skip
+    t32, o32 = c.launch.empty(vo.shape, "float32", channels_last_strides(vo.shape), name="out")
+    c.views[name], c.views["out"] = v32, o32
+    alpha, beta, c.blends = c.alpha, c.beta, {}  # the blend is the last transform's
+
+    c.extra["_f32_temps"] = (arr, t32)  # kept until the call ends (the allocator's free follows the queued work)
+    after(c, lambda: lib.cudnnTransformTensor(h, alpha, nd_tensor(o32, r.nsp), o32.ptr, beta, od, vo.ptr))
 
 
 def _fwd_graph(c: Call) -> tuple[Any, dict]:
@@ -382,47 +404,6 @@ def _bwd_graph(c: Call) -> tuple[Any, dict]:
     return b.done()
 
 
-def _via_float32(form: Any, names: tuple[str, ...]) -> Any:
-    """The graph form, and for bfloat16 averaging that only the graph can take (``_Pool.f32``: asymmetric padding,
-    ceil_mode's padding after; cuDNN 9.19's bfloat16 resample engines average wrong, measured) the same graph on
-    float32: inputs ``names`` copied to float32 channels-last (``cudnnTransformTensor``), the result written to a
-    float32 channels-last temporary and transformed into ``out`` with the call's blend (``out = alpha * result +
-    beta * out``). Such a call has no pointer-only express form (the transforms run on every call)."""
-
-    def run(c: Call) -> None:
-        r = c.resolved
-        if not r.f32:
-            form(c)
-            return
-        h = c.launch.handle
-        one, zero = scaling_ref("float32", 1.0), scaling_ref("float32", 0.0)
-        vo = out_view(c, "out")
-        # described before any work: one cuDNN cannot take is refused (by name) first
-        given = [(n, c.views[n], nd_tensor(c.views[n], r.nsp)) for n in names if c.views.get(n) is not None]
-        od = nd_tensor(vo, r.nsp)
-        keep = []
-        for n, v, d in given:
-            arr, v32 = c.launch.empty(v.shape, "float32", channels_last_strides(v.shape), name=n)
-            lib.cudnnTransformTensor(h, one, d, v.ptr, zero, nd_tensor(v32, r.nsp), v32.ptr)
-            keep.append(arr)
-            c.views[n] = v32
-        t32, o32 = c.launch.empty(vo.shape, "float32", channels_last_strides(vo.shape), name="out")
-        c.views["out"] = o32
-        blends, c.blends = c.blends, {}  # the blend is the last transform's
-        try:
-            form(c)
-        finally:
-            c.blends = blends
-        c.extra.pop("graph_form", None)
-        lib.cudnnTransformTensor(h, c.alpha, nd_tensor(o32, r.nsp), o32.ptr, c.beta, od, vo.ptr)
-        c.views["out"] = vo
-        for n, v, _ in given:
-            c.views[n] = v
-        del keep, t32  # the allocator's stream-ordered free follows the queued work
-
-    return run
-
-
 POOLING_FORWARD = register(
     Primitive(
         "pooling_forward",
@@ -430,7 +411,7 @@ POOLING_FORWARD = register(
         outputs=(Output("out", shape=lambda r: r.y_shape, strides=_strides, blend=("alpha", "beta")),),
         resolve=_fwd_resolve,
         legacy=_fwd_call,
-        graph=_via_float32(graph_form(_fwd_graph, _prepare(("x",))), ("x",)),
+        graph=graph_form(_fwd_graph, _prepare(("x",))),
         graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
         auto=_auto,
@@ -454,7 +435,7 @@ POOLING_BACKWARD = register(
         outputs=(Output("out", shape=lambda r: r.y_shape, strides=_strides, blend=("alpha", "beta")),),
         resolve=_bwd_resolve,
         legacy=_bwd_call,
-        graph=_via_float32(graph_form(_bwd_graph, _prepare(("dy", "index"))), ("dy",)),
+        graph=graph_form(_bwd_graph, _prepare(("dy", "index"))),
         graph_refuses=_graph_refuses,
         legacy_refuses=_legacy_refuses,
         auto=_auto,

@@ -305,6 +305,29 @@ def test_padded_ctc_labels_of_an_empty_batch_are_a_valid_call():
     assert _ctc_shape_rule(two, "labels", (5,), (2, 2)) == "refuse"  # row 1 holds 3 labels
 
 
+def test_an_array_left_out_and_a_dtype_change_may_agree_again():
+    """Seed 1170's case 1950 (pooling_forward): x bfloat16 -> float32 disagrees with the bfloat16 ``out`` only,
+    and the second mutation leaves ``out`` out (None): a valid call, so both mutations expect "any" (the dtype
+    change alone expects a refusal)."""
+    from tests.fuzz.strategies import _removes_array, regenerate
+
+    case = regenerate("pooling_forward", 3828861680321925785, "fakeA", False, "fakeB")
+    assert [(m.kind, m.target) for m in case.mutations] == [("dtype", "x"), ("nonarray", "out")]
+    assert [_removes_array(case, m) for m in case.mutations] == [False, True]
+    assert all(m.expect == "any" for m in case.mutations)
+
+
+def test_convolution_backward_data_check_without_x_shape():
+    """Seed 1170's case 4605: ``x_shape=None`` (dx's size from the transposed convolution) with an empty batch is
+    a valid call; the check derives x's shape itself (it failed with a TypeError) and finds the result correct."""
+    from tests.fuzz.strategies import regenerate
+
+    case = regenerate("convolution_backward_data", 8972343312309432061, "fakeA", False, "fakeB")
+    assert case.kwargs["x_shape"] is None and case.kwargs["dy"].shape[0] == 0
+    s = run_cases([case], {"backend": "fake"}, timeout=60)
+    assert [r.kind for r in s.records] == [outcome.CORRECT], s.report()
+
+
 # ----------------------------------------------------------------- the worker machinery
 
 

@@ -2494,7 +2494,14 @@ def _convolution_check(ctx: Any, res: Any, which: str = "forward") -> list[str]:
             if ctx.param("activation") is not None:
                 ref = act_forward(ref, ctx.param("activation"))
         elif which == "data":
-            xs = tuple(ctx.param("x_shape"))
+            xs = ctx.param("x_shape")
+            if xs is None:  # the transposed convolution's size: in = (out - 1) * stride - pads + dilation * (k - 1) + 1
+                dy, w = ctx.x("dy"), ctx.x("w")
+                xs = (dy.shape[0], w.shape[1] * int(g["groups"])) + tuple(
+                    (o - 1) * s - p - q + dl * (k - 1) + 1
+                    for o, s, p, q, dl, k in zip(dy.shape[2:], kw["stride"], pre, post, kw["dilation"], w.shape[2:])
+                )
+            xs = tuple(xs)
             padded = xs[:2] + tuple(i + p + q for i, p, q in zip(xs[2:], pre, post))
             ref = conv_backward_data(ctx.x("dy"), ctx.x("w"), padded, **kw)
             ref = ref[(slice(None), slice(None)) + tuple(slice(p, p + i) for p, i in zip(pre, xs[2:]))]

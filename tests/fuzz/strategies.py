@@ -711,12 +711,15 @@ def make_case(d: Draw, spec: Any, lib: str, gpu: bool, other: str | None = None,
             kind == "device"
             and "device" in {m.kind for m in case.mutations}
             or ("value" in kinds and kinds & {"dtype", "shape"})
+            or (kinds & {"dtype", "shape"} and any(_removes_array(got, m) for m in got.mutations))
             or any(_changes_values(got, m) for m in got.mutations)
         ):
             # changes that may agree again: two arrays moved to one device; a value whose verdict is the arrays'
             # (1e300 is out of range for bfloat16, not for float64; three pad_after values fit a 3-d x, not a 2-d
             # one); an expanded or overlapping layout of an array of given values, which changes the values
-            # (label lengths [4, 3] expanded read [4, 4], which one label too many may fit). Kept, as calls that
+            # (label lengths [4, 3] expanded read [4, 4], which one label too many may fit); an array left out
+            # (None) and another's dtype or shape, which disagreed with the one left out only (a float32 x against
+            # a bfloat16 out, seed 1170). Kept, as calls that
             # may pass: a crash or an unclear error still counts
             got = replace(got, mutations=tuple(replace(m, expect="any") for m in got.mutations))
         if any(frozenset((m.target, got.mutations[-1].target)) in spec.coupled for m in case.mutations):
@@ -724,6 +727,11 @@ def make_case(d: Draw, spec: Any, lib: str, gpu: bool, other: str | None = None,
         case = got
         n -= 1
     return case
+
+
+def _removes_array(case: Case, m: Mutation) -> bool:
+    """Whether mutation ``m`` leaves an array out (None where the case passed one)."""
+    return m.kind == "nonarray" and case.kwargs.get(m.target, 0) is None
 
 
 def _changes_values(case: Case, m: Mutation) -> bool:

@@ -328,6 +328,26 @@ def test_convolution_backward_data_check_without_x_shape():
     assert [r.kind for r in s.records] == [outcome.CORRECT], s.report()
 
 
+def test_pooling_y_is_not_derived_for_a_padding_that_changes_its_shape():
+    """GPU seed 24's case 154 (pooling_backward, padding mutated to 2**40): the fuzzer derived y from x through the
+    float64 reference before comparing shapes, whose output (2**41 windows) filled the GPU host's memory until the
+    worker was killed (SIGKILL). y is now derived only where the forward's shape is y's."""
+    import types
+
+    import numpy as np
+
+    from tests.fuzz.model import A
+    from tests.fuzz.specs import _pooling_derive
+
+    x = np.arange(20.0).reshape(1, 4, 5)
+    params = {"window": (3,), "stride": (1,), "padding": (2**40,), "mode": "max_deterministic"}
+    ctx = types.SimpleNamespace(x=lambda n: x if n == "x" else None, param=lambda n, d=None: params.get(n, d))
+    assert _pooling_derive(ctx, "y", A((1, 4, 5), "bfloat16")) is None
+    params["padding"] = (1,)
+    y = _pooling_derive(ctx, "y", A((1, 4, 5), "bfloat16"))
+    assert y.tolist() == [[[max(x[0, c, max(i - 1, 0) : i + 2]) for i in range(5)] for c in range(4)]]
+
+
 # ----------------------------------------------------------------- the worker machinery
 
 

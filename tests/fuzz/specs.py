@@ -2603,6 +2603,7 @@ def _pooling_draw(d: Draw, lib: str, backward: bool = False) -> Base:
 
 
 def _pooling_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
+    from ..pool_reference import _out as _pool_out
     from ..pool_reference import pool_forward
 
     if key == "x":  # distinct values, exactly representable in every float type
@@ -2612,9 +2613,12 @@ def _pooling_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
     if x is None:
         return None
     window, stride = tuple(ctx.param("window")), ctx.param("stride")  # stride None: the window
-    y = pool_forward(x, ctx.param("mode"), window, window if stride is None else tuple(stride),
-                     tuple(ctx.param("padding")))  # fmt: skip
-    return y if y.shape == a.shape else None
+    stride, pad = window if stride is None else tuple(stride), tuple(ctx.param("padding"))
+    if x.shape[:2] + _pool_out(x.shape[2:], window, stride, pad) != tuple(a.shape):
+        # a mutated padding or stride: y cannot be the forward's (and a huge padding's reference would fill all
+        # of the host's memory: seed 24 on the GPU, padding 2**40, the worker OOM-killed)
+        return None
+    return pool_forward(x, ctx.param("mode"), window, stride, pad)
 
 
 def _pooling_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:

@@ -719,8 +719,7 @@ def make_case(d: Draw, spec: Any, lib: str, gpu: bool, other: str | None = None,
             # one); an expanded or overlapping layout of an array of given values, which changes the values
             # (label lengths [4, 3] expanded read [4, 4], which one label too many may fit); an array left out
             # (None) and another's dtype or shape, which disagreed with the one left out only (a float32 x against
-            # a bfloat16 out, seed 1170). Kept, as calls that
-            # may pass: a crash or an unclear error still counts
+            # a bfloat16 out, seed 1170). Kept, as calls that may pass: a crash or an unclear error still counts
             got = replace(got, mutations=tuple(replace(m, expect="any") for m in got.mutations))
         if any(frozenset((m.target, got.mutations[-1].target)) in spec.coupled for m in case.mutations):
             continue  # a value and an array that must agree (a size and the gradient of its shape)

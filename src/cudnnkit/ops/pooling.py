@@ -362,7 +362,6 @@ def _in_float32(c: Call, r: _Pool, name: str) -> None:
     t32, o32 = c.launch.empty(vo.shape, "float32", channels_last_strides(vo.shape), name="out")
     c.views[name], c.views["out"] = v32, o32
     alpha, beta, c.blends = c.alpha, c.beta, {}  # the blend is the last transform's
-
     c.extra["_f32_temps"] = (arr, t32)  # kept until the call ends (the allocator's free follows the queued work)
     after(c, lambda: lib.cudnnTransformTensor(h, alpha, nd_tensor(o32, r.nsp), o32.ptr, beta, od, vo.ptr))
 

@@ -192,19 +192,20 @@ def test_the_convolution_backward_calls(monkeypatch):
 
 def test_the_fused_relu_forward_and_backward_calls(monkeypatch):
     """activation="relu": one fused forward (half types) keeping its output; the backward first takes the ReLU's
-    gradient from that output (cudnnActivationBackward with y as x and y), then the convolution's, from it. float32
-    splits the forward: the convolution, the bias added, the ReLU in place."""
+    gradient from that output (cudnnActivationBackward with y as x and y), then the convolution's, from it. float64
+    (no graph) splits the forward: the convolution, the bias added, the ReLU in place (the calls the fused legacy
+    forward makes); float32 keeps the fused call."""
     calls = _record(monkeypatch, cv, ["convolution_forward", "convolution_backward_data",
                                       "convolution_backward_filter", "convolution_backward_bias",
                                       "activation_backward", "activation_forward", "add_tensor"])  # fmt: skip
     d = autograd.get("convolution")
-    for dt in ("float16", "float32"):
+    for dt in ("float16", "float32", "float64"):
         calls.clear()
         x, w, b, dy = _Arr("x", (2, 4, 7, 6), dt), _Arr("w", (6, 4, 3, 3), dt), _Arr("b", (6,), dt), _Arr("dy", ())
         b.reshape = lambda shape: "b4d"
         (y,), res = d.forward(x, w, b, padding=1, activation="relu")
         assert res == {"x": x, "w": w, "bias": b, "out": y}
-        if dt == "float16":
+        if dt != "float64":
             assert [c[0] for c in calls] == ["convolution_forward"] and calls[0][2]["activation"] == "relu"
         else:
             assert [c[0] for c in calls] == ["convolution_forward", "add_tensor", "activation_forward"]
@@ -469,9 +470,9 @@ def test_the_torch_references_of_per_side_padding_match_numpy(name):
 
 
 def test_a_float32_bias_is_added_after_the_convolution(monkeypatch):
-    """float32/float64 have no fused graph and the legacy call pads symmetrically only, so a bias there is
-    cudnnAddTensor after an unfused convolution (an asymmetric "same" padding with a bias has no fused form; found
-    on the H200 by the module tests); a half type keeps the fused call."""
+    """float64 has no graph and the legacy call pads symmetrically only, so a bias there is cudnnAddTensor after an
+    unfused convolution (an asymmetric "same" padding with a bias has no fused form; found on the H200 by the
+    module tests); float32 and the half types keep the fused call (one graph)."""
     calls = []
     monkeypatch.setattr(cv, "convolution_forward", lambda x, w, b=None, **kw: calls.append(("conv", b)) or _Arr(
         "y", (2, 6, 7, 6), x.dtype))  # fmt: skip
@@ -482,7 +483,8 @@ def test_a_float32_bias_is_added_after_the_convolution(monkeypatch):
         def reshape(self, shape):
             return _Arr("b4", tuple(6 if s == -1 else s for s in shape), self.dtype)
 
-    for dtype, want in (("float32", [("conv", None), ("add", (1, 6, 1, 1), "y")]), ("bfloat16", None)):
+    for dtype, want in (("float64", [("conv", None), ("add", (1, 6, 1, 1), "y")]), ("float32", None),
+                        ("bfloat16", None)):  # fmt: skip
         calls.clear()
         b = B("b", (6,), dtype)
         d.forward(_Arr("x", (2, 4, 7, 6), dtype), _Arr("w", (6, 4, 2, 2), dtype), b, padding="same")

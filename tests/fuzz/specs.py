@@ -2441,8 +2441,8 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
             kw["groups"] = groups
         if d.bool(0.2):
             kw["mode"] = "convolution"
-    # the fused forward: bias, a residual z, an activation (float32 with asymmetric padding: the graph's
-    # convolution alone, then the legacy epilogue; cudnnkit.ops.convolution's module docstring)
+    # the fused forward: bias, a residual z, an activation (grouped with z_alpha and asymmetric padding: the
+    # graph's convolution alone, then the legacy epilogue; cudnnkit.ops.convolution's module docstring)
     if which == "forward" and d.bool(0.3):
         if d.bool(0.7):
             kw["bias"] = A((k,), dt, seed=d.seed())
@@ -2454,13 +2454,13 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
                 kw["z_alpha"] = d.choice([0.5, -1.0, 2.0])
         if d.bool(0.7):
             legacy = ["relu", "sigmoid", "tanh", "elu", "swish"]
-            # the graph-only modes need the fused graph, which float64 lacks and float32 does not take (measured)
-            # (and not for a grouped call with z_alpha, whose graph is refused: cuDNN 9.19 wrote NaN, measured)
-            half = dt in ("float16", "bfloat16") and not (groups > 1 and "z_alpha" in kw)
-            kw["activation"] = d.choice(legacy + ["gelu", "gelu_tanh", "leaky_relu"] if half else legacy)
+            # the graph-only modes need the fused graph, which float64 lacks (and not for a grouped call with
+            # z_alpha, whose graph is refused: cuDNN 9.19 wrote NaN, measured)
+            graph = dt in ("float16", "bfloat16", "float32") and not (groups > 1 and "z_alpha" in kw)
+            kw["activation"] = d.choice(legacy + ["gelu", "gelu_tanh", "leaky_relu"] if graph else legacy)
         # alpha scales the convolution inside the fusion: the legacy steps take it (symmetric padding, a legacy
-        # activation), and so does a split forward's graph (float32, or grouped with z_alpha; the convolution alone)
-        split = dt == "float32" or (groups > 1 and kw.get("z_alpha", 1.0) != 1.0)
+        # activation), and so does a split forward's graph (grouped with z_alpha; the convolution alone)
+        split = groups > 1 and kw.get("z_alpha", 1.0) != 1.0
         legacy_act = kw.get("activation") in (None, "relu", "sigmoid", "tanh", "elu", "swish")
         if legacy_act and (post == pad or split) and d.bool(0.2):
             kw["alpha"] = d.choice([0.5, 2.0, -1.0])

@@ -845,8 +845,9 @@ def convolution_forward(
     -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, a grouped convolution with ``z_alpha != 1``, whose
     graph wrote NaN on cuDNN 9.19, or a graph cuDNN refuses) as ``cudnnConvolutionForward``, ``cudnnAddTensor``
     and ``cudnnActivationForward`` in place (the graph-only activations and asymmetric padding have no legacy form:
-    refused by name there). Grouped ``z_alpha != 1`` calls with asymmetric padding run the graph's convolution alone, then the same ``cudnnAddTensor``/``cudnnActivationForward`` epilogue (a
-    graph-only activation there is refused by name). ``beta`` must be 0 when fusing.
+    refused by name there). Grouped ``z_alpha != 1`` calls with asymmetric padding run the graph's convolution
+    alone, then the same ``cudnnAddTensor``/``cudnnActivationForward`` epilogue (a graph-only activation there is
+    refused by name). ``beta`` must be 0 when fusing.
 
     **Quantized:** int8 or fp8 (``float8_e4m3fn``, ``float8_e5m2``) ``x`` and ``w`` (the same dtype) give
     ``y = scale * conv(x, w)`` in ``out_dtype``, ``scale`` being the product of the dequantization scales of x and

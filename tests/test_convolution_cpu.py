@@ -278,6 +278,17 @@ def test_a_split_fused_forward_takes_asymmetric_padding(dtype, groups, z_alpha):
     assert cv._fwd_resolve(views16, kw).split == (groups > 1 and z_alpha != 1.0)
 
 
+def test_the_l3_forward_splits_a_channels_first_float32_bias():
+    """The L3 convolution's layout test (``_channels_last``): dense channels-last arrays only (a channels-first x
+    keeps the float32 bias apart from the convolution: the fused graph would copy x, w and y)."""
+    from cudnnkit.ops._layout import channels_last_strides
+
+    for shape in ((2, 4, 8, 8), (2, 4, 5), (2, 4, 3, 5, 6)):
+        cl = tuple(4 * s for s in channels_last_strides(shape))
+        assert not cv._channels_last(x(shape)) and cv._channels_last(x(shape, strides=cl))
+    assert not cv._channels_last(x((2, 4, 8, 8), strides=(4, 512, 64, 8)))  # another layout
+
+
 @pytest.mark.parametrize("dtype", ["<f4", "<f2"])
 def test_the_bias_gradient_graph(dtype):
     """db = dy summed over all but the channels: one reduction node from dy as given (channels-last) into the
@@ -583,7 +594,7 @@ def test_express_hits_bind_the_filter_copy_the_plan_was_built_for(monkeypatch):
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 @pytest.mark.parametrize("layout", [("c",), ("perm", (0, 2, 3, 1))], ids=["nchw", "nhwc"])
 def test_split_fused_forward_runs_its_epilogue_on_every_call(monkeypatch, alpha, layout):
-    """A split fused forward (float32, asymmetric padding): every call, express hits included, runs the
+    """A split fused forward (grouped with ``z_alpha != 1``, asymmetric padding): every call, express hits included, runs the
     convolution's graph (x, w and out bound, no bias or z), then on the caller's out ``cudnnAddTensor`` of the
     bias, of ``z_alpha * z`` (z as given) and ``cudnnActivationForward``, after the graph's alpha blend (a
     pointer-only express form would skip the epilogue: found in review to be untested)."""

@@ -45,7 +45,7 @@ on an H100), or cuDNN refused that graph before (remembered; the legacy call run
 forward with asymmetric padding, which the legacy convolution cannot take, runs the graph's ``conv_fprop`` alone
 and the legacy epilogue (``cudnnAddTensor``, ``cudnnActivationForward``) after it. A fused float32 forward is one
 graph like the half types' (the fifth session's non-finite float32 outputs did not reproduce on cuDNN 9.19 with
-any engine: benchmarks/NOTES.md, twenty-second session). ``settings(prefer="legacy")`` forces the
+any engine, on an H100: benchmarks/NOTES.md, twenty-second session). ``settings(prefer="legacy")`` forces the
 legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias's graph is one
 reduction node, for a dense channels-last float32 ``dy`` with no blend (cuDNN 9.19 has no engine for the rest).
 
@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import lib
-from ..runtime import check_choice, current_settings, get_cached, tensor_descriptor
+from ..runtime import as_view, check_choice, current_settings, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides
 from ..runtime.dtypes import FLOATS, canonical, check_scalar, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
@@ -1108,8 +1108,12 @@ def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha
     dtype = canonical(x.dtype, "x")
     _l3_refuse(dtype, z, activation, activation_coef)
     # float64 has no graph, so the fused L2 call runs the legacy convolution, cudnnAddTensor and
-    # cudnnActivationForward: the same calls made here, each an express hit
-    split = dtype == "float64"
+    # cudnnActivationForward: the same calls made here, each an express hit. A float32 channels-first x keeps them
+    # apart too: the fused graph (channels-last engines only) would copy x, w and y (the half types' calls are as
+    # before: one fused call)
+    split = dtype == "float64" or (
+        dtype == "float32" and (bias is not None or activation is not None) and not _channels_last(x)
+    )
     y = convolution_forward(x, w, None if split else bias, z_alpha=z_alpha, activation=None if split else activation,
                             stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
                             out_dtype=out_dtype, scale=scale)  # fmt: skip
@@ -1118,6 +1122,11 @@ def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha
     if split and activation is not None:
         activation_forward(y, activation, out=y)
     return (y,), _conv_l3_res(x, w, bias, y if activation is not None else None)
+
+
+def _channels_last(a: Any) -> bool:
+    """Whether array ``a`` is dense channels-last (:func:`~cudnnkit.ops._nd.layout_of` of its view)."""
+    return layout_of(as_view(a, "x")) == "nhwc"
 
 
 def _conv_l3_res(x: Any, w: Any, bias: Any, y: Any) -> dict:

@@ -236,9 +236,10 @@ def test_the_fused_3d_forward_graph_scales_z_with_a_5d_constant():
     g.lower()
 
 
-@pytest.mark.parametrize("dtype, groups, z_alpha", [("float32", 2, 0.5), ("float16", 2, 2.0), ("bfloat16", 2, -1.0)])
+@pytest.mark.parametrize("dtype, groups, z_alpha", [("float32", 2, 0.5), ("float32", 1, 0.5), ("float16", 2, 2.0),
+                                                    ("bfloat16", 2, -1.0)])  # fmt: skip
 def test_a_split_fused_forward_takes_asymmetric_padding(dtype, groups, z_alpha):
-    """A fused forward whose fused graph cuDNN 9.19 gets wrong (grouped with ``z_alpha != 1``) runs the
+    """A fused forward whose fused graph cuDNN 9.19 gets wrong (``z_alpha != 1``, grouped or float32) runs the
     legacy steps; with asymmetric padding, which those cannot take, the graph's ``conv_fprop`` alone (its epilogue
     then runs as legacy calls). A graph-only activation there has no form at all: refused by name."""
     from cudnnkit.ops._primitive import refusals
@@ -262,7 +263,7 @@ def test_a_split_fused_forward_takes_asymmetric_padding(dtype, groups, z_alpha):
     c = _call(r, out=x(ys, "<f2"), **views, bias=x((6,), "<f2"), z=x(ys, "<f2"))
     g, names = cv.graph_builder("forward")(c)
     assert [n.kind for n in g.nodes()] == ["conv_fprop"] and sorted(names.values()) == ["out", "w", "x"]
-    # the resolve marks it: fused and grouped with z_alpha != 1 (float32 is no longer split: one fused graph)
+    # the resolve marks it: fused with z_alpha != 1, grouped or float32 (float32 with z_alpha 1: one fused graph)
     kw = {"padding": "same", "groups": groups, "z_alpha": z_alpha}
     fv = {"x": x(xs, "<f4"), "w": x(ws, "<f4"), "bias": x((6,), "<f4"), "z": x(ys, "<f4")}
     from cudnnkit.runtime import as_view
@@ -272,6 +273,7 @@ def test_a_split_fused_forward_takes_asymmetric_padding(dtype, groups, z_alpha):
     got = cv._fwd_resolve({n: as_view(a, n) for n, a in fv.items() if n != "z"}, {**kw, "z_alpha": 1.0})
     assert not got.split  # float32 with a bias: the fused graph
     assert refusals(p, "float32", got, {}, "auto")[0] is None
+    assert not cv._fwd_resolve({n: as_view(a, n) for n, a in fv.items()}, {**kw, "z_alpha": 1.0}).split  # z, 1
     shapes = {"x": xs, "w": ws, "bias": (6,), "z": ys}
     views16 = {n: as_view(x(shapes[n], "<f2"), n) for n in fv}
     assert not cv._fwd_resolve({n: v for n, v in views16.items() if n != "z"}, {**kw, "z_alpha": 1.0}).split

@@ -40,13 +40,14 @@ backward data and backward filter run as a graph (``conv_fprop``/``conv_dgrad``/
 planned once per signature with the settings' heuristics and engine filters, cached op-level) unless: the dtype
 is float64 (the graph API has none), the call blends (``alpha``/``beta`` other than 1/0: the legacy call blends in
 its kernel; a graph-only call blends through a temporary and ``cudnnAddTensor``), the batch is empty, the fused
-forward has ``alpha != 1``, or is grouped with ``z_alpha != 1`` (NaN in a grouped float16 graph's output, measured
-on an H100), or cuDNN refused that graph before (remembered; the legacy call runs). A grouped-``z_alpha`` fused
-forward with asymmetric padding, which the legacy convolution cannot take, runs the graph's ``conv_fprop`` alone
-and the legacy epilogue (``cudnnAddTensor``, ``cudnnActivationForward``) after it. A fused float32 forward is one
-graph like the half types' (the fifth session's non-finite float32 outputs did not reproduce on cuDNN 9.19 with
-any engine, on an H100: benchmarks/NOTES.md, twenty-second session). ``settings(prefer="legacy")`` forces the
-legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias's graph is one
+forward has ``alpha != 1``, or has ``z_alpha != 1`` and is grouped or float32 (NaN in the output of a grouped
+float16 graph and of a float32 one scaling z by a ``MUL``, measured on an H100), or cuDNN refused that graph before
+(remembered; the legacy call runs). Such a ``z_alpha`` fused forward with asymmetric padding, which the legacy
+convolution cannot take, runs the graph's ``conv_fprop`` alone and the legacy epilogue (``cudnnAddTensor``,
+``cudnnActivationForward``) after it. Any other fused float32 forward is one graph like the half types' (the
+fifth session's non-finite float32 outputs came from ``z_alpha != 1``; with ``z_alpha`` 1 no engine gave any on
+cuDNN 9.19, on an H100: benchmarks/NOTES.md, twenty-second and twenty-third sessions).
+``settings(prefer="legacy")`` forces the legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias's graph is one
 reduction node, for a dense channels-last float32 ``dy`` with no blend (cuDNN 9.19 has no engine for the rest).
 
 Legacy calls: ``cudnnConvolutionForward``, ``cudnnConvolutionBackwardData``, ``cudnnConvolutionBackwardFilter``,
@@ -183,7 +184,7 @@ class _Conv(NamedTuple):
     #: product of x's and w's dequantization scales, times y's quantization scale)
     out_dtype: str = ""
     scale: float = 1.0
-    #: a fused forward whose fused graph cuDNN 9.19 gets wrong (grouped with ``z_alpha != 1``): it runs
+    #: a fused forward whose fused graph cuDNN 9.19 gets wrong (``z_alpha != 1``, grouped or float32): it runs
     #: the legacy steps, or, where those cannot pad (asymmetric), the graph's ``conv_fprop`` alone and the legacy
     #: epilogue after it (:func:`_split_epilogue`)
     split: bool = False
@@ -250,9 +251,10 @@ def _graph_refuses(r: _Conv, kw: Any) -> str | None:
     if r.split and (_legacy_refuses(r) is None or (r.act is not None and r.act.descriptor is None)):
         # the legacy steps take it (or nothing does: an activation the legacy API lacks); otherwise (asymmetric
         # padding) the graph runs the convolution alone and the legacy epilogue after it
-        # measured on an H100 (cuDNN 9.19, fuzzer case): a grouped conv_fprop -> MUL(z, z_alpha) -> ADD graph wrote
-        # NaN into some outputs (float16, channels-last; z_alpha 1, or groups 1, were right)
-        return "a grouped fused forward with z_alpha != 1 (cuDNN 9.19's engines wrote NaN into it, measured)"
+        # measured on an H100 (cuDNN 9.19): a conv_fprop -> MUL(z, z_alpha) -> ADD graph wrote NaN into some
+        # outputs when grouped (float16, a fuzzer case) or float32 (groups 1, the GPU tier's fused test); z_alpha 1
+        # was right in both
+        return "a grouped or float32 fused forward with z_alpha != 1 (cuDNN 9.19's engines wrote NaN, measured)"
     if r.empty_sum:
         return "an empty batch"
     if (r.bias or r.z or r.act is not None) and not r.split and kw.get("alpha", 1.0) != 1.0:
@@ -288,7 +290,7 @@ def _fused(r: _Conv, views: Any, kw: Any) -> _Conv:
     if fused and kw.get("beta", 0.0) != 0.0:
         raise ValueError("beta blends into out, which the fused forward (bias=, z=, activation=) does not; add a "
                          "residual with z= and z_alpha=")  # fmt: skip
-    split = fused and vz is not None and z_alpha != 1.0 and r.groups > 1
+    split = fused and vz is not None and z_alpha != 1.0 and (r.groups > 1 or r.dtype == "float32")
     return r._replace(bias=vb is not None, z=vz is not None, z_alpha=float(z_alpha), act=act, split=split)
 
 
@@ -580,7 +582,7 @@ def _graph_prepare(which: str) -> Any:
 
 
 def _split_epilogue(c: Call, r: _Conv) -> None:
-    """A split fused forward (``_Conv.split``: grouped with ``z_alpha != 1``, with asymmetric padding,
+    """A split fused forward (``_Conv.split``: ``z_alpha != 1``, grouped or float32, with asymmetric padding,
     which the legacy convolution cannot take; the graph is ``conv_fprop`` alone and blends ``alpha`` as any graph
     does): :func:`_epilogue`'s legacy calls on the caller's ``out`` after the graph, z read as given (as the legacy
     path reads it), its descriptor made now, before any work (one cuDNN cannot take is refused by name first)."""
@@ -842,10 +844,11 @@ def convolution_forward(
     **Fused:** ``y = act(alpha * conv(x, w) + bias + z_alpha * z)`` with ``bias`` ``(K,)``, a residual ``z`` of
     ``y``'s shape and ``activation`` one of :mod:`cudnnkit.ops.activation`'s modes (``activation_coef`` its
     ``coef``), each optional, all in ``x``'s dtype. The graph path runs it as one graph (``conv_fprop`` -> ``ADD``
-    -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, a grouped convolution with ``z_alpha != 1``, whose
-    graph wrote NaN on cuDNN 9.19, or a graph cuDNN refuses) as ``cudnnConvolutionForward``, ``cudnnAddTensor``
-    and ``cudnnActivationForward`` in place (the graph-only activations and asymmetric padding have no legacy form:
-    refused by name there). Grouped ``z_alpha != 1`` calls with asymmetric padding run the graph's convolution
+    -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, a grouped or float32 convolution with
+    ``z_alpha != 1``, whose graphs wrote NaN on cuDNN 9.19, or a graph cuDNN refuses) as
+    ``cudnnConvolutionForward``, ``cudnnAddTensor`` and ``cudnnActivationForward`` in place (the graph-only
+    activations and asymmetric padding have no legacy form: refused by name there). Those ``z_alpha != 1`` calls
+    with asymmetric padding run the graph's convolution
     alone, then the same ``cudnnAddTensor``/``cudnnActivationForward`` epilogue (a graph-only activation there is
     refused by name). ``beta`` must be 0 when fusing.
 

@@ -236,9 +236,10 @@ def test_the_fused_3d_forward_graph_scales_z_with_a_5d_constant():
     g.lower()
 
 
-@pytest.mark.parametrize("dtype, groups, z_alpha", [("float32", 1, 1.0), ("float16", 2, 2.0), ("bfloat16", 2, -1.0)])
+@pytest.mark.parametrize("dtype, groups, z_alpha", [("float32", 2, 0.5), ("float32", 1, 0.5), ("float16", 2, 2.0),
+                                                    ("bfloat16", 2, -1.0)])  # fmt: skip
 def test_a_split_fused_forward_takes_asymmetric_padding(dtype, groups, z_alpha):
-    """A fused forward whose fused graph cuDNN 9.19 gets wrong (float32; grouped with ``z_alpha != 1``) runs the
+    """A fused forward whose fused graph cuDNN 9.19 gets wrong (``z_alpha != 1``, grouped or float32) runs the
     legacy steps; with asymmetric padding, which those cannot take, the graph's ``conv_fprop`` alone (its epilogue
     then runs as legacy calls). A graph-only activation there has no form at all: refused by name."""
     from cudnnkit.ops._primitive import refusals
@@ -262,7 +263,7 @@ def test_a_split_fused_forward_takes_asymmetric_padding(dtype, groups, z_alpha):
     c = _call(r, out=x(ys, "<f2"), **views, bias=x((6,), "<f2"), z=x(ys, "<f2"))
     g, names = cv.graph_builder("forward")(c)
     assert [n.kind for n in g.nodes()] == ["conv_fprop"] and sorted(names.values()) == ["out", "w", "x"]
-    # the resolve marks it: fused, and float32 or grouped with z_alpha != 1
+    # the resolve marks it: fused with z_alpha != 1, grouped or float32 (float32 with z_alpha 1: one fused graph)
     kw = {"padding": "same", "groups": groups, "z_alpha": z_alpha}
     fv = {"x": x(xs, "<f4"), "w": x(ws, "<f4"), "bias": x((6,), "<f4"), "z": x(ys, "<f4")}
     from cudnnkit.runtime import as_view
@@ -270,11 +271,24 @@ def test_a_split_fused_forward_takes_asymmetric_padding(dtype, groups, z_alpha):
     got = cv._fwd_resolve({n: as_view(a, n) for n, a in fv.items()}, kw)
     assert got.split and got.pad != got.post
     got = cv._fwd_resolve({n: as_view(a, n) for n, a in fv.items() if n != "z"}, {**kw, "z_alpha": 1.0})
-    assert got.split  # float32 with a bias
+    assert not got.split  # float32 with a bias: the fused graph
+    assert refusals(p, "float32", got, {}, "auto")[0] is None
+    assert not cv._fwd_resolve({n: as_view(a, n) for n, a in fv.items()}, {**kw, "z_alpha": 1.0}).split  # z, 1
     shapes = {"x": xs, "w": ws, "bias": (6,), "z": ys}
     views16 = {n: as_view(x(shapes[n], "<f2"), n) for n in fv}
     assert not cv._fwd_resolve({n: v for n, v in views16.items() if n != "z"}, {**kw, "z_alpha": 1.0}).split
     assert cv._fwd_resolve(views16, kw).split == (groups > 1 and z_alpha != 1.0)
+
+
+def test_the_l3_forward_splits_a_channels_first_float32_bias():
+    """The L3 convolution's layout test (``_channels_last``): dense channels-last arrays only (a channels-first x
+    keeps the float32 bias apart from the convolution: the fused graph would copy x, w and y)."""
+    from cudnnkit.ops._layout import channels_last_strides
+
+    for shape in ((2, 4, 8, 8), (2, 4, 5), (2, 4, 3, 5, 6)):
+        cl = tuple(4 * s for s in channels_last_strides(shape))
+        assert not cv._channels_last(x(shape)) and cv._channels_last(x(shape, strides=cl))
+    assert not cv._channels_last(x((2, 4, 8, 8), strides=(4, 512, 64, 8)))  # another layout
 
 
 @pytest.mark.parametrize("dtype", ["<f4", "<f2"])
@@ -582,7 +596,7 @@ def test_express_hits_bind_the_filter_copy_the_plan_was_built_for(monkeypatch):
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 @pytest.mark.parametrize("layout", [("c",), ("perm", (0, 2, 3, 1))], ids=["nchw", "nhwc"])
 def test_split_fused_forward_runs_its_epilogue_on_every_call(monkeypatch, alpha, layout):
-    """A split fused forward (float32, asymmetric padding): every call, express hits included, runs the
+    """A split fused forward (grouped with ``z_alpha != 1``, asymmetric padding): every call, express hits included, runs the
     convolution's graph (x, w and out bound, no bias or z), then on the caller's out ``cudnnAddTensor`` of the
     bias, of ``z_alpha * z`` (z as given) and ``cudnnActivationForward``, after the graph's alpha blend (a
     pointer-only express form would skip the epilogue: found in review to be untested)."""

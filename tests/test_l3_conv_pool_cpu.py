@@ -162,7 +162,7 @@ def test_the_convolution_backward_calls(monkeypatch):
     calls = _record(monkeypatch, cv, ["convolution_forward", "convolution_backward_data",
                                       "convolution_backward_filter", "convolution_backward_bias"])  # fmt: skip
     d = autograd.get("convolution")
-    h = "float16"  # a half type: the bias is fused (float32 splits it off: test_a_float32_bias_is_added_after)
+    h = "float16"  # a half type: the bias is fused (float64 splits it off: test_a_float64_bias_is_added_after...)
     x, w, b, dy = (
         _Arr("x", (2, 4, 7, 6), h),
         _Arr("w", (6, 2, 3, 3), h),
@@ -192,19 +192,21 @@ def test_the_convolution_backward_calls(monkeypatch):
 
 def test_the_fused_relu_forward_and_backward_calls(monkeypatch):
     """activation="relu": one fused forward (half types) keeping its output; the backward first takes the ReLU's
-    gradient from that output (cudnnActivationBackward with y as x and y), then the convolution's, from it. float32
-    splits the forward: the convolution, the bias added, the ReLU in place."""
+    gradient from that output (cudnnActivationBackward with y as x and y), then the convolution's, from it. float64
+    (no graph) and channels-first float32 (whose fused graph would copy x, w and y channels-last) split the
+    forward: the convolution, the bias added, the ReLU in place; channels-last float32 keeps the fused call."""
     calls = _record(monkeypatch, cv, ["convolution_forward", "convolution_backward_data",
                                       "convolution_backward_filter", "convolution_backward_bias",
                                       "activation_backward", "activation_forward", "add_tensor"])  # fmt: skip
     d = autograd.get("convolution")
-    for dt in ("float16", "float32"):
+    for dt, nhwc in (("float16", False), ("float32", True), ("float32", False), ("float64", True)):
+        monkeypatch.setattr(cv, "_channels_last", lambda a, _v=nhwc: _v)
         calls.clear()
         x, w, b, dy = _Arr("x", (2, 4, 7, 6), dt), _Arr("w", (6, 4, 3, 3), dt), _Arr("b", (6,), dt), _Arr("dy", ())
         b.reshape = lambda shape: "b4d"
         (y,), res = d.forward(x, w, b, padding=1, activation="relu")
         assert res == {"x": x, "w": w, "bias": b, "out": y}
-        if dt == "float16":
+        if dt == "float16" or (dt == "float32" and nhwc):
             assert [c[0] for c in calls] == ["convolution_forward"] and calls[0][2]["activation"] == "relu"
         else:
             assert [c[0] for c in calls] == ["convolution_forward", "add_tensor", "activation_forward"]
@@ -468,10 +470,10 @@ def test_the_torch_references_of_per_side_padding_match_numpy(name):
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12, err_msg=f"{name} {kw}")
 
 
-def test_a_float32_bias_is_added_after_the_convolution(monkeypatch):
-    """float32/float64 have no fused graph and the legacy call pads symmetrically only, so a bias there is
-    cudnnAddTensor after an unfused convolution (an asymmetric "same" padding with a bias has no fused form; found
-    on the H200 by the module tests); a half type keeps the fused call."""
+def test_a_float64_or_channels_first_float32_bias_is_added_after_the_convolution(monkeypatch):
+    """float64 has no graph, so a bias there is cudnnAddTensor after an unfused convolution (the calls the fused
+    legacy forward makes); so is a channels-first float32 one (the fused graph would copy x, w and y channels-last);
+    channels-last float32 and the half types keep the fused call (one graph)."""
     calls = []
     monkeypatch.setattr(cv, "convolution_forward", lambda x, w, b=None, **kw: calls.append(("conv", b)) or _Arr(
         "y", (2, 6, 7, 6), x.dtype))  # fmt: skip
@@ -482,8 +484,11 @@ def test_a_float32_bias_is_added_after_the_convolution(monkeypatch):
         def reshape(self, shape):
             return _Arr("b4", tuple(6 if s == -1 else s for s in shape), self.dtype)
 
-    for dtype, want in (("float32", [("conv", None), ("add", (1, 6, 1, 1), "y")]), ("bfloat16", None)):
+    split = [("conv", None), ("add", (1, 6, 1, 1), "y")]
+    for dtype, nhwc, want in (("float64", True, split), ("float32", False, split), ("float32", True, None),
+                              ("bfloat16", False, None)):  # fmt: skip
+        monkeypatch.setattr(cv, "_channels_last", lambda a, _v=nhwc: _v)
         calls.clear()
         b = B("b", (6,), dtype)
-        d.forward(_Arr("x", (2, 4, 7, 6), dtype), _Arr("w", (6, 4, 2, 2), dtype), b, padding="same")
+        d.forward(_Arr("x", (2, 4, 7, 6), dtype), _Arr("w", (6, 4, 3, 3), dtype), b, padding=1)
         assert calls == (want or [("conv", b)])

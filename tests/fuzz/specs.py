@@ -2441,26 +2441,28 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
             kw["groups"] = groups
         if d.bool(0.2):
             kw["mode"] = "convolution"
-    # the fused forward: bias, a residual z, an activation (float32 with asymmetric padding: the graph's
-    # convolution alone, then the legacy epilogue; cudnnkit.ops.convolution's module docstring)
+    # the fused forward: bias, a residual z, an activation (z_alpha, grouped or float32, and asymmetric padding: the
+    # graph's convolution alone, then the legacy epilogue; cudnnkit.ops.convolution's module docstring)
     if which == "forward" and d.bool(0.3):
         if d.bool(0.7):
             kw["bias"] = A((k,), dt, seed=d.seed())
         if d.bool(0.4):
             kw["z"] = A(ys, dt, layout=lay, seed=d.seed())
-            # a grouped fused graph with z_alpha != 1 is refused (cuDNN 9.19 wrote NaN, measured): the legacy
-            # steps run it, or with asymmetric padding the graph's convolution alone and the legacy epilogue
+            # a grouped or float32 fused graph with z_alpha != 1 is refused (cuDNN 9.19 wrote NaN, measured): the
+            # legacy steps run it, or with asymmetric padding the graph's convolution alone and the legacy epilogue
             if d.bool(0.5):
                 kw["z_alpha"] = d.choice([0.5, -1.0, 2.0])
         if d.bool(0.7):
             legacy = ["relu", "sigmoid", "tanh", "elu", "swish"]
-            # the graph-only modes need the fused graph, which float64 lacks and float32 does not take (measured)
-            # (and not for a grouped call with z_alpha, whose graph is refused: cuDNN 9.19 wrote NaN, measured)
-            half = dt in ("float16", "bfloat16") and not (groups > 1 and "z_alpha" in kw)
-            kw["activation"] = d.choice(legacy + ["gelu", "gelu_tanh", "leaky_relu"] if half else legacy)
+            # the graph-only modes need the fused graph, which float64 lacks (and not for a grouped or float32
+            # call with z_alpha, whose graph is refused: cuDNN 9.19 wrote NaN, measured)
+            graph = dt in ("float16", "bfloat16", "float32") and not (
+                (groups > 1 or dt == "float32") and "z_alpha" in kw
+            )
+            kw["activation"] = d.choice(legacy + ["gelu", "gelu_tanh", "leaky_relu"] if graph else legacy)
         # alpha scales the convolution inside the fusion: the legacy steps take it (symmetric padding, a legacy
-        # activation), and so does a split forward's graph (float32, or grouped with z_alpha; the convolution alone)
-        split = dt == "float32" or (groups > 1 and kw.get("z_alpha", 1.0) != 1.0)
+        # activation), and so does a split forward's graph (z_alpha, grouped or float32; the convolution alone)
+        split = (groups > 1 or dt == "float32") and kw.get("z_alpha", 1.0) != 1.0
         legacy_act = kw.get("activation") in (None, "relu", "sigmoid", "tanh", "elu", "swish")
         if legacy_act and (post == pad or split) and d.bool(0.2):
             kw["alpha"] = d.choice([0.5, 2.0, -1.0])

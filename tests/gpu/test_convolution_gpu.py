@@ -257,15 +257,16 @@ def test_fused_forward_matches_the_reference(xp, dtype, layout, act):
         try:
             got = ops.convolution_forward(*args, out=out, **fused)
         except (UnsupportedGraphError, ValueError):
-            # measured on 9.19: the fused engines take channels-last half types; others run the legacy steps,
-            # which have no graph-only activation
+            # measured on 9.19: the fused engines take channels-last arrays (a channels-first call runs on
+            # channels-last copies); a graph cuDNN refuses, or float32's with z_alpha != 1 (NaN, measured), runs the
+            # legacy steps, which have no graph-only activation
             assert (layout == "nchw" or dtype == "float32") and act not in legacy_modes
             return
     assert got is out and rel(host(xp, out), want) < _tol(dtype, False) * 4
     if dtype == "float64":
         assert ops.last_path()[1] == "legacy"
     elif layout == "nhwc" and dtype != "float32":
-        assert ops.last_path()[1] == "graph"  # one fused graph
+        assert ops.last_path()[1] == "graph"  # one fused graph (float32's, with this z_alpha, runs the legacy steps)
     if dtype != "float64" and act in legacy_modes:  # the legacy composite agrees
         with settings(allow_tf32=False, prefer="legacy"):
             got = ops.convolution_forward(*args, **fused)
@@ -306,13 +307,13 @@ def test_fused_forward_with_z_alpha_matches_the_reference(xp, dtype, act, case):
     assert got is out and rel(host(xp, out), want) < _tol(dtype, False) * 4, ops.last_path()
 
 
-@pytest.mark.parametrize("dtype, groups, z_alpha", [("float32", 1, 1.0), ("float32", 2, -0.5), ("float16", 2, -0.5),
+@pytest.mark.parametrize("dtype, groups, z_alpha", [("float32", 1, -0.5), ("float32", 2, -0.5), ("float16", 2, -0.5),
                                                     ("bfloat16", 2, 2.0)])  # fmt: skip
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 def test_split_fused_forward_takes_asymmetric_padding(xp, dtype, groups, z_alpha, layout, alpha):
     """``relu(alpha * conv(x, w) + bias + z_alpha * z)`` with ``padding="same"`` and an even kernel (asymmetric),
-    where cuDNN 9.19's fused graph is wrong (float32; grouped with ``z_alpha != 1``) and the legacy convolution
+    where cuDNN 9.19's fused graph is wrong (grouped or float32, with ``z_alpha != 1``) and the legacy convolution
     cannot pad: the graph's convolution alone, then the legacy epilogue, into a poisoned ``out``, against the
     float64 reference on explicitly padded x; a second call (an express hit) gives the same."""
     if dtype == "bfloat16" and xp.name == "cupy":
@@ -334,6 +335,41 @@ def test_split_fused_forward_takes_asymmetric_padding(xp, dtype, groups, z_alpha
                                           groups=groups, alpha=alpha, out=out)  # fmt: skip
             assert ops.last_path() == ("convolution_forward", "graph")
             assert got is out and rel(host(xp, out), want) < _tol(dtype, False) * 4
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("act", [None, "relu"])
+@pytest.mark.parametrize("padding", [1, "same"])
+@pytest.mark.parametrize("z_alpha", [1.0, -0.5])
+def test_float32_fused_forward_is_one_graph(xp, tf32, layout, act, padding, z_alpha):
+    """``act(conv(x, w) + bias + z)`` in float32 (symmetric, and asymmetric ``"same"`` with an even kernel): one
+    fused graph (it ran the legacy steps until the twenty-second session: non-finite outputs measured once, not
+    reproduced with any engine since), into a poisoned ``out``, twice (the second an express hit), against the
+    float64 reference; ``alpha != 1`` with asymmetric padding has no form (the graph blends after its last node,
+    the legacy convolution pads both sides alike): refused by name."""
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((3, 8, 9, 10))
+    w = rng.standard_normal((16, 8, 3, 4 if padding == "same" else 3)) / 6
+    pads = [(0, 0), (0, 0), (1, 1), (1, 2) if padding == "same" else (1, 1)]
+    conv = ref.conv_forward(np.pad(x, pads), w, stride=(1, 1), pad=(0, 0), dilation=(1, 1))
+    b, z = rng.standard_normal(16), rng.standard_normal(conv.shape)
+    want = conv + b.reshape(1, -1, 1, 1) + z_alpha * z
+    want = np.maximum(want, 0) if act else want
+    args = (dev(xp, x, "float32", layout), dev(xp, w, "float32", layout), dev(xp, b, "float32"))
+    zd = dev(xp, z, "float32", layout)
+    with settings(allow_tf32=tf32):
+        for _ in range(2):
+            out = dev(xp, np.full(want.shape, np.nan), "float32", layout)
+            got = ops.convolution_forward(*args, z=zd, z_alpha=z_alpha, activation=act, padding=padding, out=out)
+            if z_alpha == 1.0:
+                assert ops.last_path() == ("convolution_forward", "graph")
+            else:  # MUL(z, z_alpha) in a float32 fused graph wrote NaN (an H100): the legacy steps, or the split
+                assert ops.last_path() == ("convolution_forward", "legacy" if padding == 1 else "graph")
+            assert got is out and rel(host(xp, out), want) < (5e-3 if tf32 else 1e-5)
+        if padding == "same" and z_alpha == 1.0:
+            with pytest.raises(ValueError, match="neither cuDNN path.*alpha with a fused forward"):
+                ops.convolution_forward(*args, z=zd, activation=act, padding=padding, alpha=0.5)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])

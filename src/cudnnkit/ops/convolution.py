@@ -40,12 +40,14 @@ backward data and backward filter run as a graph (``conv_fprop``/``conv_dgrad``/
 planned once per signature with the settings' heuristics and engine filters, cached op-level) unless: the dtype
 is float64 (the graph API has none), the call blends (``alpha``/``beta`` other than 1/0: the legacy call blends in
 its kernel; a graph-only call blends through a temporary and ``cudnnAddTensor``), the batch is empty, the fused
-forward is float32 (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured), has ``alpha != 1``, or is
-grouped with ``z_alpha != 1`` (NaN in a grouped float16 graph's output, measured on an H100), or cuDNN refused that
-graph before (remembered; the legacy call runs). A float32 or grouped-``z_alpha`` fused forward with asymmetric
-padding, which the legacy convolution cannot take, runs the graph's ``conv_fprop`` alone and the legacy epilogue
-(``cudnnAddTensor``, ``cudnnActivationForward``) after it. ``settings(prefer="legacy")`` forces the
-legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias's graph is one
+forward has ``alpha != 1``, or has ``z_alpha != 1`` and is grouped or float32 (NaN in the output of a grouped
+float16 graph and of a float32 one scaling z by a ``MUL``, measured on an H100), or cuDNN refused that graph before
+(remembered; the legacy call runs). Such a ``z_alpha`` fused forward with asymmetric padding, which the legacy
+convolution cannot take, runs the graph's ``conv_fprop`` alone and the legacy epilogue (``cudnnAddTensor``,
+``cudnnActivationForward``) after it. Any other fused float32 forward is one graph like the half types' (the
+fifth session's non-finite float32 outputs came from ``z_alpha != 1``; with ``z_alpha`` 1 no engine gave any on
+cuDNN 9.19, on an H100: benchmarks/NOTES.md, twenty-second and twenty-third sessions).
+``settings(prefer="legacy")`` forces the legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias's graph is one
 reduction node, for a dense channels-last float32 ``dy`` with no blend (cuDNN 9.19 has no engine for the rest).
 
 Legacy calls: ``cudnnConvolutionForward``, ``cudnnConvolutionBackwardData``, ``cudnnConvolutionBackwardFilter``,
@@ -64,7 +66,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import lib
-from ..runtime import check_choice, current_settings, get_cached, tensor_descriptor
+from ..runtime import as_view, check_choice, current_settings, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides
 from ..runtime.dtypes import FLOATS, canonical, check_scalar, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
@@ -182,7 +184,7 @@ class _Conv(NamedTuple):
     #: product of x's and w's dequantization scales, times y's quantization scale)
     out_dtype: str = ""
     scale: float = 1.0
-    #: a fused forward whose fused graph cuDNN 9.19 gets wrong (float32; grouped with ``z_alpha != 1``): it runs
+    #: a fused forward whose fused graph cuDNN 9.19 gets wrong (``z_alpha != 1``, grouped or float32): it runs
     #: the legacy steps, or, where those cannot pad (asymmetric), the graph's ``conv_fprop`` alone and the legacy
     #: epilogue after it (:func:`_split_epilogue`)
     split: bool = False
@@ -249,13 +251,10 @@ def _graph_refuses(r: _Conv, kw: Any) -> str | None:
     if r.split and (_legacy_refuses(r) is None or (r.act is not None and r.act.descriptor is None)):
         # the legacy steps take it (or nothing does: an activation the legacy API lacks); otherwise (asymmetric
         # padding) the graph runs the convolution alone and the legacy epilogue after it
-        if r.dtype == "float32":
-            # measured on the H200 (cuDNN 9.19): fused float32 channels-last graphs (conv + bias + z + activation)
-            # left NaN in the output; until that is understood they run the legacy steps
-            return "a fused float32 forward (cuDNN 9.19's fused float32 graphs gave non-finite outputs, measured)"
-        # measured on an H100 (cuDNN 9.19, fuzzer case): a grouped conv_fprop -> MUL(z, z_alpha) -> ADD graph wrote
-        # NaN into some outputs (float16, channels-last; z_alpha 1, or groups 1, were right)
-        return "a grouped fused forward with z_alpha != 1 (cuDNN 9.19's engines wrote NaN into it, measured)"
+        # measured on an H100 (cuDNN 9.19): a conv_fprop -> MUL(z, z_alpha) -> ADD graph wrote NaN into some
+        # outputs when grouped (float16, a fuzzer case) or float32 (groups 1, the GPU tier's fused test); z_alpha 1
+        # was right in both
+        return "a grouped or float32 fused forward with z_alpha != 1 (cuDNN 9.19's engines wrote NaN, measured)"
     if r.empty_sum:
         return "an empty batch"
     if (r.bias or r.z or r.act is not None) and not r.split and kw.get("alpha", 1.0) != 1.0:
@@ -291,7 +290,7 @@ def _fused(r: _Conv, views: Any, kw: Any) -> _Conv:
     if fused and kw.get("beta", 0.0) != 0.0:
         raise ValueError("beta blends into out, which the fused forward (bias=, z=, activation=) does not; add a "
                          "residual with z= and z_alpha=")  # fmt: skip
-    split = fused and (r.dtype == "float32" or (vz is not None and z_alpha != 1.0 and r.groups > 1))
+    split = fused and vz is not None and z_alpha != 1.0 and (r.groups > 1 or r.dtype == "float32")
     return r._replace(bias=vb is not None, z=vz is not None, z_alpha=float(z_alpha), act=act, split=split)
 
 
@@ -583,7 +582,7 @@ def _graph_prepare(which: str) -> Any:
 
 
 def _split_epilogue(c: Call, r: _Conv) -> None:
-    """A split fused forward (``_Conv.split``: float32, or grouped with ``z_alpha != 1``, with asymmetric padding,
+    """A split fused forward (``_Conv.split``: ``z_alpha != 1``, grouped or float32, with asymmetric padding,
     which the legacy convolution cannot take; the graph is ``conv_fprop`` alone and blends ``alpha`` as any graph
     does): :func:`_epilogue`'s legacy calls on the caller's ``out`` after the graph, z read as given (as the legacy
     path reads it), its descriptor made now, before any work (one cuDNN cannot take is refused by name first)."""
@@ -845,12 +844,13 @@ def convolution_forward(
     **Fused:** ``y = act(alpha * conv(x, w) + bias + z_alpha * z)`` with ``bias`` ``(K,)``, a residual ``z`` of
     ``y``'s shape and ``activation`` one of :mod:`cudnnkit.ops.activation`'s modes (``activation_coef`` its
     ``coef``), each optional, all in ``x``'s dtype. The graph path runs it as one graph (``conv_fprop`` -> ``ADD``
-    -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, float32, a grouped convolution with ``z_alpha != 1``,
-    whose graph wrote NaN on cuDNN 9.19, or a graph cuDNN refuses) as ``cudnnConvolutionForward``,
-    ``cudnnAddTensor`` and ``cudnnActivationForward`` in place (the graph-only activations and asymmetric padding
-    have no legacy form: refused by name there). Float32 and grouped ``z_alpha != 1`` calls with asymmetric padding
-    run the graph's convolution alone, then the same ``cudnnAddTensor``/``cudnnActivationForward`` epilogue (a
-    graph-only activation there is refused by name). ``beta`` must be 0 when fusing.
+    -> ``ADD`` -> ``<MODE>_FWD``); the legacy path (float64, a grouped or float32 convolution with
+    ``z_alpha != 1``, whose graphs wrote NaN on cuDNN 9.19, or a graph cuDNN refuses) as
+    ``cudnnConvolutionForward``, ``cudnnAddTensor`` and ``cudnnActivationForward`` in place (the graph-only
+    activations and asymmetric padding have no legacy form: refused by name there). Those ``z_alpha != 1`` calls
+    with asymmetric padding run the graph's convolution
+    alone, then the same ``cudnnAddTensor``/``cudnnActivationForward`` epilogue (a graph-only activation there is
+    refused by name). ``beta`` must be 0 when fusing.
 
     **Quantized:** int8 or fp8 (``float8_e4m3fn``, ``float8_e5m2``) ``x`` and ``w`` (the same dtype) give
     ``y = scale * conv(x, w)`` in ``out_dtype``, ``scale`` being the product of the dequantization scales of x and
@@ -1110,11 +1110,13 @@ def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha
     only then), and ``out`` (``y``) with ``activation="relu"``: the ReLU's gradient is ``dy`` where ``y > 0``."""
     dtype = canonical(x.dtype, "x")
     _l3_refuse(dtype, z, activation, activation_coef)
-    # float32/float64: no fused graph (cuDNN 9.19's fused float32 graphs gave non-finite outputs), so the fused L2
-    # call would run the legacy convolution (or, with asymmetric padding, the split forward, which has no
-    # pointer-only express form): the convolution alone (the graph's kernel choice, express), then cudnnAddTensor
-    # of the bias (what the legacy fused call does anyway); float64 has only the legacy calls
-    split = dtype in ("float32", "float64")
+    # float64 has no graph, so the fused L2 call runs the legacy convolution, cudnnAddTensor and
+    # cudnnActivationForward: the same calls made here, each an express hit. A float32 channels-first x keeps them
+    # apart too: the fused graph (channels-last engines only) would copy x, w and y (the half types' calls are as
+    # before: one fused call)
+    split = dtype == "float64" or (
+        dtype == "float32" and (bias is not None or activation is not None) and not _channels_last(x)
+    )
     y = convolution_forward(x, w, None if split else bias, z_alpha=z_alpha, activation=None if split else activation,
                             stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
                             out_dtype=out_dtype, scale=scale)  # fmt: skip
@@ -1123,6 +1125,11 @@ def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha
     if split and activation is not None:
         activation_forward(y, activation, out=y)
     return (y,), _conv_l3_res(x, w, bias, y if activation is not None else None)
+
+
+def _channels_last(a: Any) -> bool:
+    """Whether array ``a`` is dense channels-last (:func:`~cudnnkit.ops._nd.layout_of` of its view)."""
+    return layout_of(as_view(a, "x")) == "nhwc"
 
 
 def _conv_l3_res(x: Any, w: Any, bias: Any, y: Any) -> dict:

@@ -706,6 +706,21 @@ def test_W_bfloat16_max_pooling_denies_eng3_at_build():
     assert g.known_bad_engines() == ("eng3",)
 
 
+def test_a_graph_denies_engines_measured_wrong_for_it():
+    """``Graph.deny_engines``: a graph's own denials follow the node table's, once each, and are part of its key
+    (a plan built without them is never a cache hit for it); a name that is not an engine's is refused."""
+    g = Graph()
+    x = g.tensor((1, 16, 8, 8), (1024, 1, 128, 16), "bfloat16", name="x")
+    g.mark_output(g.resample_forward(x, mode="max", window=2))
+    before = g.key()
+    g.deny_engines("eng8", "eng3")
+    g.deny_engines("eng8")
+    assert g.known_bad_engines() == ("eng3", "eng8") and g.key() != before
+    for bad in ("8", 8, "", "cudnn"):
+        with pytest.raises(ValueError, match="engine names such as 'eng8'"):
+            g.deny_engines(bad)
+
+
 def test_U_norm_backward_checks_epsilon_but_does_not_bind_it():
     """cuDNN 9.19's norm-backward plan takes no epsilon tensor (binding one failed execution with
     varPackUidCount > expected_uid_count, issue 10's fuzzer): epsilon is checked, then left out."""

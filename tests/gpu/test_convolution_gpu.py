@@ -307,6 +307,55 @@ def test_fused_forward_with_z_alpha_matches_the_reference(xp, dtype, act, case):
     assert got is out and rel(host(xp, out), want) < _tol(dtype, False) * 4, ops.last_path()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_fused_graph_scaling_z_never_plans_on_eng8(xp, dtype):
+    """``conv -> + bias -> + MUL(z, z_alpha) -> ReLU``: eng8 computed it wrong on an H100 (cuDNN 9.19; NaN in
+    float32, wrong values in float16, probe/f32za.py), so the graph denies eng8. Every engine the build offers in
+    turn (each denied once it has run) is another, and each matches the float64 reference in a poisoned out; the
+    op's own call takes the graph and matches too."""
+    if dtype == "bfloat16" and xp.name == "cupy":
+        pytest.importorskip("ml_dtypes")
+    from cudnnkit.graph import UnsupportedGraphError
+    from cudnnkit.ops import convolution as cv
+    from cudnnkit.ops._primitive import Call
+    from cudnnkit.ops.activation import resolve_activation
+    from cudnnkit.runtime import as_view
+
+    rng = np.random.default_rng(29)
+    x, w, kw, rkw = _case(rng, CASES[0], dtype)
+    conv = ref.conv_forward(x, w, **rkw)
+    b = seen(rng.standard_normal(conv.shape[1]), dtype)
+    z = seen(rng.standard_normal(conv.shape), dtype)
+    want = np.maximum(conv + b.reshape(1, -1, 1, 1) - 0.5 * z, 0)
+    arrays = dict(x=dev(xp, x, dtype, "nhwc"), w=dev(xp, w, dtype, "nhwc"), bias=dev(xp, b, dtype),
+                  z=dev(xp, z, dtype, "nhwc"))  # fmt: skip
+    with settings(allow_tf32=False):
+        out = dev(xp, np.full(want.shape, np.nan), dtype, "nhwc")
+        got = ops.convolution_forward(arrays["x"], arrays["w"], arrays["bias"], z=arrays["z"], z_alpha=-0.5,
+                                      activation="relu", out=out, **kw)  # fmt: skip
+        assert ops.last_path() == ("convolution_forward", "graph")
+        assert got is out and rel(host(xp, out), want) < _tol(dtype, False) * 4
+        r = cv._resolve(ops.Convolution(**kw), dtype, x.shape, w.shape, True, want.shape)._replace(
+            bias=True, z=True, z_alpha=-0.5, act=resolve_activation("relu"))  # fmt: skip
+        out = dev(xp, np.full(want.shape, np.nan), dtype, "nhwc")
+        views = {n: as_view(a, n) for n, a in {**arrays, "out": out}.items()}
+        g, names = cv.graph_builder("forward")(Call(None, views, r, extra={"graph_alignment": 16}))
+        assert "eng8" in g.known_bad_engines()
+        binds = {t: views[n].ptr for t, n in names.items()}  # pointers: the graph's bias is (1, K, 1, 1)
+        seen_engines: list[str] = []
+        for _ in range(12):
+            try:
+                plan = g.build(deny_engines=tuple(seen_engines))
+            except UnsupportedGraphError:
+                break
+            eng = plan.name.split("_")[0]
+            assert eng != "eng8" and eng not in seen_engines
+            plan.execute(binds)
+            assert rel(host(xp, out), want) < _tol(dtype, False) * 4, plan.name
+            seen_engines.append(eng)
+        assert seen_engines  # at least one engine took it
+
+
 @pytest.mark.parametrize("dtype, groups, z_alpha", [("float32", 1, -0.5), ("float32", 2, -0.5), ("float16", 2, -0.5),
                                                     ("bfloat16", 2, 2.0)])  # fmt: skip
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])

@@ -170,6 +170,7 @@ class Graph(
         self._described: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # uid -> lowered dims, strides
         self._view_nodes: set[int] = set()  # nodes that read a tensor through its _described view
         self._ragged: dict[int, int] = {}  # uid -> the uid of its ragged offset tensor (packed THD layouts)
+        self._denied: tuple[str, ...] = ()  # engines measured wrong for this graph as a whole (deny_engines)
 
     # ------------------------------------------------------------- tensors
 
@@ -385,14 +386,26 @@ class Graph(
 
     # ------------------------------------------------------------- checks, key, lowering
 
+    def deny_engines(self, *names: str) -> None:
+        """Never plan this graph on engines ``names`` (``"eng8"``, with each of its knob settings, as the build's
+        ``deny_engines=`` option reads it): for a graph an engine is measured to compute wrong where the node
+        alone, which :data:`KNOWN_BAD_ENGINES` keys on, is right (a convolution's fused ``MUL`` of z). Part of
+        :meth:`key` and of :meth:`known_bad_engines`; a graph no other engine takes raises
+        :class:`~cudnnkit.graph.UnsupportedGraphError` at the build, naming the denial."""
+        for n in names:
+            if not isinstance(n, str) or not n.startswith("eng"):
+                raise ValueError(f"deny_engines takes engine names such as 'eng8', got {n!r}")
+        self._denied = tuple(dict.fromkeys((*self._denied, *names)))
+
     def known_bad_engines(self) -> tuple[str, ...]:
-        """Engine names the plan build denies for this graph (:data:`KNOWN_BAD_ENGINES`: measured wrong results)."""
+        """Engine names the plan build denies for this graph (:data:`KNOWN_BAD_ENGINES`: measured wrong results;
+        then those of :meth:`deny_engines`)."""
         bad: list[str] = []
         for n in self._nodes:
             first = self._tensors[n.inputs[0][1]].dtype if n.inputs else ""
             mode = str(dict(n.attrs).get("mode", ""))
             bad += [e for e in KNOWN_BAD_ENGINES.get((n.kind, first, mode), ()) if e not in bad]
-        return tuple(bad)
+        return (*bad, *(e for e in self._denied if e not in bad))
 
     def validate(self) -> None:
         """Raise :class:`GraphError` for an empty graph, a graph without outputs, or a dangling tensor."""
@@ -428,6 +441,7 @@ class Graph(
             tuple(sorted(self._described.items())),
             tuple(sorted(self._scratch.items(), key=lambda kv: kv[0])),
             tuple(sorted(self._ragged.items())),
+            self._denied,
         )
         return (
             "cudnnkit.graph/1",

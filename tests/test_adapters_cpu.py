@@ -94,6 +94,41 @@ def test_cupy_adapter_conforms():
         assert "cupy" not in adapters._loaded
 
 
+def test_cupy_wrap_takes_dlpack_where_the_interface_gives_raw_bytes(monkeypatch):
+    """GPU fuzz seed 27 (case 219): a bfloat16 torch tensor came to CuPy through ``__cuda_array_interface__`` as
+    raw bytes (dtype ``|V2``), which CuPy then refused to copy into a bfloat16 array. The adapter's ``wrap`` takes
+    DLPack instead where the interface view has a void dtype and the object has ``__dlpack__``; a named dtype
+    keeps the interface view (zero-copy, no DLPack round trip), and so does an object without DLPack."""
+    import contextlib
+
+    import numpy as np
+
+    cls = _cupy_adapter_class()
+    seen_dtype = [np.dtype("V2")]
+    fake = types.SimpleNamespace(
+        ndarray=type("ndarray", (), {}),
+        asarray=lambda o: types.SimpleNamespace(dtype=seen_dtype[0], via="interface"),
+        from_dlpack=lambda o: types.SimpleNamespace(dtype=np.dtype("float16"), via="dlpack"),
+        cuda=types.SimpleNamespace(Device=lambda d: contextlib.nullcontext()),
+    )
+    monkeypatch.setitem(cls.wrap.__globals__, "cupy", fake)
+
+    class Both:
+        __cuda_array_interface__ = {"shape": (3,), "typestr": "|V2", "data": (0, False), "version": 3}
+
+        def __dlpack__(self, stream=None):
+            raise AssertionError("the fake from_dlpack does not call it")
+
+    class InterfaceOnly:
+        __cuda_array_interface__ = Both.__cuda_array_interface__
+
+    a = cls()
+    assert a.wrap(Both(), 0).via == "dlpack"
+    assert a.wrap(InterfaceOnly(), 0).via == "interface"  # nothing better to take
+    seen_dtype[0] = np.dtype("float16")
+    assert a.wrap(Both(), 0).via == "interface"
+
+
 def test_missing_members_finds_what_an_adapter_lacks():
     class Partial(ArrayAdapter):
         name = "partial"

@@ -21,6 +21,7 @@ import pytest
 from cudnnkit import ops, runtime
 from cudnnkit.runtime import check_device_pointer, prepare, validate_stream
 
+from ..conv_reference import conv_forward as ref_conv
 from ..numerics import dev, host, poisoned, rel, seen
 from .test_norm_dropout_gpu import ref_lrn
 
@@ -326,6 +327,27 @@ def test_U10_softmax_backward_with_arrays_of_two_libraries(xp):
     dx = ops.softmax_backward(dy, y)
     gb = np.broadcast_to(g[:1], (4, 6))
     assert rel(host(xp, dx), yh * (gb - (gb * yh).sum(axis=-1, keepdims=True))) < TOL["float64"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_U10_a_copy_into_a_layout_by_another_library_keeps_its_dtype(xp, dtype):
+    """GPU fuzz seed 27 (case 219): a fused convolution whose z of one library needs a channels-last copy made by
+    the other's (the first array's). A bfloat16 torch tensor came to CuPy through ``__cuda_array_interface__``
+    as raw bytes ("|V2") and CuPy refused to copy them into a bfloat16 array (a TypeError from inside CuPy);
+    DLPack names the dtype. The result matches the float64 reference either way round."""
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    other = _other(xp)
+    rng = np.random.default_rng(27)
+    x = seen(rng.standard_normal((2, 4, 6, 5)), dtype)
+    w = seen(rng.standard_normal((6, 4, 3, 3)) / 6, dtype)
+    conv = ref_conv(x, w, stride=(1, 1), pad=(1, 1), dilation=(1, 1))
+    b, z = seen(rng.standard_normal(6), dtype), seen(rng.standard_normal(conv.shape), dtype)
+    want = np.maximum(conv + b.reshape(1, -1, 1, 1) + z, 0)
+    # x channels-last of xp (the launch's library); w, bias and a channels-first z of the other library
+    got = ops.convolution_forward(dev(xp, x, dtype, "nhwc"), dev(other, w, dtype, "nhwc"), dev(other, b, dtype),
+                                  z=dev(other, z, dtype), activation="relu", padding=1)  # fmt: skip
+    assert rel(host(xp, got), want) < 2e-2
 
 
 def test_U10_out_of_another_library(xp):

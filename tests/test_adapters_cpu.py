@@ -97,8 +97,9 @@ def test_cupy_adapter_conforms():
 def test_cupy_wrap_takes_dlpack_where_the_interface_gives_raw_bytes(monkeypatch):
     """GPU fuzz seed 27 (case 219): a bfloat16 torch tensor came to CuPy through ``__cuda_array_interface__`` as
     raw bytes (dtype ``|V2``), which CuPy then refused to copy into a bfloat16 array. The adapter's ``wrap`` takes
-    DLPack instead where the interface view has a void dtype and the object has ``__dlpack__``; a named dtype
-    keeps the interface view (zero-copy, no DLPack round trip), and so does an object without DLPack."""
+    DLPack instead where the interface view has a void dtype and the object has ``__dlpack__`` (and refuses by
+    name one without it); a named dtype keeps the interface view (zero-copy, no DLPack round trip). An interface
+    that raises on reading (a torch float8 tensor's ``KeyError``) goes to DLPack too."""
     import contextlib
 
     import numpy as np
@@ -122,11 +123,22 @@ def test_cupy_wrap_takes_dlpack_where_the_interface_gives_raw_bytes(monkeypatch)
     class InterfaceOnly:
         __cuda_array_interface__ = Both.__cuda_array_interface__
 
+    class RaisingInterface:  # a torch float8 tensor's __cuda_array_interface__ raises KeyError
+        @property
+        def __cuda_array_interface__(self):
+            raise KeyError("torch.float8_e4m3fn")
+
+        def __dlpack__(self, stream=None):
+            raise AssertionError("the fake from_dlpack does not call it")
+
     a = cls()
     assert a.wrap(Both(), 0).via == "dlpack"
-    assert a.wrap(InterfaceOnly(), 0).via == "interface"  # nothing better to take
+    with pytest.raises(TypeError, match=r"raw bytes \(dtype \|V2\) and it has no __dlpack__"):
+        a.wrap(InterfaceOnly(), 0)  # by name, not a TypeError from inside CuPy later
+    assert a.wrap(RaisingInterface(), 0).via == "dlpack"
     seen_dtype[0] = np.dtype("float16")
     assert a.wrap(Both(), 0).via == "interface"
+    assert adapters._protocol.has_interface(Both()) and not adapters._protocol.has_interface(RaisingInterface())
 
 
 def test_missing_members_finds_what_an_adapter_lacks():

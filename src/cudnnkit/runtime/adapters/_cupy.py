@@ -11,7 +11,7 @@ import cupy
 
 from ..arrays import ArrayView, _element_strides
 from ..dtypes import canonical, itemsize
-from ._protocol import ArrayAdapter, missing_members
+from ._protocol import ArrayAdapter, has_interface, missing_members
 
 
 def _numpy_dtype(dtype: str):
@@ -81,7 +81,7 @@ class CupyAdapter(ArrayAdapter):
         if isinstance(obj, cupy.ndarray):
             return obj
         with cupy.cuda.Device(device):
-            if hasattr(obj, "__cuda_array_interface__"):
+            if has_interface(obj):
                 try:
                     got = cupy.asarray(obj)
                 except (TypeError, ValueError, RuntimeError):
@@ -90,8 +90,13 @@ class CupyAdapter(ArrayAdapter):
                 else:
                     # a dtype the interface cannot name may come as raw bytes ("|V2" for a bfloat16 tensor,
                     # GPU fuzz seed 27: CuPy's copy into a bfloat16 array then refused the cast); DLPack names it
-                    if got.dtype.kind != "V" or not hasattr(obj, "__dlpack__"):
+                    if got.dtype.kind != "V":
                         return got
+                    if not hasattr(obj, "__dlpack__"):
+                        raise TypeError(
+                            f"its __cuda_array_interface__ gives raw bytes (dtype {got.dtype.str}) and it has no "
+                            "__dlpack__ to name its dtype"
+                        )
             return cupy.from_dlpack(obj)  # e.g. bfloat16, which __cuda_array_interface__ cannot name
 
     @staticmethod

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from ..view import ArrayView
 
-__all__ = ["ArrayAdapter", "MEMBERS", "missing_members"]
+__all__ = ["ArrayAdapter", "MEMBERS", "missing_members", "has_interface"]
 
 
 @runtime_checkable
@@ -166,3 +166,13 @@ def missing_members(cls: type) -> list[str]:
         if owner is None or owner is ArrayAdapter or owner is Protocol or owner is object:
             out.append(n)
     return out
+
+
+def has_interface(obj: Any) -> bool:
+    """Whether ``obj`` offers a ``__cuda_array_interface__`` an adapter's ``wrap`` can try: False where reading it
+    raises (a torch float8 tensor's raises ``KeyError``, which ``hasattr`` does not swallow), so ``wrap`` goes on
+    to DLPack."""
+    try:
+        return hasattr(obj, "__cuda_array_interface__")
+    except Exception:
+        return False

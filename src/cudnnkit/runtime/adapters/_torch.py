@@ -8,7 +8,7 @@ import torch
 
 from ..arrays import ArrayView
 from ..dtypes import canonical
-from ._protocol import ArrayAdapter, missing_members
+from ._protocol import ArrayAdapter, has_interface, missing_members
 
 _TO_TORCH = {
     "float32": torch.float32,
@@ -113,7 +113,7 @@ class TorchAdapter(ArrayAdapter):
     def wrap(self, obj: Any, device: int) -> torch.Tensor:
         if isinstance(obj, torch.Tensor):
             return obj
-        if hasattr(obj, "__cuda_array_interface__"):
+        if has_interface(obj):
             try:
                 return torch.as_tensor(obj, device=torch.device("cuda", device))
             except (TypeError, ValueError, RuntimeError):

@@ -5,8 +5,8 @@ operations on them; each operation method returns its output tensor, virtual
 (an intermediate) unless :meth:`Graph.mark_output` says otherwise. Shapes and
 dtypes of outputs are inferred. :meth:`Graph.key` is a hashable signature of
 everything that decides a plan: every tensor and operation attribute, the
-graph's data types, the thread's :func:`cudnnkit.settings` and the loaded
-cuDNN version. :meth:`Graph.lower` turns the graph into finalized backend
+graph's data types, the engines it denies (:meth:`Graph.deny_engines`), the
+thread's :func:`cudnnkit.settings` and the loaded cuDNN version. :meth:`Graph.lower` turns the graph into finalized backend
 descriptors (tensors, operation nodes, the operation graph) through the
 reviewed attribute table; that needs no GPU.
 

@@ -287,14 +287,16 @@ def test_a_split_fused_forward_takes_asymmetric_padding(dtype, groups, z_alpha):
 
 
 def test_the_l3_forward_splits_a_channels_first_float32_bias():
-    """The L3 convolution's layout test (``_channels_last``): dense channels-last arrays only (a channels-first x
-    keeps the float32 bias apart from the convolution: the fused graph would copy x, w and y)."""
+    """The L3 convolution's layout test (``_channels_last``): arrays the graph takes channels-last as they are (a
+    channels-first x keeps the float32 bias apart from the convolution: the fused graph would copy x, w and y)."""
     from cudnnkit.ops._layout import channels_last_strides
 
     for shape in ((2, 4, 8, 8), (2, 4, 5), (2, 4, 3, 5, 6)):
         cl = tuple(4 * s for s in channels_last_strides(shape))
         assert not cv._channels_last(x(shape)) and cv._channels_last(x(shape, strides=cl))
     assert not cv._channels_last(x((2, 4, 8, 8), strides=(4, 512, 64, 8)))  # another layout
+    # both layouts (C = 1, or 1x1 spatial), as the graph form reads them: taken channels-last with no copy
+    assert cv._channels_last(x((2, 1, 8, 8))) and cv._channels_last(x((2, 4, 1, 1)))
 
 
 @pytest.mark.parametrize("dtype", ["<f4", "<f2"])

@@ -2452,17 +2452,15 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
             # legacy steps run it, or with asymmetric padding the graph's convolution alone and the legacy epilogue
             if d.bool(0.5):
                 kw["z_alpha"] = d.choice([0.5, -1.0, 2.0])
+        # a split forward (z_alpha, grouped or float32): its fused graph is refused, the convolution runs alone
+        split = (groups > 1 or dt == "float32") and kw.get("z_alpha", 1.0) != 1.0
         if d.bool(0.7):
             legacy = ["relu", "sigmoid", "tanh", "elu", "swish"]
-            # the graph-only modes need the fused graph, which float64 lacks (and not for a grouped or float32
-            # call with z_alpha, whose graph is refused: cuDNN 9.19 wrote NaN, measured)
-            graph = dt in ("float16", "bfloat16", "float32") and not (
-                (groups > 1 or dt == "float32") and "z_alpha" in kw
-            )
+            # the graph-only modes need the fused graph, which float64 and a split forward lack
+            graph = dt in ("float16", "bfloat16", "float32") and not split
             kw["activation"] = d.choice(legacy + ["gelu", "gelu_tanh", "leaky_relu"] if graph else legacy)
         # alpha scales the convolution inside the fusion: the legacy steps take it (symmetric padding, a legacy
-        # activation), and so does a split forward's graph (z_alpha, grouped or float32; the convolution alone)
-        split = (groups > 1 or dt == "float32") and kw.get("z_alpha", 1.0) != 1.0
+        # activation), and so does a split forward's graph (the convolution alone)
         legacy_act = kw.get("activation") in (None, "relu", "sigmoid", "tanh", "elu", "swish")
         if legacy_act and (post == pad or split) and d.bool(0.2):
             kw["alpha"] = d.choice([0.5, 2.0, -1.0])

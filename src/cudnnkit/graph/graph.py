@@ -6,9 +6,10 @@ operations on them; each operation method returns its output tensor, virtual
 dtypes of outputs are inferred. :meth:`Graph.key` is a hashable signature of
 everything that decides a plan: every tensor and operation attribute, the
 graph's data types, the engines it denies (:meth:`Graph.deny_engines`), the
-thread's :func:`cudnnkit.settings` and the loaded cuDNN version. :meth:`Graph.lower` turns the graph into finalized backend
-descriptors (tensors, operation nodes, the operation graph) through the
-reviewed attribute table; that needs no GPU.
+thread's :func:`cudnnkit.settings` and the loaded cuDNN version.
+:meth:`Graph.lower` turns the graph into finalized backend descriptors
+(tensors, operation nodes, the operation graph) through the reviewed
+attribute table; that needs no GPU.
 
 Each operation kind lives in its own module of :mod:`cudnnkit.graph.nodes` (its builder
 methods, mixed into :class:`Graph`, and its ``lower()``); heuristics, engine

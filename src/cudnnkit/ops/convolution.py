@@ -46,9 +46,11 @@ float16 graph and of a float32 one scaling z by a ``MUL``, measured on an H100),
 convolution cannot take, runs the graph's ``conv_fprop`` alone and the legacy epilogue (``cudnnAddTensor``,
 ``cudnnActivationForward``) after it. Any other fused float32 forward is one graph like the half types' (the
 fifth session's non-finite float32 outputs came from ``z_alpha != 1``; with ``z_alpha`` 1 no engine gave any on
-cuDNN 9.19, on an H100: benchmarks/NOTES.md, twenty-second and twenty-third sessions).
-``settings(prefer="legacy")`` forces the legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses). The backward bias's graph is one
-reduction node, for a dense channels-last float32 ``dy`` with no blend (cuDNN 9.19 has no engine for the rest).
+cuDNN 9.19, on an H100: benchmarks/NOTES.md, twenty-second and twenty-third sessions). The graph that scales z
+denies eng8, which computes that ``MUL`` wrong (:meth:`cudnnkit.graph.Graph.deny_engines`).
+``settings(prefer="legacy")`` forces the legacy calls, ``prefer="graph"`` the graph (raising what cuDNN refuses).
+The backward bias's graph is one reduction node, for a dense channels-last float32 ``dy`` with no blend (cuDNN 9.19
+has no engine for the rest).
 
 Legacy calls: ``cudnnConvolutionForward``, ``cudnnConvolutionBackwardData``, ``cudnnConvolutionBackwardFilter``,
 and, for the bias, ``cudnnReduceTensor`` or the reduction graph into a float32 temporary for a channels-last
@@ -84,7 +86,7 @@ from ._conv_algos import (  # noqa: F401  (public here, as before)
 )
 from ._diff import Differentiable, Spec, differentiable, spec_view
 from ._graphform import Binder, after, channels_last_input, channels_last_output, graph_form, write_through
-from ._layout import c_order_view, channels_last_strides, copy_in
+from ._layout import c_order_view, channels_last_strides, copy_in, is_channels_last
 from ._nd import as_2d, batch1, check_dims, dense, layout_of, nd_tensor, out_view, param_form, same_dtype, with_batch
 from ._primitive import Call, Operand, Output, Primitive, register, run
 from .activation import activation_backward, activation_forward
@@ -852,9 +854,9 @@ def convolution_forward(
     ``z_alpha != 1``, whose graphs wrote NaN on cuDNN 9.19, or a graph cuDNN refuses) as
     ``cudnnConvolutionForward``, ``cudnnAddTensor`` and ``cudnnActivationForward`` in place (the graph-only
     activations and asymmetric padding have no legacy form: refused by name there). Those ``z_alpha != 1`` calls
-    with asymmetric padding run the graph's convolution
-    alone, then the same ``cudnnAddTensor``/``cudnnActivationForward`` epilogue (a graph-only activation there is
-    refused by name). ``beta`` must be 0 when fusing.
+    with asymmetric padding run the graph's convolution alone, then the same
+    ``cudnnAddTensor``/``cudnnActivationForward`` epilogue (a graph-only activation there is refused by name).
+    ``beta`` must be 0 when fusing.
 
     **Quantized:** int8 or fp8 (``float8_e4m3fn``, ``float8_e5m2``) ``x`` and ``w`` (the same dtype) give
     ``y = scale * conv(x, w)`` in ``out_dtype``, ``scale`` being the product of the dequantization scales of x and
@@ -1132,8 +1134,11 @@ def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha
 
 
 def _channels_last(a: Any) -> bool:
-    """Whether array ``a`` is dense channels-last (:func:`~cudnnkit.ops._nd.layout_of` of its view)."""
-    return layout_of(as_view(a, "x")) == "nhwc"
+    """Whether the graph takes array ``a`` channels-last as it is (:func:`~cudnnkit.ops._layout.is_channels_last`,
+    the rule of the graph form's :func:`~cudnnkit.ops._graphform.channels_last_input`: a C = 1 or 1x1 array is
+    both layouts), so the fused graph copies nothing."""
+    v = as_view(a, "x")
+    return is_channels_last(v.shape, v.strides)
 
 
 def _conv_l3_res(x: Any, w: Any, bias: Any, y: Any) -> dict:

@@ -87,21 +87,29 @@ def path(request, monkeypatch):
 
 @pytest.mark.parametrize("name, i", CASES)
 def test_forward_and_backward_match_torch(name, i, path):
+    check_against_torch(name, i, "cuda")
+
+
+def check_against_torch(name, i, device):
+    """Sample ``i`` of op ``name`` through its torch op on ``device`` (a torch device string), forward and the
+    gradients of a random projection of its outputs, against torch's own ops on the CPU in float64; every output
+    and gradient must be on ``device``. Also run by the two-GPU tier (tests/gpu/test_two_gpus.py) on cuda:1."""
     import cudnnkit.torch as ct
 
     d = autograd.get(name)
     inputs, kw = _case(name, i)
-    ours_in = [_torch(a, "cuda", grad=True) for a in inputs]
+    ours_in = [_torch(a, device, grad=True) for a in inputs]
     ref_in = [_torch(a, "cpu", grad=True) for a in inputs]
-    outs = ct.op(name)(*ours_in, **_split(d, kw, "cuda"))
+    outs = ct.op(name)(*ours_in, **_split(d, kw, device))
     outs = outs if isinstance(outs, tuple) else (outs,)
     want = REFS[name](ref_in, _split(d, kw, "cpu"))
     assert len(outs) == len(d.outputs) == len(want)
     rng = np.random.default_rng(7 + i)
     loss_ours, loss_ref = 0.0, 0.0
     tol, gtol = _tol(inputs)
+    where = torch.device(device)
     for j, (o, w) in enumerate(zip(outs, want)):
-        assert o.is_cuda
+        assert o.is_cuda and (where.index is None or o.device == where), f"{name} output {j} on {o.device}"
         if w is None:
             continue
         assert tuple(o.shape) == tuple(w.shape), f"{name} output {d.outputs[j]}: {tuple(o.shape)} vs {tuple(w.shape)}"
@@ -110,7 +118,7 @@ def test_forward_and_backward_match_torch(name, i, path):
         assert _rel(o, w) < tol, f"{name} output {d.outputs[j]}: rel {_rel(o, w):.2e}"
         if d.carries_gradient(j) and o.is_floating_point():
             ct_ = torch.from_numpy(rng.standard_normal(tuple(o.shape))).to(o.dtype)
-            loss_ours = loss_ours + (o * ct_.cuda()).sum()
+            loss_ours = loss_ours + (o * ct_.to(o.device)).sum()
             loss_ref = loss_ref + (w * ct_).sum()
     diff = [(a, b) for a, b in zip(ours_in, ref_in) if a is not None and a.requires_grad]
     if not diff or isinstance(loss_ours, float):
@@ -122,6 +130,7 @@ def test_forward_and_backward_match_torch(name, i, path):
         if gr is None:
             continue
         assert go is not None, f"{name}: no gradient for input {k}"
+        assert where.index is None or go.device == where, f"{name} d input {k} on {go.device}"
         assert _rel(go, gr) < gtol, f"{name} d input {k}: rel {_rel(go, gr):.2e}"
         checked += 1
     assert checked, f"{name}: the reference has no gradient for any input: nothing was compared"
@@ -231,6 +240,13 @@ def test_dropout_mask_gradient(path):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_neutral_layer_on_cupy_arrays(name):
+    check_neutral_layer_on_cupy(name)
+
+
+def check_neutral_layer_on_cupy(name, device=None):
+    """Sample 0 of op ``name`` through the framework-neutral layer (``d.forward``, then ``d.backward`` of random
+    cotangents) on CuPy arrays made on ``device`` (None: the current one), against torch's float64 CPU ops; every
+    output and gradient must be on that device. Also run by the two-GPU tier on device 1."""
     cp = pytest.importorskip("cupy")
     if name in ("dropout",):
         pytest.skip("dropout is random: test_dropout_mask_gradient")
@@ -241,8 +257,10 @@ def test_the_neutral_layer_on_cupy_arrays(name):
 
         if att.AS_FLOAT32:
             pytest.skip("no ml_dtypes here: CuPy has no bfloat16 without it")
-    ins = [None if a is None else cp.asarray(a) for a in inputs]
-    kwd = {k: (cp.asarray(v) if k in d.arrays and isinstance(v, np.ndarray) else v) for k, v in kw.items()}
+    on = cp.cuda.Device(device if device is not None else cp.cuda.runtime.getDevice())
+    with on:
+        ins = [None if a is None else cp.asarray(a) for a in inputs]
+        kwd = {k: (cp.asarray(v) if k in d.arrays and isinstance(v, np.ndarray) else v) for k, v in kw.items()}
     outs, res = d.forward(*ins, **kwd)
     leaves = [_torch(a, "cpu", grad=True) for a in inputs]
     want = REFS[name](leaves, _split(d, kw, "cpu"))
@@ -250,11 +268,13 @@ def test_the_neutral_layer_on_cupy_arrays(name):
     tol, gtol = _tol(inputs)
     douts, loss = [], 0.0
     for j, (o, w) in enumerate(zip(outs, want)):
+        assert o is None or o.device.id == on.id, f"{name} output {j} on device {o.device.id}, not {on.id}"
         if w is not None:
             assert _rel(_host(cp.asnumpy(o)), w) < tol
         if d.carries_gradient(j) and w is not None and o.dtype.name in ("float16", "bfloat16", "float32", "float64"):
             c = rng.standard_normal(o.shape).astype(o.dtype)
-            douts.append(cp.asarray(c))
+            with on:
+                douts.append(cp.asarray(c))
             loss = loss + (w * _host(c)).sum()
         else:
             douts.append(None)
@@ -266,7 +286,7 @@ def test_the_neutral_layer_on_cupy_arrays(name):
     g_ref = torch.autograd.grad(loss, [t for _, t in diff], allow_unused=True)
     for (g, _), r in zip(diff, g_ref):
         if r is not None:
-            assert g is not None and _rel(_host(cp.asnumpy(g)), r) < gtol
+            assert g is not None and g.device.id == on.id and _rel(_host(cp.asnumpy(g)), r) < gtol
 
 
 def test_the_framework_free_tape_trains_a_tiny_model():

@@ -2,9 +2,11 @@
 caches and one thread per device, on a machine with two CUDA devices.
 
 * **Every op on the other device.** Each differentiable op's samples (tests/l3) run with their arrays on the
-  *other* device while the *home* device (0) is current, through the torch ops (forward and backward) and through
+  *other* device while the *home* device (0) is current, through the torch ops (forward and backward, eager and
+  through the dispatcher) and through
   the framework-neutral layer on CuPy arrays, against torch's float64 CPU ops (the checkers of
   tests/gpu/test_l3_gpu.py); every result lies on the other device and the home device is current afterwards.
+  Dropout's mask (drawn from the other device's default state) is checked on its own.
 * **Mixed devices** (arrays of one call on two devices; a ``DropoutState``, an RNN's weights or a graph plan of the
   other device) are refused with a ``ValueError`` naming the argument, before any GPU work: a poisoned ``out=``
   stays poisoned.
@@ -31,7 +33,7 @@ import numpy as np
 import pytest
 
 import cudnnkit
-from cudnnkit import autograd, ops
+from cudnnkit import ops
 from cudnnkit.graph import Graph, load_plan, plan_cache
 
 from .test_l3_gpu import CASES, NAMES, check_against_torch, check_neutral_layer_on_cupy
@@ -69,8 +71,15 @@ def _current() -> int:
 # ----------------------------------------------------------------- every op on the other device
 
 
+@pytest.mark.parametrize("dispatcher", [False, True], ids=["eager", "dispatcher"])
 @pytest.mark.parametrize("name, i", CASES)
-def test_torch_op_on_the_other_device(name, i, other):
+def test_torch_op_on_the_other_device(name, i, dispatcher, other, monkeypatch):
+    """Both ways of calling a torch op (test_l3_gpu's ``path``): the eager fast path and the custom op through
+    torch's dispatcher (what ``torch.compile`` runs)."""
+    from cudnnkit.torch import _library
+
+    if dispatcher:
+        monkeypatch.setattr(_library, "EAGER", False)
     with torch.cuda.device(HOME):
         check_against_torch(name, i, f"cuda:{other}")
         assert _current() == HOME, f"{name} left cuda:{_current()} current"
@@ -84,8 +93,22 @@ def test_neutral_layer_on_the_other_device(name, other):
         assert cp.cuda.runtime.getDevice() == HOME, f"{name} left device {cp.cuda.runtime.getDevice()} current"
 
 
-def test_every_differentiable_op_ran_on_the_other_device():
-    assert set(NAMES) == set(autograd.functions()) and {n for n, _ in CASES} == set(NAMES)
+def test_dropout_on_the_other_device(other):
+    """Dropout draws its mask from the other device's default state: the kept elements scaled, about 1 - p of them
+    kept, and the gradient the mask's (the samples' checks compare no dropout output against a reference)."""
+    import cudnnkit.torch as ct
+
+    with torch.cuda.device(HOME):
+        x = torch.randn(64, 64, device=f"cuda:{other}", dtype=torch.float64, requires_grad=True)
+        y = ct.op("dropout")(x, p=0.25)
+        assert y.device == x.device and _current() == HOME
+        kept = y != 0
+        assert 0.70 < kept.double().mean().item() < 0.80
+        assert torch.allclose(y[kept], x[kept] / 0.75)
+        dy = torch.randn_like(y)
+        (g,) = torch.autograd.grad(y, x, dy)
+        assert g.device == x.device and _current() == HOME
+        assert torch.allclose(g, torch.where(kept, dy / 0.75, torch.zeros_like(dy)))
 
 
 # ----------------------------------------------------------------- mixed devices
@@ -112,7 +135,7 @@ def _mixed_cases(d: int) -> list:
     out = _poisoned(d, 2, 4, 8, 8)
     cases.append(("softmax out", lambda: ops.softmax_forward(x0, axis=1, out=out), f"out is on cuda:{d}", out))
     dy0, y1 = _on(HOME, 2, 4, 8, 8), _on(d, 2, 4, 8, 8)
-    cases.append(("softmax_backward y", lambda: ops.softmax_backward(dy0, y1, axis=1), f"y is on cuda:{d}", None))
+    cases.append(("softmax_backward y", lambda: ops.softmax_backward(dy0, y1, axis=1), f"^y is on cuda:{d}", None))
     q0 = _on(HOME, 1, 2, 64, 64, dtype=torch.bfloat16)
     k1 = _on(d, 1, 2, 64, 64, dtype=torch.bfloat16)
     cases.append(("sdpa k", lambda: ops.sdpa_forward(q0, k1, q0, training=False), f"k is on cuda:{d}", None))
@@ -199,6 +222,7 @@ def test_each_device_has_its_own_plans(distinct):
 def test_a_serialized_plan_runs_on_the_other_device(other):
     x0, w0 = _nhwc(HOME, 2, 16, 8, 8, 0), _nhwc(HOME, 16, 16, 3, 3, 1)
     g, x, w, y = _conv_graph(x0, w0)
+    plan_cache(HOME).clear()  # the home cache holds this graph's plan alone (a dry run's held the whole session's)
     data = g.build(device=HOME).serialize()
     loaded = load_plan(data, device=other)
     assert loaded.device == other
@@ -213,8 +237,11 @@ def test_a_serialized_plan_runs_on_the_other_device(other):
     cache = plan_cache(other)
     cache.clear()
     assert cache.deserialize(blob) >= 1
+    pending = cache.stats["pending"]
     out.fill_(float("nan"))
     used = g.execute({x: x1, w: w1, y: out})
+    # the build found the loaded plan by its key digest (which holds no device): a miss would leave it pending
+    assert cache.stats["pending"] == pending - 1
     assert used.device == other and _rel(out, _reference(x0, w0)) < 1e-2
 
 
@@ -276,6 +303,7 @@ def test_one_thread_per_device_matches_serial_runs(other):
                         mismatches.append(f"thread {t} (cuda:{d}) iteration {it} output {j}")
         except BaseException as e:  # reported below, with the thread
             errors.append(e)
+            start.abort()  # a thread still waiting at the barrier raises instead of hanging the process
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(len(devices))]
     for th in threads:

@@ -3,9 +3,9 @@ caches and one thread per device, on a machine with two CUDA devices.
 
 * **Every op on the other device.** Each differentiable op's samples (tests/l3) run with their arrays on the
   *other* device while the *home* device (0) is current, through the torch ops (forward and backward, eager and
-  through the dispatcher) and through
-  the framework-neutral layer on CuPy arrays, against torch's float64 CPU ops (the checkers of
-  tests/gpu/test_l3_gpu.py); every result lies on the other device and the home device is current afterwards.
+  through the dispatcher) and through the framework-neutral layer on CuPy arrays, against torch's float64 CPU ops
+  (the checkers of tests/gpu/test_l3_gpu.py); every result lies on the other device and the home device is current
+  afterwards.
   Dropout's mask (drawn from the other device's default state) is checked on its own.
 * **Mixed devices** (arrays of one call on two devices; a ``DropoutState``, an RNN's weights or a graph plan of the
   other device) are refused with a ``ValueError`` naming the argument, before any GPU work: a poisoned ``out=``

@@ -215,6 +215,40 @@ def test_a_captured_call_runs_with_its_arena_and_the_capture_mode_relaxed(monkey
     assert _cuda.captured_memory() == {"arenas": 0, "bytes": 0} and held.freed == [held.made[0].ptr]
 
 
+def test_a_call_runs_on_its_buffers_device_and_without_addresses_on_its_streams(monkeypatch):
+    """Two devices (``shard_map`` runs one target on each): the runner's scope makes current the device of the
+    call's memory (``cuPointerGetAttributes``), and for a call whose buffers are all empty (no address to ask
+    about) the device of XLA's stream, never device 0 by default."""
+    from cudnnkit.jax import _cuda
+    from cudnnkit.runtime import driver
+    from cudnnkit.runtime.adapters import _raw
+
+    pushed = []
+
+    class Pushed:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            pushed.append(self.device)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(driver, "pushed", Pushed)
+    monkeypatch.setattr(_cuda, "_capture", [False])
+    monkeypatch.setattr(driver, "pointer_info", lambda ptr, device=None: driver.PointerInfo("device", 1, ptr, 64))
+    monkeypatch.setattr(driver, "stream_device", {0x5000: 1}.get)
+
+    def call(ptr, shape):
+        return _ffi.Call(0x5000, [_ffi.Buffer("float32", shape, ptr, 0)], [_ffi.Buffer("float32", shape, ptr, 0)], {})
+
+    for c in (call(0x9000, (4,)), call(0, (0, 4))):  # memory on cuda:1; no memory at all, XLA's stream on cuda:1
+        with _cuda.RUNNER.scope(c):
+            assert (c.device, _raw._current.device, _raw._current.stream) == (1, 1, 0x5000)
+    assert pushed == [1, 1]
+
+
 def test_held_memory_and_the_relaxed_capture_mode_on_a_fake_driver(monkeypatch):
     """HeldMemory: cuMemAlloc (no stream, no pool) with the thread's capture mode exchanged for relaxed (2) and
     restored; freed once with cuMemFree."""

@@ -419,6 +419,7 @@ def test_the_raw_adapters_copy_between_layouts_is_one_transform(monkeypatch):
     from cudnnkit.runtime import handle
 
     calls = []
+    _current_device(monkeypatch)
     monkeypatch.setattr(handle, "get_handle", lambda device, stream, adapter=None: ("handle", device, stream))
     monkeypatch.setattr(lib, "cudnnTransformTensor", lambda *a: calls.append(a))
     src = _raw.DeviceArray((2, 3, 4, 5), (60, 1, 15, 3), "float32", 0, 0x1000, None)  # channels last
@@ -426,6 +427,40 @@ def test_the_raw_adapters_copy_between_layouts_is_one_transform(monkeypatch):
     _raw.ADAPTER.copy(dst, src, 7)
     (call,) = calls
     assert call[0] == ("handle", 0, 7) and call[3] == 0x1000 and call[6] == 0x9000
+
+
+def _current_device(monkeypatch) -> list:
+    """``driver.pushed`` faked: a stack of the devices made current (``[None]``: nothing pushed)."""
+    from cudnnkit.runtime import driver
+
+    stack: list = [None]
+
+    @contextlib.contextmanager
+    def pushed(device):
+        stack.append(device)
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    monkeypatch.setattr(driver, "pushed", pushed)
+    return stack
+
+
+def test_the_raw_adapters_transform_runs_with_the_arrays_device_current(monkeypatch):
+    """Two devices: a copy between layouts of arrays on cuda:1, made where no device is current for them
+    (``JaxAdapter.finish`` of an output in another layout, ``to_numpy``: outside any handler's ``on_stream``),
+    runs ``cudnnTransformTensor`` with cuda:1 current, the device of the handle it passes."""
+    from cudnnkit import lib
+    from cudnnkit.runtime import handle
+
+    stack, calls = _current_device(monkeypatch), []
+    monkeypatch.setattr(handle, "get_handle", lambda device, stream, adapter=None: ("handle", device, stream))
+    monkeypatch.setattr(lib, "cudnnTransformTensor", lambda h, *a: calls.append((h, stack[-1])))
+    src = _raw.DeviceArray((2, 3, 4, 5), (60, 1, 15, 3), "float32", 1, 0x1000, None)  # channels last, cuda:1
+    dst = _raw.DeviceArray((2, 3, 4, 5), (60, 20, 5, 1), "float32", 1, 0x9000, None)
+    _raw.ADAPTER.copy(dst, src, 7)
+    assert calls == [(("handle", 1, 7), 1)] and stack == [None]
 
 
 def test_device_arrays_are_keyed_for_the_express_path():

@@ -9,8 +9,9 @@ The L2 calls' memory comes from the CUDA driver's default pool, outside XLA's pr
 75% of the GPU): a large workspace can fail with ``MemoryError`` there; lower ``XLA_PYTHON_CLIENT_MEM_FRACTION``
 (or set ``XLA_PYTHON_CLIENT_PREALLOCATE=false``) to leave room.
 
-The device is the one the buffers' memory belongs to (``cuPointerGetAttributes`` of the first buffer), made
-current around the call with XLA's stream (:func:`~cudnnkit.runtime.adapters._raw.on_stream`).
+The device is the one the buffers' memory belongs to (``cuPointerGetAttributes`` of the first buffer; XLA's
+stream's, ``cuStreamGetDevice``, for a call whose buffers are all empty), made current around the call with XLA's
+stream (:func:`~cudnnkit.runtime.adapters._raw.on_stream`).
 
 **XLA's command buffers (opt-in).** With :func:`enable_command_buffers` (or ``CUDNNKIT_JAX_COMMAND_BUFFERS=1`` in
 the environment at import), the runner is capture-safe: the targets of capture-safe declarations then declare the
@@ -80,11 +81,18 @@ def release_captured_memory() -> None:
 
 
 def _device(call: _ffi.Call) -> int:
+    """The device of the call's buffers (``cuPointerGetAttributes`` of the first one with an address); for a call
+    whose buffers have none (every one empty), the device of XLA's stream (``cuStreamGetDevice``), never a guess:
+    under ``shard_map`` the same target runs on every device of the mesh."""
     for b in (*call.args, *call.rets):
         if b.ptr:
             info = driver.pointer_info(b.ptr)
             if info.kind in ("device", "managed") and info.device >= 0:
                 return info.device
+    if call.stream not in (0, 1, 2):  # the default-stream handles belong to every device
+        dev = driver.stream_device(call.stream)
+        if dev is not None:
+            return dev
     return 0
 
 

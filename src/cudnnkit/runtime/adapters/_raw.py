@@ -231,6 +231,9 @@ class RawAdapter(ArrayAdapter):
         return new
 
     def copy(self, dst: DeviceArray, src: DeviceArray, stream: int | None = None) -> None:
+        """``src`` into ``dst`` on ``stream``: ``cuMemcpyDtoDAsync`` for one dense layout, else
+        ``cudnnTransformTensor`` with ``dst``'s device made current around it (its primary context pushed: the
+        calling thread's current device may be another, e.g. outside an XLA handler's :func:`on_stream`)."""
         s = self.current_stream(dst.device) if stream is None else int(stream)
         if dst.shape != src.shape or dst.dtype != src.dtype:
             raise ValueError(f"copy of a {src.dtype} {src.shape} array into a {dst.dtype} {dst.shape} one")
@@ -244,10 +247,11 @@ class RawAdapter(ArrayAdapter):
         from ..dtypes import scaling_ref
         from ..handle import get_handle
 
-        h = get_handle(dst.device, s, self)
         one, zero = scaling_ref(src.dtype, 1.0), scaling_ref(src.dtype, 0.0)
-        lib.cudnnTransformTensor(h, one, tensor_descriptor(src.dtype, src.shape, src.strides), src.ptr, zero,
-                                 tensor_descriptor(dst.dtype, dst.shape, dst.strides), dst.ptr)  # fmt: skip
+        with driver.pushed(dst.device):  # a cuDNN handle is used with its own device current
+            h = get_handle(dst.device, s, self)
+            lib.cudnnTransformTensor(h, one, tensor_descriptor(src.dtype, src.shape, src.strides), src.ptr, zero,
+                                     tensor_descriptor(dst.dtype, dst.shape, dst.strides), dst.ptr)  # fmt: skip
 
     def from_numpy(self, a: Any, device: int, stream: int | None = None) -> DeviceArray:
         import numpy as np

@@ -273,3 +273,45 @@ def test_the_torch_fakes_come_from_meta():
             *ops["ctc_loss"].args(torch.empty(6, 2, 5), **dict(zip(("labels", "label_lengths", "input_lengths"), lab)))
         )
         assert costs.shape == (2,) and grads.shape == (6, 2, 5) and grads.dtype == torch.float32
+
+
+def test_torch_meta_is_asked_on_the_tensors_device_and_cached_per_device(monkeypatch):
+    """A meta may ask cuDNN a size on the current device (batch norm's fused reserve, the RNN's reserve): the
+    dispatcher path asks it with the tensors' device current (a cuda:1 tensor while cuda:0 is current), and caches
+    it per device. The CUDA calls are stand-ins that record the current device."""
+    import contextlib
+    import types
+
+    from cudnnkit.ops._diff import Differentiable, new_like
+    from cudnnkit.torch import _library as L
+
+    current = [0]
+
+    @contextlib.contextmanager
+    def device(d):
+        before, current[0] = current[0], d
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", device)
+    seen = []
+
+    def meta(x, **kw):
+        seen.append(current[0])
+        return (new_like(x),), {}
+
+    d = Differentiable("meta_device_probe", "softmax_forward", ("x",), ("out",), lambda x, **kw: ((x,), {}),
+                       lambda res, douts, needs, **kw: (douts[0],), meta)  # fmt: skip
+
+    def tensor(index):
+        return types.SimpleNamespace(device=torch.device("cuda", index), dtype=torch.float32, shape=(2, 3),
+                                     stride=lambda: (3, 1))  # fmt: skip
+
+    for index in (1, 1, 0, 1):
+        out_specs, _ = L._layout(d, [tensor(index)], {}, {}, "kw")
+        assert out_specs[0].shape == (2, 3) and current[0] == 0
+    assert seen == [1, 0], seen  # asked once per device, each time with that device current

@@ -40,6 +40,7 @@ same declaration; the GPU tests run each op both ways against torch.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,17 +181,39 @@ class _Eager(torch.autograd.Function):
         return (None, None, None, *[g if n else None for g, n in zip(got, needs)])
 
 
+def _meta_device(inputs: list, arrays: dict) -> int | None:
+    """The CUDA device index of the first tensor given (fake ones too), None when it is not a CUDA tensor."""
+    for t in (*inputs, *arrays.values()):
+        if t is not None:
+            dev = t.device
+            return (dev.index or 0) if dev.type == "cuda" else None
+    return None
+
+
+def _on_device(dev: int | None) -> Any:
+    """A context making CUDA device ``dev`` current (a no-op for None, without CUDA, or when it already is)."""
+    if dev is None or not torch.cuda.is_available() or torch.cuda.current_device() == dev:
+        return contextlib.nullcontext()
+    return torch.cuda.device(dev)
+
+
 def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict, kwkey: str) -> tuple[tuple, dict]:
-    """``d.meta`` of these tensors (cached by their metadata and ``kwkey``, the op's encoded keywords)."""
+    """``d.meta`` of these tensors (cached by their metadata, their device and ``kwkey``, the op's encoded
+    keywords), asked with the tensors' device current: a meta may ask cuDNN a size on the current device (batch
+    norm's fused reserve, the RNN's weight space and reserve), which must be the device the call runs on, not
+    whichever the caller has current."""
     in_specs = [None if t is None else spec(t) for t in inputs]
     a_specs = {k: None if t is None else spec(t) for k, t in arrays.items()}
-    key = (d.name, tuple(in_specs), tuple(a_specs.items()), kwkey)
+    dev = _meta_device(inputs, arrays)
+    key = (d.name, tuple(in_specs), tuple(a_specs.items()), kwkey, dev)
     try:
         got = _META.lookup(key)
     except TypeError:  # symbolic sizes (a dynamic-shape trace): asked each time
-        return d.meta(*in_specs, **a_specs, **kw)
+        with _on_device(dev):
+            return d.meta(*in_specs, **a_specs, **kw)
     if got is MISSING:
-        got = _META.put(key, d.meta(*in_specs, **a_specs, **kw))
+        with _on_device(dev):
+            got = _META.put(key, d.meta(*in_specs, **a_specs, **kw))
     return got
 
 

@@ -25,6 +25,43 @@ def test_the_jax_adapter_conforms_and_jax_arrays_find_it():
     assert adapters.for_object(p) is _jax.ADAPTER and adapters.is_device_array(p)
 
 
+def test_a_jax_launch_always_makes_its_device_current(monkeypatch):
+    """JAX's current device is its default device, not the thread's CUDA context (torch's ``set_device`` on the
+    same thread may have made another current): a launch for JAX arrays pushes its device even when the two agree,
+    where a library whose current device is the thread's (torch, CuPy) skips the push."""
+    import contextlib
+
+    from cudnnkit.runtime.launch import Launch
+
+    pushed = []
+
+    @contextlib.contextmanager
+    def guard(device):
+        pushed.append(device)
+        yield
+
+    monkeypatch.setattr(_jax.ADAPTER, "current_device", lambda: 0)
+    monkeypatch.setattr(_jax.ADAPTER, "device_guard", guard)
+    with Launch(0, _jax.ADAPTER, 0, ("x",)).on_device():
+        pass
+    assert pushed == [0]
+
+    class ThreadDevice:  # an adapter whose current device is the thread's
+        current_is_thread_device = True
+
+        def current_device(self):
+            return 0
+
+        def device_guard(self, device):
+            return guard(device)
+
+    with Launch(0, ThreadDevice(), 0, ("x",)).on_device():
+        pass
+    with Launch(1, ThreadDevice(), 0, ("x",)).on_device():
+        pass
+    assert pushed == [0, 1]
+
+
 def test_a_cpu_jax_array_is_refused_naming_it():
     with pytest.raises(TypeError, match=r"x is a JAX array on cpu; cudnnkit needs a CUDA array"):
         _jax.ADAPTER.view(jnp.ones((2, 3)), "x")

@@ -69,10 +69,12 @@ class Launch:
         return get_handle(self.device, self.stream, self.adapter)
 
     def on_device(self) -> Any:
-        """A context making the launch's device current for the cuDNN calls (a no-op when it already is)."""
-        if self.adapter is None or self.adapter.current_device() == self.device:
+        """A context making the launch's device current for the cuDNN calls (a no-op when it already is: an
+        adapter whose current device is not the thread's, JAX's, always makes it current)."""
+        ad = self.adapter
+        if ad is None or (getattr(ad, "current_is_thread_device", True) and ad.current_device() == self.device):
             return contextlib.nullcontext()
-        return self.adapter.device_guard(self.device)
+        return ad.device_guard(self.device)
 
     def empty(self, shape, dtype: str, strides=None, name: str = "out") -> tuple[Any, ArrayView]:
         """Allocate an output with the inputs' library on the launch's device and stream.

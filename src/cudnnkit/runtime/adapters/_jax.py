@@ -48,6 +48,9 @@ class JaxAdapter(ArrayAdapter):
 
     name = "jax"
     module = jax
+    #: JAX has no per-thread current device: :meth:`current_device` is its default device, while the thread's CUDA
+    #: context may be another's (torch's ``set_device`` on the same thread), so each call pushes its device's
+    current_is_thread_device = False
 
     def __init__(self) -> None:
         self._streams: dict[int, int] = {}

@@ -39,6 +39,9 @@ class ArrayAdapter(Protocol):
       host unless the member says so.
     * Arrays handed to an adapter are its own library's (``view``, ``contiguous``, ``copy``'s ``dst``, ``to_numpy``)
       unless the member says otherwise (``wrap``, ``copy``'s ``src`` after ``wrap``).
+    * Optional: ``current_is_thread_device = False`` on an adapter whose :meth:`current_device` is not the CUDA
+      device current on the calling thread (JAX's is its default device): a launch then always makes its device
+      current around the cuDNN calls instead of trusting that it already is (CuPy's and torch's are the thread's).
     """
 
     #: the library's name, as the user knows it (``"cupy"``, ``"torch"``); used in messages and cache keys

@@ -226,15 +226,23 @@ def _aot_matches_eager(fn, args, leaves):
 
 
 def test_dropout_mask_gradient(path):
+    check_dropout_mask("cuda")
+
+
+def check_dropout_mask(device):
+    """The torch dropout op on ``device``: about 1 - p of the elements kept, each scaled by 1 / (1 - p), and the
+    gradient the mask's; the output and gradient on ``device``. Also run by the two-GPU tier on cuda:1."""
     import cudnnkit.torch as ct
 
-    x = torch.randn(64, 64, device="cuda", dtype=torch.float64, requires_grad=True)
+    x = torch.randn(64, 64, device=device, dtype=torch.float64, requires_grad=True)
     y = ct.op("dropout")(x, p=0.25)
+    assert y.device == x.device
     kept = y != 0
     assert 0.70 < kept.double().mean().item() < 0.80
     assert torch.allclose(y[kept], x[kept] / 0.75)
     dy = torch.randn_like(y)
     (g,) = torch.autograd.grad(y, x, dy)
+    assert g.device == x.device
     assert torch.allclose(g, torch.where(kept, dy / 0.75, torch.zeros_like(dy)))
 
 

@@ -90,14 +90,15 @@ def test_forward_and_backward_match_torch(name, i, path):
     check_against_torch(name, i, "cuda")
 
 
-def check_against_torch(name, i, device):
-    """Sample ``i`` of op ``name`` through its torch op on ``device`` (a torch device string), forward and the
-    gradients of a random projection of its outputs, against torch's own ops on the CPU in float64; every output
-    and gradient must be on ``device``. Also run by the two-GPU tier (tests/gpu/test_two_gpus.py) on cuda:1."""
+def check_against_torch(name, i, device, seed=None, dtype="float64"):
+    """Sample ``i`` of op ``name`` (its ``dtype`` form, drawn from ``seed``) through its torch op on ``device`` (a
+    torch device string), forward and the gradients of a random projection of its outputs, against torch's own ops
+    on the CPU in float64; every output and gradient must be on ``device``. Also run by the two-GPU tier
+    (tests/gpu/test_two_gpus.py) on cuda:1."""
     import cudnnkit.torch as ct
 
     d = autograd.get(name)
-    inputs, kw = _case(name, i)
+    inputs, kw = _case(name, i, dtype, seed)
     ours_in = [_torch(a, device, grad=True) for a in inputs]
     ref_in = [_torch(a, "cpu", grad=True) for a in inputs]
     outs = ct.op(name)(*ours_in, **_split(d, kw, device))
@@ -134,6 +135,30 @@ def check_against_torch(name, i, device):
         assert _rel(go, gr) < gtol, f"{name} d input {k}: rel {_rel(go, gr):.2e}"
         checked += 1
     assert checked, f"{name}: the reference has no gradient for any input: nothing was compared"
+
+
+REPLAYED = {"convolution", "batch_norm", "activation", "pooling"}  # the small CNN's ops: each must replay
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if autograd.get(n).capture_safe])
+def test_replayed_calls_match_torch(name):
+    """Every sample of a ``capture_safe`` op, float32, called eight times with fresh inputs (new values and
+    pointers, the same metadata and keywords): from the third call on its forward and backward replay the express
+    hits of an earlier call (cudnnkit.ops._replay) where the declaration allows, and each call still matches
+    torch's float64 CPU ops (TF32 off). The small CNN's ops must have replayed; every op's count is printed."""
+    import cudnnkit
+    from cudnnkit.ops import _replay
+
+    before = _replay.info()["replays"]
+    n = len(SAMPLES[name](np.random.default_rng(0), "float32"))
+    with cudnnkit.settings(allow_tf32=False):
+        for i in range(n):
+            for k in range(8):
+                check_against_torch(name, i, "cuda", seed=5000 + 17 * i + k, dtype="float32")
+    got = _replay.info()["replays"] - before
+    print(f"replays {name}: {got} over {n} sample(s) x 8 calls")
+    if name in REPLAYED:
+        assert got > 0, f"{name}: no call replayed"
 
 
 @pytest.mark.parametrize("name, i", CASES)

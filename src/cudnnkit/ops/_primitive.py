@@ -45,7 +45,7 @@ from typing import Any
 
 from ..graph.plan.plans import _multi_device
 from ..runtime import OPTIONAL, PACKED, WRITTEN, adapters, check_dtype, current_settings, prepare, tensor_descriptor
-from ..runtime.adapters import FINISH
+from ..runtime.adapters import FINISH, POINTER
 from ..runtime.arrays import layout_problem
 from ..runtime.cache import LRU, MISSING
 from ..runtime.descriptors import IntRangeError
@@ -53,7 +53,7 @@ from ..runtime.dtypes import scaling_ref
 from ..runtime.handle import get_handle
 from ..runtime.launch import Launch
 from ..runtime.view import ArrayView
-from . import _express
+from . import _express, _replay
 from ._graphform import GraphFallback
 from ._layout import check_fits, fits, plan_layout
 
@@ -439,15 +439,20 @@ def run(p: Primitive, arrays: Mapping[str, Any], /, *, stream: Any = None, **kwa
     if not FINISH:
         return got
     f = FINISH.get(type(got))
+    if f is None and (type(got) is not tuple or not any(type(g) in FINISH for g in got)):
+        return got
+    if _replay._tls.rec is not None:  # the caller gets finished results, not the arrays a replay would give
+        _replay._tls.rec.abandon()
     if f is not None:
         return f(got)
-    if type(got) is tuple:
-        return tuple(FINISH[type(g)](g) if type(g) in FINISH else g for g in got)
-    return got
+    return tuple(FINISH[type(g)](g) if type(g) in FINISH else g for g in got)
 
 
 def _run(p: Primitive, arrays: Mapping[str, Any], stream: Any, kwargs: dict) -> Any:
+    rec = _replay._tls.rec  # a declaration's call being recorded (:mod:`cudnnkit.ops._replay`), else None
     if p.runner is not None:
+        if rec is not None:
+            rec.abandon()
         return p.runner(**arrays, stream=stream, **kwargs)
     sig = None
     if stream is None and p._express:  # type: ignore[attr-defined]
@@ -459,7 +464,17 @@ def _run(p: Primitive, arrays: Mapping[str, Any], stream: Any, kwargs: dict) -> 
                 sig = None
             else:
                 if e is not MISSING:
-                    return _fire(p, e, sig[1], arrays, kwargs)
+                    if rec is None:
+                        return _fire(p, e, sig[1], arrays, kwargs)
+                    _replay._tls.rec = None  # the L2 calls the hit makes itself (a split form's) are its own
+                    try:
+                        got = _fire(p, e, sig[1], arrays, kwargs)
+                    finally:
+                        _replay._tls.rec = rec
+                    rec.hit(_fire, p, e, arrays, kwargs, got)
+                    return got
+    if rec is not None:
+        rec.abandon()
     named = []
     for op in p.inputs:
         a = arrays.get(op.name)
@@ -746,6 +761,13 @@ def _remember_outputs(p: Primitive, sig: Any, launch: Any, views: dict[str, Any]
     _remember(sig, launch, views, given, new, call, shaped, cv)
 
 
+def _pointer(ad: Any, arr: Any) -> int:
+    """The data pointer of ``arr``, an array adapter ``ad`` just allocated (its :data:`~cudnnkit.runtime.adapters
+    .POINTER`: no express key built for it)."""
+    f = POINTER.get(type(arr))
+    return f(arr) if f is not None else ad.key(arr)[1]
+
+
 def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]) -> Any:
     """An express hit on the graph path with nothing but pointers to bind: the entry's plan, this call's pointers
     in the plan's order, the new outputs and a workspace from the arrays' allocator, ``cudnnBackendExecute``.
@@ -759,10 +781,10 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
     try:
         for name, shape, dtype, strides, vad in e.new:
             arr = new[name] = vad.empty(shape, dtype, dev, strides)
-            got[name] = vad.key(arr)[1]
+            got[name] = _pointer(vad, arr)
         for name, shape, dtype, strides in e.fresh:  # extras the graph writes (saved statistics): made anew
             arr = new[name] = ad.empty(shape, dtype, dev, strides)
-            got[name] = ad.key(arr)[1]
+            got[name] = _pointer(ad, arr)
         call_ptrs = [ptrs[index[n]] if n in index else got[n] for n in order]
         low = 0
         for q in call_ptrs:
@@ -774,7 +796,7 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
         ws_ptr = 0
         if plan.workspace_size:
             ws = ad.empty((plan.workspace_size,), "uint8", dev)  # on the current stream, just read
-            ws_ptr = ad.key(ws)[1]
+            ws_ptr = _pointer(ad, ws)
     except MemoryError:
         return MISSING
     e.hits += 1
@@ -801,7 +823,7 @@ def _copy_inputs(e: Any, ptrs: list[int], arrays: Mapping[str, Any]) -> tuple[li
     for name, shape, dtype, strides, ad in e.copies:
         arr = made[name] = ad.empty(shape, dtype, e.device, strides)
         ad.copy(arr, arrays[name])
-        ptrs[e.index[name]] = ad.key(arr)[1]
+        ptrs[e.index[name]] = _pointer(ad, arr)
     return ptrs, made
 
 
@@ -840,7 +862,7 @@ def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwar
                 launch.empty(shape, dtype, strides, name=name)  # raises, naming the output and its size
                 raise
             results[name] = arr
-            views[name] = ArrayView(shape, strides, dtype, dev, vad.key(arr)[1], arr, vad)
+            views[name] = ArrayView(shape, strides, dtype, dev, _pointer(vad, arr), arr, vad)
         for name, *_ in e.views[n_in:]:
             results[name] = kwargs[name]
     call.views = views

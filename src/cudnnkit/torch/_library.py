@@ -49,6 +49,7 @@ from torch.utils import _python_dispatch
 
 from ..autograd import _kw
 from ..autograd._kw import _OBJECTS, decode, encode  # noqa: F401  (encode/decode are public here, as before)
+from ..ops import _replay
 from ..ops._diff import Differentiable, Spec, new_like
 from ..runtime.adapters._torch import _FROM_TORCH, _TO_TORCH
 from ..runtime.cache import LRU, MISSING
@@ -113,7 +114,7 @@ class TorchOp:
             if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
                 outs = _Eager.apply(d, kw, arrays, *inputs)
             else:
-                outs = d.forward(*inputs, **arrays, **kw)[0]
+                outs = _forward(d, inputs, arrays, kw)[0]
             return outs[0] if len(outs) == 1 else tuple(outs)
         given = {n: kw.get(n) for n in d.arrays}
         got = self.forward_op(*self.args(*inputs, **kw))
@@ -157,7 +158,7 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, d: Differentiable, kw: dict, arrays: dict, *inputs: Any) -> tuple:  # type: ignore[override]
-        outs, res = d.forward(*inputs, **arrays, **kw)
+        outs, res, ctx.rkey = _forward(d, inputs, arrays, kw)
         ctx.d, ctx.kw, ctx.names, ctx.settings = d, kw, tuple(res), current_settings()
         ctx.save_for_backward(*res.values())
         flags = d.differentiable_outputs  # None: every output carries a gradient
@@ -177,8 +178,44 @@ class _Eager(torch.autograd.Function):
         douts = grads if flags is None else tuple(g if f else None for g, f in zip(grads, flags))
         needs = ctx.needs_input_grad[3:]
         with in_force(ctx.settings):
-            got = d.backward(dict(zip(ctx.names, ctx.saved_tensors)), douts, needs, **ctx.kw)
+            got = _backward(d, ctx.rkey, ctx.names, ctx.saved_tensors, douts, needs, ctx.kw)
         return (None, None, None, *[g if n else None for g, n in zip(got, needs)])
+
+
+def _forward(d: Differentiable, inputs: Any, arrays: dict, kw: dict) -> tuple[tuple, dict, Any]:
+    """``d.forward`` of an eager call, replayed from the express hits of an earlier call of the same metadata and
+    keywords where the op is ``capture_safe`` (:mod:`cudnnkit.ops._replay`): ``(outputs, residuals, key)``, the key
+    what :func:`_backward` keys the backward by (None: not replayable)."""
+    if not d.capture_safe:
+        outs, res = d.forward(*inputs, **arrays, **kw)
+        return outs, res, None
+    names = d.arrays
+    key = _replay.key_of(d.name, arrays=(*inputs, *(arrays.get(n) for n in names)), kw=kw)
+    if key is None:
+        outs, res = d.forward(*inputs, **arrays, **kw)
+        return outs, res, None
+    n_in = len(inputs)
+
+    def run(flat: list) -> tuple[list, Any]:
+        outs, res = d.forward(*flat[:n_in], **dict(zip(names, flat[n_in:])), **kw)
+        return [*outs, *res.values()], (len(outs), tuple(res))
+
+    got, (n_out, res_names) = _replay.call(key, run, [*inputs, *(arrays.get(n) for n in names)])
+    return tuple(got[:n_out]), dict(zip(res_names, got[n_out:])), key
+
+
+def _backward(d: Differentiable, fkey: Any, names: tuple, saved: tuple, douts: tuple, needs: tuple, kw: dict) -> Any:
+    """``d.backward`` of an eager call (its residuals ``saved``, by ``names``), replayed as :func:`_forward`'s
+    forward was, keyed by the forward's key (which fixes every residual's metadata), ``needs`` and the cotangents'."""
+    if fkey is None:
+        return d.backward(dict(zip(names, saved)), douts, needs, **kw)
+    key = _replay.key_of(fkey, needs, arrays=douts)
+    n = len(saved)
+
+    def run(flat: list) -> tuple[list, Any]:
+        return list(d.backward(dict(zip(names, flat[:n])), tuple(flat[n:]), needs, **kw)), None
+
+    return _replay.call(key, run, [*saved, *douts])[0]
 
 
 def _meta_device(inputs: list, arrays: dict) -> int | None:

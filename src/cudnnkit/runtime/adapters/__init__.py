@@ -18,7 +18,9 @@ stream semantics, and what a new adapter, such as the planned JAX one, must prov
 Optional, for the ops' express path (:mod:`cudnnkit.ops._primitive`): ``types`` (the exact array types the
 adapter reads) and ``key(obj) -> (key, ptr, adapter) | None``. ``key`` is a hashable tuple of everything
 ``view(obj)`` and the checks after it depend on (type, dtype, shape, strides, device), ``ptr`` the data pointer;
-None when ``obj`` is not one the express path can take. :data:`KEYED` maps each such type to its ``key``.
+None when ``obj`` is not one the express path can take. :data:`KEYED` maps each such type to its ``key``, and
+:data:`POINTER` to ``pointer(obj) -> int`` (optional: the data pointer alone, of an array whose key is known
+already, for the replay path of :mod:`cudnnkit.ops._replay`; ``key(obj)[1]`` where the adapter has none).
 
 :func:`is_device_array` answers "is this a CUDA array?" for any object (adapters first, then the generic
 ``__cuda_array_interface__``/DLPack rules), so no module outside this package tests for a library's types.
@@ -52,6 +54,8 @@ FINISH: dict[type, Any] = {}
 _loaded: dict[str, Any] = {}
 #: exact array type -> the ``key`` function of its adapter (filled as adapters load; see the module docstring)
 KEYED: dict[type, Any] = {}
+#: exact array type -> the data pointer of such an array (the adapter's ``pointer``, else from its ``key``)
+POINTER: dict[type, Any] = {}
 
 __all__ = [
     "ArrayAdapter",
@@ -64,6 +68,7 @@ __all__ = [
     "in_use",
     "names",
     "KEYED",
+    "POINTER",
     "FINISH",
     "is_device_array",
     "lasting",
@@ -110,6 +115,7 @@ def get(name: str) -> Any:
         ad = _loaded[name] = mod.ADAPTER
         for t in getattr(ad, "types", ()):
             KEYED[t] = ad.key
+            POINTER[t] = getattr(ad, "pointer", None) or (lambda obj, key=ad.key: key(obj)[1])
         FINISH.update(getattr(mod, "FINISH", {}))
     return ad
 

@@ -56,6 +56,11 @@ class CupyAdapter(ArrayAdapter):
         strides and device, what :meth:`view` reads."""
         return (self, obj.dtype, obj.shape, obj.strides, obj.device.id), obj.data.ptr, self
 
+    @staticmethod
+    def pointer(obj: Any) -> int:
+        """The data pointer of an array whose :meth:`key` is known (the replay path)."""
+        return obj.data.ptr
+
     def view(self, obj: Any, name: str) -> ArrayView:
         if not isinstance(obj, cupy.ndarray):
             raise TypeError(f"{name} must be a cupy.ndarray, got {type(obj).__name__}")

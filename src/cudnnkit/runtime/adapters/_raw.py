@@ -32,7 +32,7 @@ from .. import driver
 from ..arrays import contiguous_strides, is_dense
 from ..dtypes import itemsize
 from ..view import ArrayView, same_layout
-from . import KEYED, is_lasting
+from . import KEYED, POINTER, is_lasting
 from ._protocol import ArrayAdapter
 
 __all__ = ["ADAPTER", "Arena", "DeviceArray", "RawAdapter", "on_stream", "from_arena", "into"]
@@ -328,4 +328,5 @@ class RawAdapter(ArrayAdapter):
 
 
 ADAPTER = RawAdapter()
+POINTER[DeviceArray] = lambda obj: obj.ptr
 KEYED[DeviceArray] = ADAPTER.key  # not a library the package imports by name: registered here, as it loads

@@ -63,6 +63,9 @@ class TorchAdapter(ArrayAdapter):
             return None
         return (self, dt, obj.shape, obj.stride(), d), obj.data_ptr(), self
 
+    #: the data pointer of a tensor whose :meth:`key` is known (the replay path)
+    pointer = staticmethod(torch.Tensor.data_ptr)
+
     def view(self, obj: Any, name: str) -> ArrayView:
         if not isinstance(obj, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(obj).__name__}")

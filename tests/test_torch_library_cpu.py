@@ -149,6 +149,33 @@ def test_the_gradient_of_an_expanded_input_comes_back_dense():
     assert torch.allclose(gx, 2.0 * w.detach())
 
 
+def test_an_expanded_cotangent_reaches_the_eager_backward_dense_in_its_outputs_layout(path):
+    """``y.sum().backward()`` hands on a cotangent of strides 0, which cuDNN cannot take (every L2 call of the
+    backward would copy it again): the eager path makes it one dense copy laid out like the output, first. A dense
+    cotangent goes as it is (the same tensor)."""
+    seen = []
+
+    def fwd(x):
+        return (x.clone(memory_format=torch.channels_last),), {}
+
+    def bwd(res, douts, needs):
+        seen.append(douts[0])
+        return (douts[0].clone(),)
+
+    op = Differentiable("copy_dout", "softmax_forward", ("x",), ("out",), fwd, bwd,
+                        lambda x: ((new_like(x),), {}))  # fmt: skip
+    t = L.define(op, namespace="cudnnkit_test_dout")
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64).requires_grad_()
+    y = t(x)
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal(gx, torch.ones_like(x))
+    if path == "eager":
+        assert seen[-1].stride() == y.stride() and 0 not in seen[-1].stride()
+    g = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    torch.autograd.grad(t(x), x, g)
+    assert torch.equal(seen[-1], g) and (path != "eager" or seen[-1] is g)
+
+
 def test_the_backward_runs_under_its_forwards_settings_each_time(path):
     """The backward (autograd's thread) runs under the settings its forward ran with, call after call: the
     dispatcher path's backward keyword string is cached per call site, the settings part of that key, so two

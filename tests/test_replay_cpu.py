@@ -204,3 +204,47 @@ def test_the_trace_cache_is_cleared_with_every_cache(backend):
     assert _replay.info()["size"] == 1
     cudnnkit.runtime.clear_caches()
     assert _replay.info()["size"] == 0
+
+
+def _two_input(name, seen):
+    def legacy(call):
+        seen.append((call.views["a"].ptr, call.views["b"].ptr, call.views["out"].ptr))
+
+    return P.Primitive(name, inputs=(P.Operand("a", FLOATS), P.Operand("b", FLOATS, like="a")),
+                       outputs=(P.Output("out", like="a"),), resolve=lambda v, kw: (),
+                       describe=lambda r: (lambda s, st: (s, st)), legacy=legacy, layout_what="toy")  # fmt: skip
+
+
+def test_one_array_in_two_places_is_not_recorded(backend):
+    """The key holds each array's metadata, not its identity: a trace recorded from ``f(x, x)`` would bind ``x``
+    twice for a later ``f(a, b)`` of the same metadata (attention(x, x, x), then attention(q, k, v)). Such a call
+    is not recorded; a later call of distinct arrays is, and replays with each in its place."""
+    seen: list = []
+    p = _two_input("toy_replay_alias", seen)
+
+    def fwd(flat):
+        return [p({"a": flat[0], "b": flat[1]})], None
+
+    for _ in range(_replay.ATTEMPTS - 1):
+        x = _arr(backend)
+        _replay.call(_replay.key_of("toya", arrays=[x, x], kw={}), fwd, [x, x])
+    assert _replay.info()["traced"] == 0
+    for _ in range(4):
+        a, b = _arr(backend), _arr(backend)
+        _replay.call(_replay.key_of("toya", arrays=[a, b], kw={}), fwd, [a, b])
+        assert seen[-1][:2] == (a.ptr, b.ptr)
+    assert _replay.info()["traced"] == 1 and _replay.info()["replays"] >= 2
+
+
+def test_a_call_with_another_count_of_arrays_runs_in_full(backend):
+    """A trace replays only a call of as many arrays as it recorded (a caller whose key did not fix the count)."""
+    seen: list = []
+    leg = _legacy_primitive("toy_replay_count", seen)
+    for _ in range(5):
+        x = _arr(backend)
+        _replay.call(("toyk",), lambda flat: ([leg({"x": flat[0]})], None), [x])
+    assert _replay.info()["replays"] >= 1
+    before = _replay.info()["replays"]
+    x, extra = _arr(backend), _arr(backend)
+    (out,), _ = _replay.call(("toyk",), lambda flat: ([leg({"x": flat[0]})], len(flat)), [x, extra])
+    assert _replay.info()["replays"] == before and seen[-1][0] == x.ptr

@@ -85,12 +85,13 @@ class Trace:
     results)`` where each array is a slot (the call's own arrays first, in order, then each step's results), and
     ``outs``, the slot (or None) of each array the call returned."""
 
-    __slots__ = ("steps", "outs", "form", "replays")
+    __slots__ = ("steps", "outs", "form", "n_in", "replays")
 
-    def __init__(self, steps: list, outs: tuple, form: Any):
+    def __init__(self, steps: list, outs: tuple, form: Any, n_in: int):
         self.steps = tuple(steps)
         self.outs = outs
         self.form = form
+        self.n_in = n_in  #: how many arrays the recorded call had (a call with another count runs in full)
         self.replays = 0
 
     def replay(self, flat: list) -> tuple[list, Any]:
@@ -127,6 +128,10 @@ class _Recorder:
         self.ok = True
         self.n = 0
         for a in flat:
+            if a is not None and id(a) in self.slots:
+                # one array in two places: a trace would bind it twice for a later call of the same metadata
+                # whose arrays are distinct (the key holds no identities), so such a call is not recorded
+                self.ok = False
             self._add(a)
 
     def _add(self, a: Any) -> None:
@@ -173,7 +178,7 @@ class _Recorder:
         """An L2 call that was not an express hit (or whose result the library finishes later): no trace."""
         self.ok = False
 
-    def trace(self, outs: list, form: Any) -> Trace | None:
+    def trace(self, outs: list, form: Any, n_in: int) -> Trace | None:
         if not self.ok or not self.steps:
             return None
         slots = []
@@ -185,7 +190,7 @@ class _Recorder:
             if s is None:  # an array the call made outside its L2 calls (a view): not replayable
                 return None
             slots.append(s)
-        return Trace(self.steps, tuple(slots), form)
+        return Trace(self.steps, tuple(slots), form, n_in)
 
 
 def key_of(*parts: Any, arrays: Any = (), kw: Any = None) -> tuple | None:
@@ -238,12 +243,14 @@ def call(key: tuple | None, fn: Callable[[list], tuple[list, Any]], flat: list) 
         t = traces.peek(key, MISSING)
     except TypeError:  # an unhashable value inside a keyword's tuple
         return fn(flat)
-    if type(t) is Trace:
-        return t.replay(flat)
     if t is MISSING:
-        t = traces.put(key, _Tries())
-        if type(t) is Trace:  # another thread's trace, stored meanwhile
-            return t.replay(flat)
+        t = traces.put(key, _Tries())  # another thread's trace when one was stored meanwhile
+    if type(t) is Trace:
+        if t.n_in != len(flat):  # a caller whose key does not fix its count of arrays: run in full
+            return fn(flat)
+        if not t.replays & 255:  # renewed now and then: a hot trace is not the least recently used
+            traces.lookup(key)
+        return t.replay(flat)
     if t.n >= ATTEMPTS:
         return fn(flat)
     t.n += 1  # without a lock: a few calls more or fewer recorded, never a wrong trace
@@ -252,7 +259,7 @@ def call(key: tuple | None, fn: Callable[[list], tuple[list, Any]], flat: list) 
         out, form = fn(flat)
     finally:
         _tls.rec = None
-    got = rec.trace(out, form)
+    got = rec.trace(out, form, len(flat))
     if got is not None:
         traces.pop(key)
         traces.put(key, got)

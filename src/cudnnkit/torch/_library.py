@@ -225,7 +225,7 @@ def _backward(d: Differentiable, fkey: Any, names: tuple, saved: tuple, douts: t
     forward was, keyed by the forward's key (which fixes every residual's metadata), ``needs`` and the cotangents'."""
     if fkey is None:
         return d.backward(dict(zip(names, saved)), douts, needs, **kw)
-    key = _replay.key_of(fkey, needs, arrays=douts)
+    key = _replay.key_of(fkey, names, needs, arrays=douts)  # names: the residuals this forward kept
     n = len(saved)
 
     def run(flat: list) -> tuple[list, Any]:

@@ -1086,3 +1086,37 @@ def test_tensor_descriptors_refuse_a_span_past_cudnns_int_and_take_one_row_slice
     assert d.key[2][:2] == (1, 4) and d.key[3][:2] == (4, 1)
     d = tensor_descriptor("float32", (1, 3, 1, 5), (0, 5, 2**40, 1))  # a broadcast N keeps 1, a huge H the span
     assert d.key[3] == (1, 5, 15, 1) and max(d.key[3]) <= INT_MAX
+
+
+def test_a_handle_is_destroyed_with_its_device_current(monkeypatch):
+    """A thread that drops its handles (at its end) may have another device current; cudnnDestroy synchronizes the
+    current device, so the handle's own device is pushed around it; without a driver to push with it is destroyed
+    as it is, once."""
+    import contextlib
+
+    from cudnnkit import lib
+    from cudnnkit.runtime import driver, handle
+
+    events = []
+
+    @contextlib.contextmanager
+    def pushed(device):
+        events.append(("push", device))
+        yield
+        events.append(("pop", device))
+
+    monkeypatch.setattr(lib, "cudnnDestroy", lambda ptr: events.append(("destroy", ptr)))
+    monkeypatch.setattr(driver, "pushed", pushed)
+    h = object.__new__(handle.Handle)
+    h.ptr, h.device = 0x1234, 1
+    h.__del__()
+    assert events == [("push", 1), ("destroy", 0x1234), ("pop", 1)] and h.ptr is None
+
+    def no_driver(device):
+        raise driver.DriverUnavailable("no libcuda")
+
+    events.clear()
+    monkeypatch.setattr(driver, "pushed", no_driver)
+    h.ptr = 0x5678
+    h.__del__()
+    assert events == [("destroy", 0x5678)] and h.ptr is None

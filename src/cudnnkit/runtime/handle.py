@@ -60,10 +60,20 @@ class Handle:
 
     def __del__(self) -> None:
         if self.ptr and not _shutting_down:
+            # with its device current: the thread that drops a handle (its own, at its end: XLA's threads of
+            # device 1, say) may have another device current, and cudnnDestroy synchronizes the current device
+            try:
+                guard: Any = driver.pushed(self.device)
+                guard.__enter__()
+            except Exception:  # no driver to push with: destroyed as it is
+                guard = None
             try:
                 lib.cudnnDestroy(self.ptr)
             except Exception:
                 pass
+            finally:
+                if guard is not None:
+                    guard.__exit__(None, None, None)
             self.ptr = None
 
     def __repr__(self) -> str:

@@ -141,11 +141,12 @@ REPLAYED = {"convolution", "batch_norm", "activation", "pooling"}  # the small C
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if autograd.get(n).capture_safe])
-def test_replayed_calls_match_torch(name):
+def test_replayed_calls_match_torch(name, path):
     """Every sample of a ``capture_safe`` op, float32, called eight times with fresh inputs (new values and
-    pointers, the same metadata and keywords): from the third call on its forward and backward replay the express
-    hits of an earlier call (cudnnkit.ops._replay) where the declaration allows, and each call still matches
-    torch's float64 CPU ops (TF32 off). The small CNN's ops must have replayed; every op's count is printed."""
+    pointers, the same metadata and keywords), on the eager path and through the custom ops: from the third call on
+    its forward and backward replay the express hits of an earlier call (cudnnkit.ops._replay) where the
+    declaration allows, and each call still matches torch's float64 CPU ops (TF32 off). The small CNN's ops must
+    have replayed; every op's count is printed."""
     import cudnnkit
     from cudnnkit.ops import _replay
 
@@ -156,7 +157,7 @@ def test_replayed_calls_match_torch(name):
             for k in range(8):
                 check_against_torch(name, i, "cuda", seed=5000 + 17 * i + k, dtype="float32")
     got = _replay.info()["replays"] - before
-    print(f"replays {name}: {got} over {n} sample(s) x 8 calls")
+    print(f"replays {name} ({path}): {got} over {n} sample(s) x 8 calls")
     if name in REPLAYED:
         assert got > 0, f"{name}: no call replayed"
 

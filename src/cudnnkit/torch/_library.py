@@ -240,6 +240,39 @@ def _backward(d: Differentiable, fkey: Any, names: tuple, saved: tuple, douts: t
     return _replay.call(key, run, [*saved, *douts])[0]
 
 
+def _dispatched_forward(d: Differentiable, inputs: list, arr: dict, kwd: dict, kw: str) -> tuple[tuple, dict]:
+    """``d.forward`` inside the custom op (what ``torch.compile``'s graphs and ``EAGER = False`` call), replayed as
+    :func:`_forward` replays the eager path's, keyed by the encoded keyword string ``kw`` (the exact keywords)."""
+    if not d.capture_safe:
+        return d.forward(*inputs, **arr, **kwd)
+    names = d.arrays
+    flat = [*inputs, *(arr[n] for n in names)]
+    n_in = len(inputs)
+
+    def run(flat: list) -> tuple[list, Any]:
+        outs, res = d.forward(*flat[:n_in], **dict(zip(names, flat[n_in:])), **kwd)
+        return [*outs, *res.values()], (len(outs), tuple(res))
+
+    got, (n_out, res_names) = _replay.call(_replay.key_of(d.name, "op", kw, arrays=flat), run, flat)
+    return tuple(got[:n_out]), dict(zip(res_names, got[n_out:]))
+
+
+def _dispatched_backward(d: Differentiable, names: Any, residuals: list, douts: list, needs: tuple, kwd: dict,
+                         kw: str) -> Any:  # fmt: skip
+    """``d.backward`` inside the backward custom op, replayed as :func:`_backward` replays the eager path's, keyed by
+    the backward op's keyword string ``kw`` (which holds the residual names, ``needs``, the inputs' specs and the
+    settings) and every residual's and cotangent's metadata."""
+    if not d.capture_safe:
+        return d.backward(dict(zip(names, residuals)), tuple(douts), needs, **kwd)
+    flat = [*residuals, *douts]
+    n = len(residuals)
+
+    def run(flat: list) -> tuple[list, Any]:
+        return list(d.backward(dict(zip(names, flat[:n])), tuple(flat[n:]), needs, **kwd)), None
+
+    return _replay.call(_replay.key_of(d.name, "op_backward", kw, arrays=flat), run, flat)[0]
+
+
 def _meta_device(inputs: list, arrays: dict) -> int | None:
     """The CUDA device index of the first tensor given (fake ones too), None when it is not a CUDA tensor."""
     for t in (*inputs, *arrays.values()):
@@ -342,7 +375,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         changed = mutated(arr)
         for m in changed:  # a functional op: the caller's arrays are updated by TorchOp, from the copies
             arr[m] = arr[m].clone()
-        outs, res = d.forward(*inputs, **arr, **kwd)
+        outs, res = _dispatched_forward(d, inputs, arr, kwd, kw)
         result = [_as(o, s) for o, s in zip(outs, out_specs)] + [arr[m] for m in changed]
         result += [_as(res[k], res_specs[k]) for k in _new_residuals(d, res_specs)]
         return result
@@ -364,7 +397,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         names, needs, specs = kwd.pop("__res__"), kwd.pop("__needs__"), kwd.pop("__specs__")
         # the forward's cudnnkit.settings: autograd runs the backward on a thread of its own
         with in_force(from_items(kwd.pop("__settings__"))):
-            grads = d.backward(dict(zip(names, residuals)), tuple(douts), tuple(needs), **kwd)
+            grads = _dispatched_backward(d, names, residuals, douts, tuple(needs), kwd, kw)
         dev = _device(residuals, douts)
         out = []
         for g, want in zip(grads, _wants(kw, needs, specs)):

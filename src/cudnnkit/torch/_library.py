@@ -208,53 +208,21 @@ def _forward(d: Differentiable, inputs: Any, arrays: dict, kw: dict) -> tuple[tu
     """``d.forward`` of an eager call, replayed from the express hits of an earlier call of the same metadata and
     keywords where the op is ``capture_safe`` (:mod:`cudnnkit.ops._replay`): ``(outputs, residuals, key)``, the key
     what :func:`_backward` keys the backward by (None: not replayable)."""
-    if not d.capture_safe:
-        outs, res = d.forward(*inputs, **arrays, **kw)
-        return outs, res, None
-    names = d.arrays
-    key = _replay.key_of(d.name, arrays=(*inputs, *(arrays.get(n) for n in names)), kw=kw)
-    if key is None:
-        outs, res = d.forward(*inputs, **arrays, **kw)
-        return outs, res, None
-    n_in = len(inputs)
-
-    def run(flat: list) -> tuple[list, Any]:
-        outs, res = d.forward(*flat[:n_in], **dict(zip(names, flat[n_in:])), **kw)
-        return [*outs, *res.values()], (len(outs), tuple(res))
-
-    got, (n_out, res_names) = _replay.call(key, run, [*inputs, *(arrays.get(n) for n in names)])
-    return tuple(got[:n_out]), dict(zip(res_names, got[n_out:])), key
+    return _replayed_forward(d, inputs, arrays, kw, lambda flat: _replay.key_of(d.name, arrays=flat, kw=kw))
 
 
 def _backward(d: Differentiable, fkey: Any, names: tuple, saved: tuple, douts: tuple, needs: tuple, kw: dict) -> Any:
     """``d.backward`` of an eager call (its residuals ``saved``, by ``names``), replayed as :func:`_forward`'s
-    forward was, keyed by the forward's key (which fixes every residual's metadata), ``needs`` and the cotangents'."""
-    if fkey is None:
-        return d.backward(dict(zip(names, saved)), douts, needs, **kw)
-    key = _replay.key_of(fkey, names, needs, arrays=douts)  # names: the residuals this forward kept
-    n = len(saved)
-
-    def run(flat: list) -> tuple[list, Any]:
-        return list(d.backward(dict(zip(names, flat[:n])), tuple(flat[n:]), needs, **kw)), None
-
-    return _replay.call(key, run, [*saved, *douts])[0]
+    forward was, keyed by the forward's key (which fixes every residual's metadata but for the names of those it
+    kept), the names, ``needs`` and the cotangents' metadata."""
+    key = None if fkey is None else _replay.key_of(fkey, names, needs, arrays=douts)
+    return _replayed_backward(d, key, names, saved, douts, needs, kw)
 
 
 def _dispatched_forward(d: Differentiable, inputs: list, arr: dict, kwd: dict, kw: str) -> tuple[tuple, dict]:
     """``d.forward`` inside the custom op (what ``torch.compile``'s graphs and ``EAGER = False`` call), replayed as
     :func:`_forward` replays the eager path's, keyed by the encoded keyword string ``kw`` (the exact keywords)."""
-    if not d.capture_safe:
-        return d.forward(*inputs, **arr, **kwd)
-    names = d.arrays
-    flat = [*inputs, *(arr[n] for n in names)]
-    n_in = len(inputs)
-
-    def run(flat: list) -> tuple[list, Any]:
-        outs, res = d.forward(*flat[:n_in], **dict(zip(names, flat[n_in:])), **kwd)
-        return [*outs, *res.values()], (len(outs), tuple(res))
-
-    got, (n_out, res_names) = _replay.call(_replay.key_of(d.name, "op", kw, arrays=flat), run, flat)
-    return tuple(got[:n_out]), dict(zip(res_names, got[n_out:]))
+    return _replayed_forward(d, inputs, arr, kwd, lambda flat: _replay.key_of(d.name, "op", kw, arrays=flat))[:2]
 
 
 def _dispatched_backward(d: Differentiable, names: Any, residuals: list, douts: list, needs: tuple, kwd: dict,
@@ -262,15 +230,41 @@ def _dispatched_backward(d: Differentiable, names: Any, residuals: list, douts: 
     """``d.backward`` inside the backward custom op, replayed as :func:`_backward` replays the eager path's, keyed by
     the backward op's keyword string ``kw`` (which holds the residual names, ``needs``, the inputs' specs and the
     settings) and every residual's and cotangent's metadata."""
+    key = _replay.key_of(d.name, "op_backward", kw, arrays=(*residuals, *douts)) if d.capture_safe else None
+    return _replayed_backward(d, key, names, residuals, douts, needs, kwd)
+
+
+def _replayed_forward(d: Differentiable, inputs: Any, arrays: dict, kw: dict, key_of: Any) -> tuple[tuple, dict, Any]:
+    """``d.forward(*inputs, **arrays, **kw)`` through :func:`cudnnkit.ops._replay.call`, keyed by ``key_of(flat)``
+    (the call's arrays: ``inputs`` then ``d.arrays``' in order) for a ``capture_safe`` op, else run as it is:
+    ``(outputs, residuals, key)``."""
     if not d.capture_safe:
-        return d.backward(dict(zip(names, residuals)), tuple(douts), needs, **kwd)
-    flat = [*residuals, *douts]
-    n = len(residuals)
+        outs, res = d.forward(*inputs, **arrays, **kw)
+        return outs, res, None
+    names = d.arrays
+    flat = [*inputs, *(arrays.get(n) for n in names)]
+    key = key_of(flat)
+    n_in = len(inputs)
 
     def run(flat: list) -> tuple[list, Any]:
-        return list(d.backward(dict(zip(names, flat[:n])), tuple(flat[n:]), needs, **kwd)), None
+        outs, res = d.forward(*flat[:n_in], **dict(zip(names, flat[n_in:])), **kw)
+        return [*outs, *res.values()], (len(outs), tuple(res))
 
-    return _replay.call(_replay.key_of(d.name, "op_backward", kw, arrays=flat), run, flat)[0]
+    got, (n_out, res_names) = _replay.call(key, run, flat)
+    return tuple(got[:n_out]), dict(zip(res_names, got[n_out:])), key
+
+
+def _replayed_backward(d: Differentiable, key: Any, names: Any, saved: Any, douts: Any, needs: tuple, kw: dict) -> Any:
+    """``d.backward`` of residuals ``saved`` (by ``names``) and ``douts`` through :func:`cudnnkit.ops._replay.call`
+    under ``key`` (None: run as it is)."""
+    if key is None:
+        return d.backward(dict(zip(names, saved)), tuple(douts), needs, **kw)
+    n = len(saved)
+
+    def run(flat: list) -> tuple[list, Any]:
+        return list(d.backward(dict(zip(names, flat[:n])), tuple(flat[n:]), needs, **kw)), None
+
+    return _replay.call(key, run, [*saved, *douts])[0]
 
 
 def _meta_device(inputs: list, arrays: dict) -> int | None:

@@ -112,7 +112,7 @@ class TorchOp:
         if EAGER and _plain(inputs) and (not d.arrays or _plain([kw.get(n) for n in d.arrays])) and not _tracing():
             arrays = {n: kw.pop(n, None) for n in d.arrays} if d.arrays else {}
             if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
-                outs = _EAGER_APPLY(d, kw, arrays, *inputs)
+                outs = _Eager.apply(d, kw, arrays, *inputs)
             else:
                 outs = _forward(d, inputs, arrays, kw)[0]
             return outs[0] if len(outs) == 1 else tuple(outs)
@@ -182,12 +182,6 @@ class _Eager(torch.autograd.Function):
         with in_force(ctx.settings):
             got = _backward(d, ctx.rkey, ctx.names, ctx.saved_tensors, douts, needs, ctx.kw)
         return (None, None, None, *[g if n else None for g, n in zip(got, needs)])
-
-
-#: ``_Eager.apply`` without ``torch.autograd.Function.apply``'s Python wrapper (the ``setup_context`` check and
-#: functorch's unwrapping of dead wrappers, which nothing on the eager path has: it runs only while no functorch
-#: transform is active), i.e. the C ``_FunctionBase.apply`` the wrapper ends in (1.4 of 5.7 µs per call on the CPU)
-_EAGER_APPLY = super(torch.autograd.Function, _Eager).apply
 
 
 def _unexpanded(g: Any, strides: Any) -> Any:

@@ -241,3 +241,39 @@ def test_ops_are_pt2_compliant():
         got, _ = torch.compile(lambda a, b: T(a, b), backend="eager", fullgraph=True)(x, w)
     assert torch.allclose(got, x * w * 1.0)
     assert torch.Tag.pt2_compliant_tag in T.forward_op.tags and torch.Tag.pt2_compliant_tag in T.backward_op.tags
+
+
+def test_the_eager_backward_is_keyed_by_its_residuals_layout(path, monkeypatch):
+    """A saved-tensor hook may hand a residual back in another layout than the forward made (``save_on_cpu``
+    unpacks into a C-order tensor): the replayed backward's key holds every residual's metadata, so a backward
+    recorded with channels-last residuals is never replayed over C-order ones (the custom-op path keys them too)."""
+    from cudnnkit.ops import _replay
+    from cudnnkit.runtime import adapters
+
+    def key(t):
+        return (str(t.dtype), tuple(t.shape), t.stride(), str(t.device)), t.data_ptr(), None
+
+    monkeypatch.setitem(adapters.KEYED, torch.Tensor, key)
+    op = Differentiable("mul_layout", "softmax_forward", ("x", "w"), ("out",),
+                        lambda x, w: ((x * w,), {"x": x, "w": w}),
+                        lambda res, douts, needs: (douts[0] * res["w"], douts[0] * res["x"]),
+                        lambda x, w: ((new_like(x),), {"x": x, "w": w}), capture_safe=True)  # fmt: skip
+    t = L.define(op, namespace="cudnnkit_test_layout")
+    keys = []
+    real = _replay.call
+    monkeypatch.setattr(_replay, "call", lambda k, fn, flat: keys.append(k) or real(k, fn, flat))
+
+    def backward_key(hooked):
+        x, w = (torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last).requires_grad_() for _ in range(2))
+        if hooked:
+            with torch.autograd.graph.saved_tensors_hooks(lambda a: a, lambda a: a.contiguous()):
+                y = t(x, w)
+        else:
+            y = t(x, w)
+        keys.clear()
+        y.backward(torch.ones_like(y))
+        return keys[-1]
+
+    plain, hooked = backward_key(False), backward_key(True)
+    assert plain is not None and hooked is not None and plain != hooked
+    assert plain == backward_key(False)  # the same layouts: the same key, so a trace replays

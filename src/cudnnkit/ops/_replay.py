@@ -26,8 +26,9 @@ What a replay skips is what every hit of the same calls would have recomputed to
 what those hits run. Off with :func:`enabled` ``(False)`` (``CUDNNKIT_REPLAY=0``), and with the express path
 (:func:`~cudnnkit.ops._express.enabled`): a replay needs its entries. ``cudnnkit.runtime.clear_caches()`` drops the
 traces with every other cache; :func:`info` counts them. The torch layer's eager path (:mod:`cudnnkit.torch._library`)
-keys a forward by its op, its tensors and keywords, and the backward by the forward's key, ``needs`` and the
-cotangents' metadata (the forward's key fixes every residual's).
+keys a forward by its op, its tensors and keywords, and the backward by the forward's key, the residuals' names,
+``needs`` and every residual's and cotangent's metadata (a saved-tensor hook may hand a residual back in another
+layout); its custom ops key by their encoded keyword string and every array's metadata.
 """
 
 from __future__ import annotations
@@ -252,6 +253,11 @@ def call(key: tuple | None, fn: Callable[[list], tuple[list, Any]], flat: list) 
             traces.lookup(key)
         return t.replay(flat)
     if t.n >= ATTEMPTS:
+        return fn(flat)
+    ids = [id(a) for a in flat if a is not None]
+    if len(set(ids)) < len(ids):
+        # one array in two places (self-attention's q, k, v): a trace would bind it twice for a later call of
+        # distinct arrays of the same metadata, so this call is not recorded, nor counted as an attempt
         return fn(flat)
     t.n += 1  # without a lock: a few calls more or fewer recorded, never a wrong trace
     rec = _tls.rec = _Recorder(flat)

@@ -207,9 +207,9 @@ def _forward(d: Differentiable, inputs: Any, arrays: dict, kw: dict) -> tuple[tu
 
 def _backward(d: Differentiable, fkey: Any, names: tuple, saved: tuple, douts: tuple, needs: tuple, kw: dict) -> Any:
     """``d.backward`` of an eager call (its residuals ``saved``, by ``names``), replayed as :func:`_forward`'s
-    forward was, keyed by the forward's key (which fixes every residual's metadata but for the names of those it
-    kept), the names, ``needs`` and the cotangents' metadata."""
-    key = None if fkey is None else _replay.key_of(fkey, names, needs, arrays=douts)
+    forward was, keyed by the forward's key, the names, ``needs`` and every residual's and cotangent's metadata (a
+    saved-tensor hook may hand a residual back in another layout than the forward made: ``save_on_cpu``)."""
+    key = None if fkey is None else _replay.key_of(fkey, names, needs, arrays=(*saved, *douts))
     return _replayed_backward(d, key, names, saved, douts, needs, kw)
 
 

@@ -1090,9 +1090,11 @@ def test_tensor_descriptors_refuse_a_span_past_cudnns_int_and_take_one_row_slice
 
 def test_a_handle_is_destroyed_with_its_device_current(monkeypatch):
     """A thread that drops its handles (at its end) may have another device current; cudnnDestroy synchronizes the
-    current device, so the handle's own device is pushed around it; without a driver to push with it is destroyed
-    as it is, once."""
+    current device, so the handle's own device is pushed around it; where it cannot be pushed without a lock (no
+    driver loaded, or the context never retained) it is destroyed as it is, once. The finalizer takes no lock: the
+    garbage collector may run it on a thread that holds the driver's."""
     import contextlib
+    import threading
 
     from cudnnkit import lib
     from cudnnkit.runtime import driver, handle
@@ -1106,17 +1108,21 @@ def test_a_handle_is_destroyed_with_its_device_current(monkeypatch):
         events.append(("pop", device))
 
     monkeypatch.setattr(lib, "cudnnDestroy", lambda ptr: events.append(("destroy", ptr)))
-    monkeypatch.setattr(driver, "pushed", pushed)
+    monkeypatch.setattr(driver, "pushed_if_ready", lambda device: pushed(device))
     h = object.__new__(handle.Handle)
     h.ptr, h.device = 0x1234, 1
     h.__del__()
     assert events == [("push", 1), ("destroy", 0x1234), ("pop", 1)] and h.ptr is None
 
-    def no_driver(device):
-        raise driver.DriverUnavailable("no libcuda")
-
     events.clear()
-    monkeypatch.setattr(driver, "pushed", no_driver)
+    monkeypatch.undo()
+    monkeypatch.setattr(lib, "cudnnDestroy", lambda ptr: events.append(("destroy", ptr)))
+    monkeypatch.setattr(driver, "_contexts", {})  # nothing retained: no push, and no lock taken to retain one
     h.ptr = 0x5678
-    h.__del__()
+    done = threading.Event()
+    with driver._lock:  # the collector running the finalizer on a thread inside the driver's lock
+        t = threading.Thread(target=lambda: (h.__del__(), done.set()), daemon=True)
+        t.start()
+        t.join(5)
+    assert done.is_set(), "Handle.__del__ waited for the driver's lock"
     assert events == [("destroy", 0x5678)] and h.ptr is None

@@ -637,6 +637,23 @@ def device_info(i: int) -> tuple[str, tuple[int, int]]:
     return buf.value.decode(), (cc[0], cc[1])
 
 
+def pushed_if_ready(device: int) -> _pushed | None:
+    """:func:`pushed` when the driver is loaded and ``device``'s primary context retained already, else None;
+    takes no lock (for finalizers: the garbage collector may run one on a thread that holds ``_lock``)."""
+    if _cuda is None or device not in _contexts:
+        return None
+    return _pushed(_cuda, device)
+
+
+def retain(device: int) -> None:
+    """Retain ``device``'s primary context for the process (what :func:`pushed_if_ready` needs), when the driver
+    loads; nothing otherwise."""
+    try:
+        _primary_context(_load(), device)
+    except (DriverUnavailable, RuntimeError):
+        pass
+
+
 def pushed(device: int) -> _pushed:
     """``device``'s primary context made current around a ``with`` block (the driver's device guard)."""
     return _pushed(_load(), device)

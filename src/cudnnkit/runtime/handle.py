@@ -40,6 +40,7 @@ class Handle:
         h = ctypes.c_void_p()
         with guard:
             lib.cudnnCreate(ctypes.byref(h))
+        driver.retain(device)  # for __del__'s push, which may take no lock
         self.ptr = h.value
         self.device = device
         self.stream: int | None = None
@@ -61,12 +62,15 @@ class Handle:
     def __del__(self) -> None:
         if self.ptr and not _shutting_down:
             # with its device current: the thread that drops a handle (its own, at its end: XLA's threads of
-            # device 1, say) may have another device current, and cudnnDestroy synchronizes the current device
-            try:
-                guard: Any = driver.pushed(self.device)
-                guard.__enter__()
-            except Exception:  # no driver to push with: destroyed as it is
-                guard = None
+            # device 1, say) may have another device current, and cudnnDestroy synchronizes the current device.
+            # No lock is taken here (the collector may run this on a thread holding the driver's lock): the context
+            # was retained when the handle was made
+            guard: Any = driver.pushed_if_ready(self.device)
+            if guard is not None:
+                try:
+                    guard.__enter__()
+                except Exception:  # the push failed: destroyed as it is
+                    guard = None
             try:
                 lib.cudnnDestroy(self.ptr)
             except Exception:

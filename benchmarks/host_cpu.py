@@ -9,6 +9,9 @@ for what needs a device, so a change to them can be timed on any machine before 
 * ``_fire_graph``: :func:`cudnnkit.ops._primitive._fire_graph`, an express hit on the graph path, with an entry of
   two inputs and one new output, an adapter that allocates CPU tensors, a plan whose ``execute_raw`` does nothing
   and a stand-in handle (the allocation here is a CPU one: ``torch.empty_strided`` on the CPU is shown for scale);
+* ``replayed L3 call``: :meth:`cudnnkit.ops._replay.Trace.replay` of a trace of that one graph hit (what a replay
+  adds to the hit itself), and :func:`cudnnkit.ops._replay.key_of` of a call of two arrays with the convolution's
+  keywords (what every replayable call computes first);
 * ``torch glue``: :class:`cudnnkit.torch._library.TorchOp` of a stand-in differentiable op (``y = x * 1``) on the
   eager path, without and with autograd, forward and backward, beside torch's own ``x * 1.0`` forward and backward.
 
@@ -71,7 +74,7 @@ def rows(iters: int = 20000, repeat: int = 5) -> list[tuple[str, float]]:
     """``(name, µs per call)`` of every row (see the module docstring)."""
     import torch
 
-    from cudnnkit.ops import _express, _primitive
+    from cudnnkit.ops import _express, _primitive, _replay
     from cudnnkit.ops._diff import Differentiable, new_like
     from cudnnkit.runtime import adapters
     from cudnnkit.torch import _library
@@ -103,6 +106,15 @@ def rows(iters: int = 20000, repeat: int = 5) -> list[tuple[str, float]]:
         ptrs = [x.data_ptr(), w.data_ptr()]
         out.append(("_fire_graph (2 CPU allocations, no execute)", _best_us(
             lambda: _primitive._fire_graph(conv, e, ptrs, {}), iters, repeat)))  # fmt: skip
+        # the replay of a recorded L3 call of that one hit: what it adds to the hit (pointers by slot, the step's
+        # arrays and keywords rebuilt), and the key a call computes first (two arrays, the convolution's keywords)
+        trace = _replay.Trace([(_primitive._fire, conv, e, (("x", 0), ("w", 1)), tuple((k, v, None) for k, v in
+                              conv_kw.items()), (0, 1), None)], (2,), None, 2)  # fmt: skip
+        stack.enter_context(mock.patch.dict(adapters.POINTER, {torch.Tensor: torch.Tensor.data_ptr}))
+        out.append(("replayed L3 call of that one hit (Trace.replay)", _best_us(
+            lambda: trace.replay([x, w]), iters, repeat)))  # fmt: skip
+        out.append(("replay key of a call (two arrays, conv keywords)", _best_us(
+            lambda: _replay.key_of("convolution", arrays=(x, w), kw=conv_kw), iters, repeat)))  # fmt: skip
     out.append(("torch.empty_strided on the CPU (scale)", _best_us(
         lambda: torch.empty_strided((64, 64, 32, 32), (65536, 1, 2048, 64)), iters, repeat)))  # fmt: skip
 

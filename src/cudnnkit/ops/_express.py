@@ -34,7 +34,7 @@ from typing import Any
 from ..runtime import adapters, current_settings
 from ..runtime.cache import LRU
 
-__all__ = ["Entry", "signature", "entries", "enabled", "info"]
+__all__ = ["Entry", "signature", "keyword_key", "entries", "enabled", "info"]
 
 _SIMPLE = frozenset({int, float, bool, str, type(None)})
 
@@ -88,10 +88,11 @@ def signature(p: Any, arrays: Any, kwargs: Any) -> tuple[tuple, list[int], list[
             return None
         parts.append(got[0])
         ptrs.append(got[1])
-    vals = tuple(kwargs.values())
-    types = tuple(map(type, vals))
     objs: list[Any] = []
-    if not _SIMPLE.issuperset(types):
+    kk = keyword_key(kwargs)
+    if kk is None:  # an out= array or an object among the keywords: walked one by one
+        vals = tuple(kwargs.values())
+        types = tuple(map(type, vals))
         outs = p._outnames
         fixed = list(vals)
         for i, (k, v) in enumerate(kwargs.items()):
@@ -106,13 +107,37 @@ def signature(p: Any, arrays: Any, kwargs: Any) -> tuple[tuple, list[int], list[
                 fixed[i] = got[0]
                 ptrs.append(got[1])
             elif t is tuple and _SIMPLE.issuperset(map(type, v)):
-                fixed[i] = (v, tuple(map(type, v)))
+                fixed[i] = _typed(v)
             else:
                 fixed[i] = id(v)
                 objs.append(v)
-        vals = tuple(fixed)
-    parts += (tuple(kwargs), vals, types)
+        kk = (tuple(kwargs), tuple(fixed), types)
+    parts += kk
     return tuple(parts), ptrs, objs
+
+
+def _typed(v: tuple) -> tuple:
+    """A tuple of plain values with their types (``(1, 1)``, ``(1.0, 1.0)`` and ``(True, True)`` differ)."""
+    return (v, tuple(map(type, v)))
+
+
+def keyword_key(kwargs: Any) -> tuple | None:
+    """``(names, values, types)`` of keywords that are plain values or tuples of them (each tuple with its elements'
+    types): what the express signature and the replay key (:func:`~cudnnkit.ops._replay.key_of`) hold of them;
+    None when a value is anything else (an array, an object)."""
+    vals = tuple(kwargs.values())
+    types = tuple(map(type, vals))
+    if not _SIMPLE.issuperset(types):
+        fixed = list(vals)
+        for i, v in enumerate(vals):
+            t = types[i]
+            if t in _SIMPLE:
+                continue
+            if t is not tuple or not _SIMPLE.issuperset(map(type, v)):
+                return None
+            fixed[i] = _typed(v)
+        vals = tuple(fixed)
+    return tuple(kwargs), vals, types
 
 
 @dataclass

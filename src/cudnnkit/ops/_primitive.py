@@ -45,7 +45,7 @@ from typing import Any
 
 from ..graph.plan.plans import _multi_device
 from ..runtime import OPTIONAL, PACKED, WRITTEN, adapters, check_dtype, current_settings, prepare, tensor_descriptor
-from ..runtime.adapters import FINISH, POINTER
+from ..runtime.adapters import FINISH, pointer
 from ..runtime.arrays import layout_problem
 from ..runtime.cache import LRU, MISSING
 from ..runtime.descriptors import IntRangeError
@@ -761,13 +761,6 @@ def _remember_outputs(p: Primitive, sig: Any, launch: Any, views: dict[str, Any]
     _remember(sig, launch, views, given, new, call, shaped, cv)
 
 
-def _pointer(ad: Any, arr: Any) -> int:
-    """The data pointer of ``arr``, an array adapter ``ad`` just allocated (its :data:`~cudnnkit.runtime.adapters
-    .POINTER`: no express key built for it)."""
-    f = POINTER.get(type(arr))
-    return f(arr) if f is not None else ad.key(arr)[1]
-
-
 def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]) -> Any:
     """An express hit on the graph path with nothing but pointers to bind: the entry's plan, this call's pointers
     in the plan's order, the new outputs and a workspace from the arrays' allocator, ``cudnnBackendExecute``.
@@ -781,10 +774,10 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
     try:
         for name, shape, dtype, strides, vad in e.new:
             arr = new[name] = vad.empty(shape, dtype, dev, strides)
-            got[name] = _pointer(vad, arr)
+            got[name] = pointer(arr, vad)
         for name, shape, dtype, strides in e.fresh:  # extras the graph writes (saved statistics): made anew
             arr = new[name] = ad.empty(shape, dtype, dev, strides)
-            got[name] = _pointer(ad, arr)
+            got[name] = pointer(arr, ad)
         call_ptrs = [ptrs[index[n]] if n in index else got[n] for n in order]
         low = 0
         for q in call_ptrs:
@@ -796,7 +789,7 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
         ws_ptr = 0
         if plan.workspace_size:
             ws = ad.empty((plan.workspace_size,), "uint8", dev)  # on the current stream, just read
-            ws_ptr = _pointer(ad, ws)
+            ws_ptr = pointer(ws, ad)
     except MemoryError:
         return MISSING
     e.hits += 1
@@ -823,7 +816,7 @@ def _copy_inputs(e: Any, ptrs: list[int], arrays: Mapping[str, Any]) -> tuple[li
     for name, shape, dtype, strides, ad in e.copies:
         arr = made[name] = ad.empty(shape, dtype, e.device, strides)
         ad.copy(arr, arrays[name])
-        ptrs[e.index[name]] = _pointer(ad, arr)
+        ptrs[e.index[name]] = pointer(arr, ad)
     return ptrs, made
 
 
@@ -862,7 +855,7 @@ def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwar
                 launch.empty(shape, dtype, strides, name=name)  # raises, naming the output and its size
                 raise
             results[name] = arr
-            views[name] = ArrayView(shape, strides, dtype, dev, _pointer(vad, arr), arr, vad)
+            views[name] = ArrayView(shape, strides, dtype, dev, pointer(arr, vad), arr, vad)
         for name, *_ in e.views[n_in:]:
             results[name] = kwargs[name]
     call.views = views

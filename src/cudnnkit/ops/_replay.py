@@ -44,8 +44,6 @@ from . import _express
 
 __all__ = ["call", "key_of", "info", "enabled", "traces", "ATTEMPTS"]
 
-_SIMPLE = frozenset({int, float, bool, str, type(None)})
-
 #: how many calls of a key may be recorded without giving a trace before its calls run unrecorded: the first call
 #: of an op builds its entries (an L2 call's first call misses the op-level cache, its second records the express
 #: entry), so a declaration of a few L2 calls is all hits from its third call on
@@ -76,11 +74,6 @@ class _Local(threading.local):
 _tls = _Local()
 
 
-def recorder() -> Any:
-    """This thread's :class:`_Recorder` while a call is recorded, else None (read on every L2 call)."""
-    return _tls.rec
-
-
 class Trace:
     """The L2 calls of one recorded call: ``steps`` of ``(fire, primitive, entry, arrays, kwargs, pointer slots,
     results)`` where each array is a slot (the call's own arrays first, in order, then each step's results), and
@@ -98,16 +91,12 @@ class Trace:
     def replay(self, flat: list) -> tuple[list, Any]:
         """The call's results for these arrays (``flat``: the call's own, as recorded), by the recorded hits, and
         the recorded call's ``form``."""
-        pointer = adapters.POINTER
+        pointer = adapters.pointer
         vals = list(flat)
         for fire, p, e, arr_slots, kw_items, ptr_slots, n_res in self.steps:
             arrays = {n: (None if s is None else vals[s]) for n, s in arr_slots}
             kwargs = {k: (vals[s] if s is not None else v) for k, v, s in kw_items}
-            ptrs = []
-            for s in ptr_slots:
-                a = vals[s]
-                f = pointer.get(type(a))
-                ptrs.append(f(a) if f is not None else adapters.KEYED[type(a)](a)[1])
+            ptrs = [pointer(vals[s]) for s in ptr_slots]
             got = fire(p, e, ptrs, arrays, kwargs)
             if n_res is None:
                 vals.append(got)
@@ -128,11 +117,7 @@ class _Recorder:
         self.steps: list = []
         self.ok = True
         self.n = 0
-        for a in flat:
-            if a is not None and id(a) in self.slots:
-                # one array in two places: a trace would bind it twice for a later call of the same metadata
-                # whose arrays are distinct (the key holds no identities), so such a call is not recorded
-                self.ok = False
+        for a in flat:  # distinct (:func:`call` records no call with one array in two places)
             self._add(a)
 
     def _add(self, a: Any) -> None:
@@ -158,7 +143,7 @@ class _Recorder:
         by_name = dict(arr_slots)
         ptr_slots = [s for n in p._names if (s := by_name.get(n)) is not None]
         for k, v in kwargs.items():
-            if type(v) not in _SIMPLE and k in outs:  # an out= array: the signature's pointers end with them
+            if type(v) not in _express._SIMPLE and k in outs:  # an out= array: the signature's pointers end with them
                 s = self._slot(v)
                 kw_items.append((k, None, s))
                 ptr_slots.append(s)
@@ -215,20 +200,10 @@ def key_of(*parts: Any, arrays: Any = (), kw: Any = None) -> tuple | None:
             return None
         out.append(got[0])
     if kw:
-        vals = tuple(kw.values())
-        types = tuple(map(type, vals))
-        if not _SIMPLE.issuperset(types):
-            fixed = list(vals)
-            for i, v in enumerate(vals):
-                t = types[i]
-                if t in _SIMPLE:
-                    continue
-                if t is tuple and _SIMPLE.issuperset(map(type, v)):
-                    fixed[i] = (v, tuple(map(type, v)))
-                else:
-                    return None
-            vals = tuple(fixed)
-        out += (tuple(kw), vals, types)
+        kk = _express.keyword_key(kw)
+        if kk is None:
+            return None
+        out += kk
     return tuple(out)
 
 

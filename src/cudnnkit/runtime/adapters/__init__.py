@@ -54,8 +54,19 @@ FINISH: dict[type, Any] = {}
 _loaded: dict[str, Any] = {}
 #: exact array type -> the ``key`` function of its adapter (filled as adapters load; see the module docstring)
 KEYED: dict[type, Any] = {}
-#: exact array type -> the data pointer of such an array (the adapter's ``pointer``, else from its ``key``)
+#: exact array type -> the data pointer of such an array (the adapters' optional ``pointer``; see :func:`pointer`)
 POINTER: dict[type, Any] = {}
+
+
+def pointer(obj: Any, adapter: Any = None) -> int:
+    """The data pointer of an array whose express key is known already (one an op just allocated, or the replay
+    path's): :data:`POINTER`'s function for its type, else its key's pointer (``adapter.key``, or :data:`KEYED`'s
+    for its type)."""
+    f = POINTER.get(type(obj))
+    if f is not None:
+        return f(obj)
+    return (adapter.key if adapter is not None else KEYED[type(obj)])(obj)[1]
+
 
 __all__ = [
     "ArrayAdapter",
@@ -69,6 +80,7 @@ __all__ = [
     "names",
     "KEYED",
     "POINTER",
+    "pointer",
     "FINISH",
     "is_device_array",
     "lasting",
@@ -115,7 +127,8 @@ def get(name: str) -> Any:
         ad = _loaded[name] = mod.ADAPTER
         for t in getattr(ad, "types", ()):
             KEYED[t] = ad.key
-            POINTER[t] = getattr(ad, "pointer", None) or (lambda obj, key=ad.key: key(obj)[1])
+            if getattr(ad, "pointer", None) is not None:
+                POINTER[t] = ad.pointer
         FINISH.update(getattr(mod, "FINISH", {}))
     return ad
 

@@ -13,7 +13,9 @@ for what needs a device, so a change to them can be timed on any machine before 
   adds to the hit itself), and :func:`cudnnkit.ops._replay.key_of` of a call of two arrays with the convolution's
   keywords (what every replayable call computes first);
 * ``torch glue``: :class:`cudnnkit.torch._library.TorchOp` of a stand-in differentiable op (``y = x * 1``) on the
-  eager path, without and with autograd, forward and backward, beside torch's own ``x * 1.0`` forward and backward.
+  eager path, without and with autograd, forward and backward, beside torch's own ``x * 1.0`` forward and backward;
+  the custom op called as a compiled graph calls it (no autograd: the dispatcher, the op's autograd kernel, its
+  implementation) and forward + backward through the dispatcher (``EAGER = False``: the op's autograd kernel).
 
 What a row's µs means on the GPU machine: the same Python ran about 4x slower on the H100 host of the fifteenth
 session (the express signature of a convolution 4.0 µs here against 13 there), and a CUDA allocation and cuDNN's
@@ -131,6 +133,11 @@ def rows(iters: int = 20000, repeat: int = 5) -> list[tuple[str, float]]:
             out.append(("torch glue: TorchOp forward, no autograd", _best_us(lambda: t_op(xs), n, repeat)))
         out.append(("torch glue: TorchOp forward with autograd", _best_us(lambda: t_op(xg), n, repeat)))
         out.append(("torch glue: TorchOp forward + backward", _best_us(
+            lambda: torch.autograd.backward(t_op(xg), g), n, repeat)))  # fmt: skip
+    fargs = t_op.args(xs)
+    out.append(("torch glue: the custom op's call, no autograd", _best_us(lambda: t_op.forward_op(*fargs), n, repeat)))
+    with mock.patch.object(_library, "EAGER", False):
+        out.append(("torch glue: through the dispatcher, forward + backward", _best_us(
             lambda: torch.autograd.backward(t_op(xg), g), n, repeat)))  # fmt: skip
     out.append(("torch: x * 1.0 forward + backward (scale)", _best_us(
         lambda: torch.autograd.backward(xg * 1.0, g), n, repeat)))  # fmt: skip

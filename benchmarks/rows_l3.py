@@ -103,7 +103,7 @@ def dispatch_rows() -> list[Row]:
             "float32",
             ours=lambda: via_dispatcher(xg),
             torch=lambda: torch.softmax(xg, -1),
-            notes="the custom op's autograd (register_autograd) through the dispatcher",
+            notes="the custom op's autograd kernel through the dispatcher",
         ),
     ]
 

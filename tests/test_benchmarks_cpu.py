@@ -109,7 +109,7 @@ def test_the_cpu_host_cost_rows_run():
     got = host_cpu.rows(iters=50, repeat=1)
     names = [n for n, _ in got]
     assert names[0] == "express signature, convolution_forward" and any(n.startswith("_fire_graph") for n in names)
-    assert sum(n.startswith("torch glue") for n in names) == 3
+    assert sum(n.startswith("torch glue") for n in names) == 5
     assert sum(n.startswith("replay") for n in names) == 2
     assert all(us > 0 for _, us in got)
     assert adapters.KEYED == before and adapters.POINTER == pointers

@@ -277,3 +277,18 @@ def test_the_eager_backward_is_keyed_by_its_residuals_layout(path, monkeypatch):
     plain, hooked = backward_key(False), backward_key(True)
     assert plain is not None and hooked is not None and plain != hooked
     assert plain == backward_key(False)  # the same layouts: the same key, so a trace replays
+
+
+def test_the_autograd_kernel_records_only_under_grad_and_refuses_torch_func(path):
+    """The custom op's own autograd kernel: no graph without grad mode (the result matches), a graph with it, and
+    ``torch.func.grad`` refused by name (not torch's message about ``setup_context``)."""
+    x, w = _args()
+    with torch.no_grad():
+        y, _ = T(x, w, scale=2.0)
+    assert y.grad_fn is None and not y.requires_grad and torch.allclose(y, x.detach() * w.detach() * 2.0)
+    y, _ = T(x, w, scale=2.0)
+    assert y.grad_fn is not None
+    if path == "dispatcher":
+        assert type(y.grad_fn).__name__.startswith("_Dispatched")
+    with pytest.raises(NotImplementedError, match="cudnnkit_test::mul_scale does not support torch.func"):
+        torch.func.grad(lambda a: T(a, w.detach())[0].sum())(x.detach())

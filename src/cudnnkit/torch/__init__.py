@@ -1,7 +1,7 @@
 """L3: the PyTorch integration.
 
 * :data:`ops`: every differentiable op (:mod:`cudnnkit.autograd`) as a ``torch.library`` custom op
-  (``torch.ops.cudnnkit.<name>``, and ``<name>_backward``) with ``register_fake`` and ``register_autograd``, made
+  (``torch.ops.cudnnkit.<name>``, and ``<name>_backward``) with ``register_fake`` and an autograd kernel, made
   from its declaration (:mod:`cudnnkit.torch._library`): ``cudnnkit.torch.ops.convolution(x, w, padding=1)``
   takes torch tensors, returns torch tensors, and works under autograd, ``torch.compile(fullgraph=True)``,
   ``gradcheck`` and ``opcheck``.

@@ -16,12 +16,15 @@ For a :class:`~cudnnkit.ops._diff.Differentiable` ``d`` named ``n``, :func:`defi
 
 ``register_fake`` of both comes from ``d.meta`` (the forward) and the inputs' own metadata (the backward: each
 gradient is laid out like its input, C order for an expanded one); the real calls give their results those strides too (a copy where cuDNN
-wrote another layout, which the declarations avoid), so tracing and running agree. ``register_autograd`` of the
-forward saves the residuals and calls the backward op, so eager mode, ``torch.autograd.gradcheck``,
-``torch.library.opcheck`` and ``torch.compile(fullgraph=True)`` all see one opaque op each way.
+wrote another layout, which the declarations avoid), so tracing and running agree. The forward's autograd kernel
+(what ``torch.library.register_autograd`` registers, written out: :class:`_Dispatched`) saves the residuals and
+calls the backward op, so eager mode, ``torch.autograd.gradcheck``, ``torch.library.opcheck`` and
+``torch.compile(fullgraph=True)`` all see one opaque op each way. ``torch.func``'s differentiating transforms
+raise ``NotImplementedError`` (``register_autograd``'s kernel cannot run under them either: an autograd function
+without ``setup_context``).
 
 Both ops are defined with ``torch.library.Library`` (``define``, ``impl`` under ``CompositeExplicitAutograd``,
-``register_fake``, ``register_autograd``), not ``torch.library.custom_op``, whose wrappers add a Python frame, an
+``register_fake``, an autograd kernel), not ``torch.library.custom_op``, whose wrappers add a Python frame, an
 output-aliasing check and a ``torch._dynamo`` disable context to every call a compiled graph makes (measured on
 the CPU with a stand-in declaration: 8 ops forward and backward under ``torch.compile(backend="aot_eager")``,
 922 -> 769 µs per step; through the dispatcher in eager mode 1875 -> 1554). As ``custom_op`` does, each op pair
@@ -282,23 +285,38 @@ def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict, kwkey: str)
     keywords), asked with the tensors' device current: a meta may ask cuDNN a size on the current device (batch
     norm's fused reserve, the RNN's weight space and reserve), which must be the device the call runs on, not
     whichever the caller has current."""
-    in_specs = [None if t is None else spec(t) for t in inputs]
-    a_specs = {k: None if t is None else spec(t) for k, t in arrays.items()}
-    dev = _meta_device(inputs, arrays)
-    key = (d.name, tuple(in_specs), tuple(a_specs.items()), kwkey, dev)
+    key: list[Any] = [d.name, kwkey]
+    first = None
+    for t in (*inputs, *arrays.values()):  # keyed by each tensor's own metadata: specs are made on a miss only
+        if t is None:
+            key.append(None)
+        else:
+            key.append((t.shape, t.stride(), t.dtype))
+            if first is None:
+                first = t
+    if first is not None:
+        key.append(first.device)
     try:
-        got = _META.lookup(key)
+        got = _META.lookup(tuple(key))
     except TypeError:  # symbolic sizes (a dynamic-shape trace): asked each time
-        with _on_device(dev):
-            return d.meta(*in_specs, **a_specs, **kw)
-    if got is MISSING:
-        with _on_device(dev):
-            got = _META.put(key, d.meta(*in_specs, **a_specs, **kw))
+        got = None
+    if got is None or got is MISSING:
+        in_specs = [None if t is None else spec(t) for t in inputs]
+        a_specs = {k: None if t is None else spec(t) for k, t in arrays.items()}
+        with _on_device(_meta_device(inputs, arrays)):
+            meta = d.meta(*in_specs, **a_specs, **kw)
+        if got is None:
+            return meta
+        got = _META.put(tuple(key), meta)
     return got
 
 
-#: the backward op's keyword string -> each gradient's spec (None where none is needed): the same per call site
-_WANTS: LRU[str, tuple] = LRU("torch.backward_wants", 4096)
+#: the forward op's keyword string -> (where the given inputs go, the given arrays' names, the other keywords):
+#: what every call of a call site decodes alike
+_FWD_SITES: LRU[str, tuple] = LRU("torch.forward_sites", 4096)
+#: the backward op's keyword string -> (residual names, ``needs``, the forward's settings, the other keywords, each
+#: gradient's spec): the same per call site
+_BWD_SITES: LRU[str, tuple] = LRU("torch.backward_sites", 4096)
 
 
 def _grad_specs(needs: Any, specs: Any) -> tuple:
@@ -307,12 +325,16 @@ def _grad_specs(needs: Any, specs: Any) -> tuple:
     return tuple(new_like(Spec(*s)) if n and s is not None else None for n, s in zip(needs, specs))
 
 
-def _wants(kw: str, needs: Any, specs: Any) -> tuple:
-    """:func:`_grad_specs`, cached by ``kw`` (the backward op's keyword string, which holds ``needs`` and ``specs``;
-    a real call's, never a trace's)."""
-    got = _WANTS.lookup(kw)
+def _backward_site(kw: str) -> tuple:
+    """What the backward op's keyword string ``kw`` says, decoded once per string (a real call's, never a trace's):
+    ``(residual names, needs, the forward's Settings, the other keywords, each gradient's spec)``; the keywords
+    are shared by every call of ``kw`` (read, never written)."""
+    got = _BWD_SITES.lookup(kw)
     if got is MISSING:
-        got = _WANTS.put(kw, _grad_specs(needs, specs))
+        kwd = decode(kw)
+        names, needs, specs = kwd.pop("__res__"), tuple(kwd.pop("__needs__")), kwd.pop("__specs__")
+        settings = from_items(kwd.pop("__settings__"))
+        got = _BWD_SITES.put(kw, (names, needs, settings, kwd, _grad_specs(needs, specs)))
     return got
 
 
@@ -346,16 +368,30 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
     qual = f"{namespace}::{d.name}"
 
     def unpack(inputs: list, arrays: list, kw: str) -> tuple[list, dict, dict]:
-        """The full inputs (None where absent), the arrays by name (every declared one) and the keywords."""
-        kwd = decode(kw)
+        """The full inputs (None where absent), the arrays by name (every declared one) and the keywords (a dict
+        shared by every call of ``kw``: read, never written)."""
+        site = _FWD_SITES.lookup(kw)
+        if site is MISSING:
+            kwd = decode(kw)
+            site = _FWD_SITES.put(kw, (kwd.pop("__in__"), kwd.pop("__arr__"), kwd))
+        where, names, kwd = site
         full: list[Any] = [None] * len(d.inputs)
-        for i, t in zip(kwd.pop("__in__"), inputs):
+        for i, t in zip(where, inputs):
             full[i] = t
-        arr = dict.fromkeys(d.arrays) | dict(zip(kwd.pop("__arr__"), arrays))
+        arr = dict.fromkeys(d.arrays) | dict(zip(names, arrays))
         return full, arr, kwd
 
+    new_res: dict[tuple, list[str]] = {}  # residual names -> the new ones (_new_residuals): the same per call site
+
+    def new_residuals(res_specs: dict) -> list[str]:
+        key = tuple(res_specs)
+        got = new_res.get(key)
+        if got is None:
+            got = new_res[key] = _new_residuals(d, res_specs)
+        return got
+
     def mutated(arr: dict) -> list[str]:
-        return [m for m in d.mutated if arr[m] is not None]
+        return [m for m in d.mutated if arr[m] is not None] if d.mutated else []
 
     def forward(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
         inputs, arr, kwd = unpack(inputs, arrays, kw)
@@ -365,7 +401,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
             arr[m] = arr[m].clone()
         outs, res = _dispatched_forward(d, inputs, arr, kwd, kw)
         result = [_as(o, s) for o, s in zip(outs, out_specs)] + [arr[m] for m in changed]
-        result += [_as(res[k], res_specs[k]) for k in _new_residuals(d, res_specs)]
+        result += [_as(res[k], res_specs[k]) for k in new_residuals(res_specs)]
         return result
 
     def fake(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
@@ -381,14 +417,13 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
     torch.library.register_fake(qual, fake, lib=lib)
 
     def backward_impl(residuals: list, douts: list, kw: str) -> list[torch.Tensor]:
-        kwd = decode(kw)
-        names, needs, specs = kwd.pop("__res__"), kwd.pop("__needs__"), kwd.pop("__specs__")
+        names, needs, settings, kwd, wants = _backward_site(kw)
         # the forward's cudnnkit.settings: autograd runs the backward on a thread of its own
-        with in_force(from_items(kwd.pop("__settings__"))):
-            grads = _dispatched_backward(d, names, residuals, douts, tuple(needs), kwd, kw)
+        with in_force(settings):
+            grads = _dispatched_backward(d, names, residuals, douts, needs, kwd, kw)
         dev = _device(residuals, douts)
         out = []
-        for g, want in zip(grads, _wants(kw, needs, specs)):
+        for g, want in zip(grads, wants):
             if want is None:
                 out.append(torch.empty(0, device=dev))
             else:  # laid out like its input (C order for an expanded one); a zero gradient where none came
@@ -442,5 +477,60 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         needs = [n for n, t in zip(ctx.needs, ctx.specs) if t is not None]
         return [g if need else None for g, need in zip(grads, needs)], [None] * ctx.n_arrays, None
 
-    torch.library.register_autograd(qual, backward, setup_context=setup_context, lib=lib)
-    return TorchOp(d, qual, getattr(getattr(torch.ops, namespace), d.name).default, bwd)
+    fwd = getattr(getattr(torch.ops, namespace), d.name).default
+    pair = _Pair(fwd._handle.redispatch_boxed, setup_context, backward)
+
+    def autograd_kernel(keyset: Any, given: list, arrays: list, kw: str) -> Any:
+        if torch.is_grad_enabled() and _any_requires_grad(given, arrays):
+            if torch._C._are_functorch_transforms_active():
+                raise NotImplementedError(
+                    f"{qual} does not support torch.func transforms (grad, vjp, jacrev, ...): differentiate it with "
+                    "torch.autograd (loss.backward(), torch.autograd.grad)"
+                )
+            return list(_Dispatched.apply(pair, keyset, len(given), kw, *given, *arrays))
+        with _BELOW_AUTOGRAD():
+            return pair.redispatch(keyset & _AFTER_AUTOGRAD, given, arrays, kw)
+
+    # what ``torch.library.register_autograd`` registers, without its generated wrappers (see _Dispatched)
+    lib.impl(d.name, autograd_kernel, "Autograd", with_keyset=True)
+    return TorchOp(d, qual, fwd, bwd)
+
+
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
+_any_requires_grad = torch._C._any_requires_grad
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """What :class:`_Dispatched` needs of one op pair: the forward op's ``redispatch_boxed``, its
+    ``setup_context(ctx, (given, arrays, kw), outputs)`` and ``backward(ctx, grads) -> (given's gradients, arrays'
+    (None each), None)``."""
+
+    redispatch: Any
+    setup_context: Any
+    backward: Any
+
+
+class _Dispatched(torch.autograd.Function):
+    """The custom op's autograd kernel (``Autograd``, with its dispatch keys), where the op's tensors need a gradient:
+    ``apply(pair, keyset, n_given, kw, *given, *arrays)`` redispatches below autograd to the op's implementation
+    and saves what the backward op needs. It is what ``torch.library.register_autograd`` makes of a ``backward``
+    and ``setup_context``, flattened by hand: that one flattens the op's tensor lists through ``torch.utils._pytree``
+    and wraps each call in a dataclass and two more Python frames (on the CPU, with a stand-in declaration: 139
+    -> 79 µs per forward and backward through the dispatcher, and the op's call without autograd, which a compiled
+    graph makes, 17.7 -> 13.8 µs: ``python -m benchmarks.host_cpu`` before and after)."""
+
+    @staticmethod
+    def forward(ctx: Any, pair: _Pair, keyset: Any, n: int, kw: str, *tensors: Any) -> tuple:  # type: ignore[override]
+        given, arrays = list(tensors[:n]), list(tensors[n:])
+        with _BELOW_AUTOGRAD():
+            out = pair.redispatch(keyset & _AFTER_AUTOGRAD, given, arrays, kw)
+        pair.setup_context(ctx, (given, arrays, kw), out)
+        ctx.pair = pair
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
+        g_given, g_arrays, _ = ctx.pair.backward(ctx, grads)
+        return (None, None, None, None, *g_given, *g_arrays)

@@ -110,8 +110,9 @@ def rows(iters: int = 20000, repeat: int = 5) -> list[tuple[str, float]]:
             lambda: _primitive._fire_graph(conv, e, ptrs, {}), iters, repeat)))  # fmt: skip
         # the replay of a recorded L3 call of that one hit: what it adds to the hit (pointers by slot, the step's
         # arrays and keywords rebuilt), and the key a call computes first (two arrays, the convolution's keywords)
-        trace = _replay.Trace([(_primitive._fire, conv, e, (("x", 0), ("w", 1)), tuple((k, v, None) for k, v in
-                              conv_kw.items()), (0, 1), None)], (2,), None, 2)  # fmt: skip
+        kw_items = tuple((k, v, None) for k, v in conv_kw.items())
+        step = (_primitive._fire, _primitive._fire_graph, conv, e, (("x", 0), ("w", 1)), kw_items, (0, 1), None)
+        trace = _replay.Trace([step], (2,), None, 2)
         stack.enter_context(mock.patch.dict(adapters.POINTER, {torch.Tensor: torch.Tensor.data_ptr}))
         out.append(("replayed L3 call of that one hit (Trace.replay)", _best_us(
             lambda: trace.replay([x, w]), iters, repeat)))  # fmt: skip

@@ -249,3 +249,23 @@ def test_a_call_with_another_count_of_arrays_runs_in_full(backend):
     x, extra = _arr(backend), _arr(backend)
     (out,), _ = _replay.call(("toyk",), lambda flat: ([leg({"x": flat[0]})], len(flat)), [x, extra])
     assert _replay.info()["replays"] == before and seen[-1][0] == x.ptr
+
+
+def test_a_graph_step_replays_on_the_pointer_only_path_into_a_given_output(backend, monkeypatch):
+    """A replayed graph hit takes ``_fire_graph`` (the plan with this call's pointers, nothing else), an ``out=``
+    array given by the call included: each replay writes this call's ``out``, read from the call's own arrays."""
+    fast = []
+    real = P._fire_graph
+    monkeypatch.setattr(P, "_fire_graph", lambda *a: fast.append(a[1]) or real(*a))
+    g, plan = _fake_graph_primitive("toy_replay_graph_out")
+    pairs = [(_arr(backend), _arr(backend)) for _ in range(8)]
+    got = []
+    for x, o in pairs:
+        key = _replay.key_of("toy_out", "f", arrays=[x, o], kw={})
+        got.append(_replay.call(key, lambda flat: ([g({"x": flat[0]}, out=flat[1])], None), [x, o]))
+    (t,) = [v for v in _replay.traces._d.values() if type(v) is _replay.Trace]
+    assert t.steps[0][1] is not None  # the step has the pointer-only path
+    assert _replay.info()["traced"] == 1 and _replay.info()["replays"] >= 3
+    assert len(fast) >= 5  # the entry's hits, recorded and replayed, all on the pointer-only path
+    for (x, o), ([res], _), (_, gptrs, _) in zip(pairs, got, plan.calls):
+        assert res is o and gptrs == (o.ptr, x.ptr)  # this call's out and x, in the plan's order

@@ -183,9 +183,23 @@ class Entry:
     #: statistics): a pointer-only hit allocates them like its new outputs
     fresh: tuple = ()
 
+    #: the pointer-only graph path's plan order (``fast`` entries): for each of the plan's bindable names, its
+    #: position in the signature's pointers, else ``-1 - k`` for the k-th array a hit allocates (``new`` then
+    #: ``fresh``, in order)
+    order: tuple = ()
+    #: the pointer-only path's results: ``(k, name)`` per output then extra, ``k`` its place among the arrays a hit
+    #: allocates, else None (a given output by ``name``; an extra not made); set by its first such hit
+    returns: Any = None
+
     def __post_init__(self) -> None:
         self.index = {v[0]: i for i, v in enumerate(self.views)}
         self.fast = self.path == "graph" and self.graph_form is not None and self.shaped
+        if self.fast:
+            at = {n[0]: -1 - k for k, n in enumerate((*self.new, *self.fresh))} | self.index
+            if all(n in at for n in self.graph_form[1]):
+                self.order = tuple(at[n] for n in self.graph_form[1])
+            else:  # a bindable name the hit has no array for: never the pointer-only path
+                self.fast = False
 
 
 def entry_from(launch: Any, views: dict[str, Any], given: list[str], new: list[tuple[str, Any]], call: Any,

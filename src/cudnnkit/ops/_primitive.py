@@ -471,7 +471,7 @@ def _run(p: Primitive, arrays: Mapping[str, Any], stream: Any, kwargs: dict) -> 
                         got = _fire(p, e, sig[1], arrays, kwargs)
                     finally:
                         _replay._tls.rec = rec
-                    rec.hit(_fire, p, e, arrays, kwargs, got)
+                    rec.hit(_fire, p, e, arrays, kwargs, got, _fire_graph if e.fast and not e.copies else None)
                     return got
     if rec is not None:
         rec.abandon()
@@ -766,19 +766,20 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
     in the plan's order, the new outputs and a workspace from the arrays' allocator, ``cudnnBackendExecute``.
     Returns MISSING (nothing done) when a pointer is not 16-byte aligned or an allocation fails: :func:`_fire`
     then takes the call (it copies, falls back and names what failed)."""
-    plan, order = e.graph_form
+    plan = e.graph_form[0]
     dev, ad = e.device, e.adapter
-    index = e.index
-    new: dict[str, Any] = {}
-    got: dict[str, int] = {}
+    made: list[Any] = []
+    made_ptrs: list[int] = []
     try:
-        for name, shape, dtype, strides, vad in e.new:
-            arr = new[name] = vad.empty(shape, dtype, dev, strides)
-            got[name] = pointer(arr, vad)
-        for name, shape, dtype, strides in e.fresh:  # extras the graph writes (saved statistics): made anew
-            arr = new[name] = ad.empty(shape, dtype, dev, strides)
-            got[name] = pointer(arr, ad)
-        call_ptrs = [ptrs[index[n]] if n in index else got[n] for n in order]
+        for _, shape, dtype, strides, vad in e.new:
+            arr = vad.empty(shape, dtype, dev, strides)
+            made.append(arr)
+            made_ptrs.append(pointer(arr, vad))
+        for _, shape, dtype, strides in e.fresh:  # extras the graph writes (saved statistics): made anew
+            arr = ad.empty(shape, dtype, dev, strides)
+            made.append(arr)
+            made_ptrs.append(pointer(arr, ad))
+        call_ptrs = [ptrs[i] if i >= 0 else made_ptrs[-1 - i] for i in e.order]
         low = 0
         for q in call_ptrs:
             low |= q
@@ -801,7 +802,13 @@ def _fire_graph(p: Primitive, e: Any, ptrs: list[int], kwargs: Mapping[str, Any]
         plan.execute_raw(h.ptr, call_ptrs, ws_ptr)
     del ws  # the allocator's stream-ordered free follows the queued work
     _last.path = (p.name, "graph")
-    res = [new[o.name] if o.name in new else kwargs.get(o.name) for o in p.outputs] + [new.get(n) for n in p.extras]
+    ret = e.returns
+    if ret is None:  # each output's and extra's place among the arrays made (None: a given output, or no extra)
+        at = {n[0]: k for k, n in enumerate((*e.new, *e.fresh))}
+        ret = e.returns = tuple((at.get(o.name), o.name) for o in p.outputs) + tuple(
+            (at.get(n), None) for n in p.extras
+        )
+    res = [made[k] if k is not None else (kwargs.get(name) if name else None) for k, name in ret]
     return res[0] if len(res) == 1 else tuple(res)
 
 

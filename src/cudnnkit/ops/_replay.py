@@ -74,9 +74,12 @@ class _Local(threading.local):
 _tls = _Local()
 
 
+_NONE: dict = {}  # no keywords (read only)
+
+
 class Trace:
-    """The L2 calls of one recorded call: ``steps`` of ``(fire, primitive, entry, arrays, kwargs, pointer slots,
-    results)`` where each array is a slot (the call's own arrays first, in order, then each step's results), and
+    """The L2 calls of one recorded call: ``steps`` of ``(fire, graph, primitive, entry, arrays, kwargs, pointer
+    slots, results)`` (``graph``: see :meth:`_Recorder.hit`) where each array is a slot (the call's own arrays first, in order, then each step's results), and
     ``outs``, the slot (or None) of each array the call returned."""
 
     __slots__ = ("steps", "outs", "form", "n_in", "replays")
@@ -93,11 +96,15 @@ class Trace:
         the recorded call's ``form``."""
         pointer = adapters.pointer
         vals = list(flat)
-        for fire, p, e, arr_slots, kw_items, ptr_slots, n_res in self.steps:
-            arrays = {n: (None if s is None else vals[s]) for n, s in arr_slots}
-            kwargs = {k: (vals[s] if s is not None else v) for k, v, s in kw_items}
+        for fire, graph, p, e, arr_slots, kw_items, ptr_slots, n_res in self.steps:
             ptrs = [pointer(vals[s]) for s in ptr_slots]
-            got = fire(p, e, ptrs, arrays, kwargs)
+            got = MISSING
+            if graph is not None:  # the pointer-only graph path: no arrays or keywords but a given output's
+                got = graph(p, e, ptrs, {k: vals[s] for k, _, s in kw_items if s is not None} if e.given else _NONE)
+            if got is MISSING:
+                arrays = {n: (None if s is None else vals[s]) for n, s in arr_slots}
+                kwargs = {k: (vals[s] if s is not None else v) for k, v, s in kw_items}
+                got = fire(p, e, ptrs, arrays, kwargs)
             if n_res is None:
                 vals.append(got)
             else:
@@ -132,9 +139,11 @@ class _Recorder:
             self.ok = False
         return s
 
-    def hit(self, fire: Callable, p: Any, e: Any, arrays: Any, kwargs: Any, got: Any) -> None:
+    def hit(self, fire: Callable, p: Any, e: Any, arrays: Any, kwargs: Any, got: Any, graph: Any = None) -> None:
         """An express hit of primitive ``p`` (entry ``e``) on ``arrays``/``kwargs``, made by ``fire(p, e, pointers,
-        arrays, kwargs)`` (:func:`~cudnnkit.ops._primitive._fire`), which returned ``got``."""
+        arrays, kwargs)`` (:func:`~cudnnkit.ops._primitive._fire`), which returned ``got``; ``graph(p, e,
+        pointers, given outputs)`` the pointer-only graph path a replay tries first (``_fire_graph``: it returns
+        MISSING where ``fire`` must take the call), None where the entry has none."""
         if not self.ok:
             return
         arr_slots = tuple((n, None if a is None else self._slot(a)) for n, a in arrays.items())
@@ -158,7 +167,7 @@ class _Recorder:
         else:
             n_res = None
             self._add(got)
-        self.steps.append((fire, p, e, arr_slots, tuple(kw_items), tuple(ptr_slots), n_res))
+        self.steps.append((fire, graph, p, e, arr_slots, tuple(kw_items), tuple(ptr_slots), n_res))
 
     def abandon(self) -> None:
         """An L2 call that was not an express hit (or whose result the library finishes later): no trace."""

@@ -13,6 +13,7 @@ from cudnnkit.runtime import FLOATS, adapters
 
 from .fuzz.materialize import FakeArray, FakeBackend
 from .fuzz.model import A
+from .graph_fakes import recording_copies
 from .test_primitive_cpu import _fake_graph_primitive
 
 
@@ -269,3 +270,48 @@ def test_a_graph_step_replays_on_the_pointer_only_path_into_a_given_output(backe
     assert len(fast) >= 5  # the entry's hits, recorded and replayed, all on the pointer-only path
     for (x, o), ([res], _), (_, gptrs, _) in zip(pairs, got, plan.calls):
         assert res is o and gptrs == (o.ptr, x.ptr)  # this call's out and x, in the plan's order
+
+
+def test_a_replay_the_pointer_only_path_refuses_falls_back_once(backend, monkeypatch):
+    """A replayed graph step whose ``out=`` is not 16-byte aligned: the pointer-only path refuses it (MISSING) and
+    the full hit takes the call (through an aligned temporary written back to ``out``) without trying the
+    pointer-only path a second time."""
+    recording_copies(monkeypatch)
+    tries = []
+    real = P._fire_graph
+    monkeypatch.setattr(P, "_fire_graph", lambda *a: tries.append(r := real(*a)) or r)
+    g, plan = _fake_graph_primitive("toy_replay_misaligned")
+    fn = lambda flat: ([g({"x": flat[0]}, out=flat[1])], None)  # noqa: E731
+    key = lambda x, o: _replay.key_of("toy_mis", "f", arrays=[x, o], kw={})  # noqa: E731
+    for _ in range(6):
+        x, o = _arr(backend), _arr(backend)
+        _replay.call(key(x, o), fn, [x, o])
+    x = _arr(backend)
+    o = backend.array(A((2, 3, 4), "float32", layout=("offset", 2)), np.zeros((2, 3, 4)), "fakeA", None)
+    assert o.ptr % 16 and key(x, o) == key(_arr(backend), _arr(backend))  # the same trace replays it
+    before, n = _replay.info()["replays"], len(tries)
+    (res,), _ = _replay.call(key(x, o), fn, [x, o])
+    assert _replay.info()["replays"] == before + 1 and res is o
+    assert tries[n:] == [P.MISSING]  # one pointer-only attempt, then the full hit
+    _, ptrs, _ = plan.calls[-1]
+    assert ptrs[0] % 16 == 0 and ptrs[1] == x.ptr
+
+
+def test_a_replayed_graph_step_makes_its_fresh_extras_anew(backend, monkeypatch):
+    """A graph step with an extra the graph writes (saved statistics) and a given ``out=``: each replay returns
+    this call's ``out``, a new extra, and binds them with this call's ``x`` in the plan's order."""
+
+    def prepare(c):
+        arr, c.views["stat"] = c.launch.empty((3,), "float32", name="stat")
+        c.extra["stat"] = arr
+
+    g, plan = _fake_graph_primitive("toy_replay_fresh", prepare=prepare, extras=("stat",))
+    fn = lambda flat: (list(g({"x": flat[0]}, out=flat[1])), None)  # noqa: E731
+    got = []
+    for _ in range(8):
+        x, o = _arr(backend), _arr(backend)
+        got.append((x, o, _replay.call(_replay.key_of("toy_fresh", "f", arrays=[x, o], kw={}), fn, [x, o])[0]))
+    assert _replay.info()["replays"] >= 3
+    for (x, o, (ro, st)), (_, ptrs, _) in zip(got, plan.calls):
+        assert ro is o and st is not None and ptrs == (o.ptr, x.ptr, st.ptr)
+    assert len({st.ptr for _, _, (_, st) in got}) == 8

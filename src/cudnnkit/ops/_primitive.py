@@ -827,14 +827,15 @@ def _copy_inputs(e: Any, ptrs: list[int], arrays: Mapping[str, Any]) -> tuple[li
     return ptrs, made
 
 
-def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Any:
+def _fire(p: Primitive, e: Any, ptrs: list[int], arrays: Mapping[str, Any], kwargs: Mapping[str, Any],
+          fast: bool = True) -> Any:  # fmt: skip
     """A call on the express path (:mod:`cudnnkit.ops._express`): entry ``e``'s templates with this call's
     pointers, its new outputs allocated, then ``check_plan`` and the form the first call took, as :func:`run`
     makes them (the legacy call directly: its router decision is the entry's)."""
     made = None
     if e.copies:
         ptrs, made = _copy_inputs(e, ptrs, arrays)
-    if e.fast:
+    if e.fast and fast:  # (fast False: the caller's own _fire_graph just returned MISSING)
         got = _fire_graph(p, e, ptrs, kwargs)
         if got is not MISSING:
             return got

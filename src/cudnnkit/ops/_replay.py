@@ -104,7 +104,7 @@ class Trace:
             if got is MISSING:
                 arrays = {n: (None if s is None else vals[s]) for n, s in arr_slots}
                 kwargs = {k: (vals[s] if s is not None else v) for k, v, s in kw_items}
-                got = fire(p, e, ptrs, arrays, kwargs)
+                got = fire(p, e, ptrs, arrays, kwargs, graph is None)  # not the pointer-only path again
             if n_res is None:
                 vals.append(got)
             else:

@@ -479,15 +479,20 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
 
     fwd = getattr(getattr(torch.ops, namespace), d.name).default
     pair = _Pair(fwd._handle.redispatch_boxed, setup_context, backward)
+    # one class per op: its backward node is named for the op (``cudnnkit_convolutionBackward`` in anomaly traces,
+    # profiles and graph dumps) and compiled autograd keys it apart from the other ops'
+    function = type(
+        f"{namespace}_{d.name}", (_Dispatched,), {"__module__": __name__, "__qualname__": f"{namespace}_{d.name}"}
+    )
 
     def autograd_kernel(keyset: Any, given: list, arrays: list, kw: str) -> Any:
         if torch.is_grad_enabled() and _any_requires_grad(given, arrays):
             if torch._C._are_functorch_transforms_active():
                 raise NotImplementedError(
-                    f"{qual} does not support torch.func transforms (grad, vjp, jacrev, ...): differentiate it with "
+                    f"{qual} does not support torch.func transforms (grad, vjp, jacrev, vmap, ...): differentiate it with "
                     "torch.autograd (loss.backward(), torch.autograd.grad)"
                 )
-            return list(_Dispatched.apply(pair, keyset, len(given), kw, *given, *arrays))
+            return list(function.apply(pair, keyset, len(given), kw, *given, *arrays))
         with _BELOW_AUTOGRAD():
             return pair.redispatch(keyset & _AFTER_AUTOGRAD, given, arrays, kw)
 
@@ -513,7 +518,8 @@ class _Pair:
 
 
 class _Dispatched(torch.autograd.Function):
-    """The custom op's autograd kernel (``Autograd``, with its dispatch keys), where the op's tensors need a gradient:
+    """The custom op's autograd kernel (``Autograd``, with its dispatch keys), where the op's tensors need a gradient
+    (each op has a subclass of its own, named ``<namespace>_<name>``):
     ``apply(pair, keyset, n_given, kw, *given, *arrays)`` redispatches below autograd to the op's implementation
     and saves what the backward op needs. It is what ``torch.library.register_autograd`` makes of a ``backward``
     and ``setup_context``, flattened by hand: that one flattens the op's tensor lists through ``torch.utils._pytree``

@@ -12,6 +12,13 @@ for what needs a device, so a change to them can be timed on any machine before 
 * ``replayed L3 call``: :meth:`cudnnkit.ops._replay.Trace.replay` of a trace of that one graph hit (what a replay
   adds to the hit itself), and :func:`cudnnkit.ops._replay.key_of` of a call of two arrays with the convolution's
   keywords (what every replayable call computes first);
+* ``eager op chain``: the whole per-op chain of an eager torch call, forward and ``torch.autograd.grad``, for a
+  ``capture_safe`` stand-in op whose forward and backward each make one L2 call (``activation_forward``, seeded as
+  a pointer-only graph hit over a plan that does nothing): TorchOp, its autograd function, the replay key and
+  the replay, then the same with replay off (each L2 call its express hit). The stand-in's declaration is a
+  lambda, where a real one handles its keywords and layouts, so this shows the chain's cost, not what replay saves
+  a real op (``python -m benchmarks.replay_ab`` measures that on the GPU); the ``torch: ... torch.autograd.grad``
+  row is its scale;
 * ``torch glue``: :class:`cudnnkit.torch._library.TorchOp` of a stand-in differentiable op (``y = x * 1``) on the
   eager path, without and with autograd, forward and backward, beside torch's own ``x * 1.0`` forward and backward;
   the custom op called as a compiled graph calls it (no autograd: the dispatcher, the op's autograd kernel, its
@@ -118,6 +125,7 @@ def rows(iters: int = 20000, repeat: int = 5) -> list[tuple[str, float]]:
             lambda: trace.replay([x, w]), iters, repeat)))  # fmt: skip
         out.append(("replay key of a call (two arrays, conv keywords)", _best_us(
             lambda: _replay.key_of("convolution", arrays=(x, w), kw=conv_kw), iters, repeat)))  # fmt: skip
+        out += _eager_chain(torch, ad, act, act_kw, max(iters // 10, 1), repeat)
     out.append(("torch.empty_strided on the CPU (scale)", _best_us(
         lambda: torch.empty_strided((64, 64, 32, 32), (65536, 1, 2048, 64)), iters, repeat)))  # fmt: skip
 
@@ -142,6 +150,50 @@ def rows(iters: int = 20000, repeat: int = 5) -> list[tuple[str, float]]:
             lambda: torch.autograd.backward(t_op(xg), g), n, repeat)))  # fmt: skip
     out.append(("torch: x * 1.0 forward + backward (scale)", _best_us(
         lambda: torch.autograd.backward(xg * 1.0, g), n, repeat)))  # fmt: skip
+    out.append(("torch: x * 1.0 forward + torch.autograd.grad (scale)", _best_us(
+        lambda: torch.autograd.grad(xg * 1.0, xg, g), n, repeat)))  # fmt: skip
+    return out
+
+
+def _eager_chain(torch: Any, ad: _CpuAdapter, act: Any, act_kw: dict, n: int, repeat: int) -> list[tuple[str, float]]:
+    """The whole per-op chain of an eager torch call (TorchOp, its autograd function, the replay key, the replay
+    and the pointer-only graph hit) for a ``capture_safe`` stand-in op whose forward and backward each make one L2
+    call of ``activation_forward``, seeded as an express hit on the graph path over a plan that does nothing; with
+    replay on and off (then each L2 call takes its express hit: the declaration's Python, the L2 call, the
+    signature). Runs inside :func:`rows`' stand-ins (``KEYED``, ``POINTER``, the handle)."""
+    from cudnnkit.ops import _express, _replay
+    from cudnnkit.ops._diff import Differentiable, new_like
+    from cudnnkit.torch import _library
+
+    shape, strides = (2, 8, 2, 2), (32, 1, 16, 8)  # channels-last; tiny: the rows time Python, not CPU arithmetic
+    x = torch.empty_strided(shape, strides).requires_grad_(True)
+    g = torch.empty_strided(shape, strides)
+    views = (("x", shape, strides, "float32", ad),)
+    sig = _express.signature(act, {"x": x.detach()}, act_kw)
+    _express.entries.put(sig[0], _express.Entry(0, ad, ("x",), views, 0, (("out", shape, "float32", strides, ad),),
+                                                None, None, None, None, None, {}, True, path="graph",
+                                                graph_form=(_NoPlan(), ("x", "out"))))  # fmt: skip
+    op = Differentiable("host_cpu_chain", "activation_forward", ("x",), ("out",),
+                        lambda x, **kw: ((act({"x": x}, **act_kw),), {}),
+                        lambda res, douts, needs, **kw: (act({"x": douts[0]}, **act_kw),),
+                        lambda x, **kw: ((new_like(x),), {}), capture_safe=True)  # fmt: skip
+    t_op = _library.define(op, namespace="cudnnkit_host_cpu")
+    step = lambda: torch.autograd.grad(t_op(x), x, g)  # noqa: E731  (no accumulation into x.grad)
+    out = []
+    was = _replay.enabled()
+    try:
+        with mock.patch.object(_library, "_EAGER_CPU", True):
+            for on in (True, False):
+                _replay.enabled(on)
+                for _ in range(20):  # warm: the trace recorded
+                    step()
+                label = "replayed" if on else "replay off"
+                out.append((f"eager op chain, forward + backward ({label})", _best_us(step, n, repeat)))
+                if on and _replay.info()["replays"] < n:  # (turning replay off drops the traces)
+                    raise RuntimeError("the eager chain row did not replay: it would measure something else")
+    finally:
+        _replay.enabled(was)
+        _express.entries.pop(sig[0], None)
     return out
 
 

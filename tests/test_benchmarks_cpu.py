@@ -111,6 +111,10 @@ def test_the_cpu_host_cost_rows_run():
     assert names[0] == "express signature, convolution_forward" and any(n.startswith("_fire_graph") for n in names)
     assert sum(n.startswith("torch glue") for n in names) == 5
     assert sum(n.startswith("replay") for n in names) == 2
+    assert sum(n.startswith("eager op chain") for n in names) == 2  # (the replayed one raises if nothing replayed)
     assert all(us > 0 for _, us in got)
     assert adapters.KEYED == before and adapters.POINTER == pointers
+    from cudnnkit.ops import _express, _replay
+
+    assert _replay.enabled() and _express.enabled()  # turned back on after the replay-off row
     assert host_cpu.main(["--iters", "20", "--repeat", "1"]) == 0

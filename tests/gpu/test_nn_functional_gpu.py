@@ -649,31 +649,3 @@ def test_every_function_is_covered():
                                         "scaled_dot_product_attention"}  # fmt: skip
     covered |= {w for w, _, _ in REFUSED if w in ("gelu", "leaky_relu", "softplus")}  # raise: nothing to compare
     assert covered == set(nn.__all__), sorted(set(nn.__all__) ^ covered)
-
-
-def test_torch_func_grad_and_vjp_through_cudnnkit_ops():
-    """``torch.func.grad`` over a loss of cudnnkit's convolution, batch norm (no running statistics), ReLU and max
-    pooling gives torch.autograd's gradients of the same function of torch's ops, and ``vjp`` of the convolution
-    its data and weight gradients; ``vmap`` over a cudnnkit op is refused by name (no batching rule)."""
-    x, w = cl(r(4, 8, 12, 12)), r(16, 8, 3, 3, scale=0.2)
-    gamma, beta = u(0.5, 1.5, 16), r(16, scale=0.1)
-
-    def loss(fn, xx, ww, g, b):
-        y = fn.conv2d(xx, ww, padding=1)
-        y = fn.batch_norm(y, None, None, g, b, training=True)
-        return (fn.max_pool2d(fn.relu(y), 2) ** 2).sum()
-
-    got = torch.func.grad(lambda *a: loss(nn, *a), argnums=(0, 1, 2, 3))(x, w, gamma, beta)
-    args = [t.clone().requires_grad_(True) for t in (x, w, gamma, beta)]
-    want = torch.autograd.grad(loss(F, *args), args)
-    for g, v in zip(got, want):
-        assert rel(g, v) < GTOL
-    ct = r(4, 16, 12, 12)
-    out, pull = torch.func.vjp(lambda a, b: nn.conv2d(a, b, padding=1), x, w)
-    xa, wa = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    ref = F.conv2d(xa, wa, padding=1)
-    assert rel(out, ref) < TOL
-    for g, v in zip(pull(ct), torch.autograd.grad(ref, (xa, wa), ct)):
-        assert rel(g, v) < GTOL
-    with pytest.raises(NotImplementedError, match="cudnnkit::"):
-        torch.func.vmap(lambda a: nn.relu(a))(x)

@@ -19,17 +19,9 @@ gradient is laid out like its input, C order for an expanded one); the real call
 wrote another layout, which the declarations avoid), so tracing and running agree. The forward's autograd kernel
 (what ``torch.library.register_autograd`` registers, written out: :class:`_Dispatched`) saves the residuals and
 calls the backward op, so eager mode, ``torch.autograd.gradcheck``, ``torch.library.opcheck`` and
-``torch.compile(fullgraph=True)`` all see one opaque op each way.
-
-**torch.func.** A call through :class:`TorchOp` under one ``torch.func.grad``/``vjp`` level (``functional_call``
-included) runs as :class:`_Transformed`, an autograd function with
-``setup_context`` over the same forward and backward ops, as ``torch.func`` needs (the op's autograd kernel runs
-inside the dispatcher, below the transform's levels, where no autograd function can take part in them).
-``functionalize`` alone calls the custom op as it is. ``vmap`` (and so ``jacrev``/``jacfwd``/``hessian``),
-``jvp``, nested differentiating levels and ``functionalize`` around ``grad`` raise
-``NotImplementedError`` naming the op: there is no batching rule, no forward-mode formula, and the backward op is
-not differentiable again. The custom op called directly (``torch.ops.cudnnkit.<name>``) under a differentiating
-transform raises too; ``register_autograd``'s kernel could not run there either.
+``torch.compile(fullgraph=True)`` all see one opaque op each way. ``torch.func``'s differentiating transforms
+raise ``NotImplementedError`` (``register_autograd``'s kernel cannot run under them either: an autograd function
+without ``setup_context``).
 
 Both ops are defined with ``torch.library.Library`` (``define``, ``impl`` under ``CompositeExplicitAutograd``,
 ``register_fake``, an autograd kernel), not ``torch.library.custom_op``, whose wrappers add a Python frame, an
@@ -115,8 +107,6 @@ class TorchOp:
     qualname: str
     forward_op: Any
     backward_op: Any
-    #: the op pair's ``setup_context`` and ``backward`` (:class:`_Pair`), for :class:`_Transformed`
-    pair: Any = None
 
     def __call__(self, *inputs: Any, **kw: Any) -> Any:
         d = self.d
@@ -130,11 +120,7 @@ class TorchOp:
                 outs = _forward(d, inputs, arrays, kw)[0]
             return outs[0] if len(outs) == 1 else tuple(outs)
         given = {n: kw.get(n) for n in d.arrays}
-        args = self.args(*inputs, **kw)
-        if torch._C._are_functorch_transforms_active() and _differentiating(self.qualname):
-            got = _Transformed.apply(self, len(args[0]), args[2], *args[0], *args[1])  # torch.func's grad, vjp, ...
-        else:
-            got = self.forward_op(*args)
+        got = self.forward_op(*self.args(*inputs, **kw))
         n = len(d.outputs)
         if d.mutated:
             with torch.no_grad():
@@ -166,51 +152,6 @@ def _tracing() -> bool:
         or _python_dispatch._get_current_dispatch_mode() is not None
         or torch._C._are_functorch_transforms_active()
     )
-
-
-def _differentiating(qual: str) -> bool:
-    """Whether the ``torch.func`` transforms in force are one ``grad``/``vjp`` level: then a call goes through
-    :class:`_Transformed`. ``functionalize`` alone: False (the custom op as it is, a functional op).
-    ``NotImplementedError`` naming the op for anything else: ``vmap`` (no batching rule), ``jvp`` (no forward-mode
-    formula), nested differentiating levels (its backward is not differentiable: a second level would see a zero
-    where the second derivative is) and ``functionalize`` around ``grad`` (torch has no functionalization of an
-    autograd function)."""
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
-    kinds = [i.key() for i in retrieve_all_functorch_interpreters()]
-    T = torch._C._functorch.TransformType
-    if kinds == [T.Grad]:
-        return True
-    if all(k == T.Functionalize for k in kinds):
-        return False
-    names = ", ".join(k.name.lower() for k in kinds)
-    raise NotImplementedError(
-        f"{qual} takes part in one torch.func grad/vjp transform, not these: {names} (no batching rule, no "
-        "forward-mode formula, a backward that is not differentiable again, no functionalization of it)"
-    )
-
-
-class _Transformed(torch.autograd.Function):
-    """A call under a ``torch.func`` transform (``grad``, ``vjp``, ``jacrev``, ...): ``apply(top, n_given, kw,
-    *given, *arrays)``, the custom op's forward and backward ops as one autograd function with ``setup_context``,
-    which is what ``torch.func`` needs of one (the op's own autograd kernel runs inside the dispatcher, below the
-    transform's levels, where it cannot take part in them). The forward op runs one level down; its backward op
-    gives the gradients, which are not differentiable again (a transform nested in another raises)."""
-
-    @staticmethod
-    def forward(top: TorchOp, n: int, kw: str, *tensors: Any) -> tuple:  # type: ignore[override]
-        return tuple(top.forward_op(list(tensors[:n]), list(tensors[n:]), kw))
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        top, n, kw, *tensors = inputs
-        top.pair.setup_context(ctx, (list(tensors[:n]), list(tensors[n:]), kw), list(output))
-        ctx.pair = top.pair
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
-        g_given, g_arrays, _ = ctx.pair.backward(ctx, grads)
-        return (None, None, None, *g_given, *g_arrays)
 
 
 class _Eager(torch.autograd.Function):
@@ -548,9 +489,8 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         if torch.is_grad_enabled() and _any_requires_grad(given, arrays):
             if torch._C._are_functorch_transforms_active():
                 raise NotImplementedError(
-                    f"torch.ops.{qual.replace('::', '.')} called directly under a torch.func transform: call it through "
-                    "cudnnkit.torch (its ops, modules or cudnnkit.nn), which takes part in one grad/vjp level, or "
-                    "differentiate it with torch.autograd"
+                    f"{qual} does not support torch.func transforms (grad, vjp, jacrev, vmap, ...): differentiate it with "
+                    "torch.autograd (loss.backward(), torch.autograd.grad)"
                 )
             return list(function.apply(pair, keyset, len(given), kw, *given, *arrays))
         with _BELOW_AUTOGRAD():
@@ -558,7 +498,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
 
     # what ``torch.library.register_autograd`` registers, without its generated wrappers (see _Dispatched)
     lib.impl(d.name, autograd_kernel, "Autograd", with_keyset=True)
-    return TorchOp(d, qual, fwd, bwd, pair)
+    return TorchOp(d, qual, fwd, bwd)
 
 
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset

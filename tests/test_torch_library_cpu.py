@@ -292,3 +292,48 @@ def test_the_autograd_kernel_records_only_under_grad_and_refuses_torch_func(path
         assert type(y.grad_fn).__name__ == "cudnnkit_test_mul_scaleBackward"  # the op's own node
     with pytest.raises(NotImplementedError, match="cudnnkit_test::mul_scale does not support torch.func"):
         torch.func.grad(lambda a: T(a, w.detach())[0].sum())(x.detach())
+
+
+def test_a_second_derivative_through_the_backward_raises_not_a_silent_wrong_value(path):
+    """``create_graph=True``: the first derivative comes back right, and differentiating it again raises naming
+    the op. The backward is cuDNN's (here a stand-in run under no_grad, as cuDNN writes through pointers), so a
+    second derivative would silently miss its terms."""
+    opaque = Differentiable("mul_scale_opaque", "softmax_forward", ("x", "w"), ("out", "sum"), _fwd,
+                            lambda res, douts, needs, **kw: _no_graph(_bwd, res, douts, needs, **kw), _meta,
+                            arrays=("bias", "stat"), mutated=("stat",))  # fmt: skip
+    t = L.define(opaque, namespace="cudnnkit_test")
+    x, w = _args()
+    y, s = t(x, w, scale=0.5)
+    (gx,) = torch.autograd.grad((y * y).sum() + s.sum(), (x,), create_graph=True)
+    want = (2 * (x * w * 0.5) * 0.5 + 1) * w
+    assert torch.allclose(gx, want.detach())
+    for second in (gx.sum(), gx.sum() + x.sum()):  # also where x reaches the loss another way too
+        with pytest.raises(RuntimeError, match="mul_scale_opaque's backward is not differentiable"):
+            torch.autograd.grad(second, (x,), retain_graph=True)
+    wc = w.detach()  # an input that needs no gradient: its gradient stays None, x's still refuses
+    (gx,) = torch.autograd.grad(t(x, wc)[0].square().sum(), (x,), create_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        gx.sum().backward()
+
+
+def _no_graph(fn, *a, **kw):
+    with torch.no_grad():
+        return fn(*a, **kw)
+
+
+@pytest.mark.parametrize("how", ["forward_ad", "jvp", "linearize"])
+def test_forward_mode_ad_is_refused_not_dropped(path, how):
+    """A forward-mode tangent would be dropped (cuDNN's ops have none): refused by name, never a zero."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, w = _args()
+    xd, wd = x.detach(), w.detach()
+    f = lambda a: T(a, wd)[0]  # noqa: E731
+    with pytest.raises(NotImplementedError, match="mul_scale (has no forward-mode|does not support torch.func)"):
+        if how == "forward_ad":
+            with fwAD.dual_level():
+                f(fwAD.make_dual(xd, torch.ones_like(xd)))
+        elif how == "jvp":
+            torch.func.jvp(f, (xd,), (torch.ones_like(xd),))
+        else:
+            torch.func.linearize(f, xd)[1](torch.ones_like(xd))

@@ -19,9 +19,14 @@ gradient is laid out like its input, C order for an expanded one); the real call
 wrote another layout, which the declarations avoid), so tracing and running agree. The forward's autograd kernel
 (what ``torch.library.register_autograd`` registers, written out: :class:`_Dispatched`) saves the residuals and
 calls the backward op, so eager mode, ``torch.autograd.gradcheck``, ``torch.library.opcheck`` and
-``torch.compile(fullgraph=True)`` all see one opaque op each way. ``torch.func``'s differentiating transforms
-raise ``NotImplementedError`` (``register_autograd``'s kernel cannot run under them either: an autograd function
-without ``setup_context``).
+``torch.compile(fullgraph=True)`` all see one opaque op each way.
+
+**What is refused, never answered wrong.** The backward is cuDNN's, so autograd has no graph through it: a
+gradient taken with ``create_graph=True`` comes back right, and differentiating it again raises naming the op
+(:func:`_once_differentiable`; it would otherwise miss the backward's terms). Forward-mode AD
+(``torch.autograd.forward_ad``, ``torch.func.jvp``/``linearize``) raises ``NotImplementedError`` (the tangent would
+be dropped), and so do ``torch.func`` transforms other than ``functionalize`` (the op's autograd kernel runs
+below their levels, where ``grad`` cannot see it; ``vmap`` finds no batching rule first).
 
 Both ops are defined with ``torch.library.Library`` (``define``, ``impl`` under ``CompositeExplicitAutograd``,
 ``register_fake``, an autograd kernel), not ``torch.library.custom_op``, whose wrappers add a Python frame, an
@@ -48,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd import forward_ad as _fwad
 from torch.utils import _python_dispatch
 
 from ..autograd import _kw
@@ -112,6 +118,8 @@ class TorchOp:
         d = self.d
         if len(inputs) != len(d.inputs):
             raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
+        if _fwad._current_level >= 0:
+            _refuse_tangents(d.name, inputs)
         if EAGER and _plain(inputs) and (not d.arrays or _plain([kw.get(n) for n in d.arrays])) and not _tracing():
             arrays = {n: kw.pop(n, None) for n in d.arrays} if d.arrays else {}
             if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
@@ -184,7 +192,56 @@ class _Eager(torch.autograd.Function):
         needs = ctx.needs_input_grad[3:]
         with in_force(ctx.settings):
             got = _backward(d, ctx.rkey, ctx.names, ctx.saved_tensors, douts, needs, ctx.kw)
-        return (None, None, None, *[g if n else None for g, n in zip(got, needs)])
+        got = [g if n else None for g, n in zip(got, needs)]
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative would be wrong, so it raises
+            got = _once_differentiable(d.name, got, (*grads, *ctx.saved_tensors))
+        return (None, None, None, *got)
+
+
+def _refuse_transforms(qual: str) -> None:
+    """``NotImplementedError`` naming op ``qual`` under any ``torch.func`` transform but ``functionalize`` (the op
+    is functional): it has no batching rule, no forward-mode formula, and its autograd kernel runs inside the
+    dispatcher, below the transform's levels, where ``grad``/``vjp`` cannot see it (its gradient would be lost)."""
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    T = torch._C._functorch.TransformType
+    kinds = [i.key() for i in retrieve_all_functorch_interpreters()]
+    if any(k != T.Functionalize for k in kinds):
+        names = ", ".join(k.name.lower() for k in kinds)
+        raise NotImplementedError(
+            f"{qual} does not support torch.func transforms ({names}): differentiate it with torch.autograd "
+            "(loss.backward(), torch.autograd.grad)"
+        )
+
+
+def _refuse_tangents(qual: str, tensors: Any) -> None:
+    """``NotImplementedError`` naming op ``qual`` when a tensor carries a forward-mode tangent
+    (``torch.autograd.forward_ad``, ``torch.func.linearize``): cuDNN's ops have no forward-mode formula, and the
+    tangent would be dropped (a zero where the derivative is)."""
+    for t in tensors:
+        if t is not None and _fwad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                f"{qual} has no forward-mode derivative (torch.autograd.forward_ad, torch.func.jvp/linearize): "
+                "differentiate it in reverse mode (loss.backward(), torch.autograd.grad)"
+            )
+
+
+def _once_differentiable(name: str, grads: list, inputs: tuple) -> list:
+    """The gradients of a backward that ran under grad mode (``create_graph=True``), made to raise when
+    differentiated again where any of ``inputs`` (the cotangents and saved tensors) needs a gradient: cuDNN computed
+    them, so autograd has no graph through them, and a second derivative would silently miss their terms
+    (what ``torch.autograd.function.once_differentiable`` does, with the saved tensors counted too)."""
+    links = [t for t in inputs if t is not None and t.requires_grad]
+    if not links:
+        return grads
+    # each output of the error node hangs on every one of its inputs: through ``links`` a second derivative
+    # reaches the node (and raises) whichever inputs it is taken for, not only through the gradients themselves
+    err = torch._C._functions.DelayedError(
+        f"{name}'s backward is not differentiable (cuDNN computes it): no second derivative through it".encode(),
+        len(grads) + len(links),
+    )
+    got = err(*[None if g is None else g.detach() for g in grads], *links)
+    return list(got[: len(grads)])
 
 
 def _unexpanded(g: Any, strides: Any) -> Any:
@@ -478,7 +535,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         return [g if need else None for g, need in zip(grads, needs)], [None] * ctx.n_arrays, None
 
     fwd = getattr(getattr(torch.ops, namespace), d.name).default
-    pair = _Pair(fwd._handle.redispatch_boxed, setup_context, backward)
+    pair = _Pair(fwd._handle.redispatch_boxed, setup_context, backward, qual)
     # one class per op: its backward node is named for the op (``cudnnkit_convolutionBackward`` in anomaly traces,
     # profiles and graph dumps) and compiled autograd keys it apart from the other ops'
     function = type(
@@ -486,12 +543,11 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
     )
 
     def autograd_kernel(keyset: Any, given: list, arrays: list, kw: str) -> Any:
+        if torch._C._are_functorch_transforms_active():
+            _refuse_transforms(qual)
+        if _fwad._current_level >= 0:
+            _refuse_tangents(qual, given)
         if torch.is_grad_enabled() and _any_requires_grad(given, arrays):
-            if torch._C._are_functorch_transforms_active():
-                raise NotImplementedError(
-                    f"{qual} does not support torch.func transforms (grad, vjp, jacrev, vmap, ...): differentiate it with "
-                    "torch.autograd (loss.backward(), torch.autograd.grad)"
-                )
             return list(function.apply(pair, keyset, len(given), kw, *given, *arrays))
         with _BELOW_AUTOGRAD():
             return pair.redispatch(keyset & _AFTER_AUTOGRAD, given, arrays, kw)
@@ -515,6 +571,7 @@ class _Pair:
     redispatch: Any
     setup_context: Any
     backward: Any
+    qual: str
 
 
 class _Dispatched(torch.autograd.Function):
@@ -539,4 +596,6 @@ class _Dispatched(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
         g_given, g_arrays, _ = ctx.pair.backward(ctx, grads)
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative would be wrong, so it raises
+            g_given = _once_differentiable(ctx.pair.qual, g_given, (*grads, *ctx.saved_tensors))
         return (None, None, None, None, *g_given, *g_arrays)

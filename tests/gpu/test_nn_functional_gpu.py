@@ -649,3 +649,24 @@ def test_every_function_is_covered():
                                         "scaled_dot_product_attention"}  # fmt: skip
     covered |= {w for w, _, _ in REFUSED if w in ("gelu", "leaky_relu", "softplus")}  # raise: nothing to compare
     assert covered == set(nn.__all__), sorted(set(nn.__all__) ^ covered)
+
+
+def test_what_cannot_be_differentiated_is_refused_by_name():
+    """Real cuDNN ops: a gradient taken with ``create_graph=True`` matches torch's, and differentiating it again
+    raises naming the op (cuDNN's backward is outside autograd's graph); a forward-mode tangent and
+    ``torch.func.grad`` raise ``NotImplementedError`` before any GPU work, never a zero."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, w = cl(r(2, 4, 8, 8)).requires_grad_(True), r(6, 4, 3, 3, scale=0.3).requires_grad_(True)
+    (gx,) = torch.autograd.grad(nn.conv2d(x, w, padding=1).square().sum(), (x,), create_graph=True)
+    xa, wa = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    (want,) = torch.autograd.grad(F.conv2d(xa, wa, padding=1).square().sum(), (xa,))
+    assert rel(gx, want) < GTOL
+    with pytest.raises(RuntimeError, match="convolution's backward is not differentiable"):
+        torch.autograd.grad(gx.sum() + x.sum(), (x,))
+    xd, wd = x.detach(), w.detach()
+    with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+        with fwAD.dual_level():
+            nn.conv2d(fwAD.make_dual(xd, torch.ones_like(xd)), wd, padding=1)
+    with pytest.raises(NotImplementedError, match="does not support torch.func"):
+        torch.func.grad(lambda a: nn.conv2d(a, wd, padding=1).sum())(xd)

@@ -316,6 +316,23 @@ def test_a_second_derivative_through_the_backward_raises_not_a_silent_wrong_valu
         gx.sum().backward()
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_first_derivative_under_create_graph_through_a_checkpoint(path, reentrant):
+    """Activation checkpointing (a non-reentrant one frees each recomputed tensor on its first read: the backward
+    reads its saved tensors once) with ``create_graph=True``: the first derivative is right."""
+    import torch.utils.checkpoint as ckpt
+
+    x, w = _args()
+    y = ckpt.checkpoint(lambda a, b: T(a, b, scale=0.5)[0], x, w, use_reentrant=reentrant)
+    loss = (y * y).sum()
+    if reentrant:  # torch's own rule: a reentrant checkpoint takes .backward(), not autograd.grad
+        loss.backward(create_graph=True)
+        gx = x.grad
+    else:
+        (gx,) = torch.autograd.grad(loss, (x,), create_graph=True)
+    assert torch.allclose(gx.detach(), (2 * (x * w * 0.5) * 0.5 * w).detach())
+
+
 def _no_graph(fn, *a, **kw):
     with torch.no_grad():
         return fn(*a, **kw)

@@ -190,11 +190,12 @@ class _Eager(torch.autograd.Function):
         douts = grads if flags is None else tuple(g if f else None for g, f in zip(grads, flags))
         douts = tuple(map(_unexpanded, douts, ctx.strides))
         needs = ctx.needs_input_grad[3:]
+        saved = ctx.saved_tensors  # read once: a non-reentrant checkpoint frees what it recomputed on the first read
         with in_force(ctx.settings):
-            got = _backward(d, ctx.rkey, ctx.names, ctx.saved_tensors, douts, needs, ctx.kw)
+            got = _backward(d, ctx.rkey, ctx.names, saved, douts, needs, ctx.kw)
         got = [g if n else None for g, n in zip(got, needs)]
         if torch.is_grad_enabled():  # create_graph=True: a second derivative would be wrong, so it raises
-            got = _once_differentiable(d.name, got, (*grads, *ctx.saved_tensors))
+            got = _once_differentiable(d.name, got, (*grads, *saved))
         return (None, None, None, *got)
 
 
@@ -516,7 +517,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         ctx.needs = tuple(t is not None and t.requires_grad for t in ins)
         ctx.n_given, ctx.n_arrays = len(given), len(arrays)
 
-    def backward(ctx: Any, grads: list) -> tuple:
+    def backward(ctx: Any, grads: list, saved: tuple) -> tuple:
         douts = [g if d.carries_gradient(i) else None for i, g in enumerate(list(grads)[: len(d.outputs)])]
         key = (d.name, ctx.kwstr, ctx.names, ctx.needs, ctx.specs, ctx.settings)
         try:
@@ -529,7 +530,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
                              __settings__=ctx.settings))  # fmt: skip
             if key is not None:
                 _BWD_KW.put(key, kw)
-        got = bwd(list(ctx.saved_tensors), douts, kw)
+        got = bwd(list(saved), douts, kw)
         grads = [g for g, t in zip(got, ctx.specs) if t is not None]  # the given inputs' (a plain list)
         needs = [n for n, t in zip(ctx.needs, ctx.specs) if t is not None]
         return [g if need else None for g, need in zip(grads, needs)], [None] * ctx.n_arrays, None
@@ -565,8 +566,8 @@ _any_requires_grad = torch._C._any_requires_grad
 @dataclass(frozen=True)
 class _Pair:
     """What :class:`_Dispatched` needs of one op pair: the forward op's ``redispatch_boxed``, its
-    ``setup_context(ctx, (given, arrays, kw), outputs)`` and ``backward(ctx, grads) -> (given's gradients, arrays'
-    (None each), None)``."""
+    ``setup_context(ctx, (given, arrays, kw), outputs)`` and ``backward(ctx, grads, saved tensors) -> (given's
+    gradients, arrays' (None each), None)``."""
 
     redispatch: Any
     setup_context: Any
@@ -595,7 +596,8 @@ class _Dispatched(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
-        g_given, g_arrays, _ = ctx.pair.backward(ctx, grads)
+        saved = ctx.saved_tensors  # read once: a non-reentrant checkpoint frees what it recomputed on the first read
+        g_given, g_arrays, _ = ctx.pair.backward(ctx, grads, saved)
         if torch.is_grad_enabled():  # create_graph=True: a second derivative would be wrong, so it raises
-            g_given = _once_differentiable(ctx.pair.qual, g_given, (*grads, *ctx.saved_tensors))
+            g_given = _once_differentiable(ctx.pair.qual, g_given, (*grads, *saved))
         return (None, None, None, None, *g_given, *g_arrays)

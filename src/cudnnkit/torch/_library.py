@@ -118,9 +118,9 @@ class TorchOp:
         d = self.d
         if len(inputs) != len(d.inputs):
             raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
-        if _fwad._current_level >= 0:
-            _refuse_tangents(d.name, inputs)
         if EAGER and _plain(inputs) and (not d.arrays or _plain([kw.get(n) for n in d.arrays])) and not _tracing():
+            if _fwad._current_level >= 0:  # (the custom op's autograd kernel checks the calls that take it)
+                _refuse_tangents(d.name, inputs)
             arrays = {n: kw.pop(n, None) for n in d.arrays} if d.arrays else {}
             if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
                 outs = _Eager.apply(d, kw, arrays, *inputs)
@@ -439,15 +439,6 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         arr = dict.fromkeys(d.arrays) | dict(zip(names, arrays))
         return full, arr, kwd
 
-    new_res: dict[tuple, list[str]] = {}  # residual names -> the new ones (_new_residuals): the same per call site
-
-    def new_residuals(res_specs: dict) -> list[str]:
-        key = tuple(res_specs)
-        got = new_res.get(key)
-        if got is None:
-            got = new_res[key] = _new_residuals(d, res_specs)
-        return got
-
     def mutated(arr: dict) -> list[str]:
         return [m for m in d.mutated if arr[m] is not None] if d.mutated else []
 
@@ -459,7 +450,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
             arr[m] = arr[m].clone()
         outs, res = _dispatched_forward(d, inputs, arr, kwd, kw)
         result = [_as(o, s) for o, s in zip(outs, out_specs)] + [arr[m] for m in changed]
-        result += [_as(res[k], res_specs[k]) for k in new_residuals(res_specs)]
+        result += [_as(res[k], res_specs[k]) for k in _new_residuals(d, res_specs)]
         return result
 
     def fake(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:

@@ -90,17 +90,46 @@ def test_forward_and_backward_match_torch(name, i, path):
     check_against_torch(name, i, "cuda")
 
 
-def check_against_torch(name, i, device, seed=None, dtype="float64"):
+#: value-preserving layouts a positional floating input may take (see :func:`_laid_out`)
+LAYOUTS = ("as_is", "channels_last", "column_major", "padded", "offset")
+
+
+def _laid_out(t, layout):
+    """``t`` (a tensor, None, or anything else, returned as it is) with the same values in another memory layout,
+    through differentiable torch ops (a gradient reaches ``t``): ``as_is``; ``channels_last`` (4-d and 5-d, else as
+    is); ``column_major`` (strides reversed); ``padded`` (a view into a buffer 3 elements wider in the last
+    dimension: not contiguous); ``offset`` (a view one element into its buffer: a data pointer off cuDNN's 16-byte
+    alignment)."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() == 0 or layout == "as_is":
+        return t
+    if layout == "channels_last":
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+        return t if fmt is None else t.contiguous(memory_format=fmt)
+    if layout == "column_major":
+        rev = tuple(reversed(range(t.dim())))
+        return t.permute(rev).contiguous().permute(rev)
+    if layout == "padded":
+        return torch.cat([t, t.new_zeros(*t.shape[:-1], 3)], dim=-1)[..., : t.shape[-1]]
+    if layout == "offset":
+        return torch.cat([t.new_zeros(1), t.reshape(-1)])[1:].view(t.shape)
+    raise ValueError(layout)
+
+
+def check_against_torch(name, i, device, seed=None, dtype="float64", layout="as_is", grads=None):
     """Sample ``i`` of op ``name`` (its ``dtype`` form, drawn from ``seed``) through its torch op on ``device`` (a
     torch device string), forward and the gradients of a random projection of its outputs, against torch's own ops
     on the CPU in float64; every output and gradient must be on ``device``. Also run by the two-GPU tier
-    (tests/gpu/test_two_gpus.py) on cuda:1."""
+    (tests/gpu/test_two_gpus.py) on cuda:1. ``layout`` (one of :data:`LAYOUTS`) lays out every floating
+    positional input so on ``device`` (:func:`_laid_out`; the gradients are taken at the leaves before it);
+    ``grads`` (a bool per input, default all) says which floating inputs require a gradient."""
     import cudnnkit.torch as ct
 
     d = autograd.get(name)
     inputs, kw = _case(name, i, dtype, seed)
-    ours_in = [_torch(a, device, grad=True) for a in inputs]
-    ref_in = [_torch(a, "cpu", grad=True) for a in inputs]
+    flags = [True] * len(inputs) if grads is None else list(grads)
+    leaves = [_torch(a, device, grad=g) for a, g in zip(inputs, flags)]
+    ours_in = [_laid_out(t, layout) for t in leaves]
+    ref_in = [_torch(a, "cpu", grad=g) for a, g in zip(inputs, flags)]
     outs = ct.op(name)(*ours_in, **_split(d, kw, device))
     outs = outs if isinstance(outs, tuple) else (outs,)
     want = REFS[name](ref_in, _split(d, kw, "cpu"))
@@ -121,7 +150,7 @@ def check_against_torch(name, i, device, seed=None, dtype="float64"):
             ct_ = torch.from_numpy(rng.standard_normal(tuple(o.shape))).to(o.dtype)
             loss_ours = loss_ours + (o * ct_.to(o.device)).sum()
             loss_ref = loss_ref + (w * ct_).sum()
-    diff = [(a, b) for a, b in zip(ours_in, ref_in) if a is not None and a.requires_grad]
+    diff = [(a, b) for a, b in zip(leaves, ref_in) if a is not None and a.requires_grad]
     if not diff or isinstance(loss_ours, float):
         return
     g_ours = torch.autograd.grad(loss_ours, [a for a, _ in diff], allow_unused=True)
@@ -134,7 +163,8 @@ def check_against_torch(name, i, device, seed=None, dtype="float64"):
         assert where.index is None or go.device == where, f"{name} d input {k} on {go.device}"
         assert _rel(go, gr) < gtol, f"{name} d input {k}: rel {_rel(go, gr):.2e}"
         checked += 1
-    assert checked, f"{name}: the reference has no gradient for any input: nothing was compared"
+    if grads is None:  # (a chosen subset may hold only inputs the op has no gradient for)
+        assert checked, f"{name}: the reference has no gradient for any input: nothing was compared"
 
 
 REPLAYED = {"convolution", "batch_norm", "activation", "pooling"}  # the small CNN's ops: each must replay
@@ -160,6 +190,48 @@ def test_replayed_calls_match_torch(name, path):
     print(f"replays {name} ({path}): {got} over {n} sample(s) x 8 calls")
     if name in REPLAYED:
         assert got > 0, f"{name}: no call replayed"
+
+
+REPLAY_FUZZ_CALLS = 320
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def test_replay_fuzz_mixed_layouts_and_gradients(path):
+    """Replayed calls (cudnnkit.ops._replay) must never bind a trace to a call it does not fit: 40 configurations
+    (a ``capture_safe`` op's sample, one of :data:`LAYOUTS` for its floating inputs, which of them require a
+    gradient: all, the first, none), drawn at random, then 320 calls drawn from them in random order, each with fresh
+    values (new pointers, the same metadata), each checked against torch's float64 CPU ops, forward and gradients
+    (TF32 off). Configurations that share an op's metadata but differ in layout, alignment or gradients interleave,
+    so a key missing any of them would replay the wrong trace; the test fails with the draw that went wrong, and
+    asserts that calls did replay."""
+    import cudnnkit
+    from cudnnkit.ops import _replay
+
+    rng = np.random.default_rng(20261207)
+    safe = [n for n in NAMES if autograd.get(n).capture_safe]
+    configs = []
+    for _ in range(40):
+        name = safe[rng.integers(len(safe))]
+        i = int(rng.integers(len(SAMPLES[name](np.random.default_rng(0), "float32"))))
+        layout = LAYOUTS[rng.integers(len(LAYOUTS))]
+        inputs, _ = _case(name, i, "float32", 0)
+        floating = [isinstance(a, np.ndarray) and a.dtype.name in FLOATS for a in inputs]
+        which = ("all", "first", "none")[rng.integers(3)]
+        first = floating.index(True) if True in floating else -1
+        grads = [f and (which == "all" or (which == "first" and k == first)) for k, f in enumerate(floating)]
+        configs.append((name, i, layout, tuple(grads)))
+    before = _replay.info()["replays"]
+    with cudnnkit.settings(allow_tf32=False):
+        for call in range(REPLAY_FUZZ_CALLS):
+            name, i, layout, grads = configs[rng.integers(len(configs))]
+            try:
+                check_against_torch(name, i, "cuda", seed=90000 + call, dtype="float32", layout=layout, grads=grads)
+            except Exception as e:
+                raise AssertionError(f"call {call}: {name} sample {i}, layout {layout}, gradients {grads} ({path}): "
+                                     f"{type(e).__name__}: {e}") from e  # fmt: skip
+    got = _replay.info()["replays"] - before
+    print(f"replay fuzz ({path}): {got} replays over {REPLAY_FUZZ_CALLS} calls of {len(set(configs))} configurations")
+    assert got > 0, "no call replayed: the fuzz exercised nothing of the replay path"
 
 
 @pytest.mark.parametrize("name, i", CASES)

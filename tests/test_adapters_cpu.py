@@ -311,3 +311,30 @@ def test_torch_adapter_is_device_array():
     assert is_device_array(torch.zeros(2)) is False
     fake_cuda = types.SimpleNamespace(is_cuda=True)
     assert ad.is_device_array(fake_cuda) is True
+
+
+def test_torch_adapter_refuses_what_cuda_would_read_wrong():
+    """A tensor whose memory does not hold its values as they are: a lazily negated view (torch's negative bit,
+    ``conj().imag``: the memory holds them un-negated) or a zero tensor (no memory, a null pointer). The express
+    key is None (such a call never matches an entry made for a plain tensor of the same metadata: it would get
+    the plain tensor's reading) and the full path's view refuses it by name (a CPU tensor dressed as a CUDA one:
+    the checks before it are the device's)."""
+    torch = pytest.importorskip("torch")
+
+    class Cuda(torch.Tensor):
+        is_cuda = property(lambda self: True)
+
+        def get_device(self):
+            return 0
+
+    ad = adapters.get("torch")
+    plain = torch.randn(3, 4).as_subclass(Cuda)
+    assert ad.key(plain) is not None and ad.view(plain, "x").ptr == plain.data_ptr()
+    negated = torch.randn(3, 4, dtype=torch.complex64).conj().imag.as_subclass(Cuda)
+    assert negated.is_neg() and negated.dtype == torch.float32
+    zero = torch._efficientzerotensor((3, 4)).as_subclass(Cuda)
+    assert zero._is_zerotensor() and zero.data_ptr() == 0
+    for t, what in ((negated, "negative bit"), (zero, "zero tensors")):
+        assert ad.key(t) is None
+        with pytest.raises(TypeError, match=f"^dy .*{what}"):
+            ad.view(t, "dy")

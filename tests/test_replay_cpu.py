@@ -315,3 +315,39 @@ def test_a_replayed_graph_step_makes_its_fresh_extras_anew(backend, monkeypatch)
     for (x, o, (ro, st)), (_, ptrs, _) in zip(got, plan.calls):
         assert ro is o and st is not None and ptrs == (o.ptr, x.ptr, st.ptr)
     assert len({st.ptr for _, _, (_, st) in got}) == 8
+
+
+@pytest.mark.parametrize("where", ["eager", "custom op"])
+def test_two_declarations_of_one_name_each_replay_their_own_calls(backend, where):
+    """A declaration is its object, not its name: two of one name (a redefinition, one name in two namespaces)
+    each record and replay their own L2 calls. Keyed by the name, the second replayed the first's trace (a
+    review found it: a fixed op redefined under its name went on running the old one's calls)."""
+    pytest.importorskip("torch")
+    from cudnnkit.ops._diff import Differentiable, new_like
+    from cudnnkit.torch import _library
+
+    seen: list = []
+    prims = {n: _legacy_primitive(n, seen) for n in ("toy_name_double", "toy_name_triple")}
+
+    def decl(prim):
+        return Differentiable("toy_one_name", "softmax_forward", ("x",), ("out",),
+                              lambda x, **kw: ((prim({"x": x}),), {}), lambda res, douts, needs, **kw: (None,),
+                              lambda x, **kw: ((new_like(x),), {}), capture_safe=True)  # fmt: skip
+
+    d1, d2 = decl(prims["toy_name_double"]), decl(prims["toy_name_triple"])
+    assert d1 != d2 and len({d1, d2}) == 2
+
+    def run(d):
+        x = _arr(backend)
+        if where == "eager":
+            return _library._forward(d, [x], {}, {})
+        return _library._dispatched_forward(d, [x], {}, {}, "kw")
+
+    for _ in range(8):
+        run(d1)
+    assert _replay.info()["replays"] >= 3
+    for _ in range(8):
+        seen.clear()
+        run(d2)
+        assert [r for _, _, r in seen] == [(None,)] and len(seen) == 1
+        assert P.last_path()[0] == "toy_name_triple", P.last_path()

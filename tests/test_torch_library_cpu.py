@@ -354,3 +354,57 @@ def test_forward_mode_ad_is_refused_not_dropped(path, how):
             torch.func.jvp(f, (xd,), (torch.ones_like(xd),))
         else:
             torch.func.linearize(f, xd)[1](torch.ones_like(xd))
+
+
+def test_the_layout_cache_holds_the_declaration_and_the_settings(path):
+    """``_layout`` (the custom op's residual layout, cached per call site) is keyed by the declaration object and
+    the thread's settings: batch norm's residuals depend on ``settings(prefer=...)`` (its ReLU mask, its fused
+    reserve), and two declarations of one name are two ops. Keyed by the name alone, a layout cached under
+    ``prefer="auto"`` named a residual the forward under ``prefer="legacy"`` did not make (a ``KeyError``)."""
+    import cudnnkit
+    from cudnnkit.runtime.settings import current_settings
+
+    def meta(x):
+        extra = {} if current_settings().prefer == "legacy" else {"mask": new_like(x)}
+        return (new_like(x),), {"x": x, **extra}
+
+    def fwd(x):
+        return (x * 2,), {"x": x, **({} if current_settings().prefer == "legacy" else {"mask": x > 0})}
+
+    d = Differentiable("layout_keyed", "softmax_forward", ("x",), ("out",), fwd,
+                       lambda res, douts, needs: (douts[0] * 2,), meta)  # fmt: skip
+    x = torch.randn(3, 4, dtype=torch.float64)
+    assert list(L._layout(d, [x], {}, {}, "k")[1]) == ["x", "mask"]
+    with cudnnkit.settings(prefer="legacy"):
+        assert list(L._layout(d, [x], {}, {}, "k")[1]) == ["x"]
+    assert list(L._layout(d, [x], {}, {}, "k")[1]) == ["x", "mask"]
+    other = Differentiable("layout_keyed", "softmax_forward", ("x",), ("out",), fwd,
+                           lambda res, douts, needs: (douts[0] * 2,), lambda x: ((new_like(x),), {"x": x}))  # fmt: skip
+    assert list(L._layout(other, [x], {}, {}, "k")[1]) == ["x"]  # its own meta, not the first one's
+
+    t = L.define(d, namespace="cudnnkit_test_layout_keyed")
+    xg = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    for prefer in ("auto", "legacy", "auto"):
+        with cudnnkit.settings(prefer=prefer):
+            y = t(xg)
+            (g,) = torch.autograd.grad(y.sum(), xg)
+        assert torch.equal(y, xg * 2) and torch.equal(g, torch.full_like(xg, 2.0))
+
+
+def test_a_lazily_negated_tensor_takes_the_dispatcher_which_materializes_it(path, monkeypatch):
+    """A view with torch's negative bit (``conj().imag``) holds its values un-negated in memory, and a zero
+    tensor has no memory: the eager path (which hands data pointers to cuDNN) leaves both to the dispatcher,
+    whose fallbacks materialize them before the op sees them."""
+    called = []
+    real = T.forward_op
+    monkeypatch.setattr(T, "forward_op", lambda *a: called.append(1) or real(*a))
+    z = torch.randn(3, 4, dtype=torch.complex128)
+    x = z.conj().imag
+    assert x.is_neg()
+    _, w = _args()
+    y, _ = T(x, w)
+    assert called == [1]
+    assert torch.equal(y, -z.imag * w)
+    called.clear()
+    y, _ = T(torch._efficientzerotensor((3, 4), dtype=torch.float64), w)
+    assert called == [1] and torch.equal(y, torch.zeros(3, 4, dtype=torch.float64))

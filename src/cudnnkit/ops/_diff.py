@@ -128,12 +128,16 @@ def from_host(values: Any, like: Any, name: str = "array") -> Any:
     return v.adapter.from_numpy(host, v.device)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Differentiable:
     """One differentiable op (see the module docstring). ``name`` is its L3 name (``"convolution"``; the torch
     op ``cudnnkit::convolution``); ``differentiable_outputs`` says which outputs carry a gradient (default:
     all; pooling's index, CTC's costs-only ...); ``mutated`` the array keywords written in place (batch norm's
-    running statistics)."""
+    running statistics).
+
+    A declaration is its object: it compares and hashes by identity, and the caches that hold what one
+    declaration did (its replayed calls, its torch layouts) key by the object, never by ``name`` alone (two
+    declarations of one name, a redefinition or one name in two namespaces, are two ops)."""
 
     name: str
     primitive: str

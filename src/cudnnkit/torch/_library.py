@@ -118,7 +118,7 @@ class TorchOp:
         d = self.d
         if len(inputs) != len(d.inputs):
             raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
-        if EAGER and _plain(inputs) and (not d.arrays or _plain([kw.get(n) for n in d.arrays])) and not _tracing():
+        if EAGER and not _tracing() and _plain(inputs) and (not d.arrays or _plain([kw.get(n) for n in d.arrays])):
             if _fwad._current_level >= 0:  # (the custom op's autograd kernel checks the calls that take it)
                 _refuse_tangents(d.name, inputs)
             arrays = {n: kw.pop(n, None) for n in d.arrays} if d.arrays else {}
@@ -145,9 +145,12 @@ class TorchOp:
 
 
 def _plain(tensors: Any) -> bool:
-    """Whether these tensors (None skipped) may take the eager fast path: plain CUDA tensors (no subclass)."""
+    """Whether these tensors (None skipped) may take the eager fast path: plain CUDA tensors (no subclass) holding
+    their values in memory as they are. A lazily negated view (torch's negative bit) and one of torch's zero
+    tensors (no memory: a null pointer, as an empty tensor has) go through the dispatcher, whose fallbacks
+    materialize them before the custom op sees them."""
     for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or not (t.is_cuda or _EAGER_CPU)):
+        if t is not None and (type(t) not in _PLAIN or not (t.is_cuda or _EAGER_CPU) or not t.data_ptr() or t.is_neg()):
             return False
     return True
 
@@ -263,7 +266,7 @@ def _forward(d: Differentiable, inputs: Any, arrays: dict, kw: dict) -> tuple[tu
     """``d.forward`` of an eager call, replayed from the express hits of an earlier call of the same metadata and
     keywords where the op is ``capture_safe`` (:mod:`cudnnkit.ops._replay`): ``(outputs, residuals, key)``, the key
     what :func:`_backward` keys the backward by (None: not replayable)."""
-    return _replayed_forward(d, inputs, arrays, kw, lambda flat: _replay.key_of(d.name, arrays=flat, kw=kw))
+    return _replayed_forward(d, inputs, arrays, kw, lambda flat: _replay.key_of(d, arrays=flat, kw=kw))
 
 
 def _backward(d: Differentiable, fkey: Any, names: tuple, saved: tuple, douts: tuple, needs: tuple, kw: dict) -> Any:
@@ -277,7 +280,7 @@ def _backward(d: Differentiable, fkey: Any, names: tuple, saved: tuple, douts: t
 def _dispatched_forward(d: Differentiable, inputs: list, arr: dict, kwd: dict, kw: str) -> tuple[tuple, dict]:
     """``d.forward`` inside the custom op (what ``torch.compile``'s graphs and ``EAGER = False`` call), replayed as
     :func:`_forward` replays the eager path's, keyed by the encoded keyword string ``kw`` (the exact keywords)."""
-    return _replayed_forward(d, inputs, arr, kwd, lambda flat: _replay.key_of(d.name, "op", kw, arrays=flat))[:2]
+    return _replayed_forward(d, inputs, arr, kwd, lambda flat: _replay.key_of(d, "op", kw, arrays=flat))[:2]
 
 
 def _dispatched_backward(d: Differentiable, names: Any, residuals: list, douts: list, needs: tuple, kwd: dict,
@@ -285,7 +288,7 @@ def _dispatched_backward(d: Differentiable, names: Any, residuals: list, douts: 
     """``d.backward`` inside the backward custom op, replayed as :func:`_backward` replays the eager path's, keyed by
     the backward op's keyword string ``kw`` (which holds the residual names, ``needs``, the inputs' specs and the
     settings) and every residual's and cotangent's metadata."""
-    key = _replay.key_of(d.name, "op_backward", kw, arrays=(*residuals, *douts)) if d.capture_safe else None
+    key = _replay.key_of(d, "op_backward", kw, arrays=(*residuals, *douts)) if d.capture_safe else None
     return _replayed_backward(d, key, names, residuals, douts, needs, kwd)
 
 
@@ -339,11 +342,12 @@ def _on_device(dev: int | None) -> Any:
 
 
 def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict, kwkey: str) -> tuple[tuple, dict]:
-    """``d.meta`` of these tensors (cached by their metadata, their device and ``kwkey``, the op's encoded
-    keywords), asked with the tensors' device current: a meta may ask cuDNN a size on the current device (batch
-    norm's fused reserve, the RNN's weight space and reserve), which must be the device the call runs on, not
-    whichever the caller has current."""
-    key: list[Any] = [d.name, kwkey]
+    """``d.meta`` of these tensors (cached by the declaration, their metadata, their device, ``kwkey``, the op's
+    encoded keywords, and the thread's settings: batch norm's residuals depend on ``prefer``), asked with the
+    tensors' device current: a meta may ask cuDNN a size on the current device (batch norm's fused reserve, the
+    RNN's weight space and reserve), which must be the device the call runs on, not whichever the caller has
+    current."""
+    key: list[Any] = [d, kwkey, current_settings()]
     first = None
     for t in (*inputs, *arrays.values()):  # keyed by each tensor's own metadata: specs are made on a miss only
         if t is None:

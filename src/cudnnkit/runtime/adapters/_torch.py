@@ -54,14 +54,18 @@ class TorchAdapter(ArrayAdapter):
 
     def key(self, obj: Any) -> tuple | None:
         """The express path's key of a tensor (see :mod:`cudnnkit.runtime.adapters`): a CUDA, strided tensor of
-        a dtype cuDNN has, else None."""
+        a dtype cuDNN has, with memory (a null pointer: empty, or one of torch's zero tensors) holding its values
+        as they are (no negative bit), else None: such a tensor takes the full path, where :meth:`view` names it."""
         d = obj.get_device()
         if d < 0 or obj.layout is not torch.strided:
             return None
         dt = _FROM_TORCH.get(obj.dtype)
         if dt is None:
             return None
-        return (self, dt, obj.shape, obj.stride(), d), obj.data_ptr(), self
+        p = obj.data_ptr()
+        if not p or obj.is_neg():
+            return None
+        return (self, dt, obj.shape, obj.stride(), d), p, self
 
     #: the data pointer of a tensor whose :meth:`key` is known (the replay path)
     pointer = staticmethod(torch.Tensor.data_ptr)
@@ -78,6 +82,15 @@ class TorchAdapter(ArrayAdapter):
         dtype = _FROM_TORCH.get(obj.dtype)
         if dtype is None:
             raise TypeError(f"{name} has dtype {obj.dtype}, which cuDNN does not support")
+        # what cuDNN would read wrong: a lazily negated view holds the values un-negated (``conj().imag``), and a
+        # zero tensor has no memory (a null data pointer)
+        if obj.is_neg():
+            raise TypeError(
+                f"{name} has torch's negative bit set (a lazily negated view, such as the imaginary part of a "
+                "conjugate): its memory holds the values un-negated; pass .resolve_neg() of it"
+            )
+        if obj._is_zerotensor():
+            raise TypeError(f"{name} is one of torch's zero tensors, which have no memory; pass torch.zeros_like of it")
         return ArrayView(tuple(obj.shape), obj.stride(), dtype, obj.get_device(), obj.data_ptr(), obj, self, False)
 
     def is_device_array(self, obj: Any) -> bool | None:

@@ -443,3 +443,74 @@ def test_a_tracked_residual_is_a_copy_in_xla_and_the_backward_is_told():
     untold = _opt("opt_untold")
     with pytest.raises(Exception, match="token has been used already or does not come from the forward"):
         jax.block_until_ready(jax.grad(lambda a: untold(a, None).sum())(x))
+
+
+# ----------------------------------------------------------------- what a JAX call refuses at trace time
+
+
+def test_an_op_with_hidden_random_state_is_refused_without_its_seed():
+    """A JAX function must be a function of its arrays (jit merges two equal calls, jax.checkpoint recomputes one):
+    dropout without ``seed=`` draws from a state each call advances, and an RNN trained with dropout from its
+    descriptor's; both are refused by name at trace time. With a seed, dropout traces."""
+    import cudnnkit.jax as cj
+    from cudnnkit.ops import RNN
+
+    x = jax.ShapeDtypeStruct((4, 6), jnp.float32)
+    with pytest.raises(ValueError, match=r"^dropout: without seed= .*function of its arrays"):
+        jax.eval_shape(lambda a: cj.op("dropout")(a, p=0.5), x)
+    seed = jax.ShapeDtypeStruct((1,), jnp.int32)
+    out = jax.eval_shape(lambda a, s: cj.op("dropout")(a, p=0.5, seed=s), x, seed)
+    assert out.shape == (4, 6)
+    rnn = RNN("lstm", 3, 4, 2, dropout=0.25, dtype="float32")
+    d = cj.op("rnn").d
+    assert "dropout" in d.impure({"rnn": rnn, "training": True}, {})
+    assert d.impure({"rnn": rnn, "training": False}, {}) is None
+
+
+def test_keywords_are_constants_a_traced_one_is_refused_by_name():
+    """A keyword travels as a constant of the call: a concrete 0-d JAX array is taken as its number, a traced one
+    (or a JAX array of any other shape) refused at trace time naming the keyword (it was stored as an object per
+    value, and a traced one failed only when XLA ran the call)."""
+    import cudnnkit.jax as cj
+
+    x = jax.ShapeDtypeStruct((3, 5), jnp.float32)
+    last = jnp.int32(-1)  # made outside the trace: concrete
+    assert jax.eval_shape(lambda a: cj.op("softmax")(a, axis=last), x).shape == (3, 5)
+    with pytest.raises(TypeError, match=r"^softmax: keyword axis= is a traced value"):
+        jax.eval_shape(lambda a, k: cj.op("softmax")(a, axis=k), x, jax.ShapeDtypeStruct((), jnp.int32))
+    both = jnp.array([0, 1])
+    with pytest.raises(TypeError, match=r"^softmax: keyword axis= is a JAX array of shape \(2,\)"):
+        jax.eval_shape(lambda a: cj.op("softmax")(a, axis=both), x)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(axis=5), "axis 5 is out of range"),
+    (dict(axis=(0, 2)), "adjacent"),
+    (dict(algo="bogus"), "algo must be one of"),
+    (dict(dim=1), "dim"),
+])  # fmt: skip
+def test_softmax_refuses_bad_keywords_at_trace_time(kw, match):
+    import cudnnkit.jax as cj
+
+    with pytest.raises((TypeError, ValueError), match=match):
+        jax.eval_shape(lambda a: cj.op("softmax")(a, **kw), jax.ShapeDtypeStruct((2, 3, 4), jnp.float32))
+
+
+def test_activation_refuses_bad_keywords_at_trace_time():
+    import cudnnkit.jax as cj
+
+    x = jax.ShapeDtypeStruct((3, 5), jnp.float32)
+    for kw, match in (({"mode": "bogus"}, "mode must be one of"), ({"mode": "clipped_relu"}, "needs coef"),
+                      ({"mode": "relu", "coef": 2.0}, "coef is for")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            jax.eval_shape(lambda a: cj.op("activation")(a, **kw), x)  # noqa: B023
+
+
+def test_attention_with_dropout_does_not_fold_a_vmapped_batch():
+    """cuDNN draws each position's dropout mask by its place in the batch: a folded ``vmap`` would give example i
+    another mask than its own call with the same seed and offset, so it is refused (no dropout: it folds)."""
+    from cudnnkit import autograd
+
+    refuses = autograd.get("attention").batch_refuses
+    assert "dropout_p > 0" in refuses({"dropout_p": 0.1}, {})
+    assert refuses({"dropout_p": 0.0}, {}) is None

@@ -331,6 +331,34 @@ class _Fold:
         return [self._unfold(n, g, size) for n, g in zip(grad_names, grads)], [True] * len(grads)
 
 
+try:  # jax.core's public names move between releases: the class every traced value is
+    from jax.core import Tracer as _TRACER
+except ImportError:  # pragma: no cover
+    from jax._src.core import Tracer as _TRACER
+
+
+def _constant_keywords(name: str, kw: dict) -> None:
+    """The keywords as the constants the targets take (in place): a concrete 0-d JAX array becomes its Python number;
+    a traced value (inside ``jit``/``grad``/``vmap``) or any other JAX array is refused naming the keyword, at trace
+    time (it would otherwise travel as an object: a new target signature, and a retrace, for each one, and a traced
+    one fails only when XLA runs the call)."""
+    for k, v in kw.items():
+        if not isinstance(v, jax.Array):
+            continue
+        if isinstance(v, _TRACER):
+            raise TypeError(
+                f"{name}: keyword {k}= is a traced value (inside jit, grad or vmap); cuDNN takes keywords as constants "
+                "when the call is traced: pass a Python number, or make the argument static "
+                "(jax.jit(..., static_argnames=...))"
+            )
+        if v.ndim != 0:
+            raise TypeError(
+                f"{name}: keyword {k}= is a JAX array of shape {tuple(v.shape)}; keywords are constants (Python "
+                "numbers, strings, tuples): pass arrays positionally or as the op's array keywords"
+            )
+        kw[k] = v.item()
+
+
 class JaxOp:
     """The JAX function and FFI targets of one declaration (see the module docstring). ``namespace`` prefixes
     the target names (tests use their own); ``runner`` is the handlers' :class:`Runner`."""
@@ -353,6 +381,10 @@ class JaxOp:
             raise TypeError(f"{d.name} takes {len(d.inputs)} array(s) {d.inputs} positionally, got {len(inputs)}")
         arrays = {n: kw.pop(n, None) for n in d.arrays}
         self._check_devices(zip(d.inputs, inputs), arrays.items())
+        _constant_keywords(d.name, kw)
+        if d.impure is not None and (why := d.impure(kw, arrays)) is not None:
+            raise ValueError(f"{d.name}: {why} (a JAX function must be a function of its arrays: jit may merge two "
+                             "equal calls into one, jax.checkpoint recomputes a call)")  # fmt: skip
         kw["__in__"] = tuple(i for i, t in enumerate(inputs) if t is not None)
         kw["__arr__"] = tuple(n for n, t in arrays.items() if t is not None)
         cur = current_settings()  # the handlers run on XLA's threads: the caller's settings travel with the call

@@ -166,6 +166,11 @@ class Differentiable:
     #: capture of the call needs of the op itself; an integration also needs its own memory handling to be capturable
     #: (:mod:`cudnnkit.jax._ops`: XLA's command-buffer trait). Default False; each True carries its one-line reason.
     capture_safe: bool = False
+    #: ``(kw, arrays) -> reason | None``: why a call with these keywords and arrays (by name, None where absent) is
+    #: not a function of its arrays: it draws from hidden state that each call advances (an RNG state). A functional
+    #: integration refuses such a call naming the reason (JAX may merge two equal calls into one, or recompute a
+    #: call under ``jax.checkpoint``, and either would silently give another mask than the one the value used).
+    impure: Callable[[dict, dict], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.differentiable_outputs is not None and len(self.differentiable_outputs) != len(self.outputs):

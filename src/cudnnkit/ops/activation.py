@@ -35,6 +35,7 @@ another layout are copied.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from .. import lib
@@ -299,7 +300,10 @@ def _l3_backward(res: Any, douts: Any, needs: Any, mode: str = "relu", **kw: Any
     return (activation_backward(dy, res["out"], res["x"], mode, **kw),)
 
 
-def _l3_meta(x: Spec, mode: str = "relu", **kw: Any) -> Any:
+def _l3_meta(x: Spec, mode: str = "relu", *, coef: float | None = None, propagate_nan: bool = False) -> Any:
+    # the forward's own checks (dims, mode, coef), before any device work: a traced call refuses what it would
+    _resolve({"x": SimpleNamespace(ndim=len(x.shape), shape=x.shape)},
+             {"mode": mode, "coef": coef, "propagate_nan": propagate_nan})  # fmt: skip
     y = new_like(x)
     return (y,), {"x": x, "out": y}
 

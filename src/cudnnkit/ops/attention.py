@@ -1187,12 +1187,16 @@ def _att_l3_meta(q: Spec, k: Spec, v: Spec, attn_mask: Spec | None = None, sink:
 
 def _att_batch_refuses(kw: Any, specs: Any) -> str | None:
     """A batch folds into q/k/v's B unless an array of the call is per sample: a mask with a batch dim, padding
-    lengths (a head's sink or ALiBi slope, and a mask shared by the batch, fold)."""
+    lengths (a head's sink or ALiBi slope, and a mask shared by the batch, fold); nor with dropout (its mask hangs on
+    the batch index)."""
     m = specs.get("attn_mask")
     if m is not None and len(m.shape) == 4 and m.shape[0] != 1:
         return f"attn_mask has a batch dim of {m.shape[0]} (one mask per sample)"
     if specs.get("seq_len_q") is not None or specs.get("seq_len_kv") is not None:
         return "seq_len_q/seq_len_kv are per sample"
+    if kw.get("dropout_p", 0.0):
+        return ("dropout_p > 0: cuDNN draws each position's mask by its place in the batch, so a folded batch would "
+                "not give each example the mask of its own call")  # fmt: skip
     return None
 
 

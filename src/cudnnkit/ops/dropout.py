@@ -485,6 +485,14 @@ def _l3_backward(res: Any, douts: Any, needs: Any, *, p: float, state: DropoutSt
     return (dropout_backward(dy, res["reserve"], p, state=state),)
 
 
+def _l3_impure(kw: dict, arrays: dict) -> str | None:
+    if arrays.get("seed") is not None:
+        return None
+    how = "state=" if kw.get("state") is not None else "the thread's default state"
+    return (f"without seed= it draws its mask from a DropoutState that each call advances ({how}); pass seed= (an "
+            "int32 array of the seed's words), as cudnnkit.jax.nn.dropout does from its key")  # fmt: skip
+
+
 def _l3_meta(x: Spec, *, p: float, state: DropoutState | None = None, seed: Spec | None = None) -> Any:
     _check_p(p)
     _l3_seed_check(seed, state)
@@ -501,7 +509,7 @@ def _l3_meta(x: Spec, *, p: float, state: DropoutState | None = None, seed: Spec
 
 DROPOUT = differentiable(
     Differentiable("dropout", "dropout_forward", ("x",), ("out",), _l3_forward, _l3_backward, _l3_meta,
-                   arrays=("seed",), doc="""y = x * mask / (1 - p) (p in [0, 1), checked as dropout_forward does: p=0 drops
+                   arrays=("seed",), impure=_l3_impure, doc="""y = x * mask / (1 - p) (p in [0, 1), checked as dropout_forward does: p=0 drops
 nothing, p=1 is refused). x: 1 to 8 dims, float16/float32/float64. Keywords p and state (a DropoutState, default:
 the thread's default_state of x's device; the torch layer passes it by key), or the array seed (no gradient): an
 int32 array of one or two 32-bit words (low first) of a 64-bit seed, read on the host by the forward (a

@@ -1249,6 +1249,14 @@ def _l3_config(rnn: Any, training: Any) -> RNN:
     return rnn if training or rnn.dropout == 0 else replace(rnn, dropout=0.0)
 
 
+def _l3_impure(kw: dict, arrays: dict) -> str | None:
+    rnn = kw.get("rnn")
+    if kw.get("training") is True and isinstance(rnn, RNN) and rnn.dropout > 0:
+        return (f"training with dropout={rnn.dropout} draws its masks from the RNN's dropout state, which each call "
+                "advances; run single-layer calls with cudnnkit.jax.nn.dropout (an explicit key) between them")  # fmt: skip
+    return None
+
+
 def _l3_residuals(x: Any, w: Any, hx: Any, cx: Any, y: Any, reserve: Any) -> dict[str, Any]:
     res = {"x": x, "w": w}
     if hx is not None:
@@ -1360,7 +1368,7 @@ def _l3_meta(x: Spec, w: Spec, hx: Spec | None = None, cx: Spec | None = None, *
 
 RNN_OP = differentiable(
     Differentiable("rnn", "rnn_forward", ("x", "w", "hx", "cx"), ("out", "hy", "cy"), _l3_forward, _l3_backward,
-                   _l3_meta, doc="""The RNN of an RNN config over x (cudnnRNNForward, training mode): outputs
+                   _l3_meta, impure=_l3_impure, doc="""The RNN of an RNN config over x (cudnnRNNForward, training mode): outputs
 out (y: x's layout with last dim D * P), hy (L * D, N, P) and cy (L * D, N, H) for an LSTM, an empty (0,) array
 for the other cells (so every config has three outputs). Inputs x (T, N, I) / (N, T, I) / (sum(lengths), I) per
 layout, w the flat weight buffer (RNN.weight_count elements; load_torch_params fills it from torch's layout), hx

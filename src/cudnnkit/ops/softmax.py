@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from .. import lib
@@ -326,7 +327,10 @@ def _l3_backward(res: Any, douts: Any, needs: Any, **kw: Any) -> tuple:
     return (softmax_backward(dy, res["out"], **kw),)
 
 
-def _l3_meta(x: Spec, **kw: Any) -> Any:
+def _l3_meta(x: Spec, *, axis: int | Sequence[int] = -1, algo: str = "accurate", log: bool = False) -> Any:
+    # the forward's own checks (axis range and adjacency, algo, log), before any device work: a traced call
+    # (torch.compile, jax.jit) refuses what the forward would
+    _resolve({"x": SimpleNamespace(ndim=len(x.shape))}, {"axis": axis, "algo": algo, "log": log})
     y = new_like(x)
     return (y,), {"out": y}
 

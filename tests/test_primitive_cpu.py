@@ -517,3 +517,57 @@ def test_an_output_declares_its_own_dtype():
         with pytest.raises(ValueError, match="out must have shape .* and dtype float32"):
             p({"x": x}, out=wrong)
         _express.entries.clear()
+
+
+def test_a_keyword_changed_in_place_is_never_an_express_hit_on_its_old_value(monkeypatch):
+    """The express signature keyed a keyword object by identity: a list (pooling's window) or a 0-d NumPy array
+    (alpha, beta) changed in place between calls reused the first call's resolved values (a wrong window, a wrong
+    blend: silently). A list of plain values and a NumPy number are keyed by their values now; a dict or an n-d
+    array makes the call take the full sequence. (A review found it; the first two cases fail without the fix.)"""
+    import dataclasses
+
+    import numpy as np
+
+    from cudnnkit.ops import _express, pooling, softmax
+    from cudnnkit.runtime import adapters
+
+    from .fuzz.materialize import FakeArray, FakeBackend
+    from .fuzz.model import A
+
+    seen: list = []
+    monkeypatch.setattr(pooling, "POOLING_FORWARD", dataclasses.replace(
+        pooling.POOLING_FORWARD, legacy=lambda c: seen.append(c.resolved.window), graph=None))  # fmt: skip
+    monkeypatch.setattr(softmax, "SOFTMAX_FORWARD", dataclasses.replace(
+        softmax.SOFTMAX_FORWARD, legacy=lambda c: seen.append((c.alpha._obj.value, c.beta._obj.value)),
+        graph=None))  # fmt: skip
+    b = FakeBackend()
+    with b.installed():
+        monkeypatch.setitem(adapters.KEYED, FakeArray, lambda a: b.adapters[a.lib].key(a))
+        _express.entries.clear()
+        try:
+
+            def arr(shape):
+                return b.array(A(shape, "float32"), np.zeros(shape), "fakeA", None)
+
+            win = [2, 2]
+            for _ in range(3):
+                assert pooling.pooling_forward(arr((1, 1, 8, 8)), mode="max", window=win).shape == (1, 1, 4, 4)
+            win[:] = [4, 4]
+            assert pooling.pooling_forward(arr((1, 1, 8, 8)), mode="max", window=win).shape == (1, 1, 2, 2)
+            assert seen[-1] == (4, 4)
+
+            seen.clear()
+            y = arr((2, 3, 4))
+            alpha, beta = np.array(1.0), np.array(0.0)
+            for _ in range(3):
+                softmax.softmax_forward(arr((2, 3, 4)), out=y, alpha=alpha, beta=beta)
+            alpha[...], beta[...] = 3.0, 0.5
+            softmax.softmax_forward(arr((2, 3, 4)), out=y, alpha=alpha, beta=beta)
+            assert seen == [(1.0, 0.0)] * 3 + [(3.0, 0.5)]
+
+            x = arr((2, 3, 4))
+            assert _express.signature(softmax.SOFTMAX_FORWARD, {"x": x}, {"alpha": np.float32(2)}) is not None
+            assert _express.signature(softmax.SOFTMAX_FORWARD, {"x": x}, {"alpha": np.ones(2)}) is None
+            assert _express.signature(softmax.SOFTMAX_FORWARD, {"x": x}, {"alpha": {}}) is None
+        finally:
+            _express.entries.clear()

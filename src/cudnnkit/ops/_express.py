@@ -3,10 +3,11 @@ checked, resolved, planned or described again.
 
 Every check :func:`~cudnnkit.ops._primitive.run` makes before the cuDNN call is a function of what
 :func:`signature` reads: per array, its adapter's ``key`` (type, dtype, shape, strides, device: see
-:mod:`cudnnkit.runtime.adapters`), and per keyword its type and value (an object that is not a plain value, such
-as a ``DropoutState``, by identity: the entry keeps it alive, so the identity cannot be reused). A call whose
-signature was seen before, on a call that went straight to cuDNN (the arrays as given, no copy, no temporary,
-either path), is an :class:`Entry` hit: it reads the current stream, allocates the new outputs with the
+:mod:`cudnnkit.runtime.adapters`), and per keyword its type and value (a list of plain values and a NumPy number
+by their values; an object that is not a plain value, such as a ``DropoutState`` or a frozen config, by identity:
+the entry keeps it alive, so the identity cannot be reused; a container that may change in place, an n-d NumPy
+array or a dict, makes the call take the full sequence). A call whose signature was seen before, on a call that
+went straight to cuDNN (the arrays as given, no copy, no temporary, either path), is an :class:`Entry` hit: it reads the current stream, allocates the new outputs with the
 strides the first call chose, builds the views from the entry's templates and this call's pointers, runs the
 op's ``check_plan`` (which may read pointers, and hands the legacy call its extras) and the path the first call
 took (the legacy call, or the graph form with its cached plan). The signature holds the current
@@ -31,12 +32,18 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..runtime import adapters, current_settings
 from ..runtime.cache import LRU
 
 __all__ = ["Entry", "signature", "keyword_key", "entries", "enabled", "info"]
 
 _SIMPLE = frozenset({int, float, bool, str, type(None)})
+#: keyword types whose contents may change in place, so that neither their identity nor a key of their values taken
+#: once says what a later call holds (a list of plain values is keyed by its values instead; an n-d NumPy array,
+#: a dict ... take the full sequence)
+_MUTABLE = frozenset({list, dict, set, bytearray, np.ndarray})
 
 #: signature -> Entry
 entries: LRU[tuple, Entry] = LRU("ops.express", 4096)
@@ -108,7 +115,13 @@ def signature(p: Any, arrays: Any, kwargs: Any) -> tuple[tuple, list[int], list[
                 ptrs.append(got[1])
             elif t is tuple and _SIMPLE.issuperset(map(type, v)):
                 fixed[i] = _typed(v)
-            else:
+            elif t is list and _SIMPLE.issuperset(map(type, v)):  # by its values now: it may change in place
+                fixed[i] = (list, _typed(tuple(v)))
+            elif isinstance(v, np.generic) or (t is np.ndarray and v.ndim == 0):  # a NumPy number, by value
+                fixed[i] = (t, str(v.dtype), v.item())
+            elif t in _MUTABLE:  # a container whose contents may change in place between calls: never express
+                return None
+            else:  # an object whose identity is what it is (a frozen config, a DropoutState): kept alive
                 fixed[i] = id(v)
                 objs.append(v)
         kk = (tuple(kwargs), tuple(fixed), types)

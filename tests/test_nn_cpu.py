@@ -432,6 +432,8 @@ def test_conv_transpose_without_its_l3_op(no_device, monkeypatch):
          lambda: nn.conv_transpose2d(t(1, 1, 4, 4), t(1, 1, 3, 3), padding="same")),
         (r"batch_norm: training=False needs running_mean and running_var",
          lambda: nn.batch_norm(t(2, 3), None, None, training=False)),
+        (r"batch_norm: expected more than 1 value per channel when training, got input size \(1, 3, 1\)",
+         lambda: nn.batch_norm(t(1, 3, 1), None, None, training=True)),
         (r"layer_norm: normalized_shape \(3,\) must be the trailing dims", lambda: nn.layer_norm(t(2, 4), (3,))),
         (r"dropout probability has to be between 0 and 1, but got 1.5", lambda: nn.dropout(t(3), 1.5)),
         (r"ctc_loss: reduction must be .*got 'avg'",
@@ -447,3 +449,14 @@ def test_conv_transpose_without_its_l3_op(no_device, monkeypatch):
 def test_bad_arguments_raise_value_errors_first(no_device, msg, fn):
     with pytest.raises(ValueError, match=msg):  # the argument's own message, not any ValueError (a cuDNN status is one)
         fn()
+
+
+def test_a_one_dimensional_attention_mask_is_a_row_of_keys():
+    """torch broadcasts a mask of shape (S_kv,) over the query rows: it is expanded, not refused, when S_q != S_kv
+    (it compared S_kv with S_q and raised)."""
+    from cudnnkit.nn.attention import _expand_rows
+
+    got = _expand_rows(torch.zeros(5), (3, 5))
+    assert tuple(got.shape) == (3, 5)
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(4,\) does not broadcast"):
+        _expand_rows(torch.zeros(4), (3, 5))

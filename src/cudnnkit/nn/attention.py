@@ -61,7 +61,8 @@ def _expand_rows(mask: Any, sq_skv: tuple[int, int]) -> Any:
     """A torch mask broadcast in its last two dims (a key-padding ``(B, 1, 1, S_kv)``) as a view of ``(..., S_q,
     S_kv)`` (cuDNN's mask broadcasts over batch and heads only; the op copies the view to the packed layout it
     reads). Torch tensors only (``expand``); another library's is refused by name."""
-    if any(d not in (1, want) for d, want in zip(mask.shape[-2:], sq_skv)):
+    last = (1,) * (2 - mask.ndim) + tuple(mask.shape)[-2:]  # a 1-d mask (S_kv,) is a row: (1, S_kv)
+    if any(d not in (1, want) for d, want in zip(last, sq_skv)):
         raise ValueError(f"scaled_dot_product_attention: attn_mask of shape {tuple(mask.shape)} does not broadcast "
                          f"to (..., S_q, S_kv) = (..., {sq_skv[0]}, {sq_skv[1]})")  # fmt: skip
     if not hasattr(mask, "expand"):

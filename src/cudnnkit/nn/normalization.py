@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .. import lib
@@ -42,6 +43,9 @@ def batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any = No
         )
     if not training and (running_mean is None or running_var is None):
         raise ValueError("batch_norm: training=False needs running_mean and running_var")
+    if training and input.shape[1] and math.prod(input.shape) // input.shape[1] == 1:  # torch's check
+        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input size "
+                         f"{tuple(input.shape)}")  # fmt: skip
     if momentum is None:
         raise NotImplementedError("batch_norm: momentum=None (a cumulative average) needs the batch count; cuDNN "
                                   "updates running statistics with an exponential factor")  # fmt: skip

@@ -392,9 +392,9 @@ def test_the_layout_cache_holds_the_declaration_and_the_settings(path):
 
 
 def test_a_lazily_negated_tensor_takes_the_dispatcher_which_materializes_it(path, monkeypatch):
-    """A view with torch's negative bit (``conj().imag``) holds its values un-negated in memory, and a zero
-    tensor has no memory: the eager path (which hands data pointers to cuDNN) leaves both to the dispatcher,
-    whose fallbacks materialize them before the op sees them."""
+    """A view with torch's negative bit (``conj().imag``) holds its values un-negated in memory: the eager path
+    (which hands data pointers to cuDNN) leaves it to the dispatcher, whose fallback materializes it before the op
+    sees it (a zero tensor is refused by name by the adapter: tests/test_adapters_cpu.py)."""
     called = []
     real = T.forward_op
     monkeypatch.setattr(T, "forward_op", lambda *a: called.append(1) or real(*a))
@@ -405,6 +405,3 @@ def test_a_lazily_negated_tensor_takes_the_dispatcher_which_materializes_it(path
     y, _ = T(x, w)
     assert called == [1]
     assert torch.equal(y, -z.imag * w)
-    called.clear()
-    y, _ = T(torch._efficientzerotensor((3, 4), dtype=torch.float64), w)
-    assert called == [1] and torch.equal(y, torch.zeros(3, 4, dtype=torch.float64))

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from cudnnkit import autograd
+from cudnnkit.runtime import FLOATS
 
 from .. import l3
 
@@ -193,7 +194,6 @@ def test_replayed_calls_match_torch(name, path):
 
 
 REPLAY_FUZZ_CALLS = 320
-FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def test_replay_fuzz_mixed_layouts_and_gradients(path):

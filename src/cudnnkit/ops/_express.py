@@ -6,15 +6,15 @@ Every check :func:`~cudnnkit.ops._primitive.run` makes before the cuDNN call is 
 :mod:`cudnnkit.runtime.adapters`), and per keyword its type and value (a list of plain values and a NumPy number
 by their values; an object that is not a plain value, such as a ``DropoutState`` or a frozen config, by identity:
 the entry keeps it alive, so the identity cannot be reused; a container that may change in place, an n-d NumPy
-array or a dict, makes the call take the full sequence). A call whose signature was seen before, on a call that
-went straight to cuDNN (the arrays as given, no copy, no temporary, either path), is an :class:`Entry` hit: it reads the current stream, allocates the new outputs with the
-strides the first call chose, builds the views from the entry's templates and this call's pointers, runs the
-op's ``check_plan`` (which may read pointers, and hands the legacy call its extras) and the path the first call
-took (the legacy call, or the graph form with its cached plan). The signature holds the current
-``cudnnkit.settings`` object, which decides the path and what a call resolves to. A call that made extras (batch
-norm's saved statistics and reserve, pooling's index) is remembered too: its hits run the whole form again, which
-makes them anew (measured on the H200: a small batch-norm training forward 182 -> 124 us of host time per call,
-a small layer norm 113 -> 63 us).
+array or a dict, makes the call take the full sequence). A call whose signature was seen before, on a call that went
+straight to cuDNN (the arrays as given, no copy, no temporary, either path), is an :class:`Entry` hit: it reads the
+current stream, allocates the new outputs with the strides the first call chose, builds the views from the entry's
+templates and this call's pointers, runs the op's ``check_plan`` (which may read pointers, and hands the legacy call
+its extras) and the path the first call took (the legacy call, or the graph form with its cached plan). The
+signature holds the current ``cudnnkit.settings`` object, which decides the path and what a call resolves to. A call
+that made extras (batch norm's saved statistics and reserve, pooling's index) is remembered too: its hits run the
+whole form again, which makes them anew (measured on the H200: a small batch-norm training forward 182 -> 124 us of
+host time per call, a small layer norm 113 -> 63 us).
 
 Not express (always the full sequence): a ``stream=`` argument, arrays of a library without a ``key`` (bare
 ``__cuda_array_interface__``/DLPack objects), primitives declared ``express=False`` (their checks read a

@@ -35,13 +35,12 @@ another layout are copied.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from .. import lib
 from ..runtime import DescriptorKind, check_choice, get_cached
 from ..runtime.dtypes import FLOATS, check_scalar, nan_propagation
-from ._diff import Differentiable, Spec, differentiable, new_like
+from ._diff import Differentiable, Spec, differentiable, new_like, spec_view
 from ._layout import canonical_strides, describable
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -302,8 +301,7 @@ def _l3_backward(res: Any, douts: Any, needs: Any, mode: str = "relu", **kw: Any
 
 def _l3_meta(x: Spec, mode: str = "relu", *, coef: float | None = None, propagate_nan: bool = False) -> Any:
     # the forward's own checks (dims, mode, coef), before any device work: a traced call refuses what it would
-    _resolve({"x": SimpleNamespace(ndim=len(x.shape), shape=x.shape)},
-             {"mode": mode, "coef": coef, "propagate_nan": propagate_nan})  # fmt: skip
+    _resolve({"x": spec_view(x)}, {"mode": mode, "coef": coef, "propagate_nan": propagate_nan})
     y = new_like(x)
     return (y,), {"x": x, "out": y}
 

@@ -1252,8 +1252,8 @@ def _l3_config(rnn: Any, training: Any) -> RNN:
 def _l3_impure(kw: dict, arrays: dict) -> str | None:
     rnn = kw.get("rnn")
     if kw.get("training") is True and isinstance(rnn, RNN) and rnn.dropout > 0:
-        return (f"training with dropout={rnn.dropout} draws its masks from the RNN's dropout state, which each call "
-                "advances; run single-layer calls with cudnnkit.jax.nn.dropout (an explicit key) between them")  # fmt: skip
+        return (f"training with dropout={rnn.dropout} draws its masks from the RNN's dropout state, which each "
+                "call advances; run single-layer calls with cudnnkit.jax.nn.dropout (an explicit key) between them")  # fmt: skip
     return None
 
 

@@ -56,14 +56,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 from .. import lib
 from ..runtime import FLOATS, check_choice
 from ..runtime.arrays import is_dense
 from ..runtime.cache import lru
-from ._diff import Differentiable, Spec, differentiable, new_like
+from ._diff import Differentiable, Spec, differentiable, new_like, spec_view
 from ._layout import describable, merge
 from ._primitive import Call, Operand, Output, Primitive, register, run
 
@@ -330,7 +329,7 @@ def _l3_backward(res: Any, douts: Any, needs: Any, **kw: Any) -> tuple:
 def _l3_meta(x: Spec, *, axis: int | Sequence[int] = -1, algo: str = "accurate", log: bool = False) -> Any:
     # the forward's own checks (axis range and adjacency, algo, log), before any device work: a traced call
     # (torch.compile, jax.jit) refuses what the forward would
-    _resolve({"x": SimpleNamespace(ndim=len(x.shape))}, {"axis": axis, "algo": algo, "log": log})
+    _resolve({"x": spec_view(x)}, {"axis": axis, "algo": algo, "log": log})
     y = new_like(x)
     return (y,), {"out": y}
 

@@ -18,6 +18,7 @@ from cudnnkit import autograd
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
+cknn = pytest.importorskip("cudnnkit.torch.nn")
 
 NAMES = """conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d max_pool1d max_pool2d max_pool3d
 avg_pool1d avg_pool2d avg_pool3d softmax log_softmax batch_norm layer_norm rms_norm instance_norm local_response_norm
@@ -460,3 +461,27 @@ def test_a_one_dimensional_attention_mask_is_a_row_of_keys():
     assert tuple(got.shape) == (3, 5)
     with pytest.raises(ValueError, match=r"attn_mask of shape \(4,\) does not broadcast"):
         _expand_rows(torch.zeros(4), (3, 5))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: nn.max_pool2d(x, 3, 1, 2),
+    lambda x: nn.avg_pool2d(x, (3, 4), 1, (1, 3)),
+    lambda x: nn.max_pool1d(x[0], 2, 1, 2),
+    lambda x: nn.avg_pool3d(x[None], 3, 1, (0, 0, 2)),
+    lambda x: cknn.MaxPool2d(3, 1, 2)(x),
+    lambda x: cknn.AvgPool1d(4, padding=3)(x[0]),
+])  # fmt: skip
+def test_pooling_padding_above_half_the_window_raises_torchs_error(no_device, call):
+    """torch refuses padding above half the window (cuDNN takes it: windows of padding only); the same error,
+    before any GPU work"""
+    x = torch.zeros(1, 2, 8, 8)
+    with pytest.raises(RuntimeError, match="pad should be at most half of effective kernel size"):
+        call(x)
+
+
+def test_pooling_padding_of_half_the_window_is_accepted_by_the_check():
+    from cudnnkit.nn.pooling import check_half_window
+
+    check_half_window((3, 2, 5), (1, 1, 2))  # torch takes these
+    with pytest.raises(RuntimeError, match="pad=2, kernel_size=3"):
+        check_half_window((3, 3), (1, 2))

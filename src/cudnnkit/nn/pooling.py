@@ -19,7 +19,19 @@ def pool_args(n: int, kernel_size: Any, stride: Any, padding: Any) -> tuple[tupl
         s = ntuple(stride, n, "stride")
     if isinstance(padding, str):
         raise ValueError(f"padding must be an int or {n} ints (torch's pooling takes no string), got {padding!r}")
-    return window, s, ntuple(padding, n, "padding")
+    p = ntuple(padding, n, "padding")
+    check_half_window(window, p)
+    return window, s, p
+
+
+def check_half_window(window: tuple[int, ...], padding: tuple[int, ...]) -> None:
+    """torch's rule for its pooling: each dim's padding at most half its window (cuDNN would take more, padding
+    windows that hold no input at all); raises torch's ``RuntimeError`` otherwise."""
+    for k, p in zip(window, padding):
+        if 2 * p > k:
+            raise RuntimeError(
+                f"pad should be at most half of effective kernel size, but got pad={p}, kernel_size={k} and dilation=1"
+            )
 
 
 def ceil_pads_past(sizes: tuple[int, ...], window: tuple[int, ...], stride: tuple[int, ...],

@@ -191,7 +191,9 @@ def _bn_fwd_resolve(views: Any, kw: Any) -> _BN:
         if not act or not training:
             raise ValueError("return_mask=True is the fused ReLU's mask in training: pass activation='relu' and "
                              "training=True")  # fmt: skip
-    return _BN(vx.dtype, pdt, mode, training, rm is not None, float(momentum), eps, vx.shape, p_shape, lay,
+    # momentum weighs only the running statistics' update: 0 where there is none (one graph and plan-cache key)
+    momentum = float(momentum) if training and rm is not None else 0.0
+    return _BN(vx.dtype, pdt, mode, training, rm is not None, momentum, eps, vx.shape, p_shape, lay,
                vx.size == 0, act, z, mask=mask)  # fmt: skip
 
 

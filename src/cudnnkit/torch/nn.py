@@ -59,6 +59,7 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
+from ..nn.pooling import check_half_window
 from ..ops import rnn as _rnn
 from ..ops.dropout import DropoutState, default_state
 from . import op  # the package is initialised first: this module is imported on first use
@@ -328,7 +329,9 @@ class ConvTranspose3d(_ConvTranspose, torch.nn.ConvTranspose3d):
 def _pool_args(m: Any, nsp: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     k = _ntuple(m.kernel_size, nsp)
     s = _ntuple(m.stride, nsp) if m.stride is not None and m.stride != () and m.stride != [] else k
-    return k, s, _ntuple(m.padding, nsp)
+    p = _ntuple(m.padding, nsp)
+    check_half_window(k, p)
+    return k, s, p
 
 
 class _MaxPool(_Twin):
@@ -429,20 +432,31 @@ def _float64_params(m: Any) -> str | None:
 
 
 def _batch_norm(x: torch.Tensor, w: Any, b: Any, rm: Any, rv: Any, training: bool, momentum: float,
-                eps: float, **fused: Any) -> torch.Tensor:  # fmt: skip
+                eps: float, count: Any = None, **fused: Any) -> torch.Tensor:  # fmt: skip
     """``batch_norm`` with torch's parameters and running statistics, cast to :func:`_pdt` of ``x`` where they
-    differ (the statistics through copies written back)."""
+    differ (the statistics through copies written back).
+
+    ``count`` (``momentum=None``'s ``num_batches_tracked``, already counting this batch): the running statistics
+    become their cumulative average, ``old + (batch - old) / count``. cuDNN runs with momentum 1 on copies (they
+    become the batch's statistics, the variance unbiased) and ``lerp_`` moves the module's buffers toward them by
+    ``1 / count``, a device tensor: the op's keywords stay the same every step (a factor ``1 / count`` would be a
+    new plan-cache and replay key each call, and reading ``count`` to the host a stream sync)."""
     C = x.shape[1]
     scale, bias = _param(w, x, (C,), 1.0), _param(b, x, (C,), 0.0)
     dt = _pdt(x)
-    stats = [None if t is None else (t if t.dtype == dt else t.to(dt)) for t in (rm, rv)]
+    cumulative = training and count is not None and rm is not None
+    stats = [None if t is None else (t.to(dt, copy=cumulative)) for t in (rm, rv)]
     y = _first(_call("batch_norm", {"x": x, "scale": scale, "bias": bias, "running_mean": stats[0],
-                                    "running_var": stats[1]}, training=training, momentum=momentum,
-                     epsilon=eps, **fused))  # fmt: skip
+                                    "running_var": stats[1]}, training=training,
+                     momentum=1.0 if cumulative else momentum, epsilon=eps, **fused))  # fmt: skip
     if training:
         with torch.no_grad():
             for t, c in zip((rm, rv), stats):
-                if t is not None and c is not t:
+                if t is None or c is t:
+                    continue
+                if cumulative:
+                    t.lerp_(c.to(t.dtype), 1.0 / count.to(t.dtype))
+                else:
                     t.copy_(c)
     return y
 
@@ -451,9 +465,10 @@ class _BatchNorm(_Fusable, _Twin):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
+        count = None  # momentum=None: the cumulative average over the batches seen (_batch_norm)
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
-            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            count = self.num_batches_tracked if self.momentum is None else None
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         keep = not self.training or self.track_running_stats
         if bn_training:
@@ -461,7 +476,7 @@ class _BatchNorm(_Fusable, _Twin):
             if n == 1:
                 raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
         return _batch_norm(input, self.weight, self.bias, self.running_mean if keep else None,
-                           self.running_var if keep else None, bn_training, float(factor), self.eps,
+                           self.running_var if keep else None, bn_training, float(factor), self.eps, count,
                            **self._fused())  # fmt: skip
 
 

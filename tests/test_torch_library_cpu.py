@@ -8,7 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import cudnnkit  # noqa: E402
 from cudnnkit.ops._diff import Differentiable, Spec, new_like  # noqa: E402
+from cudnnkit.runtime import current_settings  # noqa: E402
 from cudnnkit.torch import _library as L  # noqa: E402
 
 
@@ -405,3 +407,56 @@ def test_a_lazily_negated_tensor_takes_the_dispatcher_which_materializes_it(path
     y, _ = T(x, w)
     assert called == [1]
     assert torch.equal(y, -z.imag * w)
+
+
+def _sfwd(x, *, scale=1.0):
+    res = {"x": x}
+    if current_settings().prefer == "legacy":  # a residual one path keeps (batch norm's depend on prefer)
+        res["twice"] = x * 2
+    return (x * scale,), res
+
+
+def _sbwd(res, douts, needs, *, scale=1.0):
+    if "twice" in res:
+        assert torch.equal(res["twice"], res["x"] * 2)
+    return (douts[0] * scale,)
+
+
+def _smeta(x: Spec, *, scale=1.0):
+    res = {"x": x}
+    if current_settings().prefer == "legacy":
+        res["twice"] = new_like(x)
+    return (new_like(x),), res
+
+
+SOP = Differentiable("settings_dependent", "softmax_forward", ("x",), ("out",), _sfwd, _sbwd, _smeta)
+S = L.define(SOP, namespace="cudnnkit_test")
+
+
+def test_the_custom_op_runs_under_the_settings_its_call_was_made_under():
+    """The keyword string carries the caller's settings: the real call and the fake agree on the residuals when
+    the op runs under other settings (a compiled graph called under another ``prefer``)."""
+    x = torch.randn(3, 4, dtype=torch.float64)
+    made = S.args(x, scale=2.0)  # under the defaults: one output, no extra residual
+    with cudnnkit.settings(prefer="legacy"):
+        got = S.forward_op(*made)
+        assert len(got) == 1 and torch.equal(got[0], x * 2)
+        again = S.forward_op(*S.args(x, scale=2.0))  # made under legacy: the extra residual comes back
+        assert len(again) == 2 and torch.equal(again[1], x * 2)
+
+
+def test_compile_traces_again_under_other_settings():
+    from torch._dynamo.testing import CompileCounter
+
+    cnt = CompileCounter()
+    f = torch.compile(lambda a: S(a, scale=3.0) * 1, backend=cnt, fullgraph=True)
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    f(x).sum().backward()
+    assert cnt.frame_count == 1
+    x.grad = None
+    with cudnnkit.settings(prefer="legacy"):
+        y = f(x)
+        y.sum().backward()  # the backward sees the legacy path's residuals (_sbwd checks them)
+    assert cnt.frame_count == 2 and torch.equal(x.grad, torch.full_like(x, 3.0))
+    f(x)
+    assert cnt.frame_count == 2  # the first trace again

@@ -62,7 +62,7 @@ from ..ops import _replay
 from ..ops._diff import Differentiable, Spec, new_like
 from ..runtime.adapters._torch import _FROM_TORCH, _TO_TORCH
 from ..runtime.cache import LRU, MISSING
-from ..runtime.settings import as_items, current_settings, from_items, in_force
+from ..runtime.settings import Settings, as_items, current_settings, from_items, in_force
 from ..runtime.view import same_layout
 
 __all__ = ["TorchOp", "define", "encode", "decode", "spec", "EAGER"]
@@ -141,6 +141,10 @@ class TorchOp:
         given = {n: kw.pop(n, None) for n in self.d.arrays}
         kw["__in__"] = tuple(i for i, t in enumerate(inputs) if t is not None)
         kw["__arr__"] = tuple(k for k, t in given.items() if t is not None)
+        # the thread's cudnnkit.settings, by value: the custom op's fake, its real call and its backward all run
+        # under them (a graph torch.compile traced under some settings runs with them; reading them here, in the
+        # traced frame, also makes torch.compile guard on them and trace again under others)
+        kw["__settings__"] = current_settings()
         return [t for t in inputs if t is not None], [t for t in given.values() if t is not None], encode(kw)
 
 
@@ -341,6 +345,11 @@ def _on_device(dev: int | None) -> Any:
     return torch.cuda.device(dev)
 
 
+def _settings_of(s: Settings) -> Any:
+    """``in_force(s)``, or nothing to do when ``s`` is already the thread's settings (the usual case)."""
+    return contextlib.nullcontext() if s == current_settings() else in_force(s)
+
+
 def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict, kwkey: str) -> tuple[tuple, dict]:
     """``d.meta`` of these tensors (cached by the declaration, their metadata, their device, ``kwkey``, the op's
     encoded keywords, and the thread's settings: batch norm's residuals depend on ``prefer``), asked with the
@@ -429,37 +438,40 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
     """The custom ops ``namespace::name`` and ``namespace::name_backward`` of ``d`` (see the module docstring)."""
     qual = f"{namespace}::{d.name}"
 
-    def unpack(inputs: list, arrays: list, kw: str) -> tuple[list, dict, dict]:
-        """The full inputs (None where absent), the arrays by name (every declared one) and the keywords (a dict
-        shared by every call of ``kw``: read, never written)."""
+    def unpack(inputs: list, arrays: list, kw: str) -> tuple[list, dict, dict, Settings]:
+        """The full inputs (None where absent), the arrays by name (every declared one), the keywords (a dict
+        shared by every call of ``kw``: read, never written) and the settings the call was made under."""
         site = _FWD_SITES.lookup(kw)
         if site is MISSING:
             kwd = decode(kw)
-            site = _FWD_SITES.put(kw, (kwd.pop("__in__"), kwd.pop("__arr__"), kwd))
-        where, names, kwd = site
+            got = kwd.pop("__settings__", None)  # absent from a hand-encoded string: the thread's, as before
+            site = _FWD_SITES.put(kw, (kwd.pop("__in__"), kwd.pop("__arr__"), kwd, got))
+        where, names, kwd, settings = site
         full: list[Any] = [None] * len(d.inputs)
         for i, t in zip(where, inputs):
             full[i] = t
         arr = dict.fromkeys(d.arrays) | dict(zip(names, arrays))
-        return full, arr, kwd
+        return full, arr, kwd, current_settings() if settings is None else settings
 
     def mutated(arr: dict) -> list[str]:
         return [m for m in d.mutated if arr[m] is not None] if d.mutated else []
 
     def forward(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
-        inputs, arr, kwd = unpack(inputs, arrays, kw)
-        out_specs, res_specs = _layout(d, inputs, arr, kwd, kw)
-        changed = mutated(arr)
-        for m in changed:  # a functional op: the caller's arrays are updated by TorchOp, from the copies
-            arr[m] = arr[m].clone()
-        outs, res = _dispatched_forward(d, inputs, arr, kwd, kw)
+        inputs, arr, kwd, settings = unpack(inputs, arrays, kw)
+        with _settings_of(settings):
+            out_specs, res_specs = _layout(d, inputs, arr, kwd, kw)
+            changed = mutated(arr)
+            for m in changed:  # a functional op: the caller's arrays are updated by TorchOp, from the copies
+                arr[m] = arr[m].clone()
+            outs, res = _dispatched_forward(d, inputs, arr, kwd, kw)
         result = [_as(o, s) for o, s in zip(outs, out_specs)] + [arr[m] for m in changed]
         result += [_as(res[k], res_specs[k]) for k in _new_residuals(d, res_specs)]
         return result
 
     def fake(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
-        inputs, arr, kwd = unpack(inputs, arrays, kw)
-        out_specs, res_specs = _layout(d, inputs, arr, kwd, kw)
+        inputs, arr, kwd, settings = unpack(inputs, arrays, kw)
+        with _settings_of(settings):
+            out_specs, res_specs = _layout(d, inputs, arr, kwd, kw)
         dev = next(t.device for t in list(inputs) + list(arr.values()) if t is not None)
         got = [_empty(s, dev) for s in out_specs] + [torch.empty_like(arr[m]) for m in mutated(arr)]
         return got + [_empty(res_specs[k], dev) for k in _new_residuals(d, res_specs)]
@@ -496,8 +508,9 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
 
     def setup_context(ctx: Any, inputs: tuple, output: list) -> None:
         given, arrays, kw = inputs
-        ins, arr, kwd = unpack(given, arrays, kw)
-        _, res_specs = _layout(d, ins, arr, kwd, kw)
+        ins, arr, kwd, settings = unpack(given, arrays, kw)
+        with _settings_of(settings):
+            _, res_specs = _layout(d, ins, arr, kwd, kw)
         n = len(d.outputs)
         changed = mutated(arr)
         new = iter(output[n + len(changed) :])
@@ -507,7 +520,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
         ctx.save_for_backward(*(by_name[k] if k in by_name else next(new) for k in res_specs))
         ctx.names = tuple(res_specs)
         ctx.kw, ctx.kwstr = kwd, kw
-        ctx.settings = as_items(current_settings())
+        ctx.settings = as_items(settings)
         ctx.specs = tuple(None if t is None else tuple(spec(t)) for t in ins)
         ctx.needs = tuple(t is not None and t.requires_grad for t in ins)
         ctx.n_given, ctx.n_arrays = len(given), len(arrays)

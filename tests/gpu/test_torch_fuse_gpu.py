@@ -77,3 +77,23 @@ def test_a_fused_cnn_trains_like_torch(fp32):
     for a, b in zip(losses["ours"], losses["torch"]):
         assert abs(a - b) <= 1e-3 * abs(b), losses
     assert losses["ours"][-1] < 0.8 * losses["ours"][0], losses
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_the_fused_relu_propagates_nan_as_torch(fp32, train):
+    """torch's ReLU returns NaN for NaN; the fused convolution + ReLU and batch norm + ReLU must too (cuDNN's ReLU
+    clamps NaN to 0 unless asked to propagate it): the NaN pattern of the output is torch's."""
+    torch.manual_seed(2)
+    nn = torch.nn
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8),
+                        nn.ReLU()).cuda().train(train)  # fmt: skip
+    report = cudnnkit.torch.convert(copy.deepcopy(ref), fuse=True)
+    assert report.fused == [("0", "1"), ("3", "4")], str(report)
+    x = torch.randn(2, 3, 8, 8, device="cuda")
+    x[0, 1, 4, 4] = float("nan")
+    with torch.no_grad():
+        want, got = ref(x), report.model(x)
+    assert want.isnan().any() and (train or not want[1].isnan().any())  # eval: sample 1 stays finite
+    assert torch.equal(got.isnan(), want.isnan())
+    finite = ~want.isnan()
+    assert torch.allclose(got[finite], want[finite], rtol=1e-4, atol=1e-5)

@@ -134,6 +134,7 @@ CASES = [
     # normalization
     *_both("batchnorm2d-train", lambda nn: nn.BatchNorm2d(6), (4, 6, 5, 5)),
     *_both("batchnorm2d-eval", lambda nn: nn.BatchNorm2d(6), (4, 6, 5, 5), train=False),
+    Case("batchnorm2d-cumulative", lambda nn: nn.BatchNorm2d(6, momentum=None), (4, 6, 5, 5)),
     Case("batchnorm1d-train-2d", lambda nn: nn.BatchNorm1d(6), (8, 6)),
     Case("batchnorm1d-train-3d", lambda nn: nn.BatchNorm1d(6), (4, 6, 7)),
     Case("batchnorm1d-eval", lambda nn: nn.BatchNorm1d(6), (4, 6, 7), train=False),

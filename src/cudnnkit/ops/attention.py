@@ -344,17 +344,29 @@ def _bwd_resolve(views: Any, kw: Any) -> _Sdpa:
 # ----------------------------------------------------------------- the graph forms
 
 
+def _rows_off(v: Any) -> bool:
+    """Whether cuDNN's attention cannot read ``v`` as it is laid out: its head dim not contiguous, or a stride of a
+    dim longer than 1 not a multiple of 16 bytes (measured, H100, cuDNN 9.19: q/k/v views into rows 3 elements wider
+    than D planned and ran and gave wrong outputs, relative error 1.4; the engines' tiled loads take 16-byte
+    strides)."""
+    st = v.strides
+    if st[-1] != 1:
+        return True
+    size = v.itemsize
+    return any(d > 1 and (s * size) % 16 for d, s in zip(v.shape[:-1], st[:-1]))
+
+
 def _head_rows(c: Any, names: tuple[str, ...], outputs: tuple[str, ...] = ()) -> None:
-    """Inputs whose head dim is not contiguous copied to C order; such an ``out=`` written through a C-order
-    temporary (the graph reads and writes rows of D)."""
-    why = "with a contiguous head dim (cuDNN's attention reads rows of D)"
+    """Inputs cuDNN's attention cannot read as they are laid out (:func:`_rows_off`) copied to C order; such an
+    ``out=`` written through a C-order temporary (the graph reads and writes rows of D)."""
+    why = "with a contiguous head dim and 16-byte strides (cuDNN's attention reads rows of D)"
     for n in names:
         v = c.views[n]
-        if v.strides[-1] != 1:
+        if _rows_off(v):
             _, c.views[n] = copy_in(c.launch, c.arrays[n], v, None, n, why)
     for n in outputs:
         v = c.views[n]
-        if v.strides[-1] != 1:
+        if _rows_off(v):
             write_through(c, n, contiguous_strides(v.shape))
 
 

@@ -427,3 +427,64 @@ def test_channels_last_operands_reach_the_ops_as_permuted_views():
     assert PERMUTED == [("convolution", ((0, 3, 1, 2), None, None)), ("pooling", ((0, 3, 1, 2),)),
                         ("batch_norm", ((0, 3, 1, 2), None, None, None)),
                         ("sdpa", ((0, 2, 1, 3), (0, 2, 1, 3), (0, 2, 1, 3)))]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype, kw", [
+    (jnp.float16, {}),
+    (jnp.bfloat16, dict(is_causal=True)),
+    (jnp.bfloat16, dict(local_window_size=(1, 1))),
+    (jnp.bfloat16, dict(local_window_size=1, is_causal=True)),
+])  # fmt: skip
+def test_dot_product_attention_a_row_masked_whole_averages_v_as_jax(dtype, kw):
+    """A boolean mask that leaves a query row no key gives JAX's uniform weights over all S keys, with no lengths
+    given: cuDNN's additive mask does not (a float16 mask value does not swamp the scores; the band's keys are
+    -inf), so the row is replaced. Before the fix: the softmax of the row's scores (float16) or the mean over the
+    band's keys."""
+    q, k, v = (_r((1, 6, 2, 8), i).astype(dtype) for i in range(3))
+    mask = jnp.ones((1, 1, 6, 6), bool).at[0, 0, 2, :].set(False)
+    got = nn.dot_product_attention(q, k, v, None, mask, **kw)
+    want = jax.nn.dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)), None, mask, **kw)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
+
+
+def test_dot_product_attention_a_bias_beyond_float16_is_clipped_not_inf():
+    """bias=-1e9 in float16 would be -inf (a row of it NaN); it is clipped to float16's range, summed with the
+    mask in float32."""
+    q = _r((1, 4, 1, 8)).astype(jnp.float16)
+    bias = jnp.zeros((1, 1, 4, 4)).at[0, 0, 1, :].set(-1e9)
+    seen = {}
+    real = STANDINS["attention"]
+    try:
+        STANDINS["attention"] = lambda *a, **kw: seen.setdefault("mask", a[3]) is not None and real(*a, **kw)
+        got = nn.dot_product_attention(q, q, q, bias, jnp.ones((4, 4), bool).at[1, 0].set(False))
+    finally:
+        STANDINS["attention"] = real
+    assert seen["mask"].dtype == jnp.float16 and bool(jnp.isfinite(seen["mask"]).all())
+    assert bool(jnp.isfinite(got.astype(jnp.float32)).all())
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_layer_and_rms_norm_take_float32_parameters_for_half_data(dtype):
+    """cuDNN's layer/RMS norm takes float32 scale and bias for half-precision data: the defaults are float32 and a
+    half-precision scale is cast (flax's param_dtype=bfloat16). Before the fix, the real op refused them."""
+    seen = []
+    real_ln, real_rms = STANDINS["layer_norm"], STANDINS["rms_norm"]
+    try:
+        STANDINS["layer_norm"] = lambda x, s, b, **kw: seen.append((s.dtype, b.dtype)) or real_ln(x, s, b, **kw)
+        STANDINS["rms_norm"] = lambda x, s, **kw: seen.append((s.dtype,)) or real_rms(x, s, **kw)
+        x = _r((2, 5)).astype(dtype)
+        nn.layer_norm(x)
+        nn.layer_norm(x, jnp.ones(5, dtype))
+        nn.rms_norm(x)
+        nn.rms_norm(x, jnp.ones(5, dtype))
+    finally:
+        STANDINS["layer_norm"], STANDINS["rms_norm"] = real_ln, real_rms
+    assert all(d == jnp.float32 for ds in seen for d in ds) and len(seen) == 4
+
+
+def test_out_of_range_axes_raise_naming_them():
+    x = _r((2, 3, 4))
+    with pytest.raises(ValueError, match="axes=3"):
+        nn.layer_norm(x, axes=3)
+    with pytest.raises(ValueError, match="axis=5"):
+        nn.batch_norm(x, jnp.ones(3), jnp.zeros(3), jnp.zeros(3), jnp.ones(3), training=True, axis=5)

@@ -203,26 +203,47 @@ def log_softmax(x: Any, axis: int | Sequence[int] = -1, where: Any = None) -> An
 def _trailing(x: Any, axes: Any, what: str) -> int:
     """How many trailing dims ``axes`` names (``NotImplementedError`` for axes that are not the trailing ones)."""
     ax = (axes,) if isinstance(axes, int) else tuple(axes)
+    for a in ax:
+        _axis(a, x.ndim, what, "axes")
     norm = sorted(a % x.ndim for a in ax)
     if norm != list(range(x.ndim - len(norm), x.ndim)):
         raise NotImplementedError(f"{what}: axes={axes!r} are not the trailing ones; cuDNN normalizes trailing dims")
     return len(norm)
 
 
+def _axis(a: Any, ndim: int, what: str, name: str) -> int:
+    """Axis ``a`` of an ``ndim``-d array, in ``[0, ndim)`` (``ValueError`` naming ``name`` when out of range, as
+    flax's modules raise, rather than wrapping around)."""
+    if not isinstance(a, (int, np.integer)) or isinstance(a, bool) or not -ndim <= a < ndim:
+        raise ValueError(f"{what}: {name}={a!r} is out of range for an array of {ndim} dims")
+    return int(a) % ndim
+
+
+def _norm_param(p: Any, shape: tuple, x: Any, fill: float) -> Any:
+    """A layer/RMS norm's scale or bias as cuDNN takes it: float32 for half-precision data (flax's
+    ``param_dtype=bfloat16`` parameters cast, their gradient cast back), ``fill`` where None."""
+    dt = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    if p is None:
+        return jnp.full(shape, fill, dt)
+    p = jnp.asarray(p)
+    return p if p.dtype == dt or not jnp.issubdtype(p.dtype, jnp.floating) else p.astype(dt)
+
+
 def layer_norm(x: Any, scale: Any = None, bias: Any = None, *, epsilon: float = 1e-6, axes: Any = -1) -> Any:
     """flax's ``LayerNorm`` as a function: ``(x - mean) / sqrt(var + epsilon) * scale + bias`` over the trailing
-    ``axes``; ``scale``/``bias`` shaped like those dims (ones and zeros when None). The graph's layer norm."""
+    ``axes``; ``scale``/``bias`` shaped like those dims (ones and zeros when None; float32 for float16/bfloat16
+    ``x``, a half-precision one cast). The graph's layer norm."""
     k = _trailing(x, axes, "layer_norm")
     shape = x.shape[x.ndim - k :]
-    scale = jnp.ones(shape, x.dtype) if scale is None else scale
-    bias = jnp.zeros(shape, x.dtype) if bias is None else bias
+    scale, bias = _norm_param(scale, shape, x, 1.0), _norm_param(bias, shape, x, 0.0)
     return _op("layer_norm")(x, scale, bias, normalized_shape_ndim=k, epsilon=epsilon)
 
 
 def rms_norm(x: Any, scale: Any = None, *, epsilon: float = 1e-6, axes: Any = -1) -> Any:
-    """flax's ``RMSNorm`` as a function: ``x / sqrt(mean(x**2) + epsilon) * scale`` over the trailing ``axes``."""
+    """flax's ``RMSNorm`` as a function: ``x / sqrt(mean(x**2) + epsilon) * scale`` over the trailing ``axes``
+    (``scale`` as :func:`layer_norm`'s)."""
     k = _trailing(x, axes, "rms_norm")
-    scale = jnp.ones(x.shape[x.ndim - k :], x.dtype) if scale is None else scale
+    scale = _norm_param(scale, x.shape[x.ndim - k :], x, 1.0)
     return _op("rms_norm")(x, scale, normalized_shape_ndim=k, epsilon=epsilon)
 
 
@@ -241,7 +262,7 @@ def batch_norm(x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, training: 
     for float16), else as a second call; the backward takes the ReLU's gradient from ``y``. ``z``, an array of
     ``x``'s shape and dtype (a residual branch), is added before that ReLU (``relu(bn(x) + z)``,
     ``CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION``) and gets its gradient too; it needs ``activation="relu"``."""
-    ax = axis % x.ndim
+    ax = _axis(axis, x.ndim, "batch_norm", "axis")
     perm = (0, ax, *(i for i in range(1, x.ndim) if i != ax)) if ax != 0 else None
     if ax == 0:
         raise NotImplementedError("axis=0: the feature axis cannot be the batch axis")
@@ -313,7 +334,11 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     lengths = query_seq_lengths is not None or key_value_seq_lengths is not None
     # rows with no key to attend (a window past the keys): JAX's uniform weights, cuDNN's undefined
     empty_rows = left is not None and t > s_len + left
-    if lengths or empty_rows:
+    # a boolean mask may leave a row no key (alone, or with the causal triangle or the window): JAX's uniform
+    # weights there, which cuDNN's additive mask does not give (a float16 mask value cannot swamp the scores, and
+    # the band's keys are -inf), so the rows are replaced as the lengths' are
+    fix = lengths or empty_rows or mask is not None
+    if fix:
         q_len = _seq_lengths(query_seq_lengths, "query_seq_lengths", b, t)
         kv_len = _seq_lengths(key_value_seq_lengths, "key_value_seq_lengths", b, s_len)
         # the rows with a key: t < reach (a window's band passes the last key at row kv_len + left)
@@ -328,9 +353,10 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
         # gradients only through those rows (cuDNN's padded rows of dq, dk, dv are undefined; JAX's are 0)
         v_all = v
         q, k, v = _valid_rows(q, use), _valid_rows(k, kv_ok), _valid_rows(v, kv_ok)
-        # cuDNN sees no zero length and no row without a key: the rows past its lengths are replaced below
-        window["seq_len_q"] = jnp.clip(jnp.minimum(q_len, reach), 1, t).reshape(b, 1, 1, 1)
-        window["seq_len_kv"] = jnp.maximum(kv_len, 1).reshape(b, 1, 1, 1)
+        if lengths or empty_rows:
+            # cuDNN sees no zero length and no row without a key: the rows past its lengths are replaced below
+            window["seq_len_q"] = jnp.clip(jnp.minimum(q_len, reach), 1, t).reshape(b, 1, 1, 1)
+            window["seq_len_kv"] = jnp.maximum(kv_len, 1).reshape(b, 1, 1, 1)
     perm = (0, 2, 1, 3)
     qkv = tuple(Permuted(x, perm) for x in (q, k, v))
     if add is None and not window and kh in (1, n):
@@ -338,7 +364,7 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     else:
         o = _op("attention")(*qkv, add, None, scale=scale, is_causal=bool(is_causal), enable_gqa=kh != n, **window)
     o = jnp.transpose(o, perm)
-    if lengths or empty_rows:
+    if fix:
         # a valid row with no key: JAX's uniform weights over all S keys; past the query length: 0
         mean_v = jnp.repeat(v_all.astype(jnp.float32).mean(axis=1), n // kh, axis=1).astype(o.dtype)  # (B, N, H)
         o = jnp.where(use, o, mean_v[:, None])
@@ -383,8 +409,10 @@ def _valid_rows(x: Any, ok: Any) -> Any:
 
 
 def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any) -> Any:
-    """``bias`` plus ``mask`` made additive (``0`` kept, ``-inf`` masked), in ``dtype``, with its last two dims
-    broadcast to ``(T, S)`` (cuDNN's mask broadcasts over batch and heads only); None for neither."""
+    """``bias`` plus ``mask`` made additive (``0`` kept, ``-0.7 * max`` masked), in ``dtype``, with its last two dims
+    broadcast to ``(T, S)`` (cuDNN's mask broadcasts over batch and heads only); None for neither. Summed in float32
+    (as JAX adds them) and clipped to ``dtype``'s finite range: a bias beyond it (``-1e9`` in float16), or a large
+    one plus the mask's value, would be -inf and a row of it NaN."""
     parts = []
     for name, x in (("bias", bias), ("mask", mask)):
         if x is None:
@@ -393,12 +421,14 @@ def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any) -> Any:
         if name == "mask":
             if x.dtype != jnp.bool_:
                 raise TypeError(f"dot_product_attention: mask must be boolean (True where kept), got {x.dtype}")
-            # JAX's masked logit: a large finite negative, so a fully masked row averages v as JAX's does
-            x = jnp.where(x, jnp.zeros((), dtype), jnp.full((), -0.7 * float(jnp.finfo(dtype).max), dtype))
-        parts.append(jnp.broadcast_to(x.astype(dtype), x.shape[:2] + full[2:]))
+            # JAX's masked logit: a large finite negative (a row masked whole is replaced by the caller)
+            x = jnp.where(x, jnp.zeros((), jnp.float32), jnp.full((), -0.7 * float(jnp.finfo(dtype).max), jnp.float32))
+        parts.append(jnp.broadcast_to(x.astype(jnp.float32), x.shape[:2] + full[2:]))
     if not parts:
         return None
-    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+    total = parts[0] if len(parts) == 1 else parts[0] + parts[1]
+    hi = float(jnp.finfo(dtype).max)
+    return jnp.clip(total, -hi, hi).astype(dtype)
 
 
 def _as_4d(x: Any, name: str, full: tuple) -> Any:

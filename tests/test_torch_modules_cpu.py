@@ -723,3 +723,78 @@ def test_the_modules_call_the_registered_declarations_by_their_names(fake_ops, m
             for ins, kw in fake.calls:
                 assert len(ins) == len(real[name].inputs) and set(kw) <= set(params), (name, set(kw) - set(params))
     nn._LAYOUTS.clear()
+
+
+# ----------------------------------------------------------------- RNN module edges (a review's findings)
+
+
+def test_rnn_bfloat16_is_refused_by_name_and_left_by_convert():
+    """cuDNN 9's RNNs have no bfloat16: the twin refuses bfloat16 parameters at construction and forward
+    (NotImplementedError naming it), and convert() leaves a bfloat16 torch LSTM as it is."""
+    with pytest.raises(NotImplementedError, match="bfloat16"):
+        nn.LSTM(3, 5, dtype=torch.bfloat16)
+    m = nn.GRU(3, 5)
+    m.bfloat16()
+    with pytest.raises(NotImplementedError, match="bfloat16"):
+        m(torch.zeros(2, 1, 3, dtype=torch.bfloat16))
+    model = tnn.Sequential(tnn.LSTM(3, 4).bfloat16())
+    report = C.convert(model)
+    assert type(model[0]) is tnn.LSTM and not report.replaced and "bfloat16" in str(report)
+
+
+def test_rnn_one_layer_takes_dropout_one_and_list_cell_clip():
+    """torch takes dropout=1 with one layer (it acts between layers: none), and cell_clip as a list."""
+    m = nn.LSTM(3, 5, dropout=1.0, cell_clip=[-1.0, 1.0])
+    cfg = nn._RNNBase._config_of(m, "float32")
+    assert cfg.dropout == 0.0 and cfg.cell_clip == (-1.0, 1.0)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        nn.LSTM(3, 5, num_layers=2, dropout=1.0)
+
+
+@pytest.mark.parametrize("hx", [False, True])
+def test_rnn_input_checks_are_torchs_with_or_without_hx(hx):
+    m, ref = nn.GRU(3, 5), tnn.GRU(3, 5)
+    x = torch.randn(4, 2, 7)
+    h = torch.zeros(1, 2, 5) if hx else None
+    with pytest.raises(RuntimeError) as want:
+        ref(x, h)
+    with pytest.raises(RuntimeError) as got:
+        m(x, h)  # before any op call (no GPU here)
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("kind, kw", [("LSTM", dict(proj_size=2, bidirectional=True)), ("GRU", dict(num_layers=2)),
+                                      ("RNN", dict(batch_first=True))])  # fmt: skip
+def test_rnn_empty_batch_gives_torchs_empty_outputs(kind, kw):
+    """A batch of 0 sequences: torch's empty outputs and zero parameter gradients (cuDNN takes no empty batch)."""
+    m, ref = getattr(nn, kind)(3, 5, **kw), getattr(tnn, kind)(3, 5, **kw)
+    x = torch.randn(0, 4, 3) if kw.get("batch_first") else torch.randn(4, 0, 3)
+    x.requires_grad_(True)
+    (y, h), (yr, hr) = m(x), ref(x)
+    assert y.shape == yr.shape
+    for a, b in zip(h if kind == "LSTM" else (h,), hr if kind == "LSTM" else (hr,)):
+        assert a.shape == b.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape and all(torch.equal(p.grad, torch.zeros_like(p)) for p in m.parameters())
+
+
+def test_rnn_under_autocast_runs_in_the_autocast_dtype(monkeypatch):
+    """torch's autocast runs its RNNs in float16 (input, state and weights cast): a float16 input from an autocast
+    layer with float32 weights is not refused; autocast to bfloat16 is refused by name."""
+    seen = []
+
+    def fn(x, w, hx, cx, **kw):
+        seen.append((x.dtype, w.dtype, None if hx is None else hx.dtype))
+        cfg = kw["rnn"]
+        return (x.new_zeros(*x.shape[:-1], cfg.hidden_size), x.new_zeros(1, x.shape[1], cfg.hidden_size),
+                x.new_zeros(0))  # fmt: skip
+
+    monkeypatch.setattr(nn, "_op", lambda name: FakeOp(("x", "w", "hx", "cx"), (), fn))
+    monkeypatch.setattr(nn, "_weight_layout", lambda cfg, like: (cfg.hidden_size, ()))
+    m = nn.GRU(3, 5)
+    with torch.autocast("cpu", dtype=torch.float16):
+        m(torch.randn(4, 2, 3).half(), torch.zeros(1, 2, 5))
+        m(torch.randn(4, 2, 3))
+    assert seen == [(torch.float16, torch.float16, torch.float16), (torch.float16, torch.float16, None)]
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(NotImplementedError, match="bfloat16"):
+        m(torch.randn(4, 2, 3))

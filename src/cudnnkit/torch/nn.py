@@ -862,8 +862,10 @@ class _RNNBase(_Twin):
 
     @classmethod
     def refuse(cls, m: Any) -> str | None:
-        if not 0 <= m.dropout < 1:
+        if not 0 <= m.dropout <= 1 or (m.dropout == 1 and m.num_layers > 1):
             return f"dropout={m.dropout!r} is not supported (cuDNN's RNN dropout is in [0, 1))"
+        if any(p is not None and p.dtype == torch.bfloat16 for p in m._flat_weights):
+            return "bfloat16 parameters are not supported (cuDNN 9's RNNs have no bfloat16)"
         try:
             cls._config_of(m, "float32")
         except (ValueError, TypeError) as e:
@@ -873,13 +875,16 @@ class _RNNBase(_Twin):
     @staticmethod
     def _config_of(m: Any, dtype: str) -> _rnn.RNN:
         clip = getattr(m, "cell_clip", None)
+        clip = tuple(clip) if isinstance(clip, list) else clip
+        # torch's dropout acts between layers: none with one layer (torch takes dropout=1 there, with a warning)
+        dropout = float(m.dropout) if m.num_layers > 1 else 0.0
         key = (m.mode, m.input_size, m.hidden_size, m.num_layers, bool(m.bidirectional), bool(m.bias), m.proj_size,
-               float(m.dropout), clip, dtype, _seed_of(m))  # fmt: skip
+               dropout, clip, dtype, _seed_of(m))  # fmt: skip
         got = _CONFIGS.get(key)
         if got is None:
             got = _rnn.RNN(_CELLS[m.mode], m.input_size, m.hidden_size, num_layers=m.num_layers,
                            bidirectional=bool(m.bidirectional), bias_mode="double" if m.bias else "none",
-                           proj_size=m.proj_size, dropout=float(m.dropout), dropout_seed=key[-1], dtype=dtype,
+                           proj_size=m.proj_size, dropout=dropout, dropout_seed=key[-1], dtype=dtype,
                            cell_clip=clip)  # fmt: skip
             got = _CONFIGS.setdefault(key, got)  # one dict call: atomic, and traceable by torch.compile
         return got
@@ -911,10 +916,30 @@ class _RNNBase(_Twin):
             hx = hs if lstm else hs[0]
             self.check_forward_args(x, hx, batch_sizes)
             hx = self.permute_hidden(hx, sorted_idx)
+        else:
+            self.check_input(x, batch_sizes)  # torch's checks (and errors) with or without hx
+        if not packed and x.shape[batch_dim] == 0:
+            return self._empty_batch(x)
         h0, c0 = (None, None) if hx is None else (hx if lstm else (hx, None))
+        dev = x.device.type
+        if torch.is_autocast_enabled(dev) and x.is_floating_point():
+            # torch's autocast runs its RNNs in the lower-precision dtype (weights, input and state cast)
+            dt = torch.get_autocast_dtype(dev)
+            if dt == torch.bfloat16:
+                raise NotImplementedError(
+                    f"cudnnkit.torch.nn.{type(self).__name__}: autocast to bfloat16 is not supported (cuDNN 9's "
+                    "RNNs have no bfloat16)"
+                )
+            x = x.to(dt)
+            h0, c0 = (None if h is None else h.to(dt) for h in (h0, c0))
+        if x.dtype == torch.bfloat16:
+            raise NotImplementedError(
+                f"cudnnkit.torch.nn.{type(self).__name__}: input has dtype bfloat16, which is not supported (cuDNN 9's "
+                "RNNs have no bfloat16)"
+            )
         cfg = self._config_of(self, _torch_dtype_name(x.dtype))
         count, pieces = _weight_layout(cfg, x)
-        w = _flat_weights({n: getattr(self, n) for n in self._flat_weights_names}, count, pieces)
+        w = _flat_weights({n: getattr(self, n).to(x.dtype) for n in self._flat_weights_names}, count, pieces)
         out = _call("rnn", {"x": x, "w": w, "hx": h0, "cx": c0}, rnn=cfg, training=self.training, layout=layout,
                     seq_lengths=lengths)  # fmt: skip
         y, hidden = out[0], ((out[1], out[2]) if lstm else out[1])
@@ -924,6 +949,19 @@ class _RNNBase(_Twin):
             y = y.squeeze(batch_dim)
             hidden = (hidden[0].squeeze(1), hidden[1].squeeze(1)) if lstm else hidden.squeeze(1)
         return y, hidden
+
+
+    def _empty_batch(self, x: torch.Tensor) -> Any:
+        """torch's result for a batch of 0 sequences: empty outputs (cuDNN takes no empty batch), tied to the input
+        and every parameter so that a backward gives them their (empty or zero) gradients."""
+        d = 2 if self.bidirectional else 1
+        out = self.proj_size if self.proj_size > 0 else self.hidden_size
+        tie = sum((p.sum() * 0 for p in self._flat_weights if p is not None), x.sum() * 0)
+        y = x.new_zeros(*x.shape[:-1], d * out) + tie
+        h = x.new_zeros(self.num_layers * d, 0, out) + tie
+        if self.mode != "LSTM":
+            return y, h
+        return y, (h, x.new_zeros(self.num_layers * d, 0, self.hidden_size) + tie)
 
 
 class LSTM(_RNNBase, torch.nn.LSTM):

@@ -488,3 +488,30 @@ def test_out_of_range_axes_raise_naming_them():
         nn.layer_norm(x, axes=3)
     with pytest.raises(ValueError, match="axis=5"):
         nn.batch_norm(x, jnp.ones(3), jnp.zeros(3), jnp.zeros(3), jnp.ones(3), training=True, axis=5)
+
+
+@pytest.mark.parametrize("padding, pairs", [
+    (1, ((1, 1), (1, 1))),
+    ((1, 2), ((1, 1), (2, 2))),
+    (((0, 1), 2), ((0, 1), (2, 2))),
+])  # fmt: skip
+def test_conv_takes_flaxs_int_padding_forms(padding, pairs):
+    """flax's Conv takes an int (every side) and one int per dim (both sides) besides pairs and strings."""
+    x, w = _r((2, 7, 6, 3)), _r((3, 3, 3, 4), 1)
+    got = nn.conv(x, w, padding=padding)
+    want = jax.lax.conv_general_dilated(x, w, (1, 1), pairs, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_causal_padding_and_refused_padding_modes():
+    x, w = _r((2, 9, 3)), _r((3, 3, 4), 1)
+    got = nn.conv(x, w, padding="CAUSAL", dilation=2)
+    want = jax.lax.conv_general_dilated(x, w, (1,), ((4, 0),), rhs_dilation=(2,),
+                                        dimension_numbers=("NWC", "WIO", "NWC"))  # fmt: skip
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="CIRCULAR"):
+        nn.conv(x, w, padding="CIRCULAR")
+    with pytest.raises(ValueError, match="CAUSAL"):
+        nn.conv(_r((1, 5, 5, 3)), _r((3, 3, 3, 4)), padding="CAUSAL")
+    with pytest.raises(ValueError, match="padding"):
+        nn.conv_general_dilated(x, w, (1,), "FULL", dimension_numbers=("NWC", "WIO", "NWC"))

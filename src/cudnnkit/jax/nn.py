@@ -93,6 +93,8 @@ def _pads(spatial: Sequence[int], window: Sequence[int], strides: Sequence[int],
     """``padding`` ("SAME", "VALID", "SAME_LOWER" or (lo, hi) pairs) as explicit per-side pairs, as JAX computes
     them (``jax.lax.padtype_to_pads`` on the dilated window)."""
     if isinstance(padding, str):
+        if padding.upper() not in ("SAME", "VALID", "SAME_LOWER"):
+            raise ValueError(f"{what} must be 'SAME', 'VALID', 'SAME_LOWER' or (low, high) pairs, got {padding!r}")
         eff = [(k - 1) * d + 1 for k, d in zip(window, dilation)]
         return tuple((int(lo), int(hi)) for lo, hi in jax.lax.padtype_to_pads(spatial, eff, strides, padding))
     pairs = tuple(tuple(int(v) for v in p) for p in padding)
@@ -143,6 +145,7 @@ def conv(x: Any, w: Any, bias: Any = None, *, strides: int | Sequence[int] = 1, 
     fuses it)."""
     nsp = x.ndim - 2
     lhs, rhs, out = _channels_last(nsp)
+    padding = _flax_padding(padding, nsp, w.shape[:nsp], _tuple(dilation, nsp, "dilation"))
     if bias is None:
         return conv_general_dilated(x, w, _tuple(strides, nsp, "strides"), padding,
                                     rhs_dilation=_tuple(dilation, nsp, "dilation"), dimension_numbers=(lhs, rhs, out),
@@ -153,6 +156,24 @@ def conv(x: Any, w: Any, bias: Any = None, *, strides: int | Sequence[int] = 1, 
     pads = _pads(spec(xc).shape[2:], wc.shape[2:], st, dil, padding)
     y = _op("convolution")(xc, wc, bias, stride=st, padding=pads, dilation=dil, groups=int(groups))
     return jnp.transpose(y, tuple(int(i) for i in np.argsort(dn.out_spec)))
+
+
+def _flax_padding(padding: Any, nsp: int, window: Sequence[int], dilation: Sequence[int]) -> Any:
+    """flax's ``Conv`` padding forms as :func:`_pads` takes them: an int (both sides of every dim), one int per dim
+    (both sides), ``(low, high)`` pairs, "SAME"/"VALID"/"SAME_LOWER", and "CAUSAL" (1-d: ``(k - 1) * d`` before);
+    "CIRCULAR"/"REFLECT" are refused by name (cuDNN pads with zeros)."""
+    if isinstance(padding, str):
+        p = padding.upper()
+        if p == "CAUSAL":
+            if nsp != 1:
+                raise ValueError(f"conv: padding='CAUSAL' is for 1-d convolutions (flax's rule), not {nsp}-d")
+            return (((int(window[0]) - 1) * dilation[0], 0),)
+        if p in ("CIRCULAR", "REFLECT", "WRAP"):
+            raise NotImplementedError(f"conv: padding={padding!r}: cuDNN's convolution pads with zeros only")
+        return padding
+    if isinstance(padding, (int, np.integer)):
+        return ((int(padding), int(padding)),) * nsp
+    return tuple((int(p), int(p)) if isinstance(p, (int, np.integer)) else tuple(p) for p in padding)
 
 
 def _pool(x: Any, mode: str, window_shape: Sequence[int], strides: Any, padding: Any) -> Any:

@@ -950,7 +950,6 @@ class _RNNBase(_Twin):
             hidden = (hidden[0].squeeze(1), hidden[1].squeeze(1)) if lstm else hidden.squeeze(1)
         return y, hidden
 
-
     def _empty_batch(self, x: torch.Tensor) -> Any:
         """torch's result for a batch of 0 sequences: empty outputs (cuDNN takes no empty batch), tied to the input
         and every parameter so that a backward gives them their (empty or zero) gradients."""

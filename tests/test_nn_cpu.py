@@ -407,6 +407,11 @@ REFUSED = [
         "input has dtype bfloat16",
         lambda: nn.gru(t(3, 1, 2, dtype=torch.bfloat16), None, [], True, 1, 0.0, False, False, False),
     ),  # fmt: skip
+    (  # torch's packed overload: (data, batch_sizes, hx, params, ...), as many positional arguments
+        "packed form",
+        lambda: nn.lstm(t(3, 2), torch.tensor([2, 1]), (t(1, 2, 4), t(1, 2, 4)), [], True, 1, 0.0, False, False),
+    ),  # fmt: skip
+    ("packed form", lambda: nn.gru(t(3, 2), torch.tensor([2, 1]), t(1, 2, 4), [], True, 1, 0.0, False, False)),
 ]
 
 

@@ -101,9 +101,19 @@ def pack_params(pieces: list[tuple[int, int, str, int, int]], count: int, params
     return concat(parts)
 
 
+def _refuse_packed(fn: str, hx: Any) -> None:
+    """torch's packed overload (``_VF.lstm(data, batch_sizes, hx, params, ...)``, as many positional arguments)
+    puts ``batch_sizes``, a 1-d integer tensor, where ``hx`` goes: refused by name, not misread."""
+    if hx is not None and not isinstance(hx, (list, tuple)) and getattr(hx, "ndim", None) == 1:
+        if "int" in dtype_of(hx):
+            raise NotImplementedError(f"{fn}: the packed form (data, batch_sizes, ...): pass the padded tensor "
+                                      "(batch_sizes are not mapped to cuDNN's sequence lengths here)")  # fmt: skip
+
+
 def _run(cell: str, input: Any, hx: Any, cx: Any, params: Any, has_biases: bool, num_layers: int, dropout: float,
          train: bool, bidirectional: bool, batch_first: bool) -> tuple:  # fmt: skip
     fn = {"lstm": "lstm", "gru": "gru", "tanh": "rnn_tanh", "relu": "rnn_relu"}[cell]
+    _refuse_packed(fn, hx)
     if hasattr(input, "batch_sizes"):
         raise NotImplementedError(f"{fn}: a PackedSequence input: pass the padded tensor (batch_sizes are not mapped "
                                   "to cuDNN's sequence lengths here)")  # fmt: skip
@@ -128,6 +138,7 @@ def _run(cell: str, input: Any, hx: Any, cx: Any, params: Any, has_biases: bool,
 def lstm(input: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, dropout: float, train: bool,
          bidirectional: bool, batch_first: bool) -> tuple[Any, Any, Any]:  # fmt: skip
     """torch's ``_VF.lstm`` ``(output, h_n, c_n)``: L3 ``rnn`` (LSTM), ``cudnnRNNForward``."""
+    _refuse_packed("lstm", hx)
     h0, c0 = (None, None) if hx is None else hx
     y, hy, cy = _run("lstm", input, h0, c0, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
     return y, hy, cy

@@ -515,3 +515,20 @@ def test_conv_causal_padding_and_refused_padding_modes():
         nn.conv(_r((1, 5, 5, 3)), _r((3, 3, 3, 4)), padding="CAUSAL")
     with pytest.raises(ValueError, match="padding"):
         nn.conv_general_dilated(x, w, (1,), "FULL", dimension_numbers=("NWC", "WIO", "NWC"))
+
+
+@pytest.mark.parametrize("precision, tf32", [
+    (None, True), (jax.lax.Precision.DEFAULT, True), (jax.lax.Precision.HIGHEST, False), ("highest", False),
+    ("float32", False), ((jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST), False), ("bfloat16", True),
+])  # fmt: skip
+def test_conv_general_dilated_precision_highest_runs_without_tf32(monkeypatch, precision, tf32):
+    """precision=HIGHEST (JAX's full float32) turns TF32 off for the call; otherwise cudnnkit.settings decide."""
+    from cudnnkit.runtime import current_settings
+
+    seen = []
+    real = STANDINS["convolution"]
+    monkeypatch.setitem(STANDINS, "convolution",
+                        lambda *a, **kw: seen.append(current_settings().allow_tf32) or real(*a, **kw))  # fmt: skip
+    x, w = _r((1, 3, 5, 5)), _r((4, 3, 3, 3), 1)
+    nn.conv_general_dilated(x, w, (1, 1), "SAME", precision=precision)
+    assert seen == [tf32]

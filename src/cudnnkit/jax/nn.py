@@ -110,8 +110,9 @@ def conv_general_dilated(lhs: Any, rhs: Any, window_strides: Sequence[int], padd
     """``jax.lax.conv_general_dilated`` by cuDNN's convolution (``cudnnkit.jax.ops.convolution``: the graph's
     ``conv_fprop`` or ``cudnnConvolutionForward``). ``lhs`` is seen as ``(N, C, *spatial)`` in its own layout (no
     transpose), ``rhs`` transposed to ``(O, I, *k)`` per ``dimension_numbers``, the result laid out per its
-    ``out_spec``. ``precision`` is cuDNN's: TF32
-    for float32 per ``cudnnkit.settings(allow_tf32=...)``."""
+    ``out_spec``. ``precision``: ``HIGHEST`` (or ``"highest"``/``"float32"``, alone or in a pair) runs float32 without
+    TF32 (``cudnnkit.settings(allow_tf32=False)`` for this call); otherwise TF32 for float32 follows
+    ``cudnnkit.settings(allow_tf32=...)`` (on by default, as JAX's default precision on the GPU)."""
     nsp = lhs.ndim - 2
     if lhs_dilation is not None and any(int(v) != 1 for v in lhs_dilation):
         raise NotImplementedError("lhs_dilation != 1 (a transposed convolution): use "
@@ -127,8 +128,32 @@ def conv_general_dilated(lhs: Any, rhs: Any, window_strides: Sequence[int], padd
     strides = _tuple(window_strides, nsp, "window_strides")
     dil = _tuple(rhs_dilation, nsp, "rhs_dilation")
     pads = _pads(spec(x).shape[2:], w.shape[2:], strides, dil, padding)
-    y = _op("convolution")(x, w, None, stride=strides, padding=pads, dilation=dil, groups=int(feature_group_count))
+    with _precision(precision):
+        y = _op("convolution")(x, w, None, stride=strides, padding=pads, dilation=dil,
+                               groups=int(feature_group_count))  # fmt: skip
     return jnp.transpose(y, tuple(int(i) for i in np.argsort(dn.out_spec)))
+
+
+def _precision(precision: Any) -> Any:
+    """A context for ``precision``: ``settings(allow_tf32=False)`` when it asks for full float32 (``HIGHEST``,
+    ``"highest"``, ``"float32"``, or a pair holding one), else nothing."""
+    import contextlib
+
+    from ..runtime.settings import settings
+
+    def full(p: Any) -> bool:
+        if isinstance(p, str):
+            q = p.lower()
+            if q == "float32":
+                return True
+            try:
+                return jax.lax.Precision(q) == jax.lax.Precision.HIGHEST
+            except ValueError:
+                return False
+        return p == jax.lax.Precision.HIGHEST
+
+    parts = precision if isinstance(precision, (tuple, list)) else (precision,)
+    return settings(allow_tf32=False) if any(full(p) for p in parts) else contextlib.nullcontext()
 
 
 def _channels_last(nsp: int) -> tuple[str, str, str]:

@@ -635,3 +635,21 @@ def test_convert_leaves_multihead_attention():
     model = torch.nn.Sequential(mha)
     report = ct.convert(model)
     assert model[0] is mha and not any(t is torch.nn.MultiheadAttention for _, t, _ in report.replaced)
+
+
+def test_attention_copies_rows_it_cannot_read():
+    """cuDNN's attention reads rows of D with 16-byte strides: a view into wider rows (row stride D + 3, found wrong
+    on an H100 by the replay fuzz), a non-contiguous head dim, are copied; BHSD, BSHD and size-1 dims are not."""
+    from cudnnkit.ops._diff import Spec, spec_view
+    from cudnnkit.ops.attention import _rows_off
+
+    def off(shape, strides, dtype="bfloat16"):
+        return _rows_off(spec_view(Spec(shape, strides, dtype)))
+
+    assert not off((2, 4, 16, 64), (4096, 1024, 64, 1))  # BHSD
+    assert not off((2, 4, 16, 64), (4096, 64, 256, 1))  # BSHD
+    assert not off((1, 4, 1, 64), (7, 64, 5, 1))  # strides of size-1 dims are not read
+    assert off((2, 4, 16, 64), (4288, 1072, 67, 1))  # rows 3 elements wider than D
+    assert off((2, 4, 16, 64), (4096, 1024, 1, 16))  # head dim not contiguous
+    assert not off((2, 4, 16, 8), (512, 128, 8, 1), "float16")  # D = 8: 16 bytes
+    assert off((2, 4, 16, 8), (4 * 16 * 12, 16 * 12, 12, 1), "float16")  # 24-byte rows

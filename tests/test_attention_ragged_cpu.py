@@ -394,3 +394,16 @@ def test_l2_ragged_refuses_a_strided_head_dim_and_page_tables(fake_fixture, plan
     with pytest.raises(ValueError, match="ragged_q is for ragged .packed. calls"):
         A.run(A.SDPA_FORWARD, {**dense, "ragged_q": _arr(fake, (4,), "int64")})
     assert not built and not runs
+
+
+def test_l2_packed_array_whose_rows_cuDNN_cannot_read_is_refused(fake_fixture):
+    """A packed array is read in place (its ragged offsets come from its own token stride): one whose token stride
+    is not a multiple of 16 bytes is refused naming it, not copied (a copy's stride would not match the offsets)."""
+    from .fuzz.materialize import FakeArray
+
+    h, d = 4, 64
+    base = _arr(fake_fixture, (TQ, h * d + 4))  # rows of H * D + 4 elements: an 8-byte-misaligned token stride
+    q = FakeArray((TQ, h, d), base.dtype, (h * d + 4, d, 1), base.ptr, base.lib, device=0)
+    k, v = _arr(fake_fixture, (TKV, 2, d)), _arr(fake_fixture, (TKV, 2, 32))
+    with pytest.raises(ValueError, match=r"q \(packed\) must have a contiguous head dim"):
+        ops.attention_forward(q, k, v, cu_seqlens_q=CU_Q, cu_seqlens_kv=CU_KV, enable_gqa=True)

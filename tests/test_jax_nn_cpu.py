@@ -447,20 +447,24 @@ def test_dot_product_attention_a_row_masked_whole_averages_v_as_jax(dtype, kw):
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
 
 
-def test_dot_product_attention_a_bias_beyond_float16_is_clipped_not_inf():
-    """bias=-1e9 in float16 would be -inf (a row of it NaN); it is clipped to float16's range, summed with the
-    mask in float32."""
-    q = _r((1, 4, 1, 8)).astype(jnp.float16)
+def test_dot_product_attention_a_bias_beyond_float16_is_clipped_and_the_mask_still_acts():
+    """bias=-1e9 in float16 would be -inf (a row of it NaN): it is clipped, and the mask still removes its keys
+    from such a row (a clip of bias + mask to the same value lost it). A row's constant bias does not change its
+    softmax, so the row equals the one with that bias removed."""
+    q, k, v = (_r((1, 4, 1, 8), i).astype(jnp.float16) for i in range(3))
     bias = jnp.zeros((1, 1, 4, 4)).at[0, 0, 1, :].set(-1e9)
+    mask = jnp.ones((4, 4), bool).at[1, 0].set(False)
     seen = {}
     real = STANDINS["attention"]
     try:
         STANDINS["attention"] = lambda *a, **kw: seen.setdefault("mask", a[3]) is not None and real(*a, **kw)
-        got = nn.dot_product_attention(q, q, q, bias, jnp.ones((4, 4), bool).at[1, 0].set(False))
+        got = nn.dot_product_attention(q, k, v, bias, mask)
     finally:
         STANDINS["attention"] = real
     assert seen["mask"].dtype == jnp.float16 and bool(jnp.isfinite(seen["mask"]).all())
-    assert bool(jnp.isfinite(got.astype(jnp.float32)).all())
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    want = jax.nn.dot_product_attention(*f32, jnp.zeros((1, 1, 4, 4)), mask)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])

@@ -798,3 +798,26 @@ def test_rnn_under_autocast_runs_in_the_autocast_dtype(monkeypatch):
     assert seen == [(torch.float16, torch.float16, torch.float16), (torch.float16, torch.float16, None)]
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(NotImplementedError, match="bfloat16"):
         m(torch.randn(4, 2, 3))
+
+
+def test_rnn_empty_batch_follows_autocast_and_gives_hx_its_gradient():
+    m = nn.LSTM(4, 5, num_layers=2, bidirectional=True, proj_size=3)
+    h0, c0 = torch.zeros(4, 0, 3, requires_grad=True), torch.zeros(4, 0, 5, requires_grad=True)
+    y, (h, c) = m(torch.randn(3, 0, 4), (h0, c0))
+    (y.sum() + h.sum() + c.sum()).backward()
+    assert h0.grad is not None and h0.grad.shape == h0.shape and c0.grad.shape == c0.shape
+    with torch.autocast("cpu", dtype=torch.float16):
+        y, (h, c) = m(torch.randn(3, 0, 4))
+    assert y.dtype == h.dtype == c.dtype == torch.float16 and y.shape == (3, 0, 6)
+
+
+def test_batch_norm_cumulative_average_in_float32_for_half_buffers(fake_ops):
+    """bfloat16 running statistics are averaged in float32, as torch's kernels accumulate, and rounded once: at
+    count 300 the weight 1/300 rounded to bfloat16 first would be off."""
+    m = nn.BatchNorm1d(3, momentum=None)
+    m.num_batches_tracked.fill_(299)
+    m.running_mean.data = torch.ones(3, dtype=torch.bfloat16)
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(3)) * 40 + 60
+    m(x)
+    want = (torch.ones(3) + (x.mean(0) - 1) / 300).bfloat16()
+    assert torch.equal(m.running_mean, want)

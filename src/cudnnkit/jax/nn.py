@@ -455,26 +455,25 @@ def _valid_rows(x: Any, ok: Any) -> Any:
 
 
 def _attention_bias(bias: Any, mask: Any, full: tuple, dtype: Any) -> Any:
-    """``bias`` plus ``mask`` made additive (``0`` kept, ``-0.7 * max`` masked), in ``dtype``, with its last two dims
-    broadcast to ``(T, S)`` (cuDNN's mask broadcasts over batch and heads only); None for neither. Summed in float32
-    (as JAX adds them) and clipped to ``dtype``'s finite range: a bias beyond it (``-1e9`` in float16), or a large
-    one plus the mask's value, would be -inf and a row of it NaN."""
-    parts = []
-    for name, x in (("bias", bias), ("mask", mask)):
-        if x is None:
-            continue
-        x = _as_4d(x, name, full)
-        if name == "mask":
-            if x.dtype != jnp.bool_:
-                raise TypeError(f"dot_product_attention: mask must be boolean (True where kept), got {x.dtype}")
-            # JAX's masked logit: a large finite negative (a row masked whole is replaced by the caller)
-            x = jnp.where(x, jnp.zeros((), jnp.float32), jnp.full((), -0.7 * float(jnp.finfo(dtype).max), jnp.float32))
-        parts.append(jnp.broadcast_to(x.astype(jnp.float32), x.shape[:2] + full[2:]))
-    if not parts:
-        return None
-    total = parts[0] if len(parts) == 1 else parts[0] + parts[1]
+    """``bias`` plus ``mask`` made additive, in ``dtype``, with its last two dims broadcast to ``(T, S)`` (cuDNN's
+    mask broadcasts over batch and heads only); None for neither. In float32 (JAX adds them so), kept within
+    ``dtype``'s finite range so that no entry is -inf (a row of them NaN) and the mask still acts on any bias: the
+    bias clipped to ``[-max / 4, max]``, a masked entry ``min(bias, 0) - 0.7 * max`` (JAX's masked logit, and at
+    least ``0.7 * max`` below any kept entry of its row)."""
     hi = float(jnp.finfo(dtype).max)
-    return jnp.clip(total, -hi, hi).astype(dtype)
+    total = None
+    if bias is not None:
+        b = _as_4d(bias, "bias", full).astype(jnp.float32)
+        total = jnp.broadcast_to(jnp.clip(b, -0.25 * hi, hi), b.shape[:2] + full[2:])
+    if mask is not None:
+        m = _as_4d(mask, "mask", full)
+        if m.dtype != jnp.bool_:
+            raise TypeError(f"dot_product_attention: mask must be boolean (True where kept), got {m.dtype}")
+        kept = jnp.zeros((), jnp.float32) if total is None else total
+        masked = jnp.minimum(kept, 0.0) - 0.7 * hi
+        lead = tuple(max(x, y) for x, y in zip(m.shape[:2], (1, 1) if total is None else total.shape[:2]))
+        total = jnp.broadcast_to(jnp.where(m, kept, masked), lead + full[2:])
+    return None if total is None else total.astype(dtype)
 
 
 def _as_4d(x: Any, name: str, full: tuple) -> Any:

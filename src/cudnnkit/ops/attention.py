@@ -243,6 +243,12 @@ def _ragged_resolve(views: Any, kw: Any, ragged: Any) -> _Sdpa:
         if x.ndim != 3:
             raise ValueError(f"{name} must be 3-d (T, H, D) (packed) with cu_seqlens_q/cu_seqlens_kv, got shape "
                              f"{tuple(x.shape)}")  # fmt: skip
+    for name in (*_RAGGED_SIDES, "out"):  # read in place: the ragged offsets come from the token strides given
+        x = views.get(name)
+        if x is not None and x.ndim == 3 and _rows_off(x):
+            raise ValueError(f"{name} (packed) must have a contiguous head dim and token and head strides that are "
+                             f"multiples of 16 bytes (cuDNN's attention reads rows of D), got strides "
+                             f"{tuple(x.strides)}")  # fmt: skip
     if views.get("page_table_k") is not None or views.get("page_table_v") is not None:
         raise ValueError("cu_seqlens_q/cu_seqlens_kv (packed batches) do not take page tables: pass seq_len_q= and "
                          "seq_len_kv= with paged caches")  # fmt: skip

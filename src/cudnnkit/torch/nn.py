@@ -454,8 +454,13 @@ def _batch_norm(x: torch.Tensor, w: Any, b: Any, rm: Any, rv: Any, training: boo
             for t, c in zip((rm, rv), stats):
                 if t is None or c is t:
                     continue
-                if cumulative:
-                    t.lerp_(c.to(t.dtype), 1.0 / count.to(t.dtype))
+                if cumulative:  # in float32 (float64 buffers: float64), as torch's kernels accumulate
+                    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+                    w = 1.0 / count.to(acc)
+                    if t.dtype == acc:
+                        t.lerp_(c.to(acc), w)
+                    else:
+                        t.copy_(t.to(acc).lerp_(c.to(acc), w))
                 else:
                     t.copy_(c)
     return y
@@ -918,8 +923,6 @@ class _RNNBase(_Twin):
             hx = self.permute_hidden(hx, sorted_idx)
         else:
             self.check_input(x, batch_sizes)  # torch's checks (and errors) with or without hx
-        if not packed and x.shape[batch_dim] == 0:
-            return self._empty_batch(x)
         h0, c0 = (None, None) if hx is None else (hx if lstm else (hx, None))
         dev = x.device.type
         if torch.is_autocast_enabled(dev) and x.is_floating_point():
@@ -937,6 +940,8 @@ class _RNNBase(_Twin):
                 f"cudnnkit.torch.nn.{type(self).__name__}: input has dtype bfloat16, which is not supported (cuDNN 9's "
                 "RNNs have no bfloat16)"
             )
+        if not packed and x.shape[batch_dim] == 0:
+            return self._empty_batch(x, h0, c0)
         cfg = self._config_of(self, _torch_dtype_name(x.dtype))
         count, pieces = _weight_layout(cfg, x)
         w = _flat_weights({n: getattr(self, n).to(x.dtype) for n in self._flat_weights_names}, count, pieces)
@@ -950,12 +955,14 @@ class _RNNBase(_Twin):
             hidden = (hidden[0].squeeze(1), hidden[1].squeeze(1)) if lstm else hidden.squeeze(1)
         return y, hidden
 
-    def _empty_batch(self, x: torch.Tensor) -> Any:
-        """torch's result for a batch of 0 sequences: empty outputs (cuDNN takes no empty batch), tied to the input
-        and every parameter so that a backward gives them their (empty or zero) gradients."""
+    def _empty_batch(self, x: torch.Tensor, h0: Any, c0: Any) -> Any:
+        """torch's result for a batch of 0 sequences: empty outputs in ``x``'s dtype (cuDNN takes no empty batch),
+        tied to the input, the initial state and every parameter so that a backward gives them their (empty or
+        zero) gradients."""
         d = 2 if self.bidirectional else 1
         out = self.proj_size if self.proj_size > 0 else self.hidden_size
-        tie = sum((p.sum() * 0 for p in self._flat_weights if p is not None), x.sum() * 0)
+        given = [p for p in (*self._flat_weights, h0, c0) if p is not None]
+        tie = sum((p.sum().to(x.dtype) * 0 for p in given), x.sum() * 0)
         y = x.new_zeros(*x.shape[:-1], d * out) + tie
         h = x.new_zeros(self.num_layers * d, 0, out) + tie
         if self.mode != "LSTM":

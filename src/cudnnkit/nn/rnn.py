@@ -24,16 +24,26 @@ _lock = threading.Lock()
 
 @functools.lru_cache(maxsize=256)
 def _config(cell: str, input_size: int, hidden: int, num_layers: int, bidirectional: bool, bias: bool,
-            proj: int, dropout: float, dtype: str) -> RNN:  # fmt: skip
+            proj: int, dropout: float, dtype: str, seed: int = 0) -> RNN:  # fmt: skip
     # one object per config: the torch layer passes it by key
     return RNN(cell, input_size, hidden, num_layers, bidirectional, bias_mode="double" if bias else "none",
-               proj_size=proj, dropout=dropout, dtype=dtype)  # fmt: skip
+               proj_size=proj, dropout=dropout, dtype=dtype, dropout_seed=seed)  # fmt: skip
+
+
+def _dropout_seed(like: Any, dropout: float) -> int:
+    """The dropout RNG's seed: ``torch.initial_seed()`` for torch tensors (as the modules seed theirs:
+    ``torch.manual_seed`` reproduces a run), 0 otherwise and without dropout."""
+    if not dropout or library(like) != "torch":
+        return 0
+    import sys
+
+    return int(sys.modules["torch"].initial_seed()) % 2**64
 
 
 def rnn_config(cell: str, params: Any, has_biases: bool, num_layers: int, dropout: float, bidirectional: bool,
-               dtype: str) -> RNN:  # fmt: skip
+               dtype: str, seed: int = 0) -> RNN:  # fmt: skip
     """The :class:`~cudnnkit.ops.RNN` of torch's flat parameter list (``weight_ih, weight_hh[, bias_ih,
-    bias_hh][, weight_hr]`` per layer and direction): sizes read from the shapes."""
+    bias_hh][, weight_hr]`` per layer and direction): sizes read from the shapes; ``seed`` the dropout RNG's."""
     num_layers, d = as_int(num_layers, "num_layers"), 2 if bidirectional else 1
     base = 4 if has_biases else 2
     per, rest = divmod(len(params), num_layers * d) if num_layers > 0 else (0, 1)
@@ -43,7 +53,7 @@ def rnn_config(cell: str, params: Any, has_biases: bool, num_layers: int, dropou
     hidden = params[1].shape[0] // _GATES[cell]
     proj = params[per - 1].shape[0] if per == base + 1 else 0
     return _config(cell, int(params[0].shape[1]), int(hidden), num_layers, bool(bidirectional), bool(has_biases),
-                   int(proj), real(dropout, "dropout"), dtype)  # fmt: skip
+                   int(proj), real(dropout, "dropout"), dtype, int(seed))  # fmt: skip
 
 
 def _pieces(cfg: RNN, p: Any) -> list[tuple[str, Any, int]]:
@@ -123,7 +133,8 @@ def _run(cell: str, input: Any, hx: Any, cx: Any, params: Any, has_biases: bool,
         )
     dt = check_dtype(input, ("float16", "float32", "float64"), "input", "cuDNN's RNN")
     params = list(params)
-    cfg = rnn_config(cell, params, has_biases, num_layers, dropout, bidirectional, dt)
+    cfg = rnn_config(cell, params, has_biases, num_layers, dropout, bidirectional, dt,
+                     _dropout_seed(input, real(dropout, "dropout") if num_layers != 1 else 0.0))  # fmt: skip
     for name, p in zip(torch_param_names(cfg), params):
         if dtype_of(p) != dt:
             raise TypeError(f"{fn}: parameter {name} has dtype {dtype_of(p)}, input {dt}: they must match")

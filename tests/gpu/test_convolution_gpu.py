@@ -310,7 +310,7 @@ def test_fused_forward_with_z_alpha_matches_the_reference(xp, dtype, act, case):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_fused_graph_scaling_z_never_plans_on_eng8(xp, dtype):
     """``conv -> + bias -> + MUL(z, z_alpha) -> ReLU``: eng8 computed it wrong on an H100 (cuDNN 9.19; NaN in
-    float32, wrong values in float16, probe/f32za.py), so the graph denies eng8. Every engine the build offers in
+    float32, wrong values in float16; benchmarks/NOTES.md, twenty-third session), so the graph denies eng8. Every engine the build offers in
     turn (each denied once it has run) is another, and each matches the float64 reference in a poisoned out; the
     op's own call takes the graph and matches too."""
     if dtype == "bfloat16" and xp.name == "cupy":

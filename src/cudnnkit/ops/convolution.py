@@ -639,9 +639,9 @@ def graph_builder(which: str) -> Any:
                 zt = t("z")
                 if r.z_alpha != 1.0:  # a constant of z's rank (a 3-d convolution's are 5-d)
                     zt = g.pointwise("MUL", zt, g.scalar(r.z_alpha, "float32", ndim=len(out_shape)))
-                    # measured on an H100 (cuDNN 9.19, probe/f32za.py): eng8 computes this MUL wrong (NaN in
-                    # float32, where it is the only engine, hence _Conv.split; wrong values in float16, where the
-                    # heuristics rank it last), eng7/eng4/eng2 right
+                    # measured on an H100 (cuDNN 9.19; benchmarks/NOTES.md, twenty-third session): eng8 computes
+                    # this MUL wrong (NaN in float32, where it is the only engine, hence _Conv.split; wrong values
+                    # in float16, where the heuristics rank it last), eng7/eng4/eng2 right
                     g.deny_engines("eng8")
                 y = g.pointwise("ADD", y, zt)
             if r.act is not None and fuse:

@@ -536,3 +536,7 @@ def test_conv_general_dilated_precision_highest_runs_without_tf32(monkeypatch, p
     x, w = _r((1, 3, 5, 5)), _r((4, 3, 3, 3), 1)
     nn.conv_general_dilated(x, w, (1, 1), "SAME", precision=precision)
     assert seen == [tf32]
+    if precision is None:  # JAX's default precision, set by its context manager
+        with jax.default_matmul_precision("highest"):
+            nn.conv_general_dilated(x, w, (1, 1), "SAME")
+        assert seen == [True, False]

@@ -136,7 +136,8 @@ def conv_general_dilated(lhs: Any, rhs: Any, window_strides: Sequence[int], padd
 
 def _precision(precision: Any) -> Any:
     """A context for ``precision``: ``settings(allow_tf32=False)`` when it asks for full float32 (``HIGHEST``,
-    ``"highest"``, ``"float32"``, or a pair holding one), else nothing."""
+    ``"highest"``, ``"float32"``, or a pair holding one; None reads ``jax.default_matmul_precision``), else
+    nothing."""
     import contextlib
 
     from ..runtime.settings import settings
@@ -152,6 +153,8 @@ def _precision(precision: Any) -> Any:
                 return False
         return p == jax.lax.Precision.HIGHEST
 
+    if precision is None:  # JAX's default, which jax.default_matmul_precision(...) sets for convolutions too
+        precision = getattr(jax.config, "jax_default_matmul_precision", None)
     parts = precision if isinstance(precision, (tuple, list)) else (precision,)
     return settings(allow_tf32=False) if any(full(p) for p in parts) else contextlib.nullcontext()
 

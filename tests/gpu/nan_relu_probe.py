@@ -48,8 +48,8 @@ def bn_graph(chain):
     b = g.tensor((1, C, 1, 1), (C, 1, 1, 1), "float32", name="b")
     res = g.norm_forward("batch", x, s, b, epsilon=1e-5)
     o = g.mark_output(relu_chain(g, res.y, chain), "bfloat16", strides=CL)
-    m = g.mark_output(res.mean, "float32", strides=(1, 1, 1, 1))
-    iv = g.mark_output(res.inv_variance, "float32", strides=(1, 1, 1, 1))
+    m = g.mark_output(res.mean, "float32", strides=(C, 1, 1, 1))
+    iv = g.mark_output(res.inv_variance, "float32", strides=(C, 1, 1, 1))
     return g, (x, s, b, o, m, iv)
 
 
@@ -87,14 +87,21 @@ for kind in ("conv", "bn"):
                 g, (x, w, b, o) = conv_graph(chain)
                 plan = g.build()
                 out = torch.full_like(xt, 7.0)
-                binds = {x: xt, w: wt, b: bt, o: out}
+                binds = {x: xt, w: wt, b: bt.view(1, C, 1, 1), o: out}
                 ref = ref_conv
             else:
                 g, (x, s, b, o, m, iv) = bn_graph(chain)
                 plan = g.build()
                 out = torch.full_like(xb, 7.0)
                 mo, ivo = torch.empty(C, device="cuda"), torch.empty(C, device="cuda")
-                binds = {x: xb, s: st, b: bbt, o: out, m: mo.view(1, C, 1, 1), iv: ivo.view(1, C, 1, 1)}
+                binds = {
+                    x: xb,
+                    s: st.view(1, C, 1, 1),
+                    b: bbt.view(1, C, 1, 1),
+                    o: out,
+                    m: mo.view(1, C, 1, 1),
+                    iv: ivo.view(1, C, 1, 1),
+                }
                 ref = ref_bn
             build_ms = (time.perf_counter() - t0) * 1e3
             plan.execute(binds)

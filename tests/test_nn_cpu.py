@@ -495,13 +495,13 @@ def test_pooling_padding_of_half_the_window_is_accepted_by_the_check():
 def test_functional_rnn_dropout_is_seeded_from_torch():
     """torch's _VF RNNs draw their dropout from torch's RNG; the functional forms seed cuDNN's with
     torch.initial_seed() (as the modules do), so torch.manual_seed reproduces a run and changes the masks."""
+    from cudnnkit.nn import _common
     from cudnnkit.nn import rnn as R
 
     x = torch.zeros(2, 1, 3)
     torch.manual_seed(123)
-    assert R._dropout_seed(x, 0.5) == 123 and R._dropout_seed(x, 0.0) == 0
+    assert _common.process_seed(x) == 123
     torch.manual_seed(7)
-    assert R._dropout_seed(x, 0.5) == 7
     params = [torch.zeros(20, 3), torch.zeros(20, 5)] * 2
-    cfg = R.rnn_config("lstm", params, False, 2, 0.5, False, "float32", R._dropout_seed(x, 0.5))
+    cfg = R.rnn_config("lstm", params, False, 2, 0.5, False, "float32", _common.process_seed(x))
     assert cfg.dropout_seed == 7

@@ -34,6 +34,7 @@ a ``where=`` mask, normalization axes that are not trailing, a ``blank_id`` othe
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..graph.checks import as_int
+from ..runtime.settings import settings
 from ._ops import Permuted, spec
 from .rnn import from_flax_lstm, gru, init_params, lstm, pack_params, rnn, to_flax_lstm, unpack_params
 
@@ -138,9 +141,6 @@ def _precision(precision: Any) -> Any:
     """A context for ``precision``: ``settings(allow_tf32=False)`` when it asks for full float32 (``HIGHEST``,
     ``"highest"``, ``"float32"``, or a pair holding one; None reads ``jax.default_matmul_precision``), else
     nothing."""
-    import contextlib
-
-    from ..runtime.settings import settings
 
     def full(p: Any) -> bool:
         if isinstance(p, str):
@@ -261,11 +261,9 @@ def _trailing(x: Any, axes: Any, what: str) -> int:
 
 
 def _axis(a: Any, ndim: int, what: str, name: str) -> int:
-    """Axis ``a`` of an ``ndim``-d array, in ``[0, ndim)`` (``ValueError`` naming ``name`` when out of range, as
-    flax's modules raise, rather than wrapping around)."""
-    if not isinstance(a, (int, np.integer)) or isinstance(a, bool) or not -ndim <= a < ndim:
-        raise ValueError(f"{what}: {name}={a!r} is out of range for an array of {ndim} dims")
-    return int(a) % ndim
+    """Axis ``a`` of an ``ndim``-d array, in ``[0, ndim)``: out of range a ``ValueError`` naming ``name``, as flax's
+    modules raise, rather than wrapping around (:func:`~cudnnkit.graph.checks.as_int`'s checks)."""
+    return as_int(a, f"{what}: {name}", minimum=-ndim, maximum=ndim - 1) % ndim
 
 
 def _norm_param(p: Any, shape: tuple, x: Any, fill: float) -> Any:

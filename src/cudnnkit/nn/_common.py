@@ -167,6 +167,16 @@ def dropout_seed(like: Any) -> tuple[Any, Any]:
         return cupy.random.randint(0, _SEED_HIGH, size=shape, dtype=cupy.int64), cupy.zeros(shape, cupy.int64)
 
 
+def process_seed(like: Any) -> int:
+    """A host seed for a cuDNN RNG state made once per config (the RNNs' dropout): ``torch.initial_seed()`` for torch
+    arrays (``torch.manual_seed`` reproduces a run, as the modules seed theirs), 0 for the others."""
+    if library(like) == "torch":
+        import torch
+
+        return int(torch.initial_seed()) % 2**64
+    return 0
+
+
 def cast(a: Any, dtype: str) -> Any:
     """``a`` in ``dtype`` (itself when it has it; differentiable for torch tensors)."""
     if a is None or dtype_of(a) == dtype:

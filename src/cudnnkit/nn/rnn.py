@@ -13,7 +13,7 @@ from typing import Any
 from ..ops.rnn import RNN, rnn_forward, torch_param_names
 from ..runtime.arrays import as_view
 from ..runtime.dtypes import itemsize
-from ._common import as_int, call, check_dtype, concat, dtype_of, full, library, real
+from ._common import as_int, call, check_dtype, concat, dtype_of, full, library, process_seed, real
 
 __all__ = ["lstm", "gru", "rnn_tanh", "rnn_relu", "rnn_config", "flat_layout", "pack_params"]
 
@@ -28,16 +28,6 @@ def _config(cell: str, input_size: int, hidden: int, num_layers: int, bidirectio
     # one object per config: the torch layer passes it by key
     return RNN(cell, input_size, hidden, num_layers, bidirectional, bias_mode="double" if bias else "none",
                proj_size=proj, dropout=dropout, dtype=dtype, dropout_seed=seed)  # fmt: skip
-
-
-def _dropout_seed(like: Any, dropout: float) -> int:
-    """The dropout RNG's seed: ``torch.initial_seed()`` for torch tensors (as the modules seed theirs:
-    ``torch.manual_seed`` reproduces a run), 0 otherwise and without dropout."""
-    if not dropout or library(like) != "torch":
-        return 0
-    import sys
-
-    return int(sys.modules["torch"].initial_seed()) % 2**64
 
 
 def rnn_config(cell: str, params: Any, has_biases: bool, num_layers: int, dropout: float, bidirectional: bool,
@@ -111,30 +101,34 @@ def pack_params(pieces: list[tuple[int, int, str, int, int]], count: int, params
     return concat(parts)
 
 
-def _refuse_packed(fn: str, hx: Any) -> None:
-    """torch's packed overload (``_VF.lstm(data, batch_sizes, hx, params, ...)``, as many positional arguments)
-    puts ``batch_sizes``, a 1-d integer tensor, where ``hx`` goes: refused by name, not misread."""
+_PADDED = "pass the padded tensor (batch_sizes are not mapped to cuDNN's sequence lengths here)"
+
+
+def _refuse_packed(fn: str, input: Any, hx: Any) -> None:
+    """A ``PackedSequence`` input, or torch's packed overload (``_VF.lstm(data, batch_sizes, hx, params, ...)``, as
+    many positional arguments: ``batch_sizes``, a 1-d integer tensor, where ``hx`` goes): refused by name, not
+    misread."""
+    if hasattr(input, "batch_sizes"):
+        raise NotImplementedError(f"{fn}: a PackedSequence input: {_PADDED}")
     if hx is not None and not isinstance(hx, (list, tuple)) and getattr(hx, "ndim", None) == 1:
         if "int" in dtype_of(hx):
-            raise NotImplementedError(f"{fn}: the packed form (data, batch_sizes, ...): pass the padded tensor "
-                                      "(batch_sizes are not mapped to cuDNN's sequence lengths here)")  # fmt: skip
+            raise NotImplementedError(f"{fn}: the packed form (data, batch_sizes, ...): {_PADDED}")
 
 
 def _run(cell: str, input: Any, hx: Any, cx: Any, params: Any, has_biases: bool, num_layers: int, dropout: float,
          train: bool, bidirectional: bool, batch_first: bool) -> tuple:  # fmt: skip
     fn = {"lstm": "lstm", "gru": "gru", "tanh": "rnn_tanh", "relu": "rnn_relu"}[cell]
-    _refuse_packed(fn, hx)
-    if hasattr(input, "batch_sizes"):
-        raise NotImplementedError(f"{fn}: a PackedSequence input: pass the padded tensor (batch_sizes are not mapped "
-                                  "to cuDNN's sequence lengths here)")  # fmt: skip
+    if cell != "lstm":  # lstm() checked before unpacking hx
+        _refuse_packed(fn, input, hx)
     if input.ndim != 3:
         raise ValueError(
             f"{fn}: input must be 3-d ((T, N, I), or (N, T, I) with batch_first), got {tuple(input.shape)}"
         )
     dt = check_dtype(input, ("float16", "float32", "float64"), "input", "cuDNN's RNN")
     params = list(params)
-    cfg = rnn_config(cell, params, has_biases, num_layers, dropout, bidirectional, dt,
-                     _dropout_seed(input, real(dropout, "dropout") if num_layers != 1 else 0.0))  # fmt: skip
+    # dropout acts between layers: a seed only where it draws masks (one config otherwise)
+    seed = process_seed(input) if num_layers != 1 and real(dropout, "dropout") else 0
+    cfg = rnn_config(cell, params, has_biases, num_layers, dropout, bidirectional, dt, seed)
     for name, p in zip(torch_param_names(cfg), params):
         if dtype_of(p) != dt:
             raise TypeError(f"{fn}: parameter {name} has dtype {dtype_of(p)}, input {dt}: they must match")
@@ -149,7 +143,7 @@ def _run(cell: str, input: Any, hx: Any, cx: Any, params: Any, has_biases: bool,
 def lstm(input: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, dropout: float, train: bool,
          bidirectional: bool, batch_first: bool) -> tuple[Any, Any, Any]:  # fmt: skip
     """torch's ``_VF.lstm`` ``(output, h_n, c_n)``: L3 ``rnn`` (LSTM), ``cudnnRNNForward``."""
-    _refuse_packed("lstm", hx)
+    _refuse_packed("lstm", input, hx)
     h0, c0 = (None, None) if hx is None else hx
     y, hy, cy = _run("lstm", input, h0, c0, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
     return y, hy, cy

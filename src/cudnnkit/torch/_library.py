@@ -345,11 +345,6 @@ def _on_device(dev: int | None) -> Any:
     return torch.cuda.device(dev)
 
 
-def _settings_of(s: Settings) -> Any:
-    """``in_force(s)``, or nothing to do when ``s`` is already the thread's settings (the usual case)."""
-    return contextlib.nullcontext() if s == current_settings() else in_force(s)
-
-
 def _layout(d: Differentiable, inputs: list, arrays: dict, kw: dict, kwkey: str) -> tuple[tuple, dict]:
     """``d.meta`` of these tensors (cached by the declaration, their metadata, their device, ``kwkey``, the op's
     encoded keywords, and the thread's settings: batch norm's residuals depend on ``prefer``), asked with the
@@ -458,7 +453,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
 
     def forward(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
         inputs, arr, kwd, settings = unpack(inputs, arrays, kw)
-        with _settings_of(settings):
+        with in_force(settings):
             out_specs, res_specs = _layout(d, inputs, arr, kwd, kw)
             changed = mutated(arr)
             for m in changed:  # a functional op: the caller's arrays are updated by TorchOp, from the copies
@@ -470,7 +465,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
 
     def fake(inputs: list, arrays: list, kw: str) -> list[torch.Tensor]:
         inputs, arr, kwd, settings = unpack(inputs, arrays, kw)
-        with _settings_of(settings):
+        with in_force(settings):
             out_specs, res_specs = _layout(d, inputs, arr, kwd, kw)
         dev = next(t.device for t in list(inputs) + list(arr.values()) if t is not None)
         got = [_empty(s, dev) for s in out_specs] + [torch.empty_like(arr[m]) for m in mutated(arr)]
@@ -509,7 +504,7 @@ def define(d: Differentiable, namespace: str = "cudnnkit") -> TorchOp:
     def setup_context(ctx: Any, inputs: tuple, output: list) -> None:
         given, arrays, kw = inputs
         ins, arr, kwd, settings = unpack(given, arrays, kw)
-        with _settings_of(settings):
+        with in_force(settings):
             _, res_specs = _layout(d, ins, arr, kwd, kw)
         n = len(d.outputs)
         changed = mutated(arr)

@@ -451,18 +451,18 @@ def _batch_norm(x: torch.Tensor, w: Any, b: Any, rm: Any, rv: Any, training: boo
                      momentum=1.0 if cumulative else momentum, epsilon=eps, **fused))  # fmt: skip
     if training:
         with torch.no_grad():
+            if cumulative:  # in float32 (float64 buffers: float64), as torch's kernels accumulate
+                acc = torch.float64 if rm.dtype == torch.float64 else torch.float32
+                w = 1.0 / count.to(acc)
             for t, c in zip((rm, rv), stats):
                 if t is None or c is t:
                     continue
-                if cumulative:  # in float32 (float64 buffers: float64), as torch's kernels accumulate
-                    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
-                    w = 1.0 / count.to(acc)
-                    if t.dtype == acc:
-                        t.lerp_(c.to(acc), w)
-                    else:
-                        t.copy_(t.to(acc).lerp_(c.to(acc), w))
-                else:
+                if not cumulative:
                     t.copy_(c)
+                elif t.dtype == acc:
+                    t.lerp_(c.to(acc), w)
+                else:
+                    t.copy_(t.to(acc).lerp_(c.to(acc), w))
     return y
 
 
@@ -924,7 +924,7 @@ class _RNNBase(_Twin):
         else:
             self.check_input(x, batch_sizes)  # torch's checks (and errors) with or without hx
         h0, c0 = (None, None) if hx is None else (hx if lstm else (hx, None))
-        dev = x.device.type
+        dev, cast = x.device.type, False
         if torch.is_autocast_enabled(dev) and x.is_floating_point():
             # torch's autocast runs its RNNs in the lower-precision dtype (weights, input and state cast)
             dt = torch.get_autocast_dtype(dev)
@@ -933,7 +933,7 @@ class _RNNBase(_Twin):
                     f"cudnnkit.torch.nn.{type(self).__name__}: autocast to bfloat16 is not supported (cuDNN 9's "
                     "RNNs have no bfloat16)"
                 )
-            x = x.to(dt)
+            x, cast = x.to(dt), True
             h0, c0 = (None if h is None else h.to(dt) for h in (h0, c0))
         if x.dtype == torch.bfloat16:
             raise NotImplementedError(
@@ -944,7 +944,10 @@ class _RNNBase(_Twin):
             return self._empty_batch(x, h0, c0)
         cfg = self._config_of(self, _torch_dtype_name(x.dtype))
         count, pieces = _weight_layout(cfg, x)
-        w = _flat_weights({n: getattr(self, n).to(x.dtype) for n in self._flat_weights_names}, count, pieces)
+        params = {n: getattr(self, n) for n in self._flat_weights_names}
+        if cast:  # autocast: the weights in the input's dtype too (torch.cat of differing dtypes would promote)
+            params = {n: p.to(x.dtype) for n, p in params.items()}
+        w = _flat_weights(params, count, pieces)
         out = _call("rnn", {"x": x, "w": w, "hx": h0, "cx": c0}, rnn=cfg, training=self.training, layout=layout,
                     seq_lengths=lengths)  # fmt: skip
         y, hidden = out[0], ((out[1], out[2]) if lstm else out[1])

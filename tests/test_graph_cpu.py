@@ -79,6 +79,19 @@ def test_pointwise_parameters_reach_cudnn():
         g2.pointwise("GEN_INDEX", x2, axis=2)  # refused when defined, before cuDNN sees it
 
 
+@pytest.mark.parametrize("nan", [None, True, False])
+def test_pointwise_nan_propagation_reaches_cudnn(nan):
+    g = Graph()
+    x = g.tensor((4, 8))
+    kw = {} if nan is None else {"nan_propagation": nan}
+    g.mark_output(g.pointwise("RELU_FWD", x, **kw))
+    attrs = dict(g._nodes[0].attrs)
+    assert attrs.get("nan_propagation") is nan  # None: the attribute is left unset (cuDNN's default)
+    assert g.lower().op_graph.finalized
+    with pytest.raises(TypeError, match="nan_propagation must be True, False or None, not 1"):
+        g.pointwise("RELU_FWD", x, nan_propagation=1)
+
+
 def test_matmul_reduction_and_conv_backward_lower():
     g = Graph()
     a, b = g.tensor((4, 1, 16, 32)), g.tensor((1, 3, 32, 8))

@@ -223,6 +223,29 @@ def test_the_fused_relu_forward_and_backward_calls(monkeypatch):
     assert list(rs) == ["x", "w", "out"] and rs["out"] == ys
 
 
+def test_the_fused_relus_nan_rule_reaches_the_call_that_applies_it(monkeypatch):
+    """propagate_nan=True (torch's ReLU: NaN in, NaN out) goes to the fused forward, or, split, to the ReLU in
+    place; without an activation it is refused by name, before any call."""
+    calls = _record(monkeypatch, cv, ["convolution_forward", "activation_forward", "add_tensor"])
+    d = autograd.get("convolution")
+    for dt, nhwc in (("float16", True), ("float64", True)):
+        monkeypatch.setattr(cv, "_channels_last", lambda a, _v=nhwc: _v)
+        calls.clear()
+        x, w, b = _Arr("x", (2, 4, 7, 6), dt), _Arr("w", (6, 4, 3, 3), dt), _Arr("b", (6,), dt)
+        b.reshape = lambda shape: "b4d"
+        (y,), _ = d.forward(x, w, b, padding=1, activation="relu", propagate_nan=True)
+        if dt == "float16":
+            assert calls[0][2]["propagate_nan"] is True
+        else:
+            assert "propagate_nan" not in calls[0][2] and calls[2][2] == {"out": y, "propagate_nan": True}
+    calls.clear()
+    for call in (lambda: d.forward(x, w, b, padding=1, propagate_nan=True),
+                 lambda: d.meta(_spec((2, 4, 7, 6)), _spec((6, 4, 3, 3)), None, propagate_nan=True)):  # fmt: skip
+        with pytest.raises(TypeError, match="propagate_nan is the fused activation's NaN rule: pass activation="):
+            call()
+    assert not calls
+
+
 def test_the_transposed_convolution_backward_calls(monkeypatch):
     calls = _record(monkeypatch, cv, ["convolution_forward", "convolution_backward_data",
                                       "convolution_backward_filter"])  # fmt: skip

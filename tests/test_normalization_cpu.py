@@ -465,7 +465,7 @@ def test_batch_norm_graph_form_takes_channels_last_training_only(kw, layout, typ
                 P.route(nm.BATCH_NORM_FORWARD, r.dtype, None, r, kw)
 
 
-@pytest.mark.parametrize("running, fused", [(True, False), (False, False), (True, True), (True, "z")])
+@pytest.mark.parametrize("running, fused", [(True, False), (False, False), (True, True), (True, "z"), (True, "nan")])
 def test_batch_norm_graph_builders_bind_every_tensor(running, fused):
     """The batch-norm graphs: NORM_FORWARD (batch) with the running statistics bound in place (input and output
     tensors on one array), then ADD (z) and RELU_FWD when fused; NORM_BACKWARD. Each non-virtual tensor is bound
@@ -479,12 +479,16 @@ def test_batch_norm_graph_builders_bind_every_tensor(running, fused):
         arrays["z"] = "data"
     views = _bn_views(**arrays)
     kw = {"activation": "relu"} if fused else {}
+    if fused == "nan":  # torch's ReLU: the node asks cuDNN to propagate NaN (unset otherwise: cuDNN's default)
+        kw["propagate_nan"] = True
     r = nm.BATCH_NORM_FORWARD.resolve({k: v for k, v in views.items() if k != "y"}, kw)
     assert nm._bn_graph_refuses(r, kw) is None
     c = Call(None, views, r, extra={"graph_alignment": 16})
     g, names = nm._bn_graph_fwd_build(c)
     kinds = [n.kind for n in g.nodes()]
     assert kinds[0] == "norm_fwd" and len(kinds) == 1 + (fused == "z") + bool(fused)
+    if fused:
+        assert dict(g.nodes()[-1].attrs).get("nan_propagation") is (True if fused == "nan" else None)
     bound = list(names.values())
     assert set(bound) <= set(c.views) and {"x", "scale", "bias", "y", "saved_mean", "saved_inv_std"} <= set(bound)
     if running:  # read and written: two tensors each, one array
@@ -603,6 +607,8 @@ def test_batch_norm_add_relu_mask_graphs(typestr):
         ({"activation": "relu", "return_mask": True}, (2, 12, 4, 4), "C is a multiple of 8"),
         ({"return_mask": True}, (2, 16, 4, 4), "pass activation='relu'"),
         ({"activation": "relu", "return_mask": "yes"}, (2, 16, 4, 4), "return_mask must be a bool"),
+        ({"propagate_nan": True}, (2, 16, 4, 4), "propagate_nan is the fused ReLU's NaN rule: pass activation='relu'"),
+        ({"activation": "relu", "propagate_nan": "yes"}, (2, 16, 4, 4), "propagate_nan must be a bool"),
     ],
 )
 def test_batch_norm_relu_mask_refusals(fwd_kw, xs, msg):

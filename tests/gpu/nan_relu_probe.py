@@ -1,7 +1,7 @@
 """A GPU probe (not a test; run as ``PYTHONPATH=src python tests/gpu/nan_relu_probe.py``): which ReLU epilogue of
 the graph API returns NaN for NaN, as torch's ReLU does, and what it costs. cuDNN's ``RELU_FWD`` returns 0
 (``tests/gpu/test_torch_fuse_gpu.py``'s xfail); the candidates after conv + bias and after batch norm (training,
-bf16 NHWC, conv3x3 64->64 56^2 b64): ``MAX(y, 0)`` and ``MAX(0, y)`` (one node, if its NaN rule is the right
+bf16 NHWC, conv3x3 64->64 56^2 b64): ``RELU_FWD`` and ``MAX`` with ``nan_propagation=True``, ``MAX(y, 0)`` and ``MAX(0, y)`` (one node, if its NaN rule is the right
 one), and ``BINARY_SELECT`` of ``y`` and ``RELU_FWD(y)`` by ``CMP_NEQ(y, y)`` in both argument orders. Prints,
 per candidate: the plan, whether it builds, whether the NaN pattern equals torch's float32 reference, the relative
 error elsewhere and the time per execute."""
@@ -19,6 +19,10 @@ CL = (C * H * H, 1, H * C, C)
 def relu_chain(g, y, chain):
     if chain == "plain":
         return g.pointwise("RELU_FWD", y)
+    if chain == "relu_nan":
+        return g.pointwise("RELU_FWD", y, nan_propagation=True)
+    if chain == "max_nan":
+        return g.pointwise("MAX", y, g.scalar(0.0, ndim=y.ndim), nan_propagation=True)
     if chain == "max_y0":
         return g.pointwise("MAX", y, g.scalar(0.0, ndim=y.ndim))
     if chain == "max_0y":
@@ -80,7 +84,7 @@ xbf = xb.float()
 ref_bn = torch.relu(torch.nn.functional.batch_norm(xbf, None, None, st, bbt, True, 0.0, 1e-5))
 
 for kind in ("conv", "bn"):
-    for chain in ("plain", "max_y0", "max_0y", "select_xr", "select_rx"):
+    for chain in ("plain", "relu_nan", "max_nan", "max_y0", "max_0y", "select_xr", "select_rx"):
         try:
             t0 = time.perf_counter()
             if kind == "conv":

@@ -284,9 +284,12 @@ def _fused(r: _Conv, views: Any, kw: Any) -> _Conv:
     if act is not None:
         from .activation import resolve_activation
 
-        act = resolve_activation(act, kw.get("activation_coef"), name="activation", coef_name="activation_coef")
+        act = resolve_activation(act, kw.get("activation_coef"), kw.get("propagate_nan", False), name="activation",
+                                 coef_name="activation_coef")  # fmt: skip
     elif kw.get("activation_coef") is not None:
         raise TypeError("activation_coef is for activation=: pass one")
+    elif kw.get("propagate_nan", False) is not False:
+        raise TypeError("propagate_nan is the fused activation's NaN rule: pass activation=")
     z_alpha = check_scalar(kw.get("z_alpha", 1.0), "z_alpha")
     fused = vb is not None or vz is not None or act is not None
     if fused and kw.get("beta", 0.0) != 0.0:
@@ -825,6 +828,7 @@ def convolution_forward(
     z_alpha: float = 1.0,
     activation: str | None = None,
     activation_coef: float | None = None,
+    propagate_nan: bool = False,
     stride: int | Sequence[int] = 1,
     padding: int | Sequence[int] | str = 0,
     dilation: int | Sequence[int] = 1,
@@ -876,6 +880,9 @@ def convolution_forward(
         z_alpha: the residual's scale (needs ``z``).
         activation: an activation applied last (fused), one of :func:`activation_forward`'s modes; None: none.
         activation_coef: the activation's ``coef`` (clip, ELU alpha, ...; needs ``activation``).
+        propagate_nan: the fused activation's NaN rule (needs ``activation``): True returns NaN for a NaN, as
+            torch's ReLU does (the graph's activation node with ``CUDNN_PROPAGATE_NAN``; the legacy descriptor's
+            ``CUDNN_PROPAGATE_NAN``); False (the default, cuDNN's) lets ``relu``/``clipped_relu`` return 0 for it.
         stride: an int or one per spatial dim, each >= 1.
         padding: an int or one per spatial dim, ``(before, after)`` pairs per dim (unequal pairs run on the graph
             path only), ``"valid"`` or ``"same"`` (stride 1).
@@ -915,6 +922,8 @@ def convolution_forward(
     """
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv, z_alpha=z_alpha,
               activation=activation, activation_coef=activation_coef, out_dtype=out_dtype, scale=scale)  # fmt: skip
+    if propagate_nan is not False:  # the keyword only when given: express keys
+        kw["propagate_nan"] = propagate_nan
     return run(CONVOLUTION_FORWARD, {"x": x, "w": w, "bias": bias, "z": z}, out=out, alpha=alpha, beta=beta,
                stream=stream, **kw)  # fmt: skip
 
@@ -1090,8 +1099,11 @@ def _new(shape: tuple[int, ...], strides: tuple[int, ...] | None, dtype: str) ->
     return Spec(tuple(shape), tuple(strides) if strides is not None else contiguous_strides(tuple(shape)), dtype)
 
 
-def _l3_refuse(dtype: str, z: Any, activation: Any, coef: Any = None) -> None:
-    """What the differentiable convolution does not take (``NotImplementedError`` naming it)."""
+def _l3_refuse(dtype: str, z: Any, activation: Any, coef: Any = None, propagate_nan: Any = False) -> None:
+    """What the differentiable convolution does not take (``NotImplementedError`` naming it; ``propagate_nan``
+    without the activation it is the rule of: ``TypeError``)."""
+    if propagate_nan is not False and activation is None:
+        raise TypeError("propagate_nan is the fused activation's NaN rule: pass activation=")
     if dtype in _QUANT_OUT:
         raise NotImplementedError(f"the differentiable convolution takes float x and w, not {dtype}: the quantized "
                                   "forward (scale * conv) has no backward; call convolution_forward")  # fmt: skip
@@ -1105,7 +1117,7 @@ def _l3_refuse(dtype: str, z: Any, activation: Any, coef: Any = None) -> None:
 
 
 def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha: float = 1.0,
-                     activation: str | None = None, activation_coef: float | None = None,
+                     activation: str | None = None, activation_coef: float | None = None, propagate_nan: bool = False,
                      stride: int | Sequence[int] = 1, padding: int | Sequence[int] | str = 0,
                      dilation: int | Sequence[int] = 1, groups: int = 1, mode: str = "cross_correlation",
                      conv: Convolution | None = None, out_dtype: str | None = None, scale: float = 1.0) -> Any:  # fmt: skip
@@ -1113,9 +1125,10 @@ def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha
     or None, one float dtype -> ``y`` ``(N, K, *out)`` in x's layout, by one :func:`convolution_forward` (the
     graph's ``conv_fprop`` (+ ``ADD``) (+ ``RELU_FWD``), or ``cudnnConvolutionForward`` + ``cudnnAddTensor`` (+
     ``cudnnActivationForward``, in place)). Residuals ``x``, ``w``, ``bias`` when given (the backward makes db
-    only then), and ``out`` (``y``) with ``activation="relu"``: the ReLU's gradient is ``dy`` where ``y > 0``."""
+    only then), and ``out`` (``y``) with ``activation="relu"``: the ReLU's gradient is ``dy`` where ``y > 0``.
+    ``propagate_nan=True``: the ReLU returns NaN for a NaN (torch's rule)."""
     dtype = canonical(x.dtype, "x")
-    _l3_refuse(dtype, z, activation, activation_coef)
+    _l3_refuse(dtype, z, activation, activation_coef, propagate_nan)
     # float64 has no graph, so the fused L2 call runs the legacy convolution, cudnnAddTensor and
     # cudnnActivationForward: the same calls made here, each an express hit. A float32 channels-first x keeps them
     # apart too: the fused graph (channels-last engines only) would copy x, w and y (the half types' calls are as
@@ -1123,13 +1136,14 @@ def _conv_l3_forward(x: Any, w: Any, bias: Any = None, *, z: Any = None, z_alpha
     split = dtype == "float64" or (
         dtype == "float32" and (bias is not None or activation is not None) and not _channels_last(x)
     )
+    nan = {"propagate_nan": propagate_nan} if propagate_nan is not False else {}  # given only: express keys
     y = convolution_forward(x, w, None if split else bias, z_alpha=z_alpha, activation=None if split else activation,
                             stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode, conv=conv,
-                            out_dtype=out_dtype, scale=scale)  # fmt: skip
+                            out_dtype=out_dtype, scale=scale, **({} if split else nan))  # fmt: skip
     if split and bias is not None:
         add_tensor(bias.reshape((1, -1) + (1,) * (len(y.shape) - 2)), y)
     if split and activation is not None:
-        activation_forward(y, activation, out=y)
+        activation_forward(y, activation, out=y, **nan)
     return (y,), _conv_l3_res(x, w, bias, y if activation is not None else None)
 
 
@@ -1171,10 +1185,10 @@ def _conv_l3_backward(res: Any, douts: Any, needs: Any, *, stride: Any = 1, padd
 
 
 def _conv_l3_meta(x: Spec, w: Spec, bias: Spec | None = None, *, z: Any = None, activation: Any = None,
-                  activation_coef: Any = None, **kw: Any) -> Any:  # fmt: skip
+                  activation_coef: Any = None, propagate_nan: Any = False, **kw: Any) -> Any:  # fmt: skip
     """y as :func:`convolution_forward` allocates it: the shape ``_fwd_resolve`` gives (``conv_output_shape``),
     channels-last when x is, x's dtype."""
-    _l3_refuse(x.dtype, z, activation, activation_coef)
+    _l3_refuse(x.dtype, z, activation, activation_coef, propagate_nan)
     views = {"x": spec_view(x), "w": spec_view(w), "bias": None if bias is None else spec_view(bias)}
     r = _fwd_resolve(views, kw)
     y = _new(r.y_shape, r.y_strides, r.out_dtype or r.dtype)

@@ -128,6 +128,7 @@ class _BN(NamedTuple):
     z: bool = False  #: fused residual add before it (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
     reserve: bool = False  #: the backward has the fused forward's reserve (the Ex call), else the unfused steps
     mask: bool = False  #: the forward returns the ReLU's bit-packed mask / the backward reads it (the graph)
+    nan: bool = False  #: the fused ReLU returns NaN for a NaN (CUDNN_PROPAGATE_NAN)
 
 
 def _set_bn_param(ptr: int, dtype: str, shape: tuple[int, ...], mode: str) -> None:
@@ -185,6 +186,9 @@ def _bn_fwd_resolve(views: Any, kw: Any) -> _BN:
                          f"({'per element of (C, *spatial)' if mode == 'per_activation' else 'over N and spatial'})")  # fmt: skip
     lay = layout_of(vx) or "nchw"
     act, z = _fused(views, kw, vx)
+    nan = as_bool(kw.get("propagate_nan", False), "propagate_nan")
+    if nan and not act:
+        raise TypeError("propagate_nan is the fused ReLU's NaN rule: pass activation='relu'")
     mask = as_bool(kw.get("return_mask", False), "return_mask")
     if mask:
         _mask_shape(vx.shape, "return_mask=True")
@@ -194,7 +198,7 @@ def _bn_fwd_resolve(views: Any, kw: Any) -> _BN:
     # momentum weighs only the running statistics' update: 0 where there is none (one graph and plan-cache key)
     momentum = float(momentum) if training and rm is not None else 0.0
     return _BN(vx.dtype, pdt, mode, training, rm is not None, momentum, eps, vx.shape, p_shape, lay,
-               vx.size == 0, act, z, mask=mask)  # fmt: skip
+               vx.size == 0, act, z, mask=mask, nan=nan)  # fmt: skip
 
 
 def _mask_shape(x_shape: tuple[int, ...], what: str) -> tuple[int, ...]:
@@ -312,13 +316,14 @@ def _bn_fwd_call(c: Call) -> None:
         if r.z:
             vz = _in_layout(c, "z", lay)
             lib.cudnnAddTensor(h, one, _bn_desc(vz, lay), vz.ptr, one, yd, vy.ptr)
-        lib.cudnnActivationForward(h, _relu(), one, yd, vy.ptr, zero, yd, vy.ptr)
+        lib.cudnnActivationForward(h, _relu(r.nan), one, yd, vy.ptr, zero, yd, vy.ptr)
 
 
-def _relu() -> Any:
+def _relu(propagate_nan: bool = False) -> Any:
+    """The fused ReLU's cached activation descriptor (``CUDNN_PROPAGATE_NAN`` when asked for)."""
     from .activation import activation_descriptor
 
-    return activation_descriptor("relu")
+    return activation_descriptor("relu", propagate_nan)
 
 
 def _bn_ops(r: _BN) -> int:
@@ -371,7 +376,7 @@ def _fused_forward(c: Call, lay: str, xd: Any, yd: Any, pd: Any, vx: Any, vy: An
     m, ops_ = _ex_mode(r, lay), _bn_ops(r)
     vz = _in_layout(c, "z", lay) if r.z else None
     zd = _bn_desc(vz, lay) if vz is not None else None
-    act = _relu() if r.act else None
+    act = _relu(r.nan) if r.act else None
     sizes = _ex_sizes(h, c.launch.device, m, ops_, xd, zd, yd, pd, act)
     if sizes is None:
         return False
@@ -575,7 +580,7 @@ def _bn_graph_fwd_build(c: Call) -> tuple[Any, dict]:
     if r.z:
         y = b.g.pointwise("ADD", y, b.tensor("z", v["z"].shape, v["z"].strides, r.dtype))
     if r.act:
-        y = b.g.pointwise("RELU_FWD", y)
+        y = b.g.pointwise("RELU_FWD", y, **({"nan_propagation": True} if r.nan else {}))
     b.output(y, "y", r.dtype, v["y"].strides)
     if r.mask:  # cudnn-frontend's BN_RELU: CMP_GT(relu_out, 0), a bit-packed channels-last BOOLEAN output
         m = b.g.pointwise("CMP_GT", y, b.g.scalar(0.0, ndim=y.ndim), dtype="bool", name="relu_mask")
@@ -707,6 +712,7 @@ def batch_norm_forward(
     mode: str = "spatial",
     z: Any = None,
     activation: str | None = None,
+    propagate_nan: bool = False,
     return_mask: bool = False,
     out: Any = None,
     stream: Any = None,
@@ -752,6 +758,9 @@ def batch_norm_forward(
             inputs) or ``"per_activation"``.
         z: a residual of ``x``'s shape and dtype added before the ReLU (needs ``activation="relu"``).
         activation: None or ``"relu"`` (fused after the norm).
+        propagate_nan: the fused ReLU's NaN rule (needs ``activation``): True returns NaN for a NaN, as torch's
+            ReLU does (the graph's ``RELU_FWD`` with ``CUDNN_PROPAGATE_NAN``, the legacy activation descriptor's
+            ``CUDNN_PROPAGATE_NAN``); False (the default, cuDNN's) returns 0 for it.
         return_mask: also return the ReLU's mask, bit-packed (cudnn-frontend's BN_RELU pattern: the graph's
             ``CMP_GT`` of the ReLU's output as a channels-last BOOLEAN output): a new uint8 array ``(N, H, W, C //
             8)``, channel ``c`` of pixel ``(n, h, w)`` in bit ``c % 8`` of byte ``c // 8``, which
@@ -796,12 +805,14 @@ def batch_norm_forward(
         y, sm, si = out, None, None
     arrays = {"x": x, "scale": scale, "bias": bias, "running_mean": running_mean, "running_var": running_var,
               "saved_mean": sm, "saved_inv_std": si, "z": z}  # fmt: skip
-    kw = {"return_mask": True} if return_mask else {}  # the keyword only when asked for: express keys
+    kw = {"return_mask": True} if return_mask else {}  # the keywords only when asked for: express keys
+    if propagate_nan is not False:
+        kw["propagate_nan"] = propagate_nan
     res = run(BATCH_NORM_FORWARD, arrays, stream=stream, y=y, training=training, momentum=momentum,
               epsilon=epsilon, mode=mode, activation=activation, **kw)  # fmt: skip
     if not training:
         return res[0]
-    if kw:
+    if return_mask:
         return res
     return res[:4] if activation is not None else res[:3]
 
@@ -916,7 +927,7 @@ def _bn_reserve(r: _BN, lay: str) -> Spec | None:
     xd = tensor_descriptor(r.dtype, *_canon(r.x_shape, lay))
     pd = bn_param_descriptor(r.dtype, _bn_rank(r.x_shape), r.mode)
     h, dev = _current_handle()
-    sizes = _ex_sizes(h, dev, _ex_mode(r, lay), _bn_ops(r), xd, xd if r.z else None, xd, pd, _relu())
+    sizes = _ex_sizes(h, dev, _ex_mode(r, lay), _bn_ops(r), xd, xd if r.z else None, xd, pd, _relu(r.nan))
     return None if sizes is None else Spec((max(sizes[1].value, 1),), (1,), "uint8")
 
 
@@ -964,7 +975,8 @@ def _bn_l3_resolve(specs: dict[str, Spec | None], kw: dict) -> tuple[_BN, Spec]:
 
 def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean: Any = None,
                    running_var: Any = None, training: bool = True, momentum: float = 0.1, epsilon: float = 1e-5,
-                   mode: str = "spatial", activation: str | None = None) -> tuple[tuple, dict]:  # fmt: skip
+                   mode: str = "spatial", activation: str | None = None,
+                   propagate_nan: bool = False) -> tuple[tuple, dict]:  # fmt: skip
     training = as_bool(training, "training")
     want_mask = False
     if activation is not None and training:  # the graph's ReLU mask, for a one-graph backward
@@ -974,6 +986,8 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
         want_mask = _mask_fusable(vx.dtype, layout_of(vx), tuple(vx.shape), mode, z is not None)
     kw = dict(running_mean=running_mean, running_var=running_var, training=training, momentum=momentum,
               epsilon=epsilon, mode=mode, z=z, activation=activation)  # fmt: skip
+    if propagate_nan is not False:
+        kw["propagate_nan"] = propagate_nan
     if want_mask:
         try:
             got = batch_norm_forward(x, scale, bias, return_mask=True, **kw)
@@ -1014,10 +1028,11 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
 
 def _bn_l3_meta(x: Spec, scale: Spec, bias: Spec, z: Spec | None = None, *, running_mean: Spec | None = None,
                 running_var: Spec | None = None, training: bool = True, momentum: float = 0.1,
-                epsilon: float = 1e-5, mode: str = "spatial",
-                activation: str | None = None) -> tuple[tuple, dict]:  # fmt: skip
+                epsilon: float = 1e-5, mode: str = "spatial", activation: str | None = None,
+                propagate_nan: bool = False) -> tuple[tuple, dict]:  # fmt: skip
     specs = {"x": x, "scale": scale, "bias": bias, "z": z, "running_mean": running_mean, "running_var": running_var}
-    kw = dict(training=training, momentum=momentum, epsilon=epsilon, mode=mode, activation=activation)
+    kw = dict(training=training, momentum=momentum, epsilon=epsilon, mode=mode, activation=activation,
+              propagate_nan=propagate_nan)  # fmt: skip
     r, y = _bn_l3_resolve(specs, kw)
     stat = _packed_spec(r.p_shape, r.pdtype)
     lay = layout_of(spec_view(y)) or "nchw"

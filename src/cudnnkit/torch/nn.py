@@ -250,7 +250,8 @@ class _Fusable:
     fused_activation: str | None = None
 
     def _fused(self) -> dict[str, Any]:
-        return {} if self.fused_activation is None else {"activation": self.fused_activation}
+        # torch's ReLU returns NaN for a NaN: the fused one is asked to as well (cuDNN's default returns 0)
+        return {} if self.fused_activation is None else {"activation": self.fused_activation, "propagate_nan": True}
 
     def extra_repr(self) -> str:
         got = super().extra_repr()  # type: ignore[misc]

@@ -29,6 +29,7 @@ class PointwiseNodes:
         dtype: str | None = None,
         alpha1: float = 1.0,
         alpha2: float = 1.0,
+        nan_propagation: bool | None = None,
         name: str = "",
         **params: float,
     ) -> Tensor:
@@ -41,7 +42,10 @@ class PointwiseNodes:
         ``relu_lower_clip_slope``, ``elu_alpha``, ``softplus_beta``,
         ``swish_beta``, ``axis`` (``GEN_INDEX``). ``alpha1``/``alpha2`` (float32 in cuDNN) and the float
         parameters must be finite real numbers, ``axis`` an int naming one of ``x``'s dims (negative: from
-        the end).
+        the end). ``nan_propagation`` (``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION``): True asks for
+        ``CUDNN_PROPAGATE_NAN``, False for ``CUDNN_NOT_PROPAGATE_NAN``; None (the default) leaves the attribute
+        unset, cuDNN's default (not propagating). Whether an engine honours it is cuDNN's: ``RELU_FWD`` is the mode
+        it matters for (a NaN in, NaN out, as torch's ReLU).
         """
         key = mode.upper().removeprefix("CUDNN_POINTWISE_") if isinstance(mode, str) else None
         if key not in POINTWISE_ARITY:
@@ -82,6 +86,10 @@ class PointwiseNodes:
             "alpha2": as_real(alpha2, "alpha2", dtype="float32"),
             **values,
         }
+        if nan_propagation is not None:
+            if not isinstance(nan_propagation, bool):
+                raise TypeError(f"nan_propagation must be True, False or None, not {nan_propagation!r}")
+            attrs["nan_propagation"] = nan_propagation
         out = self._out(dims, ins["x"], dtype, name or key.lower())
         self._add("pointwise", attrs, ins, {"dx" if arity == "dy,x" else "y": out})
         return out
@@ -119,7 +127,7 @@ class PointwiseNodes:
 
 
 def lower_pointwise(n: Node, tds: dict[int, BackendDescriptor]) -> tuple[BackendDescriptor, BackendDescriptor | None]:
-    """``CUDNN_BACKEND_POINTWISE_DESCRIPTOR`` (mode, math precision, mode parameters), then the
+    """``CUDNN_BACKEND_POINTWISE_DESCRIPTOR`` (mode, math precision, mode parameters, NaN propagation), then the
     ``OPERATION_POINTWISE`` node (X, B, T, DY/DX or Y, ALPHA1, ALPHA2)."""
     ins, outs, a = dict(n.inputs), dict(n.outputs), dict(n.attrs)
     pw = BackendDescriptor("CUDNN_BACKEND_POINTWISE_DESCRIPTOR")
@@ -128,6 +136,11 @@ def lower_pointwise(n: Node, tds: dict[int, BackendDescriptor]) -> tuple[Backend
     for p, (attr, _) in PW_PARAMS.items():
         if p in a:
             pw.set(attr, a[p])
+    if "nan_propagation" in a:
+        pw.set(
+            "CUDNN_ATTR_POINTWISE_NAN_PROPAGATION",
+            lib.CUDNN_PROPAGATE_NAN if a["nan_propagation"] else lib.CUDNN_NOT_PROPAGATE_NAN,
+        )
     pw.finalize()
     op = BackendDescriptor("CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR")
     op.set("CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR", pw)

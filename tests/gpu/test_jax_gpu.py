@@ -274,19 +274,22 @@ def test_batch_norm_fused_relu_forward_and_grads_against_jax(dtype, with_z):
 
 
 @pytest.mark.parametrize("case", ["bias", "mask", "window", "causal-window", "gqa", "lengths", "lengths-causal-gqa",
-                                  "lengths-bias", "lengths-window", "lengths-mask"])  # fmt: skip
+                                  "lengths-bias", "lengths-window", "lengths-mask", "causal-short-q",
+                                  "causal-long-q", "causal-long-q-lengths"])  # fmt: skip
 def test_dot_product_attention_variants_against_jax(case):
     """cudnnkit.jax.nn.dot_product_attention's variants (the L3 op "attention" under jit): a learned bias (its
     gradient cuDNN's dbias), a boolean key-padding mask, local windows, grouped heads, query/key-value sequence
-    lengths (cuDNN's padding mask; padded rows, a zero key/value length and their gradients as JAX defines them);
+    lengths (cuDNN's padding mask; padded rows, a zero key/value length and their gradients as JAX defines them),
+    the causal triangle with T != S (JAX's and cuDNN's default both top-left aligned: row t keeps keys 0..t);
     output and gradients against jax.nn.dot_product_attention in float32 on the same bfloat16 values."""
     from cudnnkit.jax import nn
 
     rng = np.random.default_rng(12)
     b, t, n, h = 2, 128, 4, 64
     kvh = 2 if "gqa" in case else n
+    s_len = {"causal-short-q": 192, "causal-long-q": 64, "causal-long-q-lengths": 64}.get(case, t)
     q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16)
-    k, v = (jnp.asarray(rng.standard_normal((b, t, kvh, h)), jnp.bfloat16) for _ in range(2))
+    k, v = (jnp.asarray(rng.standard_normal((b, s_len, kvh, h)), jnp.bfloat16) for _ in range(2))
     bias = jnp.asarray(rng.standard_normal((1, n, t, t)), jnp.bfloat16) if "bias" in case else None
     mask = None
     if "mask" in case:
@@ -303,7 +306,10 @@ def test_dot_product_attention_variants_against_jax(case):
           "lengths-window": dict(query_seq_lengths=jnp.array([128, 90], jnp.int32),
                                  key_value_seq_lengths=jnp.array([40, 128], jnp.int32), local_window_size=(16, 8)),
           "lengths-mask": dict(query_seq_lengths=jnp.array([128, 128], jnp.int32),
-                               key_value_seq_lengths=jnp.array([128, 90], jnp.int32))}  # fmt: skip
+                               key_value_seq_lengths=jnp.array([128, 90], jnp.int32)),
+          "causal-short-q": dict(is_causal=True), "causal-long-q": dict(is_causal=True),
+          "causal-long-q-lengths": dict(is_causal=True, query_seq_lengths=jnp.array([100, 128], jnp.int32),
+                                        key_value_seq_lengths=jnp.array([64, 30], jnp.int32))}  # fmt: skip
     kw = kw.get(case, {})
     ct = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
 

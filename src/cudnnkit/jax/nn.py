@@ -340,7 +340,8 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
       to ``bias`` when both are given;
     * ``local_window_size``: ``w`` or ``(left, right)``: query ``t`` attends to keys ``t - left .. t + right``
       (cuDNN's ``left_bound = left + 1``, ``right_bound = right``; with ``is_causal`` the right side is 0);
-    * ``is_causal`` keeps ``s <= t`` (equal lengths only);
+    * ``is_causal`` keeps ``s <= t``, also for ``T != S`` (JAX's triangle and cuDNN's default alignment are both
+      top-left: query ``t`` attends keys ``0 .. t``);
     * grouped key/value heads (``K`` dividing ``N``) are read as they are (cuDNN's grouped-query attention).
 
     * ``query_seq_lengths``/``key_value_seq_lengths``: int32 ``(B,)`` valid lengths (cuDNN's padding mask,
@@ -372,9 +373,6 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     s_len, kh = k.shape[1], k.shape[2]
     if n % kh:
         raise ValueError(f"dot_product_attention: {n} query heads are not a multiple of {kh} key/value heads")
-    if is_causal and t != s_len:
-        raise NotImplementedError(f"dot_product_attention: is_causal with T={t} != S={s_len} (the "
-                                  "diagonal's alignment differs between JAX and cuDNN there)")  # fmt: skip
     add = _attention_bias(bias, mask, (b, n, t, s_len), q.dtype)
     window = {} if local_window_size is None else _window(local_window_size, bool(is_causal))
     left = None if local_window_size is None else window["left_bound"] - 1

@@ -46,7 +46,8 @@ def _norm(x, scale, bias=None, *, normalized_shape_ndim, epsilon, rms=False):
     return (x - m) / jnp.sqrt(v + epsilon) * scale + bias
 
 
-def _bn_nc(x, scale, bias, z, *, running_mean, running_var, training, momentum, epsilon, activation=None):
+def _bn_nc(x, scale, bias, z, *, running_mean, running_var, training, momentum, epsilon, activation=None,
+           propagate_nan=False):
     ax = (0, *range(2, x.ndim))
     sh = (1, -1) + (1,) * (x.ndim - 2)
     if training:
@@ -57,7 +58,8 @@ def _bn_nc(x, scale, bias, z, *, running_mean, running_var, training, momentum, 
     else:
         m, v, nm, nv = running_mean, running_var, running_mean, running_var
     y = (x - m.reshape(sh)) / jnp.sqrt(v.reshape(sh) + epsilon) * scale.reshape(sh) + bias.reshape(sh)
-    if activation == "relu":
+    if activation == "relu":  # jnp.maximum returns NaN for a NaN: the rule propagate_nan asks cuDNN for
+        assert propagate_nan is True
         y = jnp.maximum(y if z is None else y + z, 0)
     return y, nm, nv
 

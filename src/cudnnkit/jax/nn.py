@@ -308,7 +308,8 @@ def batch_norm(x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, training: 
     ``settings(prefer="legacy")`` ``CUDNN_BATCHNORM_OPS_BN_ACTIVATION`` of ``cudnnBatchNormalizationForwardTrainingEx``
     for float16), else as a second call; the backward takes the ReLU's gradient from ``y``. ``z``, an array of
     ``x``'s shape and dtype (a residual branch), is added before that ReLU (``relu(bn(x) + z)``,
-    ``CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION``) and gets its gradient too; it needs ``activation="relu"``."""
+    ``CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION``) and gets its gradient too; it needs ``activation="relu"``. The fused
+    ReLU returns NaN for a NaN, as ``jax.nn.relu`` (``propagate_nan=True``: ``CUDNN_PROPAGATE_NAN``)."""
     ax = _axis(axis, x.ndim, "batch_norm", "axis")
     perm = (0, ax, *(i for i in range(1, x.ndim) if i != ax)) if ax != 0 else None
     if ax == 0:
@@ -319,7 +320,8 @@ def batch_norm(x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, training: 
         raise ValueError(f"batch_norm: z must have x's shape {tuple(x.shape)}, got {tuple(z.shape)}")
     xc = Permuted(x, perm)
     zc = None if z is None else Permuted(z, perm)
-    kw = {} if activation is None else {"activation": activation}
+    # jax.nn.relu returns NaN for a NaN: the fused ReLU is asked to as well (cuDNN's default returns 0)
+    kw = {} if activation is None else {"activation": activation, "propagate_nan": True}
     got = _op("batch_norm")(xc, scale, bias, zc, running_mean=mean, running_var=var, training=bool(training),
                             momentum=1.0 - float(momentum), epsilon=epsilon, **kw)  # fmt: skip
     y, new_mean, new_var = got if isinstance(got, tuple) and len(got) == 3 else (got, mean, var)

@@ -46,8 +46,9 @@ def _norm(x, scale, bias=None, *, normalized_shape_ndim, epsilon, rms=False):
     return (x - m) / jnp.sqrt(v + epsilon) * scale + bias
 
 
-def _bn_nc(x, scale, bias, z, *, running_mean, running_var, training, momentum, epsilon, activation=None,
-           propagate_nan=False):
+def _bn_nc(
+    x, scale, bias, z, *, running_mean, running_var, training, momentum, epsilon, activation=None, propagate_nan=False
+):
     ax = (0, *range(2, x.ndim))
     sh = (1, -1) + (1,) * (x.ndim - 2)
     if training:

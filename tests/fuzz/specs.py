@@ -2459,6 +2459,8 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
             # the graph-only modes need the fused graph, which float64 and a split forward lack
             graph = dt in ("float16", "bfloat16", "float32") and not split
             kw["activation"] = d.choice(legacy + ["gelu", "gelu_tanh", "leaky_relu"] if graph else legacy)
+            if d.bool(0.3):  # the activation's NaN rule (finite data: the same values)
+                kw["propagate_nan"] = True
         # alpha scales the convolution inside the fusion: the legacy steps take it (symmetric padding, a legacy
         # activation), and so does a split forward's graph (the convolution alone)
         legacy_act = kw.get("activation") in (None, "relu", "sigmoid", "tanh", "elu", "swish")
@@ -2568,6 +2570,7 @@ CONV_FUSED_PARAMS = {
     "z_alpha": Param("float", optional_kw=True),
     "activation": Param("choice", nullable=True, optional_kw=True),
     "activation_coef": Param("float", nullable=True, optional_kw=True),
+    "propagate_nan": Param("bool", optional_kw=True),
 }
 
 

@@ -427,6 +427,32 @@ def test_ctc_loss_traces_with_lengths_and_labels_as_device_operands():
                                          for i, s in enumerate(_ctc_sds()))).dtype == jnp.float64  # fmt: skip
 
 
+def test_ctc_loss_skips_padded_frames_wherever_they_are_as_optax(monkeypatch):
+    """optax skips a padded frame anywhere in the sequence; cuDNN reads each sample's first input_length frames:
+    the valid frames reach the op at the front, in their order, and the padded frames get no gradient. A stand-in
+    op weighs frame j's class-0 logit by j + 1, so the order shows in the cost."""
+    T = 7
+
+    def standin(x, *, labels, label_lengths, input_lengths):
+        t = jnp.arange(T)[:, None]
+        return (jnp.where(t < input_lengths[None, :], x[:, :, 0], 0.0) * (t + 1)).sum(0)
+
+    monkeypatch.setattr(cj, "op", lambda name: standin)
+    rng = np.random.default_rng(3)
+    logits = jnp.asarray(rng.standard_normal((3, T, 4)), jnp.float32)
+    pads = jnp.asarray([[0, 1, 0, 0, 1, 0, 1], [0, 0, 0, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0, 0]], jnp.float32)
+    labels, lpad = jnp.ones((3, 2), jnp.int32), jnp.zeros((3, 2), jnp.float32)
+    got = nn.ctc_loss(logits, pads, labels, lpad)
+    want = []
+    for b in range(3):
+        valid = [t for t in range(T) if pads[b, t] == 0]
+        want.append(sum((j + 1) * float(logits[b, t, 0]) for j, t in enumerate(valid)))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    g = jax.grad(lambda lg: nn.ctc_loss(lg, pads, labels, lpad).sum())(logits)
+    assert (np.asarray(g)[np.asarray(pads) == 1] == 0).all()  # padded frames: no gradient
+    assert (np.asarray(g)[..., 0][np.asarray(pads) == 0] > 0).all()
+
+
 def test_ctc_loss_refusals():
     lg, lp, lab, lbp = _ctc_sds()
     with pytest.raises(NotImplementedError, match="blank_id=5; cuDNN's CTC loss always uses class 0"):

@@ -269,10 +269,18 @@ def _ctc_batch(rng, B=4, T=30, K=8, N=6):
     return logits, logit_pad, labels, label_pad
 
 
-def test_ctc_loss_matches_optax_forward_and_grad_under_jit():
+@pytest.mark.parametrize("frames", ["right-padded", "padded anywhere"])
+def test_ctc_loss_matches_optax_forward_and_grad_under_jit(frames):
+    """Against optax.ctc_loss, forward and gradient under jit; optax skips a padded frame wherever it is (the
+    second case scatters each sample's valid frames over T)."""
     optax = pytest.importorskip("optax")
     rng = np.random.default_rng(7)
     lg, lp, lab, lbp = _ctc_batch(rng)
+    if frames == "padded anywhere":
+        for b in range(lp.shape[0]):
+            n_valid = int((lp[b] == 0).sum())
+            lp[b] = 1
+            lp[b, np.sort(rng.choice(lp.shape[1], n_valid, replace=False))] = 0
     args = (jnp.asarray(lg, jnp.float32), jnp.asarray(lp), jnp.asarray(lab), jnp.asarray(lbp))
     got = jax.jit(nn.ctc_loss)(*args)
     want = jax.jit(optax.ctc_loss)(*args)

@@ -547,7 +547,9 @@ def ctc_loss(logits: Any, logit_paddings: Any, labels: Any, label_paddings: Any,
 
     ``logits`` ``(B, T, K)``: unnormalized (cuDNN applies the softmax over ``K`` itself), any float dtype (computed
     in float32, cuDNN's only CTC dtype; the loss comes back in ``logits``' dtype). ``logit_paddings`` ``(B, T)``
-    and ``label_paddings`` ``(B, N)``: 1.0 for padding, right-padded; the lengths are the counts of 0.0 entries.
+    and ``label_paddings`` ``(B, N)``: 1.0 for padding, 0.0 for data (rounded); padded frames are skipped wherever
+    they are, as optax's (the valid frames are gathered to the front for cuDNN, whose input is each sample's first
+    ``input_length`` frames), labels are right-padded (optax's convention); the lengths are the counts of 0.0 entries.
     ``labels`` ``(B, N)`` integers in ``[1, K)`` (the padded positions are ignored), the blank being class 0.
 
     The lengths and labels reach the handler as device arrays (traced under jit); cuDNN's CTC checks them on the
@@ -571,6 +573,11 @@ def ctc_loss(logits: Any, logit_paddings: Any, labels: Any, label_paddings: Any,
         raise TypeError(f"ctc_loss: labels must be integers, got {jnp.dtype(labels.dtype).name}")
     input_lengths = _lengths(logit_paddings, T, "logit_paddings", (B, T))
     label_lengths = _lengths(label_paddings, labels.shape[1], "label_paddings", tuple(labels.shape))
+    # optax skips a padded frame wherever it is; cuDNN reads each sample's first input_length frames: the valid
+    # frames moved to the front in their order (a stable sort of the 0/1 paddings; the identity for right padding),
+    # so the padded frames' gradient is 0 as optax's
+    order = jnp.argsort(jnp.round(logit_paddings.astype(jnp.float32)), axis=1, stable=True)
+    logits = jnp.take_along_axis(logits, order[:, :, None], axis=1)
     x = jnp.transpose(logits, (1, 0, 2)).astype(jnp.float32)  # cuDNN's (T, B, K)
     costs = _op("ctc_loss")(x, labels=labels.astype(jnp.int32), label_lengths=label_lengths,
                             input_lengths=input_lengths)  # fmt: skip

@@ -286,6 +286,21 @@ def test_dot_product_attention_matches_jax(kv_heads, causal, s_len):
     assert nn.dot_product_attention(q[0], k[0], v[0]).shape == (6, 4, 8)
 
 
+@pytest.mark.parametrize("kw", [dict(local_window_size=(2, 0), is_causal=True), dict(local_window_size=(1, 1)),
+                                dict(local_window_size=2, is_causal=True)])  # fmt: skip
+def test_a_window_with_more_queries_than_keys_runs_under_cudnns_padding_mask(kw):
+    """cuDNN takes left_bound with S_q > S_kv only with its padding mask: full lengths are passed (the result is
+    jax.nn's, with T=6 queries over S=4 keys)."""
+    q = _r((2, 6, 4, 8)).astype(jnp.bfloat16)
+    k, v = (_r((2, 4, 4, 8), i).astype(jnp.bfloat16) for i in (1, 2))
+    got = nn.dot_product_attention(q, k, v, scale=0.3, **kw)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    want = jax.nn.dot_product_attention(*f32, scale=0.3, **kw)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
+    name, called = CALLED[-1]
+    assert name == "attention" and "seq_len_q" in called and "seq_len_kv" in called
+
+
 def test_a_fully_masked_row_is_the_mean_of_v_as_in_jax():
     q = _r((1, 6, 2, 8)).astype(jnp.bfloat16)
     mask = jnp.ones((1, 1, 6, 6), bool).at[:, :, 2, :].set(False)  # query row 2 sees no key

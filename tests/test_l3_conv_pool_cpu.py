@@ -243,6 +243,8 @@ def test_the_fused_relus_nan_rule_reaches_the_call_that_applies_it(monkeypatch):
                  lambda: d.meta(_spec((2, 4, 7, 6)), _spec((6, 4, 3, 3)), None, propagate_nan=True)):  # fmt: skip
         with pytest.raises(TypeError, match="propagate_nan is the fused activation's NaN rule: pass activation="):
             call()
+    with pytest.raises(TypeError, match="propagate_nan must be a bool, got 1"):
+        d.meta(_spec((2, 4, 7, 6)), _spec((6, 4, 3, 3)), None, activation="relu", propagate_nan=1)
     assert not calls
 
 

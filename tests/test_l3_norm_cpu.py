@@ -347,7 +347,7 @@ def test_no_engine_for_the_masked_forward_asks_again_without_it(fakes, monkeypat
     assert "relu_mask" in N._bn_l3_meta(spec, p, p, activation="relu")[1]
     _, res = N._bn_l3_forward(x, s, b, activation="relu")
     assert asked == [True, False] and list(res) == ["x", "scale", "saved_mean", "saved_inv_std", "y"]
-    assert N._MASK_REFUSED == {("float32", (2, 8, 3, 3), "spatial", False)}  # no residual z
+    assert N._MASK_REFUSED == {("float32", (2, 8, 3, 3), "spatial", False, False)}  # no residual z, no NaN rule
     assert "relu_mask" not in N._bn_l3_meta(spec, p, p, activation="relu")[1]
     asked.clear()
     N._bn_l3_forward(x, s, b, activation="relu")

@@ -275,7 +275,7 @@ def test_batch_norm_fused_relu_forward_and_grads_against_jax(dtype, with_z):
 
 @pytest.mark.parametrize("case", ["bias", "mask", "window", "causal-window", "gqa", "lengths", "lengths-causal-gqa",
                                   "lengths-bias", "lengths-window", "lengths-mask", "causal-short-q",
-                                  "causal-long-q", "causal-long-q-lengths"])  # fmt: skip
+                                  "causal-long-q", "causal-long-q-lengths", "causal-window-long-q"])  # fmt: skip
 def test_dot_product_attention_variants_against_jax(case):
     """cudnnkit.jax.nn.dot_product_attention's variants (the L3 op "attention" under jit): a learned bias (its
     gradient cuDNN's dbias), a boolean key-padding mask, local windows, grouped heads, query/key-value sequence
@@ -287,7 +287,9 @@ def test_dot_product_attention_variants_against_jax(case):
     rng = np.random.default_rng(12)
     b, t, n, h = 2, 128, 4, 64
     kvh = 2 if "gqa" in case else n
-    s_len = {"causal-short-q": 192, "causal-long-q": 64, "causal-long-q-lengths": 64}.get(case, t)
+    s_len = {"causal-short-q": 192, "causal-long-q": 64, "causal-long-q-lengths": 64, "causal-window-long-q": 64}.get(
+        case, t
+    )
     q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16)
     k, v = (jnp.asarray(rng.standard_normal((b, s_len, kvh, h)), jnp.bfloat16) for _ in range(2))
     bias = jnp.asarray(rng.standard_normal((1, n, t, t)), jnp.bfloat16) if "bias" in case else None
@@ -308,6 +310,7 @@ def test_dot_product_attention_variants_against_jax(case):
           "lengths-mask": dict(query_seq_lengths=jnp.array([128, 128], jnp.int32),
                                key_value_seq_lengths=jnp.array([128, 90], jnp.int32)),
           "causal-short-q": dict(is_causal=True), "causal-long-q": dict(is_causal=True),
+          "causal-window-long-q": dict(is_causal=True, local_window_size=32),
           "causal-long-q-lengths": dict(is_causal=True, query_seq_lengths=jnp.array([100, 128], jnp.int32),
                                         key_value_seq_lengths=jnp.array([64, 30], jnp.int32))}  # fmt: skip
     kw = kw.get(case, {})

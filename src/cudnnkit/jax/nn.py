@@ -384,7 +384,9 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
     # a boolean mask may leave a row no key (alone, or with the causal triangle or the window): JAX's uniform
     # weights there, which cuDNN's additive mask does not give (a float16 mask value cannot swamp the scores, and
     # the band's keys are -inf), so the rows are replaced as the lengths' are
-    fix = lengths or empty_rows or mask is not None
+    # cuDNN's window (left_bound) with more queries than keys needs its padding mask: full lengths turn it on
+    padded = lengths or empty_rows or (left is not None and t > s_len)
+    fix = padded or mask is not None
     if fix:
         q_len = _seq_lengths(query_seq_lengths, "query_seq_lengths", b, t)
         kv_len = _seq_lengths(key_value_seq_lengths, "key_value_seq_lengths", b, s_len)
@@ -400,7 +402,7 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
         # gradients only through those rows (cuDNN's padded rows of dq, dk, dv are undefined; JAX's are 0)
         v_all = v
         q, k, v = _valid_rows(q, use), _valid_rows(k, kv_ok), _valid_rows(v, kv_ok)
-        if lengths or empty_rows:
+        if padded:
             # cuDNN sees no zero length and no row without a key: the rows past its lengths are replaced below
             window["seq_len_q"] = jnp.clip(jnp.minimum(q_len, reach), 1, t).reshape(b, 1, 1, 1)
             window["seq_len_kv"] = jnp.maximum(kv_len, 1).reshape(b, 1, 1, 1)

@@ -92,13 +92,13 @@ class Act(tuple):
         return get_cached(ACTIVATION, (self[0], nan_propagation(self[1]), self[2]))
 
     def pointwise(self, g: Any, x: Any, dy: Any = None, **kw: Any) -> Any:
-        """This activation's forward (``dy`` None) or backward node in graph ``g``; a NaN-propagating forward
-        sets the pointwise descriptor's ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION`` (left unset otherwise: cuDNN's
-        default, not propagating)."""
+        """This activation's forward (``dy`` None) or backward node in graph ``g``; a NaN-propagating ReLU
+        forward (``relu``, ``clipped_relu``, ``leaky_relu``: the modes whose max/min would drop a NaN) sets the
+        pointwise descriptor's ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION`` (left unset otherwise: cuDNN's default)."""
         stem, param = GRAPH_MODES[self[0]]
         params = {param: self[2]} if param is not None else {}
         if dy is None:
-            if self[1]:
+            if self[1] and stem == "RELU":
                 params["nan_propagation"] = True
             return g.pointwise(f"{stem}_FWD", x, **params, **kw)
         return g.pointwise(f"{stem}_BWD", x, dy=dy, **params, **kw)

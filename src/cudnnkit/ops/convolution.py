@@ -70,7 +70,7 @@ from typing import Any, NamedTuple
 from .. import lib
 from ..runtime import as_view, check_choice, current_settings, get_cached, tensor_descriptor
 from ..runtime.arrays import contiguous_strides
-from ..runtime.dtypes import FLOATS, canonical, check_scalar, scaling_ref
+from ..runtime.dtypes import FLOATS, canonical, check_scalar, nan_propagation, scaling_ref
 from ..runtime.shapes import INT32_MAX, conv_output_shape, conv_transpose_output_shape, expand, resolve_padding
 from ._conv_algos import (  # noqa: F401  (public here, as before)
     _BWD_DATA,
@@ -280,15 +280,14 @@ def _fused(r: _Conv, views: Any, kw: Any) -> _Conv:
         same_dtype(vz, "z", r.dtype, "x")
     elif kw.get("z_alpha", 1.0) != 1.0:
         raise TypeError("z_alpha scales z: pass z=")
-    act = kw.get("activation")
+    act, nan = kw.get("activation"), kw.get("propagate_nan", False)
     if act is not None:
         from .activation import resolve_activation
 
-        act = resolve_activation(act, kw.get("activation_coef"), kw.get("propagate_nan", False), name="activation",
-                                 coef_name="activation_coef")  # fmt: skip
+        act = resolve_activation(act, kw.get("activation_coef"), nan, name="activation", coef_name="activation_coef")
     elif kw.get("activation_coef") is not None:
         raise TypeError("activation_coef is for activation=: pass one")
-    elif kw.get("propagate_nan", False) is not False:
+    elif nan_propagation(nan) == lib.CUDNN_PROPAGATE_NAN:  # a bool (TypeError naming it else), True without act
         raise TypeError("propagate_nan is the fused activation's NaN rule: pass activation=")
     z_alpha = check_scalar(kw.get("z_alpha", 1.0), "z_alpha")
     fused = vb is not None or vz is not None or act is not None
@@ -1102,7 +1101,7 @@ def _new(shape: tuple[int, ...], strides: tuple[int, ...] | None, dtype: str) ->
 def _l3_refuse(dtype: str, z: Any, activation: Any, coef: Any = None, propagate_nan: Any = False) -> None:
     """What the differentiable convolution does not take (``NotImplementedError`` naming it; ``propagate_nan``
     without the activation it is the rule of: ``TypeError``)."""
-    if propagate_nan is not False and activation is None:
+    if nan_propagation(propagate_nan) == lib.CUDNN_PROPAGATE_NAN and activation is None:  # a bool, else TypeError
         raise TypeError("propagate_nan is the fused activation's NaN rule: pass activation=")
     if dtype in _QUANT_OUT:
         raise NotImplementedError(f"the differentiable convolution takes float x and w, not {dtype}: the quantized "

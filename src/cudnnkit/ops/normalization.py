@@ -351,7 +351,8 @@ def _ex_sizes(h: Any, device: int, m: int, ops_: int, xd: Any, zd: Any, yd: Any,
     """``cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize`` and ``...TrainingExReserveSpaceSize`` (as
     ``c_size_t``), asked once per device, mode, ops and descriptors (a per-call cost otherwise); None when cuDNN
     refuses the fused call (logged)."""
-    key = (device, m, ops_, xd.key, zd.key if zd is not None else None, yd.key, pd.key, act is not None)
+    key = (device, m, ops_, xd.key, zd.key if zd is not None else None, yd.key, pd.key,
+           act.key if act is not None else None)  # fmt: skip
     got = _EX_SIZES.lookup(key)
     if got is not MISSING:
         return got
@@ -945,10 +946,11 @@ def _bn_res_names(training: bool, act: bool, reserve: bool, z: bool, mask: bool 
 _MASK_MIN_ELEMENTS = 1 << 22
 #: (dtype, x's shape, mode, with the residual z) for which cuDNN had no engine for the masked forward graph in this process: the L3 batch
 #: norm asked again without the mask, and neither it nor meta asks for the mask there again
-_MASK_REFUSED: set[tuple[str, tuple[int, ...], str, bool]] = set()
+_MASK_REFUSED: set[tuple[str, tuple[int, ...], str, bool, bool]] = set()
 
 
-def _mask_fusable(dtype: str, lay: str | None, x_shape: tuple[int, ...], mode: str, z: bool = False) -> bool:
+def _mask_fusable(dtype: str, lay: str | None, x_shape: tuple[int, ...], mode: str, z: bool = False,
+                  nan: bool = False) -> bool:  # fmt: skip
     """Where the L3 batch norm with its ReLU fused (training, with or without the residual z) keeps the graph's
     bit-packed ReLU mask (``return_mask=True``) for a one-graph backward (DRELU_DBN; DRELU_DADD_DBN with z): where
     the graph form runs the forward (4-d channels-last float16/bfloat16/float32, not per-activation, not under
@@ -961,7 +963,7 @@ def _mask_fusable(dtype: str, lay: str | None, x_shape: tuple[int, ...], mode: s
     # the size first: most calls below the floor stop there (this runs on every fused batch-norm call)
     return (math.prod(x_shape) >= _MASK_MIN_ELEMENTS and x_shape[1] % 8 == 0
             and _bn_graph_shape_refuses(dtype, x_shape, lay, mode) is None and current_settings().prefer != "legacy"
-            and (dtype, x_shape, mode, z) not in _MASK_REFUSED)  # fmt: skip
+            and (dtype, x_shape, mode, z, nan) not in _MASK_REFUSED)  # fmt: skip
 
 
 def _bn_l3_resolve(specs: dict[str, Spec | None], kw: dict) -> tuple[_BN, Spec]:
@@ -983,7 +985,7 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
         from ..runtime.arrays import as_view
 
         vx = as_view(x, "x")
-        want_mask = _mask_fusable(vx.dtype, layout_of(vx), tuple(vx.shape), mode, z is not None)
+        want_mask = _mask_fusable(vx.dtype, layout_of(vx), tuple(vx.shape), mode, z is not None, bool(propagate_nan))
     kw = dict(running_mean=running_mean, running_var=running_var, training=training, momentum=momentum,
               epsilon=epsilon, mode=mode, z=z, activation=activation)  # fmt: skip
     if propagate_nan is not False:
@@ -995,7 +997,7 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
             # raw refusal): the forward without it (nothing ran)
             _log.info("batch_norm: no engine for the forward with the ReLU mask (%s); without it from now on for "
                       "%s %s", str(e).splitlines()[0], vx.dtype, tuple(vx.shape))  # fmt: skip
-            _MASK_REFUSED.add((vx.dtype, tuple(vx.shape), mode, z is not None))
+            _MASK_REFUSED.add((vx.dtype, tuple(vx.shape), mode, z is not None, bool(propagate_nan)))
             want_mask = False
     if not want_mask:
         got = batch_norm_forward(x, scale, bias, **kw)
@@ -1016,7 +1018,8 @@ def _bn_l3_forward(x: Any, scale: Any, bias: Any, z: Any = None, *, running_mean
         elif reserve is None:
             views = {"x": as_view(x, "x"), "scale": as_view(scale, "scale"), "bias": as_view(bias, "bias"),
                      "z": None if z is None else as_view(z, "z")}  # fmt: skip
-            kw = dict(training=True, momentum=momentum, epsilon=epsilon, mode=mode, activation=activation)
+            kw = dict(training=True, momentum=momentum, epsilon=epsilon, mode=mode, activation=activation,
+                      propagate_nan=propagate_nan)  # fmt: skip
             if _bn_reserve(_bn_fwd_resolve(views, kw), layout_of(vy) or "nchw") is not None:
                 raise RuntimeError("batch_norm: cuDNN's size query accepted the fused ReLU forward but the call "
                                    "refused it, so there is no reserve where meta said there is one; pass "
@@ -1037,7 +1040,7 @@ def _bn_l3_meta(x: Spec, scale: Spec, bias: Spec, z: Spec | None = None, *, runn
     stat = _packed_spec(r.p_shape, r.pdtype)
     lay = layout_of(spec_view(y)) or "nchw"
     reserve = _bn_reserve(r, lay)
-    mask = r.act and r.training and _mask_fusable(r.dtype, layout_of(spec_view(x)), r.x_shape, r.mode, r.z)
+    mask = r.act and r.training and _mask_fusable(r.dtype, layout_of(spec_view(x)), r.x_shape, r.mode, r.z, r.nan)
     mspec = _packed_spec(_mask_shape(r.x_shape, "x"), "uint8") if mask else None
     vals = {"x": x, "scale": scale, "saved_mean": stat, "saved_inv_std": stat, "mean": stat, "var": stat, "y": y,
             "bias": bias, "reserve": reserve, "z": z, "relu_mask": mspec}  # fmt: skip

@@ -309,7 +309,8 @@ def batch_norm(x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, training: 
     for float16), else as a second call; the backward takes the ReLU's gradient from ``y``. ``z``, an array of
     ``x``'s shape and dtype (a residual branch), is added before that ReLU (``relu(bn(x) + z)``,
     ``CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION``) and gets its gradient too; it needs ``activation="relu"``. The fused
-    ReLU returns NaN for a NaN, as ``jax.nn.relu`` (``propagate_nan=True``: ``CUDNN_PROPAGATE_NAN``)."""
+    ReLU is asked to return NaN for a NaN, as ``jax.nn.relu`` (``propagate_nan=True``: on the batch-norm graph
+    ``RELU_FWD``'s ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION``, deprecated in cuDNN 9's header and not yet measured)."""
     ax = _axis(axis, x.ndim, "batch_norm", "axis")
     perm = (0, ax, *(i for i in range(1, x.ndim) if i != ax)) if ax != 0 else None
     if ax == 0:

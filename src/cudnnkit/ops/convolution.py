@@ -879,9 +879,10 @@ def convolution_forward(
         z_alpha: the residual's scale (needs ``z``).
         activation: an activation applied last (fused), one of :func:`activation_forward`'s modes; None: none.
         activation_coef: the activation's ``coef`` (clip, ELU alpha, ...; needs ``activation``).
-        propagate_nan: the fused activation's NaN rule (needs ``activation``): True returns NaN for a NaN, as
-            torch's ReLU does (the graph's activation node with ``CUDNN_PROPAGATE_NAN``; the legacy descriptor's
-            ``CUDNN_PROPAGATE_NAN``); False (the default, cuDNN's) lets ``relu``/``clipped_relu`` return 0 for it.
+        propagate_nan: the fused activation's NaN rule (needs ``activation``; a bool): True asks for NaN out for
+            a NaN in, as torch's ReLU: the legacy descriptor's ``CUDNN_PROPAGATE_NAN``, and on the graph path the
+            ReLU node's ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION`` (deprecated in cuDNN 9's header: whether the fused
+            engines honour it is not yet measured). False (the default, cuDNN's): the ReLUs return 0 for a NaN.
         stride: an int or one per spatial dim, each >= 1.
         padding: an int or one per spatial dim, ``(before, after)`` pairs per dim (unequal pairs run on the graph
             path only), ``"valid"`` or ``"same"`` (stride 1).

@@ -759,9 +759,11 @@ def batch_norm_forward(
             inputs) or ``"per_activation"``.
         z: a residual of ``x``'s shape and dtype added before the ReLU (needs ``activation="relu"``).
         activation: None or ``"relu"`` (fused after the norm).
-        propagate_nan: the fused ReLU's NaN rule (needs ``activation``): True returns NaN for a NaN, as torch's
-            ReLU does (the graph's ``RELU_FWD`` with ``CUDNN_PROPAGATE_NAN``, the legacy activation descriptor's
-            ``CUDNN_PROPAGATE_NAN``); False (the default, cuDNN's) returns 0 for it.
+        propagate_nan: the fused ReLU's NaN rule (needs ``activation``): True asks for NaN out for a NaN in, as
+            torch's ReLU: the legacy activation descriptor's ``CUDNN_PROPAGATE_NAN``, and on the graph path
+            ``RELU_FWD``'s ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION`` (deprecated in cuDNN 9's header: whether the
+            graph honours it is not yet measured). False (the default, cuDNN's) returns 0 for it. The backward's
+            ReLU gradient is 0 where ``y`` is NaN either way (``y > 0`` is false), as torch's.
         return_mask: also return the ReLU's mask, bit-packed (cudnn-frontend's BN_RELU pattern: the graph's
             ``CMP_GT`` of the ReLU's output as a channels-last BOOLEAN output): a new uint8 array ``(N, H, W, C //
             8)``, channel ``c`` of pixel ``(n, h, w)`` in bit ``c % 8`` of byte ``c // 8``, which

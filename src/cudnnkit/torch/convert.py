@@ -17,10 +17,12 @@ directly followed by a ``ReLU`` (torch's or the twin): the twin's ``fused_activa
 cuDNN call computes ``relu(op(x))``, its backward the ReLU's gradient from the saved output) and the ``ReLU`` is
 replaced by ``nn.Identity`` (no parameters: the ``state_dict`` keys are unchanged). Only where the result is the
 same model: the pair sits in one ``nn.Sequential`` (whose forward feeds one into the next), neither module appears
-anywhere else in the model, and neither has hooks. The report's ``fused`` lists the pairs. One difference
-remains (measured on an H100, cuDNN 9.19): the fused ReLU returns 0 for a NaN, where torch's ``ReLU`` returns NaN
-(cuDNN's graph ``RELU_FWD`` has no NaN propagation), so a NaN that reaches a fused pair stops there; convert without
-``fuse=True`` to trace NaNs.
+anywhere else in the model, and neither has hooks. The report's ``fused`` lists the pairs. The fused ReLU is asked
+to return NaN for a NaN, as torch's ``ReLU`` does (``propagate_nan=True``): the legacy calls set the activation
+descriptor's ``CUDNN_PROPAGATE_NAN``, the fused graphs the pointwise node's ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION``
+(deprecated in cuDNN 9's header; without it the graph's ``RELU_FWD`` returned 0 for a NaN on an H100 with cuDNN
+9.19, and whether the graphs honour it is not yet measured), so convert without ``fuse=True`` to trace NaNs through
+a half-precision channels-last model.
 """
 
 from __future__ import annotations

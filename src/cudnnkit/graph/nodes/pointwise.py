@@ -44,8 +44,9 @@ class PointwiseNodes:
         parameters must be finite real numbers, ``axis`` an int naming one of ``x``'s dims (negative: from
         the end). ``nan_propagation`` (``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION``): True asks for
         ``CUDNN_PROPAGATE_NAN``, False for ``CUDNN_NOT_PROPAGATE_NAN``; None (the default) leaves the attribute
-        unset, cuDNN's default (not propagating). Whether an engine honours it is cuDNN's: ``RELU_FWD`` is the mode
-        it matters for (a NaN in, NaN out, as torch's ReLU).
+        unset, cuDNN's default (not propagating). cuDNN 9's header marks the attribute deprecated, and whether an
+        engine honours it is cuDNN's (not yet measured here): ``RELU_FWD`` is the mode it matters for (a NaN in,
+        NaN out, as torch's ReLU).
         """
         key = mode.upper().removeprefix("CUDNN_POINTWISE_") if isinstance(mode, str) else None
         if key not in POINTWISE_ARITY:

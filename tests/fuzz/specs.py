@@ -426,12 +426,14 @@ def _state_check(ctx: Any, st: Any) -> list[str]:
 
 
 def _lrn_params(d: Draw, kw: dict) -> None:
+    # the formula's lrn_alpha/lrn_beta; now and then their deprecated names alpha/beta (a FutureWarning)
+    pre = "lrn_" if d.bool(0.8) else ""
     if d.bool(0.8):
         kw["size"] = d.int(1, 16) if d.bool(0.5) else d.choice([1, 3, 5])
     if d.bool(0.6):
-        kw["alpha"] = d.choice([1e-4, 0.7, d.float(0.0, 1.5)])
+        kw[pre + "alpha"] = d.choice([1e-4, 0.7, d.float(0.0, 1.5)])
     if d.bool(0.6):
-        kw["beta"] = d.choice([0.75, 0.6, d.float(0.01, 1.5)])
+        kw[pre + "beta"] = d.choice([0.75, 0.6, d.float(0.01, 1.5)])
     if d.bool(0.6):
         kw["k"] = d.choice([2.0, 1.3, d.float(0.5, 3.0)])
 
@@ -439,14 +441,17 @@ def _lrn_params(d: Draw, kw: dict) -> None:
 def _lrn_kw(ctx: Any) -> dict[str, float]:
     return {
         "size": int(ctx.param("size", 5)),
-        "alpha": fnum(ctx.param("alpha", 1e-4), 1e-4),
-        "beta": fnum(ctx.param("beta", 0.75), 0.75),
+        # the deprecated alpha=/beta= win where given (a non-default lrn_alpha beside them is refused)
+        "alpha": fnum(ctx.param("alpha", ctx.param("lrn_alpha", 1e-4)), 1e-4),
+        "beta": fnum(ctx.param("beta", ctx.param("lrn_beta", 0.75)), 0.75),
         "k": fnum(ctx.param("k", 2.0), 2.0),
     }
 
 
 LRN_PARAMS = {
     "size": Param("int", lo=1, hi=16, optional_kw=True),
+    "lrn_alpha": Param("float", f32=True, optional_kw=True),
+    "lrn_beta": Param("float", lo=0.01, f32=True, optional_kw=True),
     "alpha": Param("float", f32=True, optional_kw=True),
     "beta": Param("float", lo=0.01, f32=True, optional_kw=True),
     "k": Param("float", lo=1e-5, f32=True, optional_kw=True),

@@ -152,7 +152,13 @@ def test_normalization_mapping(rec):
     name, (x, scale, bias), kw = rec.calls[-1]
     assert scale.dtype == torch.float32 and bias is None and kw == dict(normalized_shape_ndim=2, epsilon=1e-5)
     nn.rms_norm(t(2, 4, dtype=torch.float16), [4])
-    assert rec.calls[-1][2] == dict(normalized_shape_ndim=1, epsilon=torch.finfo(torch.float16).eps)
+    assert rec.calls[-1][2] == dict(normalized_shape_ndim=1, epsilon=torch.finfo(torch.float32).eps)
+    # torch's own default for half data: float32's epsilon (its math type's), not finfo(float16).eps
+    xs = (torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 0.02).half()
+    own = torch.nn.functional.rms_norm(xs, [64]).float()
+    f32 = torch.nn.functional.rms_norm(xs.float(), [64], eps=torch.finfo(torch.float32).eps)
+    f16 = torch.nn.functional.rms_norm(xs.float(), [64], eps=torch.finfo(torch.float16).eps)
+    assert (own - f32).abs().max() < 1e-2 < (own - f16).abs().max()
     nn.instance_norm(t(2, 3, 4, 4), weight=torch.ones(3), bias=t(3), eps=1e-4)
     assert rec.calls[-1][0] == "instance_norm" and rec.calls[-1][2] == dict(epsilon=1e-4)
     nn.instance_norm(t(2, 3, 4), rm, rv, use_input_stats=False)

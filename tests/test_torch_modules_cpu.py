@@ -529,6 +529,15 @@ def test_batch_norm_running_statistics_as_torch(fake_ops, kw, train):
         assert call["running_mean"] is None
 
 
+@pytest.mark.parametrize("dtype, eps", [(torch.float16, 2.0**-23), (torch.bfloat16, 2.0**-23),
+                                        (torch.float64, 2.0**-52)])  # fmt: skip
+def test_rms_norms_default_eps_is_torchs(fake_ops, dtype, eps):
+    """RMSNorm(eps=None): torch's kernels use the epsilon of their math type, float32's for the half types
+    (not finfo(x.dtype).eps, which is 2**-10 for float16: a different result for small inputs)."""
+    nn.RMSNorm(8, dtype=dtype)(torch.zeros(2, 8, dtype=dtype))
+    assert fake_ops["rms_norm"].calls[-1][1]["epsilon"] == eps
+
+
 def test_batch_norm_1d_and_one_value_per_channel(fake_ops):
     _same("BatchNorm1d", (3,), D, _x(4, 3))
     _same("BatchNorm1d", (3,), D, _x(4, 3, 5))

@@ -187,6 +187,21 @@ def draw_blend(d: Draw, kw: dict, dt: str, shape, *, out: str = "out", alpha: st
             kw[beta] = b
 
 
+def out_tuple_call(fn: str, outs: tuple[str, ...]) -> Callable[[Any], Any]:
+    """The call of an op whose outputs the spec draws by their deprecated per-output names (``dx_out=``, ...): where
+    the draw set ``setup["out_tuple"]``, those given go as ``out=`` (one array or None per output), else as drawn."""
+
+    def call(ctx: Any) -> Any:
+        import cudnnkit.ops as ops
+
+        args, kw = list(ctx.call_args()), dict(ctx.call_kwargs())
+        if ctx.case.setup.get("out_tuple") and any(n in kw for n in outs):
+            kw["out"] = tuple(kw.pop(n, None) for n in outs)
+        return getattr(ops, fn)(*args, **kw)
+
+    return call
+
+
 def draw_axis(d: Draw, nd: int) -> Any:
     if d.bool(0.7):
         return d.int(-nd, nd - 1)
@@ -514,15 +529,20 @@ def _divnorm_draw(d: Draw, lib: str, backward: bool = False) -> Base:
     dense = lay[0] in ("c", "perm")
     out_lay = lay if dense else ("c",)
     if backward:
-        if d.bool(0.3):
-            kw["dx_out"] = A(shape, dt, fill="nan", layout=out_lay, out=True, seed=d.seed())
-        if means and d.bool(0.3):
-            kw["dmeans_out"] = A(shape, dt, fill="nan", layout=out_lay, out=True, seed=d.seed())
+        # dx_beta != 0 blends into both given outputs (dx_out, and dmeans_out with means): they hold values then
+        b = d.choice([0.5, -1.0]) if d.bool(0.2) else 0.0
+        if b or d.bool(0.3):
+            kw["dx_out"] = A(shape, dt, fill="normal" if b else "nan", layout=out_lay, out=True, seed=d.seed())
+        if means and (b or d.bool(0.3)):
+            kw["dmeans_out"] = A(shape, dt, fill="normal" if b else "nan", layout=out_lay, out=True, seed=d.seed())
         if d.bool(0.2):
             kw["dx_alpha"] = d.choice([1.0, 0.5, -1.0])
+        if b or d.bool(0.1):
+            kw["dx_beta"] = b
     else:
         draw_blend(d, kw, dt, shape, alpha="y_alpha", beta="y_beta", layout=out_lay)
-    return Base(kw, ("dy", "x", "means") if backward and means else ("dy", "x") if backward else ("x",), {"dtype": dt})
+    pos = ("dy", "x", "means") if backward and means else ("dy", "x") if backward else ("x",)
+    return Base(kw, pos, {"dtype": dt, "out_tuple": d.bool(0.6)})
 
 
 def ref_divnorm(x, size, alpha, beta, k):
@@ -555,7 +575,7 @@ def _divnorm_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
         # cuDNN 9.19's backward is the exact gradient for odd sizes; for even ones it sums over the forward's
         # window (tests/gpu/test_norm_dropout_gpu.py)
         ref = ref_divnorm_backward(x, ctx.x("dy"), **p, mirrored=p["size"] % 2 == 1) if x.size else x
-        ref = ref * fnum(ctx.param("dx_alpha", 1.0), 1.0)
+        ref = ctx.blend(ref, "dx_out", "dx_alpha", "dx_beta")
         return ctx.compare(dx, ref, dt, "dx", _tol(dt, f32=1e-4, half=3e-2))
     if means:
         out0 = ctx.x("out")
@@ -628,13 +648,17 @@ def _sample_draw(d: Draw, lib: str, backward: bool = False) -> Base:
     kw["grid"] = A((n, ho, wo, 2), dt, fill="derived:grid", seed=d.seed())
     if backward:
         kw["dy"] = A((n, c, ho, wo), dt, layout=valid_layout(d, (n, c, ho, wo), 0.2), seed=d.seed())
-        if d.bool(0.3):
-            kw["dx_out"] = A(xs, dt, fill="nan", out=True, seed=d.seed())
-        if d.bool(0.3):
-            kw["dgrid_out"] = A((n, ho, wo, 2), dt, fill="nan", out=True, seed=d.seed())
-        if d.bool(0.2):
-            kw["alpha"] = d.choice([0.5, 2.0])
-        return Base(kw, ("x", "grid", "dy"), {"dtype": dt})
+        # each gradient's blend: dx with alpha/beta into dx_out, dgrid with alpha_dgrid/beta_dgrid into dgrid_out
+        for o, shape, a, b in (("dx_out", xs, "alpha", "beta"), ("dgrid_out", (n, ho, wo, 2), "alpha_dgrid",
+                                                                   "beta_dgrid")):  # fmt: skip
+            if d.bool(0.2):
+                kw[a] = d.choice([0.5, 2.0, -1.0])
+            if d.bool(0.3):
+                bv = d.choice([0.0, 0.0, 0.5, -1.0])
+                kw[o] = A(shape, dt, fill="normal" if bv else "nan", out=True, seed=d.seed())
+                if bv or d.bool(0.3):
+                    kw[b] = bv
+        return Base(kw, ("x", "grid", "dy"), {"dtype": dt, "out_tuple": d.bool(0.6)})
     draw_blend(d, kw, dt, (n, c, ho, wo))
     return Base(kw, ("x", "grid"), {"dtype": dt})
 
@@ -662,7 +686,8 @@ def _sample_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
         if not isinstance(res, tuple) or len(res) != 2:
             return [f"returned {type(res).__name__}, not (dx, dgrid)"]
         dxr, dgr = ref_grid_sample_backward(x, g, ctx.x("dy"))
-        dxr = dxr * fnum(ctx.param("alpha", 1.0), 1.0)
+        dxr = ctx.blend(dxr, "dx_out", "alpha", "beta")
+        dgr = ctx.blend(dgr, "dgrid_out", "alpha_dgrid", "beta_dgrid")
         return ctx.compare(res[0], dxr, dt, "dx", tol) + ctx.compare(res[1], dgr, dt, "dgrid", tol * 5)
     return ctx.compare(res, ctx.blend(ref_grid_sample(x, g), "out", "alpha", "beta"), dt, "y", tol)
 
@@ -745,7 +770,9 @@ def _ctc_draw(d: Draw, lib: str) -> Base:
         kw["costs_out"] = A((N,), "float32", fill="nan", out=True, seed=d.seed())
     if d.bool(0.2):
         kw["grads_out"] = A((T, N, A_), "float32", fill="nan", out=True, seed=d.seed())
-    return Base(kw, ("x", "labels", "label_lengths", "input_lengths"), {"dtype": "float32"})
+    if d.bool(0.1):
+        kw["blank"] = 0  # the only blank cuDNN has
+    return Base(kw, ("x", "labels", "label_lengths", "input_lengths"), {"dtype": "float32", "out_tuple": d.bool(0.6)})
 
 
 def _index_values(v: Any, ctx: Any, name: str) -> np.ndarray:
@@ -916,6 +943,15 @@ def _rnn_fields(d: Draw, dtype: str | None = None) -> dict[str, Any]:
         f["padded_io"] = True
     if d.bool(0.05):
         f["dropout"] = 0.0
+    if d.bool(0.05):
+        f["dropout_seed"] = d.int(0, 2**32)  # no dropout: no effect
+    # the defaults named (what None/"auto" resolve to, or what "auto" mostly picks: the results of the reference)
+    if d.bool(0.05):
+        f["algo"] = "standard"
+    if d.bool(0.05):
+        f["math_precision"] = "float64" if f["dtype"] == "float64" else "float32"
+    if d.bool(0.05):
+        f["math_type"] = {"float16": "tensor_op", "float32": "fma", "float64": "default"}[f["dtype"]]
     return f
 
 
@@ -1056,6 +1092,8 @@ def _rnn_draw(d: Draw, lib: str, backward: bool = False) -> Base:
             kw["dhy"] = A((L * D, N, P), dt, fill="normal:0.5", seed=d.seed())
         if f["cell"] == "lstm" and d.bool(0.3):
             kw["dcy"] = A((L * D, N, H), dt, fill="normal:0.5", seed=d.seed())
+        if d.bool(0.2):  # True: the backward works on a copy of the reserve (the same gradients)
+            kw["keep_reserve"] = d.bool(0.7)
         return Base(kw, ("x", "y", "dy", "w", "reserve"), setup)
     if d.bool(0.3):
         kw["training"] = True
@@ -2430,6 +2468,11 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
         kw["dy"] = A(ys, dt, layout=lay, seed=d.seed())
         kw["w"] = A(ws, dt, fill="normal:0.5", layout=nchw_or_nhwc(d, nsp + 2), seed=d.seed())
         kw["x_shape"] = xs
+        if post == pad and d.bool(0.25):  # x's size from dy's instead: the transposed convolution's output_padding
+            del kw["x_shape"]
+            opad = tuple((i + 2 * p - e) % s for i, p, e, s in zip(sp, pad, ext, st))
+            if any(opad) or d.bool(0.3):
+                kw["output_padding"] = opad
         res, names = xs, ("dy", "w")
     elif which == "filter":
         kw["x"] = A(xs, dt, layout=lay, seed=d.seed())
@@ -2464,6 +2507,8 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
             # the graph-only modes need the fused graph, which float64 and a split forward lack
             graph = dt in ("float16", "bfloat16", "float32") and not split
             kw["activation"] = d.choice(legacy + ["gelu", "gelu_tanh", "leaky_relu"] if graph else legacy)
+            if kw["activation"] in ("elu", "swish", "leaky_relu") and d.bool(0.6):  # ELU alpha, swish beta, slope
+                kw["activation_coef"] = d.choice([0.1, 0.3] if kw["activation"] == "leaky_relu" else [0.5, 1.7])
             if d.bool(0.3):  # the activation's NaN rule (finite data: the same values)
                 kw["propagate_nan"] = True
         # alpha scales the convolution inside the fusion: the legacy steps take it (symmetric padding, a legacy
@@ -2499,14 +2544,18 @@ def _convolution_check(ctx: Any, res: Any, which: str = "forward") -> list[str]:
             if ctx.x("z") is not None:
                 ref = ref + fnum(ctx.param("z_alpha", 1.0), 1.0) * ctx.x("z")
             if ctx.param("activation") is not None:
-                ref = act_forward(ref, ctx.param("activation"))
+                ref = act_forward(ref, ctx.param("activation"), ctx.param("activation_coef"))
         elif which == "data":
             xs = ctx.param("x_shape")
             if xs is None:  # the transposed convolution's size: in = (out - 1) * stride - pads + dilation * (k - 1) + 1
                 dy, w = ctx.x("dy"), ctx.x("w")
+                op = ctx.param("output_padding", 0)
+                op = (op,) * len(pre) if isinstance(op, (int, np.integer)) else tuple(op)
                 xs = (dy.shape[0], w.shape[1] * int(g["groups"])) + tuple(
-                    (o - 1) * s - p - q + dl * (k - 1) + 1
-                    for o, s, p, q, dl, k in zip(dy.shape[2:], kw["stride"], pre, post, kw["dilation"], w.shape[2:])
+                    (o - 1) * s - p - q + dl * (k - 1) + 1 + a
+                    for o, s, p, q, dl, k, a in zip(
+                        dy.shape[2:], kw["stride"], pre, post, kw["dilation"], w.shape[2:], op
+                    )  # fmt: skip
                 )
             xs = tuple(xs)
             padded = xs[:2] + tuple(i + p + q for i, p, q in zip(xs[2:], pre, post))
@@ -2606,6 +2655,8 @@ def _pooling_draw(d: Draw, lib: str, backward: bool = False) -> Base:
         kw["y"] = A(ys, dt, fill="derived:y", layout=lay, seed=d.seed())
     kw["x"] = A(xs, dt, fill="derived:x", layout=lay, seed=d.seed())
     kw.update(mode=mode, window=win, stride=st, padding=pad if post == pad else tuple(zip(pad, post)))
+    if d.bool(0.2):  # max pooling's NaN rule (distinct finite values: the same result)
+        kw["propagate_nan"] = d.bool()
     draw_blend(d, kw, dt, xs if backward else ys, layout=("c",))
     return Base(kw, ("dy", "y", "x") if backward else ("x",), {"dtype": dt})
 
@@ -2766,6 +2817,8 @@ def _op_tensor_draw(d: Draw, lib: str) -> Base:
             kw["alpha2"] = d.choice([0.5, -1.0])
     if d.bool(0.3):
         kw["alpha1"] = d.choice([1.0, 2.0, -0.5])
+    if d.bool(0.15):  # min/max's NaN rule (finite data: the same values)
+        kw["propagate_nan"] = d.bool()
     draw_blend(d, kw, dt, shape, alpha="alpha1", layout=("c",))
     return Base(kw, ("a", "b") if "b" in kw else ("a",), {"dtype": dt})
 
@@ -2793,6 +2846,8 @@ def _reduce_draw(d: Draw, lib: str) -> Base:
         axes = tuple(sorted({d.int(0, nd - 1) for _ in range(d.int(1, nd))}))
         kw["axes"] = axes
     out_shape = tuple(1 if axes is None or i in axes else n for i, n in enumerate(shape))
+    if d.bool(0.15):  # the NaN rule (finite data: the same values)
+        kw["propagate_nan"] = d.bool()
     draw_blend(d, kw, dt, out_shape, layout=("c",))
     return Base(kw, ("a",), {"dtype": dt})
 
@@ -3381,7 +3436,8 @@ _add(OpSpec("convolution_forward", _convolution_draw, {"x": _in(), "w": _in(), "
             "z": _in(required=False), "out": _out()}, {**CONVOLUTION_PARAMS, **CONV_FUSED_PARAMS},
             check=_convolution_check, shape_rule=_convolution_shape_rule, weight=1.5))  # fmt: skip
 _add(OpSpec("convolution_backward_data", _bw(_convolution_draw, which="data"), {"dy": _in(), "w": _in(), "out": _out()},
-            {**CONVOLUTION_PARAMS, "x_shape": Param("ints", optional_kw=True, nullable=True)}, check=_bw(_convolution_check, which="data"),
+            {**CONVOLUTION_PARAMS, "x_shape": Param("ints", optional_kw=True, nullable=True),
+             "output_padding": Param("ints", optional_kw=True)}, check=_bw(_convolution_check, which="data"),
             shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("convolution_backward_filter", _bw(_convolution_draw, which="filter"), {"x": _in(), "dy": _in(), "out": _out()},
             {**CONVOLUTION_PARAMS, "w_shape": Param("ints")}, check=_bw(_convolution_check, which="filter"),
@@ -3429,6 +3485,7 @@ _add(OpSpec("divisive_normalization_forward", _divnorm_draw,
 _add(OpSpec("divisive_normalization_backward", _bw(_divnorm_draw, backward=True),
             {"dy": _in(F3), "x": _in(F3), "means": _in(F3, required=False), "dx_out": _out(F3),
              "dmeans_out": _out(F3)}, {**LRN_PARAMS, "dx_alpha": SCALE, "dx_beta": BETA},
+            call=out_tuple_call("divisive_normalization_backward", ("dx_out", "dmeans_out")),
             check=_bw(_divnorm_check, backward=True)))  # fmt: skip
 _add(OpSpec("affine_grid_forward", _affine_draw, {"theta": _in(F3), "out": _out(F3)}, {"size": ST_SIZE},
             check=_affine_check, derive=_st_derive))  # fmt: skip
@@ -3440,12 +3497,13 @@ _add(OpSpec("grid_sample_forward", _sample_draw, {"x": _in(F3), "grid": _in(F3),
 _add(OpSpec("grid_sample_backward", _bw(_sample_draw, backward=True),
             {"x": _in(F3), "grid": _in(F3), "dy": _in(F3), "dx_out": _out(F3), "dgrid_out": _out(F3)},
             {"alpha": SCALE, "beta": BETA, "alpha_dgrid": SCALE, "beta_dgrid": BETA},
+            call=out_tuple_call("grid_sample_backward", ("dx_out", "dgrid_out")),
             check=_bw(_sample_check, backward=True), derive=_st_derive, shape_rule=_sample_shape))  # fmt: skip
 _add(OpSpec("ctc_loss", _ctc_draw, CTC_ROLES,
             {"blank": Param("int", lo=0, hi=0, optional_kw=True), "normalization": Param("choice", optional_kw=True),
              "algo": Param("choice", optional_kw=True), "oob_grads": Param("choice", optional_kw=True)},
-            check=_ctc_check, mutations=_ctc_mutations, shape_rule=_ctc_shape_rule, dtype_rule=_ctc_index_dtype,
-            weight=1.5))  # fmt: skip
+            call=out_tuple_call("ctc_loss", ("costs_out", "grads_out")), check=_ctc_check, mutations=_ctc_mutations,
+            shape_rule=_ctc_shape_rule, dtype_rule=_ctc_index_dtype, weight=1.5))  # fmt: skip
 _add(OpSpec("RNN", _rnn_ctor_draw, {}, RNN_PARAMS, check=_rnn_ctor_check, param_rule=_rnn_param_rule,
             streams=False))  # fmt: skip
 _add(OpSpec("LinearParams", _linear_draw, {}, {}, call=_linear_call, check=_linear_check, setup=_rnn_setup,

@@ -533,7 +533,8 @@ if hasattr(torch.nn, "RMSNorm"):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             shape = tuple(self.normalized_shape)
             _check_trailing(x, shape)
-            eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+            # torch's default: the epsilon of its math type (float32's for the half types), not finfo(x.dtype).eps
+            eps = torch.finfo(_pdt(x)).eps if self.eps is None else self.eps
             w = _param(self.weight, x, shape, 1.0)
             return _first(_call("rms_norm", {"x": x, "scale": w}, normalized_shape_ndim=len(shape), epsilon=eps))
 

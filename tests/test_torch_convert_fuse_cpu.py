@@ -53,6 +53,22 @@ def test_fuse_is_off_by_default_and_leaves_shared_or_hooked_modules(all_ops):
     assert convert(m3, fuse=True).fused == [("0", "1")] and type(m3[3]) is nn.ReLU
 
 
+def test_a_hook_handle_taken_before_convert_removes_the_hook_from_the_twin(all_ops):
+    """The twin keeps the torch module's hook dicts themselves: a handle from before the conversion still removes
+    its hook (a copy would leave it firing on the twin); parameters are the module's, their dict the twin's own."""
+    m = tnn.Sequential(tnn.Conv2d(4, 4, 1), tnn.ReLU())
+    conv = m[0]
+    handles = [conv.register_forward_hook(lambda *a: None), conv.register_forward_pre_hook(lambda *a: None),
+               conv.register_full_backward_hook(lambda *a: None)]  # fmt: skip
+    convert(m)
+    twin = m[0]
+    assert type(twin) is nn.Conv2d and twin.weight is conv.weight and twin._parameters is not conv._parameters
+    assert len(twin._forward_hooks) == len(twin._forward_pre_hooks) == len(twin._backward_hooks) == 1
+    for h in handles:
+        h.remove()
+    assert len(twin._forward_hooks) == len(twin._forward_pre_hooks) == len(twin._backward_hooks) == 0
+
+
 class _NotSequential(tnn.Module):
     def __init__(self):
         super().__init__()

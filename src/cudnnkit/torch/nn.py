@@ -213,10 +213,13 @@ class _Twin:
 
     @classmethod
     def from_torch(cls, m: torch.nn.Module) -> torch.nn.Module:
-        """The twin of torch module ``m``, sharing its parameters, buffers, hooks and mode (no re-initialisation)."""
+        """The twin of torch module ``m``, sharing its parameters, buffers, hooks and mode (no re-initialisation).
+        The hook dicts are ``m``'s own (a handle from ``m.register_*_hook`` removes the hook from the twin too); the
+        other containers are copies (the twin's new entries stay off ``m``)."""
         new = cls.__new__(cls)
         for k, v in m.__dict__.items():
-            new.__dict__[k] = copy.copy(v) if isinstance(v, dict | set | list) else v
+            share = "hooks" in k
+            new.__dict__[k] = copy.copy(v) if isinstance(v, dict | set | list) and not share else v
         new._setup()
         return new
 

@@ -291,6 +291,61 @@ def test_ctc_reduction_matches_torch(reduction, zero_infinity):
     assert torch.allclose(ours, ref)  # equal infinities (same sign) compare equal; NaN or a sign flip fails
 
 
+@pytest.fixture
+def torch_ctc(monkeypatch):
+    """cudnnkit.torch.op("ctc_loss") stood in for by torch's own CTC on the CPU (what cuDNN's softmax mode computes:
+    the log-softmax of its input first); records the calls. Refuses what cuDNN refuses (an empty target, a target
+    longer than its input), so the functional form must not send those."""
+    import cudnnkit.torch as ckt
+
+    calls = []
+
+    def op(name):
+        assert name == "ctc_loss"
+
+        def f(x, *, labels, label_lengths, input_lengths, blank, normalization):
+            assert (label_lengths > 0).all() and (label_lengths <= input_lengths).all()
+            calls.append((x.shape, label_lengths.tolist(), input_lengths.tolist()))
+            return F.ctc_loss(torch.log_softmax(x, -1), labels.long(), input_lengths.long(), label_lengths.long(),
+                              reduction="none")  # fmt: skip
+
+        return f
+
+    monkeypatch.setattr(ckt, "op", op)
+    return calls
+
+
+@pytest.mark.parametrize("zero_infinity", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_ctc_loss_gives_torchs_values_where_cudnn_refuses_the_sample(torch_ctc, reduction, zero_infinity):
+    """An empty target (-log p(all blanks), with its gradient), a target longer than its input (inf, or 0 with
+    zero_infinity), an empty input with an empty target (0), beside samples cuDNN runs (gathered): torch's values."""
+    g = torch.Generator().manual_seed(5)
+    lp = torch.randn(6, 5, 4, generator=g).log_softmax(-1).requires_grad_()
+    targets = torch.tensor([[1, 2, 0, 0, 0, 0, 0], [3, 0, 0, 0, 0, 0, 0], [1, 2, 3, 1, 2, 3, 1],
+                            [2, 2, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]])  # fmt: skip
+    il, tl = torch.tensor([6, 4, 5, 6, 0]), torch.tensor([2, 0, 7, 3, 0])
+    got = nn.ctc_loss(lp, targets, il, tl, reduction=reduction, zero_infinity=zero_infinity)
+    assert torch_ctc == [((6, 2, 4), [2, 3], [6, 6])]  # samples 0 and 3 only
+    want = F.ctc_loss(lp, targets, il, tl, reduction=reduction, zero_infinity=zero_infinity)
+    torch.testing.assert_close(got, want)
+    if reduction != "none" and zero_infinity:  # torch's gradient of an infinite cost is NaN without zero_infinity
+        (g1,) = torch.autograd.grad(got, lp)
+        (g2,) = torch.autograd.grad(want, lp)
+        torch.testing.assert_close(g1, g2)
+
+
+def test_ctc_loss_module_is_the_functional_form(torch_ctc):
+    from cudnnkit.torch import nn as tw
+
+    m = tw.CTCLoss(reduction="sum", zero_infinity=True)
+    lp = torch.randn(5, 3, 4).log_softmax(-1)
+    targets, il, tl = torch.tensor([[1, 2], [3, 0], [1, 1]]), torch.tensor([5, 5, 1]), torch.tensor([2, 0, 2])
+    torch.testing.assert_close(m(lp, targets, il, tl), F.ctc_loss(lp, targets, il, tl, reduction="sum",
+                                                                 zero_infinity=True))  # fmt: skip
+    assert [c[1] for c in torch_ctc] == [[2]]
+
+
 def test_ctc_reduction_of_a_fake_loss_vector():
     costs = torch.tensor([2.0, float("inf"), 6.0], requires_grad=True)
     mean = nn.loss.ctc_reduce(costs, [2, 4, 0], "mean", True)
@@ -376,7 +431,7 @@ REFUSED = [
         "log_probs has dtype float64",
         lambda: nn.ctc_loss(t(4, 1, 3, dtype=torch.float64), torch.tensor([[1]]), (4,), (1,)),
     ),  # fmt: skip
-    ("target_lengths", lambda: nn.ctc_loss(t(4, 2, 3), torch.tensor([[1], [1]]), (4, 4), (1, 0))),
+    ("input_lengths must be in", lambda: nn.ctc_loss(t(4, 2, 3), torch.tensor([[1], [1]]), (5, 4), (1, 0))),
     (
         "target_lengths above 255",
         lambda: nn.ctc_loss(t(300, 1, 3), torch.ones(1, 256, dtype=torch.long), (300,), (256,)),

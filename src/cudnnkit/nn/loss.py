@@ -78,7 +78,12 @@ def ctc_reduce(costs: Any, target_lengths: list[int], reduction: str, zero_infin
 
 def ctc_loss(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: Any, blank: int = 0,
              reduction: str = "mean", zero_infinity: bool = False) -> Any:  # fmt: skip
-    """torch's ``ctc_loss`` (blank 0, float32): L3 ``ctc_loss``, ``cudnnCTCLoss_v8`` (softmax normalization)."""
+    """torch's ``ctc_loss`` (blank 0, float32): L3 ``ctc_loss``, ``cudnnCTCLoss_v8`` (softmax normalization).
+
+    The samples cuDNN refuses get torch's values, computed here: an empty target costs ``-log p(all blanks)``
+    (``-sum(log_softmax(log_probs[:input_length, n])[:, 0])``, differentiable), a target longer than its input
+    ``inf`` (0 with ``zero_infinity``; no gradient either way, where torch's is NaN without ``zero_infinity``);
+    cuDNN runs the others, gathered. Targets longer than 255 labels raise ``NotImplementedError`` (cuDNN's limit)."""
     if as_int(blank, "blank") != 0:
         raise NotImplementedError(f"ctc_loss: blank={blank}: cuDNN's CTC loss has its blank at class 0 only (move "
                                   "the blank class to index 0)")  # fmt: skip
@@ -91,19 +96,61 @@ def ctc_loss(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: A
     il, tl = host_ints(input_lengths, "input_lengths"), host_ints(target_lengths, "target_lengths")
     if not b and getattr(targets, "ndim", 1) == 1:
         targets = targets[None] if hasattr(targets, "ndim") else [targets]
-    if any(n == 0 for n in tl):
-        raise NotImplementedError("ctc_loss: a target_lengths value of 0: cuDNN 9.19's CTC gives an empty target "
-                                  "cost 0 rather than -log p(all blanks)")  # fmt: skip
     if any(n > MAX_LABEL_LENGTH for n in tl):
         raise NotImplementedError(f"ctc_loss: target_lengths above {MAX_LABEL_LENGTH}: cuDNN's CTC limit")
     labels = pack_targets(targets, tl)
-    arrays = dict(labels=labels, label_lengths=np.asarray(tl, np.int32), input_lengths=np.asarray(il, np.int32))
-    if library(log_probs) == "torch":  # the torch op takes tensors: host (CPU) ones, uploaded by cuDNN's call
-        import torch
-
-        arrays = {k: torch.from_numpy(v) for k, v in arrays.items()}
     x = log_probs if b else log_probs[:, None]
-    # cuDNN applies a softmax over the classes itself: of log-probabilities that is exp(log_probs) again
-    costs = call1("ctc_loss", x, **arrays, blank=0, normalization="softmax")
+    if len(il) != len(tl) or len(tl) != x.shape[1]:
+        raise ValueError(f"ctc_loss: input_lengths ({len(il)}) and target_lengths ({len(tl)}) must have one value "
+                         f"per sample ({x.shape[1]})")  # fmt: skip
+    if any(not 0 <= v <= x.shape[0] for v in il) or any(v < 0 for v in tl):
+        raise ValueError(f"ctc_loss: input_lengths must be in [0, T={x.shape[0]}] and target_lengths >= 0, got "
+                         f"{il} and {tl}")  # fmt: skip
+    # the samples cuDNN takes: a non-empty target no longer than its input (an empty one it costs 0, a longer one
+    # it refuses); the others get torch's values below
+    run_ = [i for i, (i_n, t_n) in enumerate(zip(il, tl)) if 0 < t_n <= i_n]
+    costs = None
+    if run_:
+        starts = np.cumsum([0] + tl[:-1])
+        part = labels if len(run_) == len(tl) else np.concatenate([labels[starts[i] : starts[i] + tl[i]] for i in run_])
+        arrays = dict(labels=part, label_lengths=np.asarray([tl[i] for i in run_], np.int32),
+                      input_lengths=np.asarray([il[i] for i in run_], np.int32))  # fmt: skip
+        if library(log_probs) == "torch":  # the torch op takes tensors: host (CPU) ones, uploaded by cuDNN's call
+            import torch
+
+            arrays = {k: torch.from_numpy(v) for k, v in arrays.items()}
+        # cuDNN applies a softmax over the classes itself: of log-probabilities that is exp(log_probs) again
+        costs = call1("ctc_loss", x if len(run_) == len(tl) else x[:, run_], **arrays, blank=0,
+                      normalization="softmax")  # fmt: skip
+    if len(run_) != len(tl):
+        costs = _with_refused(x, costs, run_, il, tl)
     out = ctc_reduce(costs, tl, reduction, bool(zero_infinity))
     return out[0] if not b and reduction == "none" else out
+
+
+def _with_refused(x: Any, costs: Any, run_: list[int], il: list[int], tl: list[int]) -> Any:
+    """The per-sample costs ``(N,)``: cuDNN's ``costs`` at ``run_``, torch's values at the others: ``inf`` for a
+    target longer than its input, ``-sum(log_softmax(x[:il, n])[:, 0])`` (all blanks) for an empty one."""
+    n = len(tl)
+    empty = [i for i in range(n) if tl[i] == 0]
+    if library(x) == "torch":
+        import torch
+
+        out = torch.full((n,), float("inf"), dtype=x.dtype, device=x.device)
+        if run_:
+            out = out.index_put((torch.tensor(run_, device=x.device),), costs)
+        if empty:
+            vals = torch.stack([-torch.log_softmax(x[: il[i], i], -1)[:, 0].sum() for i in empty])
+            out = out.index_put((torch.tensor(empty, device=x.device),), vals)
+        return out
+    import cupy
+
+    with x.device:
+        out = cupy.full((n,), float("inf"), dtype=x.dtype)
+        if run_:
+            out[run_] = costs
+        for i in empty:
+            v = x[: il[i], i]
+            m = v.max(axis=-1, keepdims=True) if il[i] else v[:, :1]
+            out[i] = -(v[:, 0] - (m + cupy.log(cupy.exp(v - m).sum(axis=-1, keepdims=True)))[:, 0]).sum()
+        return out

@@ -659,14 +659,12 @@ class Dropout(_Twin, torch.nn.Dropout):
 # ----------------------------------------------------------------- CTC loss
 
 
-def _host_ints(v: Any) -> torch.Tensor:
-    return torch.as_tensor(v).reshape(-1).to("cpu", torch.int32)
-
-
 class CTCLoss(_Twin, torch.nn.CTCLoss):
-    """torch's ``CTCLoss`` on ``cudnnCTCLoss_v8``: ``log_probs`` ``(T, N, C)`` float32 (cuDNN's softmax mode: its
-    softmax of log-probabilities is the identity, and its gradient is torch's), ``targets`` padded ``(N, S)`` or
-    concatenated; lengths go to the host as int32. ``reduction`` and ``zero_infinity`` as torch's."""
+    """torch's ``CTCLoss`` on ``cudnnCTCLoss_v8`` (:func:`cudnnkit.nn.ctc_loss`): ``log_probs`` ``(T, N, C)`` or
+    ``(T, C)`` float32 (cuDNN's softmax mode: its softmax of log-probabilities is the identity, and its gradient
+    is torch's; log-probabilities that are not normalized are normalized first, where torch takes them as they
+    are), ``targets`` padded ``(N, S)`` or concatenated; lengths go to the host as int32. ``reduction`` and
+    ``zero_infinity`` as torch's; empty targets and targets longer than their input get torch's values."""
 
     ops = ("ctc_loss",)
 
@@ -679,21 +677,11 @@ class CTCLoss(_Twin, torch.nn.CTCLoss):
     def forward(self, log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any,
                 target_lengths: Any) -> torch.Tensor:  # fmt: skip
         self._check()
-        unbatched = log_probs.dim() == 2
-        if unbatched:
-            log_probs, targets = log_probs.unsqueeze(1), targets.reshape(1, -1)
-        il, tl = _host_ints(input_lengths), _host_ints(target_lengths)
-        t = targets.to("cpu", torch.int32)
-        if t.dim() == 2:
-            t = t[torch.arange(t.shape[1]).unsqueeze(0) < tl.unsqueeze(1)]
-        costs = _first(_call("ctc_loss", {"x": log_probs, "labels": t, "label_lengths": tl, "input_lengths": il}))
-        if self.zero_infinity:
-            costs = torch.where(torch.isinf(costs), torch.zeros((), dtype=costs.dtype, device=costs.device), costs)
-        if self.reduction == "mean":
-            return (costs / tl.to(costs.device, costs.dtype).clamp(min=1)).mean()
-        if self.reduction == "sum":
-            return costs.sum()
-        return costs.squeeze(0) if unbatched else costs
+        from ..nn.loss import ctc_loss
+
+        # the functional form: empty targets and targets longer than their input get torch's values there
+        return ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=self.reduction,
+                        zero_infinity=bool(self.zero_infinity))  # fmt: skip
 
 
 # ----------------------------------------------------------------- activations and softmax

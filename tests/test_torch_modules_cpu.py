@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn as tnn  # noqa: E402
 
+import cudnnkit.torch as ckt  # noqa: E402
 from cudnnkit.ops import rnn as _rnn  # noqa: E402
 from cudnnkit.torch import convert as C  # noqa: E402
 from cudnnkit.torch import nn  # noqa: E402
@@ -405,13 +406,15 @@ def _act(x, *, mode, coef=None, propagate_nan=False):
             "clipped_relu": lambda: x.clamp(0, coef)}[mode]()  # fmt: skip
 
 
-def _ctc(x, *, labels, label_lengths, input_lengths):
-    assert labels.dim() == 1 and labels.dtype == torch.int32 and labels.device.type == "cpu"
-    args = (x, labels.long(), input_lengths.long(), label_lengths.long())
+def _ctc(x, *, labels, label_lengths, input_lengths, blank=0, normalization="softmax"):
+    assert labels.dim() == 1 and labels.dtype == torch.int32 and labels.device.type == "cpu" and blank == 0
+    assert (label_lengths > 0).all() and (label_lengths <= input_lengths).all()  # what cuDNN takes
+    args = (x.log_softmax(-1) if normalization == "softmax" else x, labels.long(), input_lengths.long(),
+            label_lengths.long())  # fmt: skip
     costs = F.ctc_loss(*args, reduction="none", zero_infinity=True)  # cuDNN zeroes the gradient where no alignment
     with torch.no_grad():
         inf = torch.where(torch.isinf(F.ctc_loss(*args, reduction="none")), math.inf, 0.0)
-    return costs + inf, None
+    return costs + inf
 
 
 FAKES = {
@@ -442,6 +445,7 @@ def fake_ops(monkeypatch):
     ops = {name: make() for name, make in FAKES.items()}
     monkeypatch.setattr(nn, "_op", lambda name: ops[name])
     monkeypatch.setattr(nn, "available", lambda name: name in ops)
+    monkeypatch.setattr(ckt, "op", lambda name: ops[name])  # the twins that call cudnnkit.nn's functional forms
     return ops
 
 

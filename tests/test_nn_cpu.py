@@ -387,6 +387,14 @@ def test_softmax_implicit_dim():
     assert nn.activation.softmax_dim(3, -1, "softmax") == -1
 
 
+def test_a_0d_input_reaches_cudnn_as_1d_and_comes_back_0d(rec):
+    """torch's activations and softmax take a scalar tensor; cuDNN's tensors have 1 to 8 dims."""
+    for call in (lambda x: nn.relu(x), lambda x: nn.softmax(x, 0), lambda x: nn.log_softmax(x, -1),
+                 lambda x: nn.elu(x, 0.5)):  # fmt: skip
+        y = call(torch.tensor(2.0))
+        assert y.shape == () and rec.calls[-1][1][0].shape == (1,)
+
+
 def test_library_detection():
     from cudnnkit.nn._common import library
 

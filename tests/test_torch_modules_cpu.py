@@ -470,7 +470,7 @@ def _same(name, args, kw, *inputs, train=True, steps=1):
 
 
 def _x(*shape):
-    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    return torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 
 
 D = dict(dtype=torch.float64)
@@ -506,6 +506,10 @@ D = dict(dtype=torch.float64)
     ("Hardtanh", (0.0, 0.5), {}, (4, 5)),
     ("ReLU6", (), {}, (4, 5)),
     ("Softmax", (1,), {}, (3, 4, 5)),
+    ("ReLU", (), {}, ()),  # a 0-d input: cuDNN's (1,), the result 0-d again
+    ("Tanh", (), {}, ()),
+    ("Softmax", (0,), {}, ()),
+    ("LogSoftmax", (-1,), {}, ()),
     ("LogSoftmax", (-1,), {}, (3, 4, 5)),
 ])  # fmt: skip
 def test_forward_and_backward_match_torch_through_the_ops(fake_ops, name, args, kw, shape):

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .model import A, Case, Mutation, Opaque, Rnn, Setup, State, Weights, layout_strides
-from .strategies import ALL_DTYPES, FLOATS, Draw, draw_bad_pointer, draw_layout
+from .strategies import ALL_DTYPES, FLOATS, Draw, RandomDraw, draw_bad_pointer, draw_layout
 
 __all__ = ["Param", "Role", "OpSpec", "SPECS", "GRAPH_ENTRY_POINTS", "TOL"]
 
@@ -185,6 +185,13 @@ def draw_blend(d: Draw, kw: dict, dt: str, shape, *, out: str = "out", alpha: st
         kw[out] = A(tuple(shape), dt, fill="normal" if b else "nan", layout=layout, out=True, seed=d.seed())
         if b or d.bool(0.3):
             kw[beta] = b
+
+
+def side_draw(a: A, what: str) -> Draw:
+    """Draws of their own (for ``what``), seeded by array ``a``'s seed, for options added to a spec after its seeds
+    were in use: the case's own draws stay as they were, so an old seed regenerates its case (the repros, the tests
+    that pin them)."""
+    return RandomDraw(f"{a.seed} {what}")  # type: ignore[arg-type]  # random.Random takes a str seed (sha512)
 
 
 def out_tuple_call(fn: str, outs: tuple[str, ...]) -> Callable[[Any], Any]:
@@ -442,7 +449,7 @@ def _state_check(ctx: Any, st: Any) -> list[str]:
 
 def _lrn_params(d: Draw, kw: dict) -> None:
     # the formula's lrn_alpha/lrn_beta; now and then their deprecated names alpha/beta (a FutureWarning)
-    pre = "lrn_" if d.bool(0.8) else ""
+    pre = "lrn_" if side_draw(kw["x"], "lrn names").bool(0.8) else ""
     if d.bool(0.8):
         kw["size"] = d.int(1, 16) if d.bool(0.5) else d.choice([1, 3, 5])
     if d.bool(0.6):
@@ -529,20 +536,23 @@ def _divnorm_draw(d: Draw, lib: str, backward: bool = False) -> Base:
     dense = lay[0] in ("c", "perm")
     out_lay = lay if dense else ("c",)
     if backward:
-        # dx_beta != 0 blends into both given outputs (dx_out, and dmeans_out with means): they hold values then
-        b = d.choice([0.5, -1.0]) if d.bool(0.2) else 0.0
-        if b or d.bool(0.3):
-            kw["dx_out"] = A(shape, dt, fill="normal" if b else "nan", layout=out_lay, out=True, seed=d.seed())
-        if means and (b or d.bool(0.3)):
-            kw["dmeans_out"] = A(shape, dt, fill="normal" if b else "nan", layout=out_lay, out=True, seed=d.seed())
+        if d.bool(0.3):
+            kw["dx_out"] = A(shape, dt, fill="nan", layout=out_lay, out=True, seed=d.seed())
+        if means and d.bool(0.3):
+            kw["dmeans_out"] = A(shape, dt, fill="nan", layout=out_lay, out=True, seed=d.seed())
         if d.bool(0.2):
             kw["dx_alpha"] = d.choice([1.0, 0.5, -1.0])
-        if b or d.bool(0.1):
-            kw["dx_beta"] = b
-    else:
-        draw_blend(d, kw, dt, shape, alpha="y_alpha", beta="y_beta", layout=out_lay)
-    pos = ("dy", "x", "means") if backward and means else ("dy", "x") if backward else ("x",)
-    return Base(kw, pos, {"dtype": dt, "out_tuple": d.bool(0.6)})
+        side = side_draw(kw["x"], "blend")
+        if side.bool(0.2):  # dx_beta != 0 blends into the given outputs (dmeans_out too with means): values then
+            kw["dx_beta"] = side.choice([0.5, -1.0])
+            for o in ("dx_out", "dmeans_out") if means else ("dx_out",):
+                kw[o] = A(shape, dt, layout=out_lay, out=True, seed=side.seed())
+        elif side.bool(0.1):
+            kw["dx_beta"] = 0.0
+        setup = {"dtype": dt, "out_tuple": side.bool(0.6)}
+        return Base(kw, ("dy", "x", "means") if means else ("dy", "x"), setup)
+    draw_blend(d, kw, dt, shape, alpha="y_alpha", beta="y_beta", layout=out_lay)
+    return Base(kw, ("x",), {"dtype": dt})
 
 
 def ref_divnorm(x, size, alpha, beta, k):
@@ -648,17 +658,13 @@ def _sample_draw(d: Draw, lib: str, backward: bool = False) -> Base:
     kw["grid"] = A((n, ho, wo, 2), dt, fill="derived:grid", seed=d.seed())
     if backward:
         kw["dy"] = A((n, c, ho, wo), dt, layout=valid_layout(d, (n, c, ho, wo), 0.2), seed=d.seed())
-        # each gradient's blend: dx with alpha/beta into dx_out, dgrid with alpha_dgrid/beta_dgrid into dgrid_out
-        for o, shape, a, b in (("dx_out", xs, "alpha", "beta"), ("dgrid_out", (n, ho, wo, 2), "alpha_dgrid",
-                                                                   "beta_dgrid")):  # fmt: skip
-            if d.bool(0.2):
-                kw[a] = d.choice([0.5, 2.0, -1.0])
-            if d.bool(0.3):
-                bv = d.choice([0.0, 0.0, 0.5, -1.0])
-                kw[o] = A(shape, dt, fill="normal" if bv else "nan", out=True, seed=d.seed())
-                if bv or d.bool(0.3):
-                    kw[b] = bv
-        return Base(kw, ("x", "grid", "dy"), {"dtype": dt, "out_tuple": d.bool(0.6)})
+        if d.bool(0.3):
+            kw["dx_out"] = A(xs, dt, fill="nan", out=True, seed=d.seed())
+        if d.bool(0.3):
+            kw["dgrid_out"] = A((n, ho, wo, 2), dt, fill="nan", out=True, seed=d.seed())
+        if d.bool(0.2):
+            kw["alpha"] = d.choice([0.5, 2.0])
+        return Base(kw, ("x", "grid", "dy"), {"dtype": dt, "out_tuple": side_draw(kw["x"], "out").bool(0.6)})
     draw_blend(d, kw, dt, (n, c, ho, wo))
     return Base(kw, ("x", "grid"), {"dtype": dt})
 
@@ -686,8 +692,7 @@ def _sample_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
         if not isinstance(res, tuple) or len(res) != 2:
             return [f"returned {type(res).__name__}, not (dx, dgrid)"]
         dxr, dgr = ref_grid_sample_backward(x, g, ctx.x("dy"))
-        dxr = ctx.blend(dxr, "dx_out", "alpha", "beta")
-        dgr = ctx.blend(dgr, "dgrid_out", "alpha_dgrid", "beta_dgrid")
+        dxr = dxr * fnum(ctx.param("alpha", 1.0), 1.0)
         return ctx.compare(res[0], dxr, dt, "dx", tol) + ctx.compare(res[1], dgr, dt, "dgrid", tol * 5)
     return ctx.compare(res, ctx.blend(ref_grid_sample(x, g), "out", "alpha", "beta"), dt, "y", tol)
 
@@ -770,9 +775,12 @@ def _ctc_draw(d: Draw, lib: str) -> Base:
         kw["costs_out"] = A((N,), "float32", fill="nan", out=True, seed=d.seed())
     if d.bool(0.2):
         kw["grads_out"] = A((T, N, A_), "float32", fill="nan", out=True, seed=d.seed())
-    if d.bool(0.1):
+    side = side_draw(kw["x"], "ctc")
+    if side.bool(0.1):
         kw["blank"] = 0  # the only blank cuDNN has
-    return Base(kw, ("x", "labels", "label_lengths", "input_lengths"), {"dtype": "float32", "out_tuple": d.bool(0.6)})
+    return Base(
+        kw, ("x", "labels", "label_lengths", "input_lengths"), {"dtype": "float32", "out_tuple": side.bool(0.6)}
+    )
 
 
 def _index_values(v: Any, ctx: Any, name: str) -> np.ndarray:
@@ -943,16 +951,21 @@ def _rnn_fields(d: Draw, dtype: str | None = None) -> dict[str, Any]:
         f["padded_io"] = True
     if d.bool(0.05):
         f["dropout"] = 0.0
-    if d.bool(0.05):
-        f["dropout_seed"] = d.int(0, 2**32)  # no dropout: no effect
-    # the defaults named (what None/"auto" resolve to, or what "auto" mostly picks: the results of the reference)
-    if d.bool(0.05):
-        f["algo"] = "standard"
-    if d.bool(0.05):
-        f["math_precision"] = "float64" if f["dtype"] == "float64" else "float32"
-    if d.bool(0.05):
-        f["math_type"] = {"float16": "tensor_op", "float32": "fma", "float64": "default"}[f["dtype"]]
     return f
+
+
+def _rnn_named_defaults(side: Draw, f: dict[str, Any]) -> None:
+    """Options of the RNN whose values here give the reference's results: the dropout seed (no dropout), the
+    standard algorithm ("auto"'s fallback), the default math precision, and a math type (float32: FMA, which
+    ``allow_tf32=False`` resolves to; the others their default)."""
+    if side.bool(0.05):
+        f["dropout_seed"] = side.int(0, 2**32)
+    if side.bool(0.05):
+        f["algo"] = "standard"
+    if side.bool(0.05):
+        f["math_precision"] = "float64" if f["dtype"] == "float64" else "float32"
+    if side.bool(0.05):
+        f["math_type"] = {"float16": "tensor_op", "float32": "fma", "float64": "default"}[f["dtype"]]
 
 
 def _rnn_obj(fields: dict[str, Any]) -> Any:
@@ -1072,6 +1085,7 @@ def _rnn_draw(d: Draw, lib: str, backward: bool = False) -> Base:
     xs = _x_shape(layout, T, N, f["input_size"], lengths)
     ys = _x_shape(layout, T, N, D * P, lengths)
     kw: dict[str, Any] = {"x": A(xs, dt, fill="normal:0.8", layout=valid_layout(d, xs, 0.15), seed=d.seed())}
+    _rnn_named_defaults(side_draw(kw["x"], "rnn"), f)
     kw["w"] = Weights(seed=d.seed())
     if d.bool(0.4):
         kw["hx"] = A((L * D, N, P), dt, fill="normal:0.5", seed=d.seed())
@@ -1092,8 +1106,9 @@ def _rnn_draw(d: Draw, lib: str, backward: bool = False) -> Base:
             kw["dhy"] = A((L * D, N, P), dt, fill="normal:0.5", seed=d.seed())
         if f["cell"] == "lstm" and d.bool(0.3):
             kw["dcy"] = A((L * D, N, H), dt, fill="normal:0.5", seed=d.seed())
-        if d.bool(0.2):  # True: the backward works on a copy of the reserve (the same gradients)
-            kw["keep_reserve"] = d.bool(0.7)
+        side = side_draw(kw["dy"], "reserve")
+        if side.bool(0.2):  # True: the backward works on a copy of the reserve (the same gradients)
+            kw["keep_reserve"] = side.bool(0.7)
         return Base(kw, ("x", "y", "dy", "w", "reserve"), setup)
     if d.bool(0.3):
         kw["training"] = True
@@ -2468,10 +2483,11 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
         kw["dy"] = A(ys, dt, layout=lay, seed=d.seed())
         kw["w"] = A(ws, dt, fill="normal:0.5", layout=nchw_or_nhwc(d, nsp + 2), seed=d.seed())
         kw["x_shape"] = xs
-        if post == pad and d.bool(0.25):  # x's size from dy's instead: the transposed convolution's output_padding
+        side = side_draw(kw["dy"], "x size")
+        if post == pad and side.bool(0.25):  # x's size from dy's: the transposed convolution's, plus output_padding
             del kw["x_shape"]
             opad = tuple((i + 2 * p - e) % s for i, p, e, s in zip(sp, pad, ext, st))
-            if any(opad) or d.bool(0.3):
+            if any(opad) or side.bool(0.3):
                 kw["output_padding"] = opad
         res, names = xs, ("dy", "w")
     elif which == "filter":
@@ -2507,8 +2523,9 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
             # the graph-only modes need the fused graph, which float64 and a split forward lack
             graph = dt in ("float16", "bfloat16", "float32") and not split
             kw["activation"] = d.choice(legacy + ["gelu", "gelu_tanh", "leaky_relu"] if graph else legacy)
-            if kw["activation"] in ("elu", "swish", "leaky_relu") and d.bool(0.6):  # ELU alpha, swish beta, slope
-                kw["activation_coef"] = d.choice([0.1, 0.3] if kw["activation"] == "leaky_relu" else [0.5, 1.7])
+            side = side_draw(kw["x"], "coef")
+            if kw["activation"] in ("elu", "swish", "leaky_relu") and side.bool(0.6):  # ELU alpha, swish beta, slope
+                kw["activation_coef"] = side.choice([0.1, 0.3] if kw["activation"] == "leaky_relu" else [0.5, 1.7])
             if d.bool(0.3):  # the activation's NaN rule (finite data: the same values)
                 kw["propagate_nan"] = True
         # alpha scales the convolution inside the fusion: the legacy steps take it (symmetric padding, a legacy
@@ -2655,8 +2672,9 @@ def _pooling_draw(d: Draw, lib: str, backward: bool = False) -> Base:
         kw["y"] = A(ys, dt, fill="derived:y", layout=lay, seed=d.seed())
     kw["x"] = A(xs, dt, fill="derived:x", layout=lay, seed=d.seed())
     kw.update(mode=mode, window=win, stride=st, padding=pad if post == pad else tuple(zip(pad, post)))
-    if d.bool(0.2):  # max pooling's NaN rule (distinct finite values: the same result)
-        kw["propagate_nan"] = d.bool()
+    side = side_draw(kw["x"], "nan")
+    if side.bool(0.2):  # max pooling's NaN rule (distinct finite values: the same result)
+        kw["propagate_nan"] = side.bool()
     draw_blend(d, kw, dt, xs if backward else ys, layout=("c",))
     return Base(kw, ("dy", "y", "x") if backward else ("x",), {"dtype": dt})
 
@@ -2817,8 +2835,9 @@ def _op_tensor_draw(d: Draw, lib: str) -> Base:
             kw["alpha2"] = d.choice([0.5, -1.0])
     if d.bool(0.3):
         kw["alpha1"] = d.choice([1.0, 2.0, -0.5])
-    if d.bool(0.15):  # min/max's NaN rule (finite data: the same values)
-        kw["propagate_nan"] = d.bool()
+    side = side_draw(kw["a"], "nan")
+    if side.bool(0.15):  # min/max's NaN rule (finite data: the same values)
+        kw["propagate_nan"] = side.bool()
     draw_blend(d, kw, dt, shape, alpha="alpha1", layout=("c",))
     return Base(kw, ("a", "b") if "b" in kw else ("a",), {"dtype": dt})
 
@@ -2846,8 +2865,9 @@ def _reduce_draw(d: Draw, lib: str) -> Base:
         axes = tuple(sorted({d.int(0, nd - 1) for _ in range(d.int(1, nd))}))
         kw["axes"] = axes
     out_shape = tuple(1 if axes is None or i in axes else n for i, n in enumerate(shape))
-    if d.bool(0.15):  # the NaN rule (finite data: the same values)
-        kw["propagate_nan"] = d.bool()
+    side = side_draw(kw["a"], "nan")
+    if side.bool(0.15):  # the NaN rule (finite data: the same values)
+        kw["propagate_nan"] = side.bool()
     draw_blend(d, kw, dt, out_shape, layout=("c",))
     return Base(kw, ("a",), {"dtype": dt})
 

@@ -37,7 +37,10 @@ def softmax_dim(ndim: int, dim: Any, fn: str) -> int:
 def _softmax(input: Any, dim: Any, dtype: Any, log: bool, fn: str) -> Any:
     if dtype is not None:
         input = cast(input, canonical(dtype, "dtype"))
-    return call1("softmax", input, axis=softmax_dim(input.ndim, dim, fn), algo="accurate", log=log)
+    axis = softmax_dim(input.ndim, dim, fn)
+    if input.ndim == 0:  # cuDNN's tensors have 1 to 8 dims: a scalar as (1,) (torch takes dim 0 or -1 there)
+        return call1("softmax", input.reshape(1), axis=axis, algo="accurate", log=log).reshape(())
+    return call1("softmax", input, axis=axis, algo="accurate", log=log)
 
 
 def softmax(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Any:
@@ -51,7 +54,9 @@ def log_softmax(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype:
 
 
 def _act(input: Any, mode: str, inplace: bool, coef: float | None = None, nan: bool = False) -> Any:
-    y = call1("activation", input, mode=mode, coef=coef, propagate_nan=nan)
+    x = input.reshape(1) if input.ndim == 0 else input  # cuDNN's tensors have 1 to 8 dims: a scalar as (1,)
+    y = call1("activation", x, mode=mode, coef=coef, propagate_nan=nan)
+    y = y.reshape(()) if input.ndim == 0 else y
     return _inplace(input, y) if inplace else y
 
 

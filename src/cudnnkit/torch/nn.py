@@ -694,6 +694,8 @@ class _Act(_Twin):
         return None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dim() == 0:  # cuDNN's tensors have 1 to 8 dims: a scalar as (1,)
+            return self.forward(input.reshape(1)).reshape(())
         nan = {"propagate_nan": True} if self.mode in ("relu", "clipped_relu") else {}
         return _call("activation", {"x": input}, mode=self.mode, coef=self._coef(), **nan)
 
@@ -763,6 +765,8 @@ class _Softmax(_Twin):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         dim = _softmax_dim(input.dim(), type(self).__name__.lower()) if self.dim is None else self.dim
+        if input.dim() == 0:  # cuDNN's tensors have 1 to 8 dims: a scalar as (1,) (torch takes dim 0 or -1 there)
+            return _call("softmax", {"x": input.reshape(1)}, axis=dim, log=self.log).reshape(())
         return _call("softmax", {"x": input}, axis=dim, log=self.log)
 
 

@@ -120,7 +120,23 @@ REFUSED = [
     (lambda: nn.Hardtanh(-0.5, 1.0), "min_val=-0.5"),
     (lambda: nn.LSTM(4, 4, cell_clip=-1.0), "cell_clip"),
     (lambda: nn.GRU(4, 4, dropout=1.0, num_layers=2), "dropout=1.0"),
+    (lambda: nn.BatchNorm2d(3, eps=0.0), "eps=0.0"),
+    (lambda: nn.BatchNorm1d(3, momentum=1.5), "momentum=1.5"),
+    (lambda: nn.InstanceNorm2d(3, eps=0.0), "eps=0.0"),
+    (lambda: nn.InstanceNorm2d(3, momentum=-0.1, track_running_stats=True), "momentum=-0.1"),
+    (lambda: nn.LayerNorm(3, eps=0.0), "eps=0.0"),
+    (lambda: nn.RMSNorm(3, eps=0.0), "eps=0.0"),
 ]
+
+
+def test_convert_leaves_a_normalization_cudnn_cannot_take():
+    """eps=0 or a running-average factor outside [0, 1]: left by convert with the reason (torch runs them)."""
+    m = torch.nn.Sequential(torch.nn.BatchNorm2d(3, eps=0.0), torch.nn.LayerNorm(3), torch.nn.RMSNorm(3, eps=0.0),
+                            torch.nn.InstanceNorm1d(3, momentum=2.0, track_running_stats=True))  # fmt: skip
+    report = C.convert(m)
+    assert [type(x) for x in m] == [torch.nn.BatchNorm2d, nn.LayerNorm, torch.nn.RMSNorm, torch.nn.InstanceNorm1d]
+    reasons = {name: why for name, _, why in report.left}
+    assert "eps=0.0" in reasons["0"] and "eps=0.0" in reasons["2"] and "momentum=2.0" in reasons["3"]
 
 
 @pytest.mark.parametrize("make, what", REFUSED, ids=[w for _, w in REFUSED])

@@ -3456,8 +3456,7 @@ _add(OpSpec("convolution_forward", _convolution_draw, {"x": _in(), "w": _in(), "
             "z": _in(required=False), "out": _out()}, {**CONVOLUTION_PARAMS, **CONV_FUSED_PARAMS},
             check=_convolution_check, shape_rule=_convolution_shape_rule, weight=1.5))  # fmt: skip
 _add(OpSpec("convolution_backward_data", _bw(_convolution_draw, which="data"), {"dy": _in(), "w": _in(), "out": _out()},
-            {**CONVOLUTION_PARAMS, "x_shape": Param("ints", optional_kw=True, nullable=True),
-             "output_padding": Param("ints", optional_kw=True)}, check=_bw(_convolution_check, which="data"),
+            {**CONVOLUTION_PARAMS, "x_shape": Param("ints", optional_kw=True, nullable=True)}, check=_bw(_convolution_check, which="data"),
             shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("convolution_backward_filter", _bw(_convolution_draw, which="filter"), {"x": _in(), "dy": _in(), "out": _out()},
             {**CONVOLUTION_PARAMS, "w_shape": Param("ints")}, check=_bw(_convolution_check, which="filter"),

@@ -17,7 +17,10 @@ directly followed by a ``ReLU`` (torch's or the twin): the twin's ``fused_activa
 cuDNN call computes ``relu(op(x))``, its backward the ReLU's gradient from the saved output) and the ``ReLU`` is
 replaced by ``nn.Identity`` (no parameters: the ``state_dict`` keys are unchanged). Only where the result is the
 same model: the pair sits in one ``nn.Sequential`` (whose forward feeds one into the next), neither module appears
-anywhere else in the model, and neither has hooks. The report's ``fused`` lists the pairs. The fused ReLU is asked
+anywhere else in the model, and neither has hooks. The report's ``fused`` lists the pairs. The op's module then
+returns the ReLU's output: code that runs part of the ``nn.Sequential`` (a slice, or a loop over it reading the
+output before the ReLU, as a perceptual loss's feature taps do) sees the ReLU already applied, so convert such
+models without ``fuse=True``. The fused ReLU is asked
 to return NaN for a NaN, as torch's ``ReLU`` does (``propagate_nan=True``): the legacy calls set the activation
 descriptor's ``CUDNN_PROPAGATE_NAN``, the fused graphs the pointwise node's ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION``
 (deprecated in cuDNN 9's header; without it the graph's ``RELU_FWD`` returned 0 for a NaN on an H100 with cuDNN

@@ -470,7 +470,23 @@ def _batch_norm(x: torch.Tensor, w: Any, b: Any, rm: Any, rv: Any, training: boo
     return y
 
 
+def _norm_refuse(m: Any) -> str | None:
+    """A normalization's eps and momentum cuDNN cannot take (its epsilon must be > 0; its running-average factor
+    in [0, 1])."""
+    eps = getattr(m, "eps", None)
+    if eps is not None and not eps > 0:
+        return f"eps={eps!r} is not supported (cuDNN's normalizations take eps > 0)"
+    momentum = getattr(m, "momentum", None)
+    if momentum is not None and getattr(m, "track_running_stats", False) and not 0.0 <= momentum <= 1.0:
+        return f"momentum={momentum!r} is not supported (cuDNN's running-average factor is in [0, 1])"
+    return None
+
+
 class _BatchNorm(_Fusable, _Twin):
+    @classmethod
+    def refuse(cls, m: Any) -> str | None:
+        return _norm_refuse(m)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
@@ -513,8 +529,12 @@ class LayerNorm(_Twin, torch.nn.LayerNorm):
     ops = ("layer_norm",)
 
     @classmethod
+    def refuse(cls, m: Any) -> str | None:
+        return _norm_refuse(m)
+
+    @classmethod
     def leave(cls, m: Any) -> str | None:
-        return _float64_params(m)
+        return cls.refuse(m) or _float64_params(m)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         shape = tuple(self.normalized_shape)
@@ -530,8 +550,12 @@ if hasattr(torch.nn, "RMSNorm"):
         ops = ("rms_norm",)
 
         @classmethod
+        def refuse(cls, m: Any) -> str | None:
+            return _norm_refuse(m)
+
+        @classmethod
         def leave(cls, m: Any) -> str | None:
-            return _float64_params(m)
+            return cls.refuse(m) or _float64_params(m)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             shape = tuple(self.normalized_shape)
@@ -544,8 +568,12 @@ if hasattr(torch.nn, "RMSNorm"):
 
 class _InstanceNorm(_Twin):
     @classmethod
+    def refuse(cls, m: Any) -> str | None:
+        return _norm_refuse(m)
+
+    @classmethod
     def leave(cls, m: Any) -> str | None:
-        return None if m.track_running_stats else _float64_params(m)
+        return cls.refuse(m) or (None if m.track_running_stats else _float64_params(m))
 
     @classmethod
     def needs(cls, m: Any) -> tuple[str, ...]:

@@ -2483,12 +2483,6 @@ def _convolution_draw(d: Draw, lib: str, which: str = "forward") -> Base:
         kw["dy"] = A(ys, dt, layout=lay, seed=d.seed())
         kw["w"] = A(ws, dt, fill="normal:0.5", layout=nchw_or_nhwc(d, nsp + 2), seed=d.seed())
         kw["x_shape"] = xs
-        side = side_draw(kw["dy"], "x size")
-        if post == pad and side.bool(0.25):  # x's size from dy's: the transposed convolution's, plus output_padding
-            del kw["x_shape"]
-            opad = tuple((i + 2 * p - e) % s for i, p, e, s in zip(sp, pad, ext, st))
-            if any(opad) or side.bool(0.3):
-                kw["output_padding"] = opad
         res, names = xs, ("dy", "w")
     elif which == "filter":
         kw["x"] = A(xs, dt, layout=lay, seed=d.seed())
@@ -2566,13 +2560,9 @@ def _convolution_check(ctx: Any, res: Any, which: str = "forward") -> list[str]:
             xs = ctx.param("x_shape")
             if xs is None:  # the transposed convolution's size: in = (out - 1) * stride - pads + dilation * (k - 1) + 1
                 dy, w = ctx.x("dy"), ctx.x("w")
-                op = ctx.param("output_padding", 0)
-                op = (op,) * len(pre) if isinstance(op, (int, np.integer)) else tuple(op)
                 xs = (dy.shape[0], w.shape[1] * int(g["groups"])) + tuple(
-                    (o - 1) * s - p - q + dl * (k - 1) + 1 + a
-                    for o, s, p, q, dl, k, a in zip(
-                        dy.shape[2:], kw["stride"], pre, post, kw["dilation"], w.shape[2:], op
-                    )  # fmt: skip
+                    (o - 1) * s - p - q + dl * (k - 1) + 1
+                    for o, s, p, q, dl, k in zip(dy.shape[2:], kw["stride"], pre, post, kw["dilation"], w.shape[2:])
                 )
             xs = tuple(xs)
             padded = xs[:2] + tuple(i + p + q for i, p, q in zip(xs[2:], pre, post))

@@ -143,6 +143,11 @@ CASES = [
         ValueError,
         "padding='same' needs x_shape=",
     ),
+    (  # the fuzzer's find (seed 1581): x's size derived from a w with a zero dim named w, not x
+        lambda: ops.convolution_backward_data(x((1, 6, 2)), x((6, 0, 2)), groups=3),
+        ValueError,
+        r"w dims must be positive, got \(6, 0, 2\)",
+    ),
     (
         lambda: ops.convolution_backward_filter(x(), x((2, 4, 6, 6)), w_shape=(4, 4, 2, 2)),
         ValueError,

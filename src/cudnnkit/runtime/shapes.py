@@ -184,10 +184,11 @@ def conv_output_shape(
     d = expand(dilation, nsp, "dilation", 1, INT32_MAX)
     n, c = x_shape[:2]
     k, cg = w_shape[:2]
-    if any(v <= 0 for v in x_shape):
-        raise ValueError(f"x dims must be positive, got {x_shape}")
+    # w first: the transposed convolution's x_shape is derived from w's (a zero dim of w would be reported as x's)
     if any(v <= 0 for v in w_shape):
         raise ValueError(f"w dims must be positive, got {w_shape}")
+    if any(v <= 0 for v in x_shape):
+        raise ValueError(f"x dims must be positive, got {x_shape}")
     pre, post = resolve_padding(padding, nsp, s, tuple(di * (ki - 1) + 1 for di, ki in zip(d, w_shape[2:])))
     if c != cg * groups:
         raise ValueError(f"x has {c} channels but w expects {cg} per group x {groups} groups = {cg * groups}")

@@ -395,6 +395,41 @@ def test_a_0d_input_reaches_cudnn_as_1d_and_comes_back_0d(rec):
         assert y.shape == () and rec.calls[-1][1][0].shape == (1,)
 
 
+@pytest.fixture
+def torch_act(monkeypatch):
+    """cudnnkit.torch.op("activation") stood in for by torch's relu on the CPU (differentiable)."""
+    import cudnnkit.torch as ckt
+
+    def op(name):
+        assert name == "activation"
+        return lambda x, *, mode, coef, propagate_nan: torch.relu(x)
+
+    monkeypatch.setattr(ckt, "op", op)
+
+
+def test_inplace_activations_write_into_the_input_as_torchs(torch_act):
+    """inplace=True as torch's in-place functions: a non-leaf is written (the gradient flows back through the op), a
+    leaf under no_grad too, a leaf that requires grad with grad mode on is refused with torch's error."""
+    a = torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+    h = a * 1
+    y = nn.relu(h, inplace=True)
+    assert y is h and torch.equal(h.detach(), torch.tensor([0.0, 2.0, 0.0, 4.0]))
+    (h * torch.arange(4.0)).sum().backward()
+    assert torch.equal(a.grad, torch.tensor([0.0, 1.0, 0.0, 3.0]))
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad is being used in an in-place"):
+        nn.relu(a, inplace=True)
+    with torch.no_grad():
+        assert nn.relu(a, inplace=True) is a
+    assert torch.equal(a.detach(), torch.tensor([0.0, 2.0, 0.0, 4.0]))
+    b = torch.tensor([-1.0, 1.0])
+    assert nn.relu(b, inplace=True) is b and torch.equal(b, torch.tensor([0.0, 1.0]))
+
+
+def test_dropout_p0_returns_the_input_itself_whatever_its_dtype(no_device):
+    x = torch.zeros(3, dtype=torch.bfloat16)
+    assert nn.dropout(x, 0.0) is x and nn.dropout(x, 0.5, training=False) is x
+
+
 def test_library_detection():
     from cudnnkit.nn._common import library
 

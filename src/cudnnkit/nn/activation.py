@@ -6,7 +6,7 @@ import warnings
 from typing import Any
 
 from ..runtime.dtypes import canonical
-from ._common import as_int, call1, cast, check_dtype, clone, copy_into, real
+from ._common import as_int, call1, cast, check_dtype, copy_into, real
 
 __all__ = [
     "softmax",
@@ -54,18 +54,27 @@ def log_softmax(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype:
 
 
 def _act(input: Any, mode: str, inplace: bool, coef: float | None = None, nan: bool = False) -> Any:
-    x = input.reshape(1) if input.ndim == 0 else input  # cuDNN's tensors have 1 to 8 dims: a scalar as (1,)
+    src = _source(input, inplace)
+    x = src.reshape(1) if src.ndim == 0 else src  # cuDNN's tensors have 1 to 8 dims: a scalar as (1,)
     y = call1("activation", x, mode=mode, coef=coef, propagate_nan=nan)
     y = y.reshape(()) if input.ndim == 0 else y
-    return _inplace(input, y) if inplace else y
+    return copy_into(input, y) if inplace else y
 
 
-def _inplace(x: Any, y: Any) -> Any:
-    """``inplace=True``: ``y`` written into ``x``, except where autograd records ``x`` (the op's backward reads
-    the ``x`` it saved, which a write would change): then ``y`` itself, as cudnnkit's modules do."""
-    if getattr(x, "requires_grad", False):
-        return y
-    return copy_into(x, y)
+def _source(x: Any, inplace: bool) -> Any:
+    """What an op with ``inplace=True`` reads, as torch's in-place functions behave: ``x`` itself, except where
+    autograd records ``x`` (grad mode on, ``x`` requires grad): a leaf is refused with torch's error, and a
+    non-leaf is read through a clone, so that writing the result into ``x`` (``copy_``, recorded: the gradient
+    flows back through the op) leaves the op's saved input unchanged."""
+    if not (inplace and getattr(x, "requires_grad", False)):
+        return x
+    import torch
+
+    if not torch.is_grad_enabled():
+        return x
+    if x.is_leaf:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+    return x.clone()
 
 
 def relu(input: Any, inplace: bool = False) -> Any:
@@ -137,13 +146,12 @@ def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = F
     p = real(p, "p")
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-    if not training:
+    if not training or p == 0.0:  # torch returns the input itself (any dtype)
         return input
     check_dtype(input, ("float16", "float32", "float64"), "input", "cuDNN's dropout")
+    src = _source(input, inplace)
     if p == 1.0:  # cuDNN takes p < 1: every element dropped
-        y = input * 0
-    elif p == 0.0:
-        y = clone(input)
+        y = src * 0
     else:
-        y = call1("dropout", input, p=p, state=None)
-    return _inplace(input, y) if inplace else y
+        y = call1("dropout", src, p=p, state=None)
+    return copy_into(input, y) if inplace else y

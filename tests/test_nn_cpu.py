@@ -531,6 +531,15 @@ def test_refused_with_not_implemented_naming_the_argument(no_device, what, fn):
     assert what in str(e.value)
 
 
+def test_conv_transpose_bias_is_checked_as_torchs(no_device):
+    """The bias is added after the op by a broadcast: a wrong size (which would broadcast) or dtype (which would
+    promote the output) is refused before any op, as torch refuses it."""
+    with pytest.raises(RuntimeError, match=r"bias must have shape \(6,\) \(out_channels\), got \(1,\)"):
+        nn.conv_transpose2d(t(1, 4, 3, 3), t(4, 3, 2, 2), t(1), groups=2)
+    with pytest.raises(TypeError, match="bias has dtype torch.float32 but input has dtype torch.float16"):
+        nn.conv_transpose2d(t(1, 4, 3, 3, dtype=torch.float16), t(4, 3, 2, 2, dtype=torch.float16), t(6), groups=2)
+
+
 def test_conv_transpose_without_its_l3_op(no_device, monkeypatch):
     monkeypatch.setattr(nn.conv, "has_l3", lambda name: False)
     with pytest.raises(NotImplementedError, match="convolution_transpose"):

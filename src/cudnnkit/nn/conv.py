@@ -66,6 +66,12 @@ def _conv_transpose(n: int, input: Any, weight: Any, bias: Any, stride: Any, pad
         raise ValueError(f"{fn}: weight must be {n + 2}-d (in, out // groups, *k), got shape {tuple(weight.shape)}")
     if isinstance(padding, str):
         raise ValueError(f"{fn}: padding must be an int or {n} ints (torch takes no string here), got {padding!r}")
+    if bias is not None:  # added after the op by a broadcast: checked here, as torch checks it
+        k = weight.shape[1] * int(groups)
+        if tuple(bias.shape) != (k,):
+            raise RuntimeError(f"{fn}: bias must have shape ({k},) (out_channels), got {tuple(bias.shape)}")
+        if bias.dtype != input.dtype:
+            raise TypeError(f"{fn}: bias has dtype {bias.dtype} but input has dtype {input.dtype}")
     kw = dict(stride=ntuple(stride, n, "stride"), padding=ntuple(padding, n, "padding"),
               output_padding=ntuple(output_padding, n, "output_padding"), dilation=ntuple(dilation, n, "dilation"),
               groups=int(groups))  # fmt: skip

@@ -531,6 +531,13 @@ def test_refused_with_not_implemented_naming_the_argument(no_device, what, fn):
     assert what in str(e.value)
 
 
+def test_sdpa_one_key_value_head_broadcasts_without_enable_gqa(rec):
+    """torch broadcasts a key/value head count of 1 over the query's heads without enable_gqa: the plain sdpa op
+    (which takes one shared head) runs it."""
+    _sdpa(hk=1)
+    assert rec.calls[-1][0] == "sdpa" and rec.calls[-1][1][1].shape[1] == 1
+
+
 def test_conv_transpose_bias_is_checked_as_torchs(no_device):
     """The bias is added after the op by a broadcast: a wrong size (which would broadcast) or dtype (which would
     promote the output) is refused before any op, as torch refuses it."""

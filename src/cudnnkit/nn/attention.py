@@ -48,7 +48,8 @@ def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any,
         raise ValueError("scaled_dot_product_attention: query, key and value must have the same number of dims")
     if query.ndim == 4:
         h, hk, hv = query.shape[1], key.shape[1], value.shape[1]
-        if (hk != h or hv != h) and not enable_gqa:
+        # one key/value head broadcasts over the query's as torch broadcasts it (no enable_gqa needed)
+        if (hk != h or hv != h) and not enable_gqa and not hk == hv == 1:
             raise ValueError(f"scaled_dot_product_attention: query has {h} heads, key {hk}, value {hv}: pass "
                              "enable_gqa=True for grouped-query attention")  # fmt: skip
         if hk != hv or h % hk:

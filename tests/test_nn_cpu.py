@@ -531,6 +531,12 @@ def test_refused_with_not_implemented_naming_the_argument(no_device, what, fn):
     assert what in str(e.value)
 
 
+def test_a_norm_over_every_dim_gets_a_leading_one(rec):
+    y = nn.layer_norm(t(3, 4), (3, 4))
+    assert y.shape == (3, 4) and rec.calls[-1][1][0].shape == (1, 3, 4)
+    assert nn.rms_norm(t(4), 4).shape == (4,) and rec.calls[-1][1][0].shape == (1, 4)
+
+
 def test_sdpa_one_key_value_head_broadcasts_without_enable_gqa(rec):
     """torch broadcasts a key/value head count of 1 over the query's heads without enable_gqa: the plain sdpa op
     (which takes one shared head) runs it."""

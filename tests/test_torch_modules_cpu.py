@@ -511,6 +511,8 @@ D = dict(dtype=torch.float64)
     ("LayerNorm", (5,), dict(bias=False, **D), (3, 2, 5)),
     ("RMSNorm", ((4, 5),), D, (3, 4, 5)),
     ("RMSNorm", (5,), dict(eps=None, elementwise_affine=False, **D), (3, 5)),
+    ("LayerNorm", ((3, 5),), D, (3, 5)),  # every dim normalized
+    ("RMSNorm", (5,), D, (5,)),
     ("InstanceNorm2d", (3,), dict(affine=True, **D), (2, 3, 4, 5)),
     ("InstanceNorm1d", (3,), {}, (3, 6)),  # unbatched
     ("LocalResponseNorm", (3, 1e-2, 0.6, 1.5), {}, (2, 6, 4, 4)),

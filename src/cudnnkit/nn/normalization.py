@@ -82,6 +82,8 @@ def layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any 
     """torch's ``layer_norm``: L3 ``layer_norm``, a graph ``NORM_FORWARD`` (``CUDNN_LAYER_NORM``)."""
     shape = _normalized(input, normalized_shape, "layer_norm")
     check_dtype(input, _GRAPH_DTYPES, "input", "cuDNN's graph layer norm")
+    if input.ndim == len(shape):  # every dim normalized: the op wants a leading one
+        return layer_norm(input[None], shape, weight, bias, eps)[0]
     scale = _param(weight, input, shape, "float32", 1.0)
     return call1("layer_norm", input, scale, _param(bias, input, shape, "float32", None),
                  normalized_shape_ndim=len(shape), epsilon=_eps(eps, "layer_norm"))  # fmt: skip
@@ -91,6 +93,8 @@ def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float |
     """torch's ``rms_norm``: L3 ``rms_norm``, a graph ``NORM_FORWARD`` (``CUDNN_RMS_NORM``)."""
     shape = _normalized(input, normalized_shape, "rms_norm")
     dt = check_dtype(input, _GRAPH_DTYPES, "input", "cuDNN's graph RMS norm")
+    if input.ndim == len(shape):  # every dim normalized: the op wants a leading one
+        return rms_norm(input[None], shape, weight, eps)[0]
     eps = _DEFAULT_EPS[dt] if eps is None else eps
     return call1("rms_norm", input, _param(weight, input, shape, "float32", 1.0), normalized_shape_ndim=len(shape),
                  epsilon=_eps(eps, "rms_norm"))  # fmt: skip

@@ -539,6 +539,8 @@ class LayerNorm(_Twin, torch.nn.LayerNorm):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         shape = tuple(self.normalized_shape)
         _check_trailing(input, shape)
+        if input.dim() == len(shape):  # every dim normalized: the op wants a leading one
+            return self.forward(input[None])[0]
         w, b = _param(self.weight, input, shape, 1.0), _param(self.bias, input, shape, None)
         return _first(_call("layer_norm", {"x": input, "scale": w, "bias": b}, normalized_shape_ndim=len(shape),
                             epsilon=self.eps))  # fmt: skip
@@ -560,6 +562,8 @@ if hasattr(torch.nn, "RMSNorm"):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             shape = tuple(self.normalized_shape)
             _check_trailing(x, shape)
+            if x.dim() == len(shape):  # every dim normalized: the op wants a leading one
+                return self.forward(x[None])[0]
             # torch's default: the epsilon of its math type (float32's for the half types), not finfo(x.dtype).eps
             eps = torch.finfo(_pdt(x)).eps if self.eps is None else self.eps
             w = _param(self.weight, x, shape, 1.0)

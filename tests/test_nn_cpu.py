@@ -531,6 +531,20 @@ def test_refused_with_not_implemented_naming_the_argument(no_device, what, fn):
     assert what in str(e.value)
 
 
+def test_the_norms_of_an_empty_batch_are_torchs(no_device):
+    """A zero batch: an empty result on the autograd chain (zero parameter gradients), the running statistics
+    untouched, no op called (cuDNN's norms take no empty array)."""
+    x = torch.zeros(0, 3, 4, requires_grad=True)
+    w, b = torch.ones(3, requires_grad=True), torch.zeros(3, requires_grad=True)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    y = nn.batch_norm(x, rm, rv, w, b, training=True)
+    assert y.shape == (0, 3, 4) and torch.equal(rm, torch.zeros(3)) and torch.equal(rv, torch.ones(3))
+    y.sum().backward()
+    assert torch.equal(w.grad, torch.zeros(3)) and x.grad.shape == x.shape
+    assert nn.layer_norm(x, (4,)).shape == (0, 3, 4) and nn.rms_norm(x, [3, 4]).shape == (0, 3, 4)
+    assert nn.instance_norm(x, weight=w, bias=b).shape == (0, 3, 4)
+
+
 def test_a_norm_over_every_dim_gets_a_leading_one(rec):
     y = nn.layer_norm(t(3, 4), (3, 4))
     assert y.shape == (3, 4) and rec.calls[-1][1][0].shape == (1, 3, 4)

@@ -564,6 +564,14 @@ def test_rms_norms_default_eps_is_torchs(fake_ops, dtype, eps):
     assert fake_ops["rms_norm"].calls[-1][1]["epsilon"] == eps
 
 
+def test_norm_twins_of_an_empty_batch_are_torchs(fake_ops):
+    for ref in (torch.nn.BatchNorm1d(3), torch.nn.LayerNorm(4), torch.nn.RMSNorm(4)):
+        twin = C.convert(torch.nn.Sequential(ref)).model[0]
+        x = torch.zeros(0, 3, 4)
+        assert twin(x).shape == ref(x).shape == (0, 3, 4)
+    assert int(twin.weight.numel()) == 4 and not any(f.calls for f in fake_ops.values())
+
+
 def test_batch_norm_1d_and_one_value_per_channel(fake_ops):
     _same("BatchNorm1d", (3,), D, _x(4, 3))
     _same("BatchNorm1d", (3,), D, _x(4, 3, 5))

@@ -54,6 +54,8 @@ def batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any = No
     eps = _eps(eps, "batch_norm")
     if eps < lib.CUDNN_BN_MIN_EPSILON:
         raise NotImplementedError(f"batch_norm: eps={eps} is below CUDNN_BN_MIN_EPSILON ({lib.CUDNN_BN_MIN_EPSILON})")
+    if 0 in input.shape:
+        return empty_norm(input, weight, bias)
     pdt, c = param_dtype(dt), input.shape[1]
     scale = _param(weight, input, (c,), pdt, 1.0)
     shift = _param(bias, input, (c,), pdt, 0.0)
@@ -66,6 +68,17 @@ def batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any = No
         if training and a is not None and tmp is not a:
             copy_into(a, tmp, grad=False)
     return y
+
+
+def empty_norm(input: Any, *params: Any) -> Any:
+    """A normalization of an empty ``input`` (a zero batch) as torch's: an empty result still on the autograd
+    chain of ``input`` and the parameters (their gradients zeros), the running statistics untouched; cuDNN's
+    normalizations take no empty array."""
+    out = input * 1
+    for p in params:
+        if p is not None:
+            out = out + p.reshape(-1)[:1].sum() * 0
+    return out
 
 
 def _normalized(input: Any, normalized_shape: Any, fn: str) -> tuple[int, ...]:
@@ -84,6 +97,8 @@ def layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any 
     check_dtype(input, _GRAPH_DTYPES, "input", "cuDNN's graph layer norm")
     if input.ndim == len(shape):  # every dim normalized: the op wants a leading one
         return layer_norm(input[None], shape, weight, bias, eps)[0]
+    if 0 in input.shape:
+        return empty_norm(input, weight, bias)
     scale = _param(weight, input, shape, "float32", 1.0)
     return call1("layer_norm", input, scale, _param(bias, input, shape, "float32", None),
                  normalized_shape_ndim=len(shape), epsilon=_eps(eps, "layer_norm"))  # fmt: skip
@@ -95,6 +110,8 @@ def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float |
     dt = check_dtype(input, _GRAPH_DTYPES, "input", "cuDNN's graph RMS norm")
     if input.ndim == len(shape):  # every dim normalized: the op wants a leading one
         return rms_norm(input[None], shape, weight, eps)[0]
+    if 0 in input.shape:
+        return empty_norm(input, weight)
     eps = _DEFAULT_EPS[dt] if eps is None else eps
     return call1("rms_norm", input, _param(weight, input, shape, "float32", 1.0), normalized_shape_ndim=len(shape),
                  epsilon=_eps(eps, "rms_norm"))  # fmt: skip
@@ -112,6 +129,8 @@ def instance_norm(input: Any, running_mean: Any = None, running_var: Any = None,
         raise NotImplementedError("instance_norm: running_mean/running_var with use_input_stats=True: cuDNN's "
                                   "instance norm does not update running statistics")  # fmt: skip
     check_dtype(input, _GRAPH_DTYPES, "input", "cuDNN's graph instance norm")
+    if 0 in input.shape:
+        return empty_norm(input, weight, bias)
     c = input.shape[1]
     return call1("instance_norm", input, _param(weight, input, (c,), "float32", 1.0),
                  _param(bias, input, (c,), "float32", None), epsilon=_eps(eps, "instance_norm"))  # fmt: skip

@@ -59,6 +59,7 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
+from ..nn.normalization import empty_norm
 from ..nn.pooling import check_half_window
 from ..ops import rnn as _rnn
 from ..ops.dropout import DropoutState, default_state
@@ -444,7 +445,10 @@ def _batch_norm(x: torch.Tensor, w: Any, b: Any, rm: Any, rv: Any, training: boo
     become their cumulative average, ``old + (batch - old) / count``. cuDNN runs with momentum 1 on copies (they
     become the batch's statistics, the variance unbiased) and ``lerp_`` moves the module's buffers toward them by
     ``1 / count``, a device tensor: the op's keywords stay the same every step (a factor ``1 / count`` would be a
-    new plan-cache and replay key each call, and reading ``count`` to the host a stream sync)."""
+    new plan-cache and replay key each call, and reading ``count`` to the host a stream sync). An empty ``x``
+    (a zero batch): torch's empty result, the statistics untouched."""
+    if x.numel() == 0:
+        return empty_norm(x, w, b)
     C = x.shape[1]
     scale, bias = _param(w, x, (C,), 1.0), _param(b, x, (C,), 0.0)
     dt = _pdt(x)
@@ -541,6 +545,8 @@ class LayerNorm(_Twin, torch.nn.LayerNorm):
         _check_trailing(input, shape)
         if input.dim() == len(shape):  # every dim normalized: the op wants a leading one
             return self.forward(input[None])[0]
+        if input.numel() == 0:
+            return empty_norm(input, self.weight, self.bias)
         w, b = _param(self.weight, input, shape, 1.0), _param(self.bias, input, shape, None)
         return _first(_call("layer_norm", {"x": input, "scale": w, "bias": b}, normalized_shape_ndim=len(shape),
                             epsilon=self.eps))  # fmt: skip
@@ -564,6 +570,8 @@ if hasattr(torch.nn, "RMSNorm"):
             _check_trailing(x, shape)
             if x.dim() == len(shape):  # every dim normalized: the op wants a leading one
                 return self.forward(x[None])[0]
+            if x.numel() == 0:
+                return empty_norm(x, self.weight)
             # torch's default: the epsilon of its math type (float32's for the half types), not finfo(x.dtype).eps
             eps = torch.finfo(_pdt(x)).eps if self.eps is None else self.eps
             w = _param(self.weight, x, shape, 1.0)

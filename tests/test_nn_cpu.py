@@ -531,6 +531,12 @@ def test_refused_with_not_implemented_naming_the_argument(no_device, what, fn):
     assert what in str(e.value)
 
 
+def test_the_implicit_softmax_dim_warning_points_at_the_caller(rec):
+    with pytest.warns(UserWarning, match="Implicit dimension choice for softmax") as got:
+        nn.softmax(t(2, 3))
+    assert got[0].filename == __file__
+
+
 def test_the_norms_of_an_empty_batch_are_torchs(no_device):
     """A zero batch: an empty result on the autograd chain (zero parameter gradients), the running statistics
     untouched, no op called (cuDNN's norms take no empty array)."""

@@ -28,8 +28,10 @@ __all__ = [
 def softmax_dim(ndim: int, dim: Any, fn: str) -> int:
     """torch's softmax dim: ``dim``, or for None its deprecated implicit choice (0 for 0-, 1- and 3-d, else 1)."""
     if dim is None:
-        warnings.warn(f"Implicit dimension choice for {fn} has been deprecated. Change the call to include dim=X "
-                      "as an argument.", stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"Implicit dimension choice for {fn} has been deprecated. Change the call to include dim=X as an argument.",
+            stacklevel=4,
+        )  # fmt: skip (the caller of softmax/log_softmax)
         return 0 if ndim in (0, 1, 3) else 1
     return as_int(dim, "dim")
 

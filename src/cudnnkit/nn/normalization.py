@@ -38,10 +38,11 @@ def _param(p: Any, like: Any, shape: tuple[int, ...], dtype: str, value: float |
 def batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any = None, bias: Any = None,
                training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> Any:  # fmt: skip
     """torch's ``batch_norm``: L3 ``batch_norm``, ``cudnnBatchNormalizationForwardTraining`` (or ``...Inference``)."""
-    if input.ndim < 2 or input.ndim > 5:
-        raise ValueError(
-            f"batch_norm: input must be (N, C, *spatial) with 0 to 3 spatial dims, got {tuple(input.shape)}"
-        )
+    if input.ndim < 2:
+        raise ValueError(f"batch_norm: input must be (N, C, *spatial), got {tuple(input.shape)}")
+    if input.ndim > 5:  # torch takes any number of spatial dims
+        raise NotImplementedError(f"batch_norm: input of shape {tuple(input.shape)}: cuDNN's batch norm takes 0 to 3 "
+                                  "spatial dims (fold the others into one)")  # fmt: skip
     if not training and (running_mean is None or running_var is None):
         raise ValueError("batch_norm: training=False needs running_mean and running_var")
     if training and input.shape[1] and math.prod(input.shape) // input.shape[1] == 1:  # torch's check

@@ -451,6 +451,8 @@ REFUSED = [
     ("return_indices", lambda: nn.max_pool2d(t(1, 1, 4, 4), 2, return_indices=True)),
     ("dilation", lambda: nn.max_pool1d(t(1, 1, 8), 2, dilation=2)),
     ("0 to 3 spatial dims", lambda: nn.batch_norm(t(2, 3, 1, 1, 1, 2), None, None, training=True)),
+    ("input has dtype int64: cuDNN's activation", lambda: nn.relu(t(3, dtype=torch.int64))),
+    ("input has dtype int64: cuDNN's pooling", lambda: nn.max_pool2d(t(1, 1, 4, 4, dtype=torch.int64), 2)),
     ("divisor_override", lambda: nn.avg_pool2d(t(1, 1, 4, 4), 2, divisor_override=3)),
     ("ceil_mode", lambda: nn.avg_pool1d(t(1, 1, 5), 2, ceil_mode=True)),
     (

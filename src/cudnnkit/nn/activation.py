@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ..runtime.dtypes import canonical
+from ..runtime.dtypes import FLOATS, canonical
 from ._common import as_int, call1, cast, check_dtype, copy_into, real
 
 __all__ = [
@@ -56,6 +56,7 @@ def log_softmax(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype:
 
 
 def _act(input: Any, mode: str, inplace: bool, coef: float | None = None, nan: bool = False) -> Any:
+    check_dtype(input, FLOATS, "input", "cuDNN's activation")  # torch's take integers too
     src = _source(input, inplace)
     x = src.reshape(1) if src.ndim == 0 else src  # cuDNN's tensors have 1 to 8 dims: a scalar as (1,)
     y = call1("activation", x, mode=mode, coef=coef, propagate_nan=nan)

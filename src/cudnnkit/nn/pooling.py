@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..runtime.dtypes import FLOATS
 from ..runtime.shapes import pool_padding
-from ._common import batched, call1, ntuple
+from ._common import batched, call1, check_dtype, ntuple
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d"]
 
@@ -55,6 +56,7 @@ def _max_pool(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, d
         raise NotImplementedError(f"{fn}: dilation={dilation!r}: cuDNN's pooling has no dilation")
     window, s, p = pool_args(n, kernel_size, stride, padding)
     b = batched(input, n, fn)
+    check_dtype(input, FLOATS, "input", "cuDNN's pooling")  # torch's max pooling takes integers too
     x = input if b else input[None]
     # torch's max pooling propagates NaN
     y = call1("pooling", x, mode="max", window=window, stride=s, padding=p, ceil_mode=bool(ceil_mode),
@@ -88,6 +90,7 @@ def _avg_pool(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, c
                                   "the window (with or without padding) only")  # fmt: skip
     window, s, p = pool_args(n, kernel_size, stride, padding)
     b = batched(input, n, fn)
+    check_dtype(input, FLOATS, "input", "cuDNN's pooling")  # torch's max pooling takes integers too
     if count_include_pad and ceil_mode and ceil_pads_past(tuple(input.shape[-n:]), window, s, p):
         raise NotImplementedError(
             f"{fn}: ceil_mode=True with count_include_pad=True where a window reaches past the padding: torch divides "

@@ -7,6 +7,7 @@ before any GPU work."""
 from __future__ import annotations
 
 import inspect
+import math
 import subprocess
 import sys
 
@@ -453,7 +454,6 @@ REFUSED = [
     ("0 to 3 spatial dims", lambda: nn.batch_norm(t(2, 3, 1, 1, 1, 2), None, None, training=True)),
     ("input has dtype int64: cuDNN's activation", lambda: nn.relu(t(3, dtype=torch.int64))),
     ("input has dtype int64: cuDNN's pooling", lambda: nn.max_pool2d(t(1, 1, 4, 4, dtype=torch.int64), 2)),
-    ("divisor_override", lambda: nn.avg_pool2d(t(1, 1, 4, 4), 2, divisor_override=3)),
     ("ceil_mode", lambda: nn.avg_pool1d(t(1, 1, 5), 2, ceil_mode=True)),
     (
         "padding='same'",
@@ -532,6 +532,27 @@ def test_refused_with_not_implemented_naming_the_argument(no_device, what, fn):
     with pytest.raises(NotImplementedError) as e:
         fn()
     assert what in str(e.value)
+
+
+@pytest.mark.parametrize("kw", [dict(divisor_override=3), dict(divisor_override=-2, count_include_pad=False),
+                                dict(divisor_override=7, ceil_mode=True, padding=1, stride=2)])  # fmt: skip
+def test_avg_pool_divisor_override_as_torchs(monkeypatch, kw):
+    """divisor_override: cuDNN's include-padding average (the whole window's sum over its size, padding and ceil
+    cells as zeros: a torch stand-in) times prod(window) / divisor, whatever count_include_pad: torch's."""
+    import cudnnkit.torch as ckt
+
+    def op(name):
+        def f(x, *, mode, window, stride, padding, ceil_mode):
+            assert mode == "avg_include_padding"
+            return F.avg_pool2d(x, window, stride, padding, ceil_mode, True, divisor_override=math.prod(window))
+
+        return f
+
+    monkeypatch.setattr(ckt, "op", op)
+    x = torch.randn(2, 3, 7, 8, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(nn.avg_pool2d(x, 3, **kw), F.avg_pool2d(x, 3, **kw))
+    with pytest.raises(RuntimeError, match="divisor must be not zero"):
+        nn.avg_pool2d(x, 3, divisor_override=0)
 
 
 def test_the_implicit_softmax_dim_warning_points_at_the_caller(rec):

@@ -111,7 +111,6 @@ REFUSED = [
     (lambda: nn.MaxPool2d(3, return_indices=True), "return_indices=True"),
     (lambda: nn.MaxPool2d(3, dilation=2), "dilation=2"),
     (lambda: nn.MaxPool3d(3, dilation=(1, 1, 2)), "dilation=(1, 1, 2)"),
-    (lambda: nn.AvgPool2d(3, divisor_override=2), "divisor_override=2"),
     (lambda: nn.LocalResponseNorm(4), "size=4 (even)"),
     (lambda: nn.LocalResponseNorm(17), "size=17"),
     (lambda: nn.LocalResponseNorm(3, k=0.0), "k=0.0"),
@@ -506,6 +505,8 @@ D = dict(dtype=torch.float64)
     ("AvgPool1d", (4, 3, 1), dict(ceil_mode=True), (2, 3, 10)),
     ("AvgPool3d", (3, 2, 1), dict(ceil_mode=True, count_include_pad=False), (1, 2, 6, 5, 8)),
     ("AvgPool2d", (2,), {}, (2, 3, 6, 6)),
+    ("AvgPool2d", (3, 2, 1), dict(ceil_mode=True, divisor_override=5), (2, 3, 8, 7)),  # sum / 5, ceil windows too
+    ("AvgPool3d", (2,), dict(count_include_pad=False, divisor_override=-3), (1, 2, 4, 4, 5)),
     ("LayerNorm", ((4, 5),), D, (3, 4, 5)),
     ("LayerNorm", (5,), dict(elementwise_affine=False, **D), (3, 5)),
     ("LayerNorm", (5,), dict(bias=False, **D), (3, 2, 5)),

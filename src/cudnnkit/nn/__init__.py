@@ -6,7 +6,7 @@ library is read from the arguments (:mod:`cudnnkit.runtime.adapters`); importing
 torch nor CuPy. The L3 ops are looked up at call time.
 
 Every argument combination not computed here as torch defines it raises ``NotImplementedError`` naming
-the argument, before any GPU work (``return_indices``, ``dilation`` and ``divisor_override`` of pooling; an even
+the argument, before any GPU work (``return_indices`` and ``dilation`` of pooling; an even
 ``size`` of ``local_response_norm``; ``grid_sample`` other than bilinear, zeros, ``align_corners=True``, 4-d; a
 ``blank`` other than 0 in ``ctc_loss``; in ``scaled_dot_product_attention`` a boolean ``attn_mask`` (additive
 float masks are taken), ``dropout_p = 1``, inputs of other than 3 or 4 dims; ``hardtanh`` with

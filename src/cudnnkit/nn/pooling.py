@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..runtime.dtypes import FLOATS
 from ..runtime.shapes import pool_padding
-from ._common import batched, call1, check_dtype, ntuple
+from ._common import as_int, batched, call1, check_dtype, ntuple
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d"]
 
@@ -33,6 +34,16 @@ def check_half_window(window: tuple[int, ...], padding: tuple[int, ...]) -> None
             raise RuntimeError(
                 f"pad should be at most half of effective kernel size, but got pad={p}, kernel_size={k} and dilation=1"
             )
+
+
+def divisor_factor(window: tuple[int, ...], divisor_override: Any) -> float:
+    """torch's ``divisor_override``: each window's sum divided by it (whatever ``count_include_pad``). cuDNN's
+    include-padding average is the sum over the whole window divided by its size (padding and cells past it count
+    as zeros), so the factor ``prod(window) / divisor_override`` turns it into torch's."""
+    d = as_int(divisor_override, "divisor_override")
+    if d == 0:
+        raise RuntimeError("divisor must be not zero")
+    return math.prod(window) / d
 
 
 def ceil_pads_past(sizes: tuple[int, ...], window: tuple[int, ...], stride: tuple[int, ...],
@@ -85,18 +96,19 @@ def max_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 
 def _avg_pool(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, ceil_mode: Any, count_include_pad: Any,
               divisor_override: Any) -> Any:  # fmt: skip
     fn = f"avg_pool{n}d"
-    if divisor_override is not None:
-        raise NotImplementedError(f"{fn}: divisor_override={divisor_override!r}: cuDNN's average pooling divides by "
-                                  "the window (with or without padding) only")  # fmt: skip
     window, s, p = pool_args(n, kernel_size, stride, padding)
     b = batched(input, n, fn)
-    check_dtype(input, FLOATS, "input", "cuDNN's pooling")  # torch's max pooling takes integers too
+    check_dtype(input, FLOATS, "input", "cuDNN's pooling")
+    x = input if b else input[None]
+    if divisor_override is not None:
+        y = call1("pooling", x, mode="avg_include_padding", window=window, stride=s, padding=p,
+                  ceil_mode=bool(ceil_mode)) * divisor_factor(window, divisor_override)  # fmt: skip
+        return y if b else y[0]
     if count_include_pad and ceil_mode and ceil_pads_past(tuple(input.shape[-n:]), window, s, p):
         raise NotImplementedError(
             f"{fn}: ceil_mode=True with count_include_pad=True where a window reaches past the padding: torch divides "
             "it by its part within input and padding, cuDNN by the whole window"
         )
-    x = input if b else input[None]
     mode = "avg_include_padding" if count_include_pad else "avg_exclude_padding"
     y = call1("pooling", x, mode=mode, window=window, stride=s, padding=p, ceil_mode=bool(ceil_mode))
     return y if b else y[0]

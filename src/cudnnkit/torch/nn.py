@@ -15,7 +15,7 @@ module                                      op                         notes
                                                                        added after it (the op takes none)
 ``MaxPool1d/2d/3d``                         ``pooling``                NaN propagates (torch's); ``return_indices``,
                                                                        ``dilation != 1``: refused (cuDNN: neither)
-``AvgPool1d/2d/3d``                         ``pooling``                ``divisor_override``: refused; ``ceil_mode``
+``AvgPool1d/2d/3d``                         ``pooling``                ``divisor_override``: a factor; ``ceil_mode``
                                                                        with ``count_include_pad``: torch's divisor
 ``BatchNorm1d/2d/3d``                       ``batch_norm``             ``momentum=None``: cumulative average
 ``LayerNorm``, ``RMSNorm``                  ``layer_norm``,            parameters cast to float32 for half inputs
@@ -60,7 +60,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from ..nn.normalization import empty_norm
-from ..nn.pooling import check_half_window
+from ..nn.pooling import check_half_window, divisor_factor
 from ..ops import rnn as _rnn
 from ..ops.dropout import DropoutState, default_state
 from . import op  # the package is initialised first: this module is imported on first use
@@ -390,16 +390,14 @@ def _include_pad_fix(sizes: Any, k: Any, s: Any, p: Any, out: Any) -> list[list[
 class _AvgPool(_Twin):
     nsp: ClassVar[int]
 
-    @classmethod
-    def refuse(cls, m: Any) -> str | None:
-        if getattr(m, "divisor_override", None) is not None:
-            return f"divisor_override={m.divisor_override!r} is not supported (cuDNN's average has no divisor)"
-        return None
-
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check()
         k, s, p = _pool_args(self, self.nsp)
         x, added = _batched(input, self.nsp)
+        if getattr(self, "divisor_override", None) is not None:  # the include-padding average, times a factor
+            y = _first(_call("pooling", {"x": x}, mode="avg_include_padding", window=k, stride=s, padding=p,
+                             ceil_mode=bool(self.ceil_mode))) * divisor_factor(k, self.divisor_override)  # fmt: skip
+            return y.squeeze(0) if added else y
         mode = "avg_include_padding" if self.count_include_pad else "avg_exclude_padding"
         y = _first(_call("pooling", {"x": x}, mode=mode, window=k, stride=s, padding=p,
                          ceil_mode=bool(self.ceil_mode)))  # fmt: skip

@@ -200,6 +200,22 @@ def copy_into(dst: Any, src: Any, grad: bool = True) -> Any:
     return dst
 
 
+def inplace_source(x: Any, inplace: bool) -> Any:
+    """What an op with ``inplace=True`` reads, as torch's in-place functions behave: ``x`` itself, except where
+    autograd records ``x`` (grad mode on, ``x`` requires grad): a leaf is refused with torch's error, and a
+    non-leaf is read through a clone, so that writing the result into ``x`` (``copy_``, recorded: the gradient
+    flows back through the op) leaves the op's saved input unchanged."""
+    if not (inplace and getattr(x, "requires_grad", False)):
+        return x
+    import torch
+
+    if not torch.is_grad_enabled():
+        return x
+    if x.is_leaf:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+    return x.clone()
+
+
 def clone(a: Any) -> Any:
     return a.clone() if library(a) == "torch" else a.copy()
 

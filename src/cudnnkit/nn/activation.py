@@ -6,7 +6,7 @@ import warnings
 from typing import Any
 
 from ..runtime.dtypes import FLOATS, canonical
-from ._common import as_int, call1, cast, check_dtype, copy_into, real
+from ._common import as_int, call1, cast, check_dtype, copy_into, inplace_source, real
 
 __all__ = [
     "softmax",
@@ -57,27 +57,11 @@ def log_softmax(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype:
 
 def _act(input: Any, mode: str, inplace: bool, coef: float | None = None, nan: bool = False) -> Any:
     check_dtype(input, FLOATS, "input", "cuDNN's activation")  # torch's take integers too
-    src = _source(input, inplace)
+    src = inplace_source(input, inplace)
     x = src.reshape(1) if src.ndim == 0 else src  # cuDNN's tensors have 1 to 8 dims: a scalar as (1,)
     y = call1("activation", x, mode=mode, coef=coef, propagate_nan=nan)
     y = y.reshape(()) if input.ndim == 0 else y
     return copy_into(input, y) if inplace else y
-
-
-def _source(x: Any, inplace: bool) -> Any:
-    """What an op with ``inplace=True`` reads, as torch's in-place functions behave: ``x`` itself, except where
-    autograd records ``x`` (grad mode on, ``x`` requires grad): a leaf is refused with torch's error, and a
-    non-leaf is read through a clone, so that writing the result into ``x`` (``copy_``, recorded: the gradient
-    flows back through the op) leaves the op's saved input unchanged."""
-    if not (inplace and getattr(x, "requires_grad", False)):
-        return x
-    import torch
-
-    if not torch.is_grad_enabled():
-        return x
-    if x.is_leaf:
-        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-    return x.clone()
 
 
 def relu(input: Any, inplace: bool = False) -> Any:
@@ -152,7 +136,7 @@ def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = F
     if not training or p == 0.0:  # torch returns the input itself (any dtype)
         return input
     check_dtype(input, ("float16", "float32", "float64"), "input", "cuDNN's dropout")
-    src = _source(input, inplace)
+    src = inplace_source(input, inplace)
     if p == 1.0:  # cuDNN takes p < 1: every element dropped
         y = src * 0
     else:

@@ -151,6 +151,6 @@ def _with_refused(x: Any, costs: Any, run_: list[int], il: list[int], tl: list[i
             out[run_] = costs
         for i in empty:
             v = x[: il[i], i]
-            m = v.max(axis=-1, keepdims=True) if il[i] else v[:, :1]
+            m = v.max(axis=-1, keepdims=True)
             out[i] = -(v[:, 0] - (m + cupy.log(cupy.exp(v - m).sum(axis=-1, keepdims=True)))[:, 0]).sum()
         return out

@@ -287,8 +287,8 @@ def _fused(r: _Conv, views: Any, kw: Any) -> _Conv:
         act = resolve_activation(act, kw.get("activation_coef"), nan, name="activation", coef_name="activation_coef")
     elif kw.get("activation_coef") is not None:
         raise TypeError("activation_coef is for activation=: pass one")
-    elif nan_propagation(nan) == lib.CUDNN_PROPAGATE_NAN:  # a bool (TypeError naming it else), True without act
-        raise TypeError("propagate_nan is the fused activation's NaN rule: pass activation=")
+    else:
+        _nan_rule(nan, act)
     z_alpha = check_scalar(kw.get("z_alpha", 1.0), "z_alpha")
     fused = vb is not None or vz is not None or act is not None
     if fused and kw.get("beta", 0.0) != 0.0:
@@ -1099,11 +1099,17 @@ def _new(shape: tuple[int, ...], strides: tuple[int, ...] | None, dtype: str) ->
     return Spec(tuple(shape), tuple(strides) if strides is not None else contiguous_strides(tuple(shape)), dtype)
 
 
+def _nan_rule(propagate_nan: Any, activation: Any) -> None:
+    """``propagate_nan`` checked: a bool (``TypeError`` naming it), True only with the activation it is the rule
+    of."""
+    if nan_propagation(propagate_nan) == lib.CUDNN_PROPAGATE_NAN and activation is None:
+        raise TypeError("propagate_nan is the fused activation's NaN rule: pass activation=")
+
+
 def _l3_refuse(dtype: str, z: Any, activation: Any, coef: Any = None, propagate_nan: Any = False) -> None:
     """What the differentiable convolution does not take (``NotImplementedError`` naming it; ``propagate_nan``
     without the activation it is the rule of: ``TypeError``)."""
-    if nan_propagation(propagate_nan) == lib.CUDNN_PROPAGATE_NAN and activation is None:  # a bool, else TypeError
-        raise TypeError("propagate_nan is the fused activation's NaN rule: pass activation=")
+    _nan_rule(propagate_nan, activation)
     if dtype in _QUANT_OUT:
         raise NotImplementedError(f"the differentiable convolution takes float x and w, not {dtype}: the quantized "
                                   "forward (scale * conv) has no backward; call convolution_forward")  # fmt: skip

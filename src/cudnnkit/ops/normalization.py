@@ -319,11 +319,16 @@ def _bn_fwd_call(c: Call) -> None:
         lib.cudnnActivationForward(h, _relu(r.nan), one, yd, vy.ptr, zero, yd, vy.ptr)
 
 
+def _relu_act(propagate_nan: bool = False) -> Any:
+    """The fused ReLU (:class:`~cudnnkit.ops.activation.Act`): its legacy descriptor and its graph node."""
+    from .activation import resolve_activation
+
+    return resolve_activation("relu", None, propagate_nan)
+
+
 def _relu(propagate_nan: bool = False) -> Any:
     """The fused ReLU's cached activation descriptor (``CUDNN_PROPAGATE_NAN`` when asked for)."""
-    from .activation import activation_descriptor
-
-    return activation_descriptor("relu", propagate_nan)
+    return _relu_act(propagate_nan).descriptor
 
 
 def _bn_ops(r: _BN) -> int:
@@ -581,7 +586,7 @@ def _bn_graph_fwd_build(c: Call) -> tuple[Any, dict]:
     if r.z:
         y = b.g.pointwise("ADD", y, b.tensor("z", v["z"].shape, v["z"].strides, r.dtype))
     if r.act:
-        y = b.g.pointwise("RELU_FWD", y, **({"nan_propagation": True} if r.nan else {}))
+        y = _relu_act(r.nan).pointwise(b.g, y)
     b.output(y, "y", r.dtype, v["y"].strides)
     if r.mask:  # cudnn-frontend's BN_RELU: CMP_GT(relu_out, 0), a bit-packed channels-last BOOLEAN output
         m = b.g.pointwise("CMP_GT", y, b.g.scalar(0.0, ndim=y.ndim), dtype="bool", name="relu_mask")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ... import lib
 from ...lib.backend import BackendDescriptor
 from ...runtime import canonical, cudnn_dtype
-from ..checks import as_int, as_real, broadcast
+from ..checks import as_bool, as_int, as_real, broadcast
 from ..constants import POINTWISE_ARITY, POINTWISE_MODES, PW_PARAMS
 from ..errors import GraphError
 from ..tensor import Node, Tensor
@@ -88,9 +88,7 @@ class PointwiseNodes:
             **values,
         }
         if nan_propagation is not None:
-            if not isinstance(nan_propagation, bool):
-                raise TypeError(f"nan_propagation must be True, False or None, not {nan_propagation!r}")
-            attrs["nan_propagation"] = nan_propagation
+            attrs["nan_propagation"] = as_bool(nan_propagation, "nan_propagation")
         out = self._out(dims, ins["x"], dtype, name or key.lower())
         self._add("pointwise", attrs, ins, {"dx" if arity == "dy,x" else "y": out})
         return out

@@ -573,6 +573,17 @@ def test_norm_twins_of_an_empty_batch_are_torchs(fake_ops):
     assert int(twin.weight.numel()) == 4 and not any(f.calls for f in fake_ops.values())
 
 
+@pytest.mark.parametrize("shape", [(0, 3, 4, 4), (2, 3, 0, 4)])
+@pytest.mark.parametrize("train", [True, False])
+def test_instance_norm_of_an_empty_input_keeps_its_running_statistics(fake_ops, shape, train):
+    """An empty input (a zero batch or a zero spatial dim) with running statistics: an empty result and the
+    statistics untouched, as torch leaves them for a zero spatial dim (they were a mean of nothing: NaN)."""
+    m = nn.InstanceNorm2d(3, affine=True, track_running_stats=True).train(train)
+    assert m(torch.zeros(shape)).shape == shape
+    assert torch.equal(m.running_mean, torch.zeros(3)) and torch.equal(m.running_var, torch.ones(3))
+    assert not any(f.calls for f in fake_ops.values())
+
+
 def test_batch_norm_1d_and_one_value_per_channel(fake_ops):
     _same("BatchNorm1d", (3,), D, _x(4, 3))
     _same("BatchNorm1d", (3,), D, _x(4, 3, 5))

@@ -597,6 +597,8 @@ class _InstanceNorm(_Twin):
         if self.running_mean is None:
             w, b = _param(self.weight, input, (C,), 1.0), _param(self.bias, input, (C,), None)
             return _first(_call("instance_norm", {"x": input, "scale": w, "bias": b}, epsilon=self.eps))
+        if input.numel() == 0:  # torch's empty result, the running statistics untouched (not a mean of nothing)
+            return empty_norm(input, self.weight, self.bias)
         # training with running statistics: torch's way, a batch norm of (1, N * C, *spatial)
         N = input.shape[0]
         x = input.reshape(1, N * C, *input.shape[2:])

@@ -499,6 +499,22 @@ def test_scaled_dot_product_attention_dropout_on_cupy_arrays():
     assert rel(torch.from_dlpack(o).cpu(), o_ref) < BF16_TOL
 
 
+def test_scaled_dot_product_attention_cupy_key_padding_mask():
+    """A CuPy key-padding mask (B, 1, 1, S_kv), broadcast in its last two dims as torch broadcasts it
+    (cupy.broadcast_to: a zero-stride view the op copies), against torch's float64 attention on the same values."""
+    cp = pytest.importorskip("cupy")
+    torch.manual_seed(10)
+    qt, kt, vt = (r(2, 4, 48, 64).to(torch.bfloat16) for _ in range(3))
+    mt = torch.zeros(2, 1, 1, 48, device="cuda", dtype=torch.bfloat16)
+    mt[0, ..., 40:] = -1e4
+    mt[1, ..., :5] = -1e4
+    q, k, v, m = (cp.from_dlpack(t) for t in (qt, kt, vt, mt))
+    o = nn.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    assert isinstance(o, cp.ndarray) and o.shape == (2, 4, 48, 64)
+    want = F.scaled_dot_product_attention(*(t.double() for t in (qt, kt, vt, mt)))
+    assert rel(torch.from_dlpack(o).double(), want) < BF16_TOL
+
+
 # ----------------------------------------------------------------- the CuPy path (forward)
 
 

@@ -216,6 +216,16 @@ def inplace_source(x: Any, inplace: bool) -> Any:
     return x.clone()
 
 
+def broadcast_to(a: Any, shape: tuple[int, ...]) -> Any:
+    """A view of ``a`` broadcast to ``shape`` (``expand``, differentiable; ``cupy.broadcast_to``): zero strides
+    in the broadcast dims, no copy."""
+    if library(a) == "torch":
+        return a.expand(*shape)
+    import cupy
+
+    return cupy.broadcast_to(a, shape)
+
+
 def clone(a: Any) -> Any:
     return a.clone() if library(a) == "torch" else a.copy()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import call1, check_dtype, dropout_seed, dtype_of, real
+from ._common import broadcast_to, call1, check_dtype, dropout_seed, dtype_of, real
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -61,15 +61,12 @@ def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any,
 def _expand_rows(mask: Any, sq_skv: tuple[int, int]) -> Any:
     """A torch mask broadcast in its last two dims (a key-padding ``(B, 1, 1, S_kv)``) as a view of ``(..., S_q,
     S_kv)`` (cuDNN's mask broadcasts over batch and heads only; the op copies the view to the packed layout it
-    reads). Torch tensors only (``expand``); another library's is refused by name."""
+    reads)."""
     last = (1,) * (2 - mask.ndim) + tuple(mask.shape)[-2:]  # a 1-d mask (S_kv,) is a row: (1, S_kv)
     if any(d not in (1, want) for d, want in zip(last, sq_skv)):
         raise ValueError(f"scaled_dot_product_attention: attn_mask of shape {tuple(mask.shape)} does not broadcast "
                          f"to (..., S_q, S_kv) = (..., {sq_skv[0]}, {sq_skv[1]})")  # fmt: skip
-    if not hasattr(mask, "expand"):
-        raise NotImplementedError(f"scaled_dot_product_attention: attn_mask of shape {tuple(mask.shape)} broadcast "
-                                  "in its last two dims: pass it as (..., S_q, S_kv) for this array library")  # fmt: skip
-    return mask.expand(*mask.shape[:-2], *sq_skv)
+    return broadcast_to(mask, (*mask.shape[:-2], *sq_skv))
 
 
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,

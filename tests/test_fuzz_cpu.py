@@ -348,6 +348,30 @@ def test_pooling_y_is_not_derived_for_a_padding_that_changes_its_shape():
     assert y.tolist() == [[[max(x[0, c, max(i - 1, 0) : i + 2]) for i in range(5)] for c in range(4)]]
 
 
+def test_batch_norm_backward_reads_z_grad_before_out(fakes):
+    """Seed 1603 (batch_norm_backward's fused options): ``z_grad`` is checked as a bool before ``out=`` is split
+    by it. A NumPy True (which the op's checks take as True, computing dz) asked for a 3-tuple ``out`` and dropped
+    dz from the result; ``z_grad=2`` with a 4-tuple ``out`` was refused as "out must be a tuple of 3", naming no
+    z_grad."""
+    import numpy as np
+
+    from tests.fuzz.materialize import FakeArray, ReachedDevice
+
+    def arr(shape):
+        strides = tuple(int(np.prod(shape[i + 1 :])) for i in range(len(shape)))
+        return FakeArray(shape, "float32", strides, fakes.alloc(4 * int(np.prod(shape))), "fakeA")
+
+    def call(z_grad):
+        x, p = (lambda: arr((4, 3, 2, 2))), (lambda: arr((3,)))
+        return cudnnkit.ops.batch_norm_backward(x(), x(), p(), p(), p(), activation="relu", y=x(), z_grad=z_grad,
+                                                out=(None,) * 4)  # fmt: skip
+
+    with pytest.raises(ReachedDevice):
+        call(np.True_)
+    with pytest.raises(TypeError, match="z_grad must be a bool"):
+        call(2)
+
+
 # ----------------------------------------------------------------- the worker machinery
 
 

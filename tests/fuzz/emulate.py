@@ -185,10 +185,128 @@ def _sample(ctx: Any, backward: bool = False) -> Any:
     y = torch.nn.functional.grid_sample(xt, gt, mode="bilinear", padding_mode="zeros", align_corners=True)
     if not backward:
         return _blend(ctx, _np(y))
-    from .specs import fnum
-
     dx, dg = torch.autograd.grad(y, (xt, gt), _t(ctx.x("dy")))
-    return _round(ctx, _np(dx) * fnum(ctx.param("alpha", 1.0), 1.0)), _round(ctx, _np(dg))
+    return _blend(ctx, _np(dx), out="dx_out"), _blend(ctx, _np(dg), "dgrid_out", "alpha_dgrid", "beta_dgrid")
+
+
+def _pool_sizes(sizes, window, stride, pre, post, ceil: bool) -> list[int]:
+    """Output sizes: torch's own pooling's (its ``ceil_mode``) where it takes the padding (both sides alike, at most
+    half the window), else torch's rule written out with the padding before and after apart."""
+    import torch
+
+    out = []
+    for i, k, s, a, b in zip(sizes, window, stride, pre, post):
+        if a == b and 2 * a <= k:
+            out.append(int(torch.nn.functional.max_pool1d(torch.zeros(1, 1, i), k, s, a, ceil_mode=ceil).shape[-1]))
+            continue
+        span = i + a + b - k
+        n = (-(-span // s) if ceil else span // s) + 1
+        if ceil and n > 1 and (n - 1) * s >= i + a:
+            n -= 1
+        out.append(n)
+    return out
+
+
+def _pooling(ctx: Any, backward: bool = False) -> Any:
+    """``pooling_forward``/``_backward`` by torch's pooling over the input padded explicitly (``F.pad``: -inf for
+    max, zeros for averages, whose exclude-padding form divides by the pooled ones-mask), cropped to the output
+    size torch gives (with ``ceil_mode``): a window past the declared padding counts its padding as cuDNN, given
+    that padding, does (an average including padding divides by the whole window). With ``return_index`` the index
+    is torch's argmax, made relative to its window (row-major, padded cells counted)."""
+    import torch
+
+    fn = torch.nn.functional
+    x = ctx.x("x")
+    mode = ctx.param("mode", "max")
+    window = tuple(int(v) for v in ctx.param("window"))
+    stride = ctx.param("stride")
+    stride = window if stride is None else tuple(int(v) for v in stride)
+    pad = tuple(ctx.param("padding"))
+    pre = [int(p[0] if isinstance(p, (tuple, list)) else p) for p in pad]
+    post = [int(p[1] if isinstance(p, (tuple, list)) else p) for p in pad]
+    nsp = x.ndim - 2
+    out = _pool_sizes(x.shape[2:], window, stride, pre, post, bool(ctx.param("ceil_mode", False)))
+    wide = [max(b, (o - 1) * s + k - i - a) for i, k, s, a, b, o in zip(x.shape[2:], window, stride, pre, post, out)]
+    flat = [v for a, b in reversed(list(zip(pre, wide))) for v in (a, b)]
+    crop = (slice(None), slice(None), *(slice(0, o) for o in out))
+    index = mode.startswith("max") and not backward and ctx.param("return_index", False) is True
+    if x.shape[0] == 0:
+        if backward:
+            return _round(ctx, np.zeros(x.shape))
+        y0 = np.zeros((*x.shape[:2], *out))
+        return (y0, None) if index else y0
+    maxp, avgp = getattr(fn, f"max_pool{nsp}d"), getattr(fn, f"avg_pool{nsp}d")
+
+    def fwd(xt):
+        if mode.startswith("max"):
+            return maxp(fn.pad(xt, flat, value=-math.inf), window, stride)[crop]
+        y = avgp(fn.pad(xt, flat), window, stride)
+        if mode == "avg_exclude_padding":
+            y = y / avgp(fn.pad(torch.ones_like(xt), flat), window, stride)
+        return y[crop]
+
+    if backward:
+        xt = _t(x, True)
+        (dx,) = torch.autograd.grad(fwd(xt), xt, _t(ctx.x("dy")))
+        return _blend(ctx, _np(dx))
+    y = _blend(ctx, _np(fwd(_t(x))))
+    if not index:
+        return y
+    padded = fn.pad(_t(x), flat, value=-math.inf)
+    _, flat_idx = maxp(padded, window, stride, return_indices=True)
+    coords = np.unravel_index(flat_idx[crop].numpy(), padded.shape[2:])
+    rel = [c - (np.arange(o) * s).reshape([-1 if j == d else 1 for j in range(nsp)])
+           for d, (c, o, s) in enumerate(zip(coords, out, stride))]  # fmt: skip
+    return y, np.ravel_multi_index(rel, window).astype(np.float64)
+
+
+def _batch_norm(ctx: Any, backward: bool = False) -> Any:
+    """``batch_norm_forward``/``_backward`` by torch's ``batch_norm`` (per activation: over ``(N, C * spatial)``
+    features), its running-statistics update written into the arrays given, its autograd for the backward; the
+    fused ReLU as ``relu(bn(x) + z)`` forward, and backward the gradient passed where the given ``y`` is positive
+    (``dz`` that gradient)."""
+    import torch
+
+    from .specs import _dx_ref, _true, fnum
+
+    fn = torch.nn.functional
+    mode = ctx.param("mode", "spatial")
+    eps = fnum(ctx.param("epsilon", 1e-5), 1e-5)
+    relu = ctx.param("activation") == "relu"
+    x = ctx.x("x")
+    ps = ctx.x("scale").shape
+
+    def flat(t):
+        return t.reshape(t.shape[0], -1) if mode == "per_activation" else t
+
+    if backward:
+        dy = ctx.x("dy")
+        if relu:
+            dy = np.where(ctx.x("y") > 0, dy, 0.0)
+        xt, st, bt = _t(x, True), _t(ctx.x("scale").reshape(-1), True), _t(np.zeros(math.prod(ps)), True)
+        y = fn.batch_norm(flat(xt), None, None, st, bt, training=True, eps=eps)
+        dx, ds, db = torch.autograd.grad(y, (xt, st, bt), flat(_t(dy)))
+        if _dx_ref(_np(dx), dy, ctx.x("scale") * ctx.x("saved_inv_std")) is None:
+            raise Skip("dx cancels to rounding noise (two values per statistic): the check compares no values")
+        out = (_round(ctx, _np(dx)), _np(ds).reshape(ps), _np(db).reshape(ps))
+        return out + ((_round(ctx, dy),) if relu and _true(ctx.param("z_grad", False)) else ())
+    xt, st, bt = _t(x), _t(ctx.x("scale").reshape(-1)), _t(ctx.x("bias").reshape(-1))
+    rm, rv = ctx.x("running_mean"), ctx.x("running_var")
+    training = bool(ctx.param("training", True))
+    stats = [None if v is None else _t(v).reshape(-1).clone() for v in (rm, rv)]
+    y = fn.batch_norm(flat(xt), stats[0], stats[1], st, bt, training=training,
+                      momentum=fnum(ctx.param("momentum", 0.1), 0.1), eps=eps).reshape(x.shape)  # fmt: skip
+    if relu:
+        y = torch.relu(y + (_t(ctx.x("z")) if ctx.x("z") is not None else 0.0))
+    if not training:
+        return _round(ctx, _np(y))
+    for name, t in zip(("running_mean", "running_var"), stats):
+        if t is not None:
+            ctx.arg(name)[...] = _np(t).reshape(ps)
+    dims = (0,) if mode == "per_activation" else (0, *range(2, x.ndim))
+    var, mean = torch.var_mean(xt, dims, unbiased=False)
+    out = (_round(ctx, _np(y)), _np(mean).reshape(ps), _np(torch.rsqrt(var + eps)).reshape(ps))
+    return out + ((None,) if relu else ())
 
 
 def _ctc(ctx: Any) -> Any:
@@ -393,6 +511,10 @@ EMULATORS: dict[str, Callable[[Any], Any]] = {
     "grid_sample_forward": _sample,
     "grid_sample_backward": lambda ctx: _sample(ctx, True),
     "ctc_loss": _ctc,
+    "pooling_forward": _pooling,
+    "pooling_backward": lambda ctx: _pooling(ctx, True),
+    "batch_norm_forward": _batch_norm,
+    "batch_norm_backward": lambda ctx: _batch_norm(ctx, True),
     "set_tensor": _set,
     "scale_tensor": lambda ctx: _set(ctx, True),
     "add_tensor": _add,

@@ -22,6 +22,7 @@ suite until it is described here. The structure issue moves these descriptions o
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -664,9 +665,23 @@ def _sample_draw(d: Draw, lib: str, backward: bool = False) -> Base:
             kw["dgrid_out"] = A((n, ho, wo, 2), dt, fill="nan", out=True, seed=d.seed())
         if d.bool(0.2):
             kw["alpha"] = d.choice([0.5, 2.0])
+        _sample_blends(kw)
         return Base(kw, ("x", "grid", "dy"), {"dtype": dt, "out_tuple": side_draw(kw["x"], "out").bool(0.6)})
     draw_blend(d, kw, dt, (n, c, ho, wo))
     return Base(kw, ("x", "grid"), {"dtype": dt})
+
+
+def _sample_blends(kw: dict) -> None:
+    """The backward's other blends, from a side generator (old seeds regenerate): maybe ``beta`` into a given
+    ``dx_out`` (which then holds values, not NaN), ``alpha_dgrid``, and ``beta_dgrid`` into a given ``dgrid_out``."""
+    side = side_draw(kw["x"], "sample blends")
+    for out, alpha, beta in (("dx_out", None, "beta"), ("dgrid_out", "alpha_dgrid", "beta_dgrid")):
+        if alpha is not None and side.bool(0.35):
+            kw[alpha] = side.choice([0.5, -2.0, 0.0, 1.0])
+        if out in kw and side.bool(0.5):
+            kw[beta] = b = side.choice([0.5, -1.0, 0.0])
+            if b:
+                kw[out] = kw[out].with_(fill="normal")
 
 
 def _sample_shape(case: Case, name: str, old, new) -> str | None:
@@ -692,7 +707,8 @@ def _sample_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
         if not isinstance(res, tuple) or len(res) != 2:
             return [f"returned {type(res).__name__}, not (dx, dgrid)"]
         dxr, dgr = ref_grid_sample_backward(x, g, ctx.x("dy"))
-        dxr = dxr * fnum(ctx.param("alpha", 1.0), 1.0)
+        dxr = ctx.blend(dxr, "dx_out", "alpha", "beta")
+        dgr = ctx.blend(dgr, "dgrid_out", "alpha_dgrid", "beta_dgrid")
         return ctx.compare(res[0], dxr, dt, "dx", tol) + ctx.compare(res[1], dgr, dt, "dgrid", tol * 5)
     return ctx.compare(res, ctx.blend(ref_grid_sample(x, g), "out", "alpha", "beta"), dt, "y", tol)
 
@@ -2665,8 +2681,92 @@ def _pooling_draw(d: Draw, lib: str, backward: bool = False) -> Base:
     side = side_draw(kw["x"], "nan")
     if side.bool(0.2):  # max pooling's NaN rule (distinct finite values: the same result)
         kw["propagate_nan"] = side.bool()
+    ys = _pooling_side_options(kw, dt, backward, sp, st, ys)
     draw_blend(d, kw, dt, xs if backward else ys, layout=("c",))
     return Base(kw, ("dy", "y", "x") if backward else ("x",), {"dtype": dt})
+
+
+def _pooling_side_options(kw: dict, dt: str, backward: bool, sp: tuple, st: tuple, ys: tuple) -> tuple:
+    """Options added after the pooling seeds were in use, from a side generator (old seeds regenerate): maybe
+    ``ceil_mode`` (the output rounds up as torch's: y, dy and out take its shape; where it pads after, the graph
+    runs, so not for float64, which has none); for max pooling (not float64) maybe ``return_index=True`` (the
+    forward returns ``(y, index)``) or, in the backward, ``index=`` the forward's argmax, which the backward needs
+    where the padding after differs from the padding before. Returns y's shape."""
+    side = side_draw(kw["x"], "ceil")
+    mode, win = kw["mode"], kw["window"]
+    pre, post = _pool_split(kw["padding"])
+    cpost = _ceil_post(sp, win, st, pre, post)
+    if side.bool(0.5 if cpost != post else 0.2):  # mostly where it pads after (the graph path, the index)
+        ceil = side.bool(0.85)
+        cpost = cpost if ceil else post
+        if not (dt == "float64" and cpost != post):
+            kw["ceil_mode"] = ceil
+            post = cpost
+            ys = (*ys[:2], *((i + a + b - w) // s + 1 for i, a, b, w, s in zip(sp, pre, post, win, st)))
+            if backward:
+                kw["dy"], kw["y"] = kw["dy"].with_(shape=ys), kw["y"].with_(shape=ys)
+    if not mode.startswith("max") or dt == "float64":
+        return ys
+    if backward:
+        if pre != post or side.bool(0.15):  # the index makes the backward run on the graph
+            kw["index"] = A(ys, _pool_index_dtype(win), fill="derived:index", layout=kw["dy"].layout,
+                            seed=side.seed())  # fmt: skip
+    elif side.bool(0.2):
+        kw["return_index"] = True
+    return ys
+
+
+def _pool_split(padding: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(before, after) per spatial dim of a drawn ``padding`` (ints, or (before, after) pairs)."""
+    pre = tuple(p[0] if isinstance(p, (tuple, list)) else p for p in padding)
+    post = tuple(p[1] if isinstance(p, (tuple, list)) else p for p in padding)
+    return pre, post
+
+
+def _ceil_post(sizes: tuple, window: tuple, stride: tuple, pre: tuple, post: tuple) -> tuple[int, ...]:
+    """The padding after of ``ceil_mode`` as torch defines it (written here, not read from cudnnkit): ``out =
+    ceil((in + before + after - window) / stride) + 1``, less one where the last window would start past the input
+    and its padding before; the padding after grows to hold the last window."""
+    out = []
+    for i, k, s, a, b in zip(sizes, window, stride, pre, post):
+        span = i + a + b - k
+        n = -(-span // s) + 1
+        if n > 1 and (n - 1) * s >= i + a:
+            n -= 1
+        out.append(max(b, (n - 1) * s + k - i - a))
+    return tuple(out)
+
+
+def _pool_index_dtype(window: tuple[int, ...]) -> str:
+    return "int8" if math.prod(window) <= 127 else "int32"
+
+
+def _pool_pads(ctx: Any, sizes: tuple[int, ...], window: tuple, stride: tuple) -> tuple:
+    """The call's padding as (before, after) pairs, ``ceil_mode``'s padding after included."""
+    pre, post = _pool_split(tuple(ctx.param("padding")))
+    if ctx.param("ceil_mode", False):
+        post = _ceil_post(sizes, window, stride, pre, post)
+    return tuple(zip(pre, post))
+
+
+def _pool_index_ref(x: np.ndarray, window: tuple, stride: tuple, pads: tuple) -> np.ndarray:
+    """An argmax index (this module's convention: the position of the window's first maximum, row-major within the
+    window, padded cells counted): what the CPU tiers hold in place of cuDNN's, whose convention is cuDNN's own."""
+    from ..pool_reference import _out as _pool_out
+
+    out = _pool_out(x.shape[2:], window, stride, pads)
+    idx = np.zeros((*x.shape[:2], *out))
+    for o in itertools.product(*(range(n) for n in out)):
+        best = np.full(x.shape[:2], -np.inf)
+        for k, off in enumerate(itertools.product(*(range(w) for w in window))):
+            pos = [oi * s - p[0] + f for oi, s, p, f in zip(o, stride, pads, off)]
+            if any(q < 0 or q >= n for q, n in zip(pos, x.shape[2:])):
+                continue
+            v = x[(slice(None), slice(None), *pos)]
+            hit = v > best
+            best = np.where(hit, v, best)
+            idx[(slice(None), slice(None), *o)] = np.where(hit, k, idx[(slice(None), slice(None), *o)])
+    return idx
 
 
 def _pooling_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
@@ -2680,25 +2780,87 @@ def _pooling_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
     if x is None:
         return None
     window, stride = tuple(ctx.param("window")), ctx.param("stride")  # stride None: the window
-    stride, pad = window if stride is None else tuple(stride), tuple(ctx.param("padding"))
+    stride = window if stride is None else tuple(stride)
+    pad = _pool_pads(ctx, x.shape[2:], window, stride)
     if x.shape[:2] + _pool_out(x.shape[2:], window, stride, pad) != tuple(a.shape):
         # a mutated padding or stride: y cannot be the forward's (and a huge padding's reference would fill all
         # of the host's memory: seed 24 on the GPU, padding 2**40, the worker OOM-killed)
         return None
+    if key == "index":
+        return _pool_index_derive(ctx, x, window, stride, pad)
     return pool_forward(x, ctx.param("mode"), window, stride, pad)
 
 
+def _pool_index_derive(ctx: Any, x: np.ndarray, window: tuple, stride: tuple, pad: tuple) -> np.ndarray:
+    """The backward's ``index=``: on the GPU, what the forward (``return_index=True``) returns for this x (cuDNN's
+    index convention is its own: the backward's result, checked against the max-pooling reference, tests the pair);
+    elsewhere :func:`_pool_index_ref`."""
+    if getattr(ctx.backend, "name", "") == "gpu":
+        got = ctx.setup_values.get("pool_index")
+        if got is None:
+            from cudnnkit import ops
+
+            try:
+                names = ("mode", "window", "stride", "padding", "ceil_mode", "propagate_nan")
+                kw = {n: ctx.param(n) for n in names if n in ctx.case.kwargs}
+                _, index = ops.pooling_forward(ctx.objs["x"], return_index=True, **kw)
+                got = ctx.setup_values["pool_index"] = ctx.got(index)
+            except Exception:  # noqa: BLE001 - a mutated x or parameter the forward refuses: the CPU's index
+                got = None
+        if got is not None:
+            return got
+    return _pool_index_ref(x, window, stride, pad)
+
+
 def _pooling_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
+    """y (or dx) against the reference over the input padded as the call says (``ceil_mode``'s padding after
+    included: an average including padding divides by the whole window there, as cuDNN, given that padding, does;
+    torch divides by the part within input and declared padding, a documented difference). With ``return_index``
+    the forward returns ``(y, index)``; the index, whose convention is cuDNN's, is checked for y's shape, its dtype
+    and its range here, and for its meaning by the backward that takes it (``index=``: dx must be the reference's)."""
     from ..pool_reference import pool_backward, pool_forward
 
     window = tuple(ctx.param("window"))
     stride = ctx.param("stride")  # None: the window (pooling_forward's default)
-    args = (ctx.param("mode"), window, window if stride is None else tuple(stride), tuple(ctx.param("padding")))
+    stride = window if stride is None else tuple(stride)
     x = ctx.x("x")
+    args = (ctx.param("mode"), window, stride, _pool_pads(ctx, x.shape[2:], window, stride))
     ref = pool_backward(x, ctx.x("dy"), *args) if backward else pool_forward(x, *args)
     ref = ctx.blend(ref, "out", "alpha", "beta")
     dt = ctx.dtype
-    return ctx.compare(res, ref, dt, "dx" if backward else "y", _tol(dt, 4.0, f32=1e-5, half=2e-2))
+    p: list[str] = []
+    if not backward and ctx.param("return_index", False) is True:
+        if not (isinstance(res, tuple) and len(res) == 2):
+            return [f"return_index=True returned {type(res).__name__}, not (y, index)"]
+        res, index = res
+        p += _pool_index_problems(ctx, index, ref.shape, window)
+    idx = ctx.case.kwargs.get("index")
+    if backward and isinstance(idx, A) and idx.layout[0] in ("expand", "overlap"):
+        ref = None  # a layout that repeats or shares elements changes the index's values: dx is not the reference
+    tol = _tol(dt, 4.0, f32=1e-5, half=2e-2)
+    return p + ctx.compare(res, ref, dt, "dx" if backward else "y", tol, shape=x.shape if backward else None)
+
+
+def _pool_index_problems(ctx: Any, index: Any, shape: tuple[int, ...], window: tuple[int, ...]) -> list[str]:
+    """The forward's index: y's shape, int8 (int32 for windows of more than 127 cells), a position in the window."""
+    if index is None:
+        return [] if 0 in shape else ["return_index=True returned no index"]
+    p = ctx.compare_shape(index, shape, "index")
+    if p:
+        return p
+    from cudnnkit.runtime import as_view
+
+    try:
+        dtype = as_view(index, "index").dtype
+    except Exception:  # noqa: BLE001 - a host array (the CPU emulation): no device dtype to read
+        dtype = None
+    if dtype is not None and dtype != _pool_index_dtype(window):
+        return [f"index has dtype {dtype}, expected {_pool_index_dtype(window)}"]
+    v = ctx.got(index)
+    if v is not None and v.size and not ((v >= 0) & (v < math.prod(window)) & (v == np.round(v))).all():
+        bad = v[~((v >= 0) & (v < math.prod(window)))]
+        return [f"index holds {bad.ravel()[:4].tolist()}, outside the window's {math.prod(window)} cells"]
+    return []
 
 
 def _pooling_ctor_draw(d: Draw, lib: str) -> Base:
@@ -2739,6 +2901,8 @@ POOLING_PARAMS = {
     "alpha": SCALE,
     "beta": BETA,
 }
+#: the forward's own (mutated only where drawn: an optional keyword would change old seeds' draws)
+POOLING_FWD_PARAMS = {**POOLING_PARAMS, "return_index": Param("bool", strict_verdict="refuse")}
 POOLING_CTOR_PARAMS = {
     "mode": Param("choice", optional_kw=True),
     "window": Param("ints", optional_kw=True, fixed_length=False),
@@ -2925,6 +3089,7 @@ def _bn_op_draw(d: Draw, lib: str, backward: bool = False) -> Base:
         for n in ("dscale", "dbias"):
             if d.bool(0.3):
                 kw[n] = A(ps, pdt, fill="nan", out=True, seed=d.seed())
+        _bn_fused_draw(kw, dt, shape, lay, out_lay, True)
         return Base(kw, ("dy", "x", "scale", "saved_mean", "saved_inv_std"), {"dtype": dt})
     kw["x"] = A(shape, dt, fill="normal:2", layout=lay, seed=d.seed())
     kw["scale"] = A(ps, pdt, seed=d.seed())
@@ -2944,12 +3109,38 @@ def _bn_op_draw(d: Draw, lib: str, backward: bool = False) -> Base:
         for n in ("saved_mean", "saved_inv_std"):
             if d.bool(0.3):
                 kw[n] = A(ps, pdt, fill="nan", out=True, seed=d.seed())
+    _bn_fused_draw(kw, dt, shape, lay, out_lay, False)
     return Base(kw, ("x", "scale", "bias"), {"dtype": dt})
+
+
+def _bn_fused_draw(kw: dict, dt: str, shape: tuple, lay: tuple, out_lay: tuple, backward: bool) -> None:
+    """The fused ReLU, from a side generator (old seeds regenerate): the forward's ``activation="relu"``, maybe with
+    a residual ``z`` (``y = relu(bn(x) + z)``) and ``propagate_nan``; the backward's ``activation="relu"`` with the
+    forward's ``y`` (a ReLU's output: the gradient passes where it is positive), maybe ``z_grad=True`` (``dz``, the
+    ReLU's gradient, maybe into a given ``dz``). (Not drawn: the bit-packed mask, which needs C a multiple of 8, and
+    the fused forward's reserve.)"""
+    side = side_draw(kw["x"], "bn fused")
+    if not side.bool(0.35):
+        return
+    kw["activation"] = "relu"
+    if backward:
+        kw["y"] = A(shape, dt, fill="derived:relu_y", layout=lay, seed=side.seed())
+        if side.bool(0.4):
+            kw["z_grad"] = True
+            if side.bool(0.4):
+                kw["dz"] = A(shape, dt, fill="nan", layout=out_lay, out=True, seed=side.seed())
+        return
+    if side.bool(0.5):
+        kw["z"] = A(shape, dt, layout=lay if side.bool(0.7) else ("c",), seed=side.seed())
+    if side.bool(0.3):
+        kw["propagate_nan"] = side.bool(0.6)
 
 
 def _bn_op_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
     from ..norm_reference import bn_forward
 
+    if key == "relu_y":  # a ReLU's output: zero where it was not active (only where it is positive matters)
+        return np.maximum(np.random.default_rng(a.seed).standard_normal(a.shape), 0.0)
     x = ctx.x("x")
     if x is None:
         return None
@@ -2970,6 +3161,8 @@ def _outs_call(fn: str, outs: tuple[str, ...]) -> Callable[[Any], Any]:
 
         args, kw = list(ctx.call_args()), dict(ctx.call_kwargs())
         given = [kw.pop(n, None) for n in outs]
+        if len(given) > 3 and given[3] is None and not _true(kw.get("z_grad")):
+            given = given[:3]  # batch norm backward's dz: out= has one with z_grad=True
         t = kw.get("training", True)
         inference = isinstance(t, (bool, np.bool_)) and not t
         if inference:
@@ -2980,6 +3173,11 @@ def _outs_call(fn: str, outs: tuple[str, ...]) -> Callable[[Any], Any]:
         return getattr(ops, fn)(*args, **kw)
 
     return call
+
+
+def _true(v: Any) -> bool:
+    """Whether ``v`` is True as a Python or NumPy bool (what cudnnkit's bool options take)."""
+    return isinstance(v, (bool, np.bool_)) and bool(v)
 
 
 def _as_tuple(res: Any) -> tuple:
@@ -3011,23 +3209,40 @@ def _bn_op_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
     tol = _tol(dt, 10.0, f32=1e-4, half=2e-2)
     ptol = _tol(pdt, 10.0, f32=1e-4)
     res = _as_tuple(res)
+    relu = ctx.param("activation") == "relu"
     if backward:
-        dx, ds, db = bn_backward(ctx.x("dy"), x, s, ctx.x("saved_mean"), ctx.x("saved_inv_std"), mode)
-        dx = _dx_ref(dx, ctx.x("dy"), s * ctx.x("saved_inv_std"))
         dy = ctx.x("dy")
-        return (ctx.compare(res[0], dx, dt, "dx", tol, shape=x.shape)
-                + ctx.compare(res[1], _sum_ref(ds, dy), pdt, "dscale", ptol * 4, shape=ds.shape)
-                + ctx.compare(res[2], _sum_ref(db, dy), pdt, "dbias", ptol * 4, shape=db.shape))  # fmt: skip
+        if relu:  # the fused forward's backward: the ReLU's gradient (where its output y is positive) first
+            dy = np.where(ctx.x("y") > 0, dy, 0.0)
+        want = 4 if relu and _true(ctx.param("z_grad", False)) else 3
+        if len(res) != want:
+            return [f"returned {len(res)} arrays, expected {want}"]
+        dx, ds, db = bn_backward(dy, x, s, ctx.x("saved_mean"), ctx.x("saved_inv_std"), mode)
+        dx = _dx_ref(dx, dy, s * ctx.x("saved_inv_std"))
+        p = (ctx.compare(res[0], dx, dt, "dx", tol, shape=x.shape)
+             + ctx.compare(res[1], _sum_ref(ds, dy), pdt, "dscale", ptol * 4, shape=ds.shape)
+             + ctx.compare(res[2], _sum_ref(db, dy), pdt, "dbias", ptol * 4, shape=db.shape))  # fmt: skip
+        return p + (ctx.compare(res[3], dy, dt, "dz", tol) if want == 4 else [])
     b = ctx.x("bias")
     t = ctx.param("training", True)
+
+    def fused(y: np.ndarray) -> np.ndarray:
+        if not relu:
+            return y
+        return np.maximum(y + (ctx.x("z") if ctx.x("z") is not None else 0.0), 0.0)
+
     if not t:
         y = bn_inference(x, s, b, ctx.x("running_mean"), ctx.x("running_var"), eps, mode)
-        return ctx.compare(res[0], y, dt, "y", tol)
+        return ctx.compare(res[0], fused(y), dt, "y", tol)
     rm, rv = ctx.x("running_mean"), ctx.x("running_var")
     mom = fnum(ctx.param("momentum", 0.1), 0.1)
     y, mean, inv, nrm, nrv = bn_forward(x, s, b, eps, mode, rm, rv, mom)
-    p = ctx.compare(res[0], y, dt, "y", tol) + ctx.compare(res[1], mean, pdt, "saved_mean", ptol)
+    if len(res) != (4 if relu else 3):
+        return [f"returned {len(res)} arrays, expected {4 if relu else 3}"]
+    p = ctx.compare(res[0], fused(y), dt, "y", tol) + ctx.compare(res[1], mean, pdt, "saved_mean", ptol)
     p += ctx.compare(res[2], inv, pdt, "saved_inv_std", ptol)
+    if relu and res[3] is not None and len(ctx.shape_of(res[3]) or (0,)) != 1:
+        p.append(f"reserve has shape {ctx.shape_of(res[3])}, not 1-d")
     if rm is not None:
         p += ctx.compare(ctx.arg("running_mean"), nrm, pdt, "running_mean", ptol)
         p += ctx.compare(ctx.arg("running_var"), nrv, pdt, "running_var", ptol)
@@ -3455,10 +3670,10 @@ _add(OpSpec("convolution_backward_bias", _bw(_convolution_draw, which="bias"), {
             {"alpha": SCALE, "beta": BETA}, check=_bw(_convolution_check, which="bias"), shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("Pooling", _pooling_ctor_draw, {}, POOLING_CTOR_PARAMS, check=_pooling_ctor_check, streams=False,
             weight=0.3))  # fmt: skip
-_add(OpSpec("pooling_forward", _pooling_draw, {"x": _in(), "out": _out()}, POOLING_PARAMS, check=_pooling_check,
-            derive=_pooling_derive, shape_rule=_convolution_shape_rule))  # fmt: skip
+_add(OpSpec("pooling_forward", _pooling_draw, {"x": _in(), "out": _out()}, POOLING_FWD_PARAMS,
+            check=_pooling_check, derive=_pooling_derive, shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("pooling_backward", _bw(_pooling_draw, backward=True), {"dy": _in(), "y": _in(), "x": _in(),
-            "index": _in(("int8", "int32"), required=False, fixed_dtype=True), "out": _out()},
+            "index": _in(("int8", "int32"), group=None, required=False, fixed_dtype=True), "out": _out()},
             POOLING_PARAMS, check=_bw(_pooling_check, backward=True), derive=_pooling_derive,
             shape_rule=_convolution_shape_rule))  # fmt: skip
 _add(OpSpec("activation_forward", _activation_draw, {"x": _in(shaped=False, ranks=(1, 8)), "out": _out()},
@@ -3570,12 +3785,13 @@ _add(_gspec("Graph.sdpa_forward", _sdpa_draw, _sdpa_call, _sdpa_check,
             {"q": _grole(), "k": _grole(), "v": _grole(), "o": _grole("out"), "stats": _grole("out", ("float32",))},
             SDPA_PARAMS, 0.5))  # fmt: skip
 
-_add(OpSpec("batch_norm_forward", _bn_op_draw, _BN_FWD_ROLES, _BN_FWD_PARAMS, check=_bn_op_check,
+_add(OpSpec("batch_norm_forward", _bn_op_draw, _BN_FWD_ROLES,
+            {**_BN_FWD_PARAMS, "propagate_nan": Param("bool", strict_verdict="refuse")}, check=_bn_op_check,
             call=_outs_call("batch_norm_forward", ("y", "saved_mean", "saved_inv_std"))))  # fmt: skip
 _add(OpSpec("batch_norm_backward", _bw(_bn_op_draw, backward=True), _BN_BWD_ROLES,
             {**_BN_PARAMS, "z_grad": Param("bool", strict_verdict="refuse", optional_kw=True)},
             check=_bw(_bn_op_check, backward=True), derive=_bn_op_derive,
-            call=_outs_call("batch_norm_backward", ("dx", "dscale", "dbias"))))  # fmt: skip
+            call=_outs_call("batch_norm_backward", ("dx", "dscale", "dbias", "dz"))))  # fmt: skip
 for _m, _fn in (("layer", "layer_norm"), ("rms", "rms_norm"), ("instance", "instance_norm")):
     _stats = ("inv_std",) if _m == "rms" else ("mean", "inv_std")
     _grads = ("dscale",) if _m == "rms" else ("dscale", "dbias")

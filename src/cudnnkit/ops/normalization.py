@@ -890,6 +890,7 @@ def batch_norm_backward(
         >>> y, mean, inv_std = ops.batch_norm_forward(x, g, b)
         >>> dx, dg, db = ops.batch_norm_backward(dy, x, g, mean, inv_std)
     """
+    z_grad = as_bool(z_grad, "z_grad")  # first: a NumPy True asks for dz too, and out= is read by it
     names = ("dx", "dscale", "dbias", "dz") if z_grad is True else ("dx", "dscale", "dbias")
     got = _outs("batch_norm_backward", out, names)
     dx, ds, db = got[:3]

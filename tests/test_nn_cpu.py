@@ -373,13 +373,46 @@ def test_pack_targets():
 
 
 def test_ceil_mode_windows_past_the_padding():
-    assert nn.pooling.ceil_pads_past((5,), (2,), (2,), (0,))  # the last window starts at 4: cell 5 is past
-    assert not nn.pooling.ceil_pads_past((4,), (2,), (2,), (0,))
-    assert not nn.pooling.ceil_pads_past((7, 7), (3, 3), (3, 3), (1, 1))  # ceil adds no window here
-    assert nn.pooling.ceil_pads_past((6, 6), (3, 3), (3, 3), (1, 1))  # the last covers input, padding and past
+    f = nn.pooling.include_pad_factor
+    assert f((5,), (2,), (2,), (0,), (3,)) == ((1.0, 1.0, 2.0),)  # the last window starts at 4: cell 5 is past
+    assert f((4,), (2,), (2,), (0,), (2,)) is None
+    assert f((7, 7), (3, 3), (3, 3), (1, 1), (3, 3)) is None  # ceil adds no window here
+    assert f((6, 6), (3, 3), (3, 3), (1, 1), (3, 3)) == ((1.0, 1.0, 1.5),) * 2  # the last covers input, padding, past
     # torch's divisor for such a window is its part within input + padding: not cuDNN's whole window
     x = torch.ones(1, 1, 5)
     assert F.avg_pool1d(x, 2, ceil_mode=True, count_include_pad=True)[0, 0, -1].item() == 1.0
+
+
+@pytest.mark.parametrize("n, kw", [(1, dict(kernel_size=2, ceil_mode=True)),
+                                   (2, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+                                   (3, dict(kernel_size=(2, 3, 3), stride=(2, 2, 3), padding=(0, 1, 1), ceil_mode=True)),
+                                   (2, dict(kernel_size=3, stride=2, padding=1, ceil_mode=False))])  # fmt: skip
+def test_avg_pool_ceil_mode_with_count_include_pad_as_torchs(monkeypatch, n, kw):
+    """A ceil-mode window reaching past the padding: cuDNN's include-padding average divides by the whole window (a
+    torch stand-in: divisor_override=prod(window)); times the per-position factor window / clipped it is torch's,
+    forward and backward (it was refused)."""
+    import cudnnkit.torch as ckt
+
+    def op(name):
+        def f(x, *, mode, window, stride, padding, ceil_mode):
+            assert mode == "avg_include_padding"
+            if x.dim() == 3:  # no divisor_override in avg_pool1d: as 2-d
+                y = f(x[..., None], mode=mode, window=(*window, 1), stride=(*stride, 1), padding=(*padding, 0),
+                      ceil_mode=ceil_mode)  # fmt: skip
+                return y[..., 0]
+            pool = getattr(F, f"avg_pool{x.dim() - 2}d")
+            return pool(x, window, stride, padding, ceil_mode, True, divisor_override=math.prod(window))
+
+        return f
+
+    monkeypatch.setattr(ckt, "op", op)
+    shape = {1: (2, 3, 5), 2: (2, 3, 8, 6), 3: (1, 2, 5, 6, 7)}[n]
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64, requires_grad=True)
+    got = getattr(nn, f"avg_pool{n}d")(x, **kw)
+    want = getattr(F, f"avg_pool{n}d")(x, **kw)
+    torch.testing.assert_close(got, want)
+    dy = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(got, x, dy)[0], torch.autograd.grad(want, x, dy)[0])
 
 
 def test_softmax_implicit_dim():
@@ -454,7 +487,6 @@ REFUSED = [
     ("0 to 3 spatial dims", lambda: nn.batch_norm(t(2, 3, 1, 1, 1, 2), None, None, training=True)),
     ("input has dtype int64: cuDNN's activation", lambda: nn.relu(t(3, dtype=torch.int64))),
     ("input has dtype int64: cuDNN's pooling", lambda: nn.max_pool2d(t(1, 1, 4, 4, dtype=torch.int64), 2)),
-    ("ceil_mode", lambda: nn.avg_pool1d(t(1, 1, 5), 2, ceil_mode=True)),
     (
         "padding='same'",
         lambda: nn.conv2d(t(1, 1, 5, 5, dtype=torch.float64), t(1, 1, 2, 2, dtype=torch.float64), padding="same"),

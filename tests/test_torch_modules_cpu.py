@@ -683,8 +683,10 @@ def test_pooling_keywords(fake_ops):
 def test_include_pad_fix_factors():
     # a 7-long input, window 3, stride 2, padding 1, ceil: 4 outputs; the last window [5, 8) clips to [5, 8) of
     # the 7 + 1 padded cells: 3 of 3 (no fix); for 8 long it starts at 7 and clips to [7, 9): 2 cells
-    assert nn._include_pad_fix((7,), (3,), (2,), (1,), (4,)) is None
-    assert nn._include_pad_fix((8,), (3,), (2,), (1,), (5,)) == [[1.0, 1.0, 1.0, 1.0, 1.5]]
+    from cudnnkit.nn.pooling import include_pad_factor
+
+    assert include_pad_factor((7,), (3,), (2,), (1,), (4,)) is None
+    assert include_pad_factor((8,), (3,), (2,), (1,), (5,)) == ((1.0, 1.0, 1.0, 1.0, 1.5),)
 
 
 def _fake_rnn(fake_ops, monkeypatch):

@@ -158,6 +158,14 @@ SAME = [
     ("avg_pool2d", lambda: (r(2, 3, 10, 10),), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
     ("avg_pool2d", lambda: (r(2, 3, 8, 8),), dict(kernel_size=2)),
     ("avg_pool2d", lambda: (r(2, 3, 10, 10),), dict(kernel_size=3, stride=2, ceil_mode=True, count_include_pad=False)),
+    # ceil-mode windows past the padding with count_include_pad: torch's clipped divisor (a factor on cuDNN's)
+    ("avg_pool2d", lambda: (r(2, 3, 8, 6),), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    ("avg_pool1d", lambda: (r(2, 3, 5),), dict(kernel_size=2, ceil_mode=True)),
+    (
+        "avg_pool3d",
+        lambda: (r(1, 2, 5, 6, 7),),
+        dict(kernel_size=(2, 3, 3), stride=(2, 2, 3), padding=1, ceil_mode=True),
+    ),
     ("avg_pool3d", lambda: (r(1, 2, 6, 6, 6),), dict(kernel_size=2, stride=2)),
     ("avg_pool3d", lambda: (r(1, 2, 7, 7, 7),), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
     ("softmax", lambda: (r(4, 10, scale=3),), dict(dim=-1)),
@@ -542,6 +550,7 @@ def test_cupy_arrays_in_cupy_arrays_out():
     _cupy_check(cp, nn.max_pool2d, F.max_pool2d, x, 3, stride=2, padding=1)
     _cupy_check(cp, nn.avg_pool2d, F.avg_pool2d, x, 3, stride=2, padding=1, count_include_pad=False)
     _cupy_check(cp, nn.avg_pool2d, F.avg_pool2d, x, 2)
+    _cupy_check(cp, nn.avg_pool2d, F.avg_pool2d, cr(2, 3, 8, 6), 3, stride=2, padding=1, ceil_mode=True)
     _cupy_check(cp, nn.softmax, F.softmax, x, dim=1)
     _cupy_check(cp, nn.softmax, F.softmax, cr(5, 9), dim=-1)
     _cupy_check(cp, nn.relu, F.relu, x)

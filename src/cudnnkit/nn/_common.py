@@ -68,6 +68,18 @@ def call1(name: str, *inputs: Any, **kw: Any) -> Any:
     return call(name, *inputs, **kw)[0]
 
 
+def from_values(like: Any, values: Any) -> Any:
+    """A new 1-d array of ``like``'s library, device and dtype holding ``values`` (a list of host numbers)."""
+    if library(like) == "torch":
+        import torch
+
+        return torch.tensor(values, dtype=like.dtype, device=like.device)
+    import cupy
+
+    with like.device:
+        return cupy.asarray(values, dtype="float64").astype(like.dtype)
+
+
 # ----------------------------------------------------------------- arguments
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 from ..runtime.dtypes import FLOATS
-from ..runtime.shapes import pool_padding
-from ._common import as_int, batched, call1, check_dtype, ntuple
+from ._common import as_int, batched, call1, check_dtype, from_values, ntuple
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d"]
 
@@ -46,13 +46,32 @@ def divisor_factor(window: tuple[int, ...], divisor_override: Any) -> float:
     return math.prod(window) / d
 
 
-def ceil_pads_past(sizes: tuple[int, ...], window: tuple[int, ...], stride: tuple[int, ...],
-                   padding: tuple[int, ...]) -> bool:  # fmt: skip
-    """Whether ``ceil_mode`` adds windows that reach past the declared padding after (the extra padding cuDNN is
-    given): torch's count_include_pad average divides such a window by its part within input plus padding, cuDNN's
-    by the whole window."""
-    _, post = pool_padding(tuple(sizes), window, stride=stride, padding=padding, ceil_mode=True)
-    return tuple(post) != tuple(padding)
+@functools.lru_cache(maxsize=256)
+def include_pad_factor(sizes: tuple, window: tuple, stride: tuple, padding: tuple,
+                       out: tuple) -> tuple[tuple[float, ...], ...] | None:  # fmt: skip
+    """The factor that turns cuDNN's ceil-mode include-padding average (each window divided by its full size) into
+    torch's (divided by the window clipped to the input plus its padding: ``min(start + k, size + pad) - start``
+    cells): per spatial dim, ``window / clipped`` at each output position (``out``: the output's spatial dims); the
+    factor is their outer product. None where every factor is 1 (no window reaches past the padding)."""
+    per_dim = tuple(tuple(k / (min(i * s - p + k, n + p) - (i * s - p)) for i in range(o))
+                    for n, k, s, p, o in zip(sizes, window, stride, padding, out))  # fmt: skip
+    return None if all(v == 1.0 for f in per_dim for v in f) else per_dim
+
+
+def apply_include_pad_factor(y: Any, sizes: Any, window: Any, stride: Any, padding: Any) -> Any:
+    """``y`` (N, C, *out) of a ceil-mode include-padding average, as torch's: times :func:`include_pad_factor`
+    (differentiable for torch tensors: the gradient is torch's too)."""
+    out = tuple(y.shape[2:])
+    per_dim = include_pad_factor(tuple(sizes), tuple(window), tuple(stride), tuple(padding), out)
+    if per_dim is None:
+        return y
+    f = None
+    for d, v in enumerate(per_dim):  # the outer product of the per-dim vectors, shaped (*out)
+        shape = [1] * len(out)
+        shape[d] = len(v)
+        fd = from_values(y, v).reshape(tuple(shape))
+        f = fd if f is None else f * fd
+    return y * f
 
 
 def _max_pool(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: Any,
@@ -104,13 +123,10 @@ def _avg_pool(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, c
         y = call1("pooling", x, mode="avg_include_padding", window=window, stride=s, padding=p,
                   ceil_mode=bool(ceil_mode)) * divisor_factor(window, divisor_override)  # fmt: skip
         return y if b else y[0]
-    if count_include_pad and ceil_mode and ceil_pads_past(tuple(input.shape[-n:]), window, s, p):
-        raise NotImplementedError(
-            f"{fn}: ceil_mode=True with count_include_pad=True where a window reaches past the padding: torch divides "
-            "it by its part within input and padding, cuDNN by the whole window"
-        )
     mode = "avg_include_padding" if count_include_pad else "avg_exclude_padding"
     y = call1("pooling", x, mode=mode, window=window, stride=s, padding=p, ceil_mode=bool(ceil_mode))
+    if count_include_pad and ceil_mode:
+        y = apply_include_pad_factor(y, tuple(x.shape[2:]), window, s, p)
     return y if b else y[0]
 
 

@@ -7,7 +7,9 @@ spatial dim (1 to 3: a 1-d pooling runs as 2-d with a trailing size-1 window); `
 ``"valid"``/``"same"`` (stride 1) or ``(before, after)`` pairs, and each side must be smaller than the window.
 ``propagate_nan``: max pooling returns NaN for a window holding one (cuDNN's ``CUDNN_PROPAGATE_NAN``), else
 ignores it. ``ceil_mode``: the output size rounds up, as torch defines it
-(:func:`cudnnkit.runtime.shapes.pool_padding`). The output shape is
+(:func:`cudnnkit.runtime.shapes.pool_padding`), the extra cells as padding after; ``"avg_include_padding"``
+divides a window hanging past the declared padding by its whole size, where torch divides by the window clipped
+to input plus declared padding (``cudnnkit.nn``'s ``avg_pool`` rescales those cells). The output shape is
 :func:`cudnnkit.runtime.shapes.pool_output_shape`.
 
 **Paths.** Where both run, the legacy calls (``cudnnPoolingForward``/``Backward``) are taken: measured faster

@@ -38,7 +38,7 @@ functional, and their backward reads the input.
 
 **Average pooling with ceil_mode and count_include_pad.** A ceil-mode window hanging past the padding counts the
 extra cells in cuDNN's divisor (the full window); torch divides by the window clipped to the input plus its padding.
-Where the two differ, the output is multiplied by ``window / clipped`` (:func:`_include_pad_fix`), which gives
+Where the two differ, the output is multiplied by ``window / clipped`` (:func:`cudnnkit.nn.pooling.include_pad_factor`), which gives
 torch's values and, through autograd, its gradient.
 
 **RNN weights.** cuDNN reads one flat buffer. Its layout (:func:`_weight_layout`: ``RNN.weight_params`` on a scratch
@@ -60,7 +60,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from ..nn.normalization import empty_norm
-from ..nn.pooling import check_half_window, divisor_factor
+from ..nn.pooling import apply_include_pad_factor, check_half_window, divisor_factor
 from ..ops import rnn as _rnn
 from ..ops.dropout import DropoutState, default_state
 from . import op  # the package is initialised first: this module is imported on first use
@@ -373,20 +373,6 @@ class MaxPool3d(_MaxPool, torch.nn.MaxPool3d):
     nsp, ops = 3, ("pooling",)
 
 
-def _include_pad_fix(sizes: Any, k: Any, s: Any, p: Any, out: Any) -> list[list[float]] | None:
-    """Per spatial dim, the factor ``window / clipped`` of each output position that turns cuDNN's ceil-mode
-    include-padding average (the full window's divisor) into torch's (the window clipped to the input plus its
-    padding: ``min(start + k, size + pad) - start`` cells); None when every factor is 1."""
-    fix = []
-    for n, kd, sd, pd, od in zip(sizes, k, s, p, out):
-        f = []
-        for o in range(od):
-            start = o * sd - pd
-            f.append(kd / (min(start + kd, n + pd) - start))
-        fix.append(f)
-    return None if all(v == 1.0 for f in fix for v in f) else fix
-
-
 class _AvgPool(_Twin):
     nsp: ClassVar[int]
 
@@ -402,14 +388,7 @@ class _AvgPool(_Twin):
         y = _first(_call("pooling", {"x": x}, mode=mode, window=k, stride=s, padding=p,
                          ceil_mode=bool(self.ceil_mode)))  # fmt: skip
         if self.ceil_mode and self.count_include_pad:
-            fix = _include_pad_fix(x.shape[2:], k, s, p, y.shape[2:])
-            if fix is not None:
-                f = torch.ones((), dtype=y.dtype, device=y.device)
-                for d, v in enumerate(fix):
-                    shape = [1] * y.dim()
-                    shape[2 + d] = len(v)
-                    f = f * torch.tensor(v, dtype=y.dtype, device=y.device).view(shape)
-                y = y * f
+            y = apply_include_pad_factor(y, tuple(x.shape[2:]), k, s, p)
         return y.squeeze(0) if added else y
 
 

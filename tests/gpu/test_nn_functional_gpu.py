@@ -158,6 +158,9 @@ SAME = [
     ("avg_pool2d", lambda: (r(2, 3, 10, 10),), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
     ("avg_pool2d", lambda: (r(2, 3, 8, 8),), dict(kernel_size=2)),
     ("avg_pool2d", lambda: (r(2, 3, 10, 10),), dict(kernel_size=3, stride=2, ceil_mode=True, count_include_pad=False)),
+    # divisor_override: the include-padding average times prod(window) / divisor
+    ("avg_pool2d", lambda: (r(2, 3, 10, 10),), dict(kernel_size=3, stride=2, padding=1, divisor_override=5)),
+    ("avg_pool3d", lambda: (r(1, 2, 7, 7, 7),), dict(kernel_size=3, stride=2, ceil_mode=True, divisor_override=7)),
     # ceil-mode windows past the padding with count_include_pad: torch's clipped divisor (a factor on cuDNN's)
     ("avg_pool2d", lambda: (r(2, 3, 8, 6),), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
     ("avg_pool1d", lambda: (r(2, 3, 5),), dict(kernel_size=2, ceil_mode=True)),
@@ -551,6 +554,7 @@ def test_cupy_arrays_in_cupy_arrays_out():
     _cupy_check(cp, nn.avg_pool2d, F.avg_pool2d, x, 3, stride=2, padding=1, count_include_pad=False)
     _cupy_check(cp, nn.avg_pool2d, F.avg_pool2d, x, 2)
     _cupy_check(cp, nn.avg_pool2d, F.avg_pool2d, cr(2, 3, 8, 6), 3, stride=2, padding=1, ceil_mode=True)
+    _cupy_check(cp, nn.avg_pool2d, F.avg_pool2d, x, 3, stride=2, padding=1, divisor_override=4)
     _cupy_check(cp, nn.softmax, F.softmax, x, dim=1)
     _cupy_check(cp, nn.softmax, F.softmax, cr(5, 9), dim=-1)
     _cupy_check(cp, nn.relu, F.relu, x)
@@ -604,8 +608,6 @@ def _qkv(dtype=torch.bfloat16):
 REFUSED = [
     ("return_indices", lambda: (z(1, 1, 4, 4),), lambda x: nn.max_pool2d(x, 2, return_indices=True)),
     ("dilation", lambda: (z(1, 1, 8, 8),), lambda x: nn.max_pool2d(x, 2, dilation=2)),
-    ("divisor_override", lambda: (z(1, 1, 4, 4),), lambda x: nn.avg_pool2d(x, 2, divisor_override=3)),
-    ("ceil_mode", lambda: (z(1, 1, 10, 10),), lambda x: nn.avg_pool2d(x, 3, 2, ceil_mode=True)),
     ("size=4", lambda: (z(1, 4, 3, 3),), lambda x: nn.local_response_norm(x, 4)),
     (
         "mode='nearest'",
@@ -663,8 +665,6 @@ def test_cupy_refused_before_gpu_work(no_gpu_work):
         nn.max_pool2d(x, 2, dilation=2)
     with pytest.raises(NotImplementedError, match="gelu"):
         nn.gelu(x)
-    with pytest.raises(NotImplementedError, match="divisor_override"):
-        nn.avg_pool2d(x, 2, divisor_override=2)
 
 
 # ----------------------------------------------------------------- every function is covered

@@ -130,6 +130,8 @@ CASES = [
     Case("avgpool2d-ceil-include-pad", lambda nn: nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True),
          (2, 4, 10, 10)),
     Case("avgpool1d", lambda nn: nn.AvgPool1d(3, stride=2), (2, 4, 11)),
+    Case("avgpool2d-divisor", lambda nn: nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, divisor_override=5),
+         (2, 4, 10, 10)),  # fmt: skip
     *_both("avgpool3d", lambda nn: nn.AvgPool3d(2), (2, 3, 4, 6, 6)),
     # normalization
     *_both("batchnorm2d-train", lambda nn: nn.BatchNorm2d(6), (4, 6, 5, 5)),
@@ -353,7 +355,6 @@ REFUSED = [
     pytest.param(lambda nn: nn.MaxPool2d(2, return_indices=True), "return_indices", id="maxpool-return-indices"),
     pytest.param(lambda nn: nn.MaxPool2d(3, dilation=2), "dilation", id="maxpool-dilation"),
     pytest.param(lambda nn: nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), "padding_mode", id="conv-reflect"),
-    pytest.param(lambda nn: nn.AvgPool2d(2, divisor_override=3), "divisor_override", id="avgpool-divisor"),
     pytest.param(lambda nn: nn.LocalResponseNorm(4), "size=4", id="lrn-even"),
     pytest.param(lambda nn: nn.CTCLoss(blank=1), "blank", id="ctc-blank"),
     pytest.param(lambda nn: nn.Hardtanh(-1.0, 1.0), "min_val", id="hardtanh-min"),

@@ -2834,9 +2834,12 @@ def _pooling_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
             return [f"return_index=True returned {type(res).__name__}, not (y, index)"]
         res, index = res
         p += _pool_index_problems(ctx, index, ref.shape, window)
-    idx = ctx.case.kwargs.get("index")
-    if backward and isinstance(idx, A) and idx.layout[0] in ("expand", "overlap"):
-        ref = None  # a layout that repeats or shares elements changes the index's values: dx is not the reference
+    # a layout that repeats or shares elements changes the values it holds: an index, or the x and y that max
+    # pooling's backward searches for the maximum, that no longer match the forward's; dx is not the reference
+    kws = ctx.case.kwargs
+    read = ("index", "x", "y") if str(ctx.param("mode")).startswith("max") else ("index",)
+    if backward and any(isinstance(kws.get(n), A) and kws[n].layout[0] in ("expand", "overlap") for n in read):
+        ref = None
     tol = _tol(dt, 4.0, f32=1e-5, half=2e-2)
     return p + ctx.compare(res, ref, dt, "dx" if backward else "y", tol, shape=x.shape if backward else None)
 

@@ -214,7 +214,7 @@ def _legacy_refuses(r: _Pool) -> str | None:
         return (f"padding {r.pad[: r.nsp]} before and {r.post[: r.nsp]} after (asymmetric, or ceil_mode adding "
                 "padding after): cuDNN's legacy pooling pads both sides alike")  # fmt: skip
     if r.index:
-        return "the argmax index (the graph's resample returns and takes it)"
+        return "the argmax index, return_index=True or index= (only the graph's resample returns and takes it)"
     return None
 
 

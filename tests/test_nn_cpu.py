@@ -712,3 +712,61 @@ def test_functional_rnn_dropout_is_seeded_from_torch():
     params = [torch.zeros(20, 3), torch.zeros(20, 5)] * 2
     cfg = R.rnn_config("lstm", params, False, 2, 0.5, False, "float32", _common.process_seed(x))
     assert cfg.dropout_seed == 7
+
+
+_COLD_COMPILE = """
+import math, sys, warnings, torch
+import torch.nn.functional as F
+from types import SimpleNamespace
+
+def pool(x, *, mode, window, stride, padding, ceil_mode=False):  # cuDNN's include-padding: the whole window
+    assert mode == "avg_include_padding"
+    return F.avg_pool2d(x, window, stride, padding, ceil_mode, True, math.prod(window))
+
+kw = dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)
+x = torch.randn(2, 3, 8, 6)
+if sys.argv[1] == "twin":
+    import cudnnkit.torch.nn as nn
+
+    op = lambda *a, **k: pool(*a, **k)
+    op.d = SimpleNamespace(inputs=("x",), arrays=())
+    nn._op, nn.available = (lambda name: op), (lambda name: True)
+    f = nn.AvgPool2d(**kw)
+else:
+    import cudnnkit.nn as cnn
+    import cudnnkit.torch as ckt
+
+    ckt.op = lambda name: pool
+    f = lambda x: cnn.avg_pool2d(x, **kw)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    y = torch.compile(f, fullgraph=True, backend="eager")(x)
+torch.testing.assert_close(y, F.avg_pool2d(x, **kw))
+"""
+
+
+@pytest.mark.parametrize("form", ["twin", "functional"])
+def test_avg_pool_ceil_include_pad_compiles_cold(form):
+    """A process whose first cudnnkit call is compiled (fullgraph): the factor's arrays are made without loading an
+    adapter in the traced frame (adapters.library_of; Dynamo does not trace importlib), for the twin and the
+    functional form alike (the op stood in by torch's whole-window average)."""
+    r = subprocess.run([sys.executable, "-c", _COLD_COMPILE, form], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_avg_pool_half_ceil_include_pad_rounds_once(monkeypatch):
+    """float16 with the window/clipped factor: the factor applied in float32 to cuDNN's average, rounded once, as
+    torch's float32-accumulated result (a factor in float16 was up to 1.4 eps off)."""
+    import cudnnkit.torch as ckt
+    from cudnnkit.runtime.shapes import pool_padding
+
+    def pool(x, *, mode, window, stride, padding, ceil_mode):  # cuDNN: float accumulation, one rounding
+        assert mode == "avg_include_padding"
+        pre, post = pool_padding(tuple(x.shape[2:]), window, stride=stride, padding=padding, ceil_mode=ceil_mode)
+        xp = F.pad(x.double(), [v for a, b in reversed(list(zip(pre, post))) for v in (a, b)])
+        return getattr(F, f"avg_pool{x.dim() - 2}d")(xp, window, stride).to(x.dtype)
+
+    monkeypatch.setattr(ckt, "op", lambda name: pool)
+    x = torch.randn(4000, 1, 9, 9, generator=torch.Generator().manual_seed(0)).half()
+    kw = dict(kernel_size=5, stride=3, ceil_mode=True, count_include_pad=True)  # last window 3 of 5: factor 5/3
+    torch.testing.assert_close(nn.avg_pool2d(x, **kw), F.avg_pool2d(x.float(), **kw).half())

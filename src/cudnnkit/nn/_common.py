@@ -23,9 +23,9 @@ def library(*arrays: Any) -> str:
     for a in arrays:
         if a is None:
             continue
-        ad = adapters.for_object(a)  # by the type's module: imports only the adapter of a library in use
-        if ad is not None and ad.name in LIBRARIES:
-            return ad.name
+        name = adapters.library_of(a)  # by the type's module, loading no adapter (torch.compile traces this)
+        if name in LIBRARIES:
+            return name
         raise TypeError(f"cudnnkit.nn takes torch tensors or CuPy arrays, got {type(a).__module__}.{type(a).__name__}")
     raise TypeError("cudnnkit.nn needs at least one array")
 
@@ -68,16 +68,16 @@ def call1(name: str, *inputs: Any, **kw: Any) -> Any:
     return call(name, *inputs, **kw)[0]
 
 
-def from_values(like: Any, values: Any) -> Any:
-    """A new 1-d array of ``like``'s library, device and dtype holding ``values`` (a list of host numbers)."""
+def from_values(like: Any, values: Any, dtype: str) -> Any:
+    """A new 1-d array of ``like``'s library and device holding ``values`` (a list of host numbers) in ``dtype``."""
     if library(like) == "torch":
         import torch
 
-        return torch.tensor(values, dtype=like.dtype, device=like.device)
+        return torch.tensor(values, dtype=getattr(torch, dtype), device=like.device)
     import cupy
 
     with like.device:
-        return cupy.asarray(values, dtype="float64").astype(like.dtype)
+        return cupy.asarray(values, dtype=dtype)
 
 
 # ----------------------------------------------------------------- arguments

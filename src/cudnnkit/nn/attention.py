@@ -59,7 +59,7 @@ def check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any,
 
 
 def _expand_rows(mask: Any, sq_skv: tuple[int, int]) -> Any:
-    """A torch mask broadcast in its last two dims (a key-padding ``(B, 1, 1, S_kv)``) as a view of ``(..., S_q,
+    """A mask broadcast in its last two dims (a key-padding ``(B, 1, 1, S_kv)``) as a view of ``(..., S_q,
     S_kv)`` (cuDNN's mask broadcasts over batch and heads only; the op copies the view to the packed layout it
     reads)."""
     last = (1,) * (2 - mask.ndim) + tuple(mask.shape)[-2:]  # a 1-d mask (S_kv,) is a row: (1, S_kv)
@@ -74,8 +74,8 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     """torch's SDPA on cuDNN (float16/bfloat16, ``(B, H, S, D)`` or ``(B, S, D)``): L3 ``sdpa`` (the graph's
     ``sdpa_forward``/``sdpa_backward``) for no mask or the causal one with ``H_kv`` equal to ``H`` or 1, L3
     ``attention`` (``attention_forward``/``attention_backward``) for an additive float ``attn_mask``
-    (broadcastable as torch's: ``(S_q, S_kv)``, ``(1|H, S_q, S_kv)``, ``(1|B, 1|H, S_q, S_kv)``, and a torch mask
-    of size 1 in ``S_q`` or ``S_kv``, such as a key-padding ``(B, 1, 1, S_kv)``, expanded; differentiable: cuDNN's
+    (broadcastable as torch's: ``(S_q, S_kv)``, ``(1|H, S_q, S_kv)``, ``(1|B, 1|H, S_q, S_kv)``, and a mask of
+    size 1 in ``S_q`` or ``S_kv``, such as a key-padding ``(B, 1, 1, S_kv)``, broadcast (a view, either library); differentiable: cuDNN's
     dbias), for ``enable_gqa`` with any key/value head count dividing ``H``, and for ``dropout_p`` in ``(0, 1)``.
     A 3-d call runs as one head.
 

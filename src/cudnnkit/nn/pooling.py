@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
 from ..runtime.dtypes import FLOATS
-from ._common import as_int, batched, call1, check_dtype, from_values, ntuple
+from ._common import as_int, batched, call1, cast, check_dtype, dtype_of, from_values, ntuple
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d"]
 
@@ -46,32 +45,36 @@ def divisor_factor(window: tuple[int, ...], divisor_override: Any) -> float:
     return math.prod(window) / d
 
 
-@functools.lru_cache(maxsize=256)
 def include_pad_factor(sizes: tuple, window: tuple, stride: tuple, padding: tuple,
                        out: tuple) -> tuple[tuple[float, ...], ...] | None:  # fmt: skip
     """The factor that turns cuDNN's ceil-mode include-padding average (each window divided by its full size) into
     torch's (divided by the window clipped to the input plus its padding: ``min(start + k, size + pad) - start``
     cells): per spatial dim, ``window / clipped`` at each output position (``out``: the output's spatial dims); the
-    factor is their outer product. None where every factor is 1 (no window reaches past the padding)."""
-    per_dim = tuple(tuple(k / (min(i * s - p + k, n + p) - (i * s - p)) for i in range(o))
-                    for n, k, s, p, o in zip(sizes, window, stride, padding, out))  # fmt: skip
-    return None if all(v == 1.0 for f in per_dim for v in f) else per_dim
+    factor is their outer product. None where every factor is 1: only the last window of a dim can reach past the
+    padding (checked first, without building the vectors)."""
+    if all(k <= n + p - ((o - 1) * s - p) for n, k, s, p, o in zip(sizes, window, stride, padding, out)):
+        return None
+    return tuple(tuple(k / (min(i * s - p + k, n + p) - (i * s - p)) for i in range(o))
+                 for n, k, s, p, o in zip(sizes, window, stride, padding, out))  # fmt: skip
 
 
 def apply_include_pad_factor(y: Any, sizes: Any, window: Any, stride: Any, padding: Any) -> Any:
-    """``y`` (N, C, *out) of a ceil-mode include-padding average, as torch's: times :func:`include_pad_factor`
-    (differentiable for torch tensors: the gradient is torch's too)."""
+    """``y`` (N, C, *out) of a ceil-mode include-padding average, as torch's: times :func:`include_pad_factor`,
+    in float32 for the half types (float64 for float64) and rounded once to ``y``'s dtype (differentiable for
+    torch tensors: the gradient is torch's too)."""
     out = tuple(y.shape[2:])
     per_dim = include_pad_factor(tuple(sizes), tuple(window), tuple(stride), tuple(padding), out)
     if per_dim is None:
         return y
+    dt = dtype_of(y)
+    acc = "float64" if dt == "float64" else "float32"
     f = None
     for d, v in enumerate(per_dim):  # the outer product of the per-dim vectors, shaped (*out)
         shape = [1] * len(out)
         shape[d] = len(v)
-        fd = from_values(y, v).reshape(tuple(shape))
+        fd = from_values(y, v, acc).reshape(tuple(shape))
         f = fd if f is None else f * fd
-    return y * f
+    return cast(cast(y, acc) * f, dt)
 
 
 def _max_pool(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: Any,

@@ -383,11 +383,13 @@ def test_ceil_mode_windows_past_the_padding():
     assert F.avg_pool1d(x, 2, ceil_mode=True, count_include_pad=True)[0, 0, -1].item() == 1.0
 
 
-@pytest.mark.parametrize("n, kw", [(1, dict(kernel_size=2, ceil_mode=True)),
-                                   (2, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
-                                   (3, dict(kernel_size=(2, 3, 3), stride=(2, 2, 3), padding=(0, 1, 1), ceil_mode=True)),
-                                   (2, dict(kernel_size=3, stride=2, padding=1, ceil_mode=False))])  # fmt: skip
-def test_avg_pool_ceil_mode_with_count_include_pad_as_torchs(monkeypatch, n, kw):
+@pytest.mark.parametrize("n, shape, kw", [
+    (1, (2, 3, 5), dict(kernel_size=2, ceil_mode=True)),
+    (1, (2, 3, 3), dict(kernel_size=4, stride=2, ceil_mode=True)),  # an input shorter than the window: one output
+    (2, (2, 3, 8, 6), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    (3, (1, 2, 5, 6, 7), dict(kernel_size=(2, 3, 3), stride=(2, 2, 3), padding=(0, 1, 1), ceil_mode=True)),
+    (2, (2, 3, 8, 6), dict(kernel_size=3, stride=2, padding=1, ceil_mode=False))])  # fmt: skip
+def test_avg_pool_ceil_mode_with_count_include_pad_as_torchs(monkeypatch, n, shape, kw):
     """A ceil-mode window reaching past the padding: cuDNN's include-padding average divides by the whole window (a
     torch stand-in: divisor_override=prod(window)); times the per-position factor window / clipped it is torch's,
     forward and backward (it was refused)."""
@@ -406,7 +408,6 @@ def test_avg_pool_ceil_mode_with_count_include_pad_as_torchs(monkeypatch, n, kw)
         return f
 
     monkeypatch.setattr(ckt, "op", op)
-    shape = {1: (2, 3, 5), 2: (2, 3, 8, 6), 3: (1, 2, 5, 6, 7)}[n]
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64, requires_grad=True)
     got = getattr(nn, f"avg_pool{n}d")(x, **kw)
     want = getattr(F, f"avg_pool{n}d")(x, **kw)

@@ -280,7 +280,7 @@ def pool_padding(
     extra = []
     for i in range(nsp):
         span = sizes[i] + pre[i] + post[i] - window[i]
-        out = -(-span // stride[i]) + 1 if span >= 0 else span // stride[i] + 1
+        out = -(-span // stride[i]) + 1  # torch's: rounded up, also for an input shorter than the window
         if out > 1 and (out - 1) * stride[i] >= sizes[i] + pre[i]:
             out -= 1
         extra.append(max(0, (out - 1) * stride[i] + window[i] - (sizes[i] + pre[i] + post[i])))

@@ -164,6 +164,8 @@ SAME = [
     # ceil-mode windows past the padding with count_include_pad: torch's clipped divisor (a factor on cuDNN's)
     ("avg_pool2d", lambda: (r(2, 3, 8, 6),), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
     ("avg_pool1d", lambda: (r(2, 3, 5),), dict(kernel_size=2, ceil_mode=True)),
+    ("avg_pool1d", lambda: (r(2, 3, 3),), dict(kernel_size=4, stride=2, ceil_mode=True)),  # input < window: 1 output
+    ("max_pool1d", lambda: (r(2, 3, 3),), dict(kernel_size=4, stride=2, ceil_mode=True)),
     (
         "avg_pool3d",
         lambda: (r(1, 2, 5, 6, 7),),

@@ -386,3 +386,14 @@ def test_the_differentiable_forward_caches_whether_it_keeps_the_index(monkeypatc
     assert pl._index_kept(shape, dict(plain, pool=ops.Pooling(window=2, ceil_mode=True))) is True
     assert pl._index_kept(shape, dict(plain, pool=ops.Pooling(window=2, ceil_mode=True))) is True
     assert len(calls) == 9
+
+
+def test_ceil_mode_takes_a_numpy_bool_as_batch_norms_options_do():
+    """``ceil_mode=np.True_`` is a bool (graph.checks.as_bool, as the other ops' bool options); an int is not."""
+    import numpy as np
+
+    from cudnnkit.ops.pooling import Pooling
+
+    assert Pooling(ceil_mode=np.True_).ceil_mode is True
+    with pytest.raises(TypeError, match="ceil_mode must be a bool, got 1"):
+        Pooling(ceil_mode=1)

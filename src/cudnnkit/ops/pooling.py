@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import lib
+from ..graph.checks import as_bool
 from ..runtime import DescriptorKind, check_choice, get_cached
 from ..runtime.arrays import contiguous_strides
 from ..runtime.cache import LRU, MISSING
@@ -107,8 +108,7 @@ class Pooling:
 
     def __post_init__(self) -> None:
         check_choice(self.mode, _MODES, "mode")
-        if not isinstance(self.ceil_mode, bool):
-            raise TypeError(f"ceil_mode must be a bool, got {self.ceil_mode!r}")
+        object.__setattr__(self, "ceil_mode", as_bool(self.ceil_mode, "ceil_mode"))  # a NumPy bool too
         nan_propagation(self.propagate_nan)  # a bool (TypeError naming it)
         object.__setattr__(self, "window", param_form(self.window, "window", 1))
         if self.stride is not None:

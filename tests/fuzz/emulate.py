@@ -501,6 +501,55 @@ def _sdpa(ctx: Any) -> Any:
     return {"o": _round(ctx, _np(o)), "stats": _np(torch.logsumexp(s, -1, keepdim=True))}
 
 
+def _attention(ctx: Any, backward: bool = False) -> Any:
+    """attention_forward/backward with the drawn variant, vectorized from the docstring's definition (index grids
+    for the band, lengths as column/row limits, torch's autograd for the gradients): not specs' loop-built
+    keep-matrix reference."""
+    import torch
+
+    from .specs import fnum
+
+    q, k, v = (_t(ctx.x(n), True) for n in ("q", "k", "v"))
+    b, h, sq, d = q.shape
+    skv, rep = k.shape[2], h // k.shape[1]
+    kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ kk.transpose(-1, -2)) * fnum(ctx.param("scale", None), 1 / math.sqrt(d))
+    cap = ctx.param("softcap", None)
+    if cap is not None:
+        s = torch.tanh(s / fnum(cap)) * fnum(cap)
+    leaves = {}
+    if ctx.x("attn_mask") is not None:
+        leaves["dbias"] = _t(ctx.x("attn_mask"), True)
+        s = s + leaves["dbias"]
+    row = torch.arange(sq, dtype=torch.float64).view(1, 1, sq, 1)
+    col = torch.arange(skv, dtype=torch.float64).view(1, 1, 1, skv)
+    if ctx.x("alibi_slopes") is not None:
+        s = s + _t(ctx.x("alibi_slopes")).reshape(1, h, 1, 1) * (col - row)
+    if ctx.x("seq_len_q") is not None:
+        lq, lkv = (_t(ctx.x(n)).reshape(b, 1, 1, 1) for n in ("seq_len_q", "seq_len_kv"))
+    else:
+        lq, lkv = torch.full((b, 1, 1, 1), float(sq)), torch.full((b, 1, 1, 1), float(skv))
+    shifted = row + (lkv - lq if ctx.param("diagonal_alignment", "top_left") == "bottom_right" else 0.0)
+    keep = (col < lkv).expand(b, 1, sq, skv)
+    right = 0 if bool(ctx.param("is_causal", False)) else ctx.param("right_bound", None)
+    if right is not None:
+        keep = keep & (col <= shifted + right)
+    if ctx.param("left_bound", None) is not None:
+        keep = keep & (col > shifted - ctx.param("left_bound"))
+    keep = keep | ((row >= lq) & (col < lkv))  # rows past S_q_b: not defined (every key of the sample kept)
+    s = s.masked_fill(~keep, float("-inf"))
+    if ctx.x("sink") is not None:
+        leaves["dsink"] = _t(ctx.x("sink"), True)
+        s = torch.cat([s, leaves["dsink"].reshape(1, h, 1, 1).expand(b, h, sq, 1)], -1)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    o = torch.exp(s - lse)[..., :skv] @ vv
+    if not backward:
+        return _round(ctx, _np(o)), _np(lse)
+    names = ["dq", "dk", "dv"] + [n for n in ("dbias", "dsink") if ctx.param(n, False) is True]
+    grads = torch.autograd.grad(o, [q, k, v] + [leaves[n] for n in names[3:]], _t(ctx.x("do")))
+    return tuple(_np(g) if n == "dsink" else _round(ctx, _np(g)) for g, n in zip(grads, names))
+
+
 EMULATORS: dict[str, Callable[[Any], Any]] = {
     "softmax_forward": _softmax,
     "softmax_backward": _softmax_backward,
@@ -528,4 +577,6 @@ EMULATORS: dict[str, Callable[[Any], Any]] = {
     "Graph.norm_forward": _norm,
     "Graph.norm_backward": lambda ctx: _norm(ctx, True),
     "Graph.sdpa_forward": _sdpa,
+    "attention_forward": _attention,
+    "attention_backward": lambda ctx: _attention(ctx, True),
 }

@@ -3585,8 +3585,9 @@ def _sdpa_op_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
 
 def _attn_op_draw(d: Draw, lib: str, backward: bool = False) -> Base:
     """A valid :func:`~cudnnkit.ops.attention_forward` / ``attention_backward`` call: :func:`_sdpa_op_draw`'s with
-    torch's names (``is_causal``; ``enable_gqa=True`` for a shared key/value head; no ``training``). The variants
-    (masks, lengths, bias, dropout) are checked by tests/test_attention_variants_cpu.py and tests/gpu."""
+    torch's names (``is_causal``; ``enable_gqa=True`` for a shared key/value head; no ``training``), maybe a
+    variant (:func:`_attn_variants`: bounds, alignment, softcap, bias, ALiBi, lengths, sinks). Dropout, packed and
+    paged calls are checked by tests/test_attention_variants_cpu.py and tests/gpu only."""
     base = _sdpa_op_draw(d, lib, backward)
     kw = dict(base.kwargs)
     if "causal" in kw:
@@ -3594,7 +3595,174 @@ def _attn_op_draw(d: Draw, lib: str, backward: bool = False) -> Base:
     kw.pop("training", None)
     if kw["k"].shape[1] != kw["q"].shape[1]:
         kw["enable_gqa"] = True
+    _attn_variants(kw, backward)
     return Base(kw, base.positional, base.setup)
+
+
+def _attn_variants(kw: dict[str, Any], backward: bool) -> None:
+    """Maybe a valid variant (from draws of its own, :func:`side_draw`, so an old seed's case keeps its draws): a
+    softcap alone, or the masks (a left/right bound, bottom-right alignment), ALiBi with a top-left causal mask;
+    an ``attn_mask`` bias (any broadcast shape, q's dtype or float32), padding lengths, sinks; the backward's
+    ``dbias``/``dsink``. Only the combinations attention_forward documents as run (cuDNN 9.19's): the refused
+    ones are the mutations'. With lengths and a band, ``S_q_b <= S_kv_b`` (no valid row loses every key)."""
+    s = side_draw(kw["q"], "attention variants")
+    if not s.bool(0.6):
+        return
+    (b, h, sq, _), skv, dt = kw["q"].shape, kw["k"].shape[2], kw["q"].dtype
+    causal = kw.get("is_causal") is True
+    padded = b >= 1 and s.bool(0.3)
+    left = right = softcap = None
+    bottom = False
+    if not causal and not padded and s.bool(0.25):
+        softcap = s.choice([0.5, 1.0, 2.0, 10.0])  # small: a cap of 50 barely bends scores of a few units
+    else:
+        if (padded or sq <= skv) and s.bool(0.4):
+            left = s.int(1, 4) if s.bool(0.6) else s.int(1, max(sq, skv) + 1)
+        if not causal and s.bool(0.3):
+            right = s.int(0, 3)
+        elif causal and s.bool(0.1):
+            right = 0  # is_causal=True is right_bound=0: the same mask passed both ways
+        banded = causal or left is not None or right is not None
+        if banded and (padded or sq <= skv) and s.bool(0.4):
+            bottom = True
+        elif banded and s.bool(0.2):
+            kw["diagonal_alignment"] = "top_left"
+    if softcap is not None:
+        kw["softcap"] = softcap
+    if left is not None:
+        kw["left_bound"] = left
+    if right is not None:
+        kw["right_bound"] = right
+    if bottom:
+        kw["diagonal_alignment"] = "bottom_right"
+    right_bounded = causal or right is not None
+    if causal and not bottom and s.bool(0.3):
+        shape = (h,) if s.bool() else (1, h, 1, 1)
+        kw["alibi_slopes"] = A(shape, "float32", fill="uniform:0.01:1.0", seed=s.seed())
+    if not (bottom and right_bounded) and s.bool(0.35):
+        lead = s.choice([(), (1,), (h,), (1, 1), (b, 1), (1, h), (b, h)])
+        kw["attn_mask"] = A((*lead, sq, skv), s.choice([dt, dt, "float32"]), seed=s.seed())
+    if sq > 1 and s.bool(0.25):
+        kw["sink"] = A((h,) if s.bool() else (1, h, 1, 1), "float32", seed=s.seed())
+    if padded:
+        banded = causal or left is not None or right is not None
+        lkv = [s.int(1, skv) for _ in range(b)]
+        lq = [s.int(1, min(sq, n) if banded else sq) for n in lkv]
+        shape = (b,) if s.bool() else (b, 1, 1, 1)
+        kw["seq_len_q"] = A(shape, "int32", values=tuple(lq), seed=s.seed())
+        kw["seq_len_kv"] = A(shape, "int32", values=tuple(lkv), seed=s.seed())
+        if backward:
+            kw["do"] = kw["do"].with_(fill="derived:do")  # zero past each S_q_b, as tests/gpu pass it
+    if backward:
+        if "attn_mask" in kw and not padded and s.bool(0.5):
+            kw["dbias"] = True
+        if "sink" in kw and (s.bool(0.5) or True):
+            # always dsink=True: a sink without dsink is refused at the graph's validation ("tensor sink is
+            # dangling"; a library bug, reported): draw ``s.bool(0.5)`` alone again once it is fixed
+            kw["dsink"] = True
+
+
+def _attn_ref(ctx: Any) -> dict[str, Any] | None:
+    """The float64 reference of an attention call as drawn (tests/gpu/test_attention_gpu.py's ``keep_matrix`` and
+    ``reference``, from the definition): o, stats, the gradients of ``do`` (zeros without one), and which rows of
+    q and k/v are defined (``S_q_b``/``S_kv_b``; a row with no key kept is not). None without torch."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    from ..gpu.test_attention_gpu import keep_matrix, reference
+
+    q, k, v = ctx.x("q"), ctx.x("k"), ctx.x("v")
+    if q is None or k is None or v is None or q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        return None
+    b, h, sq, _ = q.shape
+    skv = k.shape[2]
+    lq = lkv = None
+    if ctx.x("seq_len_q") is not None and ctx.x("seq_len_kv") is not None:
+        lq = [int(x) for x in ctx.x("seq_len_q").reshape(-1)]
+        lkv = [int(x) for x in ctx.x("seq_len_kv").reshape(-1)]
+    causal = bool(ctx.param("is_causal", False))
+    left, right = ctx.param("left_bound", None), ctx.param("right_bound", None)
+    align = ctx.param("diagonal_alignment", "top_left")
+    keep = keep_matrix(sq, skv, b=b, causal=causal, left=left, right=right, align=align, lens_q=lq, lens_kv=lkv)
+    do = ctx.x("do") if "backward" in ctx.spec.name else None
+    if do is None or do.shape != q.shape[:3] + v.shape[3:]:
+        do = np.zeros(q.shape[:3] + v.shape[3:])
+    sink = ctx.x("sink")
+    softcap = ctx.param("softcap", None)
+    o, lse, grads = reference(q, k, v, do, scale=_sdpa_scale(ctx, q.shape[-1]), keep=keep, bias=ctx.x("attn_mask"),
+                              slopes=ctx.x("alibi_slopes"), softcap=None if softcap is None else fnum(softcap),
+                              sink=None if sink is None else sink.reshape(1, h, 1, 1))  # fmt: skip
+    rows_q = keep.any(axis=-1)[:, :, :, None]  # (b, 1, sq, 1): a row with a key kept
+    rows_kv = np.ones((b, 1, skv, 1), bool)
+    if lq is not None:
+        for i in range(b):
+            rows_q[i, :, lq[i] :] = False
+            rows_kv[i, :, lkv[i] :] = False
+    return {"o": o, "stats": lse, "grads": grads, "rows_q": rows_q, "rows_kv": rows_kv, "lq": lq}
+
+
+def _attn_op_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
+    """The backward's ``o`` and ``stats`` (the float64 forward of the drawn call, rows past ``S_q_b`` zero as
+    tests/gpu pass them), and with lengths ``do`` (random, zero past ``S_q_b``)."""
+    if key == "do":
+        v = np.random.default_rng(a.seed & 0xFFFFFFFF).standard_normal(a.shape)
+        lq = ctx.x("seq_len_q")
+        if lq is not None and len(a.shape) == 4 and lq.size == a.shape[0]:
+            for i, n in enumerate(lq.reshape(-1)):
+                v[i, :, int(n) :] = 0.0
+        return v
+    ref = _attn_ref(ctx)
+    if ref is None:
+        return None
+    got = np.array(ref[key])
+    if ref["lq"] is not None:
+        for i, n in enumerate(ref["lq"]):
+            got[i, :, n:] = 0.0
+    return got
+
+
+#: relative errors allowed against :func:`_attn_ref` (tests/gpu's bounds, loosened for rows of a few keys)
+_ATTN_TOL = {"o": 2e-2, "stats": 1e-3, "grad": 4e-2}
+
+
+def _attn_op_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
+    """Shapes, then values against the float64 reference (:func:`_attn_ref`) on the defined rows: o and stats;
+    the backward's dq (rows of S_q_b), dk and dv (rows of S_kv_b), dbias and dsink."""
+    q, k, v, dt = ctx.x("q"), ctx.x("k"), ctx.x("v"), ctx.dtype
+    if q is None or k is None or v is None:
+        return []
+    extra = [n for n in ("dbias", "dsink") if ctx.param(n, False) is True]
+    if backward:
+        if not isinstance(res, tuple) or len(res) != 3 + len(extra):
+            return [f"returned {type(res).__name__}, not (dq, dk, dv{''.join(', ' + n for n in extra)})"]
+        shapes = [q.shape, k.shape, v.shape] + [ctx.x("attn_mask" if n == "dbias" else "sink").shape for n in extra]
+        names = ["dq", "dk", "dv"] + extra
+    else:
+        if not isinstance(res, tuple) or len(res) != 2:
+            return [f"returned {type(res).__name__}, not (o, stats)"]
+        shapes, names = [q.shape[:3] + v.shape[3:], q.shape[:3] + (1,)], ["o", "stats"]
+    problems = [p for r, s, n in zip(res, shapes, names) for p in ctx.compare(r, None, dt, n, None, shape=s)]
+    if problems or q.size == 0:
+        return problems
+    ref = _attn_ref(ctx)
+    if ref is None:
+        return []
+    masks = {"o": ref["rows_q"], "stats": ref["rows_q"], "dq": ref["rows_q"], "dk": ref["rows_kv"],
+             "dv": ref["rows_kv"]}  # fmt: skip
+    refs = dict(zip(("dq", "dk", "dv", "dbias", "dsink"), ref["grads"])) if backward else ref
+    out = []
+    for r, s, n in zip(res, shapes, names):
+        want = np.asarray(refs[n], np.float64)
+        if n == "dsink":
+            want = want.reshape(s)
+        m = np.broadcast_to(masks[n], want.shape) if n in masks else np.ones(want.shape, bool)
+        if not np.isfinite(want[m]).all():
+            return []  # a mutated call whose reference is not defined there (a row with every key masked)
+        want = np.where(m, want, 0.0)
+        odt = "float32" if n in ("stats", "dsink") else dt
+        out += ctx.compare(r, want, odt, n, _ATTN_TOL.get(n, _ATTN_TOL["grad"]), mask=m)
+    return out
 
 
 def _attn_op_shape(case: Case, name: str, old, new) -> str | None:
@@ -3606,10 +3774,36 @@ def _attn_op_shape(case: Case, name: str, old, new) -> str | None:
     gqa = case.kwargs.get("enable_gqa", False) is True
     if len(q) == len(k) == len(v) == 4 and q[1] >= 1 and k[1] >= 1 and k[1] == v[1] and q[1] % k[1] == 0:
         if k[1] == q[1] or gqa:  # the heads rule met: the rest as sdpa's, with H_kv taken as H or 1
+            if not _attn_variant_valid(case, shapes):
+                return "refuse"
             shapes["k"] = k[:1] + ((1,) if k[1] != q[1] else (q[1],)) + k[2:]
             shapes["v"] = v[:1] + ((1,) if v[1] != q[1] else (q[1],)) + v[2:]
             return "any" if _sdpa_valid(shapes) else "refuse"
     return "refuse"
+
+
+def _attn_variant_valid(case: Case, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether the variant's arrays fit these shapes of q and k, and its masks their lengths (attention_forward's
+    rules: ``attn_mask`` ending in ``(S_q, S_kv)``, its leading dims 1 or B, 1 or H; lengths of B; slopes and
+    sinks of H, a sink with ``S_q > 1``; without lengths a left bound, or a bottom-right right bound, with
+    ``S_q <= S_kv``)."""
+    (b, h, sq, _), skv = shapes["q"], shapes["k"][2]
+    m = shapes.get("attn_mask")
+    if m is not None:
+        dims = (1,) * (4 - len(m)) + m
+        if not 2 <= len(m) <= 4 or m[-2:] != (sq, skv) or dims[0] not in (1, b) or dims[1] not in (1, h):
+            return False
+    if any(n in shapes and shapes[n] not in ((b,), (b, 1, 1, 1)) for n in ("seq_len_q", "seq_len_kv")):
+        return False
+    if any(n in shapes and shapes[n] not in ((h,), (1, h, 1, 1)) for n in ("alibi_slopes", "sink")):
+        return False
+    if "sink" in shapes and sq == 1:
+        return False
+    kw = case.kwargs
+    padded = "seq_len_q" in shapes
+    right = kw.get("is_causal") is True or kw.get("right_bound") is not None
+    bottom = kw.get("diagonal_alignment") == "bottom_right" and right
+    return padded or sq <= skv or not (bottom or kw.get("left_bound") is not None)
 
 
 _SDPA_H = ("float16", "bfloat16")
@@ -3618,8 +3812,9 @@ _SDPA_OP_PARAMS = {
     "scale": Param("float", nullable=True, f32=True, optional_kw=True),
     "causal": Param("bool", strict_verdict="refuse", optional_kw=True),
 }
-#: the attention variants' optional arrays (not drawn here: tests/test_attention_variants_cpu.py and tests/gpu
-#: check them); described for the registry's operands
+#: the attention variants' optional arrays (attn_mask, the lengths, slopes and sinks drawn by _attn_variants for
+#: attention_forward/backward; dropout's seed/offset, the page tables and ragged offsets not drawn:
+#: tests/test_attention_variants_cpu.py and tests/gpu check them); described for the registry's operands
 _SDPA_VARIANT_ROLES = {
     "attn_mask": Role("in", ("float16", "bfloat16", "float32"), None, required=False),
     **{n: Role("in", ("int32",), None, required=False, fixed_dtype=True) for n in ("seq_len_q", "seq_len_kv")},
@@ -3820,13 +4015,29 @@ _ATTN_OP_PARAMS = {
     "scale": _SDPA_OP_PARAMS["scale"],
     "is_causal": Param("bool", strict_verdict="refuse", optional_kw=True),
     "enable_gqa": Param("bool", strict_verdict="refuse", optional_kw=True),
+    # the variant's keywords (drawn by _attn_variants; not optional_kw, so a case without them mutates as before)
+    "softcap": Param("float", lo=0.0, lo_open=True, nullable=True, f32=True),
+    "left_bound": Param("int", lo=1, nullable=True),
+    "right_bound": Param("int", lo=0, nullable=True),
+    "diagonal_alignment": Param("choice", choices=("top_left", "bottom_right")),
 }
+
+
+def _attn_param_rule(case: Case, name: str, value: Any) -> str | None:
+    """A bound of 2**31 or more may pass: a window wider than any sequence (the top-left band's bound is a float32
+    scalar, where it keeps every key); an int32 one (bottom-right with lengths, right_bound) is refused by name."""
+    if name in ("left_bound", "right_bound") and type(value) is int and value >= 2**31:
+        return "any"
+    return None
+
+
+_ATTN_BWD_PARAMS = {**_ATTN_OP_PARAMS, **{n: Param("bool", strict_verdict="refuse") for n in ("dbias", "dsink")}}
 _add(OpSpec("attention_forward", _attn_op_draw, _SDPA_FWD_ROLES, _ATTN_OP_PARAMS,
-            call=_outs_call("attention_forward", ("out", "stats")), check=_sdpa_op_check, shape_rule=_attn_op_shape,
-            weight=0.4))  # fmt: skip
-_add(OpSpec("attention_backward", _bw(_attn_op_draw, backward=True), _SDPA_BWD_ROLES, _ATTN_OP_PARAMS,
-            check=_bw(_sdpa_op_check, backward=True), derive=_sdpa_op_derive, shape_rule=_attn_op_shape,
-            weight=0.3))  # fmt: skip
+            call=_outs_call("attention_forward", ("out", "stats")), check=_attn_op_check, shape_rule=_attn_op_shape,
+            param_rule=_attn_param_rule, weight=0.4))  # fmt: skip
+_add(OpSpec("attention_backward", _bw(_attn_op_draw, backward=True), _SDPA_BWD_ROLES, _ATTN_BWD_PARAMS,
+            check=_bw(_attn_op_check, backward=True), derive=_attn_op_derive, shape_rule=_attn_op_shape,
+            param_rule=_attn_param_rule, weight=0.3))  # fmt: skip
 
 for _s in SPECS.values():
     if _s.derive is None and _s.name in ("Graph.norm_backward",):

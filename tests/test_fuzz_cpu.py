@@ -372,6 +372,23 @@ def test_batch_norm_backward_reads_z_grad_before_out(fakes):
         call(2)
 
 
+def test_attention_bottom_right_refusal_names_its_argument(fakes):
+    """Seeds 1612's attention variants: q grown past S_kv under a bottom-right causal mask (``is_causal`` or
+    ``right_bound`` with ``diagonal_alignment="bottom_right"``) is refused before any device work by a message that
+    names the argument to change (it said "bottom-right causal masking needs S_q <= S_kv", naming none)."""
+    from tests.fuzz.model import A, Mutation
+    from tests.fuzz.runner import execute
+
+    for extra in ({"is_causal": True}, {"right_bound": 1}):
+        kw = {"q": A((1, 1, 4, 8), "float16", seed=1), "k": A((1, 1, 2, 8), "float16", seed=2),
+              "v": A((1, 1, 2, 8), "float16", seed=3), "diagonal_alignment": "bottom_right", **extra}  # fmt: skip
+        m = Mutation("shape", "q", "q shape (1, 1, 2, 8) -> (1, 1, 4, 8)", "refuse")
+        rec = execute(Case("attention_forward", kw, ("q", "k", "v"), "fakeA", "fakeB", (m,), {"dtype": "float16"}),
+                      fakes)  # fmt: skip
+        assert rec.kind == "clear", rec.detail
+        assert "diagonal_alignment" in rec.detail and "S_q <= S_kv" in rec.detail
+
+
 # ----------------------------------------------------------------- the worker machinery
 
 

@@ -158,8 +158,8 @@ def resolve_variant(
                              "(cuDNN's score modifier pattern runs alone)")  # fmt: skip
     if bottom_right and right_bound is not None:
         if not padded and sq > skv:
-            raise GraphError(f"bottom-right causal masking needs S_q <= S_kv without a padding mask, got S_q = {sq} "
-                             f"and S_kv = {skv}")  # fmt: skip
+            raise GraphError(f"{nm['diagonal_alignment']}='bottom_right' needs S_q <= S_kv without a padding mask, "
+                             f"got S_q = {sq} and S_kv = {skv}")  # fmt: skip
         if bias or alibi or p:
             raise GraphError(f"bottom-right causal masking takes no {nm['bias']}, {nm['alibi_slopes']} or "
                              f"{nm['dropout']} (cuDNN 9.19)")  # fmt: skip

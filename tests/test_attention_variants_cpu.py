@@ -768,6 +768,28 @@ def test_l2_backward_dbias_gqa_and_deterministic(fake_fixture, plans_fixture):
     assert len(built) == n + 1 and "IDENTITY" not in _kinds(g) and [t.name for t in g.scratch()] == ["softmax_sum"]
 
 
+def test_l2_backward_with_a_sink_and_without_its_gradient(fake_fixture, plans_fixture):
+    """``attention_backward(sink=...)`` without ``dsink``: dq, dk, dv only, the sink left out of the graph (no node
+    of the backward reads it: the stats hold it; it was a dangling-tensor GraphError); with ``dsink=True`` it is
+    bound. The graph refuses a sink without dsink by name."""
+    built, _, executed = plans_fixture
+    fake = fake_fixture
+    q, k, v, o, do = (_arr(fake, QS) for _ in range(5))
+    st, sink = _arr(fake, (2, 4, 32, 1), "float32"), _arr(fake, (4,), "float32")
+    got = ops.attention_backward(q, k, v, o, do, st, sink=sink)
+    assert len(got) == 3 and "sink" not in _named(built[-1])
+    got = ops.attention_backward(q, k, v, o, do, st, sink=sink, dsink=True)
+    g, bindings, _ = executed[-1]
+    assert len(got) == 4 and got[3].shape == (4,) and bindings[_named(g)["sink"].uid] == sink.ptr
+    from cudnnkit.graph import Graph, GraphError
+
+    g = Graph()
+    t = {n: g.tensor((2, 4, 32, 64), dtype="bfloat16", name=n) for n in ("q", "k", "v", "o", "do")}
+    with pytest.raises(GraphError, match="sink= without dsink=True"):
+        g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], g.tensor((2, 4, 32, 1), dtype="float32"),
+                        sink=g.tensor((1, 4, 1, 1), dtype="float32"))  # fmt: skip
+
+
 def _l2_call(b, **kw):
     q, k, v = _arr(b, kw.pop("qs", QS)), _arr(b, KS), _arr(b, KS)
     for name, (shape, dtype) in kw.pop("arrays", {}).items():

@@ -376,6 +376,7 @@ L2_CASES = {
     "alibi-mqa": dict(hk=1, alibi=True, kw=dict(is_causal=True, enable_gqa=True), keep=dict(causal=True)),
     "softcap-mla": dict(d=192, dv=128, kw=dict(softcap=8.0)),
     "sink": dict(sink=True, kw=dict(is_causal=True, dsink=True), keep=dict(causal=True)),
+    "sink-no-dsink": dict(sink=True, kw=dict(is_causal=True), keep=dict(causal=True)),  # the backward reads no sink
 }  # fmt: skip
 
 

@@ -376,10 +376,11 @@ def _head_rows(c: Any, names: tuple[str, ...], outputs: tuple[str, ...] = ()) ->
             write_through(c, n, contiguous_strides(v.shape))
 
 
-def _variant_inputs(bd: Any, c: Any) -> dict[str, Any]:
+def _variant_inputs(bd: Any, c: Any, sink: bool = True) -> dict[str, Any]:
     """The graph keywords of the call's variant: its optional arrays as graph tensors (1-d ones described 4-d:
     ``(B, 1, 1, 1)`` lengths, ``(1, H, 1, 1)`` slopes, ``(1, 1, 1, 1)`` seed and offset, attn_mask with leading
-    1s), the bounds, alignment, softcap and dropout."""
+    1s), the bounds, alignment, softcap and dropout. ``sink=False`` leaves the sink out (a backward without its
+    gradient reads none: the stats hold it)."""
     r, views = c.resolved, c.views
     b, h = r.q[:2]
     kw: dict[str, Any] = {"left_bound": r.left_bound, "right_bound": r.right_bound, "softcap": r.softcap,
@@ -396,7 +397,7 @@ def _variant_inputs(bd: Any, c: Any) -> dict[str, Any]:
     if r.dropout:
         for n in ("seed", "offset"):
             kw[n] = bd.tensor(n, (1, 1, 1, 1), (1, 1, 1, 1), "int64")
-    if views.get("sink") is not None:
+    if sink and views.get("sink") is not None:
         kw["sink"] = bd.tensor("sink", (1, h, 1, 1), (h, 1, 1, 1), "float32")
     if views.get("page_table_k") is not None:
         for n in ("page_table_k", "page_table_v"):
@@ -465,7 +466,7 @@ def _bwd_build(c: Any) -> tuple[Any, dict]:
     bd = Binder(c)
     t = {n: _graph_array(bd, c, n, c.views[n].dtype) for n in ("q", "k", "v", "o", "do", "stats")}
     got = bd.g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], t["stats"], scale=r.scale, dbias=r.dbias,
-                             dsink=r.dsink, deterministic=r.deterministic, **_variant_inputs(bd, c),
+                             dsink=r.dsink, deterministic=r.deterministic, **_variant_inputs(bd, c, r.dsink),
                              **_ragged_outputs(bd, c, ("dq", "dk", "dv"), "{}_strides"))  # fmt: skip
     for name, g in zip(("dq", "dk", "dv"), got):
         _output(bd, c, g, name, r.dtype)

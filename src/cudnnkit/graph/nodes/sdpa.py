@@ -614,7 +614,8 @@ class SdpaNodes:
         bias's gradient (the bias's dims and dtype: ``dS`` summed over the broadcast dims) as
         :class:`SdpaBackwardBias`; ``dsink=True`` (needs ``sink``) the sink's float32 ``(1, H, 1, 1)``
         gradient (its field ``dsink``; cudnn-frontend's pattern: ``exp(sink - stats) * rowsum(do * o)``
-        summed, which cuDNN's engine matches to the sink's gradient). ``deterministic=True`` (cudnn-frontend's
+        summed, which cuDNN's engine matches to the sink's gradient); a ``sink`` without ``dsink=True`` is
+        refused (no node would read it: the stats hold it). ``deterministic=True`` (cudnn-frontend's
         ``use_deterministic_algorithm``, its Hopper form) writes ``dq`` straight from the ``dS @ k`` matmul,
         without the float32 accumulator that the atomic-add engines take; so does ``dbias``.
 
@@ -650,6 +651,9 @@ class SdpaNodes:
             raise GraphError(f"dsink must be a bool, got {dsink!r}")
         if dsink and ov.sink is None:
             raise GraphError("dsink=True needs sink= (the gradient of the sink the forward used)")
+        if ov.sink is not None and not dsink:  # it would dangle: no node of the backward reads it
+            raise GraphError("sink= without dsink=True: the backward reads the sink only for its gradient (the stats "
+                             "already hold it); pass dsink=True, or leave sink out")  # fmt: skip
         o, do, stats = self._own(o, "o"), self._own(do, "do"), self._own(stats, "stats")
         self._ragged_needs_lengths((("o", o), ("do", do), ("stats", stats)), ov.seq_len_q)
         for role, t in (("o", o), ("do", do)):

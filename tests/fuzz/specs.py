@@ -3656,9 +3656,7 @@ def _attn_variants(kw: dict[str, Any], backward: bool) -> None:
     if backward:
         if "attn_mask" in kw and not padded and s.bool(0.5):
             kw["dbias"] = True
-        if "sink" in kw and (s.bool(0.5) or True):
-            # always dsink=True: a sink without dsink is refused at the graph's validation ("tensor sink is
-            # dangling"; a library bug, reported): draw ``s.bool(0.5)`` alone again once it is fixed
+        if "sink" in kw and s.bool(0.5):  # without dsink the backward leaves the sink out (the stats hold it)
             kw["dsink"] = True
 
 

@@ -133,18 +133,23 @@ def get(name: str) -> Any:
     return ad
 
 
+def _root(obj: Any) -> str:
+    """The top-level module of ``obj``'s type, as the library it belongs to (``jaxlib``'s types are JAX's)."""
+    root = type(obj).__module__.partition(".")[0]
+    return _ROOTS.get(root, root)
+
+
 def library_of(obj: Any) -> str | None:
     """The name of the array library (an adapter's) whose type ``obj`` has, or None: decided by the type's module
     alone, loading no adapter (so a traced frame, which may not import, can call it)."""
-    root = type(obj).__module__.partition(".")[0]
-    root = _ROOTS.get(root, root)
+    root = _root(obj)
     return root if root in _MODULES else None
 
 
 def for_object(obj: Any) -> Any | None:
     """The adapter for ``obj``'s library, or None. Decided by the type's module, without importing anything."""
-    root = library_of(obj)
-    if root is not None:
+    root = _root(obj)
+    if root in _MODULES:
         return get(root)
     if root == "cudnnkit":  # cudnnkit's own device arrays (adapters._raw) name their adapter
         return getattr(type(obj), "__cudnnkit_adapter__", None) and obj.__cudnnkit_adapter__

@@ -430,3 +430,17 @@ def test_scripts_fuzz_on_the_cpu_fakes_matches_running_in_process(tmp_path):
     assert [(f["index"], f["reason"]) for f in doc["failures"]] == [(r.index, r.reason) for r in inproc.failures]
     assert rc == (1 if doc["failures"] else 0)
     assert all(f["repro"].startswith(f"#{f['index']} {f['op']}(") for f in doc["failures"])
+
+
+def test_ctc_label_and_length_mutations_never_meet_a_shape_change_of_x():
+    """A label >= A (an input length > T) mutated together with x's shape could fit again and make a valid call
+    whose verdict still said "refuse" (seed 1611, #16592): the pairs are coupled, so no case draws both."""
+    from tests.fuzz.strategies import RandomDraw
+
+    met = 0
+    for i in range(3000):
+        case = make_case(RandomDraw(5000 + i), SPECS["ctc_loss"], "fakeA", False, "fakeB", valid=0.0)
+        targets = {m.target for m in case.mutations}
+        met += len(case.mutations) > 1
+        assert not ({"labels", "x"} <= targets or {"input_lengths", "x"} <= targets), case.repro()
+    assert met  # several mutations were drawn at all

@@ -3923,7 +3923,9 @@ _add(OpSpec("ctc_loss", _ctc_draw, CTC_ROLES,
             {"blank": Param("int", lo=0, hi=0, optional_kw=True), "normalization": Param("choice", optional_kw=True),
              "algo": Param("choice", optional_kw=True), "oob_grads": Param("choice", optional_kw=True)},
             call=out_tuple_call("ctc_loss", ("costs_out", "grads_out")), check=_ctc_check, mutations=_ctc_mutations,
-            shape_rule=_ctc_shape_rule, dtype_rule=_ctc_index_dtype, weight=1.5))  # fmt: skip
+            shape_rule=_ctc_shape_rule, dtype_rule=_ctc_index_dtype, weight=1.5,
+            # a label (input length) out of range for x's A (T) may fit once x's shape changes (seed 1611, #16592)
+            coupled=(frozenset(("labels", "x")), frozenset(("input_lengths", "x")))))  # fmt: skip
 _add(OpSpec("RNN", _rnn_ctor_draw, {}, RNN_PARAMS, check=_rnn_ctor_check, param_rule=_rnn_param_rule,
             streams=False))  # fmt: skip
 _add(OpSpec("LinearParams", _linear_draw, {}, {}, call=_linear_call, check=_linear_check, setup=_rnn_setup,

@@ -444,3 +444,69 @@ def test_ctc_label_and_length_mutations_never_meet_a_shape_change_of_x():
         met += len(case.mutations) > 1
         assert not ({"labels", "x"} <= targets or {"input_lengths", "x"} <= targets), case.repro()
     assert met  # several mutations were drawn at all
+
+
+def _attn_ctx(op, seed, lib):
+    from tests.fuzz.strategies import regenerate
+
+    case = regenerate(op, seed, lib, True)
+    ctx = Ctx(case, SPECS[op], HostBackend())
+    ctx.prepare()
+    return ctx
+
+
+def test_attention_checks_read_the_defined_rows_and_the_given_o_stats():
+    """Seeds 1612's GPU-like replay (false wrong results): o/stats rows past S_q_b left NaN (cuDNN does not write
+    them) pass; the backward's reference is the gradient of tests/gpu's ``reference`` given the forward's o and
+    stats, and reads an o, stats or do as handed (an expand layout); a gradient zero by the math (v expanded along
+    S) passes at zero; a wrong result still fails."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    from tests.fuzz.specs import _attn_grads, _attn_ref, _sdpa_scale
+    from tests.gpu.test_attention_gpu import reference
+
+    ctx = _attn_ctx("attention_forward", 7841501199138655869, "torch")  # lengths
+    spec = SPECS["attention_forward"]
+    o, st = EMULATORS["attention_forward"](ctx)
+    o, st = o.copy(), st.copy()
+    for b, n in enumerate(ctx.x("seq_len_q").reshape(-1).astype(int)):
+        o[b, :, n:] = st[b, :, n:] = np.nan
+    assert spec.check(ctx, (o, st)) == []
+    o[0, :, 0] += 0.5
+    assert spec.check(ctx, (o, st))
+
+    spec = SPECS["attention_backward"]
+    ctx = _attn_ctx("attention_backward", 5198385944751678460, "cupy")  # v expand/2: dq = dk = 0
+    dq, dk, dv = EMULATORS["attention_backward"](ctx)
+    assert spec.check(ctx, (0 * dq, 0 * dk, dv)) == []
+    assert spec.check(ctx, (0 * dq, 0 * dk, 1.1 * dv))
+
+    ctx = _attn_ctx("attention_backward", 8000827595426643260, "cupy")  # stats expand/2: the device reads it
+    ref = _attn_ref(ctx)
+    grads = _attn_grads(ctx, ref)
+    assert np.abs(ctx.x("stats") - ref["stats"]).max() > 1  # not the forward's: the reference reads it
+    assert spec.check(ctx, tuple(grads[:3])) == []
+    assert spec.check(ctx, (grads[0], grads[1], 1.1 * grads[2]))
+
+    # given the forward's exact o and stats, _attn_grads is tests/gpu's autograd reference
+    compared = 0
+    for seed in range(3000, 3040):
+        case = make_case(RandomDraw(seed), spec, "host", True, None, valid=1.0)
+        ctx = Ctx(case, spec, HostBackend())
+        ctx.prepare()
+        ref = _attn_ref(ctx)
+        if ref is None or ref["lq"] is not None or ctx.x("sink") is not None and ctx.param("dsink") is not True:
+            continue
+        ctx.hostv["o"], ctx.hostv["stats"] = ref["o"], ref["stats"]
+        q, k, v, h = ctx.x("q"), ctx.x("k"), ctx.x("v"), ctx.x("q").shape[1]
+        cap, sink = ctx.param("softcap"), ctx.x("sink")
+        _, _, want = reference(q, k, v, ctx.x("do"), scale=_sdpa_scale(ctx, q.shape[-1]), keep=ref["keep"],
+                               bias=ctx.x("attn_mask"), slopes=ctx.x("alibi_slopes"),
+                               softcap=None if cap is None else float(cap),
+                               sink=None if sink is None else sink.reshape(1, h, 1, 1))  # fmt: skip
+        for g, w in zip(_attn_grads(ctx, ref), want):
+            if w is not None:
+                np.testing.assert_allclose(g.reshape(w.shape), w, rtol=1e-9, atol=1e-9)
+        compared += 1
+    assert compared >= 10

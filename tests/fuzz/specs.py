@@ -3662,8 +3662,9 @@ def _attn_variants(kw: dict[str, Any], backward: bool) -> None:
 
 def _attn_ref(ctx: Any) -> dict[str, Any] | None:
     """The float64 reference of an attention call as drawn (tests/gpu/test_attention_gpu.py's ``keep_matrix`` and
-    ``reference``, from the definition): o, stats, the gradients of ``do`` (zeros without one), and which rows of
-    q and k/v are defined (``S_q_b``/``S_kv_b``; a row with no key kept is not). None without torch."""
+    ``reference``, from the definition): o, stats, the keep mask, and which rows of q and k/v are defined
+    (``S_q_b``/``S_kv_b``; a row with no key kept is not). None without torch. The backward's gradients are
+    :func:`_attn_grads`' (from the o, stats and do the call was handed)."""
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
@@ -3683,21 +3684,88 @@ def _attn_ref(ctx: Any) -> dict[str, Any] | None:
     left, right = ctx.param("left_bound", None), ctx.param("right_bound", None)
     align = ctx.param("diagonal_alignment", "top_left")
     keep = keep_matrix(sq, skv, b=b, causal=causal, left=left, right=right, align=align, lens_q=lq, lens_kv=lkv)
-    do = ctx.x("do") if "backward" in ctx.spec.name else None
-    if do is None or do.shape != q.shape[:3] + v.shape[3:]:
-        do = np.zeros(q.shape[:3] + v.shape[3:])
     sink = ctx.x("sink")
     softcap = ctx.param("softcap", None)
-    o, lse, grads = reference(q, k, v, do, scale=_sdpa_scale(ctx, q.shape[-1]), keep=keep, bias=ctx.x("attn_mask"),
-                              slopes=ctx.x("alibi_slopes"), softcap=None if softcap is None else fnum(softcap),
-                              sink=None if sink is None else sink.reshape(1, h, 1, 1))  # fmt: skip
+    do = np.zeros(q.shape[:3] + v.shape[3:])  # the forward's only: the gradients are _attn_grads'
+    o, lse, _ = reference(q, k, v, do, scale=_sdpa_scale(ctx, q.shape[-1]), keep=keep, bias=ctx.x("attn_mask"),
+                          slopes=ctx.x("alibi_slopes"), softcap=None if softcap is None else fnum(softcap),
+                          sink=None if sink is None else sink.reshape(1, h, 1, 1))  # fmt: skip
     rows_q = keep.any(axis=-1)[:, :, :, None]  # (b, 1, sq, 1): a row with a key kept
     rows_kv = np.ones((b, 1, skv, 1), bool)
     if lq is not None:
         for i in range(b):
             rows_q[i, :, lq[i] :] = False
             rows_kv[i, :, lkv[i] :] = False
-    return {"o": o, "stats": lse, "grads": grads, "rows_q": rows_q, "rows_kv": rows_kv, "lq": lq}
+    return {"o": o, "stats": lse, "keep": keep, "rows_q": rows_q, "rows_kv": rows_kv, "lq": lq}
+
+
+def _attn_grads(ctx: Any, ref: dict[str, Any]) -> list[np.ndarray | None] | None:
+    """The backward's float64 reference (dq, dk, dv, dbias, dsink) from the arrays the call was handed, as the
+    backward is defined (flash attention's): ``P = exp(s - stats)`` from the given stats (s as
+    :func:`_attn_ref`'s reference makes it, masked by ``keep`` and the padding: a row past ``S_q_b`` has
+    ``P = 0`` and no cotangent), ``D = rowsum(do * o)`` from the given o and do, ``dS = P (do v^T - D)``; the
+    sink's ``dsink_h = -sum exp(sink_h - stats) D``. Given the forward's o and stats this is the gradient of
+    tests/gpu's ``reference``; a rounded o (a saturated softmax's) moves D as it moves the device's, and an o,
+    stats or do whose layout repeats or shares elements (a mutation's) is what the device reads. None where o,
+    stats or do is missing or of another shape, or (float16) P or dS past float16's range (stats not the
+    forward's: the device's P holds inf); NaN where the given o or stats is not defined (a row with no key);
+    dsink None where the rows past ``S_q_b`` hold a ``do * o`` (do expanded along S: whether cuDNN's sum
+    reads those rows is not documented)."""
+    q, k, v = (np.asarray(ctx.x(n), np.float64) for n in ("q", "k", "v"))
+    o, do, st = ctx.x("o"), ctx.x("do"), ctx.x("stats")
+    b, h, sq, _ = q.shape
+    hk, skv = k.shape[1], k.shape[2]
+    o_shape = q.shape[:3] + v.shape[3:]
+    if o is None or do is None or st is None or hk < 1 or h % hk or v.shape[1] != hk:
+        return None
+    if o.shape != o_shape or do.shape != o_shape or st.shape != q.shape[:3] + (1,):
+        return None
+    o, do, st = (np.asarray(a, np.float64) for a in (o, do, st))
+    idx = np.arange(h) // (h // hk)
+    kk, vv = k[:, idx], v[:, idx]
+    scale = _sdpa_scale(ctx, q.shape[-1])
+    s = scale * (q @ np.swapaxes(kk, -1, -2))
+    cap = ctx.param("softcap", None)
+    t = None
+    if cap is not None:
+        cap = fnum(cap)
+        t = np.tanh(s / cap)
+        s = cap * t
+    bias = ctx.x("attn_mask")
+    if bias is not None:
+        s = s + np.asarray(bias, np.float64)
+    slopes = ctx.x("alibi_slopes")
+    if slopes is not None:
+        s = s + np.asarray(slopes, np.float64).reshape(1, h, 1, 1) * (np.arange(skv)[None, :] - np.arange(sq)[:, None])
+    keep = np.array(ref["keep"])
+    live = np.ones((b, 1, sq, 1), bool)  # rows before S_q_b: the padding mask drops the others whole
+    if ref["lq"] is not None:
+        for i, n in enumerate(ref["lq"]):
+            live[i, :, n:] = False
+    keep &= live
+    p = np.exp(np.where(keep, s, -np.inf) - st)  # NaN in a row whose given stats is not finite (no key kept)
+    dd = (do * o).sum(-1, keepdims=True)
+    pad_dd = np.where(live, 0.0, dd).any()  # a do * o on a row past S_q_b (NaN included)
+    dd = np.where(live, dd, 0.0)
+    do = np.where(live, do, 0.0)
+    ds = p * (do @ np.swapaxes(vv, -1, -2) - dd)
+    if ctx.dtype == "float16" and max(np.nanmax(p, initial=0.0), np.nanmax(np.abs(ds), initial=0.0)) > 3e4:
+        return None
+    dbias = dsink = None
+    if bias is not None:
+        lead = (1,) * (4 - bias.ndim) + bias.shape
+        dbias = ds.sum(axis=tuple(ax for ax in (0, 1) if lead[ax] == 1), keepdims=True).reshape(bias.shape)
+    sink = ctx.x("sink")
+    if sink is not None and not pad_dd:
+        ps = np.exp(np.asarray(sink, np.float64).reshape(1, h, 1, 1) - st)
+        dsink = -np.where(live, ps * dd, 0.0).sum(axis=(0, 2, 3))
+    if t is not None:
+        ds = ds * (1 - t * t)
+    ds = scale * ds
+    dq = ds @ kk
+    dk = (np.swapaxes(ds, -1, -2) @ q).reshape(b, hk, h // hk, skv, q.shape[-1]).sum(2)
+    dv = (np.swapaxes(p, -1, -2) @ do).reshape(b, hk, h // hk, skv, do.shape[-1]).sum(2)
+    return [dq, dk, dv, dbias, dsink]
 
 
 def _attn_op_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
@@ -3720,13 +3788,50 @@ def _attn_op_derive(ctx: Any, key: str, a: A) -> np.ndarray | None:
     return got
 
 
-#: relative errors allowed against :func:`_attn_ref` (tests/gpu's bounds, loosened for rows of a few keys)
-_ATTN_TOL = {"o": 2e-2, "stats": 1e-3, "grad": 4e-2}
+#: the unit roundoff of the dtypes attention runs in: the absolute floor of a gradient's comparison is this
+#: times the gradient's natural scale (a gradient zero by the math, v expanded along S, is noise on both sides)
+_ATTN_EPS = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+#: the relative error allowed for stats (float32 out of float32 arithmetic: tighter than tests/gpu's TOL)
+_ATTN_STATS_TOL = 1e-3
+
+
+def _attn_pad_rows(ctx: Any, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of q and of k/v before ``S_q_b``/``S_kv_b`` (all without lengths), (b, 1, S, 1) each."""
+    b, sq, skv = q.shape[0], q.shape[2], k.shape[2]
+    rows_q, rows_kv = np.ones((b, 1, sq, 1), bool), np.ones((b, 1, skv, 1), bool)
+    lq, lkv = ctx.x("seq_len_q"), ctx.x("seq_len_kv")
+    if lq is not None and lkv is not None and lq.size == b and lkv.size == b:
+        for i, (n, m) in enumerate(zip(lq.reshape(-1), lkv.reshape(-1))):
+            rows_q[i, :, int(n) :] = False
+            rows_kv[i, :, int(m) :] = False
+    return rows_q, rows_kv
+
+
+def _attn_compare(got: np.ndarray, want: np.ndarray, dtype: str, what: str, tol: float, mask: np.ndarray,
+                  floor: float = 0.0) -> list[str]:  # fmt: skip
+    """:meth:`Ctx.compare_values` on the defined elements (``mask``), the norm of the reference floored at
+    ``floor`` (attention's own: the other ops compare as before)."""
+    got = np.where(mask, got, 0.0)
+    bad = ~np.isfinite(got)
+    if bad.any():
+        i = tuple(int(j) for j in np.argwhere(bad)[0])
+        return [f"{what}: {int(bad.sum())} non-finite values where the reference is finite (at {i}: {got[i]})"]
+    diff = got - want
+    norm = max(float(np.linalg.norm(want)), floor)
+    err = float(np.linalg.norm(diff)) / norm if norm > 0 else float(np.abs(diff).max(initial=0.0))
+    if err > tol:
+        i = np.unravel_index(int(np.argmax(np.abs(diff))), diff.shape)
+        return [f"{what}: relative error {err:.3g} > {tol:g} ({dtype}; worst element {got[i]!r} vs {want[i]!r})"]
+    return []
 
 
 def _attn_op_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
-    """Shapes, then values against the float64 reference (:func:`_attn_ref`) on the defined rows: o and stats;
-    the backward's dq (rows of S_q_b), dk and dv (rows of S_kv_b), dbias and dsink."""
+    """Shapes, then on the defined rows only (rows past ``S_q_b``/``S_kv_b`` and a row with no key kept are not
+    defined: cuDNN leaves them unwritten) no NaN and the values against the float64 references, at
+    tests/gpu/test_attention_gpu.py's ``TOL`` of the dtype: o and stats (:func:`_attn_ref`); the backward's dq
+    (rows of S_q_b), dk and dv (rows of S_kv_b), dbias and dsink (:func:`_attn_grads`, from the o, stats and do
+    the call was handed, so an o, stats or do whose layout repeats or shares elements is checked against what
+    the device reads; a gradient's norm floored at its natural scale times the dtype's roundoff)."""
     q, k, v, dt = ctx.x("q"), ctx.x("k"), ctx.x("v"), ctx.dtype
     if q is None or k is None or v is None:
         return []
@@ -3740,26 +3845,56 @@ def _attn_op_check(ctx: Any, res: Any, backward: bool = False) -> list[str]:
         if not isinstance(res, tuple) or len(res) != 2:
             return [f"returned {type(res).__name__}, not (o, stats)"]
         shapes, names = [q.shape[:3] + v.shape[3:], q.shape[:3] + (1,)], ["o", "stats"]
-    problems = [p for r, s, n in zip(res, shapes, names) for p in ctx.compare(r, None, dt, n, None, shape=s)]
+    problems = [p for r, s, n in zip(res, shapes, names) for p in ctx.compare_shape(r, s, n)]
     if problems or q.size == 0:
         return problems
-    ref = _attn_ref(ctx)
-    if ref is None:
-        return []
-    masks = {"o": ref["rows_q"], "stats": ref["rows_q"], "dq": ref["rows_q"], "dk": ref["rows_kv"],
-             "dv": ref["rows_kv"]}  # fmt: skip
-    refs = dict(zip(("dq", "dk", "dv", "dbias", "dsink"), ref["grads"])) if backward else ref
+    ref = _attn_ref(ctx) if q.ndim == k.ndim == v.ndim == 4 else None
+    refs: dict[str, Any] = {}
+    if ref is not None:
+        rows_q, rows_kv = ref["rows_q"], ref["rows_kv"]
+        grads = _attn_grads(ctx, ref) if backward else None
+        if not backward:
+            refs = {"o": ref["o"], "stats": ref["stats"]}
+        elif grads is not None:
+            refs = dict(zip(("dq", "dk", "dv", "dbias", "dsink"), grads))
+    elif q.ndim == k.ndim == 4:
+        rows_q, rows_kv = _attn_pad_rows(ctx, q, k)
+    else:
+        rows_q = rows_kv = np.ones((), bool)
+    masks = {"o": rows_q, "stats": rows_q, "dq": rows_q, "dk": rows_kv, "dv": rows_kv}
+    tol: dict[str, float] = {}
+    floors: dict[str, float] = {}
+    if refs:
+        from ..gpu.test_attention_gpu import TOL as gpu_tol
+
+        tol = {n: gpu_tol.get(dt, gpu_tol["bfloat16"]) for n in names}
+        tol["stats"] = _ATTN_STATS_TOL
+        if backward:  # |dq_i| <= 2 scale |do_i| max|v_j| max|k_j| (rows of P sum to at most 1), and so on
+            eps = _ATTN_EPS.get(dt, _ATTN_EPS["bfloat16"])
+            big = {n: float(np.linalg.norm(np.asarray(ctx.x(n), np.float64), axis=-1).max(initial=0.0))
+                   for n in ("q", "k", "v")}  # fmt: skip
+            ndo = float(np.linalg.norm(np.where(rows_q, np.asarray(ctx.x("do"), np.float64), 0.0)))
+            scale = abs(_sdpa_scale(ctx, q.shape[-1]))
+            floors = {"dq": scale * ndo * big["v"] * big["k"], "dk": scale * ndo * big["v"] * big["q"], "dv": ndo,
+                      "dbias": ndo * big["v"], "dsink": ndo * big["v"]}  # fmt: skip
+            floors = {n: eps * f for n, f in floors.items()}
     out = []
     for r, s, n in zip(res, shapes, names):
-        want = np.asarray(refs[n], np.float64)
-        if n == "dsink":
-            want = want.reshape(s)
-        m = np.broadcast_to(masks[n], want.shape) if n in masks else np.ones(want.shape, bool)
+        got = ctx.got(r)
+        if got is None:
+            continue
+        got = np.asarray(got, np.float64)
+        m = np.broadcast_to(masks[n], got.shape) if n in masks else np.ones(got.shape, bool)
+        want = refs.get(n)
+        if want is None:  # no reference (no torch, or o/stats/do not as drawn): no NaN on the defined rows
+            if np.isnan(np.where(m, got, 0.0)).any():
+                out.append(f"{n} holds NaN")
+            continue
+        want = np.asarray(want, np.float64).reshape(s)
         if not np.isfinite(want[m]).all():
-            return []  # a mutated call whose reference is not defined there (a row with every key masked)
-        want = np.where(m, want, 0.0)
+            continue  # this output's reference is not defined there (a mutated call: a row with every key masked)
         odt = "float32" if n in ("stats", "dsink") else dt
-        out += ctx.compare(r, want, odt, n, _ATTN_TOL.get(n, _ATTN_TOL["grad"]), mask=m)
+        out += _attn_compare(got, np.where(m, want, 0.0), odt, n, tol[n], m, floors.get(n, 0.0))
     return out
 
 

@@ -320,6 +320,23 @@ def test_ctc_loss(reduction, concatenated):
     check(call(nn.ctc_loss, True), call(F.ctc_loss, True), log_probs)
 
 
+def test_ctc_loss_cupy_empty_and_infeasible_targets():
+    """CuPy log-probabilities with an empty target (cost -log p(all blanks), cuDNN's log_softmax), one of input
+    length 0 (cost 0), one longer than its input (inf) and a plain one: torch's costs on the same values."""
+    cp = pytest.importorskip("cupy")
+    torch.manual_seed(4)
+    t, c = 12, 6
+    lp = r(t, 4, c, scale=2).log_softmax(2)
+    il, tl = [12, 0, 3, 10], [0, 0, 5, 4]
+    targets = torch.randint(1, c, (4, 5), device="cuda")
+    got = nn.ctc_loss(cp.from_dlpack(lp.contiguous()), targets.cpu().numpy(), il, tl, reduction="none")
+    assert isinstance(got, cp.ndarray)
+    want = F.ctc_loss(lp.double(), targets, il, tl, reduction="none")
+    assert torch.equal(torch.isinf(torch.from_dlpack(got)).cpu(), torch.isinf(want).cpu())
+    fin = ~torch.isinf(want)
+    assert rel(torch.from_dlpack(got).double()[fin], want[fin]) < TOL
+
+
 # ----------------------------------------------------------------- dropout (cuDNN's RNG: statistics)
 
 

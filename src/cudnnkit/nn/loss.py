@@ -145,12 +145,12 @@ def _with_refused(x: Any, costs: Any, run_: list[int], il: list[int], tl: list[i
         return out
     import cupy
 
+    from .activation import log_softmax  # cuDNN's, as the torch branch takes torch's
+
     with x.device:
         out = cupy.full((n,), float("inf"), dtype=x.dtype)
         if run_:
             out[run_] = costs
-        for i in empty:
-            v = x[: il[i], i]
-            m = v.max(axis=-1, keepdims=True)
-            out[i] = -(v[:, 0] - (m + cupy.log(cupy.exp(v - m).sum(axis=-1, keepdims=True)))[:, 0]).sum()
+        for i in empty:  # no frames: cost 0 (log 1; cuDNN's tensors take no zero dim)
+            out[i] = -log_softmax(x[: il[i], i], -1)[:, 0].sum() if il[i] else 0.0
         return out

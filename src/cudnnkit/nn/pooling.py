@@ -115,8 +115,10 @@ def max_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 
     return _max_pool(3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
 
-def _avg_pool(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, ceil_mode: Any, count_include_pad: Any,
-              divisor_override: Any) -> Any:  # fmt: skip
+def avg_pool_nd(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, ceil_mode: Any,
+                count_include_pad: Any, divisor_override: Any) -> Any:  # fmt: skip
+    """torch's ``avg_pool{n}d`` (the functional forms' and the ``AvgPool`` twins' one path): L3 ``pooling``, with
+    ``divisor_override`` and a ceil-mode window past the padding as factors on the include-padding average."""
     fn = f"avg_pool{n}d"
     window, s, p = pool_args(n, kernel_size, stride, padding)
     b = batched(input, n, fn)
@@ -136,16 +138,16 @@ def _avg_pool(n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, c
 def avg_pool1d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True) -> Any:  # fmt: skip
     """torch's ``avg_pool1d`` (run as 2-d): L3 ``pooling``, ``cudnnPoolingForward`` (or the graph's resample)."""
-    return _avg_pool(1, input, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+    return avg_pool_nd(1, input, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
 
 
 def avg_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: int | None = None) -> Any:  # fmt: skip
     """torch's ``avg_pool2d``: L3 ``pooling``, ``cudnnPoolingForward`` (or the graph's resample)."""
-    return _avg_pool(2, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return avg_pool_nd(2, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 def avg_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: int | None = None) -> Any:  # fmt: skip
     """torch's ``avg_pool3d``: L3 ``pooling``, ``cudnnPoolingForward`` (or the graph's resample)."""
-    return _avg_pool(3, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return avg_pool_nd(3, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)

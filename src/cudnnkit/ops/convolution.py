@@ -881,8 +881,9 @@ def convolution_forward(
         activation_coef: the activation's ``coef`` (clip, ELU alpha, ...; needs ``activation``).
         propagate_nan: the fused activation's NaN rule (needs ``activation``; a bool): True asks for NaN out for
             a NaN in, as torch's ReLU: the legacy descriptor's ``CUDNN_PROPAGATE_NAN``, and on the graph path the
-            ReLU node's ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION`` (deprecated in cuDNN 9's header: whether the fused
-            engines honour it is not yet measured). False (the default, cuDNN's): the ReLUs return 0 for a NaN.
+            ReLU node's ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION`` (deprecated in cuDNN 9's header; the fused graph
+            ``RELU_FWD`` kept NaN with or without it on an H100, cuDNN 9.19). False (the default, cuDNN's): the
+            legacy call's ReLUs return 0 for a NaN.
         stride: an int or one per spatial dim, each >= 1.
         padding: an int or one per spatial dim, ``(before, after)`` pairs per dim (unequal pairs run on the graph
             path only), ``"valid"`` or ``"same"`` (stride 1).

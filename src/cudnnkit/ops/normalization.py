@@ -766,8 +766,9 @@ def batch_norm_forward(
         activation: None or ``"relu"`` (fused after the norm).
         propagate_nan: the fused ReLU's NaN rule (needs ``activation``): True asks for NaN out for a NaN in, as
             torch's ReLU: the legacy activation descriptor's ``CUDNN_PROPAGATE_NAN``, and on the graph path
-            ``RELU_FWD``'s ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION`` (deprecated in cuDNN 9's header: whether the
-            graph honours it is not yet measured). False (the default, cuDNN's) returns 0 for it. The backward's
+            ``RELU_FWD``'s ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION`` (deprecated in cuDNN 9's header; the graph's
+            ``RELU_FWD`` kept NaN with or without it on an H100, cuDNN 9.19). False (the default, cuDNN's): the
+            legacy call returns 0 for it. The backward's
             ReLU gradient is 0 where ``y`` is NaN either way (``y > 0`` is false), as torch's.
         return_mask: also return the ReLU's mask, bit-packed (cudnn-frontend's BN_RELU pattern: the graph's
             ``CMP_GT`` of the ReLU's output as a channels-last BOOLEAN output): a new uint8 array ``(N, H, W, C //

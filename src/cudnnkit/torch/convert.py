@@ -23,9 +23,9 @@ output before the ReLU, as a perceptual loss's feature taps do) sees the ReLU al
 models without ``fuse=True``. The fused ReLU is asked
 to return NaN for a NaN, as torch's ``ReLU`` does (``propagate_nan=True``): the legacy calls set the activation
 descriptor's ``CUDNN_PROPAGATE_NAN``, the fused graphs the pointwise node's ``CUDNN_ATTR_POINTWISE_NAN_PROPAGATION``
-(deprecated in cuDNN 9's header; without it the graph's ``RELU_FWD`` returned 0 for a NaN on an H100 with cuDNN
-9.19, and whether the graphs honour it is not yet measured), so convert without ``fuse=True`` to trace NaNs through
-a half-precision channels-last model.
+(deprecated in cuDNN 9's header). Measured on an H100 with cuDNN 9.19: the legacy calls returned 0 for a NaN
+without the flag (the cause of the difference an earlier version had), and the graphs' ``RELU_FWD`` keeps NaN with
+or without the attribute; ``tests/gpu/test_torch_fuse_gpu.py`` checks both paths against torch.
 """
 
 from __future__ import annotations

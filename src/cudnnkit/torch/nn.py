@@ -38,7 +38,8 @@ functional, and their backward reads the input.
 
 **Average pooling with ceil_mode and count_include_pad.** A ceil-mode window hanging past the padding counts the
 extra cells in cuDNN's divisor (the full window); torch divides by the window clipped to the input plus its padding.
-Where the two differ, the output is multiplied by ``window / clipped`` (:func:`cudnnkit.nn.pooling.include_pad_factor`), which gives
+Where the two differ, the output is multiplied by ``window / clipped`` (the functional form's
+:func:`cudnnkit.nn.pooling.include_pad_factor`, which the twins call), which gives
 torch's values and, through autograd, its gradient.
 
 **RNN weights.** cuDNN reads one flat buffer. Its layout (:func:`_weight_layout`: ``RNN.weight_params`` on a scratch
@@ -60,7 +61,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from ..nn.normalization import empty_norm
-from ..nn.pooling import apply_include_pad_factor, check_half_window, divisor_factor
+from ..nn.pooling import avg_pool_nd, check_half_window
 from ..ops import rnn as _rnn
 from ..ops.dropout import DropoutState, default_state
 from . import op  # the package is initialised first: this module is imported on first use
@@ -377,19 +378,11 @@ class _AvgPool(_Twin):
     nsp: ClassVar[int]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """The functional form's (:func:`cudnnkit.nn.avg_pool2d`...): ``divisor_override`` and a ceil-mode window
+        past the padding with ``count_include_pad`` as factors on cuDNN's include-padding average."""
         self._check()
-        k, s, p = _pool_args(self, self.nsp)
-        x, added = _batched(input, self.nsp)
-        if getattr(self, "divisor_override", None) is not None:  # the include-padding average, times a factor
-            y = _first(_call("pooling", {"x": x}, mode="avg_include_padding", window=k, stride=s, padding=p,
-                             ceil_mode=bool(self.ceil_mode))) * divisor_factor(k, self.divisor_override)  # fmt: skip
-            return y.squeeze(0) if added else y
-        mode = "avg_include_padding" if self.count_include_pad else "avg_exclude_padding"
-        y = _first(_call("pooling", {"x": x}, mode=mode, window=k, stride=s, padding=p,
-                         ceil_mode=bool(self.ceil_mode)))  # fmt: skip
-        if self.ceil_mode and self.count_include_pad:
-            y = apply_include_pad_factor(y, tuple(x.shape[2:]), k, s, p)
-        return y.squeeze(0) if added else y
+        return avg_pool_nd(self.nsp, input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                         self.count_include_pad, getattr(self, "divisor_override", None))  # fmt: skip
 
 
 class AvgPool1d(_AvgPool, torch.nn.AvgPool1d):
